@@ -1,0 +1,65 @@
+"""Errors raised by cachemgr's library layers (layer 0).
+
+Every error carries a one-line message that names the offending value and where it came
+from. Only the CLI (``cachemgr.cli``) turns these into messages and exit codes; library code
+raises them and never prints.
+"""
+
+from __future__ import annotations
+
+
+class CacheMgrError(Exception):
+    """Base of every error cachemgr raises on purpose.
+
+    ``exit_code`` is what the CLI exits with: 2 for bad input or configuration, 1 for
+    operational failures (a compile that failed, a cache that is not healthy).
+    """
+
+    exit_code = 1
+
+
+class ConfigError(CacheMgrError):
+    """A configuration value is invalid: names the value, its origin and the accepted range."""
+
+    exit_code = 2
+
+
+class InvalidInputError(CacheMgrError):
+    """Input from a caller (a request, a path, a name) is malformed."""
+
+    exit_code = 2
+
+
+class InvalidEntryError(CacheMgrError):
+    """A cache entry on disk does not follow CANN's format (SPEC §3.1).
+
+    ``reason`` is a short machine-readable code (e.g. ``unreadable_json``, ``bad_name``).
+    """
+
+    exit_code = 1
+
+    def __init__(self, message: str, reason: str = "invalid") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class CachePermissionError(CacheMgrError):
+    """The cache (or part of it) cannot be read or written by this user (SPEC §9)."""
+
+    exit_code = 2
+
+
+class LockBusyError(CacheMgrError):
+    """A lock is held by someone else and the caller asked not to wait.
+
+    "Busy is not failure" (STYLE.md): non-blocking acquisition returns ``False``; this error is
+    raised only where a caller asked for the lock with a deadline and the deadline passed.
+    """
+
+    exit_code = 1
+
+
+class CompileError(CacheMgrError):
+    """A compile failed: the compiler is missing, crashed, timed out or produced no binary."""
+
+    exit_code = 1

@@ -1,0 +1,324 @@
+"""Small filesystem helpers (layer 0): atomic writes, fcntl locks, tolerant removal.
+
+Rules that hold everywhere in cachemgr:
+
+* writes go to a unique ``*.temp`` name in the destination folder and are ``rename()``-d into
+  place (SPEC §3.3), so a reader sees either nothing or a whole file;
+* locks are POSIX record locks (``fcntl(F_SETLK)``), the kind CANN's processes take and the
+  kind NFSv4 carries across hosts (SPEC §9); "busy" is a ``False`` return, not an error;
+* removing a file that is already gone (``ENOENT``) or that another NFS host holds
+  (``ESTALE``) is normal, never fatal (SPEC §5, §9).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import secrets
+import socket
+import stat
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import ClassVar
+
+from cachemgr.errors import LockBusyError
+
+#: Suffix of a write in progress (SPEC §3.1).
+TEMP_SUFFIX = ".temp"
+#: Errors that mean "the file is not there any more" — normal in a shared cache.
+GONE_ERRNOS = frozenset({errno.ENOENT, errno.ESTALE})
+#: Files are group read/write, never world-writable (SPEC §9).
+FILE_MODE = 0o664
+#: Folders are group-writable and setgid so new files keep the group (SPEC §9).
+DIR_MODE = 0o2775
+
+_HOST = socket.gethostname().split(".")[0] or "host"
+
+
+def temp_path(dest: Path) -> Path:
+    """Return a unique temp name beside ``dest``: ``<dest name>.<host>.<pid>.<random>.temp``.
+
+    The host and pid make a leftover attributable; the random part makes concurrent writers
+    in one process distinct.
+    """
+    token = secrets.token_hex(4)
+    return dest.with_name(f"{dest.name}.{_HOST}.{os.getpid()}.{token}{TEMP_SUFFIX}")
+
+
+def write_temp(dest: Path, data: bytes, mode: int = FILE_MODE) -> Path:
+    """Write ``data`` to a fresh temp file beside ``dest``, fsync it, and return its path.
+
+    The caller renames it into place (see :func:`publish_temp`). On any error the temp file
+    is removed before the error propagates.
+
+    :raises OSError: on write failure (e.g. ``ENOSPC``); nothing is left behind.
+    """
+    tmp = temp_path(dest)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            os.fchmod(fd, mode)  # umask 002 style whatever the caller's umask (SPEC §9)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except BaseException:
+        safe_unlink(tmp)
+        raise
+    return tmp
+
+
+def publish_temp(tmp: Path, dest: Path) -> None:
+    """Atomically move a temp file written by :func:`write_temp` to ``dest``.
+
+    :raises OSError: if the rename fails; the temp file is removed first.
+    """
+    try:
+        os.rename(tmp, dest)
+    except BaseException:
+        safe_unlink(tmp)
+        raise
+
+
+def atomic_write_bytes(dest: Path, data: bytes, mode: int = FILE_MODE) -> None:
+    """Write ``data`` to ``dest`` atomically (temp file in the same folder, then rename).
+
+    :raises OSError: on failure; ``dest`` is unchanged and no temp file is left.
+    """
+    publish_temp(write_temp(dest, data, mode), dest)
+
+
+def safe_unlink(path: Path) -> bool:
+    """Remove ``path``; return True if this call removed it, False if it was already gone.
+
+    ``ENOENT`` and ``ESTALE`` (another NFS host removed or holds it) are normal.
+
+    :raises OSError: for any other error (e.g. ``EACCES``).
+    """
+    try:
+        os.unlink(path)
+    except OSError as exc:
+        if exc.errno in GONE_ERRNOS:
+            return False
+        raise
+    return True
+
+
+def lstat_or_none(path: Path) -> os.stat_result | None:
+    """``os.lstat`` that returns None when the file is gone (ENOENT/ESTALE)."""
+    try:
+        return os.lstat(path)
+    except OSError as exc:
+        if exc.errno in GONE_ERRNOS:
+            return None
+        raise
+
+
+def read_bytes_noatime(path: Path) -> bytes:
+    """Read a regular file without changing its access time (atime drives eviction, SPEC §5).
+
+    Uses ``O_NOATIME`` where the kernel allows it (owner or CAP_FOWNER); otherwise reads
+    normally and puts the previous atime back. Symlinks are refused (SPEC §3.3).
+
+    :raises OSError: ``ELOOP`` for a symlink, ``ENOENT`` when gone, ``EISDIR`` for a folder.
+    """
+    flags = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    noatime = getattr(os, "O_NOATIME", 0)
+    restore: os.stat_result | None = None
+    try:
+        fd = os.open(path, flags | noatime)
+    except PermissionError:
+        fd = os.open(path, flags)
+        restore = os.fstat(fd)
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(errno.EISDIR, "is a directory", str(path))
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        data = b"".join(chunks)
+        if restore is not None:
+            os.utime(fd, ns=(restore.st_atime_ns, restore.st_mtime_ns))
+    finally:
+        os.close(fd)
+    return data
+
+
+def touch_atime(path: Path, now_ns: int | None = None) -> None:
+    """Set ``path``'s access time to now and keep its modification time (SPEC §3.3, [GE]).
+
+    :raises OSError: when the file is gone or not ours to change.
+    """
+    st = os.stat(path, follow_symlinks=False)
+    now = time.time_ns() if now_ns is None else now_ns
+    os.utime(path, ns=(now, st.st_mtime_ns), follow_symlinks=False)
+
+
+def ensure_dir(path: Path) -> Path:
+    """Create ``path`` (and parents) group-shareable where missing; return it.
+
+    New folders get mode 0775, plus the setgid bit when the parent has it (SPEC §2, §9).
+    Never world-writable.
+
+    :raises OSError: e.g. ``EACCES`` or ``ENOTDIR`` (a file where a folder is expected).
+    """
+    missing = []
+    cur = path
+    while not cur.exists():
+        missing.append(cur)
+        if cur.parent == cur:
+            break
+        cur = cur.parent
+    for folder in reversed(missing):
+        try:
+            os.mkdir(folder, 0o775)
+        except FileExistsError:
+            continue
+        mode = 0o775
+        if os.stat(folder.parent).st_mode & stat.S_ISGID:
+            mode |= stat.S_ISGID
+        os.chmod(folder, mode)
+    if not path.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(path))
+    return path
+
+
+class FcntlLock:
+    """An exclusive POSIX record lock (``fcntl(F_SETLK)``) on a lock file.
+
+    CANN takes the same kind of lock on ``<kernel>.lock`` and ``op_cache_file_del.lock``, so
+    cachemgr and CANN processes exclude each other, on NFSv4 across hosts too (SPEC §3.3, §9).
+
+    POSIX locks belong to a process, not a thread, and closing *any* descriptor of the file
+    drops them; so this class also holds a per-path thread lock and keeps one descriptor per
+    acquisition. A lock file that is unlinked while we wait (dead-lock reaping) is detected by
+    comparing inodes after locking, and the acquisition retried on the new file.
+
+    Usage::
+
+        lock = FcntlLock(chip / "op_cache_file_del.lock")
+        if lock.acquire(blocking=False):   # False means busy, not an error
+            try: ...
+            finally: lock.release()
+    """
+
+    _thread_locks: ClassVar[dict[str, threading.Lock]] = {}
+    _registry_lock = threading.Lock()
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._fd: int | None = None
+        with self._registry_lock:
+            self._tlock = self._thread_locks.setdefault(str(self.path), threading.Lock())
+
+    @property
+    def held(self) -> bool:
+        """True while this object holds the lock."""
+        return self._fd is not None
+
+    def acquire(self, blocking: bool = True, timeout_s: float | None = None) -> bool:
+        """Take the lock. Return False if busy and ``blocking`` is False.
+
+        :param timeout_s: with ``blocking``, give up after this many seconds.
+        :raises LockBusyError: when ``timeout_s`` passes without the lock.
+        :raises OSError: when the lock file cannot be created or locked (e.g. ``ENOLCK`` on a
+            filesystem without working locks).
+        """
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        if not self._take_thread_lock(blocking, deadline):
+            return False
+        try:
+            while True:
+                fd = self._open()
+                if self._lock_fd(fd, blocking, deadline):
+                    if self._same_file(fd):
+                        self._fd = fd
+                        return True
+                    os.close(fd)  # reaped while we waited: lock the new file
+                    continue
+                os.close(fd)
+                self._tlock.release()
+                return False
+        except BaseException:
+            if self._fd is None and self._tlock.locked():
+                self._tlock.release()
+            raise
+
+    def _take_thread_lock(self, blocking: bool, deadline: float | None) -> bool:
+        if not blocking:
+            return self._tlock.acquire(blocking=False)
+        if deadline is None:
+            return self._tlock.acquire()
+        if self._tlock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            return True
+        raise LockBusyError(f"timed out waiting for lock {self.path}")
+
+    def _open(self) -> int:
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+        return os.open(self.path, flags, FILE_MODE)
+
+    def _lock_fd(self, fd: int, blocking: bool, deadline: float | None) -> bool:
+        delay = 0.001
+        while True:
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+            except OSError as exc:
+                if exc.errno not in (errno.EACCES, errno.EAGAIN):
+                    raise
+            if not blocking:
+                return False
+            if deadline is not None and time.monotonic() >= deadline:
+                os.close(fd)
+                self._tlock.release()
+                raise LockBusyError(f"timed out waiting for lock {self.path}")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
+    def _same_file(self, fd: int) -> bool:
+        try:
+            st = os.stat(self.path, follow_symlinks=False)
+        except OSError:
+            return False
+        fst = os.fstat(fd)
+        return (st.st_ino, st.st_dev) == (fst.st_ino, fst.st_dev)
+
+    def release(self, unlink: bool = False) -> None:
+        """Release the lock; with ``unlink`` remove the lock file first (while still held)."""
+        if self._fd is None:
+            return
+        fd, self._fd = self._fd, None
+        try:
+            if unlink:
+                safe_unlink(self.path)
+            fcntl.lockf(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+            self._tlock.release()
+
+    def __enter__(self) -> FcntlLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+@contextmanager
+def try_lock(path: Path) -> Iterator[bool]:
+    """Context manager: non-blocking :class:`FcntlLock`; yields True if taken, False if busy."""
+    lock = FcntlLock(path)
+    taken = lock.acquire(blocking=False)
+    try:
+        yield taken
+    finally:
+        if taken:
+            lock.release()
