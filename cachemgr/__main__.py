@@ -1,0 +1,5 @@
+"""``python -m cachemgr`` runs the CLI."""
+
+from cachemgr.cli import main
+
+main()

@@ -1,0 +1,66 @@
+"""The ``cachemgr`` command line (layer 9): the only place errors become messages and exit
+codes. Exit codes: 0 ok, 1 operational failure, 2 bad input or configuration."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+import click
+
+from cachemgr.errors import CacheMgrError
+
+log = logging.getLogger("cachemgr")
+
+
+class _Group(click.Group):
+    """A click group that turns every error into one line on stderr — never a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
+            raise
+        except CacheMgrError as exc:
+            _fail(str(exc), exc.exit_code)
+        except KeyboardInterrupt:
+            _fail("interrupted", 130)
+        except OSError as exc:
+            where = f": {exc.filename}" if exc.filename else ""
+            _fail(f"{exc.strerror or exc}{where}", 1)
+        except Exception as exc:  # a bug: still one line, details with -v
+            log.debug("internal error", exc_info=True)
+            _fail(f"internal error: {type(exc).__name__}: {exc} (rerun with -v for details)", 70)
+
+
+def _fail(message: str, code: int) -> None:
+    click.echo(f"cachemgr: error: {message}", err=True)
+    sys.exit(code)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
+@click.version_option(package_name="cachemgr")
+def cli(verbose: int) -> None:
+    """cachemgr: the kernel compile cache manager for Ascend CANN build hosts."""
+    level = logging.WARNING - 10 * verbose
+    logging.basicConfig(
+        level=max(level, logging.DEBUG), format="%(levelname)s %(name)s: %(message)s"
+    )
+
+
+def _register() -> None:
+    from cachemgr.cli.config_cmd import config_cmd
+    from cachemgr.cli.entries_cmd import ls_cmd, verify_cmd
+
+    for command in (config_cmd, ls_cmd, verify_cmd):
+        cli.add_command(command)
+
+
+_register()
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli(prog_name="cachemgr")

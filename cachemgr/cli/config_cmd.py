@@ -1,0 +1,57 @@
+"""``cachemgr config``: every resolved value with its origin (SPEC §1, like ``ccache -p``)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from cachemgr.cli.common import emit_json, load_settings, settings_options
+
+#: The order ``config`` prints in (SPEC §1, §2, §5, §7), then anything else.
+SHOWN = (
+    "op_compiler_cache_mode",
+    "op_compiler_cache_dir",
+    "host_id",
+    "kernel_cache_dir",
+    "ini_path",
+    "max_op_cache_size",
+    "remain_cache_size_ratio",
+    "min_age_s",
+    "soc_version",
+    "jit_compile",
+    "op_debug_level",
+    "op_debug_config",
+    "debug_dir",
+    "kernel_meta_dir",
+)
+
+
+@click.command("config")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: {name: {value, origin}}.")
+@settings_options
+def config_cmd(
+    as_json: bool,
+    op_compiler_cache_dir: str | None,
+    host_id: str | None,
+    soc_version: str | None,
+    config_file: Path | None,
+) -> None:
+    """Show every setting, its value and where it came from.
+
+    Exits 2 when a value was invalid and a fallback was used (each is named on stderr).
+    """
+    settings = load_settings(op_compiler_cache_dir, host_id, soc_version, config_file)
+    data = settings.to_json()
+    names = [n for n in SHOWN if n in data] + sorted(set(data) - set(SHOWN))
+    if as_json:
+        emit_json({n: data[n] for n in names})
+    else:
+        for name in names:
+            item = data[name]
+            value = "" if item["value"] is None else item["value"]
+            origin = item["origin"] + (f": {item['source']}" if item["source"] else "")
+            click.echo(f"({origin}) {name} = {value}")
+    if settings.problems:
+        sys.exit(2)

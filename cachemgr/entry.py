@@ -1,0 +1,388 @@
+"""CANN's cache entry format (layer 3; SPEC §3.1, §3.3 [GE]).
+
+Grammar of one chip folder (flat; names are CANN's):
+
+* ``<kernel>.json``            main kernel description; required ``binFileName``,
+  ``binFileSuffix``, ``kernelName``, ``sha256`` — or, for a mix kernel, a ``jsonList`` of
+  ``{binType, jsonFileName}`` whose sub-jsons carry those fields;
+* ``<binFileName><binFileSuffix>``   the binary (``.o``, ``.so``, ``.cubin``...);
+* ``<kernel>.h``               when ``headerFileSuffix`` is set;
+* ``<kernel>_pre.json``        optional pre-build info;
+* ``<kernel>_mix_aic.json`` / ``_mix_aiv.json`` and their binaries, for mix kernels;
+* ``<kernel>.lock``            the entry's fcntl lock; ``op_cache_file_del.lock`` the evictor's;
+* ``*.temp``                   writes in progress.
+
+Two readings are offered. :func:`scan_chip` groups files by *name only* — one ``scandir`` and
+one ``lstat`` per file, no json opened — which is what eviction and ``ls`` need on 100,000
+entries. :func:`parse_entry` and :func:`verify_entry` open an entry's json and check every
+part, which is what lookups and ``verify`` need. Unknown json fields are kept as they are.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cachemgr import fsutil, layout
+from cachemgr.errors import InvalidEntryError
+
+REQUIRED_FIELDS = ("binFileName", "binFileSuffix", "kernelName", "sha256")
+#: Suffixes (before ``.json``) of files that belong to the kernel named before them.
+PART_STEM_SUFFIXES = ("_pre", "_mix_aic", "_mix_aiv", "_loc", "_compute")
+
+# Problem kinds reported by verify (stable strings: they appear in --json output).
+SHA256_MISMATCH = "sha256_mismatch"
+MISSING_BINARY = "missing_binary"
+MISSING_SUBPART = "missing_subpart"
+UNREADABLE_JSON = "unreadable_json"
+INVALID_JSON = "invalid_json"
+BAD_NAME = "bad_name"
+ORPHAN_BINARY = "orphan_binary"
+ORPHAN_FILE = "orphan_file"
+NOT_A_FILE = "not_a_file"
+UNREADABLE = "unreadable"
+
+
+@dataclass(frozen=True)
+class FileStat:
+    """What one ``lstat`` tells about a file: apparent size (bytes) and times (ns)."""
+
+    size: int
+    atime_ns: int
+    mtime_ns: int
+
+
+@dataclass
+class EntryGroup:
+    """The files of one entry as grouped by name (no json opened).
+
+    ``files`` maps file name → :class:`FileStat` and includes the main json. ``resolved`` is
+    False when no file named like a binary was found next to the json, so the json must be
+    opened to learn its ``binFileName`` (see :func:`resolve_group`).
+    """
+
+    kernel: str
+    files: dict[str, FileStat] = field(default_factory=dict)
+    resolved: bool = False
+
+    @property
+    def json_name(self) -> str:
+        return self.kernel + ".json"
+
+    @property
+    def atime_ns(self) -> int:
+        """The main json's access time: the eviction order (SPEC §5, [GE])."""
+        return self.files[self.json_name].atime_ns
+
+    @property
+    def size(self) -> int:
+        """Apparent bytes of every file of the entry."""
+        return sum(f.size for f in self.files.values())
+
+
+@dataclass
+class ChipScan:
+    """One pass over a chip folder: entries, and everything that is not part of one.
+
+    ``used_bytes`` is the sum of the apparent sizes of all regular files (SPEC §5, [GE]).
+    """
+
+    chip_dir: Path
+    entries: dict[str, EntryGroup] = field(default_factory=dict)
+    orphans: dict[str, FileStat] = field(default_factory=dict)
+    temps: dict[str, FileStat] = field(default_factory=dict)
+    locks: dict[str, FileStat] = field(default_factory=dict)
+    odd: dict[str, str] = field(default_factory=dict)  # name → why (symlink, folder...)
+    used_bytes: int = 0
+
+
+def kernel_of_part(stem: str, mains: set[str] | dict[str, Any]) -> str | None:
+    """The kernel that a file stem belongs to, by name: ``stem`` itself or ``stem`` minus one
+    of :data:`PART_STEM_SUFFIXES`; None when no main json has that name."""
+    if stem in mains:
+        return stem
+    for suffix in PART_STEM_SUFFIXES:
+        if stem.endswith(suffix) and stem[: -len(suffix)] in mains:
+            return stem[: -len(suffix)]
+    return None
+
+
+def _is_main_json(stem: str, json_stems: set[str]) -> bool:
+    if stem.endswith("_pre"):
+        return False
+    return not any(
+        stem.endswith(sfx) and stem[: -len(sfx)] in json_stems for sfx in PART_STEM_SUFFIXES
+    )
+
+
+def _lstat_all(chip_dir: Path, scan: ChipScan) -> dict[str, FileStat]:
+    regular: dict[str, FileStat] = {}
+    with os.scandir(chip_dir) as it:
+        for de in it:
+            try:
+                st = de.stat(follow_symlinks=False)
+            except OSError as exc:
+                if exc.errno not in fsutil.GONE_ERRNOS:
+                    scan.odd[de.name] = f"{UNREADABLE}: {exc.strerror}"
+                continue
+            if stat.S_ISLNK(st.st_mode):
+                scan.odd[de.name] = "symlink (not followed)"
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                scan.odd[de.name] = NOT_A_FILE
+                continue
+            fst = FileStat(st.st_size, st.st_atime_ns, st.st_mtime_ns)
+            scan.used_bytes += st.st_size
+            regular[de.name] = fst
+    return regular
+
+
+def scan_chip(chip_dir: Path) -> ChipScan:
+    """Group a chip folder's files into entries by name, opening no file (SPEC §3.1, §5).
+
+    A missing chip folder gives an empty scan.
+
+    :raises OSError: when the folder cannot be listed (e.g. ``EACCES``).
+    """
+    scan = ChipScan(chip_dir)
+    try:
+        regular = _lstat_all(chip_dir, scan)
+    except (FileNotFoundError, NotADirectoryError):
+        return scan
+    json_stems = {n[:-5] for n in regular if n.endswith(".json")}
+    for stem in json_stems:
+        if _is_main_json(stem, json_stems):
+            scan.entries[stem] = EntryGroup(stem)
+    for name, fst in regular.items():
+        _place(scan, name, fst)
+    return scan
+
+
+def _place(scan: ChipScan, name: str, fst: FileStat) -> None:
+    if name.endswith(fsutil.TEMP_SUFFIX):
+        scan.temps[name] = fst
+        return
+    if name == layout.EVICT_LOCK_NAME:
+        return
+    if name.endswith(".lock"):
+        scan.locks[name] = fst
+        return
+    stem, dot, ext = name.rpartition(".")
+    if not dot:
+        stem = name
+    owner = kernel_of_part(stem, scan.entries)
+    if owner is None and "." in stem:  # e.g. foo.tar.gz style suffixes
+        owner = kernel_of_part(stem.split(".", 1)[0], scan.entries)
+    if owner is None:
+        scan.orphans[name] = fst
+        return
+    group = scan.entries[owner]
+    group.files[name] = fst
+    if ext != "json" and name != owner + ".h":
+        group.resolved = True
+
+
+# --- full parse (opens the json) -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BinaryRef:
+    """One binary an entry needs: named by ``json_name``'s ``binFileName`` + ``binFileSuffix``."""
+
+    json_name: str
+    bin_name: str
+    sha256: str
+    is_sub: bool = False
+
+
+@dataclass(frozen=True)
+class EntryDesc:
+    """A parsed entry: the main json's content (unknown fields kept) and every part it names."""
+
+    kernel: str
+    data: dict[str, Any]
+    binaries: tuple[BinaryRef, ...]
+    sub_jsons: tuple[str, ...]
+    header: str | None
+
+    @property
+    def json_name(self) -> str:
+        return self.kernel + ".json"
+
+    def file_names(self) -> list[str]:
+        """Every file of the entry in deletion order: main json first, then binaries, header,
+        sub-jsons and the pre-build json (SPEC §5)."""
+        names = [self.json_name]
+        names += [b.bin_name for b in self.binaries]
+        if self.header:
+            names.append(self.header)
+        names += list(self.sub_jsons)
+        names.append(self.kernel + "_pre.json")
+        return list(dict.fromkeys(names))
+
+
+def load_json_object(raw: bytes, name: str) -> dict[str, Any]:
+    """Parse a kernel json; it must be a JSON object.
+
+    :raises InvalidEntryError: ``unreadable_json`` (truncated, not UTF-8, not JSON) or
+        ``invalid_json`` (not an object).
+    """
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InvalidEntryError(f"{name}: unreadable json ({exc})", UNREADABLE_JSON) from exc
+    if not isinstance(data, dict):
+        kind = type(data).__name__
+        raise InvalidEntryError(f"{name}: json is a {kind}, not an object", INVALID_JSON)
+    return data
+
+
+def _binary_ref(data: dict[str, Any], json_name: str, is_sub: bool) -> BinaryRef:
+    missing = [f for f in REQUIRED_FIELDS if f not in data]
+    if missing:
+        raise InvalidEntryError(
+            f"{json_name}: missing required field(s) {', '.join(missing)}", INVALID_JSON
+        )
+    suffix = data["binFileSuffix"]
+    if not isinstance(suffix, str) or ("/" in suffix or ".." in suffix):
+        raise InvalidEntryError(f"{json_name}: binFileSuffix={suffix!r} is invalid", BAD_NAME)
+    base = layout.safe_file_name(data["binFileName"], f"{json_name}: binFileName")
+    sha = data["sha256"]
+    if not isinstance(sha, str):
+        raise InvalidEntryError(f"{json_name}: sha256={sha!r} is not a string", INVALID_JSON)
+    return BinaryRef(json_name, base + suffix, sha.lower(), is_sub)
+
+
+def _read(chip_dir: Path, name: str) -> bytes:
+    try:
+        return fsutil.read_bytes_noatime(chip_dir / name)
+    except IsADirectoryError as exc:
+        raise InvalidEntryError(f"{name}: is a folder, not a file", NOT_A_FILE) from exc
+    except OSError as exc:
+        if exc.errno in fsutil.GONE_ERRNOS:
+            raise
+        raise InvalidEntryError(f"{name}: cannot read ({exc.strerror})", UNREADABLE) from exc
+
+
+def parse_entry(
+    chip_dir: Path, kernel: str, read: Callable[[str], bytes] | None = None
+) -> EntryDesc:
+    """Open and parse ``<kernel>.json`` and the sub-jsons it lists (SPEC §3.1).
+
+    Reads without changing access times. ``read(name) -> bytes`` replaces the disk read (the
+    store uses it to check an entry before publishing it).
+
+    :raises FileNotFoundError: when the main json is gone.
+    :raises InvalidEntryError: unreadable or invalid json, a bad name (``/``, ``..``), a
+        missing sub-json (reason ``missing_subpart``).
+    """
+    if read is None:
+
+        def read(name: str) -> bytes:
+            return _read(chip_dir, name)
+
+    json_name = kernel + ".json"
+    data = load_json_object(read(json_name), json_name)
+    binaries: list[BinaryRef] = []
+    subs: list[str] = []
+    json_list = data.get("jsonList")
+    if json_list is not None:
+        if not isinstance(json_list, list):
+            raise InvalidEntryError(f"{json_name}: jsonList is not a list", INVALID_JSON)
+        for item in json_list:
+            sub_name = _sub_json_name(item, json_name)
+            subs.append(sub_name)
+            try:
+                sub_data = load_json_object(read(sub_name), sub_name)
+            except FileNotFoundError as exc:
+                msg = f"{sub_name}: sub-json is missing"
+                raise InvalidEntryError(msg, MISSING_SUBPART) from exc
+            binaries.append(_binary_ref(sub_data, sub_name, is_sub=True))
+        if "binFileName" in data:
+            binaries.insert(0, _binary_ref(data, json_name, is_sub=False))
+    else:
+        binaries.append(_binary_ref(data, json_name, is_sub=False))
+    header = None
+    if data.get("headerFileSuffix"):
+        header = layout.safe_file_name(kernel + str(data["headerFileSuffix"]), "header")
+    return EntryDesc(kernel, data, tuple(binaries), tuple(subs), header)
+
+
+def _sub_json_name(item: Any, json_name: str) -> str:
+    if not isinstance(item, dict) or "jsonFileName" not in item:
+        msg = f"{json_name}: jsonList item {item!r} has no jsonFileName"
+        raise InvalidEntryError(msg, INVALID_JSON)
+    return layout.safe_file_name(item["jsonFileName"], f"{json_name}: jsonFileName")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with an entry: ``kind`` (a stable code) and a one-line ``detail``."""
+
+    kind: str
+    detail: str
+
+
+def sha256_hex(data: bytes) -> str:
+    """Hex SHA-256 of ``data`` (the json's ``sha256`` field, SPEC §3.1)."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def verify_entry(chip_dir: Path, desc: EntryDesc) -> list[Problem]:
+    """Check every part of a parsed entry: binaries present and matching ``sha256``, sub-parts
+    and header present. Reads without changing access times. Empty list = the entry is good.
+    """
+    problems: list[Problem] = []
+    for ref in desc.binaries:
+        try:
+            data = _read(chip_dir, ref.bin_name)
+        except FileNotFoundError:
+            kind = MISSING_SUBPART if ref.is_sub else MISSING_BINARY
+            problems.append(Problem(kind, f"{ref.bin_name} (named by {ref.json_name}) is missing"))
+            continue
+        except InvalidEntryError as exc:
+            problems.append(Problem(exc.reason, str(exc)))
+            continue
+        actual = sha256_hex(data)
+        if actual != ref.sha256:
+            problems.append(
+                Problem(SHA256_MISMATCH, f"{ref.bin_name}: sha256 {actual} != {ref.sha256}")
+            )
+    if desc.header and fsutil.lstat_or_none(chip_dir / desc.header) is None:
+        problems.append(Problem(MISSING_SUBPART, f"header {desc.header} is missing"))
+    return problems
+
+
+def check_entry(chip_dir: Path, kernel: str) -> tuple[EntryDesc | None, list[Problem]]:
+    """Parse and verify one entry; never raises for a bad entry (it becomes a Problem).
+
+    :raises FileNotFoundError: when the main json is gone (someone removed the entry).
+    """
+    try:
+        desc = parse_entry(chip_dir, kernel)
+    except InvalidEntryError as exc:
+        return None, [Problem(exc.reason, str(exc))]
+    return desc, verify_entry(chip_dir, desc)
+
+
+def resolve_group(scan: ChipScan, group: EntryGroup) -> None:
+    """Attach to ``group`` the files its json names that name-grouping could not place.
+
+    Opens the main json (only for unresolved groups); a bad json leaves the group as it is.
+    Files claimed move from ``scan.orphans`` into the group.
+    """
+    try:
+        desc = parse_entry(scan.chip_dir, group.kernel)
+    except (OSError, InvalidEntryError):
+        return
+    for name in desc.file_names():
+        fst = scan.orphans.pop(name, None)
+        if fst is not None:
+            group.files[name] = fst
+    group.resolved = True

@@ -1,0 +1,142 @@
+"""Pure path arithmetic for CANN's cache layout (layer 2; SPEC §2, §3.1, §7).
+
+Nothing here touches the disk except :func:`check_root`, which only looks. Names follow CANN:
+``<root>/kernel_cache/<soc_version>/`` holds the entries of one chip (the *chip folder*).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from cachemgr.errors import ConfigError, InvalidEntryError
+
+#: The eviction lock's file name in every chip folder (CANN GE's own name, SPEC §5).
+EVICT_LOCK_NAME = "op_cache_file_del.lock"
+#: CANN's limits file, in the kernel cache folder (SPEC §5).
+INI_NAME = "op_cache.ini"
+KERNEL_CACHE = "kernel_cache"
+KERNEL_META = "kernel_meta"
+
+# SPEC §1: a-z A-Z 0-9 _ - . , Chinese characters, and / as separator.
+_PATH_RE = re.compile(r"^[A-Za-z0-9_\-./\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9_\-.]+$")
+
+
+def validate_path_value(value: str, name: str, origin: str) -> Path:
+    """Check a path option against SPEC §1's character set and return it as a ``Path``.
+
+    :param name: the option's name, for the message (e.g. ``op_compiler_cache_dir``).
+    :param origin: where the value came from (``option``, ``env ASCEND_CACHE_PATH``, ...).
+    :raises ConfigError: naming the value, its origin and the allowed characters.
+    """
+    if not value or not _PATH_RE.match(value) or "\x00" in value:
+        bad = sorted({c for c in value if not _PATH_RE.match(c)}) if value else []
+        shown = "".join(bad) if bad else "(empty)"
+        raise ConfigError(
+            f"{name}={value!r} (from {origin}) has characters outside "
+            f"a-z A-Z 0-9 _ - . / and Chinese characters: {shown!r}"
+        )
+    return Path(os.path.abspath(value))
+
+
+def validate_name(value: str, what: str, origin: str) -> str:
+    """Check a single path component (soc_version, host id): ``[A-Za-z0-9_.-]+``, not ``.``/``..``.
+
+    :raises ConfigError: naming the value and its origin.
+    """
+    if not _NAME_RE.match(value) or value in {".", ".."}:
+        raise ConfigError(
+            f"{what}={value!r} (from {origin}) must be letters, digits, '_', '-' or '.'"
+        )
+    return value
+
+
+def check_root(path: Path, name: str, origin: str) -> None:
+    """Check that ``path`` is, or can be created as, a writable folder; create nothing.
+
+    Walks up to the first existing ancestor: it must be a folder (not a file) and writable
+    by this user (SPEC §2: "if it does not exist but is a valid path it is created").
+
+    :raises ConfigError: naming the value, its origin and what is wrong.
+    """
+    cur = path
+    while not os.path.lexists(cur):
+        if cur.parent == cur:
+            break
+        cur = cur.parent
+    if not cur.is_dir():
+        what = "a file" if cur == path else f"under {cur}, which is a file"
+        raise ConfigError(f"{name}={path} (from {origin}) is {what}, not a folder")
+    if not os.access(cur, os.W_OK | os.X_OK):
+        raise ConfigError(f"{name}={path} (from {origin}): {cur} is not writable by this user")
+
+
+def safe_file_name(value: object, field: str) -> str:
+    """Validate a file name taken from an entry json (``binFileName``, ``jsonFileName``, ...).
+
+    Names are flat in the chip folder (SPEC §3.3): no ``/``, no ``..``, no NUL, not empty.
+
+    :raises InvalidEntryError: with reason ``bad_name``.
+    """
+    if not isinstance(value, str) or not value:
+        raise InvalidEntryError(f"{field}={value!r} is not a file name", "bad_name")
+    if "/" in value or "\\" in value or "\x00" in value or ".." in value or value == ".":
+        raise InvalidEntryError(f"{field}={value!r} leaves the chip folder", "bad_name")
+    return value
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """Where one kernel cache lives: ``kernel_cache_dir`` and the chip folders below it."""
+
+    kernel_cache_dir: Path
+
+    @property
+    def ini_path(self) -> Path:
+        """``<kernel cache>/op_cache.ini`` (SPEC §5, [GE])."""
+        return self.kernel_cache_dir / INI_NAME
+
+    def chip_dir(self, soc_version: str) -> Path:
+        """The chip folder of ``soc_version`` (e.g. ``Ascend910B1``).
+
+        :raises ConfigError: for a soc_version that is not a plain folder name.
+        """
+        return self.kernel_cache_dir / validate_name(soc_version, "soc_version", "argument")
+
+    def chip_dirs(self) -> list[Path]:
+        """Existing chip folders, sorted (real folders only; symlinks are not followed)."""
+        try:
+            with os.scandir(self.kernel_cache_dir) as it:
+                found = [
+                    Path(e.path)
+                    for e in it
+                    if e.is_dir(follow_symlinks=False) and _NAME_RE.match(e.name)
+                ]
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return sorted(found)
+
+
+def kernel_cache_for_option(cache_dir: Path) -> Path:
+    """SPEC §2 rule 1: the ``op_compiler_cache_dir`` option → ``<dir>/kernel_cache``."""
+    return cache_dir / KERNEL_CACHE
+
+
+def kernel_cache_for_env(ascend_cache_path: Path, host_id: str) -> Path:
+    """SPEC §2 rule 2: ``${ASCEND_CACHE_PATH}/kernel_cache_<host id>``.
+
+    An empty host id gives plain ``kernel_cache``, GE's own layout shared by all hosts."""
+    return ascend_cache_path / (f"{KERNEL_CACHE}_{host_id}" if host_id else KERNEL_CACHE)
+
+
+def kernel_cache_for_home(home: Path) -> Path:
+    """SPEC §2 rule 3: ``$HOME/atc_data/kernel_cache``."""
+    return home / "atc_data" / KERNEL_CACHE
+
+
+def kernel_meta_dir(base: Path) -> Path:
+    """SPEC §7: debug artefacts go to ``<base>/kernel_meta``."""
+    return base / KERNEL_META

@@ -1,0 +1,343 @@
+"""Options and where each value came from (layer 1; SPEC §1, §2, §5).
+
+One table (:data:`OPTIONS`) names every option, its type, default, unit and env var. One
+loader per source (command line / config file, ``op_cache.ini``, environment, default) feeds
+:func:`resolve`, which returns a frozen :class:`Settings` in which every value carries its
+origin — what ``cachemgr config`` prints, as ``ccache -p`` does.
+
+Origins are ``option`` (command line or config file), ``op_cache.ini``, ``env`` and
+``default``. A bad option value raises :class:`~cachemgr.errors.ConfigError`; where CANN falls
+back silently (env limits, an invalid ``op_cache.ini``) the fallback is used and a one-line
+warning is recorded in ``Settings.problems``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cachemgr import layout
+from cachemgr.errors import ConfigError
+from cachemgr.ini import OpCacheIni
+
+ORIGIN_OPTION = "option"
+ORIGIN_INI = "op_cache.ini"
+ORIGIN_ENV = "env"
+ORIGIN_DEFAULT = "default"
+
+#: SPEC §5 / seed: default limit 500 MB (MiB) and remain ratio 50 %.
+DEFAULT_MAX_MB = 500
+DEFAULT_RATIO = 50
+#: GE's MIN_CACHE_AGING_TIME: an entry accessed this recently is never evicted (seconds).
+DEFAULT_MIN_AGE_S = 1800
+
+CACHE_MODES = ("enable", "disable", "force")
+JIT_VALUES = {
+    "auto": "auto", "2": "auto",
+    "true": "true", "1": "true", "enable": "true",
+    "false": "false", "0": "false", "disable": "false",
+}  # fmt: skip
+
+
+def _parse_mode(raw: Any) -> str:
+    value = str(raw).strip().lower()
+    if value not in CACHE_MODES:
+        raise ValueError("accepted: enable, disable, force")
+    return value
+
+
+def _parse_jit(raw: Any) -> str:
+    value = str(raw).strip().lower() if not isinstance(raw, bool) else str(raw).lower()
+    if value not in JIT_VALUES:
+        raise ValueError("accepted: auto, true, false (or 2, 1, 0; enable, disable)")
+    return JIT_VALUES[value]
+
+
+def _parse_int_range(lo: int, hi: int) -> Callable[[Any], int]:
+    def parse(raw: Any) -> int:
+        try:
+            value = int(str(raw).strip()) if not isinstance(raw, bool) else None
+        except ValueError:
+            value = None
+        if value is None or not lo <= value <= hi:
+            raise ValueError(f"accepted: an integer {lo}..{hi}")
+        return value
+
+    return parse
+
+
+def _parse_text(raw: Any) -> str:
+    return str(raw)
+
+
+def _parse_seconds(raw: Any) -> float:
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        value = -1.0
+    if value < 0:
+        raise ValueError("accepted: a number of seconds ≥ 0")
+    return value
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """One row of the option table: name, parser, default, unit, env var, doc."""
+
+    name: str
+    parse: Callable[[Any], Any]
+    default: Any
+    unit: str = ""
+    env: str | None = None
+    doc: str = ""
+
+
+#: Every user-settable option (SPEC §1). Derived values (kernel_cache_dir, ini_path, limits,
+#: kernel_meta_dir) are computed in :func:`resolve` from these and their sources.
+OPTIONS: tuple[OptionSpec, ...] = (
+    OptionSpec("op_compiler_cache_mode", _parse_mode, "enable", doc="SPEC §4"),
+    OptionSpec("op_compiler_cache_dir", _parse_text, None, "path", doc="cache root, SPEC §2"),
+    OptionSpec("host_id", _parse_text, None, env="CACHEMGR_HOST_ID", doc="SPEC §2 rule 2"),
+    OptionSpec("soc_version", _parse_text, None, doc="chip folder to act on; all when unset"),
+    OptionSpec("jit_compile", _parse_jit, "auto", doc="SPEC §6"),
+    OptionSpec("op_debug_level", _parse_int_range(0, 4), 0, doc="SPEC §7"),
+    OptionSpec("op_debug_config", _parse_text, "", "path", doc="SPEC §7 .cfg file"),
+    OptionSpec("debug_dir", _parse_text, None, "path", doc="kernel_meta base, SPEC §7"),
+    OptionSpec("min_age_s", _parse_seconds, float(DEFAULT_MIN_AGE_S), "s", doc="SPEC §5"),
+)
+_SPECS = {spec.name: spec for spec in OPTIONS}
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A value and where it came from: ``origin`` is one of the four origins, ``source`` the
+    detail (``--cache-dir``, ``ASCEND_CACHE_PATH``, an ini's path, ...)."""
+
+    value: Any
+    origin: str
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The resolved configuration: ``values[name]`` → :class:`Resolved`; ``problems`` are
+    one-line warnings about values that fell back (SPEC §1); ``sections`` are the config
+    file's tables (``[compilers]``, ``[daemon]``, ...) for the layers that own them."""
+
+    values: Mapping[str, Resolved]
+    problems: tuple[str, ...] = ()
+    sections: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> Resolved:
+        return self.values[name]
+
+    def value(self, name: str) -> Any:
+        """The value of ``name`` (raises ``KeyError`` for an unknown name)."""
+        return self.values[name].value
+
+    @property
+    def layout(self) -> layout.CacheLayout:
+        """The cache layout these settings point at."""
+        return layout.CacheLayout(Path(self.value("kernel_cache_dir")))
+
+    def to_json(self) -> dict[str, dict[str, Any]]:
+        """``{name: {"value": …, "origin": …, "source": …}}`` with paths as strings."""
+        out = {}
+        for name, res in self.values.items():
+            value = str(res.value) if isinstance(res.value, Path) else res.value
+            out[name] = {"value": value, "origin": res.origin, "source": res.source}
+        return out
+
+
+def load_config_file(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Read a TOML config file; return (top-level option values, tables).
+
+    :raises ConfigError: unreadable file, TOML syntax error (with its line), unknown key.
+    """
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path}: {exc}") from exc
+    values = {k: v for k, v in data.items() if not isinstance(v, dict)}
+    tables = {k: v for k, v in data.items() if isinstance(v, dict)}
+    for key in values:
+        if key not in _SPECS:
+            known = ", ".join(sorted(_SPECS))
+            raise ConfigError(f"config file {path}: unknown option {key!r} (known: {known})")
+    return values, tables
+
+
+#: How the CLI spells the options whose flag differs from ``--<name>``.
+CLI_FLAGS = {"op_compiler_cache_dir": "--cache-dir", "soc_version": "--soc"}
+
+
+def _from_options(
+    cli: Mapping[str, Any], file_values: Mapping[str, Any], config_path: Path | None
+) -> dict[str, Resolved]:
+    found: dict[str, Resolved] = {}
+    for name, raw in file_values.items():
+        found[name] = Resolved(raw, ORIGIN_OPTION, f"config {config_path}")
+    for name, raw in cli.items():
+        if raw is not None:
+            if name not in _SPECS:
+                raise ConfigError(f"unknown option {name!r}")
+            flag = CLI_FLAGS.get(name, f"--{name.replace('_', '-')}")
+            found[name] = Resolved(raw, ORIGIN_OPTION, flag)
+    return found
+
+
+def _parse_all(explicit: Mapping[str, Resolved], env: Mapping[str, str]) -> dict[str, Resolved]:
+    out: dict[str, Resolved] = {}
+    for spec in OPTIONS:
+        res = explicit.get(spec.name)
+        if res is None and spec.env and spec.env in env:
+            res = Resolved(env[spec.env], ORIGIN_ENV, spec.env)
+        if res is None:
+            out[spec.name] = Resolved(spec.default, ORIGIN_DEFAULT)
+            continue
+        try:
+            out[spec.name] = Resolved(spec.parse(res.value), res.origin, res.source)
+        except ValueError as exc:
+            raise ConfigError(
+                f"{spec.name}={res.value!r} (from {res.origin} {res.source}) is invalid; {exc}"
+            ) from exc
+    return out
+
+
+def _short_host() -> str:
+    return socket.gethostname().split(".")[0]
+
+
+def _resolve_kernel_cache(
+    vals: dict[str, Resolved], env: Mapping[str, str], writable: bool
+) -> Resolved:
+    """SPEC §2: op_compiler_cache_dir > ASCEND_CACHE_PATH > $HOME/atc_data."""
+    check = layout.check_root if writable else _no_check
+    opt = vals["op_compiler_cache_dir"]
+    if opt.value:
+        where = f"{opt.origin} {opt.source}"
+        root = layout.validate_path_value(str(opt.value), "op_compiler_cache_dir", where)
+        vals["op_compiler_cache_dir"] = Resolved(root, opt.origin, opt.source)
+        check(root, "op_compiler_cache_dir", where)
+        return Resolved(layout.kernel_cache_for_option(root), opt.origin, opt.source)
+    if env.get("ASCEND_CACHE_PATH"):
+        raw = env["ASCEND_CACHE_PATH"]
+        root = layout.validate_path_value(raw, "ASCEND_CACHE_PATH", "env")
+        check(root, "ASCEND_CACHE_PATH", "env")
+        host = vals["host_id"]
+        host_id = str(host.value)
+        if host_id:
+            layout.validate_name(host_id, "host_id", f"{host.origin} {host.source}".strip())
+        return Resolved(layout.kernel_cache_for_env(root, host_id), ORIGIN_ENV, "ASCEND_CACHE_PATH")
+    home = env.get("HOME") or os.path.expanduser("~")
+    root = layout.validate_path_value(home, "HOME", "env")
+    check(root / "atc_data", "$HOME/atc_data", "default")
+    return Resolved(layout.kernel_cache_for_home(root), ORIGIN_DEFAULT, "$HOME/atc_data")
+
+
+def _no_check(path: Path, name: str, origin: str) -> None:
+    """Read-only commands (``ls``, ``verify``) accept a cache they cannot write."""
+
+
+def _env_limit(
+    env: Mapping[str, str], var: str, lo: int, allow_minus_one: bool, default: int
+) -> tuple[Resolved, str | None]:
+    """GE's env parsing: loose; a bad value falls back to the default with a warning."""
+    raw = env.get(var)
+    if raw is None:
+        return Resolved(default, ORIGIN_DEFAULT), None
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = None
+    ok = value is not None and (lo <= value <= (100 if var.endswith("RATIO") else 2**31 - 1))
+    if value == -1 and allow_minus_one:
+        ok = True
+    if ok:
+        return Resolved(value, ORIGIN_ENV, var), None
+    rng = f"{lo}..100" if var.endswith("RATIO") else f"an integer ≥ {lo} or -1"
+    warning = f"{var}={raw!r} (from env) is invalid (accepted: {rng}); using the default {default}"
+    return Resolved(default, ORIGIN_DEFAULT, f"fallback from {var}"), warning
+
+
+def _resolve_limits(ini_path: Path, env: Mapping[str, str]) -> tuple[Resolved, Resolved, list[str]]:
+    """SPEC §5: op_cache.ini if both values are valid; else env; else 500 MB / 50 %."""
+    problems: list[str] = []
+    ini = OpCacheIni.load(ini_path)
+    limits = ini.limits()
+    if limits is not None:
+        src = str(ini_path)
+        return (
+            Resolved(limits.max_op_cache_size, ORIGIN_INI, src),
+            Resolved(limits.remain_cache_size_ratio, ORIGIN_INI, src),
+            problems,
+        )
+    if ini.exists and ini.problems:
+        problems.extend(ini.problems)
+        problems.append(f"op_cache.ini {ini_path} is not used; limits come from env or defaults")
+    max_res, warn1 = _env_limit(env, "ASCEND_MAX_OP_CACHE_SIZE", 1, True, DEFAULT_MAX_MB)
+    ratio_res, warn2 = _env_limit(env, "ASCEND_REMAIN_CACHE_SIZE_RATIO", 0, False, DEFAULT_RATIO)
+    problems.extend(w for w in (warn1, warn2) if w)
+    return max_res, ratio_res, problems
+
+
+def _resolve_kernel_meta(vals: dict[str, Resolved], env: Mapping[str, str], cwd: Path) -> Resolved:
+    """SPEC §7: base = debug_dir > ASCEND_WORK_PATH > current directory."""
+    dbg = vals["debug_dir"]
+    if dbg.value:
+        base = layout.validate_path_value(str(dbg.value), "debug_dir", f"{dbg.origin} {dbg.source}")
+        return Resolved(layout.kernel_meta_dir(base), dbg.origin, dbg.source)
+    if env.get("ASCEND_WORK_PATH"):
+        base = layout.validate_path_value(env["ASCEND_WORK_PATH"], "ASCEND_WORK_PATH", "env")
+        return Resolved(layout.kernel_meta_dir(base), ORIGIN_ENV, "ASCEND_WORK_PATH")
+    return Resolved(layout.kernel_meta_dir(cwd), ORIGIN_DEFAULT, "current directory")
+
+
+def resolve(
+    cli: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    config_file: Path | None = None,
+    cwd: Path | None = None,
+    writable: bool = True,
+) -> Settings:
+    """Resolve every option with its origin (SPEC §1, §2, §5, §7).
+
+    :param cli: option values given on the command line (None = not given).
+    :param env: the environment (defaults to ``os.environ``); ``CACHEMGR_CONFIG`` names a
+        config file when ``config_file`` is None.
+    :param writable: check that the cache root is (or can be created as) a writable folder;
+        read-only commands pass False.
+    :raises ConfigError: for an invalid option value or cache path, naming value and origin.
+    """
+    env = dict(os.environ if env is None else env)
+    if config_file is None and env.get("CACHEMGR_CONFIG"):
+        config_file = Path(env["CACHEMGR_CONFIG"])
+    file_values, tables = load_config_file(config_file) if config_file else ({}, {})
+    vals = _parse_all(_from_options(cli or {}, file_values, config_file), env)
+    if vals["host_id"].value is None:
+        vals["host_id"] = Resolved(_short_host(), ORIGIN_DEFAULT, "short host name")
+    if vals["soc_version"].value:
+        res = vals["soc_version"]
+        layout.validate_name(str(res.value), "soc_version", f"{res.origin} {res.source}".strip())
+    if vals["op_debug_config"].value:
+        res = vals["op_debug_config"]
+        where = f"{res.origin} {res.source}"
+        path = layout.validate_path_value(str(res.value), "op_debug_config", where)
+        vals["op_debug_config"] = Resolved(path, res.origin, res.source)
+    kcache = _resolve_kernel_cache(vals, env, writable)
+    ini_path = Path(kcache.value) / layout.INI_NAME
+    max_res, ratio_res, problems = _resolve_limits(ini_path, env)
+    vals["kernel_cache_dir"] = kcache
+    vals["ini_path"] = Resolved(ini_path, kcache.origin, kcache.source)
+    vals["max_op_cache_size"] = max_res
+    vals["remain_cache_size_ratio"] = ratio_res
+    vals["kernel_meta_dir"] = _resolve_kernel_meta(vals, env, cwd or Path.cwd())
+    return Settings(values=vals, problems=tuple(problems), sections=tables)

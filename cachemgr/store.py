@@ -1,0 +1,376 @@
+"""The verified store over one chip folder (layer 4; SPEC §3.3).
+
+* **lookup**: a hit is an entry whose json parses and whose every binary matches its
+  ``sha256``; on a hit the json's and binaries' access times become now (mtime kept) [GE].
+  Anything else is a miss with a reason, and a bad entry is removed under its lock so the
+  recompiled result can take its place (GE leaves such entries "sticky"; cachemgr must not).
+* **publish**: every file goes to a unique ``*.temp`` name in the chip folder, then is renamed
+  into place, the main json last — a visible json means a complete entry. The entry's
+  ``<kernel>.lock`` (fcntl) is held throughout, so CANN processes see it too; an entry that
+  already exists and verifies is not rewritten.
+* **remove**: json first, then binaries, header, sub-parts; already-gone files are normal.
+
+Readers take no lock: the json-last publish order is what keeps them from partial entries.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cachemgr import entry, fsutil, layout
+from cachemgr.errors import CachePermissionError, ConfigError, InvalidEntryError, InvalidInputError
+
+log = logging.getLogger(__name__)
+
+HIT = "hit"
+MISS = "miss"
+ABSENT = "absent"
+PUBLISHED = "published"
+EXISTS = "exists"
+
+#: How long a publish or a bad-entry removal waits for an entry lock (seconds).
+DEFAULT_LOCK_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class LookupResult:
+    """Outcome of :meth:`Store.lookup`. ``reason`` is ``""`` on a hit, else ``absent`` or a
+    problem kind from :mod:`cachemgr.entry`; ``removed`` tells that a bad entry was removed."""
+
+    status: str
+    kernel: str
+    reason: str = ""
+    detail: str = ""
+    desc: entry.EntryDesc | None = None
+    files: tuple[Path, ...] = ()
+    removed: bool = False
+
+    @property
+    def hit(self) -> bool:
+        return self.status == HIT
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    """Outcome of :meth:`Store.publish`: ``published`` or ``exists`` (a good entry was there)."""
+
+    status: str
+    kernel: str
+    files: tuple[Path, ...]
+    bytes_written: int = 0
+
+
+@dataclass
+class Finding:
+    """One thing ``verify`` found: an entry (or a loose file) and what is wrong with it."""
+
+    name: str
+    problems: list[entry.Problem]
+    repaired: bool = False
+    kind: str = "entry"  # "entry" | "file"
+
+
+@dataclass
+class VerifyReport:
+    """Result of :meth:`Store.verify_all`: ``checked`` entries and the ``findings``."""
+
+    chip_dir: Path
+    checked: int = 0
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def bad(self) -> list[Finding]:
+        """Findings that are still bad (not repaired)."""
+        return [f for f in self.findings if not f.repaired]
+
+
+def check_kernel_name(kernel: str) -> str:
+    """A kernel name is one flat file stem: ``[A-Za-z0-9_.-]+``, no ``..``.
+
+    :raises InvalidInputError: naming the value.
+    """
+    try:
+        layout.safe_file_name(kernel, "kernel")
+        layout.validate_name(kernel, "kernel", "request")
+    except (InvalidEntryError, ConfigError) as exc:
+        raise InvalidInputError(f"kernel name {kernel!r} is invalid: {exc}") from exc
+    return kernel
+
+
+class Store:
+    """Verified lookup, atomic publish and removal in one chip folder.
+
+    :param chip_dir: ``<kernel cache>/<soc_version>``; created on first publish.
+    :param lock_timeout_s: how long publish/removal wait for an entry's lock (seconds).
+    """
+
+    def __init__(self, chip_dir: Path, lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S) -> None:
+        self.chip_dir = Path(chip_dir)
+        self.lock_timeout_s = lock_timeout_s
+
+    def lock_path(self, kernel: str) -> Path:
+        """``<chip>/<kernel>.lock``: the entry's fcntl lock file (SPEC §3.1)."""
+        return self.chip_dir / f"{kernel}.lock"
+
+    def entry_lock(self, kernel: str) -> fsutil.FcntlLock:
+        """The entry's lock object (not yet taken)."""
+        return fsutil.FcntlLock(self.lock_path(kernel))
+
+    # --- lookup -------------------------------------------------------------------------
+
+    def lookup(self, kernel: str, touch: bool = True) -> LookupResult:
+        """Verified lookup of ``kernel`` (SPEC §3.3).
+
+        A hit sets the json's and binaries' atime to now when ``touch`` (mtime kept). A bad
+        entry is removed (under its lock, after re-checking) and reported as a miss.
+
+        :raises InvalidInputError: for an invalid kernel name.
+        """
+        check_kernel_name(kernel)
+        try:
+            desc, problems = entry.check_entry(self.chip_dir, kernel)
+        except FileNotFoundError:
+            return LookupResult(MISS, kernel, ABSENT)
+        if not problems and desc is not None:
+            files = tuple(self.chip_dir / n for n in self._present_parts(desc))
+            if touch:
+                self._touch(files)
+            return LookupResult(HIT, kernel, desc=desc, files=files)
+        removed = self.remove_if_bad(kernel)
+        first = problems[0]
+        log.warning("bad entry %s/%s: %s", self.chip_dir.name, kernel, first.detail)
+        return LookupResult(MISS, kernel, first.kind, first.detail, removed=removed)
+
+    def _present_parts(self, desc: entry.EntryDesc) -> list[str]:
+        names = [desc.json_name, *desc.sub_jsons, *(b.bin_name for b in desc.binaries)]
+        if desc.header:
+            names.append(desc.header)
+        return names
+
+    def _touch(self, files: tuple[Path, ...]) -> None:
+        now = time.time_ns()
+        for path in files:
+            try:
+                fsutil.touch_atime(path, now)
+            except PermissionError:
+                # another user's file: atime needs ownership; CANN skips it too (SPEC §9)
+                log.debug("cannot set atime of %s (not owner)", path)
+            except OSError as exc:
+                if exc.errno not in fsutil.GONE_ERRNOS:
+                    raise
+
+    # --- removal ------------------------------------------------------------------------
+
+    def remove_if_bad(self, kernel: str) -> bool:
+        """Under the entry lock, re-check ``kernel`` and remove it if it is still bad.
+
+        :returns: True if it was removed.
+        """
+        lock = self.entry_lock(kernel)
+        if not lock.acquire(timeout_s=self.lock_timeout_s):
+            return False
+        try:
+            try:
+                desc, problems = entry.check_entry(self.chip_dir, kernel)
+            except FileNotFoundError:
+                return False
+            if not problems:
+                return False
+            self._remove_files(self._names_for_removal(kernel, desc))
+            return True
+        finally:
+            lock.release()
+
+    def _names_for_removal(self, kernel: str, desc: entry.EntryDesc | None) -> list[str]:
+        if desc is not None:
+            return desc.file_names()
+        # json unparsable: fall back to name grouping for its parts
+        scan = entry.scan_chip(self.chip_dir)
+        group = scan.entries.get(kernel)
+        names = [kernel + ".json"]
+        if group is not None:
+            names += sorted(n for n in group.files if n != kernel + ".json")
+        return names
+
+    def remove(self, kernel: str, desc: entry.EntryDesc | None = None) -> list[str]:
+        """Remove an entry's files — json first — under its lock. Returns the names removed.
+
+        ``desc`` (if known) names the parts; otherwise the json is parsed, and name grouping
+        is the fallback for an unparsable json.
+        """
+        with self.entry_lock(kernel):
+            if desc is None:
+                try:
+                    desc = entry.parse_entry(self.chip_dir, kernel)
+                except (FileNotFoundError, InvalidEntryError):
+                    desc = None
+            return self._remove_files(self._names_for_removal(kernel, desc))
+
+    def _remove_files(self, names: list[str]) -> list[str]:
+        removed = []
+        for name in names:
+            try:
+                if fsutil.safe_unlink(self.chip_dir / name):
+                    removed.append(name)
+            except IsADirectoryError:
+                log.warning("not removing %s: it is a folder", self.chip_dir / name)
+            except PermissionError as exc:
+                raise CachePermissionError(
+                    f"cannot remove {self.chip_dir / name}: {exc.strerror}"
+                ) from exc
+        return removed
+
+    def remove_orphan(self, name: str) -> bool:
+        """Remove a loose file (binary with no json, stray ``_pre.json``) if its kernel still
+        has no json, under that kernel's lock taken without waiting (a publish in progress
+        holds it). Returns True if removed."""
+        stem = name.split(".", 1)[0]
+        for suffix in entry.PART_STEM_SUFFIXES:
+            if stem.endswith(suffix):
+                stem = stem[: -len(suffix)]
+                break
+        lock = self.entry_lock(stem)
+        if not lock.acquire(blocking=False):
+            return False
+        try:
+            if fsutil.lstat_or_none(self.chip_dir / (stem + ".json")) is not None:
+                return False
+            return fsutil.safe_unlink(self.chip_dir / name)
+        finally:
+            lock.release()
+
+    # --- publish ------------------------------------------------------------------------
+
+    def publish(
+        self, kernel: str, files: Mapping[str, bytes], main_json: Mapping[str, Any]
+    ) -> PublishResult:
+        """Publish an entry atomically (SPEC §3.3).
+
+        :param files: every part but the main json, by file name (binaries, sub-jsons as
+            bytes, header, ``_pre.json``); names are flat (no ``/``, no ``..``).
+        :param main_json: the kernel description; must name the given binaries with their
+            correct ``sha256`` (checked before anything is written).
+        :raises InvalidInputError: bad names, a json that does not match the files.
+        :raises OSError: write failure such as ``ENOSPC``; no partial entry is left.
+        """
+        check_kernel_name(kernel)
+        payload = dict(files)
+        payload[kernel + ".json"] = _dump_json(main_json)
+        self._check_payload(kernel, payload)
+        fsutil.ensure_dir(self.chip_dir)
+        with self.entry_lock(kernel):
+            existing = self._existing_good(kernel)
+            if existing is not None:
+                return existing
+            written = self._write_all(kernel, payload)
+        log.info("published %s/%s (%d bytes)", self.chip_dir.name, kernel, written)
+        paths = tuple(self.chip_dir / n for n in payload)
+        return PublishResult(PUBLISHED, kernel, paths, written)
+
+    def _check_payload(self, kernel: str, payload: Mapping[str, bytes]) -> None:
+        for name in payload:
+            try:
+                layout.safe_file_name(name, "file name")
+            except InvalidEntryError as exc:
+                raise InvalidInputError(str(exc)) from exc
+
+        def read(name: str) -> bytes:
+            if name not in payload:
+                raise FileNotFoundError(name)
+            return payload[name]
+
+        try:
+            desc = entry.parse_entry(self.chip_dir, kernel, read=read)
+        except InvalidEntryError as exc:
+            raise InvalidInputError(f"entry {kernel} is invalid: {exc}") from exc
+        for ref in desc.binaries:
+            if ref.bin_name not in payload:
+                raise InvalidInputError(f"entry {kernel}: binary {ref.bin_name} not given")
+            if entry.sha256_hex(payload[ref.bin_name]) != ref.sha256:
+                raise InvalidInputError(f"entry {kernel}: {ref.bin_name} does not match sha256")
+
+    def _existing_good(self, kernel: str) -> PublishResult | None:
+        try:
+            desc, problems = entry.check_entry(self.chip_dir, kernel)
+        except FileNotFoundError:
+            return None
+        if desc is not None and not problems:
+            paths = tuple(self.chip_dir / n for n in self._present_parts(desc))
+            return PublishResult(EXISTS, kernel, paths)
+        log.info("replacing bad entry %s/%s", self.chip_dir.name, kernel)
+        self._remove_files(self._names_for_removal(kernel, desc))
+        return None
+
+    def _write_all(self, kernel: str, payload: Mapping[str, bytes]) -> int:
+        main = kernel + ".json"
+        # binaries and other parts first, then sub-jsons, the main json last (SPEC §3.3)
+        order = sorted(payload, key=lambda n: (n == main, n.endswith(".json")))
+        temps: list[tuple[Path, Path]] = []
+        try:
+            for name in order:
+                dest = self.chip_dir / name
+                temps.append((fsutil.write_temp(dest, payload[name]), dest))
+        except BaseException:
+            for tmp, _ in temps:
+                fsutil.safe_unlink(tmp)
+            raise
+        for i, (tmp, dest) in enumerate(temps):
+            try:
+                os.rename(tmp, dest)
+            except BaseException:
+                for rest, _ in temps[i:]:
+                    fsutil.safe_unlink(rest)
+                raise
+        return sum(len(b) for b in payload.values())
+
+    # --- verify -------------------------------------------------------------------------
+
+    def verify_all(self, repair: bool = False) -> VerifyReport:
+        """Check every entry and loose file of the chip folder (``cachemgr verify``).
+
+        Reads without changing access times. With ``repair``, bad entries and orphans are
+        removed (under their locks). Orphans are binaries with no json and ``_pre.json``
+        files whose kernel json is absent.
+        """
+        report = VerifyReport(self.chip_dir)
+        scan = entry.scan_chip(self.chip_dir)
+        for group in scan.entries.values():
+            if not group.resolved:
+                entry.resolve_group(scan, group)
+        for kernel in sorted(scan.entries):
+            self._verify_one(kernel, report, repair)
+        for name in sorted(scan.orphans):
+            kind = entry.ORPHAN_FILE if name.endswith(".json") else entry.ORPHAN_BINARY
+            problem = entry.Problem(kind, f"{name} belongs to no entry")
+            finding = Finding(name, [problem], kind="file")
+            if repair:
+                finding.repaired = self.remove_orphan(name)
+            report.findings.append(finding)
+        for name, why in sorted(scan.odd.items()):
+            report.findings.append(
+                Finding(name, [entry.Problem(entry.NOT_A_FILE, f"{name}: {why}")], kind="file")
+            )
+        return report
+
+    def _verify_one(self, kernel: str, report: VerifyReport, repair: bool) -> None:
+        try:
+            _, problems = entry.check_entry(self.chip_dir, kernel)
+        except FileNotFoundError:
+            return  # removed by someone else meanwhile: normal
+        report.checked += 1
+        if problems:
+            finding = Finding(kernel, problems)
+            if repair:
+                finding.repaired = self.remove_if_bad(kernel)
+            report.findings.append(finding)
+
+
+def _dump_json(data: Mapping[str, Any]) -> bytes:
+    return (json.dumps(dict(data), indent=4, ensure_ascii=False) + "\n").encode("utf-8")

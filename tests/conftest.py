@@ -1,0 +1,104 @@
+"""Shared test fixtures: a clean environment, real chip folders, the real CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cachemgr import entry
+from cachemgr.store import Store
+
+ROOT = Path(__file__).resolve().parents[1]
+#: CANN-format fixtures, read in place (never copied into the project).
+FIXTURES = (ROOT / ".." / "shared" / "fixtures" / "cann-ge").resolve()
+SOC = "Ascend910B1"
+
+
+@pytest.fixture
+def clean_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """An environment without ASCEND_*/CACHEMGR_* variables and with HOME in tmp_path."""
+    for key in list(os.environ):
+        if key.startswith(("ASCEND_", "CACHEMGR_")):
+            monkeypatch.delenv(key)
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    return dict(os.environ)
+
+
+@pytest.fixture
+def chip(tmp_path: Path) -> Path:
+    """An empty chip folder ``<tmp>/cache/kernel_cache/Ascend910B1``."""
+    path = tmp_path / "cache" / "kernel_cache" / SOC
+    path.mkdir(parents=True)
+    return path
+
+
+def kernel_json(kernel: str, binary: bytes, **extra: object) -> dict[str, object]:
+    """A CANN-shaped main json for a single-binary kernel."""
+    return {
+        "binFileName": kernel,
+        "binFileSuffix": ".o",
+        "kernelName": kernel + "__kernel0",
+        "sha256": entry.sha256_hex(binary),
+        "blockDim": 8,
+        "magic": "RT_DEV_BINARY_MAGIC_ELF_AIVEC",
+        **extra,
+    }
+
+
+def publish(chip: Path, kernel: str, binary: bytes, atime_s: float | None = None) -> Path:
+    """Publish a good single-binary entry; optionally set its access time (seconds)."""
+    Store(chip).publish(kernel, {kernel + ".o": binary}, kernel_json(kernel, binary))
+    if atime_s is not None:
+        for name in (kernel + ".json", kernel + ".o"):
+            st = os.stat(chip / name)
+            os.utime(chip / name, ns=(int(atime_s * 1e9), st.st_mtime_ns))
+    return chip / (kernel + ".json")
+
+
+def publish_mix(chip: Path, kernel: str, aic: bytes, aiv: bytes) -> None:
+    """Publish a good mix entry: main json with jsonList, two sub-jsons, two binaries."""
+    files: dict[str, bytes] = {}
+    json_list = []
+    for kind, data in (("aic", aic), ("aiv", aiv)):
+        sub = f"{kernel}_mix_{kind}"
+        files[sub + ".o"] = data
+        files[sub + ".json"] = json.dumps(kernel_json(sub, data)).encode()
+        json_list.append({"binType": kind.upper(), "jsonFileName": sub + ".json"})
+    main = {"coreType": "MixAICore", "blockDim": 32, "jsonList": json_list}
+    Store(chip).publish(kernel, files, main)
+
+
+def run_cli(
+    *args: str,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    input: str | None = None,
+    timeout: float = 120,
+) -> subprocess.CompletedProcess[str]:
+    """Run the real ``cachemgr`` CLI in a subprocess."""
+    return subprocess.run(
+        [sys.executable, "-m", "cachemgr", *args],
+        env=env if env is not None else dict(os.environ),
+        cwd=cwd,
+        input=input,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture
+def fixture_cache() -> Iterator[Path]:
+    """The CANN fixture root (contains kernel_cache/Ascend910B1), read in place."""
+    if not (FIXTURES / "kernel_cache" / SOC).is_dir():
+        pytest.skip(f"CANN fixtures not found at {FIXTURES}")
+    yield FIXTURES

@@ -1,0 +1,244 @@
+"""The real CLI: ``cachemgr config | ls | verify`` and its bad-input contract (exit 2)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import SOC, publish, publish_mix, run_cli
+from tests.test_entry import CF8B, D77A20, D77A21, PRE1, PRE2
+
+CONFIG_KEYS = {
+    "op_compiler_cache_mode", "op_compiler_cache_dir", "kernel_cache_dir", "ini_path",
+    "max_op_cache_size", "remain_cache_size_ratio", "jit_compile", "op_debug_level",
+    "op_debug_config", "kernel_meta_dir",
+}  # fmt: skip
+
+
+def test_config_json_has_every_key_with_origin(clean_env: dict[str, str], tmp_path: Path) -> None:
+    proc = run_cli("config", "--json", "--cache-dir", str(tmp_path / "c"), env=clean_env)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert set(data) >= CONFIG_KEYS
+    for key in CONFIG_KEYS:
+        assert set(data[key]) >= {"value", "origin"}
+        assert data[key]["origin"] in {"option", "op_cache.ini", "env", "default"}
+    assert data["kernel_cache_dir"] == {
+        "value": str(tmp_path / "c" / "kernel_cache"),
+        "origin": "option",
+        "source": "--cache-dir",
+    } or data["kernel_cache_dir"]["value"] == str(tmp_path / "c" / "kernel_cache")
+    assert data["max_op_cache_size"]["value"] == 500
+    assert not (tmp_path / "c").exists()
+
+
+def test_config_text_and_ascend_cache_path(clean_env: dict[str, str], tmp_path: Path) -> None:
+    env = {**clean_env, "ASCEND_CACHE_PATH": str(tmp_path / "s")}
+    proc = run_cli("config", "--host-id", "b7", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert (
+        f"(env: ASCEND_CACHE_PATH) kernel_cache_dir = {tmp_path}/s/kernel_cache_b7" in proc.stdout
+    )
+
+
+def _assert_one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+@pytest.mark.parametrize("bad", ["a b", "x;rm", "$HOME", "semi;colon"])
+def test_bad_cache_dir_is_one_line_exit_2(
+    clean_env: dict[str, str], tmp_path: Path, bad: str
+) -> None:
+    target = str(tmp_path / bad)
+    for cmd in ("config", "ls", "verify"):
+        proc = run_cli(cmd, "--cache-dir", target, env=clean_env)
+        _assert_one_line_error(proc, "op_compiler_cache_dir", repr(target), "option")
+    assert sorted(os.listdir(tmp_path)) == ["home"]
+
+
+def test_file_where_folder_expected(clean_env: dict[str, str], tmp_path: Path) -> None:
+    (tmp_path / "f").write_text("x")
+    proc = run_cli("config", "--cache-dir", str(tmp_path / "f"), env=clean_env)
+    _assert_one_line_error(proc, str(tmp_path / "f"), "not a folder")
+
+
+def test_unwritable_root(clean_env: dict[str, str], tmp_path: Path) -> None:
+    root = tmp_path / "ro"
+    root.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(root)],
+        capture_output=True,
+        text=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a read-only tmpfs here: {mounted.stderr.strip()}")
+    try:
+        proc = run_cli("config", "--cache-dir", str(root / "x"), env=clean_env)
+        _assert_one_line_error(proc, "not writable", str(root))
+        assert os.listdir(root) == []
+    finally:
+        subprocess.run(["umount", str(root)], check=True)
+
+
+@pytest.mark.parametrize(
+    ("var", "value"),
+    [
+        ("ASCEND_MAX_OP_CACHE_SIZE", "abc"),
+        ("ASCEND_MAX_OP_CACHE_SIZE", "0"),
+        ("ASCEND_MAX_OP_CACHE_SIZE", "-5"),
+    ],
+)
+def test_env_fallback_is_warned_shown_and_exit_2(
+    clean_env: dict[str, str], var: str, value: str
+) -> None:
+    proc = run_cli("config", "--json", env={**clean_env, var: value})
+    assert proc.returncode == 2
+    assert f"{var}={value!r}" in proc.stderr and "500" in proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["max_op_cache_size"]["value"] == 500
+    assert data["max_op_cache_size"]["origin"] == "default"
+
+
+INI_CASES = {
+    "ratio0": b"[op_compiler_cache]\nmax_op_cache_size=100\nremain_cache_size_ratio=0\n"
+              b"adk_version=1\nops_version=1\n",
+    "ratio101": b"[op_compiler_cache]\nmax_op_cache_size=100\nremain_cache_size_ratio=101\n"
+                b"adk_version=1\nops_version=1\n",
+    "ratio_x": b"[op_compiler_cache]\nmax_op_cache_size=100\nremain_cache_size_ratio=x\n"
+               b"adk_version=1\nops_version=1\n",
+    "other_section": b"[other]\nmax_op_cache_size=100\nremain_cache_size_ratio=50\n"
+                     b"adk_version=1\nops_version=1\n",
+    "duplicate": b"[op_compiler_cache]\nmax_op_cache_size=100\nmax_op_cache_size=200\n"
+                 b"remain_cache_size_ratio=50\nadk_version=1\nops_version=1\n",
+    "bom": b"\xef\xbb\xbf[op_compiler_cache]\nmax_op_cache_size=100\nremain_cache_size_ratio=50\n"
+           b"adk_version=1\nops_version=1\n",
+    "crlf": b"[op_compiler_cache]\r\nmax_op_cache_size=100\r\nremain_cache_size_ratio=50\r\n"
+            b"adk_version=1\r\nops_version=1\r\n",
+    "no_stamps": b"[op_compiler_cache]\nmax_op_cache_size=100\nremain_cache_size_ratio=50\n",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(INI_CASES))
+def test_bad_ini_is_named_and_falls_back(
+    clean_env: dict[str, str], tmp_path: Path, case: str
+) -> None:
+    kc = tmp_path / "c" / "kernel_cache"
+    kc.mkdir(parents=True)
+    (kc / "op_cache.ini").write_bytes(INI_CASES[case])
+    proc = run_cli("config", "--json", "--cache-dir", str(tmp_path / "c"), env=clean_env)
+    assert proc.returncode == 2, proc.stderr
+    assert str(kc / "op_cache.ini") in proc.stderr and "Traceback" not in proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["max_op_cache_size"]["origin"] == "default"
+    assert (kc / "op_cache.ini").read_bytes() == INI_CASES[case]  # nothing rewritten
+
+
+def test_ini_values_shown_with_origin(clean_env: dict[str, str], tmp_path: Path) -> None:
+    kc = tmp_path / "c" / "kernel_cache"
+    kc.mkdir(parents=True)
+    (kc / "op_cache.ini").write_text(
+        "[op_compiler_cache]\nmax_op_cache_size=-1\n"
+        "remain_cache_size_ratio=80\nadk_version=1\nops_version=1\n"
+    )
+    proc = run_cli("config", "--json", "--cache-dir", str(tmp_path / "c"), env=clean_env)
+    data = json.loads(proc.stdout)
+    assert data["max_op_cache_size"] == {
+        "value": -1,
+        "origin": "op_cache.ini",
+        "source": str(kc / "op_cache.ini"),
+    }
+
+
+def _atimes(folder: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_atime_ns for p in folder.iterdir()}
+
+
+def test_verify_fixtures_in_place(clean_env: dict[str, str], fixture_cache: Path) -> None:
+    chip = fixture_cache / "kernel_cache" / SOC
+    before = _atimes(chip)
+    proc = run_cli("verify", "--json", "--cache-dir", str(fixture_cache), env=clean_env)
+    assert proc.returncode == 1, proc.stderr
+    data = json.loads(proc.stdout)
+    findings = {
+        f["name"]: {p["kind"] for p in f["problems"]} for f in data["chip_folders"][SOC]["findings"]
+    }
+    assert findings == {
+        CF8B: {"sha256_mismatch", "missing_subpart"},
+        D77A20: {"sha256_mismatch"},
+        D77A21: {"invalid_json"},
+        PRE1: {"orphan_file"},
+        PRE2: {"orphan_file"},
+    }
+    assert data["bad"] == 5
+    text = run_cli("verify", "--cache-dir", str(fixture_cache), env=clean_env)
+    assert text.returncode == 1 and f"BAD {SOC}/{D77A21}: invalid_json" in text.stdout
+    assert _atimes(chip) == before
+
+
+def test_ls_fixtures_in_place(clean_env: dict[str, str], fixture_cache: Path) -> None:
+    chip = fixture_cache / "kernel_cache" / SOC
+    before = _atimes(chip)
+    proc = run_cli("ls", "--json", "--cache-dir", str(fixture_cache), env=clean_env)
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["kernel"]: r for r in json.loads(proc.stdout)}
+    assert set(rows) == {CF8B, D77A20, D77A21}
+    assert rows[D77A20]["op_type"] == "Mul" and rows[D77A20]["bytes"] == 608 + 74
+    assert rows[D77A20]["parts"] == [D77A20 + ".json", D77A20 + ".o"]
+    assert _atimes(chip) == before
+
+
+def test_verify_repair_on_a_copy(
+    clean_env: dict[str, str], fixture_cache: Path, tmp_path: Path
+) -> None:
+    root = tmp_path / "copy"
+    shutil.copytree(fixture_cache / "kernel_cache", root / "kernel_cache")
+    for p in (root / "kernel_cache").rglob("*"):
+        p.chmod(0o775 if p.is_dir() else 0o664)
+    (root / "kernel_cache").chmod(0o775)
+    chip = root / "kernel_cache" / SOC
+    publish(chip, "te_good_1", b"good binary")
+    publish_mix(chip, "te_mix_1", b"c", b"v")
+    proc = run_cli("verify", "--repair", "--json", "--cache-dir", str(root), env=clean_env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads(proc.stdout)["repaired"] == 5
+    left = sorted(n for n in os.listdir(chip) if not n.endswith(".lock"))
+    assert left == sorted(
+        [
+            "te_good_1.json",
+            "te_good_1.o",
+            "te_mix_1.json",
+            "te_mix_1_mix_aic.json",
+            "te_mix_1_mix_aic.o",
+            "te_mix_1_mix_aiv.json",
+            "te_mix_1_mix_aiv.o",
+        ]
+    )
+    again = run_cli("verify", "--cache-dir", str(root), env=clean_env)
+    assert again.returncode == 0 and "0 bad" in again.stdout
+
+
+def test_orphan_binary_reported(clean_env: dict[str, str], tmp_path: Path) -> None:
+    chip = tmp_path / "c" / "kernel_cache" / SOC
+    chip.mkdir(parents=True)
+    (chip / "te_lost_1.o").write_bytes(b"no json")
+    proc = run_cli("verify", "--json", "--cache-dir", str(tmp_path / "c"), env=clean_env)
+    assert proc.returncode == 1
+    finding = json.loads(proc.stdout)["chip_folders"][SOC]["findings"][0]
+    assert finding["problems"][0]["kind"] == "orphan_binary"
+
+
+def test_empty_cache_is_fine(clean_env: dict[str, str], tmp_path: Path) -> None:
+    for cmd in ("ls", "verify"):
+        proc = run_cli(cmd, "--cache-dir", str(tmp_path / "none"), env=clean_env)
+        assert proc.returncode == 0, proc.stderr
+    assert not (tmp_path / "none").exists()
