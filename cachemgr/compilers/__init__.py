@@ -1,0 +1,28 @@
+"""Compiler backends (layer 6, SPEC §8): one interface, one module per compiler.
+
+``get_backend(language, config)`` picks the backend: ``c``/``cpp`` → :mod:`.host` (gcc/clang),
+``cuda`` → :mod:`.cuda` (nvcc → cubin), ``cce`` → :mod:`.template` (CANN ``ccec``/``bisheng``
+through a command template). See :mod:`.base` for the contract.
+"""
+
+from cachemgr.compilers.base import (
+    DEBUG_FLAGS,
+    EMITS,
+    LANGUAGES,
+    CompileJob,
+    CompilerBackend,
+    CompileResult,
+    CompilerIdentity,
+    get_backend,
+)
+
+__all__ = [
+    "DEBUG_FLAGS",
+    "EMITS",
+    "LANGUAGES",
+    "CompileJob",
+    "CompileResult",
+    "CompilerBackend",
+    "CompilerIdentity",
+    "get_backend",
+]

@@ -1,0 +1,400 @@
+"""Compiler backends: one small interface over every real compiler (SPEC §8, layer 6).
+
+The pattern is filelock's: :class:`CompilerBackend` owns everything that is the same for every
+compiler — validating the job, running the compiler in its own process group with a timeout,
+checking that a binary came out and that it really holds the entry symbol, writing the
+``.cce`` / ``*_loc.json`` artefacts (SPEC §7) and the CANN-shaped kernel json (SPEC §3.1). A
+backend module (``host``, ``cuda``, ``template``) only says where its compiler is, which argv
+compiles a job, and how debug flags map to its own flags.
+
+Process rules (:mod:`.process`): the compiler runs in its own process group; on timeout, on
+any interruption and after it exits the whole group gets ``SIGKILL``, so a compile never
+leaves processes behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from cachemgr import fsutil
+from cachemgr.compilers import lineinfo, process
+from cachemgr.compilers.elf import ElfFile, find_entry_symbol
+from cachemgr.compilers.process import Outcome
+from cachemgr.errors import CompileError, ConfigError, InvalidInputError
+
+log = logging.getLogger(__name__)
+
+#: Backend-neutral debug flags the policy layer may ask for (SPEC §7 table): ``O0`` and ``g``
+#: (levels 2, ``ccec_O0``/``ccec_g``), ``oom`` (out-of-bounds checks), ``instrument`` (level 1
+#: debug instrumentation), ``check_flag`` (sync-flag checks). Each backend maps what its
+#: compiler has and logs what it has no equivalent for.
+DEBUG_FLAGS = frozenset({"O0", "g", "oom", "instrument", "check_flag"})
+#: Extra artefacts the policy layer may ask for (SPEC §7): ``cce`` → ``<out_name>.cce`` (the
+#: preprocessed source as compiled), ``loc`` → ``<out_name>_loc.json`` (source line → address).
+EMITS = frozenset({"cce", "loc"})
+#: Source languages some backend accepts.
+LANGUAGES = frozenset({"c", "cpp", "cuda", "cce"})
+
+_IDENTITY_TIMEOUT_S = 30.0
+_DEFINE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_OUT_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
+
+
+@dataclass(frozen=True)
+class CompileJob:
+    """One compile: ``source`` (absolute path) in ``language`` → ``out_dir/<out_name><suffix>``.
+
+    ``defines`` become ``-DNAME=value`` (sorted by name, so the argv is deterministic);
+    ``debug_flags`` ⊆ :data:`DEBUG_FLAGS`; ``emit`` ⊆ :data:`EMITS`; ``timeout_s`` bounds the
+    wall time of each compiler process (compile, then preprocess for ``cce``) in seconds.
+    ``out_dir`` must exist and be private to this compile.
+    """
+
+    source: Path
+    language: str
+    entry: str
+    defines: Mapping[str, str | int]
+    out_dir: Path
+    out_name: str
+    debug_flags: frozenset[str] = frozenset()
+    emit: frozenset[str] = frozenset()
+    timeout_s: float = 600.0
+
+
+@dataclass(frozen=True)
+class CompilerIdentity:
+    """Which compiler: ``name`` (executable name), ``path``, ``version`` (its own version line).
+
+    ``version`` is part of the cache key (SPEC §3.2).
+    """
+
+    name: str
+    path: str
+    version: str
+
+
+@dataclass(frozen=True)
+class CompileResult:
+    """What a successful compile produced.
+
+    ``binary`` = ``out_dir/<out_name><bin_suffix>``; ``kernel_name`` is the symbol really found
+    in it; ``json_path`` the CANN-shaped json; ``artefacts`` the ``.cce``/``_loc.json`` files
+    written; ``command`` the argv run; ``seconds`` the compiler's wall time.
+    """
+
+    binary: Path
+    bin_suffix: str
+    kernel_name: str
+    json_path: Path
+    artefacts: tuple[Path, ...]
+    command: tuple[str, ...]
+    seconds: float
+
+
+_identity_cache: dict[tuple[object, ...], CompilerIdentity] = {}
+_identity_lock = threading.Lock()
+
+
+class CompilerBackend(ABC):
+    """Base of every backend. Subclasses set the class attributes and implement the hooks.
+
+    :param config: backend settings (``cc``, ``nvcc``, ``cuda_arch``, ``cce_command``, ...;
+        see each backend), never mutated.
+    """
+
+    name: ClassVar[str]
+    languages: ClassVar[frozenset[str]]
+    bin_suffix: str = ".o"
+    #: ``magic`` and ``coreType`` written to the kernel json.
+    magic: str = "RT_DEV_BINARY_MAGIC_ELF"
+    core_type: str = "AiCore"
+
+    def __init__(self, config: Mapping[str, object] | None = None) -> None:
+        self.config: Mapping[str, object] = dict(config or {})
+
+    # ----- hooks -----------------------------------------------------------------------------
+
+    @abstractmethod
+    def executable(self) -> str:
+        """Absolute path of the compiler.
+
+        :raises CompileError: naming the compiler when it is not installed.
+        """
+
+    @abstractmethod
+    def flags(self, job: CompileJob) -> list[str]:
+        """The compiler's own flags for ``job.debug_flags`` (and line info for ``emit`` loc)."""
+
+    @abstractmethod
+    def command(self, job: CompileJob) -> list[str]:
+        """The exact argv that compiles ``job`` into :meth:`binary_path`.
+
+        :raises CompileError: when the compiler is missing.
+        :raises InvalidInputError: for a malformed define.
+        """
+
+    @abstractmethod
+    def preprocess_command(self, job: CompileJob, output: Path) -> list[str]:
+        """The argv that writes ``job``'s preprocessed source (same defines/flags) to ``output``."""
+
+    def unsupported_debug_flags(self, job: CompileJob) -> frozenset[str]:
+        """Debug flags of ``job`` this compiler has no equivalent for (logged, then skipped)."""
+        return frozenset()
+
+    def version_line(self, version_text: str) -> str:
+        """Pick the version string out of ``<compiler> --version`` output: its first line."""
+        return next((ln.strip() for ln in version_text.splitlines() if ln.strip()), "")
+
+    def json_fields(self, job: CompileJob, elf: ElfFile, kernel_name: str) -> dict[str, Any]:
+        """Backend-specific kernel-json fields (override; default: nothing extra)."""
+        return {}
+
+    # ----- shared machinery ------------------------------------------------------------------
+
+    def identity(self) -> CompilerIdentity:
+        """Name, path and version of the compiler (cached per executable path, size and mtime).
+
+        :raises CompileError: naming the compiler when it is missing or ``--version`` fails.
+        """
+        path = self.executable()
+        try:
+            st = os.stat(path)
+        except OSError as exc:
+            raise CompileError(f"{self.name} compiler {path} cannot be read: {exc}") from exc
+        key = (self.name, path, st.st_ino, st.st_size, st.st_mtime_ns)
+        with _identity_lock:
+            cached = _identity_cache.get(key)
+        if cached is not None:
+            return cached
+        out = self._run([path, "--version"], _IDENTITY_TIMEOUT_S, None, "version query")
+        text = (out.stdout or out.stderr).decode("utf-8", "replace")
+        if out.returncode != 0 or not text.strip():
+            raise CompileError(f"{path} --version failed (exit {out.returncode}): {out.message()}")
+        ident = CompilerIdentity(os.path.basename(path), path, self.version_line(text))
+        with _identity_lock:
+            _identity_cache[key] = ident
+        return ident
+
+    def binary_path(self, job: CompileJob) -> Path:
+        """``out_dir/<out_name><bin_suffix>``."""
+        return job.out_dir / f"{job.out_name}{self.bin_suffix}"
+
+    def compile(self, job: CompileJob) -> CompileResult:
+        """Compile ``job``, verify the binary and its entry symbol, write artefacts and json.
+
+        The json is written last (atomically), so a visible json means a complete output.
+
+        :raises InvalidInputError: bad job (language, flags, out_name, missing source).
+        :raises CompileError: compiler missing, failed (its stderr, trimmed), crashed, timed out
+            (its process group killed), produced no binary, or the entry symbol is absent.
+        """
+        self._validate(job)
+        ident = self.identity()
+        skipped = self.unsupported_debug_flags(job)
+        if skipped:
+            log.warning("%s has no equivalent for debug flags %s", ident.name, sorted(skipped))
+        argv = self.command(job)
+        binary = self.binary_path(job)
+        fsutil.safe_unlink(binary)
+        log.debug("compiling %s: %s", job.source, " ".join(argv))
+        out = self._run(argv, job.timeout_s, job.out_dir, f"compiling {job.source}")
+        self._check_outcome(out, argv, job)
+        if not binary.is_file():
+            raise CompileError(
+                f"{ident.name} exited 0 but wrote no binary {binary} (compiling {job.source})"
+            )
+        elf = ElfFile(binary)
+        kernel_name = self.find_kernel_symbol(elf, job.entry)
+        artefacts = self._emit(job, binary, kernel_name)
+        json_path = self._write_json(job, ident, argv, binary, elf, kernel_name)
+        log.info("compiled %s → %s in %.2f s", job.source.name, binary.name, out.seconds)
+        return CompileResult(
+            binary, self.bin_suffix, kernel_name, json_path, artefacts, tuple(argv), out.seconds
+        )
+
+    def find_kernel_symbol(self, elf: ElfFile, entry: str) -> str:
+        """The real symbol of ``entry`` in the binary (see :func:`.elf.find_entry_symbol`).
+
+        :raises CompileError: when the symbol is absent, not exported, or ambiguous.
+        """
+        return find_entry_symbol(elf, entry)
+
+    def define_args(self, job: CompileJob) -> list[str]:
+        """``-DNAME=value`` for each define, sorted by name (bools as 1/0).
+
+        :raises InvalidInputError: for a name that is not an identifier or a value with a
+            newline or NUL.
+        """
+        args = []
+        for name in sorted(job.defines):
+            value = job.defines[name]
+            if not isinstance(name, str) or not _DEFINE_NAME.match(name):
+                raise InvalidInputError(f"define name {name!r} is not a C identifier")
+            text = str(int(value)) if isinstance(value, bool) else str(value)
+            if "\n" in text or "\0" in text:
+                raise InvalidInputError(f"define {name}={text!r} contains a newline or NUL")
+            args.append(f"-D{name}={text}")
+        return args
+
+    def _validate(self, job: CompileJob) -> None:
+        if job.language not in self.languages:
+            raise InvalidInputError(
+                f"backend {self.name!r} does not compile language {job.language!r} "
+                f"(it compiles {sorted(self.languages)})"
+            )
+        _check_subset("debug flag", job.debug_flags, DEBUG_FLAGS)
+        _check_subset("emit", job.emit, EMITS)
+        if not _OUT_NAME.match(job.out_name) or job.out_name in (".", ".."):
+            raise InvalidInputError(f"out_name {job.out_name!r} must be a plain file name")
+        if not Path(job.source).is_absolute() or not Path(job.source).is_file():
+            raise InvalidInputError(f"kernel source {job.source} is not an existing absolute path")
+        if not Path(job.out_dir).is_dir():
+            raise InvalidInputError(f"out_dir {job.out_dir} is not an existing folder")
+        if job.timeout_s <= 0:
+            raise InvalidInputError(f"timeout_s must be > 0, got {job.timeout_s}")
+
+    def _run(self, argv: list[str], timeout_s: float, cwd: Path | None, what: str) -> Outcome:
+        """Run ``argv`` in its own process group (see :mod:`.process`)."""
+        return process.run_in_group(argv, timeout_s, cwd, what)
+
+    def _check_outcome(self, out: Outcome, argv: list[str], job: CompileJob) -> None:
+        tool = os.path.basename(argv[0])
+        stderr = out.message()
+        if out.returncode < 0:
+            sig = process.signal_name(-out.returncode)
+            raise CompileError(f"{tool} crashed ({sig}) compiling {job.source}: {stderr}")
+        if out.returncode != 0:
+            raise CompileError(
+                f"{tool} failed (exit {out.returncode}) compiling {job.source}: {stderr}"
+            )
+
+    def _emit(self, job: CompileJob, binary: Path, kernel_name: str) -> tuple[Path, ...]:
+        written = []
+        if "cce" in job.emit:
+            written.append(self._emit_cce(job))
+        if "loc" in job.emit:
+            written.append(self._emit_loc(job, binary, kernel_name))
+        return tuple(written)
+
+    def _emit_cce(self, job: CompileJob) -> Path:
+        dest = job.out_dir / f"{job.out_name}.cce"
+        tmp = fsutil.temp_path(dest)
+        argv = self.preprocess_command(job, tmp)
+        try:
+            out = self._run(argv, job.timeout_s, job.out_dir, f"preprocessing {job.source}")
+            self._check_outcome(out, argv, job)
+            if not tmp.is_file():
+                raise CompileError(f"preprocessor {argv[0]} wrote no output for {job.source}")
+            fsutil.publish_temp(tmp, dest)
+        finally:
+            fsutil.safe_unlink(tmp)
+        return dest
+
+    def _emit_loc(self, job: CompileJob, binary: Path, kernel_name: str) -> Path:
+        dest = job.out_dir / f"{job.out_name}_loc.json"
+        rows = lineinfo.decode_lines(binary, lineinfo.readelf_path(self.config.get("readelf")))
+        doc = lineinfo.loc_document(job.out_name, self.bin_suffix, kernel_name, job.source, rows)
+        fsutil.atomic_write_bytes(dest, _dumps(doc))
+        return dest
+
+    def _write_json(
+        self,
+        job: CompileJob,
+        ident: CompilerIdentity,
+        argv: list[str],
+        binary: Path,
+        elf: ElfFile,
+        kernel_name: str,
+    ) -> Path:
+        doc: dict[str, Any] = {
+            "binFileName": job.out_name,
+            "binFileSuffix": self.bin_suffix,
+            "blockDim": 1,
+            "coreType": self.core_type,
+            "kernelName": kernel_name,
+            "magic": self.magic,
+            "opParaSize": 0,
+            "parameters": [],
+            "sha256": hashlib.sha256(elf.data).hexdigest(),
+            "compileInfo": {
+                "compiler": ident.name,
+                "path": ident.path,
+                "version": ident.version,
+                "flags": self.flags(job),
+                "command": argv,
+            },
+        }
+        doc.update(self.json_fields(job, elf, kernel_name))
+        dest = job.out_dir / f"{job.out_name}.json"
+        fsutil.atomic_write_bytes(dest, _dumps(doc))
+        return dest
+
+
+def get_backend(language: str, config: Mapping[str, object] | None = None) -> CompilerBackend:
+    """The backend that compiles ``language``: c/cpp → host, cuda → cuda, cce → template.
+
+    :raises InvalidInputError: naming an unknown language.
+    :raises ConfigError: when the template backend's ``cce_command`` is missing or malformed.
+    """
+    from cachemgr.compilers import cuda, host, template  # lazy: they import this module
+
+    registry: dict[str, type[CompilerBackend]] = {
+        "c": host.HostBackend,
+        "cpp": host.HostBackend,
+        "cuda": cuda.CudaBackend,
+        "cce": template.TemplateBackend,
+    }
+    try:
+        cls = registry[language]
+    except (KeyError, TypeError):
+        raise InvalidInputError(
+            f"unknown kernel language {language!r} (known: {sorted(registry)})"
+        ) from None
+    return cls(config)
+
+
+def find_executable(candidates: list[str], what: str, config_key: str | None = None) -> str:
+    """First of ``candidates`` found (a path or a name on PATH), as an absolute path.
+
+    :raises CompileError: naming what was tried (and the config key it came from).
+    """
+    for cand in candidates:
+        found = shutil.which(cand)
+        if found:
+            return os.path.abspath(found)
+    origin = f" (from config {config_key})" if config_key else " (names looked up on PATH)"
+    raise CompileError(f"{what} not found: tried {', '.join(candidates)}{origin}")
+
+
+def config_str(config: Mapping[str, object], key: str, default: str | None = None) -> str | None:
+    """``config[key]`` as a non-empty string, or ``default`` when unset.
+
+    :raises ConfigError: when set to something that is not a non-empty string.
+    """
+    value = config.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
+        raise ConfigError(f"compiler config {key}={value!r} must be a non-empty string")
+    return str(value)
+
+
+def _check_subset(what: str, given: frozenset[str], allowed: frozenset[str]) -> None:
+    unknown = set(given) - allowed
+    if unknown:
+        raise InvalidInputError(f"unknown {what} {sorted(unknown)} (accepted: {sorted(allowed)})")
+
+
+def _dumps(doc: Mapping[str, Any]) -> bytes:
+    return (json.dumps(doc, indent=4, ensure_ascii=False) + "\n").encode("utf-8")

@@ -1,0 +1,161 @@
+"""Minimal ELF reader: section names, function symbols, one section's bytes.
+
+Both backends' binaries are ELF: a host relocatable object (``.o``) and an NVIDIA cubin
+(``.cubin``, ``e_machine`` 190). Reading the symbol table here, instead of running ``nm`` or
+``cuobjdump`` (the latter is absent from the PyPI ``nvidia-cuda-nvcc`` wheels), keeps symbol
+lookup free of extra tools and identical for every backend. ELF32/ELF64, either byte order.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from cachemgr.errors import CompileError
+
+log = logging.getLogger(__name__)
+
+_MAGIC = b"\x7fELF"
+_SHT_SYMTAB = 2
+_SHT_DYNSYM = 11
+_SHN_UNDEF = 0
+#: ``STT_*`` and ``STB_*`` values used by :class:`Symbol`.
+STT_FUNC = 2
+STB_GLOBAL = 1
+STB_WEAK = 2
+
+
+@dataclass(frozen=True)
+class Section:
+    """One section header: ``name``, ``type`` (``SHT_*``), file ``offset``/``size`` in bytes."""
+
+    name: str
+    type: int
+    offset: int
+    size: int
+    link: int
+    entsize: int
+
+
+@dataclass(frozen=True)
+class Symbol:
+    """One symbol-table entry; ``defined`` is False for undefined (imported) symbols."""
+
+    name: str
+    type: int
+    bind: int
+    defined: bool
+
+    @property
+    def is_exported_function(self) -> bool:
+        """True for a defined global or weak function: something a loader can look up."""
+        return self.defined and self.type == STT_FUNC and self.bind in (STB_GLOBAL, STB_WEAK)
+
+
+class ElfFile:
+    """An ELF file read whole into memory (kernel binaries are small: KB to a few MB).
+
+    :raises CompileError: when the file is not ELF or its headers are truncated.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.data = self.path.read_bytes()
+        if self.data[:4] != _MAGIC or len(self.data) < 52:
+            raise CompileError(f"{self.path} is not an ELF file")
+        self._is64 = self.data[4] == 2
+        self._end = "<" if self.data[5] == 1 else ">"
+        try:
+            self.sections = self._read_sections()
+        except struct.error as exc:
+            raise CompileError(f"{self.path}: truncated ELF headers ({exc})") from exc
+
+    @property
+    def machine(self) -> int:
+        """``e_machine`` (62 = x86-64, 183 = AArch64, 190 = NVIDIA CUDA)."""
+        return struct.unpack_from(self._end + "H", self.data, 18)[0]
+
+    def _read_sections(self) -> list[Section]:
+        if self._is64:
+            shoff, shentsize, shnum, shstrndx = self._unpack("Q", 0x28, "HHH", 0x3A)
+            fmt = "IIQQQQIIQQ"
+        else:
+            shoff, shentsize, shnum, shstrndx = self._unpack("I", 0x20, "HHH", 0x2E)
+            fmt = "IIIIIIIIII"
+        raw = []
+        for i in range(shnum):
+            f = struct.unpack_from(self._end + fmt, self.data, shoff + i * shentsize)
+            raw.append((f[0], f[1], f[4], f[5], f[6], f[9]))
+        names = raw[shstrndx] if shnum else None
+        return [
+            Section(self._cstr(names[2] + r[0]) if names else "", r[1], r[2], r[3], r[4], r[5])
+            for r in raw
+        ]
+
+    def _unpack(self, off_fmt: str, off_pos: int, rest_fmt: str, rest_pos: int) -> tuple:
+        (shoff,) = struct.unpack_from(self._end + off_fmt, self.data, off_pos)
+        return (shoff, *struct.unpack_from(self._end + rest_fmt, self.data, rest_pos))
+
+    def _cstr(self, offset: int) -> str:
+        end = self.data.index(b"\0", offset)
+        return self.data[offset:end].decode("utf-8", "replace")
+
+    def section(self, name: str) -> bytes | None:
+        """Bytes of the first section called ``name``, or None if there is none."""
+        for sec in self.sections:
+            if sec.name == name:
+                return self.data[sec.offset : sec.offset + sec.size]
+        return None
+
+    def symbols(self) -> list[Symbol]:
+        """Every entry of ``.symtab`` and ``.dynsym`` (index 0 excluded)."""
+        out: list[Symbol] = []
+        for sec in self.sections:
+            if sec.type in (_SHT_SYMTAB, _SHT_DYNSYM) and sec.entsize:
+                out.extend(self._symbols_of(sec))
+        return out
+
+    def _symbols_of(self, sec: Section) -> list[Symbol]:
+        strtab = self.sections[sec.link]
+        out = []
+        for off in range(sec.offset + sec.entsize, sec.offset + sec.size, sec.entsize):
+            if self._is64:
+                name, info, _other, shndx = struct.unpack_from(self._end + "IBBH", self.data, off)
+            else:
+                name, _v, _s, info, _other, shndx = struct.unpack_from(
+                    self._end + "IIIBBH", self.data, off
+                )
+            text = self._cstr(strtab.offset + name) if name else ""
+            out.append(Symbol(text, info & 0xF, info >> 4, shndx != _SHN_UNDEF))
+        return out
+
+
+def find_entry_symbol(elf: ElfFile, entry: str) -> str:
+    """The exported function symbol of ``elf`` that is the kernel ``entry``.
+
+    An exact match wins. A C++ entry compiled without ``extern "C"`` is accepted when exactly
+    one top-level mangled name ``_Z<len><entry>...`` exists (that mangled name is returned: it
+    is what a loader looks up); overloads are ambiguous.
+
+    :raises CompileError: when the symbol is absent, not exported (``static``), or ambiguous.
+    """
+    symbols = elf.symbols()
+    funcs = [s for s in symbols if s.is_exported_function]
+    if any(s.name == entry for s in funcs):
+        return entry
+    prefix = f"_Z{len(entry)}{entry}"
+    mangled = sorted({s.name for s in funcs if s.name.startswith(prefix)})
+    if len(mangled) == 1:
+        log.info("entry %s is C++-mangled as %s in %s", entry, mangled[0], elf.path)
+        return mangled[0]
+    if mangled:
+        raise CompileError(
+            f"entry {entry!r} is ambiguous in {elf.path}: overloads {mangled}; "
+            'declare the kernel extern "C"'
+        )
+    local = any(s.name == entry and s.defined for s in symbols)
+    why = "is not exported (static?) from" if local else "is not in"
+    names = sorted(s.name for s in funcs)[:10]
+    raise CompileError(f"entry symbol {entry!r} {why} {elf.path}; exported functions: {names}")

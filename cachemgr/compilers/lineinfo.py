@@ -1,0 +1,98 @@
+"""Source line → binary address maps (the ``*_loc.json`` of SPEC §7), from DWARF line tables.
+
+The map is read from the ``.debug_line`` section of the binary just produced, decoded by GNU
+``readelf --debug-dump=decodedline`` (binutils ships wherever gcc does; it decodes host objects
+and NVIDIA cubins alike, and applies the relocations of a relocatable ``.o``). Addresses are
+byte offsets into the text section of each line sequence (for a cubin: the kernel's own
+``.text.<kernel>`` section); ``sequence`` numbers the DWARF sequences so offsets that restart at
+0 in another section stay distinguishable.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+from cachemgr.errors import CompileError
+
+#: One decoded row: ``<file> <line> <address> [view] [x]``.
+_ROW = re.compile(r"^(?P<file>\S.*?)\s+(?P<line>\d+)\s+(?P<addr>0x[0-9a-fA-F]+|\d+)(?:\s.*)?$")
+#: End of a sequence: ``<file> - <address>``.
+_END = re.compile(r"^\S.*?\s+-\s+(0x[0-9a-fA-F]+|\d+)\s*$")
+_READELF_TIMEOUT_S = 60.0
+
+
+def readelf_path(config_value: object = None) -> str:
+    """Path of ``readelf`` (``config_value`` if given, else from PATH).
+
+    :raises CompileError: naming readelf when it is not installed.
+    """
+    name = str(config_value or "readelf")
+    found = shutil.which(name)
+    if not found:
+        raise CompileError(f"readelf not found ({name!r}); it is needed to emit *_loc.json")
+    return found
+
+
+def decode_lines(binary: Path, readelf: str) -> list[dict[str, object]]:
+    """Return the line table of ``binary`` as ``[{file, line, address, sequence}]`` rows.
+
+    ``line`` is 1-based, ``address`` an int byte offset (see module docstring).
+
+    :raises CompileError: when readelf fails or the binary has no line information (compile
+        with the backend's line-info flag).
+    """
+    proc = subprocess.run(
+        [readelf, "-W", "--debug-dump=decodedline", str(binary)],
+        capture_output=True,
+        text=True,
+        timeout=_READELF_TIMEOUT_S,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise CompileError(f"readelf failed on {binary}: {proc.stderr.strip()[:500]}")
+    rows = parse_decodedline(proc.stdout)
+    if not rows:
+        raise CompileError(f"{binary} has no debug line information; cannot write *_loc.json")
+    return rows
+
+
+def loc_document(
+    bin_name: str, bin_suffix: str, kernel_name: str, source: Path, rows: list[dict[str, object]]
+) -> dict[str, object]:
+    """The ``*_loc.json`` document: which binary and kernel, the source, and the line rows."""
+    return {
+        "binFileName": bin_name,
+        "binFileSuffix": bin_suffix,
+        "kernelName": kernel_name,
+        "source": str(source),
+        "tool": "readelf --debug-dump=decodedline",
+        "lines": rows,
+    }
+
+
+def parse_decodedline(text: str) -> list[dict[str, object]]:
+    """Parse ``readelf --debug-dump=decodedline`` output into rows (see :func:`decode_lines`)."""
+    rows: list[dict[str, object]] = []
+    sequence = 0
+    for line in text.splitlines():
+        if _END.match(line):
+            sequence += 1
+            continue
+        m = _ROW.match(line)
+        if m:
+            rows.append(
+                {
+                    "file": m["file"],
+                    "line": int(m["line"]),
+                    "address": _to_int(m["addr"]),
+                    "sequence": sequence,
+                }
+            )
+    return rows
+
+
+def _to_int(text: str) -> int:
+    return int(text, 16) if text.startswith("0x") else int(text)

@@ -1,0 +1,111 @@
+"""Running one compiler process: its own process group, a deadline, nothing left behind.
+
+The compiler runs with ``start_new_session=True``, so it and everything it spawns (``cc1``,
+``as``, ``cicc``, ``ptxas``, a wrapper script's children) share one process group whose id is
+the compiler's pid. On timeout, on any interruption (``KeyboardInterrupt``, a cancelled
+worker), and after a normal exit, the whole group gets ``SIGKILL``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from cachemgr.errors import CompileError
+
+_REAP_TIMEOUT_S = 5.0
+_TEXT_LIMIT = 2000
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A finished process: ``returncode`` (negative = killed by that signal), its output,
+    and its wall time in ``seconds``."""
+
+    returncode: int
+    stdout: bytes
+    stderr: bytes
+    seconds: float
+
+    def message(self) -> str:
+        """stderr (or stdout when stderr is empty), decoded and trimmed to ~2000 chars."""
+        return trim((self.stderr.strip() or self.stdout).decode("utf-8", "replace"))
+
+
+def run_in_group(argv: list[str], timeout_s: float, cwd: Path | None, what: str) -> Outcome:
+    """Run ``argv`` in a new session and wait at most ``timeout_s`` seconds.
+
+    :param what: words for the error message, e.g. ``"compiling /x/add.c"``.
+    :raises CompileError: when ``argv[0]`` cannot be started, or on timeout (after the whole
+        process group was killed with SIGKILL and the compiler reaped).
+    """
+    start = time.monotonic()
+    try:
+        proc = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        raise CompileError(f"cannot run {argv[0]!r} ({what}): {exc}") from exc
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        raise CompileError(
+            f"{os.path.basename(argv[0])} timed out after {timeout_s:g} s {what}; "
+            f"killed its process group {proc.pid}"
+        ) from None
+    except BaseException:
+        kill_group(proc)
+        raise
+    killpg(proc.pid)  # stragglers that closed their pipes but kept running
+    return Outcome(proc.returncode, stdout, stderr, time.monotonic() - start)
+
+
+def killpg(pgid: int) -> None:
+    """SIGKILL process group ``pgid``; already gone is fine.
+
+    Safe after the leader was reaped: Linux does not hand out a pid still used as a group id.
+    """
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL ``proc``'s whole process group, then reap ``proc``."""
+    killpg(proc.pid)
+    try:
+        proc.communicate(timeout=_REAP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        # A member left the group (setsid) and still holds our pipes: stop reading them.
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+        proc.wait()
+    except ValueError:
+        proc.wait()  # pipes already closed by an earlier communicate()
+
+
+def signal_name(signum: int) -> str:
+    """``SIGSEGV`` for 11, or ``signal N`` for an unnamed number."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def trim(text: str) -> str:
+    """``text`` stripped and cut to ~2000 chars, saying how much was cut."""
+    text = text.strip()
+    if len(text) <= _TEXT_LIMIT:
+        return text
+    return f"{text[:_TEXT_LIMIT]} ... ({len(text) - _TEXT_LIMIT} more chars)"
