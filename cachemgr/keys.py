@@ -1,0 +1,166 @@
+"""What makes a kernel unique: the cache key and the kernel name (layer 6; SPEC §3.2).
+
+The key is the SHA-256 of a canonical serialisation (JSON, sorted keys, no whitespace,
+UTF-8) of everything that changes the binary:
+
+* the operator: ``op_type``, every input/output ``shape``/``dtype``/``format`` (dtype aliases
+  folded: ``float`` = ``float32``), ``attrs``, ``soc_version``;
+* the kernel: ``language``, ``kernel_entry``, ``defines`` and the SHA-256 of the source;
+* the options: ``deterministic``, ``precision_mode``, ``op_debug_level`` and the other
+  compile options a request may carry (``aicore_num``, ``deterministic_level``, ...);
+* the compiler: its name and version line and the exact flags of the command it runs
+  (every word of the argv but the executable path and the source/output paths).
+
+Faults seen in the field came from keys that missed one of these (``deterministic_level`` in
+GE, a model hash in vLLM-Ascend); :data:`KEY_FIELDS` lists them and the tests change each one.
+Local ``#include`` files are not hashed (only the source file itself is), as in GE.
+
+The kernel name is ``te_<op_type lower-cased>_<key>`` (GE's shape of name, SPEC §3.1).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from cachemgr.compilers import CompileJob, CompilerBackend, CompilerIdentity
+from cachemgr.errors import InvalidInputError
+from cachemgr.request import CompileRequest, RequestOptions
+
+#: Bump when the key material changes shape, so old and new keys never collide.
+KEY_VERSION = 1
+#: Top-level fields of the key material (documentation and tests).
+KEY_FIELDS = (
+    "op_type",
+    "soc_version",
+    "inputs",
+    "outputs",
+    "attrs",
+    "language",
+    "kernel_entry",
+    "defines",
+    "source_sha256",
+    "options",
+    "compiler",
+)
+#: Placeholders for the paths in a command, so the key does not depend on where it ran.
+SOURCE_PLACEHOLDER = "/SOURCE"
+OUT_PLACEHOLDER = "/OUT"
+NAME_PLACEHOLDER = "KERNEL"
+#: A source modified this recently is hashed again on every use (its mtime may not have
+#: ticked since a change: git's "racy" rule).
+RACY_S = 2.0
+
+_digests: dict[tuple[int, ...], str] = {}
+_digest_lock = threading.Lock()
+
+
+def canonical(material: Mapping[str, Any]) -> bytes:
+    """The canonical serialisation: JSON with sorted keys, no whitespace, UTF-8 (SPEC §3.2).
+
+    :raises InvalidInputError: for a value that is not plain JSON (NaN, infinity, objects).
+    """
+    try:
+        text = json.dumps(
+            material, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        )
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"cannot serialise the key material: {exc}") from None
+    return text.encode("utf-8")
+
+
+def source_sha256(path: Path) -> str:
+    """Hex SHA-256 of the file ``path``; remembered per (device, inode, size, mtime, ctime)
+    unless the file changed in the last :data:`RACY_S` seconds.
+
+    :raises InvalidInputError: when the source cannot be read (names the path).
+    """
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise InvalidInputError(f"kernel_source {path}: {exc.strerror}") from None
+    ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    with _digest_lock:
+        known = _digests.get(ident)
+    if known is not None:
+        return known
+    try:
+        digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError as exc:
+        raise InvalidInputError(f"kernel_source {path}: {exc.strerror}") from None
+    if time.time() - max(st.st_mtime, st.st_ctime) > RACY_S:
+        with _digest_lock:
+            if len(_digests) > 4096:
+                _digests.clear()
+            _digests[ident] = digest
+    return digest
+
+
+def command_flags(
+    backend: CompilerBackend,
+    request: CompileRequest,
+    debug_flags: frozenset[str] = frozenset(),
+    emit: frozenset[str] = frozenset(),
+) -> tuple[str, ...]:
+    """The exact compiler argv for ``request``, minus the executable, with placeholder paths.
+
+    :raises CompileError: when the compiler is not installed (names it).
+    :raises InvalidInputError: for a malformed define.
+    """
+    job = CompileJob(
+        source=Path(SOURCE_PLACEHOLDER),
+        language=request.language,
+        entry=request.kernel_entry,
+        defines=request.defines,
+        out_dir=Path(OUT_PLACEHOLDER),
+        out_name=NAME_PLACEHOLDER,
+        debug_flags=debug_flags,
+        emit=emit,
+    )
+    return tuple(backend.command(job)[1:])
+
+
+def key_material(
+    request: CompileRequest,
+    opts: RequestOptions,
+    identity: CompilerIdentity,
+    flags: Sequence[str],
+    source_digest: str,
+) -> dict[str, Any]:
+    """Everything that changes the binary, as plain JSON values (SPEC §3.2)."""
+    options = {
+        "deterministic": opts.deterministic,
+        "precision_mode": opts.precision_mode,
+        "op_debug_level": opts.op_debug_level,
+        **{k: v for k, v in opts.extra.items()},
+    }
+    return {
+        "key_version": KEY_VERSION,
+        "op_type": request.op_type,
+        "soc_version": request.soc_version,
+        "inputs": [t.to_json() for t in request.inputs],
+        "outputs": [t.to_json() for t in request.outputs],
+        "attrs": dict(request.attrs),
+        "language": request.language,
+        "kernel_entry": request.kernel_entry,
+        "defines": dict(request.defines),
+        "source_sha256": source_digest,
+        "options": options,
+        "compiler": {"name": identity.name, "version": identity.version, "flags": list(flags)},
+    }
+
+
+def compute_key(material: Mapping[str, Any]) -> str:
+    """Hex SHA-256 (64 chars) of :func:`canonical` ``(material)``."""
+    return hashlib.sha256(canonical(material)).hexdigest()
+
+
+def kernel_name(op_type: str, key: str) -> str:
+    """``te_<op_type lower-cased>_<key>`` (SPEC §3.1, §3.2)."""
+    return f"te_{op_type.lower()}_{key}"

@@ -1,0 +1,373 @@
+"""Compile requests: one operator to build, read from JSON and checked (layer 6; issue 4).
+
+A request names the operator (``op_type``, ``soc_version``), its kernel (``language``,
+``kernel_source``, ``kernel_entry``, ``defines``), its tensors (``inputs``/``outputs``: shape,
+dtype, format), ``attrs`` and compile ``options``. The structure is checked against
+``cachemgr/schemas/compile_request.schema.json`` (JSON Schema), then the meaning: shapes (dims
+≥ 0, ``-1`` = dynamic dim, the shape ``[-2]`` = unknown rank, at most 2^31 elements), a source
+file that exists. A relative path is relative to the request file.
+
+Options missing from the request come from the resolved configuration (SPEC §1) through
+:func:`resolve_options`. Every error is one line naming the field, the value and the request
+it came from (:class:`~cachemgr.errors.InvalidInputError`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+from cachemgr import layout, options
+from cachemgr.errors import ConfigError, InvalidInputError
+from cachemgr.options import Settings
+
+#: The largest number of elements a tensor may have (issue 4: "more than 2^31 elements").
+MAX_ELEMENTS = 2**31
+#: A dim of unknown size (dynamic shape, SPEC §6).
+DYNAMIC_DIM = -1
+#: The whole shape ``[-2]``: unknown rank (SPEC §6).
+UNKNOWN_RANK = -2
+#: Spellings of one dtype that are the same type (CANN accepts both); the key uses the first.
+DTYPE_ALIASES = {"float": "float32", "bf16": "bfloat16", "float64": "double"}
+#: Compile options a request may carry, beyond the ones of :data:`cachemgr.options.OPTIONS`.
+KEY_OPTIONS = (
+    "deterministic",
+    "precision_mode",
+    "precision_mode_v2",
+    "op_select_implmode",
+    "optypelist_for_implmode",
+    "deterministic_level",
+    "enable_small_channel",
+    "aicore_num",
+    "vector_core_num",
+)
+_PATH_OPTIONS = ("op_debug_config", "debug_dir")
+_SETTINGS_OPTIONS = ("op_compiler_cache_mode", "jit_compile", "op_debug_level")
+
+
+@dataclass(frozen=True)
+class TensorDesc:
+    """One input or output: ``shape`` (dims; -1 dynamic; ``(-2,)`` unknown rank), canonical
+    ``dtype`` (``float32``, ``float16``, ...) and ``format`` (``ND``, ``NCHW``, ...)."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    format: str
+
+    @property
+    def dynamic(self) -> bool:
+        """True for a dynamic dim (-1) or an unknown rank ([-2]) (SPEC §6)."""
+        return any(d < 0 for d in self.shape)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"shape": list(self.shape), "dtype": self.dtype, "format": self.format}
+
+
+@dataclass(frozen=True)
+class CompileRequest:
+    """A checked compile request (issue 4).
+
+    :ivar kernel_source: absolute path of the kernel source.
+    :ivar options: the options the request itself set, normalised (``jit_compile`` →
+        ``auto``/``true``/``false``, ``op_debug_level`` → int, paths → absolute ``Path``,
+        ``deterministic`` → bool); see :func:`resolve_options` for the rest.
+    :ivar origin: where it came from (the request file, or ``"request"``), for messages.
+    """
+
+    op_type: str
+    soc_version: str
+    language: str
+    kernel_source: Path
+    kernel_entry: str
+    inputs: tuple[TensorDesc, ...]
+    outputs: tuple[TensorDesc, ...]
+    attrs: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    defines: Mapping[str, str | int | float | bool] = field(default_factory=dict, hash=False)
+    options: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    op_name: str | None = None
+    origin: str = "request"
+
+    @property
+    def dynamic(self) -> bool:
+        """True when any input or output has a -1 dim or unknown rank (SPEC §6)."""
+        return any(t.dynamic for t in (*self.inputs, *self.outputs))
+
+
+@dataclass(frozen=True)
+class RequestOptions:
+    """Every option a compile needs, from the request or else the configuration (SPEC §1).
+
+    :ivar op_debug_config: the ``.cfg`` path, or None when unset.
+    :ivar kernel_meta_dir: ``<base>/kernel_meta`` (base = request ``debug_dir`` > configured
+        ``debug_dir`` > ``ASCEND_WORK_PATH`` > current directory, SPEC §7).
+    :ivar extra: the other key-relevant options (:data:`KEY_OPTIONS` minus the two named).
+    """
+
+    op_compiler_cache_mode: str
+    jit_compile: str
+    op_debug_level: int
+    op_debug_config: Path | None
+    kernel_meta_dir: Path
+    deterministic: bool
+    precision_mode: str
+    extra: Mapping[str, Any] = field(default_factory=dict, hash=False)
+
+
+@cache
+def schema() -> dict[str, Any]:
+    """The request JSON Schema (``cachemgr/schemas/compile_request.schema.json``)."""
+    text = resources.files("cachemgr").joinpath("schemas/compile_request.schema.json")
+    return json.loads(text.read_text(encoding="utf-8"))
+
+
+@cache
+def _validator() -> jsonschema.protocols.Validator:
+    cls = jsonschema.validators.validator_for(schema())
+    return cls(schema())
+
+
+def load_request(path: Path, settings: Settings | None = None) -> CompileRequest:
+    """Read and check the request file ``path`` (see :func:`parse_request`).
+
+    :raises InvalidInputError: unreadable file, malformed JSON (with line and column), or any
+        error of :func:`parse_request` — one line naming the file.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8"
+        raise InvalidInputError(f"request {path}: cannot read ({why})") from exc
+    try:
+        data = json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
+        raise InvalidInputError(
+            f"request {path}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+        ) from None
+    except ValueError as exc:
+        raise InvalidInputError(f"request {path}: {exc}") from None
+    return parse_request(data, path.resolve().parent, settings, origin=str(path))
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_request(
+    data: Any, base_dir: Path, settings: Settings | None = None, origin: str = "request"
+) -> CompileRequest:
+    """Check ``data`` (a decoded request) and build a :class:`CompileRequest`.
+
+    :param base_dir: folder that relative ``kernel_source``/``op_debug_config``/``debug_dir``
+        are relative to (the request file's folder).
+    :param settings: when given, the options the request leaves out are filled in from it
+        now (SPEC §1); otherwise :func:`resolve_options` does it when the request is compiled.
+    :param origin: where ``data`` came from, for messages (the request file).
+    :raises InvalidInputError: one line naming ``origin``, the field and the value: a schema
+        violation (unknown dtype/format/language, missing field, wrong type), a negative dim
+        other than -1 or the shape [-2], more than 2^31 elements, a missing source file, a bad
+        option value.
+    """
+    errors = sorted(_validator().iter_errors(data), key=_error_rank)
+    if errors:
+        raise InvalidInputError(f"{origin}: {_describe(errors[0])}")
+    if data["soc_version"] in (".", ".."):
+        raise InvalidInputError(f"{origin}: soc_version={data['soc_version']!r} is not a chip")
+    inputs = tuple(_tensor(t, f"inputs[{i}]", origin) for i, t in enumerate(data["inputs"]))
+    outputs = tuple(_tensor(t, f"outputs[{i}]", origin) for i, t in enumerate(data["outputs"]))
+    base_dir = Path(base_dir)
+    source = _existing_file(data["kernel_source"], base_dir, "kernel_source", origin)
+    opts = _normalise_options(data.get("options", {}), base_dir, origin)
+    req = CompileRequest(
+        op_type=data["op_type"],
+        soc_version=data["soc_version"],
+        language=data["language"],
+        kernel_source=source,
+        kernel_entry=data["kernel_entry"],
+        inputs=inputs,
+        outputs=outputs,
+        attrs=dict(data.get("attrs", {})),
+        defines=dict(data.get("defines", {})),
+        options=opts,
+        op_name=data.get("op_name"),
+        origin=origin,
+    )
+    _check_attrs(req.attrs, origin)
+    return req if settings is None else with_options(req, settings)
+
+
+def _error_rank(err: jsonschema.ValidationError) -> tuple[int, str]:
+    # report the shallowest, then the most specific error first; stable for the tests
+    return (len(err.absolute_path), str(list(err.absolute_path)))
+
+
+def _where(path: Any) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "request"
+
+
+def _describe(err: jsonschema.ValidationError) -> str:
+    where = _where(err.absolute_path)
+    value = err.instance
+    kind = err.validator
+    if kind == "required":
+        missing = [k for k in err.validator_value if k not in (value or {})]
+        return f"missing field {missing[0]!r} in {where}"
+    if kind == "additionalProperties":
+        extra = sorted(set(value) - set(err.schema.get("properties", {})))
+        known = ", ".join(sorted(err.schema.get("properties", {})))
+        return f"unknown field {extra[0]!r} in {where} (known: {known})"
+    if kind == "enum":
+        accepted = ", ".join(str(v) for v in err.validator_value if v != "")
+        what = where.rsplit(".", 1)[-1]
+        return f"{where}={value!r}: unknown {what} (accepted: {accepted})"
+    if kind == "type":
+        return f"{where}={_short(value)} must be of type {err.validator_value}"
+    if kind == "pattern" and "propertyNames" in err.schema_path:
+        return f"{where}: name {value!r} does not match {err.validator_value}"
+    if kind == "pattern":
+        return f"{where}={value!r} does not match {err.validator_value}"
+    return f"{where}={_short(value)}: {err.message}"
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _tensor(raw: Mapping[str, Any], where: str, origin: str) -> TensorDesc:
+    shape = tuple(raw["shape"])
+    if UNKNOWN_RANK in shape and shape != (UNKNOWN_RANK,):
+        raise InvalidInputError(
+            f"{origin}: {where}.shape={list(shape)}: -2 (unknown rank) must be the whole shape [-2]"
+        )
+    bad = [d for d in shape if d < DYNAMIC_DIM and shape != (UNKNOWN_RANK,)]
+    if bad:
+        raise InvalidInputError(
+            f"{origin}: {where}.shape={list(shape)} has a negative dim {bad[0]} "
+            "(dims are >= 0, -1 = dynamic, or the shape [-2] = unknown rank)"
+        )
+    known = [d for d in shape if d >= 0]
+    count = math.prod(known) if known else 0
+    if count > MAX_ELEMENTS:
+        raise InvalidInputError(
+            f"{origin}: {where}.shape={list(shape)} has {count} elements, more than 2^31"
+        )
+    dtype = DTYPE_ALIASES.get(raw["dtype"], raw["dtype"])
+    return TensorDesc(shape, dtype, raw["format"])
+
+
+def _check_attrs(attrs: Mapping[str, Any], origin: str) -> None:
+    for name, value in attrs.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InvalidInputError(f"{origin}: attrs.{name}={value!r} is not a finite number")
+
+
+def _existing_file(raw: str, base_dir: Path, name: str, origin: str) -> Path:
+    path = Path(raw) if Path(raw).is_absolute() else base_dir / raw
+    path = path.resolve()
+    if not path.is_file():
+        what = "does not exist" if not path.exists() else "is not a file"
+        raise InvalidInputError(f"{origin}: {name}={raw!r} ({path}) {what}")
+    return path
+
+
+_SPECS = {spec.name: spec for spec in options.OPTIONS}
+
+
+def _normalise_options(raw: Mapping[str, Any], base_dir: Path, origin: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, value in raw.items():
+        if name in _SETTINGS_OPTIONS:
+            out[name] = _parse_setting(name, value, origin)
+        elif name in _PATH_OPTIONS:
+            out[name] = _parse_path(name, value, base_dir, origin)
+        elif name == "deterministic":
+            out[name] = str(value).lower() in ("1", "true")
+        elif name == "enable_small_channel":
+            out[name] = int(str(value).lower() in ("1", "true"))
+        else:
+            out[name] = value
+    return out
+
+
+def _parse_setting(name: str, value: Any, origin: str) -> Any:
+    try:
+        return _SPECS[name].parse(value)
+    except ValueError as exc:
+        raise InvalidInputError(f"{origin}: options.{name}={value!r} is invalid; {exc}") from None
+
+
+def _parse_path(name: str, value: str, base_dir: Path, origin: str) -> Path | None:
+    if value == "":
+        return None
+    path = value if Path(value).is_absolute() else str(base_dir / value)
+    try:
+        return layout.validate_path_value(path, name, origin)
+    except ConfigError as exc:
+        raise InvalidInputError(str(exc)) from None
+
+
+def resolve_options(request: CompileRequest, settings: Settings) -> RequestOptions:
+    """The request's options, each missing one taken from ``settings`` (SPEC §1).
+
+    ``deterministic`` defaults to off and ``precision_mode`` to unset (``""``) when neither
+    the request nor the configuration sets them.
+    """
+    opts = request.options
+
+    def pick(name: str) -> Any:
+        return opts[name] if name in opts else settings.value(name)
+
+    cfg = opts.get("op_debug_config") if "op_debug_config" in opts else None
+    if "op_debug_config" not in opts and settings.value("op_debug_config"):
+        cfg = Path(settings.value("op_debug_config"))
+    if opts.get("debug_dir") is not None:
+        meta = layout.kernel_meta_dir(opts["debug_dir"])
+    else:
+        meta = Path(settings.value("kernel_meta_dir"))
+    extra = {k: v for k, v in opts.items() if k in KEY_OPTIONS}
+    extra.pop("deterministic", None)
+    extra.pop("precision_mode", None)
+    return RequestOptions(
+        op_compiler_cache_mode=pick("op_compiler_cache_mode"),
+        jit_compile=pick("jit_compile"),
+        op_debug_level=int(pick("op_debug_level")),
+        op_debug_config=cfg,
+        kernel_meta_dir=meta,
+        deterministic=bool(opts.get("deterministic", _setting(settings, "deterministic", False))),
+        precision_mode=str(opts.get("precision_mode", _setting(settings, "precision_mode", ""))),
+        extra=extra,
+    )
+
+
+def _setting(settings: Settings, name: str, default: Any) -> Any:
+    res = settings.values.get(name)
+    return default if res is None or res.value is None else res.value
+
+
+def with_options(request: CompileRequest, settings: Settings) -> CompileRequest:
+    """``request`` with every option filled in (request values win, SPEC §1)."""
+    opts = resolve_options(request, settings)
+    filled = {
+        **request.options,
+        "op_compiler_cache_mode": opts.op_compiler_cache_mode,
+        "jit_compile": opts.jit_compile,
+        "op_debug_level": opts.op_debug_level,
+        "op_debug_config": opts.op_debug_config,
+        "debug_dir": opts.kernel_meta_dir.parent,
+        "deterministic": opts.deterministic,
+        "precision_mode": opts.precision_mode,
+    }
+    return dataclasses.replace(request, options=filled)
