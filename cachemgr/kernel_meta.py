@@ -1,0 +1,225 @@
+"""Debug artefacts in ``kernel_meta`` (layer 7; SPEC §7).
+
+``<base>/kernel_meta/`` (base = ``debug_dir`` > ``ASCEND_WORK_PATH`` > current directory)
+gets one sub-folder per compiling process, ``<host>_<pid>``, so parallel compiles never write
+the same path. A folder holds an ``.owner`` file (host, pid, and the process's start time from
+``/proc/<pid>/stat``, so a reused pid is told apart). :func:`reap_orphans` removes the folders
+of this host whose process is gone; folders of other hosts and folders without ``.owner``
+(not ours) are left alone.
+
+Compiles run in a private temp folder inside the process folder; :func:`keep_artefacts` then
+moves in the artefacts SPEC §7's table keeps for the request (``.o``/``.cubin``, ``.json``,
+``.cce``, ``*_loc.json``) and writes ``*_compute.json`` (the operator's computation as the
+request describes it) when asked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import stat
+import tempfile
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from cachemgr import fsutil
+from cachemgr.compilers import CompileResult
+from cachemgr.request import CompileRequest
+
+log = logging.getLogger(__name__)
+
+OWNER_FILE = ".owner"
+_FOLDER = re.compile(r"^(?P<host>[A-Za-z0-9_.\-]+)_(?P<pid>[0-9]+)$")
+_dirs: dict[tuple[str, int], Path] = {}
+_dirs_lock = threading.Lock()
+
+
+def host_name() -> str:
+    """This host's short name (the ``<host>`` of ``<host>_<pid>``)."""
+    return socket.gethostname().split(".")[0] or "host"
+
+
+def process_start_time(pid: int) -> str | None:
+    """Start time of ``pid`` in clock ticks since boot (``/proc/<pid>/stat`` field 22), or
+    None when the process does not exist (or is a zombie)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text.rsplit(")", 1)[-1].split()
+    if len(fields) < 20 or fields[0] in ("Z", "X"):
+        return None
+    return fields[19]
+
+
+def folder_name(host: str | None = None, pid: int | None = None) -> str:
+    """``<host>_<pid>`` of this (or the given) process."""
+    return f"{host or host_name()}_{os.getpid() if pid is None else pid}"
+
+
+def process_dir(kernel_meta_dir: Path) -> Path:
+    """This process's folder ``<kernel_meta_dir>/<host>_<pid>/``, created (with ``.owner``)
+    on first use.
+
+    :raises OSError: when it cannot be created (e.g. ``EACCES``).
+    """
+    pid = os.getpid()
+    ident = (str(kernel_meta_dir), pid)
+    with _dirs_lock:
+        known = _dirs.get(ident)
+        if known is not None and known.is_dir():
+            return known
+        path = fsutil.ensure_dir(Path(kernel_meta_dir) / folder_name(pid=pid))
+        owner = {"host": host_name(), "pid": pid, "start": process_start_time(pid)}
+        fsutil.atomic_write_bytes(path / OWNER_FILE, json.dumps(owner).encode())
+        _dirs[ident] = path
+        return path
+
+
+def build_dir(process_folder: Path, kernel: str) -> Path:
+    """A fresh private folder inside ``process_folder`` for one compile (caller removes it)."""
+    return Path(tempfile.mkdtemp(prefix=f".build-{kernel[:40]}-", dir=process_folder))
+
+
+def compute_document(request: CompileRequest, kernel: str) -> dict[str, Any]:
+    """``<kernel>_compute.json``: the operator's computation as the request describes it —
+    one placeholder node per input, the operator node, one node per output (SPEC §7)."""
+
+    def tensors(kind: str, descs: Iterable[Any]) -> list[dict[str, Any]]:
+        return [
+            {"name": f"{kind}_{i}", "index": i, **t.to_json(), "dynamic": t.dynamic}
+            for i, t in enumerate(descs)
+        ]
+
+    inputs, outputs = tensors("input", request.inputs), tensors("output", request.outputs)
+    op_node = {
+        "name": request.op_name or request.op_type.lower(),
+        "type": request.op_type,
+        "inputs": [t["name"] for t in inputs],
+        "outputs": [t["name"] for t in outputs],
+        "attrs": dict(request.attrs),
+    }
+    nodes = [{"name": t["name"], "type": "placeholder"} for t in inputs]
+    nodes += [op_node] + [{"name": t["name"], "type": "output"} for t in outputs]
+    return {
+        "kernelName": kernel,
+        "opType": request.op_type,
+        "socVersion": request.soc_version,
+        "inputs": inputs,
+        "outputs": outputs,
+        "attrs": dict(request.attrs),
+        "kernel": {
+            "language": request.language,
+            "source": str(request.kernel_source),
+            "entry": request.kernel_entry,
+            "defines": dict(request.defines),
+        },
+        "graph": {"nodes": nodes},
+    }
+
+
+def keep_artefacts(
+    result: CompileResult,
+    kernel: str,
+    keep: frozenset[str],
+    dest: Path,
+    request: CompileRequest,
+) -> tuple[Path, ...]:
+    """Move the kinds in ``keep`` (``o``, ``json``, ``cce``, ``loc``, ``compute``) from the
+    compile's private folder into ``dest``; replaces older files of the same kernel.
+
+    :raises OSError: when a move or write fails.
+    """
+    out = result.binary.parent
+    sources = {
+        "o": result.binary,
+        "json": result.json_path,
+        "cce": out / f"{kernel}.cce",
+        "loc": out / f"{kernel}_loc.json",
+    }
+    kept = []
+    for kind in ("json", "o", "cce", "loc"):
+        if kind in keep and sources[kind].is_file():
+            target = dest / sources[kind].name
+            os.replace(sources[kind], target)
+            kept.append(target)
+    if "compute" in keep:
+        target = dest / f"{kernel}_compute.json"
+        doc = compute_document(request, kernel)
+        data = (json.dumps(doc, indent=4, ensure_ascii=False) + "\n").encode()
+        fsutil.atomic_write_bytes(target, data)
+        kept.append(target)
+    return tuple(kept)
+
+
+def _owner(folder: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(fsutil.read_bytes_noatime(folder / OWNER_FILE))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def is_orphan(folder: Path, host: str | None = None) -> bool:
+    """True when ``folder`` is a per-process folder of this host whose process is gone (or
+    whose pid now belongs to a later process)."""
+    match = _FOLDER.match(folder.name)
+    host = host or host_name()
+    if match is None or match["host"] != host:
+        return False
+    owner = _owner(folder)
+    if owner is None or owner.get("host") != host or str(owner.get("pid")) != match["pid"]:
+        return False
+    start = process_start_time(int(match["pid"]))
+    return start is None or (owner.get("start") is not None and start != owner.get("start"))
+
+
+def reap_orphans(kernel_meta_dir: Path) -> list[Path]:
+    """Remove the per-process folders of dead processes of this host (SPEC §7).
+
+    Files directly in ``kernel_meta_dir`` (CANN's own) and folders of other hosts are never
+    touched; symlinks are not followed. Already-gone files are normal.
+
+    :returns: the folders removed.
+    :raises OSError: when ``kernel_meta_dir`` exists but cannot be listed.
+    """
+    removed: list[Path] = []
+    try:
+        entries = list(os.scandir(kernel_meta_dir))
+    except (FileNotFoundError, NotADirectoryError):
+        return removed
+    for de in entries:
+        if not de.is_dir(follow_symlinks=False):
+            continue
+        folder = Path(de.path)
+        if is_orphan(folder):
+            _rmtree(folder)
+            removed.append(folder)
+            log.info("reaped kernel_meta folder %s of a dead process", folder)
+    return removed
+
+
+def _rmtree(folder: Path) -> None:
+    def onerror(func: Any, path: str, exc_info: Any) -> None:
+        exc = exc_info[1]
+        if isinstance(exc, OSError) and exc.errno in fsutil.GONE_ERRNOS:
+            return
+        log.warning("cannot remove %s: %s", path, exc)
+
+    st = fsutil.lstat_or_none(folder)
+    if st is None or not stat.S_ISDIR(st.st_mode):
+        return
+    shutil.rmtree(folder, onerror=onerror)
+
+
+def remove_build_dir(path: Path) -> None:
+    """Remove a private build folder; a folder already gone is fine."""
+    with contextlib.suppress(FileNotFoundError):
+        _rmtree(path)

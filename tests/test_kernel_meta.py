@@ -1,0 +1,93 @@
+"""kernel_meta (SPEC §7): one folder per compiling process, artefacts, orphan reaping."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from cachemgr import kernel_meta
+from cachemgr.request import load_request
+from tests.compile_util import write_request
+
+
+def _folder(meta: Path, name: str, owner: dict | None) -> Path:
+    folder = meta / name
+    folder.mkdir(parents=True)
+    (folder / "te_add_1.o").write_bytes(b"x")
+    if owner is not None:
+        (folder / kernel_meta.OWNER_FILE).write_text(json.dumps(owner))
+    return folder
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_process_dir_is_per_process(tmp_path: Path) -> None:
+    meta = tmp_path / "kernel_meta"
+    folder = kernel_meta.process_dir(meta)
+    assert folder == meta / f"{kernel_meta.host_name()}_{os.getpid()}"
+    owner = json.loads((folder / kernel_meta.OWNER_FILE).read_text())
+    assert owner == {
+        "host": kernel_meta.host_name(),
+        "pid": os.getpid(),
+        "start": kernel_meta.process_start_time(os.getpid()),
+    }
+    assert kernel_meta.process_dir(meta) == folder
+    code = (
+        "import sys; from cachemgr import kernel_meta; print(kernel_meta.process_dir(sys.argv[1]))"
+    )
+    other = subprocess.run(
+        [sys.executable, "-c", code, str(meta)], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert Path(other) != folder and Path(other).parent == meta
+
+
+def test_reap_orphans_removes_only_dead_processes_of_this_host(tmp_path: Path) -> None:
+    meta = tmp_path / "kernel_meta"
+    host = kernel_meta.host_name()
+    mine = kernel_meta.process_dir(meta)
+    dead_pid = _dead_pid()
+    dead = _folder(meta, f"{host}_{dead_pid}", {"host": host, "pid": dead_pid, "start": "1"})
+    sleepers = [
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]) for _ in range(2)
+    ]
+    try:
+        a, b = (s.pid for s in sleepers)
+        live = _folder(
+            meta,
+            f"{host}_{a}",
+            {"host": host, "pid": a, "start": kernel_meta.process_start_time(a)},
+        )
+        reused = _folder(meta, f"{host}_{b}", {"host": host, "pid": b, "start": "1"})
+        other_host = _folder(meta, f"otherhost_{dead_pid}", {"host": "otherhost", "pid": dead_pid})
+        not_ours = _folder(meta, f"{host}_{_dead_pid()}", None)
+        (meta / "matmul_add.json").write_text("{}")  # CANN's own file at the top
+        removed = kernel_meta.reap_orphans(meta)
+        assert sorted(removed) == sorted([dead, reused])
+        for kept in (mine, live, other_host, not_ours, meta / "matmul_add.json"):
+            assert kept.exists()
+        assert not dead.exists() and not reused.exists()
+    finally:
+        for sleeper in sleepers:
+            sleeper.kill()
+            sleeper.wait()
+    assert kernel_meta.reap_orphans(tmp_path / "absent") == []
+
+
+def test_compute_document_describes_the_request(tmp_path: Path) -> None:
+    req = load_request(write_request(tmp_path, example="gemm_c", op_name="matmul_1"))
+    doc = kernel_meta.compute_document(req, "te_matmul_abc")
+    assert doc["kernelName"] == "te_matmul_abc" and doc["opType"] == "MatMul"
+    assert [t["shape"] for t in doc["inputs"]] == [[64, 128], [128, 32]]
+    assert doc["outputs"][0]["dtype"] == "float32"
+    nodes = doc["graph"]["nodes"]
+    op = next(n for n in nodes if n["type"] == "MatMul")
+    assert op["name"] == "matmul_1" and op["inputs"] == ["input_0", "input_1"]
+    assert op["attrs"] == {"transpose_x1": False, "transpose_x2": False}
+    assert doc["kernel"]["defines"] == {"M": 64, "K": 128, "N": 32}
