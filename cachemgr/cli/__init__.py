@@ -51,10 +51,11 @@ def cli(verbose: int) -> None:
 
 
 def _register() -> None:
+    from cachemgr.cli.compile_cmd import compile_cmd, pack_cmd
     from cachemgr.cli.config_cmd import config_cmd
     from cachemgr.cli.entries_cmd import ls_cmd, verify_cmd
 
-    for command in (config_cmd, ls_cmd, verify_cmd):
+    for command in (config_cmd, ls_cmd, verify_cmd, compile_cmd, pack_cmd):
         cli.add_command(command)
 
 

@@ -1,0 +1,355 @@
+"""One compile request, from decision to artefacts (layer 7½, below the queue; issue 4).
+
+:func:`prepare` turns a request into a :class:`Prepared` job: options resolved (SPEC §1), the
+``.cfg`` read, the rules applied (:func:`cachemgr.policy.decide`), the compiler identified and
+the key computed (SPEC §3.2). The fast paths — :func:`find_binary` (SPEC §6) and
+:func:`find_cached` (a verified hit, SPEC §3.3) — run in the caller's thread. :func:`run` is the
+slow path a worker runs:
+
+* **cache** (``enable``/``force``, not debug): hold the chip lock shared (see
+  :mod:`cachemgr.chiplock`) and the entry's fcntl lock, look up again (another process may have
+  published it meanwhile: cross-process single-flight), compile in a private temp folder, then
+  publish through :meth:`cachemgr.store.Store.publish` (json last). ``replace`` removes the old
+  entry just before publishing the new one.
+* **disable**: compile, then move the kernel into ``output_dir`` (json last); no cache access.
+* **debug** (SPEC §7): compile with the debug flags in ``kernel_meta/<host>_<pid>/`` and keep
+  the artefacts of SPEC §7's table there; no cache access.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cachemgr import chiplock, entry, fsutil, kernel_meta, keys, policy, precompiled
+from cachemgr.compilers import CompileJob, CompilerBackend, CompileResult, get_backend
+from cachemgr.errors import ConfigError, InvalidInputError
+from cachemgr.options import Settings
+from cachemgr.request import CompileRequest, RequestOptions, resolve_options
+from cachemgr.store import Store
+
+log = logging.getLogger(__name__)
+
+HIT, COMPILED, BINARY, DEBUG, FAILED = "hit", "compiled", "binary", "debug", "failed"
+
+
+@dataclass(frozen=True)
+class CompileOutcome:
+    """The answer to one request.
+
+    :ivar status: ``hit`` | ``compiled`` | ``binary`` (precompiled) | ``debug`` | ``failed``.
+    :ivar files: the kernel's files (json and binary; in kernel_meta: every artefact kept).
+    :ivar seconds: wall time from submit to answer.
+    :ivar error: one line (the compiler's message) when ``failed``.
+    """
+
+    kernel_name: str
+    status: str
+    files: tuple[Path, ...] = ()
+    seconds: float = 0.0
+    error: str | None = None
+    request: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status != FAILED
+
+    def to_json(self) -> dict[str, Any]:
+        """``{kernel_name, status, files, seconds[, error]}`` as the CLI prints it."""
+        doc: dict[str, Any] = {
+            "request": self.request,
+            "kernel_name": self.kernel_name,
+            "status": self.status,
+            "files": [str(f) for f in self.files],
+            "seconds": round(self.seconds, 6),
+        }
+        if self.error is not None:
+            doc["error"] = self.error
+        return doc
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A request with every decision made: what :func:`run` needs."""
+
+    request: CompileRequest
+    opts: RequestOptions
+    decision: policy.Decision
+    backend: CompilerBackend
+    key: str
+    kernel: str
+    chip_dir: Path
+    chip_lock: chiplock.ChipLock
+    timeout_s: float
+
+    @property
+    def variant(self) -> str:
+        """Single-flight class: identical requests of one variant share one compile."""
+        if self.decision.debug.on:
+            return "debug"
+        if self.decision.cache.replace:
+            return "replace"
+        return "cache" if self.decision.cache.write else "nocache"
+
+
+class Backends:
+    """One backend object per language, built from the ``[compilers]`` config table."""
+
+    def __init__(self, config: Mapping[str, object]) -> None:
+        self.config = dict(config)
+        self._made: dict[str, CompilerBackend] = {}
+        self._lock = threading.Lock()
+
+    def get(self, language: str) -> CompilerBackend:
+        """:raises InvalidInputError: unknown language. :raises ConfigError: bad config."""
+        with self._lock:
+            backend = self._made.get(language)
+            if backend is None:
+                backend = self._made[language] = get_backend(language, self.config)
+            return backend
+
+
+def read_debug_config(path: Path) -> policy.DebugConfig:
+    """Read and parse an ``op_debug_config`` ``.cfg`` file (SPEC §7).
+
+    :raises InvalidInputError: unreadable file (named), or any error of
+        :func:`cachemgr.policy.parse_debug_config`.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8"
+        raise InvalidInputError(f"op_debug_config {path}: cannot read ({why})") from None
+    return policy.parse_debug_config(text, f"op_debug_config {path}")
+
+
+def prepare(
+    request: CompileRequest,
+    settings: Settings,
+    backends: Backends,
+    timeout_s: float,
+    replace: bool = False,
+) -> Prepared:
+    """Decide everything about ``request`` and compute its key and kernel name.
+
+    :raises InvalidInputError: a bad ``.cfg``, a malformed define, an invalid soc_version.
+    :raises CompileError: the compiler is not installed (named) or ``--version`` fails.
+    :raises ConfigError: a bad ``[compilers]`` config (e.g. no ``cce_command``).
+    """
+    opts = resolve_options(request, settings)
+    cfg = read_debug_config(opts.op_debug_config) if opts.op_debug_config else None
+    decision = policy.decide(
+        mode=opts.op_compiler_cache_mode,
+        jit_compile=opts.jit_compile,
+        level=opts.op_debug_level,
+        cfg=cfg,
+        op_type=request.op_type,
+        op_name=request.op_name,
+        dynamic=request.dynamic,
+        replace=replace,
+    )
+    backend = backends.get(request.language)
+    identity = backend.identity()
+    flags = keys.command_flags(backend, request, decision.debug.flags, decision.debug.emit)
+    material = keys.key_material(
+        request, opts, identity, flags, keys.source_sha256(request.kernel_source)
+    )
+    key = keys.compute_key(material)
+    kcache = settings.layout.kernel_cache_dir
+    try:
+        chip_dir = settings.layout.chip_dir(request.soc_version)
+    except ConfigError as exc:  # from validate_name: bad input here
+        raise InvalidInputError(f"{request.origin}: {exc}") from None
+    lock = chiplock.ChipLock(chiplock.chip_lock_path(kcache, request.soc_version))
+    kernel = keys.kernel_name(request.op_type, key)
+    return Prepared(request, opts, decision, backend, key, kernel, chip_dir, lock, timeout_s)
+
+
+def find_binary(p: Prepared, roots: Sequence[Path]) -> CompileOutcome | None:
+    """SPEC §6: a verified precompiled binary for ``p``, or None."""
+    found = precompiled.find(roots, p.request, p.key, p.opts.deterministic)
+    if found is None:
+        return None
+    return CompileOutcome(p.kernel, BINARY, found.files, request=p.request.origin)
+
+
+def find_cached(p: Prepared) -> CompileOutcome | None:
+    """SPEC §3.3: a verified hit (atime set to now), or None (a bad entry is removed)."""
+    result = Store(p.chip_dir).lookup(p.kernel)
+    if not result.hit:
+        return None
+    return CompileOutcome(p.kernel, HIT, result.files, request=p.request.origin)
+
+
+@dataclass
+class RunContext:
+    """What :func:`run` needs from the queue: where uncached kernels go, lock wait limits."""
+
+    output_dir: Path
+    lock_timeout_s: float
+
+
+def run(p: Prepared, ctx: RunContext) -> CompileOutcome:
+    """The slow path of one job (see module docstring). Compile errors become a ``failed``
+    outcome; nothing is cached then and nothing else is touched.
+
+    :raises InvalidInputError, OSError: left to the queue, which turns them into ``failed``.
+    """
+    if p.decision.debug.on:
+        return _run_debug(p)
+    if not p.decision.cache.write:
+        return _run_uncached(p, ctx.output_dir)
+    return _run_cached(p, ctx)
+
+
+def _job(p: Prepared, out_dir: Path) -> CompileJob:
+    return CompileJob(
+        source=p.request.kernel_source,
+        language=p.request.language,
+        entry=p.request.kernel_entry,
+        defines=p.request.defines,
+        out_dir=out_dir,
+        out_name=p.kernel,
+        debug_flags=p.decision.debug.flags,
+        emit=p.decision.debug.emit,
+        timeout_s=p.timeout_s,
+    )
+
+
+def _run_debug(p: Prepared) -> CompileOutcome:
+    folder = kernel_meta.process_dir(p.opts.kernel_meta_dir)
+    build = kernel_meta.build_dir(folder, p.kernel)
+    try:
+        result = p.backend.compile(_job(p, build))
+        kept = kernel_meta.keep_artefacts(
+            result, p.kernel, p.decision.debug.keep, folder, p.request
+        )
+    finally:
+        kernel_meta.remove_build_dir(build)
+    return CompileOutcome(p.kernel, DEBUG, kept, request=p.request.origin)
+
+
+def _run_uncached(p: Prepared, output_dir: Path) -> CompileOutcome:
+    fsutil.ensure_dir(output_dir)
+    build = Path(tempfile.mkdtemp(prefix=".cachemgr-build-", dir=output_dir))
+    try:
+        result = p.backend.compile(_job(p, build))
+        binary = output_dir / result.binary.name
+        doc = output_dir / result.json_path.name
+        os.replace(result.binary, binary)
+        os.replace(result.json_path, doc)  # json last: a visible json means a whole kernel
+    finally:
+        shutil.rmtree(build, ignore_errors=True)
+    return CompileOutcome(p.kernel, COMPILED, (doc, binary), request=p.request.origin)
+
+
+class _Held:
+    """The entry lock this thread already holds: taking it again is a no-op."""
+
+    held = True
+
+    def acquire(self, blocking: bool = True, timeout_s: float | None = None) -> bool:
+        return True
+
+    def release(self, unlink: bool = False) -> None:
+        return None
+
+    def __enter__(self) -> _Held:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+class _HeldStore(Store):
+    """A store whose lock of ``held`` is already taken by the caller (a POSIX lock must not be
+    taken twice: closing the second descriptor would drop the first)."""
+
+    def __init__(self, chip_dir: Path, held: str, lock_timeout_s: float) -> None:
+        super().__init__(chip_dir, lock_timeout_s)
+        self._held = held
+
+    def entry_lock(self, kernel: str) -> Any:
+        return _Held() if kernel == self._held else super().entry_lock(kernel)
+
+
+def _run_cached(p: Prepared, ctx: RunContext) -> CompileOutcome:
+    with p.chip_lock.shared(timeout_s=ctx.lock_timeout_s):
+        store = Store(p.chip_dir, ctx.lock_timeout_s)
+        fsutil.ensure_dir(p.chip_dir)
+        lock = store.entry_lock(p.kernel)
+        lock.acquire(timeout_s=ctx.lock_timeout_s)
+        try:
+            held = _HeldStore(p.chip_dir, p.kernel, ctx.lock_timeout_s)
+            if p.decision.cache.read:
+                found = held.lookup(p.kernel)
+                if found.hit:  # published by another process while we waited
+                    return CompileOutcome(p.kernel, HIT, found.files, request=p.request.origin)
+            return _compile_and_publish(p, held)
+        finally:
+            lock.release()
+
+
+def _compile_and_publish(p: Prepared, store: Store) -> CompileOutcome:
+    build = Path(tempfile.mkdtemp(prefix="cachemgr-build-"))
+    try:
+        result = p.backend.compile(_job(p, build))
+        files, main = _entry_payload(p, result)
+        if p.decision.cache.replace:
+            store.remove(p.kernel)
+        published = store.publish(p.kernel, files, main)
+    finally:
+        shutil.rmtree(build, ignore_errors=True)
+    files_out = sorted(published.files, key=lambda f: f.name != f"{p.kernel}.json")
+    return CompileOutcome(p.kernel, COMPILED, tuple(files_out), request=p.request.origin)
+
+
+def _entry_payload(p: Prepared, result: CompileResult) -> tuple[dict[str, bytes], dict[str, Any]]:
+    main = entry.load_json_object(result.json_path.read_bytes(), result.json_path.name)
+    impl = str(p.opts.extra.get("op_select_implmode", ""))
+    main[precompiled.SUPPORT_INFO] = precompiled.signature(
+        p.request, p.opts.deterministic, p.key, impl
+    )
+    return {result.binary.name: result.binary.read_bytes()}, main
+
+
+def clear_chip(chip_dir: Path, lock_timeout_s: float) -> int:
+    """Remove every entry of a chip folder (``force``, SPEC §4), json first, each under its
+    entry lock; loose binaries too. Lock files and ``*.temp`` of writers in progress stay.
+
+    The caller holds the chip lock exclusive. :returns: the number of entries removed.
+    """
+    store = Store(chip_dir, lock_timeout_s)
+    scan = entry.scan_chip(chip_dir)
+    for kernel in sorted(scan.entries):
+        store.remove(kernel)
+    for name in sorted(scan.orphans):
+        store.remove_orphan(name)
+    log.info("force: cleared %d entries of %s", len(scan.entries), chip_dir)
+    return len(scan.entries)
+
+
+def failed(kernel: str, error: BaseException | str, origin: str = "") -> CompileOutcome:
+    """A ``failed`` outcome with the error's one-line message."""
+    text = str(error) if str(error) else type(error).__name__
+    return CompileOutcome(kernel, FAILED, (), error=text, request=origin)
+
+
+def elapsed(outcome: CompileOutcome, start: float) -> CompileOutcome:
+    """``outcome`` with ``seconds`` measured from ``start`` (``time.monotonic()``)."""
+    return CompileOutcome(
+        outcome.kernel_name,
+        outcome.status,
+        outcome.files,
+        time.monotonic() - start,
+        outcome.error,
+        outcome.request,
+    )

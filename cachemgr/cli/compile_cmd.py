@@ -1,0 +1,193 @@
+"""``cachemgr compile`` (an in-process compile queue) and ``cachemgr pack`` (issue 4)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import click
+
+from cachemgr import entry, precompiled
+from cachemgr.cli.common import chip_dirs, emit_json, load_settings, settings_options
+from cachemgr.errors import CacheMgrError, InvalidInputError
+from cachemgr.queue import DEFAULT_TIMEOUT_S, CompileOutcome, CompileQueue
+from cachemgr.request import load_request
+
+
+def _setting_flags(func: Any) -> Any:
+    """Options that override the configuration for every request (a request's own
+    ``options`` still win)."""
+    for deco in reversed(
+        [
+            click.option("--cache-dir", "op_compiler_cache_dir", metavar="DIR", help="Cache root."),
+            click.option("--host-id", metavar="ID", help="Host id (ASCEND_CACHE_PATH layout)."),
+            click.option(
+                "--config",
+                "config_file",
+                type=click.Path(dir_okay=False, path_type=Path),
+                help="TOML config file (env CACHEMGR_CONFIG).",
+            ),
+            click.option(
+                "--mode",
+                "op_compiler_cache_mode",
+                type=click.Choice(["enable", "disable", "force"]),
+                help="op_compiler_cache_mode (SPEC §4).",
+            ),
+            click.option("--jit-compile", metavar="auto|true|false", help="SPEC §6."),
+            click.option("--op-debug-level", metavar="0..4", help="SPEC §7."),
+            click.option("--op-debug-config", metavar="CFG", help="SPEC §7 .cfg file."),
+            click.option("--debug-dir", metavar="DIR", help="kernel_meta base (SPEC §7)."),
+        ]
+    ):
+        func = deco(func)
+    return func
+
+
+@click.command("compile")
+@click.argument("requests", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per request (a line).")
+@_setting_flags
+@click.option("--workers", type=click.IntRange(1, 1024), help="Compile threads (default: CPUs).")
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=DEFAULT_TIMEOUT_S,
+    show_default=True,
+    help="Seconds per compiler process; on timeout its process group is killed.",
+)
+@click.option(
+    "--out-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("."),
+    help="Where kernels compiled without the cache (mode disable) go.",
+)
+@click.option(
+    "--binaries",
+    multiple=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="A precompiled package root (SPEC §6); repeatable.",
+)
+@click.option("--replace", is_flag=True, help="Recompile and replace these entries.")
+def compile_cmd(
+    requests: tuple[Path, ...],
+    as_json: bool,
+    workers: int | None,
+    timeout_s: float,
+    out_dir: Path,
+    binaries: tuple[Path, ...],
+    replace: bool,
+    op_compiler_cache_dir: str | None,
+    host_id: str | None,
+    config_file: Path | None,
+    **overrides: Any,
+) -> None:
+    """Compile REQUEST.json files through an in-process queue (hit, binary, compiled, debug).
+
+    Exits 1 when a compile failed, 2 when a request is invalid (and none failed), else 0.
+    """
+    extra = {k: v for k, v in overrides.items() if v is not None}
+    settings = load_settings(op_compiler_cache_dir, host_id, None, config_file, **extra)
+    bad_input, failed = 0, 0
+    queue = CompileQueue(
+        settings, workers, timeout_s=timeout_s, output_dir=out_dir, binary_dirs=binaries
+    )
+    try:
+        futures: list[tuple[Path, Future[CompileOutcome] | CacheMgrError]] = []
+        for path in requests:
+            try:
+                futures.append((path, queue.submit(load_request(path), replace=replace)))
+            except CacheMgrError as exc:
+                futures.append((path, exc))
+        for path, fut in futures:
+            if isinstance(fut, CacheMgrError):
+                bad_input += isinstance(fut, InvalidInputError)
+                failed += not isinstance(fut, InvalidInputError)
+                _report_error(path, str(fut), as_json)
+                continue
+            outcome = fut.result()
+            failed += not outcome.ok
+            _report(outcome, as_json)
+    finally:
+        queue.close()
+    if failed:
+        sys.exit(1)
+    if bad_input:
+        sys.exit(2)
+
+
+def _report(outcome: CompileOutcome, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(outcome.to_json(), ensure_ascii=False))
+        return
+    if not outcome.ok:
+        click.echo(f"cachemgr: error: {outcome.request}: {outcome.error}", err=True)
+        return
+    files = " ".join(str(f) for f in outcome.files)
+    click.echo(f"{outcome.status:8} {outcome.kernel_name}  {outcome.seconds:.3f}s  {files}")
+
+
+def _report_error(path: Path, message: str, as_json: bool) -> None:
+    if as_json:
+        doc = {"request": str(path), "kernel_name": "", "status": "failed", "files": []}
+        click.echo(json.dumps({**doc, "seconds": 0.0, "error": message}, ensure_ascii=False))
+    else:
+        click.echo(f"cachemgr: error: {message}", err=True)
+
+
+@click.command("pack")
+@click.argument("kernels", nargs=-1)
+@click.option(
+    "--out",
+    "out_root",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Package root to create or extend (config/<soc>/..., <soc>/<op>/...).",
+)
+@click.option("--all", "pack_all", is_flag=True, help="Every entry compiled by cachemgr.")
+@click.option("--json", "as_json", is_flag=True, help="A JSON list of the files written.")
+@settings_options
+def pack_cmd(
+    kernels: tuple[str, ...], out_root: Path, pack_all: bool, as_json: bool, **kw: Any
+) -> None:
+    """Build a read-only precompiled package (CANN's layout, SPEC §6) from cache entries.
+
+    KERNELS are entry names as `cachemgr ls` shows them; --all takes every entry that carries
+    its operator description (compiled by cachemgr's queue).
+    """
+    settings = load_settings(writable=False, **kw)
+    chips = chip_dirs(settings)
+    chosen: dict[Path, list[str]] = {}
+    for kernel in kernels:
+        chip = next((c for c in chips if (c / f"{kernel}.json").is_file()), None)
+        if chip is None:
+            raise InvalidInputError(f"pack: no entry {kernel!r} in {', '.join(map(str, chips))}")
+        chosen.setdefault(chip, []).append(kernel)
+    if pack_all:
+        for chip in chips:
+            chosen.setdefault(chip, []).extend(_packable(chip))
+    if not any(chosen.values()):
+        raise InvalidInputError("pack: no entries chosen (name KERNELS or use --all)")
+    written = []
+    for chip, names in chosen.items():
+        written += precompiled.pack(chip, list(dict.fromkeys(names)), out_root)
+    if as_json:
+        emit_json([str(p) for p in written])
+    else:
+        for path in written:
+            click.echo(str(path))
+
+
+def _packable(chip: Path) -> list[str]:
+    names = []
+    for kernel in sorted(entry.scan_chip(chip).entries):
+        try:
+            desc = entry.parse_entry(chip, kernel)
+        except (OSError, CacheMgrError):
+            continue
+        if isinstance(desc.data.get(precompiled.SUPPORT_INFO), dict):
+            names.append(kernel)
+    return names

@@ -1,0 +1,343 @@
+"""The compile queue: a worker pool with priorities, timeouts, single-flight, cancel and a safe
+``force`` (layer 7; SPEC §4, §6, §7; issue 4).
+
+``submit(request)`` decides everything up front (:func:`cachemgr.build.prepare`), answers in
+the caller's thread when it can — a precompiled binary (SPEC §6) or a verified cache hit (SPEC
+§3.3) — and otherwise hands a job to the pool. It returns a
+:class:`concurrent.futures.Future` that resolves to a :class:`CompileOutcome`:
+
+* **priorities**: a higher ``priority`` runs sooner; equal priorities run in submit order;
+* **timeout**: each compiler process gets ``timeout_s`` seconds; on timeout its whole process
+  group is killed (:mod:`cachemgr.compilers.process`) and the outcome is ``failed``;
+* **single-flight**: identical requests (same kernel name, same variant) in flight share one
+  job — N callers, one compile, N answers. Across processes the entry's fcntl lock does the
+  same: a worker takes it, looks up again, and only then compiles;
+* **cancel**: ``future.cancel()`` removes that caller; a job whose callers have all gone before
+  it started is dropped (a started compile finishes and is cached — nothing is wasted);
+* **force** (SPEC §4): the first ``force`` request of a session for a chip takes the chip
+  folder's exclusive lock (:mod:`cachemgr.chiplock`): new work for that chip waits, in-flight
+  compiles (which hold the lock shared) finish, the chip folder is cleared, then work resumes.
+  ``replace=True`` is the per-request "recompile and replace this one entry".
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import os
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cachemgr import build, precompiled
+from cachemgr.build import CompileOutcome, Prepared
+from cachemgr.errors import CompileError
+from cachemgr.options import Settings
+from cachemgr.request import CompileRequest
+
+log = logging.getLogger(__name__)
+
+__all__ = ["CompileOutcome", "CompileQueue"]
+
+#: Default wall-time limit of one compiler process (seconds).
+DEFAULT_TIMEOUT_S = 600.0
+
+_PENDING, _RUNNING, _DONE, _DROPPED = "pending", "running", "done", "dropped"
+
+
+@dataclass(eq=False)
+class _Job:
+    prepared: Prepared
+    priority: int
+    waiters: list[tuple[Future[CompileOutcome], float]] = field(default_factory=list)
+    state: str = _PENDING
+
+    @property
+    def flight(self) -> tuple[str, str]:
+        return (self.prepared.variant, self.prepared.kernel)
+
+
+class CompileQueue:
+    """An in-process compile queue over one cache configuration.
+
+    :param settings: the resolved configuration (cache location, default options, the
+        ``[compilers]`` and ``[precompiled]`` tables of the config file).
+    :param workers: compile threads (default: CPU count); each runs one compiler process.
+    :param timeout_s: limit per compiler process, seconds.
+    :param output_dir: where kernels compiled without the cache (``disable``) are written;
+        default a private temp folder (``self.output_dir``), left for the caller.
+    :param binary_dirs: precompiled package roots (SPEC §6) before those of the config file
+        (``[precompiled] paths``) and ``$ASCEND_OPP_PATH``'s built-in one.
+    :param lock_timeout_s: how long to wait for an entry or chip lock, seconds (default:
+        twice ``timeout_s`` plus a minute: another process may be compiling that entry).
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        workers: int | None = None,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        output_dir: Path | None = None,
+        binary_dirs: Sequence[Path] = (),
+        lock_timeout_s: float | None = None,
+    ) -> None:
+        self.settings = settings
+        self.timeout_s = float(timeout_s)
+        self.workers = max(1, workers or os.cpu_count() or 1)
+        self.output_dir = Path(output_dir or tempfile.mkdtemp(prefix="cachemgr-out-")).absolute()
+        self._given_roots = [Path(p) for p in binary_dirs]
+        self.binary_dirs = self._given_roots + _config_roots(settings)
+        self.counters: Counter[str] = Counter()
+        self._ctx = build.RunContext(
+            self.output_dir, lock_timeout_s if lock_timeout_s else 2 * self.timeout_s + 60
+        )
+        self._backends = build.Backends(settings.sections.get("compilers", {}))
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._heap: list[tuple[int, int, _Job]] = []
+        self._seq = itertools.count()
+        self._flights: dict[tuple[str, str], _Job] = {}
+        self._open_gates: dict[Path, threading.Event] = {}
+        self._forced: set[tuple[Path, str | None]] = set()
+        self._force_lock = threading.Lock()
+        self._closing = False
+        self._threads = [
+            threading.Thread(target=self._work, name=f"cachemgr-compile-{i}", daemon=True)
+            for i in range(self.workers)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    # --- submitting ---------------------------------------------------------------------------
+
+    def submit(
+        self,
+        request: CompileRequest,
+        priority: int = 0,
+        *,
+        replace: bool = False,
+        session: str | None = None,
+    ) -> Future[CompileOutcome]:
+        """Ask for the kernel of ``request``; the future resolves to its :class:`CompileOutcome`
+        (``failed`` with the compiler's message on a compile error, never an exception).
+
+        :param priority: higher runs sooner.
+        :param replace: recompile and replace this one entry (SPEC §4).
+        :param session: ``force`` clears a chip once per session (default: once per queue).
+        :raises InvalidInputError: a bad ``.cfg``, option or define (nothing is done).
+        :raises ConfigError: a bad ``[compilers]`` configuration.
+        :raises RuntimeError: the queue is closed.
+        """
+        start = time.monotonic()
+        if self._closing:
+            raise RuntimeError("the compile queue is closed")
+        with self._lock:
+            settings, backends = self.settings, self._backends
+        try:
+            prepared = build.prepare(request, settings, backends, self.timeout_s, replace)
+        except CompileError as exc:
+            return self._answered(build.failed("", exc, request.origin), start)
+        if prepared.decision.cache.clear_first:
+            self._force_once(prepared, session)
+        quick = self._fast_path(prepared)
+        if quick is not None:
+            return self._answered(quick, start)
+        return self._enqueue(prepared, priority, start)
+
+    def compile(self, request: CompileRequest, priority: int = 0, **kw: object) -> CompileOutcome:
+        """``submit(request, priority, **kw).result()``."""
+        return self.submit(request, priority, **kw).result()  # type: ignore[arg-type]
+
+    def _answered(self, outcome: CompileOutcome, start: float) -> Future[CompileOutcome]:
+        self._count(outcome.status)
+        fut: Future[CompileOutcome] = Future()
+        fut.set_running_or_notify_cancel()
+        fut.set_result(build.elapsed(outcome, start))
+        return fut
+
+    def _fast_path(self, p: Prepared) -> CompileOutcome | None:
+        self._gate(p.chip_dir).wait()
+        if p.decision.binary_first:
+            found = build.find_binary(p, self.binary_dirs)
+            if found is not None:
+                return found
+        if p.decision.cache.read:
+            return build.find_cached(p)
+        return None
+
+    def _enqueue(self, p: Prepared, priority: int, start: float) -> Future[CompileOutcome]:
+        fut: Future[CompileOutcome] = Future()
+        with self._cond:
+            job = self._flights.get((p.variant, p.kernel))
+            if job is not None and job.state in (_PENDING, _RUNNING):
+                job.waiters.append((fut, start))
+                self.counters["joined"] += 1
+                if job.state == _PENDING and priority > job.priority:
+                    job.priority = priority
+                    heapq.heappush(self._heap, (-priority, next(self._seq), job))
+            else:
+                job = _Job(p, priority, [(fut, start)])
+                self._flights[job.flight] = job
+                heapq.heappush(self._heap, (-priority, next(self._seq), job))
+                self._cond.notify()
+        fut.add_done_callback(lambda f, job=job: self._left(job, f))
+        return fut
+
+    def _left(self, job: _Job, fut: Future[CompileOutcome]) -> None:
+        """A waiter's future finished; if it was cancelled, drop the job when nobody waits."""
+        if not fut.cancelled():
+            return
+        with self._cond:
+            job.waiters = [w for w in job.waiters if w[0] is not fut]
+            if job.state == _PENDING and not job.waiters:
+                job.state = _DROPPED
+                self._flights.pop(job.flight, None)
+                self.counters["dropped"] += 1
+                log.info("dropped %s: every caller has gone", job.prepared.kernel)
+
+    # --- force --------------------------------------------------------------------------------
+
+    def _gate(self, chip_dir: Path) -> threading.Event:
+        with self._lock:
+            gate = self._open_gates.get(chip_dir)
+            if gate is None:
+                gate = self._open_gates[chip_dir] = threading.Event()
+                gate.set()
+            return gate
+
+    def _force_once(self, p: Prepared, session: str | None) -> None:
+        with self._force_lock:
+            if (p.chip_dir, session) in self._forced:
+                return
+            self.force_clear(p, session)
+
+    def force_clear(self, p: Prepared, session: str | None = None) -> int:
+        """SPEC §4's safe ``force`` for ``p``'s chip: close the gate for new work, take the
+        chip lock exclusive (in-flight compiles finish first), clear, reopen.
+
+        :returns: entries removed.
+        :raises LockBusyError: the chip lock was not obtained within the lock timeout.
+        """
+        gate = self._gate(p.chip_dir)
+        gate.clear()
+        try:
+            with p.chip_lock.exclusive(timeout_s=self._ctx.lock_timeout_s):
+                removed = build.clear_chip(p.chip_dir, self._ctx.lock_timeout_s)
+            self._forced.add((p.chip_dir, session))
+            self.counters["force_cleared"] += removed
+            return removed
+        finally:
+            gate.set()
+
+    # --- workers ------------------------------------------------------------------------------
+
+    def _next_job(self) -> _Job | None:
+        with self._cond:
+            while True:
+                while self._heap:
+                    neg_prio, _, job = heapq.heappop(self._heap)
+                    if job.state == _PENDING and -neg_prio == job.priority:
+                        job.state = _RUNNING
+                        return job
+                if self._closing:
+                    return None
+                self._cond.wait()
+
+    def _work(self) -> None:
+        while True:
+            job = self._next_job()
+            if job is None:
+                return
+            outcome = self._run(job.prepared)
+            with self._cond:
+                job.state = _DONE
+                if self._flights.get(job.flight) is job:
+                    del self._flights[job.flight]
+                waiters = list(job.waiters)
+            self._count(outcome.status)
+            _resolve(waiters, outcome)
+
+    def _run(self, p: Prepared) -> CompileOutcome:
+        try:
+            self._gate(p.chip_dir).wait()
+            return build.run(p, self._ctx)
+        except Exception as exc:  # the compile failed: the message is the answer
+            if not isinstance(exc, CompileError):
+                log.warning("compile of %s failed: %s", p.kernel, exc, exc_info=True)
+            return build.failed(p.kernel, exc, p.request.origin)
+
+    def _count(self, status: str) -> None:
+        with self._lock:
+            self.counters[status] += 1
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    def depth(self) -> int:
+        """Jobs queued or running."""
+        with self._lock:
+            return len(self._flights)
+
+    def abandon(self, future: Future[CompileOutcome]) -> bool:
+        """The caller behind ``future`` has gone: ``future.cancel()`` (see class docstring)."""
+        return future.cancel()
+
+    def update_settings(self, settings: Settings) -> None:
+        """Use ``settings`` for new work (a reload); queued and running jobs keep theirs."""
+        backends = build.Backends(settings.sections.get("compilers", {}))
+        roots = self._given_roots + _config_roots(settings)
+        with self._lock:
+            self.settings, self._backends, self.binary_dirs = settings, backends, roots
+
+    def close(self, cancel_pending: bool = False, timeout_s: float | None = None) -> None:
+        """Stop accepting work; finish (or, with ``cancel_pending``, fail) pending jobs; wait for
+        the workers (at most ``timeout_s`` each)."""
+        with self._cond:
+            self._closing = True
+            dropped = []
+            if cancel_pending:
+                for job in self._flights.values():
+                    if job.state == _PENDING:
+                        job.state = _DROPPED
+                        dropped.append(job)
+                for job in dropped:
+                    self._flights.pop(job.flight, None)
+            self._cond.notify_all()
+        for job in dropped:
+            closed = build.failed(job.prepared.kernel, "the compile queue was closed")
+            _resolve(job.waiters, closed)
+        for thread in self._threads:
+            thread.join(timeout_s)
+
+    def shutdown(
+        self, wait: bool = True, timeout_s: float | None = None, cancel_pending: bool = False
+    ) -> None:
+        """Like :meth:`close`; with ``wait`` False the workers are not joined."""
+        self.close(cancel_pending, timeout_s if wait else 0.0)
+
+    def __enter__(self) -> CompileQueue:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _resolve(
+    waiters: Iterable[tuple[Future[CompileOutcome], float]], outcome: CompileOutcome
+) -> None:
+    for fut, start in waiters:
+        if fut.set_running_or_notify_cancel():
+            fut.set_result(build.elapsed(outcome, start))
+
+
+def _config_roots(settings: Settings) -> list[Path]:
+    table: Mapping[str, object] = settings.sections.get("precompiled", {})
+    paths = table.get("paths", [])
+    listed = [Path(str(p)) for p in paths] if isinstance(paths, list) else []
+    return listed + precompiled.default_roots()

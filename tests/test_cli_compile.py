@@ -1,0 +1,75 @@
+"""``cachemgr compile`` through the real CLI (issue 4): JSON output, exit codes, modes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.compile_util import REQUESTS, SOC, write_request
+from tests.conftest import run_cli
+
+
+def _compile(tmp_path: Path, *args: str, env=None):
+    return run_cli("compile", "--cache-dir", str(tmp_path / "cache"), *args, env=env, cwd=tmp_path)
+
+
+def _lines(stdout: str) -> list[dict]:
+    return [json.loads(line) for line in stdout.splitlines() if line.strip()]
+
+
+def test_compile_json_then_hit(tmp_path: Path, clean_env) -> None:
+    reqs = [str(REQUESTS / "add_c.json"), str(REQUESTS / "softmax_c.json")]
+    first = _compile(tmp_path, *reqs, "--json")
+    assert first.returncode == 0, first.stderr
+    rows = _lines(first.stdout)
+    assert [r["status"] for r in rows] == ["compiled", "compiled"]
+    for row in rows:
+        assert set(row) == {"request", "kernel_name", "status", "files", "seconds"}
+        assert row["seconds"] > 0 and all(Path(f).is_file() for f in row["files"])
+        assert Path(row["files"][0]).parent == tmp_path / "cache" / "kernel_cache" / SOC
+    again = _compile(tmp_path, *reqs, "--json")
+    assert [r["status"] for r in _lines(again.stdout)] == ["hit", "hit"]
+    assert [r["kernel_name"] for r in _lines(again.stdout)] == [r["kernel_name"] for r in rows]
+    human = _compile(tmp_path, reqs[0])
+    assert human.returncode == 0 and human.stdout.startswith("hit ")
+
+
+def test_a_failed_compile_exits_1_and_shows_the_message(tmp_path: Path, clean_env) -> None:
+    bad_src = tmp_path / "bad.c"
+    bad_src.write_text('#error "cachemgr-marker-4711"\n')
+    bad = write_request(tmp_path, "bad", kernel_source=str(bad_src))
+    good = write_request(tmp_path, "good")
+    proc = _compile(tmp_path, str(bad), str(good))
+    assert proc.returncode == 1
+    assert "cachemgr-marker-4711" in proc.stderr and "bad.json" in proc.stderr
+    assert "compiled" in proc.stdout, "the other request was still compiled"
+    entries = list((tmp_path / "cache" / "kernel_cache" / SOC).glob("*.json"))
+    assert len(entries) == 1
+
+
+def test_an_invalid_request_exits_2_with_one_line(tmp_path: Path, clean_env) -> None:
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"op_type": "Add",')
+    proc = _compile(tmp_path, str(broken))
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "broken.json: malformed JSON at line 1" in lines[0]
+    assert not (tmp_path / "cache" / "kernel_cache" / SOC).exists()
+    as_json = _compile(tmp_path, str(broken), "--json")
+    assert as_json.returncode == 2 and _lines(as_json.stdout)[0]["status"] == "failed"
+
+
+def test_cli_options_override_the_configuration(tmp_path: Path, clean_env) -> None:
+    req = str(write_request(tmp_path))
+    off = _compile(tmp_path, req, "--mode", "disable", "--out-dir", "out", "--json")
+    assert off.returncode == 0, off.stderr
+    row = _lines(off.stdout)[0]
+    assert row["status"] == "compiled"
+    assert all(Path(f).parent == tmp_path / "out" for f in row["files"])
+    assert not (tmp_path / "cache" / "kernel_cache" / SOC).exists()
+    dbg = _compile(tmp_path, req, "--op-debug-level", "3", "--debug-dir", "dbg", "--json")
+    row = _lines(dbg.stdout)[0]
+    assert row["status"] == "debug"
+    assert all((tmp_path / "dbg" / "kernel_meta") in Path(f).parents for f in row["files"])
+    bad = _compile(tmp_path, req, "--op-debug-level", "9")
+    assert bad.returncode == 2 and "op_debug_level='9'" in bad.stderr
