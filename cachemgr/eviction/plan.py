@@ -1,0 +1,146 @@
+"""The eviction plan: a pure function over one chip-folder snapshot (SPEC §5, [GE]).
+
+Rules, as GE's ``TeCacheSpaceManager`` applies them and SPEC §5 states them:
+
+* used size = apparent bytes of every regular file in the chip folder (``ChipScan.used_bytes``);
+* trigger: used ≥ max; target: used ≤ max × ratio / 100, MB = MiB = 2**20 bytes;
+* order: least recently accessed first, by the main json's access time (ties by name, so the
+  plan is deterministic);
+* aging guard: an entry accessed less than ``min_age_s`` ago is never evicted (GE's
+  ``MIN_CACHE_AGING_TIME`` = 1800 s); since the order is by access time, the first young entry
+  ends the eviction, as in GE;
+* ``max_op_cache_size == -1`` turns size eviction off.
+
+Nothing here touches the disk: tests build a :class:`~cachemgr.entry.ChipScan` and assert
+exactly which entries go.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from cachemgr.entry import ChipScan, EntryGroup
+from cachemgr.errors import InvalidInputError
+
+#: MB in GE's limits is MiB (``SIZE_MB_UNIT = 1048576``) [GE].
+MIB = 2**20
+#: ``max_op_cache_size`` that turns size eviction off [GE].
+NEVER_EVICT = -1
+
+
+@dataclass(frozen=True)
+class EvictionPlan:
+    """What an eviction of one chip folder would do, computed from a snapshot.
+
+    :ivar used_bytes: apparent bytes of the chip folder's regular files when planned.
+    :ivar max_bytes: the limit in bytes (``max_mb`` × 2**20), None when eviction is off (-1).
+    :ivar target_bytes: ``max_bytes × ratio_pct // 100``, None when eviction is off.
+    :ivar triggered: True when used ≥ max, or when ``force_ratio`` and used > target.
+    :ivar candidates: entries to evict, least recently accessed first; together they bring
+        the folder down to the target unless the aging guard stopped them.
+    :ivar reserve: further evictable entries, in order, beyond the candidates: used only when
+        a candidate is saved by a concurrent hit or vanishes, so the target is still met.
+    :ivar kept_by_age: entries that the target needed but the aging guard kept, in order.
+    """
+
+    chip_dir: Path
+    used_bytes: int
+    max_bytes: int | None
+    target_bytes: int | None
+    triggered: bool
+    candidates: tuple[EntryGroup, ...] = ()
+    reserve: tuple[EntryGroup, ...] = ()
+    kept_by_age: tuple[EntryGroup, ...] = ()
+
+    @property
+    def need_bytes(self) -> int:
+        """Bytes to free to reach the target (0 when not triggered)."""
+        if not self.triggered or self.target_bytes is None:
+            return 0
+        return max(0, self.used_bytes - self.target_bytes)
+
+    @property
+    def evict_bytes(self) -> int:
+        """Bytes the candidates hold."""
+        return sum(g.size for g in self.candidates)
+
+    @property
+    def kernels(self) -> list[str]:
+        """The candidates' kernel names, in eviction order."""
+        return [g.kernel for g in self.candidates]
+
+
+def check_limits(max_mb: int, ratio_pct: int, min_age_s: float) -> None:
+    """Check eviction parameters.
+
+    :param max_mb: limit in MB (MiB) per chip folder, ≥ 1, or -1 = never evict.
+    :param ratio_pct: percent of the limit kept, 0..100 (GE's env parsing accepts 0).
+    :param min_age_s: seconds; entries accessed more recently are kept, ≥ 0.
+    :raises InvalidInputError: naming the bad value.
+    """
+    if isinstance(max_mb, bool) or not isinstance(max_mb, int) or (max_mb < 1 and max_mb != -1):
+        raise InvalidInputError(f"max_op_cache_size={max_mb!r} MB is invalid; accepted: ≥ 1 or -1")
+    if isinstance(ratio_pct, bool) or not isinstance(ratio_pct, int) or not 0 <= ratio_pct <= 100:
+        raise InvalidInputError(
+            f"remain_cache_size_ratio={ratio_pct!r} is invalid; accepted: 0..100"
+        )
+    if not min_age_s >= 0:
+        raise InvalidInputError(f"min_age_s={min_age_s!r} is invalid; accepted: seconds ≥ 0")
+
+
+def plan_eviction(
+    scan: ChipScan,
+    max_mb: int,
+    ratio_pct: int,
+    min_age_s: float,
+    now_ns: int,
+    force_ratio: bool = False,
+) -> EvictionPlan:
+    """Plan the eviction of one chip folder from a snapshot; pure (SPEC §5, [GE]).
+
+    :param scan: the chip folder's snapshot (``entry.scan_chip``), after reclaim.
+    :param max_mb: limit in MB (MiB, 2**20 bytes), or -1 = never evict (empty plan).
+    :param ratio_pct: percent of the limit kept after eviction (target = max × ratio / 100).
+    :param min_age_s: aging guard in seconds (GE: 1800); ``now_ns - atime < min_age_s`` keeps.
+    :param now_ns: the clock, in ns since the epoch (passed in: the function is pure).
+    :param force_ratio: evict down to the target even below the trigger (``gc --ratio``).
+    :raises InvalidInputError: for a bad ``max_mb``, ``ratio_pct`` or ``min_age_s``.
+    """
+    check_limits(max_mb, ratio_pct, min_age_s)
+    used = scan.used_bytes
+    if max_mb == NEVER_EVICT:
+        return EvictionPlan(scan.chip_dir, used, None, None, triggered=False)
+    max_bytes = max_mb * MIB
+    target = max_bytes * ratio_pct // 100
+    triggered = used >= max_bytes or (force_ratio and used > target)
+    if not triggered:
+        return EvictionPlan(scan.chip_dir, used, max_bytes, target, triggered=False)
+    need = used - target
+    cutoff_ns = now_ns - int(min_age_s * 1e9)
+    # (atime, name, group), built once: the sort key of 100,000 entries, read twice
+    order = sorted((g.atime_ns, g.kernel, g) for g in scan.entries.values())
+    candidates: list[EntryGroup] = []
+    kept: list[EntryGroup] = []
+    freed = 0
+    split = len(order)
+    for i, (atime_ns, _, group) in enumerate(order):
+        if freed >= need:
+            split = i
+            break
+        if atime_ns > cutoff_ns:  # accessed within min_age_s: this and all after are young
+            kept.append(group)
+        else:
+            candidates.append(group)
+        freed += group.size
+    reserve = () if kept else tuple(g for a, _, g in order[split:] if a <= cutoff_ns)
+    return EvictionPlan(
+        scan.chip_dir,
+        used,
+        max_bytes,
+        target,
+        triggered=True,
+        candidates=tuple(candidates),
+        reserve=reserve,
+        kept_by_age=tuple(kept),
+    )

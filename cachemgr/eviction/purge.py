@@ -1,0 +1,229 @@
+"""Clearing a chip folder (``cachemgr purge``, toolkit upgrades) and measuring it (``stats``).
+
+Purge is the safe form of the seed's ``force`` (SPEC §4, §5): it waits for the eviction lock
+(so no gc or other purge runs), then removes every entry under the entry's own lock, so a
+publish in progress finishes first. Writes in progress (``*.temp`` younger than an hour) are
+left to their writers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from cachemgr import entry, fsutil, layout
+from cachemgr.errors import LockBusyError
+from cachemgr.eviction.files import (
+    DENIED_ERRNOS,
+    denied_line,
+    open_dir,
+    reap_lock,
+    remove_group,
+    unlink_quiet,
+)
+from cachemgr.eviction.plan import MIB, NEVER_EVICT
+from cachemgr.eviction.reclaim import TEMP_MAX_AGE_S
+from cachemgr.options import Settings
+
+log = logging.getLogger(__name__)
+
+#: How long purge waits for the eviction lock (a running gc) and for each entry lock (s).
+PURGE_LOCK_WAIT_S = 60.0
+ENTRY_LOCK_WAIT_S = 10.0
+
+
+@dataclass
+class PurgeReport:
+    """What a purge removed from one chip folder.
+
+    :ivar entries: entries removed; ``files``/``bytes`` count every file removed (entries,
+        orphans, old temps, lock files); ``busy`` entries whose lock stayed held;
+        ``denied`` ``"<name>: <reason>"`` for files we may not remove; ``left_temps`` writes
+        in progress left alone.
+    """
+
+    chip_dir: Path
+    entries: int = 0
+    files: int = 0
+    bytes: int = 0
+    busy: list[str] = field(default_factory=list)
+    denied: list[str] = field(default_factory=list)
+    left_temps: list[str] = field(default_factory=list)
+    missing: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "chip_dir": str(self.chip_dir),
+            "missing": self.missing,
+            "entries": self.entries,
+            "files": self.files,
+            "bytes": self.bytes,
+            "busy": self.busy,
+            "denied": self.denied,
+            "left_temps": self.left_temps,
+        }
+
+
+def purge_chip(chip_dir: Path, lock_wait_s: float = PURGE_LOCK_WAIT_S) -> PurgeReport:
+    """Remove every entry, orphan, old temp and lock file of one chip folder (SPEC §4, §5).
+
+    Waits up to ``lock_wait_s`` seconds for ``op_cache_file_del.lock`` (held by a gc or
+    another purge), then takes each entry's lock (up to 10 s each; still busy → reported and
+    left). A missing folder is reported (``missing``), not an error.
+
+    :raises LockBusyError: the eviction lock stayed held for ``lock_wait_s`` seconds.
+    :raises OSError: the folder cannot be listed or locked.
+    """
+    report = PurgeReport(Path(chip_dir))
+    try:
+        chip_fd = open_dir(report.chip_dir)
+    except (FileNotFoundError, NotADirectoryError):
+        report.missing = True
+        return report
+    try:
+        lock = fsutil.FcntlLock(report.chip_dir / layout.EVICT_LOCK_NAME)
+        try:
+            lock.acquire(timeout_s=lock_wait_s)
+        except LockBusyError as exc:
+            raise LockBusyError(
+                f"{report.chip_dir}: {layout.EVICT_LOCK_NAME} stayed held for {lock_wait_s:g} s "
+                "(a gc or purge is running); nothing was purged"
+            ) from exc
+        try:
+            _purge(chip_fd, report)
+        finally:
+            lock.release()
+    finally:
+        os.close(chip_fd)
+    log.info("purged %s: %d entries, %d bytes", report.chip_dir, report.entries, report.bytes)
+    return report
+
+
+def _purge(chip_fd: int, report: PurgeReport) -> None:
+    scan = entry.scan_chip(report.chip_dir)
+    for group in scan.entries.values():
+        _purge_entry(chip_fd, scan, group, report)
+    now = time.time_ns()
+    for name, fst in scan.temps.items():
+        if now - fst.mtime_ns < TEMP_MAX_AGE_S * 1_000_000_000:
+            report.left_temps.append(name)
+        else:
+            _remove_loose(chip_fd, name, fst.size, report)
+    for name, fst in scan.orphans.items():
+        _remove_loose(chip_fd, name, fst.size, report)
+    for name in scan.locks:
+        try:
+            if reap_lock(report.chip_dir / name):
+                report.files += 1
+        except OSError as exc:
+            if exc.errno not in DENIED_ERRNOS:
+                raise
+            report.denied.append(denied_line(name, exc))
+
+
+def _purge_entry(
+    chip_fd: int, scan: entry.ChipScan, group: entry.EntryGroup, report: PurgeReport
+) -> None:
+    lock_name = group.kernel + ".lock"
+    lock = fsutil.FcntlLock(report.chip_dir / lock_name)
+    try:
+        lock.acquire(timeout_s=ENTRY_LOCK_WAIT_S)
+    except LockBusyError:
+        report.busy.append(group.kernel)
+        return
+    except OSError as exc:
+        if exc.errno not in DENIED_ERRNOS:
+            raise
+        report.denied.append(denied_line(lock_name, exc))
+        return
+    try:
+        removal = remove_group(chip_fd, group)
+    finally:
+        lock.release(unlink=True)
+    scan.locks.pop(lock_name, None)
+    report.files += removal.files
+    report.bytes += removal.bytes
+    report.denied += removal.denied
+    if removal.json_gone:
+        report.entries += 1
+
+
+def _remove_loose(chip_fd: int, name: str, size: int, report: PurgeReport) -> None:
+    try:
+        if unlink_quiet(chip_fd, name):
+            report.files += 1
+            report.bytes += size
+    except OSError as exc:
+        if exc.errno not in DENIED_ERRNOS:
+            raise
+        report.denied.append(denied_line(name, exc))
+
+
+@dataclass(frozen=True)
+class ChipUsage:
+    """One chip folder's use, by name grouping (no file opened, no access time changed).
+
+    :ivar entries: number of entries; ``bytes``: apparent bytes of all regular files;
+        ``oldest_atime_ns``/``newest_atime_ns``: main-json access times (ns since the
+        epoch), None for an empty folder.
+    """
+
+    chip_dir: Path
+    entries: int
+    bytes: int
+    oldest_atime_ns: int | None
+    newest_atime_ns: int | None
+    exists: bool = True
+
+
+def chip_usage(chip_dir: Path) -> ChipUsage:
+    """Measure one chip folder for ``cachemgr stats`` (a missing folder is empty).
+
+    :raises OSError: when the folder cannot be listed (e.g. ``EACCES``).
+    """
+    chip_dir = Path(chip_dir)
+    scan = entry.scan_chip(chip_dir)
+    atimes = [g.atime_ns for g in scan.entries.values()]
+    return ChipUsage(
+        chip_dir,
+        len(scan.entries),
+        scan.used_bytes,
+        min(atimes) if atimes else None,
+        max(atimes) if atimes else None,
+        exists=chip_dir.is_dir(),
+    )
+
+
+def _iso(ns: int | None) -> str | None:
+    if ns is None:
+        return None
+    return datetime.fromtimestamp(ns / 1e9, tz=UTC).isoformat(timespec="seconds")
+
+
+def chip_stats(chip_dir: Path, settings: Settings) -> dict[str, Any]:
+    """One chip folder's figures for ``stats`` (CLI and daemon): entries, bytes, the limit in
+    MB and bytes, the remain ratio, fill % of the limit (None when eviction is off), and the
+    oldest/newest main-json access as ISO 8601 UTC.
+
+    :raises OSError: when the folder cannot be listed.
+    """
+    usage = chip_usage(chip_dir)
+    max_mb = int(settings.value("max_op_cache_size"))
+    max_bytes = None if max_mb == NEVER_EVICT else max_mb * MIB
+    return {
+        "chip_dir": str(chip_dir),
+        "exists": usage.exists,
+        "entries": usage.entries,
+        "bytes": usage.bytes,
+        "limit_mb": max_mb,
+        "limit_bytes": max_bytes,
+        "ratio_pct": int(settings.value("remain_cache_size_ratio")),
+        "fill_pct": None if max_bytes is None else round(100 * usage.bytes / max_bytes, 1),
+        "oldest_access": _iso(usage.oldest_atime_ns),
+        "newest_access": _iso(usage.newest_atime_ns),
+    }

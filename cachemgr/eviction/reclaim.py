@@ -1,0 +1,214 @@
+"""Reclaim what CANN leaves behind in a chip folder (SPEC §5), before eviction is planned.
+
+* **entries that fail verification** — gc verifies by name: an entry whose json names no
+  binary present beside it is opened (the only jsons gc opens), and removed under its lock if
+  ``entry.check_entry`` confirms it is bad (unparsable json, missing binary or sub-part). Full
+  sha256 checks of every entry are ``cachemgr verify --repair``'s job;
+* **binaries with no json** older than :data:`ORPHAN_MIN_AGE_S` (a publish renames the binary
+  before the json), through ``Store.remove_orphan`` (under the kernel's lock, without waiting);
+* **``*.temp``** files older than :data:`TEMP_MAX_AGE_S` (one hour, SPEC §5);
+* **``.lock`` files of entries that no longer exist**: taken without waiting, then unlinked.
+
+Every step updates the snapshot (files and ``used_bytes``) so the plan sees the folder as it
+will be. With a dry run the same counts are made and nothing is removed.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cachemgr import entry
+from cachemgr.entry import ChipScan, EntryGroup
+from cachemgr.errors import LockBusyError
+from cachemgr.eviction.files import (
+    DENIED_ERRNOS,
+    denied_line,
+    reap_lock,
+    remove_group,
+    unlink_quiet,
+)
+from cachemgr.store import Store
+
+log = logging.getLogger(__name__)
+
+#: ``*.temp`` files older than this are leftovers of dead writers (seconds; SPEC §5).
+TEMP_MAX_AGE_S = 3600
+#: A binary without json younger than this may be a publish between its renames (seconds).
+ORPHAN_MIN_AGE_S = 600
+#: How long removing a bad entry waits for its lock (seconds); a writer holds it briefly.
+BAD_ENTRY_LOCK_WAIT_S = 5.0
+
+
+@dataclass
+class ReclaimResult:
+    """Counts of one reclaim pass (with a dry run: what would be reclaimed).
+
+    :ivar bytes: apparent bytes reclaimed (or reclaimable) in total.
+    :ivar bad: ``"<kernel>: <problem>"`` for each bad entry removed.
+    :ivar denied: ``"<name>: <reason>"`` for each file we were not allowed to remove.
+    :ivar busy: names skipped because their lock was held.
+    """
+
+    bad_entries: int = 0
+    orphans: int = 0
+    temps: int = 0
+    locks: int = 0
+    bytes: int = 0
+    bad: list[str] = field(default_factory=list)
+    denied: list[str] = field(default_factory=list)
+    busy: list[str] = field(default_factory=list)
+
+
+def reclaim(scan: ChipScan, chip_fd: int, now_ns: int, dry_run: bool) -> ReclaimResult:
+    """Reclaim bad entries, old orphans, old temps and dead locks of one chip folder.
+
+    The caller holds the eviction lock. ``scan`` is updated in place.
+
+    :param now_ns: the clock in ns since the epoch (ages are mtime-based).
+    :raises OSError: for unexpected errors (permission problems are reported, not raised).
+    """
+    out = ReclaimResult()
+    store = Store(scan.chip_dir, lock_timeout_s=BAD_ENTRY_LOCK_WAIT_S)
+    for group in _suspects(scan):
+        _reclaim_bad(store, scan, chip_fd, group, dry_run, out)
+    for name in sorted(scan.orphans):
+        _reclaim_orphan(store, scan, name, now_ns, dry_run, out)
+    for name in sorted(scan.temps):
+        _reclaim_temp(scan, chip_fd, name, now_ns, dry_run, out)
+    for name in sorted(scan.locks):
+        _reclaim_lock(scan, name, dry_run, out)
+    return out
+
+
+def _suspects(scan: ChipScan) -> list[EntryGroup]:
+    """Entries that name grouping could not tie to a binary: open their json (only theirs)."""
+    found = []
+    for group in [g for g in scan.entries.values() if not g.resolved]:
+        entry.resolve_group(scan, group)  # claims the orphans its json names
+        if not group.resolved or all(n.endswith((".json", ".h")) for n in group.files):
+            found.append(group)
+    return found
+
+
+def _forget(scan: ChipScan, table: dict[str, entry.FileStat], name: str) -> int:
+    fst = table.pop(name)
+    scan.used_bytes -= fst.size
+    return fst.size
+
+
+def _forget_group(scan: ChipScan, group: EntryGroup) -> None:
+    scan.entries.pop(group.kernel, None)
+    scan.used_bytes -= group.size
+
+
+def _reclaim_bad(
+    store: Store, scan: ChipScan, chip_fd: int, group: EntryGroup, dry_run: bool, out: ReclaimResult
+) -> None:
+    kernel = group.kernel
+    lock = store.entry_lock(kernel)
+    try:
+        if not dry_run:
+            lock.acquire(timeout_s=BAD_ENTRY_LOCK_WAIT_S)
+        try:
+            _, problems = entry.check_entry(scan.chip_dir, kernel)
+        except FileNotFoundError:
+            _forget_group(scan, group)  # removed by someone else meanwhile: normal
+            return
+        if not problems:
+            return
+        if not dry_run:
+            removal = remove_group(chip_fd, group)
+            out.denied += removal.denied
+            if not removal.json_gone:
+                return
+        out.bad_entries += 1
+        out.bytes += group.size
+        out.bad.append(f"{kernel}: {problems[0].kind}")
+        _forget_group(scan, group)
+        scan.locks.pop(kernel + ".lock", None)
+    except LockBusyError:
+        out.busy.append(kernel)
+    except OSError as exc:
+        if exc.errno not in DENIED_ERRNOS:
+            raise
+        out.denied.append(denied_line(kernel + ".lock", exc))
+    finally:
+        if lock.held:
+            lock.release(unlink=True)
+
+
+def orphan_kernel(name: str) -> str:
+    """The kernel whose lock guards a loose file, as ``Store.remove_orphan`` computes it."""
+    stem = name.split(".", 1)[0]
+    for suffix in entry.PART_STEM_SUFFIXES:
+        if stem.endswith(suffix):
+            return stem[: -len(suffix)]
+    return stem
+
+
+def _reclaim_orphan(
+    store: Store, scan: ChipScan, name: str, now_ns: int, dry_run: bool, out: ReclaimResult
+) -> None:
+    fst = scan.orphans[name]
+    if now_ns - fst.mtime_ns < ORPHAN_MIN_AGE_S * 1_000_000_000:
+        return
+    if not dry_run:
+        lock_existed = (orphan_kernel(name) + ".lock") in scan.locks
+        try:
+            removed = store.remove_orphan(name)
+        except OSError as exc:
+            if exc.errno not in DENIED_ERRNOS:
+                raise
+            out.denied.append(denied_line(name, exc))
+            return
+        if not lock_existed:  # remove_orphan created it; do not leave it behind
+            _reap_quiet(store.lock_path(orphan_kernel(name)))
+        if not removed:
+            return
+    out.orphans += 1
+    out.bytes += _forget(scan, scan.orphans, name)
+
+
+def _reclaim_temp(
+    scan: ChipScan, chip_fd: int, name: str, now_ns: int, dry_run: bool, out: ReclaimResult
+) -> None:
+    if now_ns - scan.temps[name].mtime_ns < TEMP_MAX_AGE_S * 1_000_000_000:
+        return  # a write in progress
+    if not dry_run:
+        try:
+            unlink_quiet(chip_fd, name)
+        except OSError as exc:
+            if exc.errno not in DENIED_ERRNOS:
+                raise
+            out.denied.append(denied_line(name, exc))
+            return
+    out.temps += 1
+    out.bytes += _forget(scan, scan.temps, name)
+
+
+def _reclaim_lock(scan: ChipScan, name: str, dry_run: bool, out: ReclaimResult) -> None:
+    kernel = name[: -len(".lock")]
+    if kernel in scan.entries:
+        return  # a live entry's lock
+    if not dry_run:
+        path = scan.chip_dir / name
+        try:
+            if not reap_lock(path):
+                out.busy.append(name)  # a publish in progress holds it
+                return
+        except OSError as exc:
+            if exc.errno not in DENIED_ERRNOS:
+                raise
+            out.denied.append(denied_line(name, exc))
+            return
+    out.locks += 1
+    out.bytes += _forget(scan, scan.locks, name)
+
+
+def _reap_quiet(path: Path) -> None:
+    try:
+        reap_lock(path)
+    except OSError as exc:
+        log.debug("cannot remove lock %s: %s", path, exc)
