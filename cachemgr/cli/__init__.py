@@ -54,8 +54,18 @@ def _register() -> None:
     from cachemgr.cli.compile_cmd import compile_cmd, pack_cmd
     from cachemgr.cli.config_cmd import config_cmd
     from cachemgr.cli.entries_cmd import ls_cmd, verify_cmd
+    from cachemgr.cli.gc_cmd import gc_cmd, purge_cmd, stats_cmd
 
-    for command in (config_cmd, ls_cmd, verify_cmd, compile_cmd, pack_cmd):
+    for command in (
+        config_cmd,
+        ls_cmd,
+        verify_cmd,
+        compile_cmd,
+        pack_cmd,
+        gc_cmd,
+        stats_cmd,
+        purge_cmd,
+    ):
         cli.add_command(command)
 
 

@@ -1,0 +1,258 @@
+"""``cachemgr gc``, ``stats`` and ``purge`` (SPEC §5): the eviction engine's commands.
+
+Limits with a problem: when ``Settings.problems`` is not empty (an invalid ``op_cache.ini``
+or env value), ``gc`` prints every warning and then evicts with the fallback values, as GE
+does — after one more warning line that names the limits it applies and where they came
+from, so nothing is evicted against a misconfigured ini without saying so.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import click
+
+from cachemgr import versions
+from cachemgr.cli.common import (
+    chip_dirs,
+    emit_json,
+    load_settings,
+    settings_options,
+    stdout_is_tty,
+    warning,
+)
+from cachemgr.errors import ConfigError
+from cachemgr.eviction import (
+    MIB,
+    DryRun,
+    GcReport,
+    chip_stats,
+    gc_chip,
+    purge_chip,
+)
+from cachemgr.options import Settings
+
+
+def _parse_ratio(raw: str | None) -> int | None:
+    if raw is None:
+        return None
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 100:
+        raise ConfigError(f"--ratio={raw!r} (from option) is invalid; accepted: an integer 0..100")
+    return value
+
+
+def _parse_min_age(raw: str | None) -> float | None:
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise ConfigError(
+            f"--min-age={raw!r} (from option) is invalid; accepted: a number of seconds ≥ 0"
+        )
+    return value
+
+
+def _mib(n: int | None) -> str:
+    return "-" if n is None else f"{n / MIB:.1f} MiB"
+
+
+def _limits(settings: Settings) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in ("max_op_cache_size", "remain_cache_size_ratio", "min_age_s"):
+        res = settings[name]
+        out[name] = {"value": res.value, "origin": res.origin, "source": res.source}
+    out["problems"] = list(settings.problems)
+    return out
+
+
+def _toolkit(settings: Settings, dry_run: bool) -> versions.VersionCheck:
+    installed = versions.installed_versions(os.environ, settings.sections)
+    return versions.sync_toolkit(settings.layout, installed, purge_chip, dry_run=dry_run)
+
+
+@contextmanager
+def _progress_bar(enabled: bool, label: str) -> Iterator[Any]:
+    """A tqdm bar on stderr when stdout is a terminal; a no-op callback otherwise."""
+    if not enabled:
+        yield None
+        return
+    from tqdm import tqdm
+
+    bar = tqdm(total=0, desc=label, unit="entry", file=sys.stderr, leave=False)
+
+    def update(done: int, total: int) -> None:
+        bar.total = total
+        bar.n = done
+        bar.refresh()
+
+    try:
+        yield update
+    finally:
+        bar.close()
+
+
+def _gc_line(report: GcReport) -> str:
+    soc = report.soc_version
+    if report.skipped == "busy":
+        return f"{soc}: skipped: another evictor holds op_cache_file_del.lock (busy, not an error)"
+    if report.skipped == "missing":
+        return f"{soc}: no chip folder at {report.chip_dir}; nothing to do"
+    rec = report.reclaimed
+    verb = "would evict" if report.dry_run else "evicted"
+    limit = (
+        "size eviction off (max_op_cache_size=-1)"
+        if report.max_bytes is None
+        else f"limit {_mib(report.max_bytes)}, target {_mib(report.target_bytes)}"
+    )
+    return (
+        f"{soc}: {_mib(report.bytes_before)} -> {_mib(report.bytes_after)} ({limit}); "
+        f"{verb} {len(report.evicted)} entries ({_mib(report.evicted_bytes)}); "
+        f"kept by aging guard {len(report.kept_by_age)}; "
+        f"saved by a hit {len(report.saved_by_hit)}; "
+        f"reclaimed {rec.orphans} orphans, {rec.temps} temps, {rec.locks} locks, "
+        f"{rec.bad_entries} bad entries ({_mib(rec.bytes)})"
+    )
+
+
+@click.command("gc")
+@click.option("--ratio", metavar="N", help="Keep N % of the limit; forces a run to that target.")
+@click.option("--min-age", metavar="SECONDS", help="Aging guard (default: min_age_s, 1800).")
+@click.option("--dry-run", is_flag=True, help="Report what would go; remove nothing.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object; chip folders by soc.")
+@settings_options
+def gc_cmd(ratio: str | None, min_age: str | None, dry_run: bool, as_json: bool, **kw: Any) -> None:
+    """Reclaim leftovers and evict least recently used entries down to the limit (SPEC §5).
+
+    Checks the toolkit version first: after an upgrade every chip folder is purged.
+    Exit 0 also when another evictor is running (that chip folder is skipped); exit 1 when a
+    file could not be removed.
+    """
+    force_ratio = _parse_ratio(ratio)
+    min_age_s = _parse_min_age(min_age)
+    settings = load_settings(**kw)
+    max_mb = int(settings.value("max_op_cache_size"))
+    ratio_pct = (
+        int(settings.value("remain_cache_size_ratio")) if force_ratio is None else force_ratio
+    )
+    if min_age_s is None:
+        min_age_s = float(settings.value("min_age_s"))
+    if settings.problems:
+        warning(
+            f"gc applies the fallback limits max_op_cache_size={max_mb} MB "
+            f"({settings['max_op_cache_size'].origin}) and remain_cache_size_ratio={ratio_pct} % "
+            "as GE would; fix the values above to apply yours"
+        )
+    mode = DryRun.YES if dry_run else DryRun.NO
+    toolkit = _toolkit(settings, dry_run)
+    reports = []
+    for chip in chip_dirs(settings):
+        with _progress_bar(stdout_is_tty() and not as_json, chip.name) as progress:
+            reports.append(
+                gc_chip(
+                    chip,
+                    max_mb,
+                    ratio_pct,
+                    min_age_s,
+                    force_ratio=force_ratio is not None,
+                    dry_run=mode,
+                    progress=progress,
+                )
+            )
+    denied = [f"{r.soc_version}/{line}" for r in reports for line in r.denied + r.reclaimed.denied]
+    if as_json:
+        emit_json(
+            {
+                "kernel_cache_dir": str(settings.layout.kernel_cache_dir),
+                "limits": _limits(settings),
+                "toolkit": toolkit.to_json(),
+                "chip_folders": {r.soc_version: r.to_json() for r in reports},
+            }
+        )
+    else:
+        click.echo(f"toolkit: {toolkit.detail}")
+        for report in reports:
+            click.echo(_gc_line(report))
+        if not reports:
+            click.echo(f"no chip folders under {settings.layout.kernel_cache_dir}; nothing to do")
+    for line in denied:
+        warning(f"not removed (permission): {line}")
+    if denied:
+        sys.exit(1)
+
+
+@click.command("stats")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object; chip folders by soc.")
+@settings_options
+def stats_cmd(as_json: bool, **kw: Any) -> None:
+    """Per chip folder: entries, bytes, limit, ratio, fill %, oldest and newest access."""
+    settings = load_settings(writable=False, **kw)
+    folders = {chip.name: chip_stats(chip, settings) for chip in chip_dirs(settings)}
+    if as_json:
+        emit_json(
+            {
+                "kernel_cache_dir": str(settings.layout.kernel_cache_dir),
+                "limits": _limits(settings),
+                "chip_folders": folders,
+            }
+        )
+        return
+    for soc, row in folders.items():
+        fill = "eviction off" if row["fill_pct"] is None else f"{row['fill_pct']} % full"
+        click.echo(
+            f"{soc}: {row['entries']} entries, {_mib(row['bytes'])} of {_mib(row['limit_bytes'])} "
+            f"({fill}; ratio {row['ratio_pct']} %); oldest access {row['oldest_access'] or '-'}, "
+            f"newest {row['newest_access'] or '-'}"
+        )
+    if not folders:
+        click.echo(f"no chip folders under {settings.layout.kernel_cache_dir}")
+
+
+@click.command("purge")
+@click.option("--all", "purge_all", is_flag=True, help="Every chip folder.")
+@click.option("--yes", is_flag=True, help="Do not ask (required when stdin is not a terminal).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object; chip folders by soc.")
+@settings_options
+def purge_cmd(purge_all: bool, yes: bool, as_json: bool, **kw: Any) -> None:
+    """Clear chip folders under the eviction lock and each entry's lock (needs --soc or --all)."""
+    soc = kw.get("soc_version")
+    if bool(soc) == purge_all:
+        raise ConfigError("purge needs exactly one of --soc SOC or --all (from option)")
+    settings = load_settings(**kw)
+    chips = chip_dirs(settings)
+    if not yes:
+        if not sys.stdin.isatty():
+            raise ConfigError("purge refuses to run without --yes when stdin is not a terminal")
+        names = ", ".join(c.name for c in chips) or "(none)"
+        click.confirm(
+            f"Remove every entry of {names} under {settings.layout.kernel_cache_dir}?", abort=True
+        )
+    reports = [purge_chip(chip) for chip in chips]
+    if as_json:
+        emit_json({"chip_folders": {Path(r.chip_dir).name: r.to_json() for r in reports}})
+    else:
+        for r in reports:
+            if r.missing:
+                click.echo(f"{r.chip_dir.name}: no chip folder at {r.chip_dir}; nothing to do")
+                continue
+            click.echo(
+                f"{r.chip_dir.name}: removed {r.entries} entries, {r.files} files "
+                f"({_mib(r.bytes)}); busy {len(r.busy)}; "
+                f"writes in progress left {len(r.left_temps)}"
+            )
+    denied = [f"{r.chip_dir.name}/{line}" for r in reports for line in r.denied]
+    for line in denied:
+        warning(f"not removed (permission): {line}")
+    if denied or any(r.busy for r in reports):
+        sys.exit(1)

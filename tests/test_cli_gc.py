@@ -1,0 +1,182 @@
+"""The real CLI: ``cachemgr gc | stats | purge`` (SPEC §5) and their bad-input contract."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from cachemgr.eviction import MIB
+from tests.conftest import SOC, run_cli
+from tests.test_eviction import HOUR, gc_in_another_process, kernels, make_entry, names, set_old
+from tests.test_versions import toolkit_env, version_info
+
+STAMPS = "[op_compiler_cache]\nadk_version=7.0.RC1\nops_version=7.0.RC1\n"
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    """``<tmp>/root`` with ``kernel_cache/Ascend910B1``: 12 entries of 1 MiB (k00 oldest,
+    all accessed more than an hour ago) and an ini with limits 10 MB / 50 %."""
+    chip = tmp_path / "root" / "kernel_cache" / SOC
+    now = time.time()
+    for i in range(12):
+        make_entry(chip, f"te_k_{i:02d}", MIB, now - 12 * HOUR + i * HOUR)
+    ini = chip.parent / "op_cache.ini"
+    ini.write_text(STAMPS + "max_op_cache_size=10\nremain_cache_size_ratio=50\n")
+    return tmp_path / "root"
+
+
+def gc(root: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return run_cli("gc", "--cache-dir", str(root), *args, env=env)
+
+
+def one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+def test_gc_json_reports_exactly_what_went(root: Path, clean_env: dict[str, str]) -> None:
+    proc = gc(root, clean_env, "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    chip = data["chip_folders"][SOC]
+    assert sorted(chip["evicted"]) == [f"te_k_{i:02d}" for i in range(7)]
+    assert (chip["bytes_before"], chip["bytes_after"]) == (12 * MIB, 5 * MIB)
+    assert chip["evicted_entries"] == 7 and chip["evicted_bytes"] == 7 * MIB
+    assert chip["kept_by_aging_guard"] == 0 and chip["reclaimed"]["orphans"] == 0
+    assert data["limits"]["max_op_cache_size"]["origin"] == "op_cache.ini"
+    assert data["toolkit"]["status"] == "no_toolkit"
+    assert kernels(root / "kernel_cache" / SOC) == {f"te_k_{i:02d}" for i in range(7, 12)}
+
+
+def test_gc_text_ratio_min_age_and_dry_run(root: Path, clean_env: dict[str, str]) -> None:
+    chip = root / "kernel_cache" / SOC
+    (root / "kernel_cache" / "op_cache.ini").write_text(
+        STAMPS + "max_op_cache_size=20\nremain_cache_size_ratio=50\n"
+    )
+    proc = gc(root, clean_env, "--ratio", "50", "--dry-run")  # forced: 12 -> 10 MiB
+    assert proc.returncode == 0, proc.stderr
+    assert f"{SOC}: 12.0 MiB -> 10.0 MiB" in proc.stdout and "would evict 2 entries" in proc.stdout
+    assert "toolkit: toolkit version unknown" in proc.stdout and "cache left alone" in proc.stdout
+    assert len(kernels(chip)) == 12
+    proc = gc(root, clean_env, "--ratio", "50", "--min-age", str(6.5 * HOUR))
+    assert "evicted 2 entries" in proc.stdout, proc.stdout
+    proc = gc(root, clean_env, "--ratio", "10", "--min-age", str(6.5 * HOUR))
+    # 2 MiB target, but only entries accessed > 6.5 h ago may go: k02..k05, then the guard
+    assert "evicted 4 entries" in proc.stdout and "kept by aging guard 4" in proc.stdout
+    assert kernels(chip) == {f"te_k_{i:02d}" for i in range(6, 12)}
+
+
+def test_gc_on_missing_chip_folder_is_nothing_to_do(root: Path, clean_env: dict[str, str]) -> None:
+    proc = gc(root, clean_env, "--soc", "Ascend310P3")
+    assert proc.returncode == 0, proc.stderr
+    assert "Ascend310P3: no chip folder" in proc.stdout
+    assert not (root / "kernel_cache" / "Ascend310P3").exists()
+
+
+def test_second_gc_while_one_runs_skips(
+    root: Path, clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    chip = root / "kernel_cache" / SOC
+    with gc_in_another_process(chip, tmp_path):
+        proc = gc(root, clean_env)
+        assert proc.returncode == 0, proc.stderr
+        assert "skipped: another evictor holds op_cache_file_del.lock" in proc.stdout
+        assert len(kernels(chip)) == 12
+    assert len(kernels(chip)) == 5
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [(("--ratio", "101"), "--ratio='101'"), (("--ratio", "x"), "--ratio='x'"),
+     (("--min-age", "-5"), "--min-age='-5'")],
+)  # fmt: skip
+def test_gc_bad_option_is_one_line_exit_2(
+    root: Path, clean_env: dict[str, str], args: tuple[str, ...], needle: str
+) -> None:
+    one_line_error(gc(root, clean_env, *args), needle, "from option")
+    assert len(kernels(root / "kernel_cache" / SOC)) == 12
+
+
+def test_gc_with_bad_ini_warns_and_says_it_uses_the_fallback(
+    root: Path, clean_env: dict[str, str]
+) -> None:
+    (root / "kernel_cache" / "op_cache.ini").write_text(STAMPS + "max_op_cache_size=ten\n")
+    env = {**clean_env, "ASCEND_MAX_OP_CACHE_SIZE": "8", "ASCEND_REMAIN_CACHE_SIZE_RATIO": "50"}
+    proc = gc(root, env, "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert "max_op_cache_size=ten is not an integer" in proc.stderr
+    assert "gc applies the fallback limits max_op_cache_size=8 MB (env)" in proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["limits"]["problems"] and data["chip_folders"][SOC]["evicted_entries"] == 8
+
+
+def test_minus_one_in_ini_evicts_nothing_but_reclaims(
+    root: Path, clean_env: dict[str, str]
+) -> None:
+    chip = root / "kernel_cache" / SOC
+    (root / "kernel_cache" / "op_cache.ini").write_text(
+        STAMPS + "max_op_cache_size=-1\nremain_cache_size_ratio=50\n"
+    )
+    (chip / "te_gone.o").write_bytes(b"x")
+    set_old(chip / "te_gone.o", 2 * HOUR)
+    proc = gc(root, clean_env)
+    assert proc.returncode == 0, proc.stderr
+    assert "size eviction off (max_op_cache_size=-1)" in proc.stdout
+    assert "reclaimed 1 orphans" in proc.stdout
+    assert len(kernels(chip)) == 12 and "te_gone.o" not in names(chip)
+
+
+def test_toolkit_upgrade_purges_every_chip_folder(
+    root: Path, clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    other = root / "kernel_cache" / "Ascend310P3"
+    make_entry(other, "te_other", 4096, time.time() - HOUR)
+    env = {**clean_env, **toolkit_env(tmp_path, "8.0.RC1", "8.0.RC1")}
+    proc = gc(root, env, "--soc", SOC)
+    assert proc.returncode == 0, proc.stderr
+    assert "toolkit changed" in proc.stdout and "purged 2 chip folder(s)" in proc.stdout
+    assert not kernels(other) and not kernels(root / "kernel_cache" / SOC)
+    assert "adk_version=8.0.RC1" in (root / "kernel_cache" / "op_cache.ini").read_text()
+    version_info(tmp_path / "Ascend" / "latest" / "compiler", "8.0.RC1")  # unchanged
+    proc = gc(root, env)
+    assert "cache stamps match" in proc.stdout
+
+
+def test_stats_json_keys_chip_folders_by_soc(root: Path, clean_env: dict[str, str]) -> None:
+    proc = run_cli("stats", "--json", "--cache-dir", str(root), env=clean_env)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    row = data["chip_folders"][SOC]
+    assert (row["entries"], row["bytes"], row["limit_mb"], row["ratio_pct"]) == (
+        12,
+        12 * MIB,
+        10,
+        50,
+    )
+    assert row["fill_pct"] == 120.0
+    assert row["oldest_access"] < row["newest_access"]
+    assert set(data) >= {"chip_folders", "limits", "kernel_cache_dir"}
+    text = run_cli("stats", "--cache-dir", str(root), env=clean_env)
+    assert f"{SOC}: 12 entries, 12.0 MiB of 10.0 MiB (120.0 % full; ratio 50 %)" in text.stdout
+    assert len(kernels(root / "kernel_cache" / SOC)) == 12
+
+
+def test_purge_refuses_without_yes_off_a_terminal(root: Path, clean_env: dict[str, str]) -> None:
+    chip = root / "kernel_cache" / SOC
+    proc = run_cli("purge", "--soc", SOC, "--cache-dir", str(root), env=clean_env, input="")
+    one_line_error(proc, "--yes", "not a terminal")
+    one_line_error(run_cli("purge", "--cache-dir", str(root), env=clean_env), "--soc", "--all")
+    assert len(kernels(chip)) == 12
+    proc = run_cli("purge", "--all", "--yes", "--json", "--cache-dir", str(root), env=clean_env)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["chip_folders"][SOC]["entries"] == 12
+    assert not kernels(chip) and os.listdir(chip) == ["op_cache_file_del.lock"]
