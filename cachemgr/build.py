@@ -24,13 +24,13 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cachemgr import chiplock, entry, fsutil, kernel_meta, keys, policy, precompiled
-from cachemgr.compilers import CompileJob, CompilerBackend, CompileResult, get_backend
+from cachemgr.compilers import CompileJob, CompilerBackend, CompileResult
 from cachemgr.errors import ConfigError, InvalidInputError
 from cachemgr.options import Settings
 from cachemgr.request import CompileRequest, RequestOptions, resolve_options
@@ -100,23 +100,6 @@ class Prepared:
         return "cache" if self.decision.cache.write else "nocache"
 
 
-class Backends:
-    """One backend object per language, built from the ``[compilers]`` config table."""
-
-    def __init__(self, config: Mapping[str, object]) -> None:
-        self.config = dict(config)
-        self._made: dict[str, CompilerBackend] = {}
-        self._lock = threading.Lock()
-
-    def get(self, language: str) -> CompilerBackend:
-        """:raises InvalidInputError: unknown language. :raises ConfigError: bad config."""
-        with self._lock:
-            backend = self._made.get(language)
-            if backend is None:
-                backend = self._made[language] = get_backend(language, self.config)
-            return backend
-
-
 def read_debug_config(path: Path) -> policy.DebugConfig:
     """Read and parse an ``op_debug_config`` ``.cfg`` file (SPEC §7).
 
@@ -134,7 +117,7 @@ def read_debug_config(path: Path) -> policy.DebugConfig:
 def prepare(
     request: CompileRequest,
     settings: Settings,
-    backends: Backends,
+    compilers: keys.Compilers,
     timeout_s: float,
     replace: bool = False,
 ) -> Prepared:
@@ -156,9 +139,9 @@ def prepare(
         dynamic=request.dynamic,
         replace=replace,
     )
-    backend = backends.get(request.language)
-    identity = backend.identity()
-    flags = keys.command_flags(backend, request, decision.debug.flags, decision.debug.emit)
+    backend = compilers.backend(request.language)
+    identity = compilers.identity(request.language)
+    flags = compilers.flags(request, identity, decision.debug.flags, decision.debug.emit)
     material = keys.key_material(
         request, opts, identity, flags, keys.source_sha256(request.kernel_source)
     )
@@ -191,10 +174,50 @@ def find_cached(p: Prepared) -> CompileOutcome | None:
 
 @dataclass
 class RunContext:
-    """What :func:`run` needs from the queue: where uncached kernels go, lock wait limits."""
+    """What :func:`run` needs from the queue: where uncached kernels go, lock wait limits, and
+    one private build folder per worker thread (reused: made once, emptied after each job)."""
 
-    output_dir: Path
+    output_dir: Path | None
     lock_timeout_s: float
+    local: threading.local = field(default_factory=threading.local)
+    build_dirs: list[Path] = field(default_factory=list)
+
+    def build_dir(self) -> Path:
+        """This thread's private, empty build folder (outside any cache folder)."""
+        path: Path | None = getattr(self.local, "build", None)
+        if path is None or not path.is_dir():
+            path = Path(tempfile.mkdtemp(prefix="cachemgr-build-"))
+            self.local.build = path
+            self.build_dirs.append(path)
+        return path
+
+    def uncached_dir(self) -> Path:
+        """``output_dir``; when None, a private temp folder made on first use and kept (the
+        caller owns the kernels in it)."""
+        if self.output_dir is None:
+            self.output_dir = Path(tempfile.mkdtemp(prefix="cachemgr-out-"))
+        return self.output_dir
+
+    def after_job(self) -> None:
+        """Empty this thread's build folder (after the callers have their answer)."""
+        path: Path | None = getattr(self.local, "build", None)
+        if path is not None and path.is_dir():
+            _empty(path)
+
+    def close(self) -> None:
+        """Remove every build folder."""
+        for path in self.build_dirs:
+            shutil.rmtree(path, ignore_errors=True)
+        self.build_dirs.clear()
+
+
+def _empty(folder: Path) -> None:
+    for name in os.listdir(folder):
+        path = folder / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            fsutil.safe_unlink(path)
 
 
 def run(p: Prepared, ctx: RunContext) -> CompileOutcome:
@@ -206,7 +229,7 @@ def run(p: Prepared, ctx: RunContext) -> CompileOutcome:
     if p.decision.debug.on:
         return _run_debug(p)
     if not p.decision.cache.write:
-        return _run_uncached(p, ctx.output_dir)
+        return _run_uncached(p, ctx.uncached_dir())
     return _run_cached(p, ctx)
 
 
@@ -293,21 +316,17 @@ def _run_cached(p: Prepared, ctx: RunContext) -> CompileOutcome:
                 found = held.lookup(p.kernel)
                 if found.hit:  # published by another process while we waited
                     return CompileOutcome(p.kernel, HIT, found.files, request=p.request.origin)
-            return _compile_and_publish(p, held)
+            return _compile_and_publish(p, held, ctx.build_dir())
         finally:
             lock.release()
 
 
-def _compile_and_publish(p: Prepared, store: Store) -> CompileOutcome:
-    build = Path(tempfile.mkdtemp(prefix="cachemgr-build-"))
-    try:
-        result = p.backend.compile(_job(p, build))
-        files, main = _entry_payload(p, result)
-        if p.decision.cache.replace:
-            store.remove(p.kernel)
-        published = store.publish(p.kernel, files, main)
-    finally:
-        shutil.rmtree(build, ignore_errors=True)
+def _compile_and_publish(p: Prepared, store: Store, build: Path) -> CompileOutcome:
+    result = p.backend.compile(_job(p, build))
+    files, main = _entry_payload(p, result)
+    if p.decision.cache.replace:
+        store.remove(p.kernel)
+    published = store.publish(p.kernel, files, main)
     files_out = sorted(published.files, key=lambda f: f.name != f"{p.kernel}.json")
     return CompileOutcome(p.kernel, COMPILED, tuple(files_out), request=p.request.origin)
 

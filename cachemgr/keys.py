@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from cachemgr.compilers import CompileJob, CompilerBackend, CompilerIdentity
+from cachemgr.compilers import CompileJob, CompilerBackend, CompilerIdentity, get_backend
 from cachemgr.errors import InvalidInputError
 from cachemgr.request import CompileRequest, RequestOptions
 
@@ -53,6 +53,9 @@ KEY_FIELDS = (
 SOURCE_PLACEHOLDER = "/SOURCE"
 OUT_PLACEHOLDER = "/OUT"
 NAME_PLACEHOLDER = "KERNEL"
+#: How long a compiler found on PATH is trusted before PATH is searched again (seconds); its
+#: file is still checked (one ``stat``) on every use, as ccache's ``compiler_check = mtime``.
+COMPILER_REFRESH_S = 2.0
 #: A source modified this recently is hashed again on every use (its mtime may not have
 #: ticked since a change: git's "racy" rule).
 RACY_S = 2.0
@@ -164,3 +167,80 @@ def compute_key(material: Mapping[str, Any]) -> str:
 def kernel_name(op_type: str, key: str) -> str:
     """``te_<op_type lower-cased>_<key>`` (SPEC §3.1, §3.2)."""
     return f"te_{op_type.lower()}_{key}"
+
+
+class Compilers:
+    """The backends of one ``[compilers]`` config table, with the compiler part of the key
+    remembered: each backend's identity (re-validated by one ``stat`` per use, PATH searched
+    again after :data:`COMPILER_REFRESH_S`) and the flags of each distinct job.
+
+    :param config: the ``[compilers]`` table (``cc``, ``nvcc``, ``cuda_arch``, ``cce_command``…).
+    """
+
+    def __init__(self, config: Mapping[str, object]) -> None:
+        self.config = dict(config)
+        self._lock = threading.Lock()
+        self._backends: dict[str, CompilerBackend] = {}
+        self._idents: dict[str, tuple[CompilerIdentity, tuple[int, ...], float]] = {}
+        self._flags: dict[tuple[Any, ...], tuple[str, ...]] = {}
+
+    def backend(self, language: str) -> CompilerBackend:
+        """:raises InvalidInputError: unknown language. :raises ConfigError: bad config."""
+        with self._lock:
+            found = self._backends.get(language)
+            if found is None:
+                found = self._backends[language] = get_backend(language, self.config)
+            return found
+
+    def identity(self, language: str) -> CompilerIdentity:
+        """The compiler's name, path and version (SPEC §3.2).
+
+        :raises CompileError: the compiler is not installed (named) or ``--version`` fails.
+        """
+        with self._lock:
+            known = self._idents.get(language)
+        if known is not None:
+            ident, stamp, at = known
+            if time.monotonic() - at < COMPILER_REFRESH_S and _stamp(ident.path) == stamp:
+                return ident
+        ident = self.backend(language).identity()
+        with self._lock:
+            self._idents[language] = (ident, _stamp(ident.path), time.monotonic())
+        return ident
+
+    def flags(
+        self,
+        request: CompileRequest,
+        identity: CompilerIdentity,
+        debug_flags: frozenset[str],
+        emit: frozenset[str],
+    ) -> tuple[str, ...]:
+        """:func:`command_flags` for ``request``, remembered per distinct job and compiler.
+
+        :raises CompileError, InvalidInputError: as :func:`command_flags`.
+        """
+        memo = (
+            request.language,
+            identity,
+            request.kernel_entry,
+            tuple(sorted((k, repr(v)) for k, v in request.defines.items())),
+            debug_flags,
+            emit,
+        )
+        with self._lock:
+            found = self._flags.get(memo)
+        if found is None:
+            found = command_flags(self.backend(request.language), request, debug_flags, emit)
+            with self._lock:
+                if len(self._flags) > 4096:
+                    self._flags.clear()
+                self._flags[memo] = found
+        return found
+
+
+def _stamp(path: str) -> tuple[int, ...]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return ()
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)

@@ -26,7 +26,6 @@ import heapq
 import itertools
 import logging
 import os
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -35,7 +34,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cachemgr import build, precompiled
+from cachemgr import build, keys, precompiled
 from cachemgr.build import CompileOutcome, Prepared
 from cachemgr.errors import CompileError
 from cachemgr.options import Settings
@@ -71,7 +70,8 @@ class CompileQueue:
     :param workers: compile threads (default: CPU count); each runs one compiler process.
     :param timeout_s: limit per compiler process, seconds.
     :param output_dir: where kernels compiled without the cache (``disable``) are written;
-        default a private temp folder (``self.output_dir``), left for the caller.
+        default a private temp folder made on first use (:attr:`output_dir`), left for the
+        caller.
     :param binary_dirs: precompiled package roots (SPEC §6) before those of the config file
         (``[precompiled] paths``) and ``$ASCEND_OPP_PATH``'s built-in one.
     :param lock_timeout_s: how long to wait for an entry or chip lock, seconds (default:
@@ -91,14 +91,14 @@ class CompileQueue:
         self.settings = settings
         self.timeout_s = float(timeout_s)
         self.workers = max(1, workers or os.cpu_count() or 1)
-        self.output_dir = Path(output_dir or tempfile.mkdtemp(prefix="cachemgr-out-")).absolute()
         self._given_roots = [Path(p) for p in binary_dirs]
         self.binary_dirs = self._given_roots + _config_roots(settings)
         self.counters: Counter[str] = Counter()
         self._ctx = build.RunContext(
-            self.output_dir, lock_timeout_s if lock_timeout_s else 2 * self.timeout_s + 60
+            Path(output_dir).absolute() if output_dir else None,
+            lock_timeout_s if lock_timeout_s else 2 * self.timeout_s + 60,
         )
-        self._backends = build.Backends(settings.sections.get("compilers", {}))
+        self._compilers = keys.Compilers(settings.sections.get("compilers", {}))
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._heap: list[tuple[int, int, _Job]] = []
@@ -139,9 +139,9 @@ class CompileQueue:
         if self._closing:
             raise RuntimeError("the compile queue is closed")
         with self._lock:
-            settings, backends = self.settings, self._backends
+            settings, compilers = self.settings, self._compilers
         try:
-            prepared = build.prepare(request, settings, backends, self.timeout_s, replace)
+            prepared = build.prepare(request, settings, compilers, self.timeout_s, replace)
         except CompileError as exc:
             return self._answered(build.failed("", exc, request.origin), start)
         if prepared.decision.cache.clear_first:
@@ -263,6 +263,7 @@ class CompileQueue:
                 waiters = list(job.waiters)
             self._count(outcome.status)
             _resolve(waiters, outcome)
+            self._ctx.after_job()
 
     def _run(self, p: Prepared) -> CompileOutcome:
         try:
@@ -279,6 +280,11 @@ class CompileQueue:
 
     # --- lifecycle ----------------------------------------------------------------------------
 
+    @property
+    def output_dir(self) -> Path | None:
+        """Where uncached (``disable``) kernels go; None until the default one is needed."""
+        return self._ctx.output_dir
+
     def depth(self) -> int:
         """Jobs queued or running."""
         with self._lock:
@@ -290,10 +296,10 @@ class CompileQueue:
 
     def update_settings(self, settings: Settings) -> None:
         """Use ``settings`` for new work (a reload); queued and running jobs keep theirs."""
-        backends = build.Backends(settings.sections.get("compilers", {}))
+        compilers = keys.Compilers(settings.sections.get("compilers", {}))
         roots = self._given_roots + _config_roots(settings)
         with self._lock:
-            self.settings, self._backends, self.binary_dirs = settings, backends, roots
+            self.settings, self._compilers, self.binary_dirs = settings, compilers, roots
 
     def close(self, cancel_pending: bool = False, timeout_s: float | None = None) -> None:
         """Stop accepting work; finish (or, with ``cancel_pending``, fail) pending jobs; wait for
@@ -314,6 +320,8 @@ class CompileQueue:
             _resolve(job.waiters, closed)
         for thread in self._threads:
             thread.join(timeout_s)
+        if not any(t.is_alive() for t in self._threads):
+            self._ctx.close()
 
     def shutdown(
         self, wait: bool = True, timeout_s: float | None = None, cancel_pending: bool = False

@@ -132,12 +132,12 @@ def test_real_prepare_keys_source_compiler_and_debug_flags(tmp_path, clean_env) 
     src.write_text(Path(request_data()["kernel_source"]).read_text())
     old = time.time() - 10
     os.utime(src, (old, old))
-    backends = build.Backends({})
+    compilers = keys.Compilers({})
     settings = make_settings(tmp_path, clean_env)
 
-    def key_of(settings=settings, backends=backends, **over: Any) -> str:
+    def key_of(settings=settings, compilers=compilers, **over: Any) -> str:
         req = parse_request(request_data(kernel_source=str(src), **over), tmp_path)
-        return build.prepare(req, settings, backends, 60.0).key
+        return build.prepare(req, settings, compilers, 60.0).key
 
     k0 = key_of()
     assert key_of() == k0
@@ -153,7 +153,7 @@ def test_real_prepare_keys_source_compiler_and_debug_flags(tmp_path, clean_env) 
         'exec gcc "$@"\n'
     )
     other = make_settings(tmp_path, clean_env, compilers={"cc": str(wrapper)})
-    assert key_of(other, build.Backends(other.sections["compilers"])) != k1
+    assert key_of(other, keys.Compilers(other.sections["compilers"])) != k1
 
 
 def test_source_digest_is_remembered_only_when_not_racy(tmp_path: Path) -> None:
