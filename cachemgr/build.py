@@ -60,6 +60,7 @@ class CompileOutcome:
 
     @property
     def ok(self) -> bool:
+        """False only for ``failed``."""
         return self.status != FAILED
 
     def to_json(self) -> dict[str, Any]:
@@ -301,6 +302,7 @@ class _HeldStore(Store):
         self._held = held
 
     def entry_lock(self, kernel: str) -> Any:
+        """The held no-op lock for ``held``, a real :class:`~cachemgr.fsutil.FcntlLock` else."""
         return _Held() if kernel == self._held else super().entry_lock(kernel)
 
 

@@ -60,6 +60,7 @@ class Binary:
 
     @property
     def files(self) -> tuple[Path, ...]:
+        """``(json_path, bin_path)``: what a ``binary`` outcome hands back."""
         return (self.json_path, self.bin_path)
 
 

@@ -59,6 +59,7 @@ class _Job:
 
     @property
     def flight(self) -> tuple[str, str]:
+        """Single-flight identity: (variant, kernel name)."""
         return (self.prepared.variant, self.prepared.kernel)
 
 

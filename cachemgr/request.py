@@ -67,6 +67,7 @@ class TensorDesc:
         return any(d < 0 for d in self.shape)
 
     def to_json(self) -> dict[str, Any]:
+        """``{"shape": [...], "dtype": ..., "format": ...}`` (canonical dtype)."""
         return {"shape": list(self.shape), "dtype": self.dtype, "format": self.format}
 
 

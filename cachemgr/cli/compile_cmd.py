@@ -126,8 +126,11 @@ def _report(outcome: CompileOutcome, as_json: bool) -> None:
     if not outcome.ok:
         click.echo(f"cachemgr: error: {outcome.request}: {outcome.error}", err=True)
         return
-    files = " ".join(str(f) for f in outcome.files)
-    click.echo(f"{outcome.status:8} {outcome.kernel_name}  {outcome.seconds:.3f}s  {files}")
+    folder = outcome.files[0].parent if outcome.files else ""
+    parts = " ".join(f.name.removeprefix(outcome.kernel_name) for f in outcome.files)
+    click.echo(
+        f"{outcome.status:8} {outcome.kernel_name}  {outcome.seconds:.3f}s  {folder}/ {parts}"
+    )
 
 
 def _report_error(path: Path, message: str, as_json: bool) -> None:
