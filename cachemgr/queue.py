@@ -176,6 +176,8 @@ class CompileQueue:
     def _enqueue(self, p: Prepared, priority: int, start: float) -> Future[CompileOutcome]:
         fut: Future[CompileOutcome] = Future()
         with self._cond:
+            if self._closing:  # closed while this request was being prepared
+                raise RuntimeError("the compile queue is closed")
             job = self._flights.get((p.variant, p.kernel))
             if job is not None and job.state in (_PENDING, _RUNNING):
                 job.waiters.append((fut, start))
@@ -231,8 +233,9 @@ class CompileQueue:
         try:
             with p.chip_lock.exclusive(timeout_s=self._ctx.lock_timeout_s):
                 removed = build.clear_chip(p.chip_dir, self._ctx.lock_timeout_s)
-            self._forced.add((p.chip_dir, session))
-            self.counters["force_cleared"] += removed
+            with self._lock:
+                self._forced.add((p.chip_dir, session))
+                self.counters["force_cleared"] += removed
             return removed
         finally:
             gate.set()
