@@ -1,0 +1,1 @@
+"""cachemgr's benchmarks: ``scripts/bench`` runs every ``bench/cases_*.py`` module."""

@@ -1,0 +1,239 @@
+"""The benchmark harness: discovers ``bench/cases_*.py``, runs them, prints a table and
+rewrites one section per case module in ``BENCHMARKS.md``.
+
+The protocol every case module follows (later issues add their own modules):
+
+* ``NAME: str`` — the section name (``--only NAME`` runs just this module);
+* ``run(workdir: Path, quick: bool) -> list[Row]`` — measure in ``workdir`` (an empty folder
+  on the real disk, removed afterwards); ``quick`` asks for a small smoke-sized run.
+
+Targets are reported, never asserted: a missed target prints its ratio and gap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import platform
+import re
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUTPUT = ROOT / "BENCHMARKS.md"
+_HEADER = "# Benchmarks"
+
+
+@dataclass
+class Row:
+    """One measured number and what it is compared with.
+
+    :ivar value: the measurement, in ``unit``; ``baseline_value`` the same for the baseline.
+    :ivar ratio: ``value / baseline_value`` (None without a baseline).
+    :ivar target: the goal in words (``"≤ 2.0× floor"``), empty when informational.
+    :ivar met: whether the target was met; None when there is no target.
+    """
+
+    case: str
+    metric: str
+    value: float
+    unit: str
+    baseline_name: str = ""
+    baseline_value: float | None = None
+    ratio: float | None = None
+    target: str = ""
+    met: bool | None = None
+    note: str = ""
+
+
+def ratio_of(value: float, baseline: float | None) -> float | None:
+    """``value / baseline``, None when there is no usable baseline."""
+    return value / baseline if baseline else None
+
+
+def discover(only: str | None = None) -> list[ModuleType]:
+    """Import every ``bench/cases_*.py`` (sorted); with ``only``, just the one named so.
+
+    :raises SystemExit: when ``only`` names no module (lists the known names).
+    """
+    modules = []
+    for path in sorted(Path(__file__).parent.glob("cases_*.py")):
+        module = importlib.import_module(f"bench.{path.stem}")
+        modules.append(module)
+    if only is None:
+        return modules
+    chosen = [m for m in modules if only == m.NAME]
+    if not chosen:
+        known = ", ".join(m.NAME for m in modules) or "(none)"
+        raise SystemExit(f"bench: no case module named {only!r} (known: {known})")
+    return chosen
+
+
+def machine() -> dict[str, str]:
+    """CPU model, cores, RAM, the work folder's filesystem, Python."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    ram = ""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                ram = f"{int(line.split()[1]) / 2**20:.1f} GiB"
+                break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": str(os.cpu_count()),
+        "ram": ram,
+        "python": platform.python_version(),
+        "os": f"{platform.system()} {platform.release()}",
+    }
+
+
+def filesystem_of(path: Path) -> str:
+    """The filesystem type and mount point holding ``path`` (from /proc/mounts)."""
+    best, fstype = "", "unknown"
+    real = str(Path(path).resolve())
+    try:
+        for line in Path("/proc/mounts").read_text().splitlines():
+            fields = line.split()
+            mnt = fields[1]
+            inside = real == mnt or real.startswith(mnt.rstrip("/") + "/")
+            if len(fields) > 2 and inside and len(mnt) >= len(best):
+                best, fstype = mnt, fields[2]
+    except OSError:
+        pass
+    return f"{fstype} (mounted at {best or '?'})"
+
+
+def _fmt(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.3g}" if abs(x) < 1000 else f"{x:,.0f}"
+
+
+def _status(row: Row) -> str:
+    if row.met is None:
+        return ""
+    if row.met:
+        return "met"
+    return "MISSED" + (f" (at {row.ratio:.2f}×)" if row.ratio is not None else "")
+
+
+def table(rows: list[Row]) -> str:
+    """A Markdown table of rows: value, baseline, ratio, target and whether it was met."""
+    head = "| case | metric | value | baseline | ratio | target | status | note |"
+    sep = "|---|---|---|---|---|---|---|---|"
+    lines = [head, sep]
+    for r in rows:
+        base = f"{r.baseline_name}: {_fmt(r.baseline_value)} {r.unit}" if r.baseline_name else "-"
+        ratio = f"{r.ratio:.2f}×" if r.ratio is not None else "-"
+        lines.append(
+            f"| {r.case} | {r.metric} | {_fmt(r.value)} {r.unit} | {base} | {ratio} | "
+            f"{r.target or '-'} | {_status(r)} | {r.note} |"
+        )
+    return "\n".join(lines)
+
+
+def section(name: str, rows: list[Row], info: dict[str, str], workdir_fs: str, quick: bool) -> str:
+    """One case module's Markdown section, delimited so ``--only`` can replace just it."""
+    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    mach = ", ".join(f"{k} {v}" for k, v in info.items())
+    mode = " (--quick: smoke-sized, not comparable)" if quick else ""
+    missed = [r for r in rows if r.met is False]
+    summary = (
+        "all targets met"
+        if not missed
+        else "; ".join(f"{r.metric}: {_fmt(r.value)} {r.unit} vs {r.target}" for r in missed)
+    )
+    return (
+        f"<!-- bench:{name} -->\n"
+        f"## {name}{mode}\n\n"
+        f"Measured {when} on: {mach}; work folder on {workdir_fs}.\n\n"
+        f"{table(rows)}\n\n"
+        f"Targets: {summary}.\n"
+        f"<!-- /bench:{name} -->"
+    )
+
+
+def merge(existing: str, name: str, text: str) -> str:
+    """Replace the section ``name`` in ``existing`` (or append it), keeping all the rest."""
+    pattern = re.compile(
+        rf"<!-- bench:{re.escape(name)} -->.*?<!-- /bench:{re.escape(name)} -->", re.DOTALL
+    )
+    if pattern.search(existing):
+        return pattern.sub(lambda _: text, existing)
+    base = existing.rstrip() or (
+        f"{_HEADER}\n\nWritten by `scripts/bench` (one section per `bench/cases_*.py`; "
+        "`scripts/bench --only NAME` refreshes one). Targets are goals, not test assertions."
+    )
+    return f"{base}\n\n{text}\n"
+
+
+def run_case(module: ModuleType, quick: bool, work_root: Path) -> list[Row]:
+    """Run one case module in a fresh work folder (removed afterwards)."""
+    workdir = Path(tempfile.mkdtemp(prefix=f"bench-{module.NAME}-", dir=work_root))
+    try:
+        rows: list[Row] = module.run(workdir, quick)
+        return rows
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def default_work_root() -> Path:
+    """A folder on the real disk: ``/var/tmp`` (``/tmp`` may be tmpfs), else the project."""
+    var_tmp = Path("/var/tmp")
+    return var_tmp if var_tmp.is_dir() and os.access(var_tmp, os.W_OK) else ROOT
+
+
+def main(argv: list[str] | None = None, echo: Callable[[str], None] = print) -> int:
+    """Run the benchmarks; returns the exit code (1 if a case crashed, 0 otherwise)."""
+    parser = argparse.ArgumentParser(prog="scripts/bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", metavar="NAME", help="run only the case module NAME")
+    parser.add_argument("--quick", action="store_true", help="small smoke-sized runs")
+    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="Markdown to rewrite")
+    parser.add_argument("--workdir", type=Path, default=None, help="where cases build data")
+    args = parser.parse_args(argv)
+    work_root = args.workdir or default_work_root()
+    work_root.mkdir(parents=True, exist_ok=True)
+    info = machine()
+    fs = filesystem_of(work_root)
+    status = 0
+    for module in discover(args.only):
+        echo(f"== {module.NAME} (work folder on {fs})")
+        started = time.monotonic()
+        try:
+            rows = run_case(module, args.quick, work_root)
+        except Exception:
+            traceback.print_exc(file=sys.stderr)
+            echo(f"== {module.NAME}: crashed; BENCHMARKS.md section left as it was")
+            status = 1
+            continue
+        echo(table(rows))
+        for r in rows:
+            if r.met is False:
+                gap = f" gap {r.ratio:.2f}×" if r.ratio is not None else ""
+                echo(
+                    f"MISSED {r.case} {r.metric}: {_fmt(r.value)} {r.unit}, target {r.target};{gap}"
+                )
+        echo(f"== {module.NAME}: {time.monotonic() - started:.0f} s")
+        old = args.output.read_text(encoding="utf-8") if args.output.exists() else ""
+        new = merge(old, module.NAME, section(module.NAME, rows, info, fs, args.quick))
+        args.output.write_text(new, encoding="utf-8")
+    echo(f"wrote {args.output}")
+    return status
