@@ -211,7 +211,7 @@ class StoreMachine(RuleBasedStateMachine):
     @rule(kernel=KERNELS, damage=DAMAGES)
     def corrupt(self, kernel: str, damage: str) -> None:
         main = self.chip / (kernel + ".json")
-        bins = sorted(self.chip.glob(kernel + "*.o"))
+        bins = self._entry_binaries(kernel)
         if damage == "partial_publish":
             if not main.exists():
                 (self.chip / (kernel + ".o")).write_bytes(b"orphan")
@@ -239,6 +239,17 @@ class StoreMachine(RuleBasedStateMachine):
         else:
             return
         self.good.pop(kernel, None)
+
+    def _entry_binaries(self, kernel: str) -> list[Path]:
+        """The binaries the entry really names (a loose ``<kernel>.o`` beside a mix entry is
+        an orphan, not part of it)."""
+        try:
+            doc = json.loads((self.chip / (kernel + ".json")).read_text())
+        except (OSError, ValueError):
+            return []
+        if isinstance(doc, dict) and "jsonList" in doc:
+            return sorted(self.chip.glob(kernel + "_mix_*.o"))
+        return [p for p in [self.chip / (kernel + ".o")] if p.exists()]
 
     @rule(kernel=KERNELS)
     def lookup(self, kernel: str) -> None:
