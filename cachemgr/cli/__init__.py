@@ -55,6 +55,7 @@ def _register() -> None:
     from cachemgr.cli.config_cmd import config_cmd
     from cachemgr.cli.entries_cmd import ls_cmd, verify_cmd
     from cachemgr.cli.gc_cmd import gc_cmd, purge_cmd, stats_cmd
+    from cachemgr.cli.serve_cmd import serve_cmd
 
     for command in (
         config_cmd,
@@ -65,6 +66,7 @@ def _register() -> None:
         gc_cmd,
         stats_cmd,
         purge_cmd,
+        serve_cmd,
     ):
         cli.add_command(command)
 

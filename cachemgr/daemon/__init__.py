@@ -1,0 +1,1 @@
+"""The cachemgr daemon (layer 8): HTTP API, service, governance, systemd integration."""

@@ -1,0 +1,58 @@
+"""The daemon's own settings: the ``[daemon]`` table of the config file (see
+``config/cachemgr.toml``), each with its default and unit."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from cachemgr.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    """Timings in seconds; ``workers`` 0 = CPU count; ``tcp_port`` 0 = no TCP listener."""
+
+    reconcile_interval_s: float = 300.0  # full rescan of every chip folder (other hosts' writes)
+    reconcile_jitter_s: float = 30.0  # random spread so hosts sharing a root do not align
+    reap_interval_s: float = 600.0  # temp files, dead locks, orphans, kernel_meta of dead pids
+    evict_debounce_s: float = 2.0  # crossing the limit schedules eviction this much later
+    counters_save_interval_s: float = 60.0
+    workers: int = 0
+    tcp_host: str = "127.0.0.1"
+    tcp_port: int = 0
+    max_body_bytes: int = 1 << 20
+    stop_timeout_s: float = 600.0  # SIGTERM: how long running compiles may take to finish
+
+    @classmethod
+    def from_table(cls, table: Mapping[str, Any] | None, where: str = "[daemon]") -> DaemonConfig:
+        """Build from the config file's ``[daemon]`` table.
+
+        :raises ConfigError: unknown key, or a value of the wrong type or sign (names both).
+        """
+        table = dict(table or {})
+        known = {f.name: f for f in fields(cls)}
+        values: dict[str, Any] = {}
+        for key, raw in table.items():
+            if key not in known:
+                raise ConfigError(f"{where}: unknown setting {key!r} (known: {', '.join(known)})")
+            default = known[key].default
+            values[key] = _coerce(key, raw, default, where)
+        return cls(**values)
+
+
+def _coerce(key: str, raw: Any, default: Any, where: str) -> Any:
+    if isinstance(default, str):
+        if not isinstance(raw, str):
+            raise ConfigError(f"{where}: {key}={raw!r} must be a string")
+        return raw
+    if isinstance(raw, bool) or not isinstance(raw, int | float):
+        raise ConfigError(f"{where}: {key}={raw!r} must be a number")
+    if raw < 0:
+        raise ConfigError(f"{where}: {key}={raw!r} must be ≥ 0")
+    if isinstance(default, int) and not isinstance(default, bool):
+        if int(raw) != raw:
+            raise ConfigError(f"{where}: {key}={raw!r} must be a whole number")
+        return int(raw)
+    return float(raw)

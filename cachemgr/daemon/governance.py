@@ -1,0 +1,208 @@
+"""Continuous governance of the cache (SPEC §5, §7, §9; issue 5 item 3).
+
+* a watchdog observer on the kernel cache keeps :class:`UsageIndex` current from this host's
+  writes; crossing a chip folder's limit schedules eviction (debounced, in the scheduler's
+  thread — never on a caller's compile path);
+* APScheduler runs the periodic, jittered reconciliation scan (other hosts' writes, drift),
+  the reaper (temp files, dead locks, orphans, ``kernel_meta`` folders of dead processes) and
+  the saving of counters.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.triggers.interval import IntervalTrigger
+from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.observers import Observer
+
+from cachemgr import eviction, fsutil, kernel_meta
+from cachemgr.daemon.config import DaemonConfig
+from cachemgr.daemon.state import Counters
+from cachemgr.daemon.usage import UsageIndex
+from cachemgr.errors import CacheMgrError
+from cachemgr.options import Settings
+
+log = logging.getLogger(__name__)
+MIB = 1 << 20
+
+
+class _Events(FileSystemEventHandler):
+    def __init__(self, gov: Governance) -> None:
+        self.gov = gov
+
+    def on_any_event(self, event: FileSystemEvent) -> None:
+        if event.is_directory:
+            return
+        src = Path(str(event.src_path))
+        if event.event_type in ("created", "modified", "closed"):
+            self.gov.file_event(src, removed=False)
+        elif event.event_type == "deleted":
+            self.gov.file_event(src, removed=True)
+        elif event.event_type == "moved":
+            self.gov.file_event(src, removed=True)
+            self.gov.file_event(Path(str(event.dest_path)), removed=False)
+
+
+class Governance:
+    """Owns the observer, the scheduler and the usage index of one kernel cache.
+
+    :param get_settings: returns the current settings (they change on reload).
+    :param counters: where eviction results are counted.
+    """
+
+    def __init__(
+        self, get_settings: Callable[[], Settings], config: DaemonConfig, counters: Counters
+    ) -> None:
+        self._settings = get_settings
+        self.config = config
+        self.counters = counters
+        self.index = UsageIndex(get_settings().layout.kernel_cache_dir)
+        self.scheduler = BackgroundScheduler(
+            daemon=True, job_defaults={"coalesce": True, "max_instances": 1}
+        )
+        self._observer: Observer | None = None
+        self._lock = threading.Lock()
+        self.last_gc: dict[str, dict[str, object]] = {}
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Index the cache, start watching it and start the periodic jobs."""
+        fsutil.ensure_dir(self.index.kernel_cache_dir)
+        self.index.reconcile()
+        self._start_observer()
+        cfg = self.config
+        self.scheduler.add_job(
+            self.reconcile,
+            IntervalTrigger(seconds=cfg.reconcile_interval_s, jitter=cfg.reconcile_jitter_s),
+            id="reconcile",
+        )
+        self.scheduler.add_job(
+            self.reap,
+            IntervalTrigger(seconds=cfg.reap_interval_s),
+            id="reap",
+            next_run_time=dt.datetime.now(dt.UTC),
+        )
+        self.scheduler.add_job(
+            self.counters.save,
+            IntervalTrigger(seconds=cfg.counters_save_interval_s),
+            id="save-counters",
+        )
+        self.scheduler.start()
+        for soc in self.index.chips():
+            self._check_limit(soc)
+
+    def stop(self) -> None:
+        """Stop the observer and the scheduler (waits for a running job to finish)."""
+        if self._observer is not None:
+            self._observer.stop()
+            self._observer.join(timeout=10)
+            self._observer = None
+        if self.scheduler.running:
+            self.scheduler.shutdown(wait=True)
+
+    def retarget(self) -> None:
+        """After a reload: follow a kernel cache that moved, re-check limits."""
+        new_dir = self._settings().layout.kernel_cache_dir
+        if new_dir != self.index.kernel_cache_dir:
+            log.info("kernel cache moved to %s", new_dir)
+            if self._observer is not None:
+                self._observer.stop()
+                self._observer.join(timeout=10)
+            self.index = UsageIndex(new_dir)
+            fsutil.ensure_dir(new_dir)
+            self.index.reconcile()
+            self._start_observer()
+        for soc in self.index.chips():
+            self._check_limit(soc)
+
+    def _start_observer(self) -> None:
+        observer = Observer()
+        observer.schedule(_Events(self), str(self.index.kernel_cache_dir), recursive=True)
+        observer.daemon = True
+        observer.start()
+        self._observer = observer
+
+    # --- events and jobs ------------------------------------------------------------------
+
+    def file_event(self, path: Path, removed: bool) -> None:
+        """Account one file event; schedule eviction when a chip folder crosses its limit."""
+        soc = self.index.file_removed(path) if removed else self.index.file_changed(path)
+        if soc is not None and not removed:
+            self._check_limit(soc)
+
+    def _check_limit(self, soc: str) -> None:
+        max_mb = int(self._settings().value("max_op_cache_size"))
+        if max_mb == -1 or self.index.used_bytes(soc) < max_mb * MIB:
+            return
+        self.schedule_eviction(soc)
+
+    def schedule_eviction(self, soc: str) -> None:
+        """Run eviction of ``soc`` after the debounce delay (one pending run per chip)."""
+        if not self.scheduler.running:
+            return
+        when = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=self.config.evict_debounce_s)
+        self.scheduler.add_job(
+            self.evict, "date", run_date=when, args=[soc], id=f"evict:{soc}", replace_existing=True
+        )
+
+    def evict(self, soc: str, ratio_pct: int | None = None) -> dict[str, object]:
+        """Evict one chip folder now (the limits of the current settings)."""
+        settings = self._settings()
+        chip = settings.layout.chip_dir(soc)
+        report = eviction.gc_chip(
+            chip,
+            int(settings.value("max_op_cache_size")),
+            int(ratio_pct if ratio_pct is not None else settings.value("remain_cache_size_ratio")),
+            float(settings.value("min_age_s")),
+            force_ratio=ratio_pct is not None,
+        )
+        data = report.to_json()
+        self._count(data)
+        self.last_gc[soc] = data
+        self.index.reconcile_chip(soc)
+        log.info("eviction of %s: %s", soc, data)
+        return data
+
+    def _count(self, data: dict[str, object]) -> None:
+        for key, counter in (
+            ("entries_evicted", "evicted_entries"),
+            ("bytes_evicted", "evicted_bytes"),
+        ):
+            value = data.get(key)
+            if isinstance(value, int):
+                self.counters.add(counter, value)
+
+    def reconcile(self) -> dict[str, int]:
+        """The periodic rescan; re-checks every chip folder's limit."""
+        used = self.index.reconcile()
+        for soc in used:
+            self._check_limit(soc)
+        log.debug("reconciled usage: %s", used)
+        return used
+
+    def reap(self) -> None:
+        """Reclaim what crashed or foreign processes left: temp files, dead locks, orphans
+        (through eviction's reclaim) and ``kernel_meta`` folders of dead processes."""
+        settings = self._settings()
+        ratio = int(settings.value("remain_cache_size_ratio"))
+        for chip in settings.layout.chip_dirs():
+            try:  # max -1: no size eviction, only the reclaim pass
+                eviction.gc_chip(
+                    chip, eviction.NEVER_EVICT, ratio, float(settings.value("min_age_s"))
+                )
+            except (OSError, CacheMgrError) as exc:
+                log.warning("reaping %s failed: %s", chip, exc)
+        try:
+            reaped = kernel_meta.reap_orphans(Path(settings.value("kernel_meta_dir")))
+        except OSError as exc:
+            log.warning("reaping kernel_meta failed: %s", exc)
+            return
+        if reaped:
+            log.info("reaped %d kernel_meta folders of dead processes", len(reaped))

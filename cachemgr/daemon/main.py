@@ -1,0 +1,188 @@
+"""``cachemgr serve``: the daemon's main loop (Patroni's shape: signal handlers only set flags;
+the loop reacts; SIGHUP and ``/reload`` share one path).
+
+Start: resolve the config (a bad one exits non-zero naming it) → refuse if a live daemon owns
+the socket ("already running, pid N"), reclaim a dead one's socket → index the cache and start
+governance → serve → ``READY=1``. SIGHUP: reload, keeping the old config on error. SIGTERM or
+SIGINT: ``STOPPING=1``, stop taking work, finish what runs, exit 0.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import select
+import signal
+import socket
+from collections.abc import Callable
+from pathlib import Path
+
+from cachemgr import fsutil, options
+from cachemgr.client import Client, default_socket_path
+from cachemgr.daemon.api import Api
+from cachemgr.daemon.config import DaemonConfig
+from cachemgr.daemon.notify import Notifier
+from cachemgr.daemon.server import HttpServer
+from cachemgr.daemon.service import Service
+from cachemgr.daemon.state import state_dir
+from cachemgr.errors import CacheMgrError
+
+log = logging.getLogger(__name__)
+
+
+class AlreadyRunning(CacheMgrError):
+    """Another live daemon owns the socket."""
+
+    exit_code = 1
+
+
+class _Flags:
+    def __init__(self) -> None:
+        self.reload = False
+        self.stop = False
+
+
+def _claim_socket(socket_path: Path) -> fsutil.FcntlLock:
+    """Take ``<socket>.lock`` for the daemon's lifetime; refuse if a live daemon holds it.
+
+    A socket file left by a dead daemon (nothing answers) is reclaimed.
+
+    :raises AlreadyRunning: naming the live daemon's pid.
+    """
+    fsutil.ensure_dir(socket_path.parent)
+    lock = fsutil.FcntlLock(socket_path.with_name(socket_path.name + ".lock"))
+    if not lock.acquire(blocking=False):
+        raise AlreadyRunning(f"already running, pid {_pid_of(socket_path)} ({socket_path})")
+    client = Client(socket_path, timeout_s=2)
+    if socket_path.exists() and client.available():
+        pid = client.health().get("pid")
+        lock.release()
+        raise AlreadyRunning(f"already running, pid {pid} ({socket_path})")
+    fsutil.atomic_write_bytes(lock.path.with_suffix(".pid"), f"{os.getpid()}\n".encode(), 0o644)
+    return lock
+
+
+def _pid_of(socket_path: Path) -> str:
+    try:
+        return Client(socket_path, timeout_s=2).health().get("pid", "?")
+    except CacheMgrError:
+        pid_file = socket_path.with_name(socket_path.name + ".pid")
+        try:
+            return pid_file.read_text().strip() or "?"
+        except OSError:
+            return "?"
+
+
+def _wakeup_pipe(flags: _Flags) -> tuple[socket.socket, socket.socket]:
+    """A socketpair whose write end receives a byte per signal (``set_wakeup_fd``), so the
+    main loop can block in ``select`` and still react to signals at once."""
+    reader, writer = socket.socketpair()
+    writer.setblocking(False)
+    reader.setblocking(False)
+    signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+
+    def on_hup(signum: int, frame: object) -> None:
+        flags.reload = True
+
+    def on_term(signum: int, frame: object) -> None:
+        flags.stop = True
+
+    signal.signal(signal.SIGHUP, on_hup)
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    return reader, writer
+
+
+def _drain(sock: socket.socket) -> None:
+    try:
+        while sock.recv(512):
+            pass
+    except OSError as exc:
+        if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
+            raise
+
+
+def run(
+    resolve: Callable[[], options.Settings],
+    config: DaemonConfig,
+    socket_path: Path,
+    tcp_port: int | None = None,
+) -> int:
+    """Run the daemon until SIGTERM/SIGINT; return the exit code (0 on a clean stop).
+
+    :raises ConfigError: bad configuration at start (before anything is started).
+    :raises AlreadyRunning: a live daemon owns ``socket_path``.
+    """
+    notifier = Notifier()
+    flags = _Flags()
+    wake, wake_writer = _wakeup_pipe(flags)
+    lock = _claim_socket(socket_path)
+    service = Service(resolve, config, state_dir() / "counters.json")
+    server = None
+    try:
+        service.start()
+        if tcp_port is not None:  # from the command line: 0 picks a free port
+            tcp: tuple[str, int] | None = (config.tcp_host, tcp_port)
+        else:
+            tcp = (config.tcp_host, config.tcp_port) if config.tcp_port else None
+        server = HttpServer(Api(service), socket_path, tcp)
+        server.start()
+        service.tcp_address = server.tcp_address
+        where = f"{socket_path}" + (f" and {server.tcp_address}" if server.tcp_address else "")
+        log.info("serving on %s (pid %d)", where, os.getpid())
+        notifier.ready(f"serving {service.settings.value('kernel_cache_dir')}")
+        _loop(service, notifier, flags, wake)
+    finally:
+        notifier.stopping()
+        log.info("stopping: finishing running compiles")
+        service.accepting = False
+        service.stop(config.stop_timeout_s)
+        if server is not None:
+            server.stop()
+        lock.release(unlink=True)
+        fsutil.safe_unlink(socket_path.with_name(socket_path.name + ".pid"))
+        notifier.close()
+        signal.set_wakeup_fd(-1)
+        wake.close()
+        wake_writer.close()
+    log.info("stopped")
+    return 0
+
+
+def _loop(service: Service, notifier: Notifier, flags: _Flags, wake: socket.socket) -> None:
+    interval = notifier.watchdog_interval_s
+    while not flags.stop:
+        if interval:
+            notifier.watchdog()
+        select.select([wake], [], [], interval)  # blocks: no polling when idle
+        _drain(wake)
+        if flags.reload and not flags.stop:
+            flags.reload = False
+            notifier.reloading()
+            result = service.reload()
+            state = "reloaded" if result["reloaded"] else f"reload failed: {result['error']}"
+            notifier.send(READY=1, STATUS=state)
+
+
+def serve(
+    cli_values: dict[str, object],
+    config_file: Path | None,
+    socket_path: Path | None,
+    tcp_port: int | None,
+) -> int:
+    """Resolve settings and the ``[daemon]`` table, then :func:`run`.
+
+    :raises ConfigError: naming the bad value (and the file) before anything starts.
+    """
+
+    def resolve() -> options.Settings:
+        return options.resolve(cli=cli_values, config_file=config_file)
+
+    settings = resolve()
+    for problem in settings.problems:
+        log.warning("%s", problem)
+    where = f"config {config_file or os.environ.get('CACHEMGR_CONFIG', '')} [daemon]"
+    config = DaemonConfig.from_table(settings.sections.get("daemon"), where)
+
+    return run(resolve, config, socket_path or default_socket_path(), tcp_port)

@@ -1,0 +1,69 @@
+"""``/metrics`` in the Prometheus text format, collected at scrape time (no background work)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from cachemgr.daemon.state import Counters
+from cachemgr.daemon.usage import UsageIndex
+
+
+class _Collector:
+    def __init__(
+        self,
+        counters: Counters,
+        index: Callable[[], UsageIndex],
+        limit_bytes: Callable[[], int],
+        queue_depth: Callable[[], int],
+    ) -> None:
+        self.counters = counters
+        self.index = index
+        self.limit_bytes = limit_bytes
+        self.queue_depth = queue_depth
+
+    def collect(self) -> Iterator[Metric]:
+        for name, value in sorted(self.counters.snapshot().items()):
+            yield CounterMetricFamily(
+                f"cachemgr_{name}", f"cachemgr {name} since first start", value=value
+            )
+        index = self.index()
+        used = GaugeMetricFamily(
+            "cachemgr_chip_used_bytes", "apparent bytes of regular files", labels=["soc_version"]
+        )
+        entries = GaugeMetricFamily(
+            "cachemgr_chip_entries", "entries (main jsons)", labels=["soc_version"]
+        )
+        for soc in index.chips():
+            used.add_metric([soc], index.used_bytes(soc))
+            entries.add_metric([soc], index.entries(soc))
+        yield used
+        yield entries
+        yield GaugeMetricFamily(
+            "cachemgr_chip_limit_bytes",
+            "max_op_cache_size in bytes (-1: never evict)",
+            value=self.limit_bytes(),
+        )
+        yield GaugeMetricFamily(
+            "cachemgr_queue_jobs", "compile jobs queued or running", value=self.queue_depth()
+        )
+
+
+class Metrics:
+    """A private registry exposing the daemon's counters, usage and queue depth."""
+
+    def __init__(
+        self,
+        counters: Counters,
+        index: Callable[[], UsageIndex],
+        limit_bytes: Callable[[], int],
+        queue_depth: Callable[[], int],
+    ) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_Collector(counters, index, limit_bytes, queue_depth))  # type: ignore[arg-type]
+
+    def render(self) -> bytes:
+        """The text exposition of every metric."""
+        return generate_latest(self.registry)

@@ -1,0 +1,210 @@
+"""HTTP/JSON transport of the daemon: a threading HTTP/1.1 server on a Unix socket (mode
+0660, so the group decides who may submit) and optionally on a loopback TCP port.
+
+The transport knows nothing of caches: it reads a bounded body, hands ``(method, path,
+query, body, alive)`` to an ``app`` callable and writes back what it returns. ``alive()``
+tells a long handler (a compile) whether the caller is still connected.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import select
+import socket
+import socketserver
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from cachemgr import fsutil
+
+log = logging.getLogger(__name__)
+
+#: Largest request body accepted (bytes); larger → 413.
+MAX_BODY_BYTES = 1 << 20
+SOCKET_MODE = 0o660
+
+
+@dataclass(frozen=True)
+class Response:
+    """What an app returns: HTTP status, a JSON-able body (or text), content type."""
+
+    status: int
+    body: Any
+    content_type: str = "application/json"
+
+    def encode(self) -> bytes:
+        if isinstance(self.body, bytes):
+            return self.body
+        if isinstance(self.body, str) and not self.content_type.endswith("json"):
+            return self.body.encode()
+        return (json.dumps(self.body, default=str) + "\n").encode()
+
+
+App = Callable[[str, str, dict[str, list[str]], Any, Callable[[], bool]], Response]
+
+
+def error(status: int, message: str) -> Response:
+    """A JSON error answer ``{"error": message}``."""
+    return Response(status, {"error": message})
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    default_request_version = "HTTP/1.1"  # so a garbage request line still gets a status line
+    server_version = "cachemgr"
+    timeout = 300  # idle keep-alive connections are closed after this many seconds
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """Protocol errors (bad request line, headers) answered as JSON, like every error."""
+        text = message or self.responses.get(code, ("error",))[0]
+        data = error(code, text).encode()
+        self.close_connection = True
+        try:
+            self.send_response(code, text)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.send_header("Connection", "close")
+            self.end_headers()
+            if self.command != "HEAD" and code >= 200 and code not in (204, 304):
+                self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    def do_GET(self) -> None:
+        self._serve("GET")
+
+    def do_POST(self) -> None:
+        self._serve("POST")
+
+    def do_PUT(self) -> None:
+        self._serve("PUT")
+
+    def do_DELETE(self) -> None:
+        self._serve("DELETE")
+
+    def _serve(self, method: str) -> None:
+        resp = self._read_and_dispatch(method)
+        data = resp.encode()
+        try:
+            self.send_response(resp.status)
+            self.send_header("Content-Type", resp.content_type)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+
+    def _read_and_dispatch(self, method: str) -> Response:
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            self.close_connection = True
+            return error(400, "Content-Length is not a number")
+        if length < 0:
+            self.close_connection = True
+            return error(400, "Content-Length is negative")
+        if length > MAX_BODY_BYTES:
+            self.close_connection = True  # do not read a body we refuse
+            return error(413, f"request body of {length} bytes is over {MAX_BODY_BYTES}")
+        raw = self.rfile.read(length) if length else b""
+        body: Any = None
+        if raw:
+            try:
+                body = json.loads(raw)
+            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                return error(400, f"request body is not JSON: {exc}")
+        parts = urlsplit(self.path)
+        app: App = self.server.app  # type: ignore[attr-defined]
+        try:
+            return app(method, parts.path, parse_qs(parts.query), body, self._alive)
+        except Exception as exc:  # one line to the caller, the details in the log
+            log.exception("internal error on %s %s", method, parts.path)
+            return error(500, f"internal error: {type(exc).__name__}: {exc}")
+
+    def _alive(self) -> bool:
+        """False once the caller has hung up (EOF readable on the connection)."""
+        try:
+            ready, _, _ = select.select([self.connection], [], [], 0)
+            if not ready:
+                return True
+            return bool(self.connection.recv(1, socket.MSG_PEEK))
+        except OSError:
+            return False
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("http: " + format, *args)
+
+
+class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+    request_queue_size = 128
+
+
+class _TCPServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 128
+
+
+class HttpServer:
+    """Serves ``app`` on a Unix socket and optionally a loopback TCP port, each in a thread.
+
+    :param socket_path: where to bind; the caller has made sure no live daemon owns it.
+    :param tcp: ``(host, port)``; only loopback hosts are accepted.
+    :raises OSError: when binding fails.
+    :raises ValueError: for a non-loopback TCP host.
+    """
+
+    def __init__(self, app: App, socket_path: Path, tcp: tuple[str, int] | None = None) -> None:
+        self.socket_path = socket_path
+        fsutil.ensure_dir(socket_path.parent)
+        _unlink_stale(socket_path)
+        old = os.umask(0o117)
+        try:
+            self._unix = _UnixServer(str(socket_path), _Handler)
+        finally:
+            os.umask(old)
+        os.chmod(socket_path, SOCKET_MODE)
+        self._unix.app = app  # type: ignore[attr-defined]
+        self._servers: list[socketserver.BaseServer] = [self._unix]
+        self.tcp_address: tuple[str, int] | None = None
+        if tcp is not None:
+            if tcp[0] not in ("127.0.0.1", "localhost", "::1"):
+                raise ValueError(f"--tcp host {tcp[0]!r} is not a loopback address")
+            srv = _TCPServer(tcp, _Handler)
+            srv.app = app  # type: ignore[attr-defined]
+            self.tcp_address = srv.server_address[:2]
+            self._servers.append(srv)
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        """Start serving in background threads."""
+        for srv in self._servers:
+            thread = threading.Thread(target=srv.serve_forever, name="cachemgr-http", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self) -> None:
+        """Stop accepting, close the listening sockets and remove the socket file."""
+        for srv in self._servers:
+            srv.shutdown()
+            srv.server_close()
+        for thread in self._threads:
+            thread.join(timeout=10)
+        fsutil.safe_unlink(self.socket_path)
+
+
+def _unlink_stale(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError as exc:
+        if exc.errno != errno.ENOENT:
+            raise

@@ -1,0 +1,228 @@
+"""The daemon's service object: settings (swappable on reload), counters, the compile queue,
+governance, and the operations the API exposes. No HTTP here (see ``api``/``server``)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+from cachemgr import eviction, options, request, store
+from cachemgr.daemon.config import DaemonConfig
+from cachemgr.daemon.governance import Governance
+from cachemgr.daemon.metrics import Metrics
+from cachemgr.daemon.state import Counters
+from cachemgr.errors import CacheMgrError, ConfigError, InvalidInputError
+from cachemgr.queue import CompileQueue
+
+log = logging.getLogger(__name__)
+MIB = 1 << 20
+VERSION = "0.1.0"
+#: How long finished async jobs stay pollable (seconds).
+JOB_TTL_S = 3600.0
+
+
+class Service:
+    """Everything the daemon does, behind the API.
+
+    :param resolve: builds fresh settings (called at start and on every reload); raises
+        :class:`ConfigError` for a bad configuration.
+    :param state_path: the counters file.
+    """
+
+    def __init__(
+        self, resolve: Callable[[], options.Settings], config: DaemonConfig, state_path: Path
+    ) -> None:
+        self._resolve = resolve
+        self._settings = resolve()
+        self.daemon_config = config
+        self.started = time.monotonic()
+        self.accepting = True
+        self.tcp_address: tuple[str, int] | None = None
+        self.counters = Counters(state_path)
+        self.queue = CompileQueue(self._settings, workers=config.workers or os.cpu_count() or 1)
+        self.governance = Governance(lambda: self._settings, config, self.counters)
+        self._metrics = Metrics(
+            self.counters, lambda: self.governance.index, self._limit_bytes, self.queue.depth
+        )
+        self._jobs: dict[str, dict[str, Any]] = {}
+        self._jobs_lock = threading.Lock()
+        self._reload_lock = threading.Lock()
+
+    @property
+    def settings(self) -> options.Settings:
+        return self._settings
+
+    def _limit_bytes(self) -> int:
+        max_mb = int(self._settings.value("max_op_cache_size"))
+        return -1 if max_mb == -1 else max_mb * MIB
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Index the cache and start governance."""
+        self.governance.start()
+
+    def stop(self, timeout_s: float) -> None:
+        """Stop taking work, let running compiles finish (up to ``timeout_s``), save state."""
+        self.accepting = False
+        self.queue.close(timeout_s=timeout_s)
+        self.governance.stop()
+        self.counters.save()
+
+    def reload(self) -> dict[str, Any]:
+        """Re-resolve settings (config file, env, op_cache.ini); keep the old ones on error.
+
+        Running and queued jobs are not dropped: they finish under the settings they began
+        with; new work uses the new ones.
+        """
+        with self._reload_lock:
+            try:
+                new = self._resolve()
+            except ConfigError as exc:
+                log.error("reload refused, keeping the old configuration: %s", exc)
+                return {"reloaded": False, "error": str(exc)}
+            self._settings = new
+            self.queue.update_settings(new)
+            self.governance.retarget()
+        for problem in new.problems:
+            log.warning("%s", problem)
+        log.info("configuration reloaded")
+        return {"reloaded": True, "problems": list(new.problems)}
+
+    # --- read-only operations -------------------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "status": "ok" if self.accepting else "stopping",
+            "service": "cachemgr",
+            "pid": os.getpid(),
+            "version": VERSION,
+            "uptime_s": round(time.monotonic() - self.started, 3),
+        }
+
+    def metrics(self) -> bytes:
+        return self._metrics.render()
+
+    def config(self) -> dict[str, Any]:
+        return self._settings.to_json()
+
+    def stats(self, soc: str | None = None) -> dict[str, Any]:
+        """Counters at top level (``hits``, ``misses``, ``compiles``…) and per chip folder
+        figures (entries, bytes, limit, ratio, fill %) under ``chip_folders``."""
+        settings = self._settings
+        chips = [settings.layout.chip_dir(soc)] if soc else settings.layout.chip_dirs()
+        data: dict[str, Any] = dict(self.counters.snapshot())
+        data["chip_folders"] = {c.name: eviction.chip_stats(c, settings) for c in chips}
+        data["queue_jobs"] = self.queue.depth()
+        return data
+
+    def lookup(self, soc_version: str, kernel_name: str) -> dict[str, Any]:
+        """A verified lookup (SPEC §3.3) counted as a hit or a miss."""
+        chip = self._settings.layout.chip_dir(soc_version)
+        result = store.Store(chip).lookup(kernel_name)
+        self.counters.add("hits" if result.hit else "misses")
+        return {
+            "status": result.status,
+            "kernel_name": kernel_name,
+            "reason": result.reason,
+            "files": [str(p) for p in result.files],
+            "removed_bad_entry": result.removed,
+        }
+
+    def gc(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """Evict now, every chip folder or ``soc``; ``ratio`` forces a run to that target."""
+        ratio = params.get("ratio")
+        if ratio is not None and (
+            isinstance(ratio, bool) or not isinstance(ratio, int) or not 0 <= ratio <= 100
+        ):
+            raise InvalidInputError(f"/gc ratio={ratio!r} must be an integer 0..100")
+        soc = params.get("soc")
+        settings = self._settings
+        socs = [soc] if soc else [c.name for c in settings.layout.chip_dirs()]
+        return {"chip_folders": {s: self.governance.evict(s, ratio) for s in socs}}
+
+    # --- compile --------------------------------------------------------------------------
+
+    def compile(self, body: Mapping[str, Any], alive: Callable[[], bool]) -> tuple[int, dict]:
+        """Compile (or hit) one request. ``wait`` false → 202 and a job id to poll.
+
+        While waiting, a caller that hangs up stops waiting; the queue drops the job once
+        no one waits for it.
+        """
+        base = body.get("base_dir") or "/"
+        req = request.parse_request(body["request"], Path(str(base)), origin="/compile request")
+        priority = body.get("priority", 0)
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise InvalidInputError(f"/compile priority={priority!r} must be an integer")
+        future = self.queue.submit(req, priority=priority)
+        if body.get("wait", True) is False:
+            job_id = uuid.uuid4().hex
+            with self._jobs_lock:
+                self._prune_jobs()
+                self._jobs[job_id] = {"future": future, "created": time.monotonic()}
+            future.add_done_callback(self._count)
+            return 202, {"job_id": job_id, "state": "queued"}
+        while not future.done():
+            try:
+                future.result(timeout=0.05)
+            except TimeoutError:
+                if not alive():
+                    self.queue.abandon(future)
+                    return 499, {"error": "client went away"}
+            except Exception:  # the outcome is reported below
+                break
+        self._count(future)
+        return _outcome(future)
+
+    def _count(self, future: Future) -> None:
+        if future.cancelled() or future.exception() is not None:
+            self.counters.add("failures")
+            return
+        status = future.result().status
+        name = {
+            "hit": "hits",
+            "compiled": "compiles",
+            "binary": "binaries",
+            "debug": "debug_compiles",
+        }.get(status)
+        if name:
+            self.counters.add(name)
+        if status in ("compiled", "binary"):
+            self.counters.add("misses")
+
+    def job(self, job_id: str) -> dict[str, Any] | None:
+        with self._jobs_lock:
+            record = self._jobs.get(job_id)
+        if record is None:
+            return None
+        future: Future = record["future"]
+        if not future.done():
+            return {"job_id": job_id, "state": "running" if future.running() else "queued"}
+        status, data = _outcome(future)
+        return {"job_id": job_id, "state": "done" if status == 200 else "failed", **data}
+
+    def _prune_jobs(self) -> None:
+        now = time.monotonic()
+        for job_id in [
+            j
+            for j, r in self._jobs.items()
+            if r["future"].done() and now - r["created"] > JOB_TTL_S
+        ]:
+            del self._jobs[job_id]
+
+
+def _outcome(future: Future) -> tuple[int, dict[str, Any]]:
+    if future.cancelled():
+        return 500, {"error": "compile was cancelled"}
+    exc = future.exception()
+    if exc is not None:
+        code = 400 if isinstance(exc, CacheMgrError) and exc.exit_code == 2 else 500
+        return code, {"error": str(exc)}
+    return 200, future.result().to_json()

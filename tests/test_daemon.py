@@ -1,0 +1,339 @@
+"""Real daemons on real sockets (issue 5): API, client, reload, stop, notify, faults."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from cachemgr.client import Client, DaemonError, DaemonUnavailable
+from tests.conftest import ROOT, SOC, publish
+from tests.daemon_util import daemon_env, start_daemon, wait_for
+
+REQUESTS = ROOT / "examples" / "requests"
+
+
+@pytest.fixture
+def cache_root(tmp_path: Path) -> Path:
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def daemon(tmp_path: Path, cache_root: Path):
+    d = start_daemon(tmp_path, "--cache-dir", str(cache_root))
+    yield d
+    d.stop()
+
+
+def _raw_http(sock_path: Path, data: bytes, read: bool = True) -> bytes:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(30)
+    s.connect(str(sock_path))
+    s.sendall(data)
+    out = b""
+    if read:
+        while b"\r\n\r\n" not in out:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            out += chunk
+        head, _, rest = out.partition(b"\r\n\r\n")
+        length = next(
+            (
+                int(ln.split(b":")[1])
+                for ln in head.split(b"\r\n")
+                if ln.lower().startswith(b"content-length")
+            ),
+            0,
+        )
+        while len(rest) < length:
+            rest += s.recv(65536)
+        out = head + b"\r\n\r\n" + rest
+    s.close()
+    return out
+
+
+def test_health_via_client_and_curl(daemon) -> None:
+    health = daemon.client.health()
+    assert health["status"] == "ok" and health["pid"] == daemon.proc.pid
+    assert oct(daemon.socket_path.stat().st_mode & 0o777) == "0o660"
+    curl = shutil.which("curl")
+    if curl:
+        out = subprocess.run(
+            [curl, "-s", "--unix-socket", str(daemon.socket_path), "http://localhost/health"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert json.loads(out.stdout)["pid"] == daemon.proc.pid
+
+
+def test_compile_cold_then_warm_and_stats(daemon, cache_root: Path) -> None:
+    client = daemon.client
+    cold = client.compile_file(REQUESTS / "add_c.json")
+    assert cold["status"] == "compiled", cold
+    warm = client.compile_file(REQUESTS / "add_c.json")
+    assert warm["status"] == "hit" and warm["kernel_name"] == cold["kernel_name"]
+    chip = cache_root / "kernel_cache" / SOC
+    assert (chip / (cold["kernel_name"] + ".json")).exists()
+    stats = client.stats()
+    assert stats["hits"] >= 1 and stats["compiles"] >= 1 and stats["misses"] >= 1
+    assert SOC in stats["chip_folders"]
+    found = client.lookup(SOC, cold["kernel_name"])
+    assert found["status"] == "hit"
+    assert client.lookup(SOC, "te_none_1")["status"] == "miss"
+    metrics = client.request("GET", "/metrics")
+    assert "cachemgr_hits_total" in metrics and "cachemgr_chip_used_bytes" in metrics
+
+
+def test_async_compile_job(daemon) -> None:
+    client = daemon.client
+    sub = client.compile_file(REQUESTS / "softmax_c.json", wait=False)
+    job_id = sub["job_id"]
+    done = wait_for(
+        lambda: (j := client.job(job_id))["state"] in ("done", "failed") and j,
+        60,
+        "the job to finish",
+    )
+    assert done["state"] == "done" and done["status"] in ("compiled", "hit")
+    with pytest.raises(DaemonError) as info:
+        client.job("nope")
+    assert info.value.status == 404
+
+
+def test_config_and_gc(daemon, cache_root: Path) -> None:
+    client = daemon.client
+    cfg = client.config()
+    assert cfg["kernel_cache_dir"]["value"] == str(cache_root / "kernel_cache")
+    assert cfg["kernel_cache_dir"]["origin"] == "option"
+    chip = cache_root / "kernel_cache" / SOC
+    for i in range(4):
+        publish(chip, f"te_old_{i}", os.urandom(1000), atime_s=1_000_000 + i)
+    report = client.gc(ratio=0, soc=SOC)
+    assert report["chip_folders"][SOC]["evicted_entries"] == 4
+    with pytest.raises(DaemonError) as info:
+        client.gc(ratio=101)
+    assert info.value.status == 400 and "101" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("raw", "status"),
+    [
+        (b"POST /compile HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n{nope", 400),
+        (b"GET /nowhere HTTP/1.1\r\nHost: x\r\n\r\n", 404),
+        (b"GET /compile HTTP/1.1\r\nHost: x\r\n\r\n", 405),
+        (b"POST /compile HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999\r\n\r\n", 413),
+        (b"POST /lookup HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n[]", 400),
+        (b"POST /compile HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}", 400),
+        (b"garbage\r\n\r\n", 400),
+    ],
+)
+def test_bad_http(daemon, raw: bytes, status: int) -> None:
+    out = _raw_http(daemon.socket_path, raw)
+    assert out.split(b" ")[1] == str(status).encode(), out[:200]
+    assert daemon.client.health()["status"] == "ok"  # still serving
+
+
+def test_bad_compile_request_is_one_line_400(daemon, tmp_path: Path) -> None:
+    bad = json.loads((REQUESTS / "add_c.json").read_text())
+    bad["inputs"][0]["dtype"] = "float99"
+    with pytest.raises(DaemonError) as info:
+        daemon.client.compile(bad, base_dir=REQUESTS)
+    assert info.value.status == 400 and "float99" in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_client_disconnect_drops_the_queued_job(tmp_path: Path, cache_root: Path) -> None:
+    log = tmp_path / "cc.log"
+    slow = tmp_path / "slowcc"
+    slow.write_text(f'#!/bin/sh\ncase " $* " in *" -c "*) echo "$@" >> {log}; sleep 3;; esac\n'
+                    'exec gcc "$@"\n')
+    slow.chmod(0o755)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[compilers]\ncc = "{slow}"\n[daemon]\nworkers = 1\n')
+    d = start_daemon(tmp_path, "--cache-dir", str(cache_root), "--config", str(cfg))
+    try:
+        first = threading.Thread(target=d.client.compile_file, args=(REQUESTS / "add_c.json",))
+        first.start()
+        wait_for(lambda: log.exists() and "add.c" in log.read_text(), 30, "add.c to compile")
+        req = json.loads((REQUESTS / "mul_c.json").read_text())
+        body = json.dumps({"request": req, "base_dir": str(REQUESTS)}).encode()
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(str(d.socket_path))
+        s.sendall(
+            b"POST /compile HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        )
+        wait_for(lambda: d.client.stats()["queue_jobs"] == 2, 30, "mul to be queued")
+        s.close()  # the only caller of mul goes away while it waits
+        first.join(60)
+        wait_for(lambda: d.client.stats()["queue_jobs"] == 0, 30, "the queue to empty")
+        assert "mul.c" not in log.read_text()  # dropped, never compiled
+    finally:
+        d.stop()
+
+
+def test_already_running_and_dead_socket(tmp_path: Path, cache_root: Path) -> None:
+    env = daemon_env(tmp_path)
+    first = start_daemon(tmp_path, "--cache-dir", str(cache_root), env=env)
+    try:
+        second = subprocess.run(
+            [
+                shutil.which("python3") or "python3",
+                "-m",
+                "cachemgr",
+                "serve",
+                "--cache-dir",
+                str(cache_root),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert second.returncode != 0
+        assert f"already running, pid {first.proc.pid}" in second.stderr
+    finally:
+        first.proc.kill()
+        first.proc.wait(10)
+    assert first.socket_path.exists()  # left behind by the dead daemon
+    third = start_daemon(tmp_path, "--cache-dir", str(cache_root), env=env)
+    try:
+        assert third.client.health()["pid"] == third.proc.pid
+    finally:
+        assert third.stop() == 0
+
+
+def test_config_error_at_start_names_the_line(tmp_path: Path) -> None:
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text('jit_compile = "true"\nop_debug_level = = 3\n')
+    proc = subprocess.run(
+        [shutil.which("python3") or "python3", "-m", "cachemgr", "serve", "--config", str(cfg)],
+        env=daemon_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "line 2" in proc.stderr and str(cfg) in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_sighup_reload_good_and_bad(tmp_path: Path, cache_root: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'op_compiler_cache_dir = "{cache_root}"\njit_compile = "true"\n')
+    d = start_daemon(tmp_path, "--config", str(cfg))
+    try:
+        assert d.client.config()["jit_compile"]["value"] == "true"
+        kc = cache_root / "kernel_cache"
+        (kc / "op_cache.ini").write_text(
+            "[op_compiler_cache]\nmax_op_cache_size=77\n"
+            "remain_cache_size_ratio=60\nadk_version=1\nops_version=1\n"
+        )
+        cfg.write_text(f'op_compiler_cache_dir = "{cache_root}"\njit_compile = "false"\n')
+        d.signal(signal.SIGHUP)
+        wait_for(lambda: d.client.config()["jit_compile"]["value"] == "false", 30, "reload")
+        assert d.client.config()["max_op_cache_size"]["value"] == 77
+        d.wait_notify("RELOADING=1")
+        cfg.write_text("jit_compile = [oops\n")
+        d.signal(signal.SIGHUP)
+        wait_for(lambda: "reload refused" in d.log(), 30, "the refused reload in the log")
+        assert d.client.config()["jit_compile"]["value"] == "false"  # old config kept
+        assert d.client.health()["status"] == "ok"
+    finally:
+        assert d.stop() == 0
+
+
+def test_sigterm_finishes_running_compile(tmp_path: Path, cache_root: Path) -> None:
+    marker = tmp_path / "started"
+    slow = tmp_path / "slowcc"
+    slow.write_text(f'#!/bin/sh\ncase " $* " in *" -c "*) touch {marker}; sleep 2;; esac\n'
+                    'exec gcc "$@"\n')
+    slow.chmod(0o755)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[compilers]\ncc = "{slow}"\n')
+    d = start_daemon(tmp_path, "--cache-dir", str(cache_root), "--config", str(cfg))
+    result: dict[str, object] = {}
+
+    def compile_it() -> None:
+        try:
+            result["out"] = d.client.compile_file(REQUESTS / "add_c.json")
+        except Exception as exc:  # reported by the assertion below
+            result["err"] = exc
+
+    worker = threading.Thread(target=compile_it)
+    worker.start()
+    wait_for(marker.exists, 30, "the compiler to start")
+    d.signal(signal.SIGTERM)
+    worker.join(60)
+    assert d.proc.wait(60) == 0
+    assert result.get("out", {}).get("status") == "compiled", result  # type: ignore[union-attr]
+    d.wait_notify("STOPPING=1")
+    assert not d.socket_path.exists()
+
+
+def test_notify_ready_status_watchdog(tmp_path: Path, cache_root: Path) -> None:
+    d = start_daemon(tmp_path, "--cache-dir", str(cache_root), watchdog_usec=200_000)
+    try:
+        ready = next(m for m in d.read_notify() if "READY=1" in m)
+        assert "STATUS=" in ready and f"MAINPID={d.proc.pid}" in ready
+        wait_for(
+            lambda: sum("WATCHDOG=1" in m for m in d.read_notify(0.05)) >= 3,
+            10,
+            "three watchdog pings",
+        )
+    finally:
+        d.stop()
+
+
+def test_counters_survive_restart(tmp_path: Path, cache_root: Path) -> None:
+    env = daemon_env(tmp_path)
+    d = start_daemon(tmp_path, "--cache-dir", str(cache_root), env=env)
+    d.client.compile_file(REQUESTS / "add_c.json")
+    d.client.compile_file(REQUESTS / "add_c.json")
+    before = d.client.stats()
+    assert d.stop() == 0
+    d2 = start_daemon(tmp_path, "--cache-dir", str(cache_root), env=env)
+    try:
+        after = d2.client.stats()
+        assert after["hits"] == before["hits"] and after["compiles"] == before["compiles"]
+    finally:
+        d2.stop()
+
+
+def test_crossing_the_limit_evicts_in_background(tmp_path: Path, cache_root: Path) -> None:
+    kc = cache_root / "kernel_cache"
+    kc.mkdir(parents=True)
+    (kc / "op_cache.ini").write_text(
+        "[op_compiler_cache]\nmax_op_cache_size=1\n"
+        "remain_cache_size_ratio=50\nadk_version=1\nops_version=1\n"
+    )
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("min_age_s = 0\n[daemon]\nevict_debounce_s = 0.2\n")
+    d = start_daemon(tmp_path, "--cache-dir", str(cache_root), "--config", str(cfg))
+    try:
+        chip = kc / SOC
+        for i in range(12):  # 12 × 100 KiB > 1 MiB
+            publish(chip, f"te_fill_{i:02d}", os.urandom(100 * 1024), atime_s=1_000_000 + i)
+
+        def used() -> int:
+            return sum(p.stat().st_size for p in chip.iterdir() if p.is_file())
+
+        wait_for(lambda: used() <= 512 * 1024, 30, "background eviction to the ratio target")
+        assert (chip / "te_fill_11.json").exists() and not (chip / "te_fill_00.json").exists()
+    finally:
+        d.stop()
+
+
+def test_client_without_daemon(tmp_path: Path) -> None:
+    client = Client(tmp_path / "none.sock", timeout_s=2)
+    assert not client.available()
+    with pytest.raises(DaemonUnavailable):
+        client.health()
