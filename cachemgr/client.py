@@ -5,6 +5,15 @@ thread), or a loopback TCP port. The client never imports the server (STYLE.md: 
 client). Where no daemon answers, :class:`DaemonUnavailable` is raised and callers such as
 the CLI run the work in-process instead.
 
+**Hits in the caller's process.** Like ccache, the client serves a hit itself: with the
+daemon's settings (fetched from ``/config?sections=1`` and refreshed every
+:data:`LOCAL_CONFIG_TTL_S` seconds) it computes the same key with the same code the daemon
+runs, and does the same verified lookup (SHA-256 of every binary, atime set) on the shared
+cache. Only misses — and every request the rules send elsewhere (debug, ``force``,
+``disable``, precompiled-binary first) — go to the daemon, whose queue compiles each kernel
+once. Hits served locally are reported to the daemon's counters (``POST /hits``) at most
+once a second and on :meth:`Client.close`. ``Client(local_hits=False)`` sends everything.
+
 Example::
 
     from cachemgr import Client
@@ -17,16 +26,31 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import os
 import socket
 import threading
+import time
+from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import xxhash
+
+from cachemgr import build, keys, options
 from cachemgr.errors import CacheMgrError
+from cachemgr.request import CompileRequest, parse_request
+
+log = logging.getLogger(__name__)
 
 SOCKET_NAME = "cachemgr.sock"
+#: How long a client trusts the daemon's settings before fetching them again (seconds).
+LOCAL_CONFIG_TTL_S = 5.0
+#: Locally served hits are reported to the daemon at most this often (seconds).
+HIT_REPORT_INTERVAL_S = 1.0
+#: Parsed requests a client remembers (entries).
+PARSED_CACHE_SIZE = 1024
 
 
 class DaemonUnavailable(CacheMgrError):
@@ -92,11 +116,13 @@ class Client:
         socket_path: Path | str | None = None,
         tcp: tuple[str, int] | None = None,
         timeout_s: float = 900.0,
+        local_hits: bool = True,
     ) -> None:
         self.socket_path = Path(socket_path) if socket_path else default_socket_path()
         self.tcp = tcp
         self.timeout_s = timeout_s
         self._local = threading.local()
+        self._hits = _LocalHits(self) if local_hits else None
 
     def _conn(self) -> http.client.HTTPConnection:
         conn = getattr(self._local, "conn", None)
@@ -109,7 +135,12 @@ class Client:
         return conn
 
     def close(self) -> None:
-        """Close this thread's connection."""
+        """Report pending local hits and close this thread's connection."""
+        if self._hits is not None:
+            self._hits.flush(force=True)
+        self._drop_connection()
+
+    def _drop_connection(self) -> None:
         conn = getattr(self._local, "conn", None)
         if conn is not None:
             conn.close()
@@ -131,14 +162,14 @@ class Client:
                 raw = resp.read()
                 break
             except (ConnectionRefusedError, FileNotFoundError) as exc:
-                self.close()
+                self._drop_connection()
                 raise DaemonUnavailable(f"no daemon at {self._where()}: {exc.strerror}") from exc
             except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
-                self.close()
+                self._drop_connection()
                 if attempt == 2:
                     raise DaemonUnavailable(f"daemon at {self._where()} hung up") from exc
             except OSError as exc:
-                self.close()
+                self._drop_connection()
                 raise DaemonUnavailable(f"no daemon at {self._where()}: {exc}") from exc
         return _decode(resp.status, raw, resp.getheader("Content-Type", ""))
 
@@ -163,7 +194,10 @@ class Client:
         return self.request("GET", "/config")
 
     def stats(self, soc_version: str | None = None) -> dict[str, Any]:
-        """``GET /stats``: counters (``hits``, ``misses``, ``compiles``…) and chip folders."""
+        """``GET /stats``: counters (``hits``, ``misses``, ``compiles``…) and chip folders
+        (this client's pending local hits are reported first)."""
+        if self._hits is not None:
+            self._hits.flush(force=True)
         return self.request("GET", "/stats" + (f"?soc={soc_version}" if soc_version else ""))
 
     def gc(self, **params: Any) -> dict[str, Any]:
@@ -183,16 +217,21 @@ class Client:
         wait: bool = True,
         priority: int = 0,
     ) -> dict[str, Any]:
-        """``POST /compile``: compile (or hit) one request; with ``wait=False`` returns
-        ``{"job_id": …}`` to poll with :meth:`job`. Relative paths in the request are
-        relative to ``base_dir`` (default: the current directory)."""
-        body = {
-            "request": dict(request),
-            "base_dir": str(Path(base_dir or os.getcwd()).resolve()),
-            "wait": wait,
-            "priority": priority,
-        }
-        return self.request("POST", "/compile", body)
+        """Compile (or hit) one request: ``{"kernel_name", "status", "files", "seconds",
+        "via"}`` with ``via`` ``"client"`` for a hit served in this process, ``"daemon"``
+        otherwise. With ``wait=False`` returns ``{"job_id": …}`` to poll with :meth:`job`.
+        Relative paths in the request are relative to ``base_dir`` (default: the current
+        directory)."""
+        base = str(Path(base_dir or os.getcwd()).resolve())
+        if wait and self._hits is not None:
+            found = self._hits.lookup(request, base)
+            if found is not None:
+                return found
+        body = {"request": dict(request), "base_dir": base, "wait": wait, "priority": priority}
+        answer = self.request("POST", "/compile", body)
+        if isinstance(answer, dict) and "status" in answer:
+            answer["via"] = "daemon"
+        return answer
 
     def compile_file(
         self, path: Path | str, wait: bool = True, priority: int = 0
@@ -215,6 +254,87 @@ class Client:
     def reload(self) -> dict[str, Any]:
         """``POST /reload``: reload the config and op_cache.ini (same path as SIGHUP)."""
         return self.request("POST", "/reload", {})
+
+
+class _LocalHits:
+    """The hit path run in the caller's process (see the module docstring)."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self._lock = threading.Lock()
+        self._settings: options.Settings | None = None
+        self._compilers: keys.Compilers | None = None
+        self._fetched = 0.0
+        self._parsed: OrderedDict[bytes, CompileRequest] = OrderedDict()
+        self._pending = 0
+        self._flushed = float("-inf")  # the first hit is reported at once
+        self.disabled = False
+
+    def _state(self) -> tuple[options.Settings, keys.Compilers]:
+        now = time.monotonic()
+        with self._lock:
+            if self._settings is not None and now - self._fetched < LOCAL_CONFIG_TTL_S:
+                return self._settings, self._compilers  # type: ignore[return-value]
+        data = self.client.request("GET", "/config?sections=1")
+        settings = options.Settings.from_json(data["settings"], data.get("sections"))
+        with self._lock:
+            if self._settings is None or settings.sections != self._settings.sections:
+                self._compilers = keys.Compilers(settings.sections.get("compilers", {}))
+            self._settings, self._fetched = settings, now
+            return settings, self._compilers  # type: ignore[return-value]
+
+    def _parse(self, data: Mapping[str, Any], base: str) -> CompileRequest:
+        raw = json.dumps([data, base], sort_keys=True, separators=(",", ":")).encode()
+        key = xxhash.xxh3_128_digest(raw)
+        with self._lock:
+            found = self._parsed.get(key)
+        if found is None:
+            found = parse_request(dict(data), Path(base), origin="compile request")
+            with self._lock:
+                self._parsed[key] = found
+                while len(self._parsed) > PARSED_CACHE_SIZE:
+                    self._parsed.popitem(last=False)
+        return found
+
+    def lookup(self, data: Mapping[str, Any], base: str) -> dict[str, Any] | None:
+        """A verified hit served here, or None (then the daemon answers). Any error — bad
+        input, a daemon that cannot be asked — also gives None: the daemon's answer, or
+        its error, is the one the caller sees."""
+        if self.disabled:
+            return None
+        start = time.perf_counter()
+        try:
+            settings, compilers = self._state()
+            prepared = build.prepare(self._parse(data, base), settings, compilers, 60.0)
+            decision = prepared.decision
+            if decision.debug.on or decision.binary_first or not decision.cache.read:
+                return None
+            outcome = build.find_cached(prepared)
+        except (CacheMgrError, OSError, KeyError, TypeError, ValueError) as exc:
+            log.debug("local hit path not taken: %s", exc)
+            return None
+        if outcome is None:
+            return None
+        with self._lock:
+            self._pending += 1
+        self.flush()
+        answer = outcome.to_json()
+        answer["seconds"] = round(time.perf_counter() - start, 6)
+        answer["via"] = "client"
+        return answer
+
+    def flush(self, force: bool = False) -> None:
+        """Report pending hits (at most once per :data:`HIT_REPORT_INTERVAL_S`)."""
+        now = time.monotonic()
+        with self._lock:
+            due = self._pending and (force or now - self._flushed >= HIT_REPORT_INTERVAL_S)
+            if not due:
+                return
+            pending, self._pending, self._flushed = self._pending, 0, now
+        try:
+            self.client.request("POST", "/hits", {"hits": pending})
+        except CacheMgrError as exc:
+            log.debug("could not report %d hits: %s", pending, exc)
 
 
 def _decode(status: int, raw: bytes, ctype: str) -> Any:

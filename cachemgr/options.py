@@ -97,6 +97,18 @@ class OptionSpec:
     doc: str = ""
 
 
+#: Resolved values that are paths (``Path`` objects; strings in JSON).
+PATH_VALUES = frozenset(
+    {
+        "op_compiler_cache_dir",
+        "kernel_cache_dir",
+        "ini_path",
+        "kernel_meta_dir",
+        "op_debug_config",
+        "debug_dir",
+    }
+)
+
 #: Every user-settable option (SPEC §1). Derived values (kernel_cache_dir, ini_path, limits,
 #: kernel_meta_dir) are computed in :func:`resolve` from these and their sources.
 OPTIONS: tuple[OptionSpec, ...] = (
@@ -144,6 +156,21 @@ class Settings:
     def layout(self) -> layout.CacheLayout:
         """The cache layout these settings point at."""
         return layout.CacheLayout(Path(self.value("kernel_cache_dir")))
+
+    @classmethod
+    def from_json(
+        cls, data: Mapping[str, Mapping[str, Any]], sections: Mapping[str, Any] | None = None
+    ) -> Settings:
+        """Rebuild settings from :meth:`to_json` output (a client mirroring a daemon's)."""
+        values = {}
+        for name, item in data.items():
+            value = item.get("value")
+            if name in PATH_VALUES and value:
+                value = Path(value)
+            values[name] = Resolved(
+                value, item.get("origin", ORIGIN_DEFAULT), item.get("source", "")
+            )
+        return cls(values=values, sections=dict(sections or {}))
 
     def to_json(self) -> dict[str, dict[str, Any]]:
         """``{name: {"value": …, "origin": …, "source": …}}`` with paths as strings."""

@@ -153,8 +153,9 @@ def test_bad_compile_request_is_one_line_400(daemon, tmp_path: Path) -> None:
 def test_client_disconnect_drops_the_queued_job(tmp_path: Path, cache_root: Path) -> None:
     log = tmp_path / "cc.log"
     slow = tmp_path / "slowcc"
-    slow.write_text(f'#!/bin/sh\ncase " $* " in *" -c "*) echo "$@" >> {log}; sleep 3;; esac\n'
-                    'exec gcc "$@"\n')
+    slow.write_text(
+        f'#!/bin/sh\ncase " $* " in *" -c "*) echo "$@" >> {log}; sleep 3;; esac\nexec gcc "$@"\n'
+    )
     slow.chmod(0o755)
     cfg = tmp_path / "c.toml"
     cfg.write_text(f'[compilers]\ncc = "{slow}"\n[daemon]\nworkers = 1\n')
@@ -254,8 +255,9 @@ def test_sighup_reload_good_and_bad(tmp_path: Path, cache_root: Path) -> None:
 def test_sigterm_finishes_running_compile(tmp_path: Path, cache_root: Path) -> None:
     marker = tmp_path / "started"
     slow = tmp_path / "slowcc"
-    slow.write_text(f'#!/bin/sh\ncase " $* " in *" -c "*) touch {marker}; sleep 2;; esac\n'
-                    'exec gcc "$@"\n')
+    slow.write_text(
+        f'#!/bin/sh\ncase " $* " in *" -c "*) touch {marker}; sleep 2;; esac\nexec gcc "$@"\n'
+    )
     slow.chmod(0o755)
     cfg = tmp_path / "c.toml"
     cfg.write_text(f'[compilers]\ncc = "{slow}"\n')
@@ -337,3 +339,19 @@ def test_client_without_daemon(tmp_path: Path) -> None:
     assert not client.available()
     with pytest.raises(DaemonUnavailable):
         client.health()
+
+
+def test_hits_served_in_the_client_are_verified_and_counted(daemon, cache_root: Path) -> None:
+    client = daemon.client
+    cold = client.compile_file(REQUESTS / "add_c.json")
+    assert (cold["status"], cold["via"]) == ("compiled", "daemon")
+    warm = client.compile_file(REQUESTS / "add_c.json")
+    assert (warm["status"], warm["via"]) == ("hit", "client")
+    assert client.stats()["hits"] == 1  # reported to the daemon's counters
+    remote = Client(daemon.socket_path, local_hits=False).compile_file(REQUESTS / "add_c.json")
+    assert (remote["status"], remote["via"]) == ("hit", "daemon")
+    binary = next(Path(f) for f in warm["files"] if f.endswith(".o"))
+    binary.write_bytes(b"corrupted on disk")
+    again = client.compile_file(REQUESTS / "add_c.json")
+    assert (again["status"], again["via"]) == ("compiled", "daemon")  # never a corrupt hit
+    assert binary.read_bytes() != b"corrupted on disk"

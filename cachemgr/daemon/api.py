@@ -4,13 +4,15 @@
 |--------|-----------------|------|
 | GET    | /health         | liveness: ``{"status", "service", "pid", "version", "uptime_s"}`` |
 | GET    | /metrics        | Prometheus text format |
-| GET    | /config         | settings with origins (like ``cachemgr config --json``) |
+| GET    | /config         | settings with origins (like ``cachemgr config --json``);
+|        |                 | ``?sections=1``: ``{"settings", "sections"}`` for clients |
 | GET    | /stats          | counters and per-chip-folder figures (``?soc=``) |
 | POST   | /gc             | eviction now: ``{"ratio", "soc", "min_age_s", "dry_run"}`` |
 | POST   | /lookup         | verified lookup: ``{"soc_version", "kernel_name"}`` |
 | POST   | /compile        | ``{"request", "base_dir", "wait", "priority"}`` → outcome or job id |
 | GET    | /jobs/{id}      | state of a submitted compile |
 | POST   | /reload         | reload config and op_cache.ini (same path as SIGHUP) |
+| POST   | /hits           | ``{"hits": n}``: hits a client served itself, for the counters |
 
 Errors are ``{"error": "<one line>"}`` with 400 (bad input), 404, 405, 413, 503 (stopping).
 """
@@ -33,7 +35,8 @@ class ServiceLike(Protocol):
 
     def health(self) -> dict[str, Any]: ...
     def metrics(self) -> bytes: ...
-    def config(self) -> dict[str, Any]: ...
+    def config(self, sections: bool = False) -> dict[str, Any]: ...
+    def report_hits(self, hits: int) -> dict[str, Any]: ...
     def stats(self, soc: str | None) -> dict[str, Any]: ...
     def gc(self, params: dict[str, Any]) -> dict[str, Any]: ...
     def lookup(self, soc_version: str, kernel_name: str) -> dict[str, Any]: ...
@@ -52,7 +55,7 @@ class Api:
             "/metrics": lambda q: Response(
                 200, service.metrics(), "text/plain; version=0.0.4; charset=utf-8"
             ),
-            "/config": lambda q: Response(200, service.config()),
+            "/config": lambda q: Response(200, service.config(bool(_one(q, "sections")))),
             "/stats": lambda q: Response(200, service.stats(_one(q, "soc"))),
         }
         self._post: dict[str, Callable[[dict[str, Any], Alive], Response]] = {
@@ -60,6 +63,7 @@ class Api:
             "/lookup": self._lookup,
             "/compile": self._compile,
             "/reload": lambda b, alive: Response(200, service.reload()),
+            "/hits": self._hits,
         }
 
     def __call__(
@@ -97,6 +101,12 @@ class Api:
         if not isinstance(soc, str) or not isinstance(kernel, str):
             return error(400, "/lookup needs string fields soc_version and kernel_name")
         return Response(200, self.service.lookup(soc, kernel))
+
+    def _hits(self, body: dict[str, Any], alive: Alive) -> Response:
+        hits = body.get("hits")
+        if isinstance(hits, bool) or not isinstance(hits, int) or not 0 <= hits <= 10**9:
+            return error(400, f"/hits needs an integer 'hits' 0..1e9, not {hits!r}")
+        return Response(200, self.service.report_hits(hits))
 
     def _compile(self, body: dict[str, Any], alive: Alive) -> Response:
         if not isinstance(body.get("request"), dict):

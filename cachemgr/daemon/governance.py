@@ -18,7 +18,17 @@ from pathlib import Path
 
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
-from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.events import (
+    DirCreatedEvent,
+    DirDeletedEvent,
+    DirMovedEvent,
+    FileClosedEvent,
+    FileCreatedEvent,
+    FileDeletedEvent,
+    FileMovedEvent,
+    FileSystemEvent,
+    FileSystemEventHandler,
+)
 from watchdog.observers import Observer
 
 from cachemgr import eviction, fsutil, kernel_meta
@@ -30,6 +40,17 @@ from cachemgr.options import Settings
 
 log = logging.getLogger(__name__)
 MIB = 1 << 20
+#: The inotify events that change usage. Opens, reads and atime updates (every hit makes
+#: several) are not subscribed at all, so hits cost the daemon no event work.
+WATCHED_EVENTS = [
+    FileCreatedEvent,
+    FileClosedEvent,
+    FileDeletedEvent,
+    FileMovedEvent,
+    DirCreatedEvent,
+    DirDeletedEvent,
+    DirMovedEvent,
+]
 
 
 class _Events(FileSystemEventHandler):
@@ -124,7 +145,12 @@ class Governance:
 
     def _start_observer(self) -> None:
         observer = Observer()
-        observer.schedule(_Events(self), str(self.index.kernel_cache_dir), recursive=True)
+        observer.schedule(
+            _Events(self),
+            str(self.index.kernel_cache_dir),
+            recursive=True,
+            event_filter=WATCHED_EVENTS,
+        )
         observer.daemon = True
         observer.start()
         self._observer = observer

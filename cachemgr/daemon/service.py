@@ -3,15 +3,19 @@ governance, and the operations the API exposes. No HTTP here (see ``api``/``serv
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
+
+import xxhash
 
 from cachemgr import eviction, options, request, store
 from cachemgr.daemon.config import DaemonConfig
@@ -26,6 +30,8 @@ MIB = 1 << 20
 VERSION = "0.1.0"
 #: How long finished async jobs stay pollable (seconds).
 JOB_TTL_S = 3600.0
+#: Parsed compile requests remembered (entries; each a few KB).
+PARSED_CACHE_SIZE = 4096
 
 
 class Service:
@@ -54,6 +60,8 @@ class Service:
         self._jobs: dict[str, dict[str, Any]] = {}
         self._jobs_lock = threading.Lock()
         self._reload_lock = threading.Lock()
+        self._parsed_cache: OrderedDict[bytes, request.CompileRequest] = OrderedDict()
+        self._parsed_lock = threading.Lock()
 
     @property
     def settings(self) -> options.Settings:
@@ -110,8 +118,17 @@ class Service:
     def metrics(self) -> bytes:
         return self._metrics.render()
 
-    def config(self) -> dict[str, Any]:
-        return self._settings.to_json()
+    def config(self, sections: bool = False) -> dict[str, Any]:
+        """Settings with origins; with ``sections`` also the config file's tables, which a
+        client needs to compute the same keys (see ``Client`` local hits)."""
+        if not sections:
+            return self._settings.to_json()
+        return {"settings": self._settings.to_json(), "sections": dict(self._settings.sections)}
+
+    def report_hits(self, hits: int) -> dict[str, Any]:
+        """Count hits that clients served from the cache themselves."""
+        self.counters.add("hits", hits)
+        return {"hits": self.counters.snapshot()["hits"]}
 
     def stats(self, soc: str | None = None) -> dict[str, Any]:
         """Counters at top level (``hits``, ``misses``, ``compiles``…) and per chip folder
@@ -156,8 +173,7 @@ class Service:
         While waiting, a caller that hangs up stops waiting; the queue drops the job once
         no one waits for it.
         """
-        base = body.get("base_dir") or "/"
-        req = request.parse_request(body["request"], Path(str(base)), origin="/compile request")
+        req = self._parsed(body["request"], str(body.get("base_dir") or "/"))
         priority = body.get("priority", 0)
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise InvalidInputError(f"/compile priority={priority!r} must be an integer")
@@ -180,6 +196,23 @@ class Service:
                 break
         self._count(future)
         return _outcome(future)
+
+    def _parsed(self, data: Mapping[str, Any], base_dir: str) -> request.CompileRequest:
+        """``parse_request`` with a small LRU keyed by the request's canonical JSON, so a
+        framework asking again for the same kernel skips schema validation (hit latency)."""
+        raw = json.dumps([data, base_dir], sort_keys=True, separators=(",", ":")).encode()
+        key = xxhash.xxh3_128_digest(raw)
+        with self._parsed_lock:
+            cached = self._parsed_cache.get(key)
+            if cached is not None:
+                self._parsed_cache.move_to_end(key)
+                return cached
+        parsed = request.parse_request(data, Path(base_dir), origin="/compile request")
+        with self._parsed_lock:
+            self._parsed_cache[key] = parsed
+            while len(self._parsed_cache) > PARSED_CACHE_SIZE:
+                self._parsed_cache.popitem(last=False)
+        return parsed
 
     def _count(self, future: Future) -> None:
         if future.cancelled() or future.exception() is not None:

@@ -1,0 +1,282 @@
+"""The daemon (issue 5): hit latency through ``cachemgr.Client`` with 32 concurrent clients,
+idle CPU, and RSS with 100,000 entries indexed — each beside its baseline in one run.
+
+* **hit through Client**: 32 client processes, each a session that asks for the same 256 KiB
+  kernel (a compile request that hits: key computed, json parsed, binary SHA-256-verified,
+  atimes set) and then pauses ``THINK_S`` (a framework worker between kernel launches).
+  Baseline: the same hit through an in-process ``CompileQueue``. Targets p50 ≤ 1 ms, p99 ≤ 5 ms.
+  A closed-loop run (no pauses, 32 clients) is reported too, for the saturation throughput.
+* **idle CPU**: CPU seconds the daemon uses over ``IDLE_S`` with nothing to do (target: none
+  measurable, i.e. ≤ 1 clock tick), beside ``sleep`` for the same time.
+* **RSS with 100,000 entries indexed**: the daemon's resident memory after start-up on a chip
+  folder of 100,000 entries (~200,000 files; eviction off so nothing is removed), beside the
+  same daemon on an empty cache. Target ≤ 80 MB.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench import cases_compile, cases_eviction
+from bench.harness import Row, ratio_of
+from cachemgr.client import Client
+from cachemgr.queue import CompileQueue
+from cachemgr.request import parse_request
+
+NAME = "daemon"
+CLIENTS = 32
+THINK_S = 0.05
+IDLE_S = 10.0
+
+
+def _start(work: Path, cache: Path, *extra: str) -> tuple[subprocess.Popen[bytes], Path]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ASCEND_", "CACHEMGR_"))}
+    env.update(HOME=str(work), XDG_RUNTIME_DIR=str(work / "run"), XDG_STATE_HOME=str(work / "st"))
+    (work / "run").mkdir(mode=0o700, exist_ok=True)
+    notify_path = work / f"notify-{time.monotonic_ns()}"
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(notify_path))
+    env["NOTIFY_SOCKET"] = str(notify_path)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cachemgr", "serve", "--cache-dir", str(cache), *extra],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    notify.settimeout(600)
+    while b"READY=1" not in notify.recv(4096):
+        pass
+    notify.close()
+    return proc, work / "run" / "cachemgr" / "cachemgr.sock"
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(120)
+
+
+def _big_request(work: Path) -> dict[str, object]:
+    src = work / "big.c"
+    src.write_text(cases_compile.BIG_KERNEL)
+    old = time.time() - 60
+    os.utime(src, (old, old))
+    return {
+        "op_type": "Mul",
+        "soc_version": "Ascend910B1",
+        "language": "c",
+        "kernel_source": str(src),
+        "kernel_entry": "big_kernel",
+        "inputs": [{"shape": [65536], "dtype": "float32", "format": "ND"}],
+        "outputs": [{"shape": [65536], "dtype": "float32", "format": "ND"}],
+    }
+
+
+def _session(
+    sock: str,
+    request: dict[str, object],
+    n: int,
+    think_s: float,
+    seed: int,
+    out: multiprocessing.Queue,
+) -> None:
+    client = Client(sock, timeout_s=60)
+    rng = random.Random(seed)
+    times = []
+    client.compile(request, base_dir="/")  # a long-lived framework client: warm, not timed
+    time.sleep(rng.uniform(0, think_s))  # sessions do not start in lockstep
+    for _ in range(n):
+        start = time.perf_counter()
+        answer = client.compile(request, base_dir="/")
+        times.append(time.perf_counter() - start)
+        if answer["status"] != "hit":
+            raise RuntimeError(f"expected a hit, got {answer}")
+        if think_s:
+            time.sleep(rng.expovariate(1 / think_s))
+    out.put(times)
+
+
+def _clients(
+    sock: Path, request: dict[str, object], n: int, think_s: float
+) -> tuple[list[float], float]:
+    ctx = multiprocessing.get_context("fork")
+    out: multiprocessing.Queue = ctx.Queue()
+    procs = [
+        ctx.Process(target=_session, args=(str(sock), request, n, think_s, i, out))
+        for i in range(CLIENTS)
+    ]
+    start = time.perf_counter()
+    for p in procs:
+        p.start()
+    times = [t for _ in procs for t in out.get(timeout=600)]
+    wall = time.perf_counter() - start
+    for p in procs:
+        p.join(60)
+    return times, wall
+
+
+def _hit_rows(work: Path, quick: bool) -> list[Row]:
+    request = _big_request(work)
+    settings = cases_compile._settings(work)
+    with CompileQueue(settings, workers=1) as queue:
+        req = parse_request(request, work)
+        queue.compile(req)
+        base = []
+        for _ in range(100 if quick else 1000):
+            start = time.perf_counter()
+            queue.compile(parse_request(request, work))
+            base.append(time.perf_counter() - start)
+    proc, sock = _start(work, work / "cache")
+    try:
+        Client(sock).compile(request, base_dir="/")
+        n = 20 if quick else 150
+        open_times, _ = _clients(sock, request, n, THINK_S)
+        closed_times, wall = _clients(sock, request, n, 0.0)
+    finally:
+        _stop(proc)
+    ms = cases_compile._ms
+    b50 = ms(base)
+    p50, p99 = ms(open_times), ms(open_times, 0.99)
+    c50, c99 = ms(closed_times), ms(closed_times, 0.99)
+    note = f"{CLIENTS} client processes × {n} hits, pause {THINK_S * 1e3:.0f} ms (exp.)"
+    return [
+        Row(
+            "hit via Client, 32 clients",
+            "p50 latency",
+            p50,
+            "ms",
+            "in-process queue hit",
+            b50,
+            ratio_of(p50, b50),
+            "≤ 1 ms",
+            p50 <= 1.0,
+            note,
+        ),
+        Row(
+            "hit via Client, 32 clients",
+            "p99 latency",
+            p99,
+            "ms",
+            "in-process queue hit",
+            ms(base, 0.99),
+            ratio_of(p99, ms(base, 0.99)),
+            "≤ 5 ms",
+            p99 <= 5.0,
+            note,
+        ),
+        Row(
+            "hit via Client, 32 clients, no pauses",
+            "p50 / p99 latency",
+            c50,
+            "ms",
+            "",
+            c99,
+            None,
+            "",
+            None,
+            f"saturation: {len(closed_times) / wall:.0f} hits/s; p99 {c99:.2f} ms",
+        ),
+    ]
+
+
+def _cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime, clock ticks
+
+
+def _idle_rows(work: Path, quick: bool) -> list[Row]:
+    proc, _ = _start(work, work / "idle-cache")
+    try:
+        time.sleep(2.0)  # let start-up work (first reap) finish
+        seconds = 3.0 if quick else IDLE_S
+        before = _cpu_ticks(proc.pid)
+        time.sleep(seconds)
+        used = _cpu_ticks(proc.pid) - before
+    finally:
+        _stop(proc)
+    sleeper = subprocess.Popen(["sleep", str(seconds)])
+    sleeper.wait()
+    tick = os.sysconf("SC_CLK_TCK")
+    return [
+        Row(
+            "idle daemon",
+            f"CPU over {seconds:.0f} s",
+            used / tick,
+            "s",
+            "sleep(1)",
+            0.0,
+            None,
+            "≤ 1 tick",
+            used <= 1,
+            f"{used} ticks of 1/{tick} s",
+        )
+    ]
+
+
+def _rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def _rss_rows(work: Path, quick: bool) -> list[Row]:
+    entries = cases_eviction.QUICK_ENTRIES if quick else cases_eviction.ENTRIES
+    empty, _ = _start(work, work / "empty-cache")
+    try:
+        empty_mb = _rss_kb(empty.pid) / 1024
+    finally:
+        _stop(empty)
+    cache = work / "big-cache"
+    chip = cache / "kernel_cache" / "Ascend910B1"
+    chip.mkdir(parents=True)
+    cases_eviction.build(chip, entries)
+    files = sum(1 for _ in os.scandir(chip))
+    ini = cache / "kernel_cache" / "op_cache.ini"
+    ini.write_text(
+        "[op_compiler_cache]\nmax_op_cache_size=-1\nremain_cache_size_ratio=50\n"
+        "adk_version=1\nops_version=1\n"
+    )
+    proc, sock = _start(work, cache)
+    try:
+        stats = Client(sock).stats()
+        indexed = stats["chip_folders"]["Ascend910B1"]["entries"]
+        rss_mb = _rss_kb(proc.pid) / 1024
+    finally:
+        _stop(proc)
+    note = f"{indexed} entries, {files} files indexed; empty-cache daemon {empty_mb:.1f} MB"
+    return [
+        Row(
+            f"daemon RSS, {entries} entries",
+            "resident memory",
+            rss_mb,
+            "MB",
+            "same daemon, empty cache",
+            empty_mb,
+            ratio_of(rss_mb, empty_mb),
+            "≤ 80 MB",
+            rss_mb <= 80,
+            note,
+        )
+    ]
+
+
+def run(workdir: Path, quick: bool) -> list[Row]:
+    rows = []
+    for name, part in (("hit", _hit_rows), ("idle", _idle_rows), ("rss", _rss_rows)):
+        sub = workdir / name
+        sub.mkdir()
+        rows += part(sub, quick)
+    return rows
+
+
+if __name__ == "__main__":  # pragma: no cover - manual runs
+    print(json.dumps([r.__dict__ for r in run(Path(sys.argv[1]), True)], indent=1))
