@@ -54,4 +54,5 @@ def test_openapi_is_valid_and_matches_routes() -> None:
         "/compile",
         "/jobs/{job_id}",
         "/reload",
+        "/hits",
     }
