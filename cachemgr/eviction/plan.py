@@ -17,7 +17,9 @@ exactly which entries go.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass
+from operator import attrgetter
 from pathlib import Path
 
 from cachemgr.entry import ChipScan, EntryGroup
@@ -27,6 +29,9 @@ from cachemgr.errors import InvalidInputError
 MIB = 2**20
 #: ``max_op_cache_size`` that turns size eviction off [GE].
 NEVER_EVICT = -1
+
+_KERNEL = attrgetter("kernel")
+_ATIME = attrgetter("atime_ns")
 
 
 @dataclass(frozen=True)
@@ -118,22 +123,22 @@ def plan_eviction(
         return EvictionPlan(scan.chip_dir, used, max_bytes, target, triggered=False)
     need = used - target
     cutoff_ns = now_ns - int(min_age_s * 1e9)
-    # (atime, name, group), built once: the sort key of 100,000 entries, read twice
-    order = sorted((g.atime_ns, g.kernel, g) for g in scan.entries.values())
+    order, atimes = _lru_order(list(scan.entries.values()))
     candidates: list[EntryGroup] = []
     kept: list[EntryGroup] = []
     freed = 0
     split = len(order)
-    for i, (atime_ns, _, group) in enumerate(order):
+    for i, group in enumerate(order):
         if freed >= need:
             split = i
             break
-        if atime_ns > cutoff_ns:  # accessed within min_age_s: this and all after are young
+        if atimes[i] > cutoff_ns:  # accessed within min_age_s: this and all after are young
             kept.append(group)
         else:
             candidates.append(group)
         freed += group.size
-    reserve = () if kept else tuple(g for a, _, g in order[split:] if a <= cutoff_ns)
+    old_end = bisect_right(atimes, cutoff_ns)  # entries before it are old enough to go
+    reserve = () if kept else tuple(order[split:old_end])
     return EvictionPlan(
         scan.chip_dir,
         used,
@@ -144,3 +149,22 @@ def plan_eviction(
         reserve=reserve,
         kept_by_age=tuple(kept),
     )
+
+
+def _lru_order(groups: list[EntryGroup]) -> tuple[list[EntryGroup], list[int]]:
+    """Least recently accessed first, with their access times (ns); equal times in name
+    order, so the plan is deterministic. Each main json's time is read once: on 100,000
+    entries the lookups, not the sort, are the cost."""
+    keys = list(map(_ATIME, groups))
+    idx = sorted(range(len(groups)), key=keys.__getitem__)
+    order = [groups[i] for i in idx]
+    atimes = [keys[i] for i in idx]
+    if len(set(atimes)) == len(atimes):
+        return order, atimes
+    start = 0
+    for i in range(1, len(order) + 1):
+        if i == len(order) or atimes[i] != atimes[start]:
+            if i - start > 1:
+                order[start:i] = sorted(order[start:i], key=_KERNEL)
+            start = i
+    return order, atimes

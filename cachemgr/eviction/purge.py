@@ -57,6 +57,7 @@ class PurgeReport:
     missing: bool = False
 
     def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (counts, bytes, names) for ``purge --json`` and ``gc --json``."""
         return {
             "chip_dir": str(self.chip_dir),
             "missing": self.missing,
