@@ -216,18 +216,25 @@ class Client:
         base_dir: Path | str | None = None,
         wait: bool = True,
         priority: int = 0,
+        replace: bool = False,
     ) -> dict[str, Any]:
         """Compile (or hit) one request: ``{"kernel_name", "status", "files", "seconds",
         "via"}`` with ``via`` ``"client"`` for a hit served in this process, ``"daemon"``
         otherwise. With ``wait=False`` returns ``{"job_id": …}`` to poll with :meth:`job`.
         Relative paths in the request are relative to ``base_dir`` (default: the current
-        directory)."""
+        directory). ``replace`` recompiles and replaces this one entry (SPEC §4)."""
         base = str(Path(base_dir or os.getcwd()).resolve())
-        if wait and self._hits is not None:
+        if wait and not replace and self._hits is not None:
             found = self._hits.lookup(request, base)
             if found is not None:
                 return found
-        body = {"request": dict(request), "base_dir": base, "wait": wait, "priority": priority}
+        body = {
+            "request": dict(request),
+            "base_dir": base,
+            "wait": wait,
+            "priority": priority,
+            "replace": replace,
+        }
         answer = self.request("POST", "/compile", body)
         if isinstance(answer, dict) and "status" in answer:
             answer["via"] = "daemon"

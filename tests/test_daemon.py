@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from cachemgr.client import Client, DaemonError, DaemonUnavailable
-from tests.conftest import ROOT, SOC, publish
+from tests.conftest import ROOT, SOC, publish, run_cli
 from tests.daemon_util import daemon_env, start_daemon, wait_for
 
 REQUESTS = ROOT / "examples" / "requests"
@@ -355,3 +355,25 @@ def test_hits_served_in_the_client_are_verified_and_counted(daemon, cache_root: 
     again = client.compile_file(REQUESTS / "add_c.json")
     assert (again["status"], again["via"]) == ("compiled", "daemon")  # never a corrupt hit
     assert binary.read_bytes() != b"corrupted on disk"
+
+
+def test_cli_routes_to_a_running_daemon(daemon, cache_root: Path, tmp_path: Path) -> None:
+    env = {**daemon.env, "CACHEMGR_SOCKET": str(daemon.socket_path)}
+    env.pop("NOTIFY_SOCKET", None)
+    args = ["--cache-dir", str(cache_root)]
+    cold = run_cli("compile", str(REQUESTS / "add_c.json"), "--json", *args, env=env)
+    warm = run_cli("compile", str(REQUESTS / "add_c.json"), "--json", *args, env=env)
+    assert cold.returncode == 0 and warm.returncode == 0, cold.stderr + warm.stderr
+    assert json.loads(cold.stdout)["via"] == "daemon"
+    assert (json.loads(warm.stdout)["status"], json.loads(warm.stdout)["via"]) == ("hit", "daemon")
+    stats = json.loads(run_cli("stats", "--json", *args, env=env).stdout)
+    assert stats["via"] == "daemon" and stats["hits"] == 1 and stats["compiles"] == 1
+    assert stats["chip_folders"][SOC]["entries"] == 1
+    gc = run_cli("gc", "--ratio", "0", "--min-age", "0", "--json", *args, env=env)
+    report = json.loads(gc.stdout)
+    assert gc.returncode == 0 and report["via"] == "daemon"
+    assert report["chip_folders"][SOC]["evicted_entries"] == 1
+    other = run_cli("stats", "--json", "--cache-dir", str(tmp_path / "elsewhere"), env=env)
+    assert json.loads(other.stdout)["via"] == "local"  # the daemon serves another cache
+    gone = run_cli("stats", "--json", *args, "--socket", str(tmp_path / "no.sock"), env=env)
+    assert json.loads(gone.stdout)["via"] == "local"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -11,6 +12,8 @@ from typing import Any, TypeVar
 import click
 
 from cachemgr import options
+from cachemgr.client import Client, default_socket_path
+from cachemgr.errors import CacheMgrError
 from cachemgr.options import Settings
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -88,3 +91,34 @@ def emit_json(data: Any) -> None:
 def stdout_is_tty() -> bool:
     """True when stdout is a terminal (progress bars and prompts only then)."""
     return sys.stdout.isatty()
+
+
+def socket_option(func: F) -> F:
+    """Add ``--socket PATH``: the daemon to route to (env ``CACHEMGR_SOCKET``, else default)."""
+    return click.option(
+        "--socket",
+        "socket_path",
+        type=click.Path(dir_okay=False, path_type=Path),
+        help="Daemon socket (env CACHEMGR_SOCKET, else the default); used when it answers.",
+    )(func)
+
+
+def find_daemon(socket_path: Path | None, settings: Settings) -> Client | None:
+    """A client of the daemon that serves this cache, or None to run in-process.
+
+    None when nothing answers on the socket, or when the daemon serves another kernel cache
+    than the one these settings name (e.g. ``--cache-dir`` points elsewhere).
+    """
+    # one-shot commands send everything to the daemon, which counts each hit itself
+    client = Client(socket_path or default_socket_path(), timeout_s=3600, local_hits=False)
+    if not client.available():
+        return None
+    try:
+        theirs = client.config()["kernel_cache_dir"]["value"]
+    except (CacheMgrError, KeyError, TypeError):
+        return None
+    ours = str(settings.layout.kernel_cache_dir)
+    if theirs != ours:
+        logging.getLogger(__name__).info("daemon serves %s, not %s: running here", theirs, ours)
+        return None
+    return client

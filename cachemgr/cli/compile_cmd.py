@@ -11,7 +11,15 @@ from typing import Any
 import click
 
 from cachemgr import entry, precompiled
-from cachemgr.cli.common import chip_dirs, emit_json, load_settings, settings_options
+from cachemgr.cli.common import (
+    chip_dirs,
+    emit_json,
+    find_daemon,
+    load_settings,
+    settings_options,
+    socket_option,
+)
+from cachemgr.client import Client
 from cachemgr.errors import CacheMgrError, InvalidInputError
 from cachemgr.queue import DEFAULT_TIMEOUT_S, CompileOutcome, CompileQueue
 from cachemgr.request import load_request
@@ -72,9 +80,11 @@ def _setting_flags(func: Any) -> Any:
     help="A precompiled package root (SPEC §6); repeatable.",
 )
 @click.option("--replace", is_flag=True, help="Recompile and replace these entries.")
+@socket_option
 def compile_cmd(
     requests: tuple[Path, ...],
     as_json: bool,
+    socket_path: Path | None,
     workers: int | None,
     timeout_s: float,
     out_dir: Path,
@@ -91,6 +101,10 @@ def compile_cmd(
     """
     extra = {k: v for k, v in overrides.items() if v is not None}
     settings = load_settings(op_compiler_cache_dir, host_id, None, config_file, **extra)
+    in_process_only = workers or binaries or timeout_s != DEFAULT_TIMEOUT_S or out_dir != Path(".")
+    client = None if in_process_only else find_daemon(socket_path, settings)
+    if client is not None:
+        sys.exit(_compile_via_daemon(client, requests, extra, replace, as_json))
     bad_input, failed = 0, 0
     queue = CompileQueue(
         settings, workers, timeout_s=timeout_s, output_dir=out_dir, binary_dirs=binaries
@@ -119,9 +133,51 @@ def compile_cmd(
         sys.exit(2)
 
 
-def _report(outcome: CompileOutcome, as_json: bool) -> None:
+def _compile_via_daemon(
+    client: Client,
+    requests: tuple[Path, ...],
+    overrides: dict[str, Any],
+    replace: bool,
+    as_json: bool,
+) -> int:
+    """Send each request to the daemon (command-line options fill what a request's own
+    ``options`` leave unset); return the exit code: 1 if any failed, 2 if any was invalid."""
+    bad_input, failed = 0, 0
+    for path in requests:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if not isinstance(data, dict):
+                raise InvalidInputError(f"{path}: a request must be a JSON object")
+            data["options"] = {**overrides, **(data.get("options") or {})}
+            answer = client.compile(data, base_dir=path.resolve().parent, replace=replace)
+        except (OSError, ValueError) as exc:
+            bad_input += 1
+            _report_error(path, f"{path}: {exc}", as_json, "daemon")
+            continue
+        except CacheMgrError as exc:
+            bad_input += exc.exit_code == 2
+            failed += exc.exit_code != 2
+            _report_error(path, str(exc), as_json, "daemon")
+            continue
+        failed += answer.get("status") == "failed"
+        _report(_outcome_of(answer), as_json, via=answer.get("via", "daemon"))
+    return 1 if failed else 2 if bad_input else 0
+
+
+def _outcome_of(answer: dict[str, Any]) -> CompileOutcome:
+    return CompileOutcome(
+        answer.get("kernel_name", ""),
+        answer.get("status", "failed"),
+        tuple(Path(f) for f in answer.get("files", [])),
+        float(answer.get("seconds", 0.0)),
+        answer.get("error"),
+        answer.get("request", ""),
+    )
+
+
+def _report(outcome: CompileOutcome, as_json: bool, via: str = "local") -> None:
     if as_json:
-        click.echo(json.dumps(outcome.to_json(), ensure_ascii=False))
+        click.echo(json.dumps({**outcome.to_json(), "via": via}, ensure_ascii=False))
         return
     if not outcome.ok:
         click.echo(f"cachemgr: error: {outcome.request}: {outcome.error}", err=True)
@@ -133,9 +189,9 @@ def _report(outcome: CompileOutcome, as_json: bool) -> None:
     )
 
 
-def _report_error(path: Path, message: str, as_json: bool) -> None:
+def _report_error(path: Path, message: str, as_json: bool, via: str = "local") -> None:
     if as_json:
-        doc = {"request": str(path), "kernel_name": "", "status": "failed", "files": []}
+        doc = {"request": str(path), "kernel_name": "", "status": "failed", "files": [], "via": via}
         click.echo(json.dumps({**doc, "seconds": 0.0, "error": message}, ensure_ascii=False))
     else:
         click.echo(f"cachemgr: error: {message}", err=True)

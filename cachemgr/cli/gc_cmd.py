@@ -8,7 +8,6 @@ from, so nothing is evicted against a misconfigured ini without saying so.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,25 +16,21 @@ from typing import Any
 
 import click
 
-from cachemgr import versions
+from cachemgr import gc
 from cachemgr.cli.common import (
     chip_dirs,
     emit_json,
+    find_daemon,
     load_settings,
     settings_options,
+    socket_option,
     stdout_is_tty,
     warning,
 )
+from cachemgr.daemon.state import Counters, state_dir
 from cachemgr.errors import ConfigError
-from cachemgr.eviction import (
-    MIB,
-    DryRun,
-    GcReport,
-    chip_stats,
-    gc_chip,
-    purge_chip,
-)
-from cachemgr.options import Settings
+from cachemgr.eviction import MIB, DryRun, chip_stats, purge_chip
+from cachemgr.gc import limits_json
 
 
 def _parse_ratio(raw: str | None) -> int | None:
@@ -68,20 +63,6 @@ def _mib(n: int | None) -> str:
     return "-" if n is None else f"{n / MIB:.1f} MiB"
 
 
-def _limits(settings: Settings) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name in ("max_op_cache_size", "remain_cache_size_ratio", "min_age_s"):
-        res = settings[name]
-        out[name] = {"value": res.value, "origin": res.origin, "source": res.source}
-    out["problems"] = list(settings.problems)
-    return out
-
-
-def _toolkit(settings: Settings, dry_run: bool) -> versions.VersionCheck:
-    installed = versions.installed_versions(os.environ, settings.sections)
-    return versions.sync_toolkit(settings.layout, installed, purge_chip, dry_run=dry_run)
-
-
 @contextmanager
 def _progress_bar(enabled: bool, label: str) -> Iterator[Any]:
     """A tqdm bar on stderr when stdout is a terminal; a no-op callback otherwise."""
@@ -103,26 +84,26 @@ def _progress_bar(enabled: bool, label: str) -> Iterator[Any]:
         bar.close()
 
 
-def _gc_line(report: GcReport) -> str:
-    soc = report.soc_version
-    if report.skipped == "busy":
+def _gc_line(soc: str, report: dict[str, Any]) -> str:
+    """One line per chip folder from a gc report (``GcReport.to_json()``, local or daemon)."""
+    if report["skipped"] == "busy":
         return f"{soc}: skipped: another evictor holds op_cache_file_del.lock (busy, not an error)"
-    if report.skipped == "missing":
-        return f"{soc}: no chip folder at {report.chip_dir}; nothing to do"
-    rec = report.reclaimed
-    verb = "would evict" if report.dry_run else "evicted"
+    if report["skipped"] == "missing":
+        return f"{soc}: no chip folder at {report['chip_dir']}; nothing to do"
+    rec = report["reclaimed"]
+    verb = "would evict" if report["dry_run"] else "evicted"
     limit = (
         "size eviction off (max_op_cache_size=-1)"
-        if report.max_bytes is None
-        else f"limit {_mib(report.max_bytes)}, target {_mib(report.target_bytes)}"
+        if report["max_bytes"] is None
+        else f"limit {_mib(report['max_bytes'])}, target {_mib(report['target_bytes'])}"
     )
     return (
-        f"{soc}: {_mib(report.bytes_before)} -> {_mib(report.bytes_after)} ({limit}); "
-        f"{verb} {len(report.evicted)} entries ({_mib(report.evicted_bytes)}); "
-        f"kept by aging guard {len(report.kept_by_age)}; "
-        f"saved by a hit {len(report.saved_by_hit)}; "
-        f"reclaimed {rec.orphans} orphans, {rec.temps} temps, {rec.locks} locks, "
-        f"{rec.bad_entries} bad entries ({_mib(rec.bytes)})"
+        f"{soc}: {_mib(report['bytes_before'])} -> {_mib(report['bytes_after'])} ({limit}); "
+        f"{verb} {report['evicted_entries']} entries ({_mib(report['evicted_bytes'])}); "
+        f"kept by aging guard {report['kept_by_aging_guard']}; "
+        f"saved by a hit {len(report['saved_by_hit'])}; "
+        f"reclaimed {rec['orphans']} orphans, {rec['temps']} temps, {rec['locks']} locks, "
+        f"{rec['bad_entries']} bad entries ({_mib(rec['bytes'])})"
     )
 
 
@@ -132,90 +113,105 @@ def _gc_line(report: GcReport) -> str:
 @click.option("--dry-run", is_flag=True, help="Report what would go; remove nothing.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object; chip folders by soc.")
 @settings_options
-def gc_cmd(ratio: str | None, min_age: str | None, dry_run: bool, as_json: bool, **kw: Any) -> None:
+@socket_option
+def gc_cmd(
+    ratio: str | None,
+    min_age: str | None,
+    dry_run: bool,
+    as_json: bool,
+    socket_path: Path | None,
+    **kw: Any,
+) -> None:
     """Reclaim leftovers and evict least recently used entries down to the limit (SPEC §5).
 
-    Checks the toolkit version first: after an upgrade every chip folder is purged.
-    Exit 0 also when another evictor is running (that chip folder is skipped); exit 1 when a
-    file could not be removed.
+    Runs in the daemon when one serves this cache (``"via": "daemon"``), else here. Checks
+    the toolkit version first: after an upgrade every chip folder is purged. Exit 0 also
+    when another evictor is running (that chip folder is skipped); exit 1 when a file could
+    not be removed.
     """
     force_ratio = _parse_ratio(ratio)
     min_age_s = _parse_min_age(min_age)
     settings = load_settings(**kw)
-    max_mb = int(settings.value("max_op_cache_size"))
-    ratio_pct = (
-        int(settings.value("remain_cache_size_ratio")) if force_ratio is None else force_ratio
-    )
-    if min_age_s is None:
-        min_age_s = float(settings.value("min_age_s"))
     if settings.problems:
+        max_res = settings["max_op_cache_size"]
+        applied = settings.value("remain_cache_size_ratio") if force_ratio is None else force_ratio
         warning(
-            f"gc applies the fallback limits max_op_cache_size={max_mb} MB "
-            f"({settings['max_op_cache_size'].origin}) and remain_cache_size_ratio={ratio_pct} % "
+            f"gc applies the fallback limits max_op_cache_size={max_res.value} MB "
+            f"({max_res.origin}) and remain_cache_size_ratio={applied} % "
             "as GE would; fix the values above to apply yours"
         )
     mode = DryRun.YES if dry_run else DryRun.NO
-    toolkit = _toolkit(settings, dry_run)
-    reports = []
-    for chip in chip_dirs(settings):
-        with _progress_bar(stdout_is_tty() and not as_json, chip.name) as progress:
-            reports.append(
-                gc_chip(
-                    chip,
-                    max_mb,
-                    ratio_pct,
-                    min_age_s,
-                    force_ratio=force_ratio is not None,
-                    dry_run=mode,
-                    progress=progress,
-                )
-            )
-    denied = [f"{r.soc_version}/{line}" for r in reports for line in r.denied + r.reclaimed.denied]
-    if as_json:
-        emit_json(
-            {
-                "kernel_cache_dir": str(settings.layout.kernel_cache_dir),
-                "limits": _limits(settings),
-                "toolkit": toolkit.to_json(),
-                "chip_folders": {r.soc_version: r.to_json() for r in reports},
-            }
+    client = find_daemon(socket_path, settings)
+    if client is not None:
+        report = client.gc(
+            ratio=force_ratio,
+            min_age_s=min_age_s,
+            dry_run=dry_run,
+            soc=settings.value("soc_version"),
         )
+        report["via"] = "daemon"
     else:
-        click.echo(f"toolkit: {toolkit.detail}")
-        for report in reports:
-            click.echo(_gc_line(report))
-        if not reports:
-            click.echo(f"no chip folders under {settings.layout.kernel_cache_dir}; nothing to do")
+
+        def bars(soc: str) -> Any:
+            return _progress_bar(stdout_is_tty() and not as_json, soc)
+
+        report = gc.collect(
+            settings, force_ratio=force_ratio, min_age_s=min_age_s, dry_run=mode, progress_for=bars
+        )
+        report["via"] = "local"
+    _print_gc(report, as_json)
+    denied = list(gc.denied_lines(report))
     for line in denied:
         warning(f"not removed (permission): {line}")
     if denied:
         sys.exit(1)
 
 
+def _print_gc(report: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        emit_json(report)
+        return
+    click.echo(f"toolkit: {report['toolkit']['detail']}")
+    for soc, folder in report["chip_folders"].items():
+        click.echo(_gc_line(soc, folder))
+    if not report["chip_folders"]:
+        click.echo(f"no chip folders under {report['kernel_cache_dir']}; nothing to do")
+
+
 @click.command("stats")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object; chip folders by soc.")
 @settings_options
-def stats_cmd(as_json: bool, **kw: Any) -> None:
-    """Per chip folder: entries, bytes, limit, ratio, fill %, oldest and newest access."""
+@socket_option
+def stats_cmd(as_json: bool, socket_path: Path | None, **kw: Any) -> None:
+    """Counters (hits, misses, compiles) and, per chip folder: entries, bytes, limit, ratio,
+    fill %, oldest and newest access. From the daemon when one serves this cache; else
+    measured here, with the counters the daemon last saved."""
     settings = load_settings(writable=False, **kw)
-    folders = {chip.name: chip_stats(chip, settings) for chip in chip_dirs(settings)}
+    client = find_daemon(socket_path, settings)
+    if client is not None:
+        data = client.stats(settings.value("soc_version"))
+        data["via"] = "daemon"
+    else:
+        data = dict(Counters(state_dir() / "counters.json").snapshot())
+        data["chip_folders"] = {c.name: chip_stats(c, settings) for c in chip_dirs(settings)}
+        data["via"] = "local"
+    data["kernel_cache_dir"] = str(settings.layout.kernel_cache_dir)
+    data["limits"] = limits_json(settings)
     if as_json:
-        emit_json(
-            {
-                "kernel_cache_dir": str(settings.layout.kernel_cache_dir),
-                "limits": _limits(settings),
-                "chip_folders": folders,
-            }
-        )
+        emit_json(data)
         return
-    for soc, row in folders.items():
+    click.echo(
+        f"hits {data['hits']}, misses {data['misses']}, compiles {data['compiles']} "
+        f"(via {data['via']})"
+    )
+    for soc, row in data["chip_folders"].items():
         fill = "eviction off" if row["fill_pct"] is None else f"{row['fill_pct']} % full"
         click.echo(
             f"{soc}: {row['entries']} entries, {_mib(row['bytes'])} of {_mib(row['limit_bytes'])} "
             f"({fill}; ratio {row['ratio_pct']} %); oldest access {row['oldest_access'] or '-'}, "
             f"newest {row['newest_access'] or '-'}"
         )
-    if not folders:
+    if not data["chip_folders"]:
         click.echo(f"no chip folders under {settings.layout.kernel_cache_dir}")
 
 

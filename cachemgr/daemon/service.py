@@ -17,7 +17,7 @@ from typing import Any
 
 import xxhash
 
-from cachemgr import eviction, options, request, store
+from cachemgr import eviction, gc, options, request, store
 from cachemgr.daemon.config import DaemonConfig
 from cachemgr.daemon.governance import Governance
 from cachemgr.daemon.metrics import Metrics
@@ -154,16 +154,30 @@ class Service:
         }
 
     def gc(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        """Evict now, every chip folder or ``soc``; ``ratio`` forces a run to that target."""
-        ratio = params.get("ratio")
+        """``/gc``: the same run and report as ``cachemgr gc`` (toolkit check, then each
+        chip folder); ``ratio`` forces a run to that target, ``min_age_s`` replaces the aging
+        guard, ``dry_run`` removes nothing, ``soc`` limits it to one chip folder."""
+        ratio, min_age, soc = params.get("ratio"), params.get("min_age_s"), params.get("soc")
         if ratio is not None and (
             isinstance(ratio, bool) or not isinstance(ratio, int) or not 0 <= ratio <= 100
         ):
             raise InvalidInputError(f"/gc ratio={ratio!r} must be an integer 0..100")
-        soc = params.get("soc")
-        settings = self._settings
-        socs = [soc] if soc else [c.name for c in settings.layout.chip_dirs()]
-        return {"chip_folders": {s: self.governance.evict(s, ratio) for s in socs}}
+        if min_age is not None and (
+            isinstance(min_age, bool) or not isinstance(min_age, int | float) or min_age < 0
+        ):
+            raise InvalidInputError(f"/gc min_age_s={min_age!r} must be a number ≥ 0")
+        if soc is not None and not isinstance(soc, str):
+            raise InvalidInputError(f"/gc soc={soc!r} must be a string")
+        dry = eviction.DryRun.YES if params.get("dry_run") else eviction.DryRun.NO
+        report = gc.collect(
+            self._settings, force_ratio=ratio, min_age_s=min_age, dry_run=dry, soc=soc
+        )
+        for folder in report["chip_folders"].values():
+            if not folder["dry_run"]:
+                self.counters.add("evicted_entries", folder["evicted_entries"])
+                self.counters.add("evicted_bytes", folder["evicted_bytes"])
+        self.governance.index.reconcile()
+        return report
 
     # --- compile --------------------------------------------------------------------------
 
@@ -177,7 +191,7 @@ class Service:
         priority = body.get("priority", 0)
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise InvalidInputError(f"/compile priority={priority!r} must be an integer")
-        future = self.queue.submit(req, priority=priority)
+        future = self.queue.submit(req, priority=priority, replace=bool(body.get("replace")))
         if body.get("wait", True) is False:
             job_id = uuid.uuid4().hex
             with self._jobs_lock:

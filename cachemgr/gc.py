@@ -1,0 +1,98 @@
+"""Garbage collection of a whole kernel cache (SPEC §5): the toolkit-version check, then
+reclaim and eviction of each chip folder. One function serves ``cachemgr gc`` run locally
+and the daemon's ``/gc``, so both answer with the same JSON shape:
+
+``{"kernel_cache_dir", "limits": {name: {value, origin, source}, "problems"},
+"toolkit": {...}, "chip_folders": {soc: GcReport.to_json()}}``
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+from typing import Any
+
+from cachemgr import versions
+from cachemgr.eviction import DryRun, gc_chip, purge_chip
+from cachemgr.options import Settings
+
+#: ``progress_for(soc)`` → a context manager yielding a ``progress(done, total)`` callback
+#: (or None); the CLI passes a tqdm bar, the daemon nothing.
+ProgressFor = Callable[[str], AbstractContextManager[Any]]
+
+
+def limits_json(settings: Settings) -> dict[str, Any]:
+    """The limits in force with their origins, and the problems that made any fall back."""
+    out: dict[str, Any] = {}
+    for name in ("max_op_cache_size", "remain_cache_size_ratio", "min_age_s"):
+        res = settings[name]
+        out[name] = {"value": res.value, "origin": res.origin, "source": res.source}
+    out["problems"] = list(settings.problems)
+    return out
+
+
+def sync_toolkit(
+    settings: Settings, dry_run: bool, env: Mapping[str, str] | None = None
+) -> versions.VersionCheck:
+    """SPEC §5 toolkit upgrade: purge every chip folder and restamp when versions changed."""
+    installed = versions.installed_versions(os.environ if env is None else env, settings.sections)
+    return versions.sync_toolkit(settings.layout, installed, purge_chip, dry_run=dry_run)
+
+
+def chip_dirs(settings: Settings, soc: str | None = None) -> list[Path]:
+    """The chip folders to act on: ``soc``'s, the settings' ``soc_version``'s, or all."""
+    soc = soc or settings.value("soc_version")
+    if soc:
+        return [settings.layout.chip_dir(soc)]
+    return settings.layout.chip_dirs()
+
+
+def collect(
+    settings: Settings,
+    *,
+    force_ratio: int | None = None,
+    min_age_s: float | None = None,
+    dry_run: DryRun = DryRun.NO,
+    soc: str | None = None,
+    progress_for: ProgressFor | None = None,
+) -> dict[str, Any]:
+    """Run gc over the kernel cache of ``settings`` and return the JSON report.
+
+    :param force_ratio: keep this percent of the limit, even below the trigger (``--ratio``).
+    :param min_age_s: aging guard in seconds (default: the ``min_age_s`` setting).
+    :raises InvalidInputError: bad limits (nothing is touched).
+    :raises OSError: a chip folder that cannot be listed or locked.
+    """
+    max_mb = int(settings.value("max_op_cache_size"))
+    ratio = int(settings.value("remain_cache_size_ratio")) if force_ratio is None else force_ratio
+    age = float(settings.value("min_age_s")) if min_age_s is None else min_age_s
+    toolkit = sync_toolkit(settings, dry_run is DryRun.YES)
+    folders = {}
+    for chip in chip_dirs(settings, soc):
+        context = progress_for(chip.name) if progress_for else nullcontext(None)
+        with context as progress:
+            report = gc_chip(
+                chip,
+                max_mb,
+                ratio,
+                age,
+                force_ratio=force_ratio is not None,
+                dry_run=dry_run,
+                progress=progress,
+            )
+        folders[chip.name] = report.to_json()
+    return {
+        "kernel_cache_dir": str(settings.layout.kernel_cache_dir),
+        "limits": limits_json(settings),
+        "toolkit": toolkit.to_json(),
+        "chip_folders": folders,
+    }
+
+
+def denied_lines(report: Mapping[str, Any]) -> Iterator[str]:
+    """``soc/file: why`` for every file gc could not remove (permission)."""
+    for soc, folder in report["chip_folders"].items():
+        for line in folder.get("denied", []):
+            yield f"{soc}/{line}"
