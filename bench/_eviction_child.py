@@ -4,6 +4,7 @@
 time of the pass alone (interpreter start-up excluded). Modes:
 
 * ``floor`` — one ``os.scandir`` + ``stat`` per file: the least any size accounting costs;
+* ``floorfd`` — the same over a folder descriptor (``fstatat`` per file, as gc's scan does);
 * ``cann`` — what CANN GE's aging does before it deletes anything: list the main jsons, stat
   each, open and parse it, stat the binary it names (``TeCacheSpaceManager``);
 * ``gc`` / ``gcdry`` — ``cachemgr.eviction.gc_chip`` to 80 % of ``MAX_MB`` (dry run: plan only).
@@ -17,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from cachemgr.eviction import DryRun, gc_chip  # imported before the clock starts
+
 _SUBS = ("_mix_aic.json", "_mix_aiv.json")
 
 
@@ -27,6 +30,17 @@ def floor(chip: Path) -> dict[str, int]:
             total += de.stat(follow_symlinks=False).st_size
             files += 1
     return {"files": files, "bytes": total}
+
+
+def floor_fd(chip: Path) -> dict[str, int]:
+    """The same pass over a folder descriptor: each stat is an ``fstatat`` (what gc does)."""
+    fd = os.open(chip, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with os.scandir(fd) as it:
+            total = sum(de.stat(follow_symlinks=False).st_size for de in it)
+    finally:
+        os.close(fd)
+    return {"bytes": total}
 
 
 def cann(chip: Path) -> dict[str, int]:
@@ -47,8 +61,6 @@ def cann(chip: Path) -> dict[str, int]:
 
 
 def gc(chip: Path, max_mb: int, dry: bool) -> dict[str, int]:
-    from cachemgr.eviction import DryRun, gc_chip
-
     mode = DryRun.YES if dry else DryRun.NO
     report = gc_chip(chip, max_mb, 80, 1800, dry_run=mode)
     return {
@@ -65,6 +77,8 @@ def main(argv: list[str]) -> None:
     started = time.perf_counter()
     if mode == "floor":
         out = floor(chip)
+    elif mode == "floorfd":
+        out = floor_fd(chip)
     elif mode == "cann":
         out = cann(chip)
     elif mode in ("gc", "gcdry"):

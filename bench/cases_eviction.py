@@ -106,12 +106,13 @@ def run(workdir: Path, quick: bool) -> list[Row]:
     t0 = time.monotonic()
     build(chip, entries)
     build_s = time.monotonic() - t0
-    floors, canns, drys, gcs, rss = [], [], [], [], []
+    floors, fd_floors, canns, drys, gcs, rss = [], [], [], [], [], []
     last: dict[str, float] = {}
     for _ in range(rounds):
         fl, _ = measure("floor", chip)
         floors.append(fl["seconds"])
         max_mb = int(fl["bytes"]) // MIB  # used ≥ max: gc must bring it to 80 % of max
+        fd_floors.append(measure("floorfd", chip)[0]["seconds"])
         canns.append(measure("cann", chip)[0]["seconds"])
         build(chip, entries)  # reading the jsons may have moved their atimes (relatime)
         drys.append(measure("gcdry", chip, str(max_mb))[0]["seconds"])
@@ -119,7 +120,9 @@ def run(workdir: Path, quick: bool) -> list[Row]:
         gcs.append(last["seconds"])
         rss.append(peak)
         build(chip, entries)
-    floor, cann, dry, gc = (statistics.median(x) for x in (floors, canns, drys, gcs))
+    floor, floor_fd, cann, dry, gc = (
+        statistics.median(x) for x in (floors, fd_floors, canns, drys, gcs)
+    )
     evicted = int(last["evicted"])
     unlinks_s = max(gc - dry, 1e-9)
     case = f"gc to 80 %, {entries:,} entries"
@@ -135,6 +138,8 @@ def run(workdir: Path, quick: bool) -> list[Row]:
             cann, ratio_of(gc, cann), "", None, "the CANN pass deletes nothing"),
         Row(case, "gc without removals (dry run)", dry, "s", "floor: scandir+stat", floor,
             ratio_of(dry, floor), "", None, "scan + reclaim check + plan"),
+        Row(case, "floor over a folder descriptor", floor_fd, "s", "floor: scandir+stat", floor,
+            ratio_of(floor_fd, floor), "", None, "fstatat per file, as gc's scan does"),
         Row(case, "CANN-style pass", cann, "s", "floor: scandir+stat", floor,
             ratio_of(cann, floor), "", None, "GE's aging: stat + parse each main json"),
         Row(case, "removal phase", unlinks_s / max(2 * evicted, 1) * 1e6, "µs/file", "", None,

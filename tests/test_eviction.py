@@ -265,6 +265,7 @@ def test_reclaims_orphans_temps_dead_locks_and_bad_entries(aged: Path) -> None:
         "te_k_01.json.host.2.cd.temp": 60,  # write in progress: kept
         "te_dead.lock": 0,  # lock of an entry that no longer exists: reclaimed
         "te_k_11.lock": 0,  # a live entry's lock: kept
+        ".nfs000000000012345600000001": 2 * HOUR,  # NFS: open on another host: left
     }
     for name, age in loose.items():
         (chip / name).write_bytes(b"x" * 10 if not name.endswith(".lock") else b"")
@@ -285,6 +286,7 @@ def test_reclaims_orphans_temps_dead_locks_and_bad_entries(aged: Path) -> None:
     assert not {"te_dead.o", "te_k_00.o.host.1.ab.temp", "te_dead.lock"} & left
     assert not {"te_bad_json.json", "te_no_bin.json", "te_no_bin.lock", "te_bad_json.lock"} & left
     assert {"te_young.o", "te_k_01.json.host.2.cd.temp", "te_k_11.lock"} <= left
+    assert ".nfs000000000012345600000001" in left
     assert {"te_odd.json", "te_odd_binary.o"} <= left  # opened, resolved, kept
     assert len(kernels(chip) - {"te_odd"}) == 12
 

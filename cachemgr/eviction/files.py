@@ -14,8 +14,11 @@ from cachemgr.entry import EntryGroup
 
 log = logging.getLogger(__name__)
 
-#: errno values meaning "not ours to remove": skip the file, report it, go on.
-DENIED_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
+#: errno values meaning "not ours to remove now": skip the file, report it, go on (EBUSY:
+#: an NFS server refusing to remove a file another host holds open, SPEC §9).
+DENIED_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.EBUSY})
+#: Names NFS clients give to removed files still open somewhere; they go by themselves.
+NFS_SILLY_PREFIX = ".nfs"
 
 
 @dataclass

@@ -24,6 +24,7 @@ from cachemgr.entry import ChipScan, EntryGroup
 from cachemgr.errors import LockBusyError
 from cachemgr.eviction.files import (
     DENIED_ERRNOS,
+    NFS_SILLY_PREFIX,
     denied_line,
     reap_lock,
     remove_group,
@@ -74,7 +75,8 @@ def reclaim(scan: ChipScan, chip_fd: int, now_ns: int, dry_run: bool) -> Reclaim
     for group in _suspects(scan):
         _reclaim_bad(store, scan, chip_fd, group, dry_run, out)
     for name in sorted(scan.orphans):
-        _reclaim_orphan(store, scan, name, now_ns, dry_run, out)
+        if not name.startswith(NFS_SILLY_PREFIX):  # open on another host; not ours to reap
+            _reclaim_orphan(store, scan, name, now_ns, dry_run, out)
     for name in sorted(scan.temps):
         _reclaim_temp(scan, chip_fd, name, now_ns, dry_run, out)
     for name in sorted(scan.locks):
