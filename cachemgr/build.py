@@ -4,17 +4,13 @@
 ``.cfg`` read, the rules applied (:func:`cachemgr.policy.decide`), the compiler identified and
 the key computed (SPEC §3.2). The fast paths — :func:`find_binary` (SPEC §6) and
 :func:`find_cached` (a verified hit, SPEC §3.3) — run in the caller's thread. :func:`run` is the
-slow path a worker runs:
+slow path of a job that leaves the cache alone:
 
-* **cache** (``enable``/``force``, not debug): hold the chip lock shared (see
-  :mod:`cachemgr.chiplock`) and the entry's fcntl lock, look up again (another process may have
-  published it meanwhile: cross-process single-flight), compile in a private temp folder, then
-  publish through :meth:`cachemgr.store.Store.publish` (json last). ``replace`` removes the old
-  entry just before publishing the new one.
 * **disable**: compile, then move the kernel into ``output_dir`` (json last); no cache access.
 * **debug** (SPEC §7): compile with the debug flags in ``kernel_meta/<host>_<pid>/`` and keep
   the artefacts of SPEC §7's table there; no cache access.
-"""
+
+Compiles through the cache (``enable``/``force``) are :mod:`cachemgr.publisher`'s."""
 
 from __future__ import annotations
 
@@ -29,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cachemgr import chiplock, entry, fsutil, kernel_meta, keys, policy, precompiled
-from cachemgr.compilers import CompileJob, CompilerBackend, CompileResult
+from cachemgr import chiplock, fsutil, kernel_meta, keys, policy, precompiled
+from cachemgr.compilers import CompileJob, CompilerBackend
 from cachemgr.errors import ConfigError, InvalidInputError
 from cachemgr.options import Settings
 from cachemgr.request import CompileRequest, RequestOptions, resolve_options
@@ -222,19 +218,23 @@ def _empty(folder: Path) -> None:
 
 
 def run(p: Prepared, ctx: RunContext) -> CompileOutcome:
-    """The slow path of one job (see module docstring). Compile errors become a ``failed``
-    outcome; nothing is cached then and nothing else is touched.
+    """The slow path of a job that does not touch the cache: debug (into kernel_meta) or
+    ``disable`` (into ``output_dir``). Compiles through the cache are
+    :func:`cachemgr.publisher.compile_through_cache`.
 
-    :raises InvalidInputError, OSError: left to the queue, which turns them into ``failed``.
+    :raises CompileError: the compile failed (the queue makes it a ``failed`` outcome).
+    :raises ValueError: for a job that would use the cache.
     """
     if p.decision.debug.on:
         return _run_debug(p)
     if not p.decision.cache.write:
         return _run_uncached(p, ctx.uncached_dir())
-    return _run_cached(p, ctx)
+    raise ValueError(f"{p.kernel}: a cached compile is publisher.compile_through_cache's job")
 
 
-def _job(p: Prepared, out_dir: Path) -> CompileJob:
+def compile_job(p: Prepared, out_dir: Path) -> CompileJob:
+    """The backend job of ``p``: its source, defines and debug flags into ``out_dir``, named
+    by the kernel, limited to ``p.timeout_s`` seconds."""
     return CompileJob(
         source=p.request.kernel_source,
         language=p.request.language,
@@ -252,7 +252,7 @@ def _run_debug(p: Prepared) -> CompileOutcome:
     folder = kernel_meta.process_dir(p.opts.kernel_meta_dir)
     build = kernel_meta.build_dir(folder, p.kernel)
     try:
-        result = p.backend.compile(_job(p, build))
+        result = p.backend.compile(compile_job(p, build))
         kept = kernel_meta.keep_artefacts(
             result, p.kernel, p.decision.debug.keep, folder, p.request
         )
@@ -265,7 +265,7 @@ def _run_uncached(p: Prepared, output_dir: Path) -> CompileOutcome:
     fsutil.ensure_dir(output_dir)
     build = Path(tempfile.mkdtemp(prefix=".cachemgr-build-", dir=output_dir))
     try:
-        result = p.backend.compile(_job(p, build))
+        result = p.backend.compile(compile_job(p, build))
         binary = output_dir / result.binary.name
         doc = output_dir / result.json_path.name
         os.replace(result.binary, binary)
@@ -273,89 +273,6 @@ def _run_uncached(p: Prepared, output_dir: Path) -> CompileOutcome:
     finally:
         shutil.rmtree(build, ignore_errors=True)
     return CompileOutcome(p.kernel, COMPILED, (doc, binary), request=p.request.origin)
-
-
-class _Held:
-    """The entry lock this thread already holds: taking it again is a no-op."""
-
-    held = True
-
-    def acquire(self, blocking: bool = True, timeout_s: float | None = None) -> bool:
-        return True
-
-    def release(self, unlink: bool = False) -> None:
-        return None
-
-    def __enter__(self) -> _Held:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-class _HeldStore(Store):
-    """A store whose lock of ``held`` is already taken by the caller (a POSIX lock must not be
-    taken twice: closing the second descriptor would drop the first)."""
-
-    def __init__(self, chip_dir: Path, held: str, lock_timeout_s: float) -> None:
-        super().__init__(chip_dir, lock_timeout_s)
-        self._held = held
-
-    def entry_lock(self, kernel: str) -> Any:
-        """The held no-op lock for ``held``, a real :class:`~cachemgr.fsutil.FcntlLock` else."""
-        return _Held() if kernel == self._held else super().entry_lock(kernel)
-
-
-def _run_cached(p: Prepared, ctx: RunContext) -> CompileOutcome:
-    with p.chip_lock.shared(timeout_s=ctx.lock_timeout_s):
-        store = Store(p.chip_dir, ctx.lock_timeout_s)
-        fsutil.ensure_dir(p.chip_dir)
-        lock = store.entry_lock(p.kernel)
-        lock.acquire(timeout_s=ctx.lock_timeout_s)
-        try:
-            held = _HeldStore(p.chip_dir, p.kernel, ctx.lock_timeout_s)
-            if p.decision.cache.read:
-                found = held.lookup(p.kernel)
-                if found.hit:  # published by another process while we waited
-                    return CompileOutcome(p.kernel, HIT, found.files, request=p.request.origin)
-            return _compile_and_publish(p, held, ctx.build_dir())
-        finally:
-            lock.release()
-
-
-def _compile_and_publish(p: Prepared, store: Store, build: Path) -> CompileOutcome:
-    result = p.backend.compile(_job(p, build))
-    files, main = _entry_payload(p, result)
-    if p.decision.cache.replace:
-        store.remove(p.kernel)
-    published = store.publish(p.kernel, files, main)
-    files_out = sorted(published.files, key=lambda f: f.name != f"{p.kernel}.json")
-    return CompileOutcome(p.kernel, COMPILED, tuple(files_out), request=p.request.origin)
-
-
-def _entry_payload(p: Prepared, result: CompileResult) -> tuple[dict[str, bytes], dict[str, Any]]:
-    main = entry.load_json_object(result.json_path.read_bytes(), result.json_path.name)
-    impl = str(p.opts.extra.get("op_select_implmode", ""))
-    main[precompiled.SUPPORT_INFO] = precompiled.signature(
-        p.request, p.opts.deterministic, p.key, impl
-    )
-    return {result.binary.name: result.binary.read_bytes()}, main
-
-
-def clear_chip(chip_dir: Path, lock_timeout_s: float) -> int:
-    """Remove every entry of a chip folder (``force``, SPEC §4), json first, each under its
-    entry lock; loose binaries too. Lock files and ``*.temp`` of writers in progress stay.
-
-    The caller holds the chip lock exclusive. :returns: the number of entries removed.
-    """
-    store = Store(chip_dir, lock_timeout_s)
-    scan = entry.scan_chip(chip_dir)
-    for kernel in sorted(scan.entries):
-        store.remove(kernel)
-    for name in sorted(scan.orphans):
-        store.remove_orphan(name)
-    log.info("force: cleared %d entries of %s", len(scan.entries), chip_dir)
-    return len(scan.entries)
 
 
 def failed(kernel: str, error: BaseException | str, origin: str = "") -> CompileOutcome:

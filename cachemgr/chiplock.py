@@ -79,9 +79,9 @@ class ChipLock:
         flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
         return os.open(self.path, flags, fsutil.FILE_MODE)
 
-    @contextmanager
-    def shared(self, timeout_s: float | None = None) -> Iterator[None]:
-        """Hold the chip shared (a publisher). Waits while ``force`` holds or waits for it.
+    def hold_shared(self, timeout_s: float | None = None) -> Hold:
+        """Take the chip shared (a publisher) until :meth:`Hold.release` — which any thread
+        may call. Waits while ``force`` holds or waits for it.
 
         :raises LockBusyError: when ``timeout_s`` passes first.
         :raises OSError: the lock file cannot be opened or the filesystem has no locks.
@@ -92,9 +92,19 @@ class ChipLock:
             _wait(fd, fcntl.F_RDLCK, _TURNSTILE, deadline, self.path)
             _try(fd, fcntl.F_UNLCK, _TURNSTILE)
             _wait(fd, fcntl.F_RDLCK, _CHIP, deadline, self.path)
+        except BaseException:
+            os.close(fd)
+            raise
+        return Hold(fd)
+
+    @contextmanager
+    def shared(self, timeout_s: float | None = None) -> Iterator[None]:
+        """:meth:`hold_shared` as a context manager."""
+        hold = self.hold_shared(timeout_s)
+        try:
             yield
         finally:
-            os.close(fd)  # drops this descriptor's locks, and only them
+            hold.release()
 
     @contextmanager
     def exclusive(self, timeout_s: float | None = None) -> Iterator[None]:
@@ -110,4 +120,17 @@ class ChipLock:
             _wait(fd, fcntl.F_WRLCK, _CHIP, deadline, self.path)
             yield
         finally:
+            os.close(fd)
+
+
+class Hold:
+    """A shared hold of a chip lock; :meth:`release` drops it (idempotent, any thread)."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        """Close the descriptor: drops its locks, and only them."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
             os.close(fd)

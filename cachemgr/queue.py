@@ -30,11 +30,11 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cachemgr import build, keys, precompiled
+from cachemgr import build, keys, precompiled, publisher
 from cachemgr.build import CompileOutcome, Prepared
 from cachemgr.errors import CompileError
 from cachemgr.options import Settings
@@ -109,6 +109,7 @@ class CompileQueue:
         self._forced: set[tuple[Path, str | None]] = set()
         self._force_lock = threading.Lock()
         self._closing = False
+        self._finishers = ThreadPoolExecutor(self.workers, thread_name_prefix="cachemgr-publish")
         self._threads = [
             threading.Thread(target=self._work, name=f"cachemgr-compile-{i}", daemon=True)
             for i in range(self.workers)
@@ -232,7 +233,7 @@ class CompileQueue:
         gate.clear()
         try:
             with p.chip_lock.exclusive(timeout_s=self._ctx.lock_timeout_s):
-                removed = build.clear_chip(p.chip_dir, self._ctx.lock_timeout_s)
+                removed = publisher.clear_chip(p.chip_dir, self._ctx.lock_timeout_s)
             with self._lock:
                 self._forced.add((p.chip_dir, session))
                 self.counters["force_cleared"] += removed
@@ -255,28 +256,50 @@ class CompileQueue:
                 self._cond.wait()
 
     def _work(self) -> None:
+        """A compile slot: run jobs; hand each publish to a finisher thread so the next
+        compile starts at once (as many compilers run at a time as there are workers)."""
         while True:
             job = self._next_job()
             if job is None:
                 return
-            outcome = self._run(job.prepared)
-            with self._cond:
-                job.state = _DONE
-                if self._flights.get(job.flight) is job:
-                    del self._flights[job.flight]
-                waiters = list(job.waiters)
-            self._count(outcome.status)
-            _resolve(waiters, outcome)
+            result = self._run(job.prepared)
             self._ctx.after_job()
+            if isinstance(result, publisher.Pending):
+                try:
+                    self._finishers.submit(self._finish, job, result)
+                    continue
+                except RuntimeError:  # finishers shut down (close timed out): finish here
+                    self._finish(job, result)
+            else:
+                self._done(job, result)
 
-    def _run(self, p: Prepared) -> CompileOutcome:
+    def _run(self, p: Prepared) -> CompileOutcome | publisher.Pending:
         try:
             self._gate(p.chip_dir).wait()
-            return build.run(p, self._ctx)
+            if p.decision.debug.on or not p.decision.cache.write:
+                return build.run(p, self._ctx)
+            return publisher.compile_through_cache(p, self._ctx)
         except Exception as exc:  # the compile failed: the message is the answer
             if not isinstance(exc, CompileError):
                 log.warning("compile of %s failed: %s", p.kernel, exc, exc_info=True)
             return build.failed(p.kernel, exc, p.request.origin)
+
+    def _finish(self, job: _Job, pending: publisher.Pending) -> None:
+        try:
+            outcome = pending.finish()
+        except Exception as exc:
+            log.warning("publishing %s failed: %s", job.prepared.kernel, exc, exc_info=True)
+            outcome = build.failed(job.prepared.kernel, exc, job.prepared.request.origin)
+        self._done(job, outcome)
+
+    def _done(self, job: _Job, outcome: CompileOutcome) -> None:
+        with self._cond:
+            job.state = _DONE
+            if self._flights.get(job.flight) is job:
+                del self._flights[job.flight]
+            waiters = list(job.waiters)
+        self._count(outcome.status)
+        _resolve(waiters, outcome)
 
     def _count(self, status: str) -> None:
         with self._lock:
@@ -324,7 +347,9 @@ class CompileQueue:
             _resolve(job.waiters, closed)
         for thread in self._threads:
             thread.join(timeout_s)
-        if not any(t.is_alive() for t in self._threads):
+        alive = any(t.is_alive() for t in self._threads)
+        self._finishers.shutdown(wait=not alive)
+        if not alive:
             self._ctx.close()
 
     def shutdown(

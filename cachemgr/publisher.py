@@ -1,0 +1,159 @@
+"""Compiling through the cache: locks, a second lookup, compile, publish (layer 7½; SPEC §3.3,
+§4; issue 4).
+
+:func:`compile_through_cache` is what a queue worker runs for an ``enable``/``force`` job:
+
+1. hold the chip lock shared (:mod:`cachemgr.chiplock`: ``force`` waits for this publish and no
+   new publisher starts while ``force`` waits);
+2. take the entry's fcntl lock (``<kernel>.lock``, the lock CANN takes too) and look up again —
+   another process may have published the entry while we waited: cross-process single-flight;
+3. compile in the worker's private build folder (never in the chip folder);
+4. hand back a :class:`Pending` publish. Its :meth:`Pending.finish` (run on another thread, so
+   the compiler slot is free for the next job at once) publishes through
+   :meth:`cachemgr.store.Store.publish` — every file to a temp name, renamed, the json last — and
+   releases both locks. ``replace`` removes the old entry just before the new one goes in.
+
+:func:`clear_chip` is ``force``'s clear, run under the chip lock held exclusive.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cachemgr import entry, fsutil, precompiled
+from cachemgr.build import COMPILED, HIT, CompileOutcome, Prepared, RunContext, compile_job
+from cachemgr.chiplock import Hold
+from cachemgr.compilers import CompileResult
+from cachemgr.store import Store
+
+log = logging.getLogger(__name__)
+
+
+class _Held:
+    """The entry lock the caller already holds: taking it again is a no-op."""
+
+    held = True
+
+    def acquire(self, blocking: bool = True, timeout_s: float | None = None) -> bool:
+        return True
+
+    def release(self, unlink: bool = False) -> None:
+        return None
+
+    def __enter__(self) -> _Held:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+class _HeldStore(Store):
+    """A store whose lock of ``held`` is already taken by the caller (a POSIX lock must not be
+    taken twice: closing the second descriptor would drop the first)."""
+
+    def __init__(self, chip_dir: Path, held: str, lock_timeout_s: float) -> None:
+        super().__init__(chip_dir, lock_timeout_s)
+        self._held = held
+
+    def entry_lock(self, kernel: str) -> Any:
+        """The held no-op lock for ``held``, a real :class:`~cachemgr.fsutil.FcntlLock` else."""
+        return _Held() if kernel == self._held else super().entry_lock(kernel)
+
+
+@dataclass
+class Pending:
+    """A compiled kernel not yet published; owns the entry lock and the chip hold."""
+
+    prepared: Prepared
+    files: dict[str, bytes]
+    main_json: dict[str, Any]
+    entry_lock: fsutil.FcntlLock
+    chip_hold: Hold
+    lock_timeout_s: float
+
+    def finish(self) -> CompileOutcome:
+        """Publish (json last), then release the locks — from any thread.
+
+        :raises InvalidInputError, OSError: the publish failed; nothing partial is left.
+        """
+        p = self.prepared
+        try:
+            store = _HeldStore(p.chip_dir, p.kernel, self.lock_timeout_s)
+            if p.decision.cache.replace:
+                store.remove(p.kernel)
+            published = store.publish(p.kernel, self.files, self.main_json)
+        finally:
+            self.release()
+        files = sorted(published.files, key=lambda f: f.name != f"{p.kernel}.json")
+        return CompileOutcome(p.kernel, COMPILED, tuple(files), request=p.request.origin)
+
+    def release(self) -> None:
+        """Drop the entry lock and the chip hold without publishing."""
+        self.entry_lock.release()
+        self.chip_hold.release()
+
+
+def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pending:
+    """Steps 1–4 of the module docstring: a ``hit`` (published meanwhile) or a :class:`Pending`
+    publish that the caller must :meth:`~Pending.finish` (or :meth:`~Pending.release`).
+
+    :raises CompileError: the compile failed; the locks are released, nothing is cached.
+    :raises LockBusyError: a lock was not obtained within ``ctx.lock_timeout_s``.
+    """
+    hold = p.chip_lock.hold_shared(timeout_s=ctx.lock_timeout_s)
+    try:
+        fsutil.ensure_dir(p.chip_dir)
+        lock = Store(p.chip_dir).entry_lock(p.kernel)
+        lock.acquire(timeout_s=ctx.lock_timeout_s)
+    except BaseException:
+        hold.release()
+        raise
+    try:
+        if p.decision.cache.read:
+            found = _HeldStore(p.chip_dir, p.kernel, ctx.lock_timeout_s).lookup(p.kernel)
+            if found.hit:  # another process published it while we waited for the lock
+                lock.release()
+                hold.release()
+                return CompileOutcome(p.kernel, HIT, found.files, request=p.request.origin)
+        result = p.backend.compile(compile_job(p, ctx.build_dir()))
+        files, main = _payload(p, result)
+    except BaseException:
+        lock.release()
+        hold.release()
+        raise
+    return Pending(p, files, main, lock, hold, ctx.lock_timeout_s)
+
+
+def _payload(p: Prepared, result: CompileResult) -> tuple[dict[str, bytes], dict[str, Any]]:
+    """The entry's files and main json (with ``supportInfo`` for a future package), read into
+    memory; the build folder is emptied for the worker's next compile."""
+    try:
+        main = entry.load_json_object(result.json_path.read_bytes(), result.json_path.name)
+        binary = result.binary.read_bytes()
+    finally:
+        for path in (result.binary, result.json_path, *result.artefacts):
+            fsutil.safe_unlink(path)
+    impl = str(p.opts.extra.get("op_select_implmode", ""))
+    main[precompiled.SUPPORT_INFO] = precompiled.signature(
+        p.request, p.opts.deterministic, p.key, impl
+    )
+    return {result.binary.name: binary}, main
+
+
+def clear_chip(chip_dir: Path, lock_timeout_s: float) -> int:
+    """Remove every entry of a chip folder (``force``, SPEC §4), json first, each under its
+    entry lock; loose binaries too. Lock files and ``*.temp`` of writers in progress stay.
+
+    The caller holds the chip lock exclusive. :returns: the number of entries removed.
+    """
+    store = Store(chip_dir, lock_timeout_s)
+    scan = entry.scan_chip(chip_dir)
+    for kernel in sorted(scan.entries):
+        store.remove(kernel)
+    for name in sorted(scan.orphans):
+        store.remove_orphan(name)
+    log.info("force: cleared %d entries of %s", len(scan.entries), chip_dir)
+    return len(scan.entries)
