@@ -1,0 +1,20 @@
+"""cachemgr: the kernel compile cache manager for Ascend CANN build hosts.
+
+``from cachemgr import Client`` gives the daemon's client (imported on first use, so the CLI
+starts fast).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+__all__ = ["Client", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Client":
+        from cachemgr.client import Client
+
+        return Client
+    raise AttributeError(f"module 'cachemgr' has no attribute {name!r}")

@@ -13,9 +13,9 @@ if [ ! -f "$stamp" ]; then
   echo "installing cachemgr${CACHEMGR_EXTRAS:+[$CACHEMGR_EXTRAS]} into $VENV" >&2
   "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
   if [ -n "${CACHEMGR_EXTRAS:-}" ]; then
-    "$VENV/bin/python" -m pip install -q -e "$PROJECT[$CACHEMGR_EXTRAS]"
+    PYTHONWARNINGS=ignore "$VENV/bin/python" -m pip install -q -e "$PROJECT[$CACHEMGR_EXTRAS]"
   else
-    "$VENV/bin/python" -m pip install -q -e "$PROJECT"
+    PYTHONWARNINGS=ignore "$VENV/bin/python" -m pip install -q -e "$PROJECT"
   fi
   touch "$stamp"
 fi

@@ -55,7 +55,7 @@ def _register() -> None:
     from cachemgr.cli.config_cmd import config_cmd
     from cachemgr.cli.entries_cmd import ls_cmd, verify_cmd
     from cachemgr.cli.gc_cmd import gc_cmd, purge_cmd, stats_cmd
-    from cachemgr.cli.serve_cmd import serve_cmd
+    from cachemgr.cli.serve_cmd import serve_cmd, status_cmd
 
     for command in (
         config_cmd,
@@ -67,6 +67,7 @@ def _register() -> None:
         stats_cmd,
         purge_cmd,
         serve_cmd,
+        status_cmd,
     ):
         cli.add_command(command)
 

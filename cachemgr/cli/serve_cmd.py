@@ -1,14 +1,19 @@
-"""``cachemgr serve``: run the daemon (systemd ``Type=notify`` service or in a terminal)."""
+"""``cachemgr serve``: run the daemon (systemd ``Type=notify`` service or in a terminal);
+``cachemgr status``: is one answering."""
 
 from __future__ import annotations
 
 import logging
 import sys
+import time
 from pathlib import Path
 
 import click
 
+from cachemgr.cli.common import emit_json
+from cachemgr.client import Client, default_socket_path
 from cachemgr.daemon import main as daemon_main
+from cachemgr.errors import CacheMgrError
 
 
 @click.command("serve")
@@ -50,3 +55,42 @@ def serve_cmd(
         root.setLevel(logging.INFO)
     cli_values = {"op_compiler_cache_dir": op_compiler_cache_dir, "host_id": host_id}
     sys.exit(daemon_main.serve(cli_values, config_file, socket_path, tcp_port))
+
+
+@click.command("status")
+@click.option(
+    "--socket",
+    "socket_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Daemon socket (env CACHEMGR_SOCKET, else the default).",
+)
+@click.option(
+    "--wait",
+    "wait_s",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    help="Wait up to this many seconds for the daemon to answer.",
+)
+@click.option("--json", "as_json", is_flag=True, help="The daemon's /health answer as JSON.")
+def status_cmd(socket_path: Path | None, wait_s: float, as_json: bool) -> None:
+    """Is a daemon answering? Exit 0 with its pid and uptime, 1 when none answers."""
+    client = Client(socket_path or default_socket_path(), timeout_s=5, local_hits=False)
+    deadline = time.monotonic() + wait_s
+    delay = 0.02
+    while True:
+        try:
+            health = client.health()
+            break
+        except CacheMgrError as exc:
+            if time.monotonic() >= deadline:
+                click.echo(f"cachemgr: no daemon answers at {client.socket_path}: {exc}", err=True)
+                sys.exit(1)
+        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+        delay = min(delay * 2, 0.5)
+    if as_json:
+        emit_json(health)
+    else:
+        click.echo(
+            f"cachemgr daemon {health['status']}: pid {health['pid']}, "
+            f"up {health['uptime_s']:.0f} s, socket {client.socket_path}"
+        )

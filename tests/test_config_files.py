@@ -1,0 +1,53 @@
+"""config/cachemgr.toml documents every setting, and its documented values are accepted."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+from cachemgr import options
+from cachemgr.daemon.config import DaemonConfig
+from cachemgr.ini import OpCacheIni
+from tests.conftest import ROOT
+
+TOML = ROOT / "config" / "cachemgr.toml"
+
+
+def _uncommented(tmp_path: Path) -> Path:
+    lines = []
+    for line in TOML.read_text().splitlines():
+        m = re.match(r"^# ([a-z_]+ = .*?)(\s+#.*)?$", line)
+        lines.append(m.group(1) if m else line)
+    text = "\n".join(lines).replace('"/var/cache/ascend"', f'"{tmp_path}/cache"')
+    out = tmp_path / "all.toml"
+    out.write_text(text + "\n")
+    return out
+
+
+def test_every_setting_is_documented() -> None:
+    text = TOML.read_text()
+    for spec in options.OPTIONS:
+        assert f"# {spec.name} = " in text, spec.name
+    for field in dataclasses.fields(DaemonConfig):
+        assert f"# {field.name} = " in text, field.name
+
+
+def test_documented_values_are_accepted(clean_env: dict[str, str], tmp_path: Path) -> None:
+    settings = options.resolve(env=clean_env, config_file=_uncommented(tmp_path))
+    assert settings.value("kernel_cache_dir") == tmp_path / "cache" / "kernel_cache"
+    assert settings.value("host_id") == "node01"
+    cfg = DaemonConfig.from_table(settings.sections["daemon"])
+    assert cfg.reconcile_interval_s == 300.0 and cfg.workers == 0
+    assert settings.sections["compilers"]["cuda_arch"] == "sm_90"
+    assert settings.sections["toolkit"]["adk_version"] == "7.0.0"
+
+
+def test_example_op_cache_ini_is_valid() -> None:
+    ini = OpCacheIni.load(ROOT / "config" / "op_cache.ini")
+    assert ini.problems == []
+    limits = ini.limits()
+    assert limits is not None and (limits.max_op_cache_size, limits.remain_cache_size_ratio) == (
+        500,
+        50,
+    )
