@@ -330,6 +330,7 @@ def test_crossing_the_limit_evicts_in_background(tmp_path: Path, cache_root: Pat
 
         wait_for(lambda: used() <= 512 * 1024, 30, "background eviction to the ratio target")
         assert (chip / "te_fill_11.json").exists() and not (chip / "te_fill_00.json").exists()
+        assert d.client.stats()["evicted_entries"] >= 6  # counted by the daemon
     finally:
         d.stop()
 
@@ -377,3 +378,21 @@ def test_cli_routes_to_a_running_daemon(daemon, cache_root: Path, tmp_path: Path
     assert json.loads(other.stdout)["via"] == "local"  # the daemon serves another cache
     gone = run_cli("stats", "--json", *args, "--socket", str(tmp_path / "no.sock"), env=env)
     assert json.loads(gone.stdout)["via"] == "local"
+
+
+def test_tcp_listener_and_configured_body_limit(tmp_path: Path, cache_root: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[daemon]\nmax_body_bytes = 200\n")
+    d = start_daemon(
+        tmp_path, "--cache-dir", str(cache_root), "--config", str(cfg), "--tcp-port", "0"
+    )
+    try:
+        host, port = d.client.health()["tcp"]
+        assert host == "127.0.0.1" and port > 0
+        tcp = Client(tcp=(host, port), timeout_s=30)
+        assert tcp.health()["pid"] == d.proc.pid
+        with pytest.raises(DaemonError) as info:
+            tcp.compile_file(REQUESTS / "add_c.json")  # its body is over 200 bytes
+        assert info.value.status == 413 and "200-byte limit" in str(info.value)
+    finally:
+        d.stop()

@@ -198,8 +198,8 @@ class Governance:
 
     def _count(self, data: dict[str, object]) -> None:
         for key, counter in (
-            ("entries_evicted", "evicted_entries"),
-            ("bytes_evicted", "evicted_bytes"),
+            ("evicted_entries", "evicted_entries"),
+            ("evicted_bytes", "evicted_bytes"),
         ):
             value = data.get(key)
             if isinstance(value, int):

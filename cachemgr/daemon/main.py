@@ -130,7 +130,7 @@ def run(
             tcp: tuple[str, int] | None = (config.tcp_host, tcp_port)
         else:
             tcp = (config.tcp_host, config.tcp_port) if config.tcp_port else None
-        server = HttpServer(Api(service), socket_path, tcp)
+        server = HttpServer(Api(service), socket_path, tcp, config.max_body_bytes)
         server.start()
         service.tcp_address = server.tcp_address
         where = f"{socket_path}" + (f" and {server.tcp_address}" if server.tcp_address else "")

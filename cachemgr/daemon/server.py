@@ -111,9 +111,10 @@ class _Handler(BaseHTTPRequestHandler):
         if length < 0:
             self.close_connection = True
             return error(400, "Content-Length is negative")
-        if length > MAX_BODY_BYTES:
+        limit = getattr(self.server, "max_body_bytes", MAX_BODY_BYTES)
+        if length > limit:
             self.close_connection = True  # do not read a body we refuse
-            return error(413, f"request body of {length} bytes is over {MAX_BODY_BYTES}")
+            return error(413, f"request body of {length} bytes is over the {limit}-byte limit")
         raw = self.rfile.read(length) if length else b""
         body: Any = None
         if raw:
@@ -159,11 +160,18 @@ class HttpServer:
 
     :param socket_path: where to bind; the caller has made sure no live daemon owns it.
     :param tcp: ``(host, port)``; only loopback hosts are accepted.
+    :param max_body_bytes: larger request bodies are answered 413 unread.
     :raises OSError: when binding fails.
     :raises ValueError: for a non-loopback TCP host.
     """
 
-    def __init__(self, app: App, socket_path: Path, tcp: tuple[str, int] | None = None) -> None:
+    def __init__(
+        self,
+        app: App,
+        socket_path: Path,
+        tcp: tuple[str, int] | None = None,
+        max_body_bytes: int = MAX_BODY_BYTES,
+    ) -> None:
         self.socket_path = socket_path
         fsutil.ensure_dir(socket_path.parent)
         _unlink_stale(socket_path)
@@ -175,12 +183,14 @@ class HttpServer:
         os.chmod(socket_path, SOCKET_MODE)
         self._unix.app = app  # type: ignore[attr-defined]
         self._servers: list[socketserver.BaseServer] = [self._unix]
+        self._unix.max_body_bytes = max_body_bytes  # type: ignore[attr-defined]
         self.tcp_address: tuple[str, int] | None = None
         if tcp is not None:
             if tcp[0] not in ("127.0.0.1", "localhost", "::1"):
                 raise ValueError(f"--tcp host {tcp[0]!r} is not a loopback address")
             srv = _TCPServer(tcp, _Handler)
             srv.app = app  # type: ignore[attr-defined]
+            srv.max_body_bytes = max_body_bytes  # type: ignore[attr-defined]
             self.tcp_address = srv.server_address[:2]
             self._servers.append(srv)
         self._threads: list[threading.Thread] = []

@@ -113,6 +113,7 @@ class Service:
             "pid": os.getpid(),
             "version": VERSION,
             "uptime_s": round(time.monotonic() - self.started, 3),
+            "tcp": list(self.tcp_address) if self.tcp_address else None,
         }
 
     def metrics(self) -> bytes:
@@ -238,6 +239,7 @@ class Service:
             "compiled": "compiles",
             "binary": "binaries",
             "debug": "debug_compiles",
+            "failed": "failures",
         }.get(status)
         if name:
             self.counters.add(name)
