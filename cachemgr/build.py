@@ -136,8 +136,8 @@ def prepare(
         dynamic=request.dynamic,
         replace=replace,
     )
-    backend = compilers.backend(request.language)
     identity = compilers.identity(request.language)
+    backend = compilers.backend(request.language)
     flags = compilers.flags(request, identity, decision.debug.flags, decision.debug.emit)
     material = keys.key_material(
         request, opts, identity, flags, keys.source_sha256(request.kernel_source)

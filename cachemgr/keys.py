@@ -169,6 +169,16 @@ def kernel_name(op_type: str, key: str) -> str:
     return f"te_{op_type.lower()}_{key}"
 
 
+#: Config key that names each backend's compiler executable: a backend is re-made with it set
+#: to the path found on PATH, so its own look-ups during a compile are one ``stat``, not a
+#: search of every PATH folder (the template backend names its compiler in its template).
+_PIN_KEYS = {"host": "cc", "cuda": "nvcc"}
+
+
+#: A compiler found: its identity, file stamp, when it was looked up, the pinned backend.
+_Known = tuple[CompilerIdentity, tuple[int, ...], float, CompilerBackend]
+
+
 class Compilers:
     """The backends of one ``[compilers]`` config table, with the compiler part of the key
     remembered: each backend's identity (re-validated by one ``stat`` per use, PATH searched
@@ -180,32 +190,46 @@ class Compilers:
     def __init__(self, config: Mapping[str, object]) -> None:
         self.config = dict(config)
         self._lock = threading.Lock()
-        self._backends: dict[str, CompilerBackend] = {}
-        self._idents: dict[str, tuple[CompilerIdentity, tuple[int, ...], float]] = {}
+        self._searching: dict[str, CompilerBackend] = {}
+        self._idents: dict[str, _Known] = {}
         self._flags: dict[tuple[Any, ...], tuple[str, ...]] = {}
 
-    def backend(self, language: str) -> CompilerBackend:
-        """:raises InvalidInputError: unknown language. :raises ConfigError: bad config."""
+    def _searching_backend(self, language: str) -> CompilerBackend:
         with self._lock:
-            found = self._backends.get(language)
+            found = self._searching.get(language)
             if found is None:
-                found = self._backends[language] = get_backend(language, self.config)
+                found = self._searching[language] = get_backend(language, self.config)
             return found
+
+    def backend(self, language: str) -> CompilerBackend:
+        """The backend for ``language``, pinned to the compiler :meth:`identity` found.
+
+        :raises InvalidInputError: unknown language. :raises ConfigError: bad config.
+        :raises CompileError: the compiler is not installed (named).
+        """
+        self.identity(language)
+        with self._lock:
+            return self._idents[language][3]
 
     def identity(self, language: str) -> CompilerIdentity:
         """The compiler's name, path and version (SPEC §3.2).
 
+        :raises InvalidInputError: unknown language. :raises ConfigError: bad config.
         :raises CompileError: the compiler is not installed (named) or ``--version`` fails.
         """
         with self._lock:
             known = self._idents.get(language)
         if known is not None:
-            ident, stamp, at = known
+            ident, stamp, at, _ = known
             if time.monotonic() - at < COMPILER_REFRESH_S and _stamp(ident.path) == stamp:
                 return ident
-        ident = self.backend(language).identity()
+        searching = self._searching_backend(language)
+        ident = searching.identity()
+        pinned = searching
+        if searching.name in _PIN_KEYS:
+            pinned = get_backend(language, {**self.config, _PIN_KEYS[searching.name]: ident.path})
         with self._lock:
-            self._idents[language] = (ident, _stamp(ident.path), time.monotonic())
+            self._idents[language] = (ident, _stamp(ident.path), time.monotonic(), pinned)
         return ident
 
     def flags(

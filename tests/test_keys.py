@@ -163,3 +163,23 @@ def test_source_digest_is_remembered_only_when_not_racy(tmp_path: Path) -> None:
     src.write_text("int b;\n")  # same size, same second: must not be served from memory
     assert keys.source_sha256(src) != d0
     assert json.dumps(keys.source_sha256(src))  # plain hex
+
+
+def test_compilers_pin_the_path_and_notice_a_changed_compiler(tmp_path: Path) -> None:
+    fake = tmp_path / "cc"
+
+    def install(version: str) -> None:
+        fake.write_text(
+            f'#!/bin/sh\nif [ "$1" = "--version" ]; then echo "{version}"; exit 0; fi\n'
+            'exec gcc "$@"\n'
+        )
+        fake.chmod(0o755)
+
+    install("fakecc 1.0")
+    compilers = keys.Compilers({"cc": str(fake)})
+    assert compilers.identity("c").version == "fakecc 1.0"
+    assert compilers.backend("c").config["cc"] == str(fake)
+    install("fakecc 2.0 (upgraded)")  # same path, new file: one stat tells
+    assert compilers.identity("c").version == "fakecc 2.0 (upgraded)"
+    found = keys.Compilers({}).backend("c")
+    assert Path(str(found.config["cc"])).is_absolute(), "pinned to the compiler found on PATH"
