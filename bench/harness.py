@@ -154,6 +154,11 @@ def section(name: str, rows: list[Row], info: dict[str, str], workdir_fs: str, q
     """One case module's Markdown section, delimited so ``--only`` can replace just it."""
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     mach = ", ".join(f"{k} {v}" for k, v in info.items())
+    load = (
+        f"; load average {os.getloadavg()[0]:.1f} when it ended"
+        if hasattr(os, "getloadavg")
+        else ""
+    )
     mode = " (--quick: smoke-sized, not comparable)" if quick else ""
     missed = [r for r in rows if r.met is False]
     summary = (
@@ -164,7 +169,7 @@ def section(name: str, rows: list[Row], info: dict[str, str], workdir_fs: str, q
     return (
         f"<!-- bench:{name} -->\n"
         f"## {name}{mode}\n\n"
-        f"Measured {when} on: {mach}; work folder on {workdir_fs}.\n\n"
+        f"Measured {when} on: {mach}; work folder on {workdir_fs}{load}.\n\n"
         f"{table(rows)}\n\n"
         f"Targets: {summary}.\n"
         f"<!-- /bench:{name} -->"
