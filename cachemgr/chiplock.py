@@ -76,8 +76,7 @@ class ChipLock:
 
     def _open(self) -> int:
         fsutil.ensure_dir(self.path.parent)
-        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-        return os.open(self.path, flags, fsutil.FILE_MODE)
+        return fsutil.open_lock_file(self.path)  # 0664 whatever the umask (SPEC §9)
 
     def hold_shared(self, timeout_s: float | None = None) -> Hold:
         """Take the chip shared (a publisher) until :meth:`Hold.release` — which any thread

@@ -10,7 +10,9 @@ Grammar of one chip folder (flat; names are CANN's):
 * ``<kernel>_pre.json``        optional pre-build info;
 * ``<kernel>_mix_aic.json`` / ``_mix_aiv.json`` and their binaries, for mix kernels;
 * ``<kernel>.lock``            the entry's fcntl lock; ``op_cache_file_del.lock`` the evictor's;
-* ``*.temp``                   writes in progress.
+* ``*.temp``                   writes in progress;
+* ``.nfs*``                    NFS "silly renames" of removed files still open somewhere (SPEC
+  §9): counted in the used bytes (they hold space until closed) and otherwise left alone.
 
 Two readings are offered. :func:`scan_chip` groups files by *name only* — one ``scandir`` and
 one ``lstat`` per file, no json opened — which is what eviction and ``ls`` need on 100,000
@@ -103,6 +105,7 @@ class ChipScan:
     orphans: dict[str, FileStat] = field(default_factory=dict)
     temps: dict[str, FileStat] = field(default_factory=dict)
     locks: dict[str, FileStat] = field(default_factory=dict)
+    silly: dict[str, FileStat] = field(default_factory=dict)  # .nfs* names: never touched
     odd: dict[str, str] = field(default_factory=dict)  # name → why (symlink, folder...)
     used_bytes: int = 0
 
@@ -165,7 +168,8 @@ def _lstat_fd(dir_fd: int, scan: ChipScan, regular: dict[str, FileStat]) -> None
 def scan_chip(chip_dir: Path) -> ChipScan:
     """Group a chip folder's files into entries by name, opening no file (SPEC §3.1, §5).
 
-    A missing chip folder gives an empty scan.
+    A missing chip folder gives an empty scan, also when another NFS host removed it
+    (``ESTALE``, SPEC §9).
 
     :raises OSError: when the folder cannot be listed (e.g. ``EACCES``).
     """
@@ -174,6 +178,10 @@ def scan_chip(chip_dir: Path) -> ChipScan:
         regular = _lstat_all(chip_dir, scan)
     except (FileNotFoundError, NotADirectoryError):
         return scan
+    except OSError as exc:
+        if exc.errno in fsutil.GONE_ERRNOS:
+            return scan
+        raise
     json_stems = {n[:-5] for n in regular if n.endswith(".json")}
     entries = scan.entries
     for stem in json_stems:
@@ -197,6 +205,9 @@ _NOT_PARTS = frozenset({"lock", "temp", ""})
 
 
 def _place(scan: ChipScan, name: str, fst: FileStat) -> None:
+    if name.startswith(fsutil.NFS_SILLY_PREFIX):
+        scan.silly[name] = fst
+        return
     if name.endswith(fsutil.TEMP_SUFFIX):
         scan.temps[name] = fst
         return
@@ -296,9 +307,11 @@ def _read(chip_dir: Path, name: str) -> bytes:
         return fsutil.read_bytes_noatime(chip_dir / name)
     except IsADirectoryError as exc:
         raise InvalidEntryError(f"{name}: is a folder, not a file", NOT_A_FILE) from exc
+    except FileNotFoundError:
+        raise
     except OSError as exc:
-        if exc.errno in fsutil.GONE_ERRNOS:
-            raise
+        if exc.errno in fsutil.GONE_ERRNOS:  # ESTALE: removed by another NFS host (SPEC §9)
+            raise FileNotFoundError(exc.errno, exc.strerror, str(chip_dir / name)) from exc
         raise InvalidEntryError(f"{name}: cannot read ({exc.strerror})", UNREADABLE) from exc
 
 

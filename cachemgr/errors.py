@@ -63,3 +63,18 @@ class CompileError(CacheMgrError):
     """A compile failed: the compiler is missing, crashed, timed out or produced no binary."""
 
     exit_code = 1
+
+
+class NoSpaceError(CacheMgrError):
+    """The filesystem of a chip folder is full (``ENOSPC``) or the user's quota is spent
+    (``EDQUOT``) while publishing: nothing was published, nothing partial is left (SPEC §3.3).
+
+    :ivar folder: the chip folder; ``bytes_needed``: the size of the entry (bytes).
+    """
+
+    exit_code = 1
+
+    def __init__(self, message: str, folder: str, bytes_needed: int) -> None:
+        super().__init__(message)
+        self.folder = folder
+        self.bytes_needed = bytes_needed

@@ -12,9 +12,12 @@ Rules that hold everywhere in cachemgr:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
+import grp
 import os
+import pwd
 import secrets
 import socket
 import stat
@@ -35,8 +38,16 @@ GONE_ERRNOS = frozenset({errno.ENOENT, errno.ESTALE})
 FILE_MODE = 0o664
 #: Folders are group-writable and setgid so new files keep the group (SPEC §9).
 DIR_MODE = 0o2775
+#: Names NFS clients give to removed files still open somewhere (SPEC §9): never ours to
+#: remove or report; they go when the last descriptor closes.
+NFS_SILLY_PREFIX = ".nfs"
 
 _HOST = socket.gethostname().split(".")[0] or "host"
+
+
+def short_host() -> str:
+    """This host's short name, as temp file names carry it (attributes leftovers)."""
+    return _HOST
 
 
 def temp_path(dest: Path) -> Path:
@@ -47,6 +58,41 @@ def temp_path(dest: Path) -> Path:
     """
     token = secrets.token_hex(4)
     return dest.with_name(f"{dest.name}.{_HOST}.{os.getpid()}.{token}{TEMP_SUFFIX}")
+
+
+def temp_writer(name: str) -> tuple[str, int] | None:
+    """``(host, pid)`` of the process that made temp file ``name`` (see :func:`temp_path`), or
+    None when the name is not of that shape (e.g. a CANN writer's own ``*.temp``)."""
+    if not name.endswith(TEMP_SUFFIX):
+        return None
+    parts = name[: -len(TEMP_SUFFIX)].rsplit(".", 3)
+    if len(parts) != 4 or not parts[2].isdigit() or len(parts[3]) != 8:
+        return None
+    return parts[1], int(parts[2])
+
+
+def temp_writer_dead(name: str) -> bool:
+    """True when temp file ``name`` was made by a process of *this* host that no longer runs:
+    a write that can never finish (a ``kill -9`` mid-publish), reclaimable at once whatever
+    its age. Temps of other hosts, of live pids, or of unknown shape give False (SPEC §5's
+    one-hour rule applies to them)."""
+    writer = temp_writer(name)
+    if writer is None or writer[0] != _HOST:
+        return False
+    return not pid_alive(writer[1])
+
+
+def pid_alive(pid: int) -> bool:
+    """True when a process ``pid`` exists on this host (``EPERM``: it exists, not ours)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def write_temp(dest: Path, data: bytes, mode: int = FILE_MODE) -> Path:
@@ -146,7 +192,10 @@ def read_bytes_noatime(path: Path) -> bytes:
             chunks.append(chunk)
         data = b"".join(chunks)
         if restore is not None:
-            os.utime(fd, ns=(restore.st_atime_ns, restore.st_mtime_ns))
+            # another user's file (SPEC §9): only its owner may set times; relatime changes
+            # the atime of a read rarely, and the entry is still read correctly
+            with contextlib.suppress(PermissionError):
+                os.utime(fd, ns=(restore.st_atime_ns, restore.st_mtime_ns))
     finally:
         os.close(fd)
     return data
@@ -155,11 +204,22 @@ def read_bytes_noatime(path: Path) -> bytes:
 def touch_atime(path: Path, now_ns: int | None = None) -> None:
     """Set ``path``'s access time to now and keep its modification time (SPEC §3.3, [GE]).
 
-    :raises OSError: when the file is gone or not ours to change.
+    Setting an explicit time needs ownership of the file. In a cache shared by a group (SPEC
+    §9) a hit on another user's entry must still count for eviction, so for a file we do not
+    own but may write (group-writable, umask 002) both times are set to now — the one change
+    the kernel allows a writer; the mtime of an entry's files is not used by anything.
+
+    :raises OSError: when the file is gone, or not writable by this user either.
     """
     st = os.stat(path, follow_symlinks=False)
     now = time.time_ns() if now_ns is None else now_ns
-    os.utime(path, ns=(now, st.st_mtime_ns), follow_symlinks=False)
+    try:
+        os.utime(path, ns=(now, st.st_mtime_ns), follow_symlinks=False)
+    except PermissionError:
+        if st.st_uid == os.geteuid():
+            raise
+        # UTIME_NOW for both: allowed to any user with write access
+        os.utime(path, None, follow_symlinks=False)
 
 
 def ensure_dir(path: Path) -> Path:
@@ -189,6 +249,75 @@ def ensure_dir(path: Path) -> Path:
     if not path.is_dir():
         raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(path))
     return path
+
+
+def open_lock_file(path: Path) -> int:
+    """Open (creating it if needed) a lock file for reading and writing; return the descriptor.
+
+    A lock file this user creates is made group read/write (0664) whatever the umask, so the
+    other users of a shared cache can lock it too (SPEC §9); a file we find is left as it is.
+
+    :raises OSError: e.g. ``EACCES`` for another user's lock file that is not group-writable.
+    """
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags, FILE_MODE)
+    try:
+        st = os.fstat(fd)
+        if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != FILE_MODE:
+            os.fchmod(fd, FILE_MODE)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def user_name(uid: int | None = None) -> str:
+    """The login name of ``uid`` (default: this process's effective user), else the number."""
+    uid = os.geteuid() if uid is None else uid
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def group_name(gid: int) -> str:
+    """The name of group ``gid``, else the number."""
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
+def access_hint(path: Path, want: str = "writable") -> str:
+    """One line saying why ``path`` is not ``want`` (writable/readable) by this user in a
+    shared cache, and what to do (SPEC §9) — instead of CANN's silent skip.
+
+    Names the path, the user, the path's owner, group and mode, and the fix: join the group,
+    or make the folder group-writable and setgid, or use another cache folder.
+    """
+    user = user_name()
+    head = f"{path} is not {want} by user {user}"
+    try:
+        st = os.stat(path)
+        read_only = bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError as exc:
+        return f"{head}: {exc.strerror}"
+    if read_only and want == "writable":
+        return f"{head}: it is on a read-only filesystem; use a writable cache folder"
+    owner, group = user_name(st.st_uid), group_name(st.st_gid)
+    head += f": it belongs to {owner}:{group}, mode {stat.filemode(st.st_mode)}"
+    if st.st_uid == os.geteuid():
+        return f"{head}; give yourself access (chmod u+rwX {path})"
+    if st.st_gid not in set(os.getgroups()) | {os.getegid()}:
+        return (
+            f"{head}, and {user} is not in group {group}; add {user} to it "
+            f"(usermod -aG {group} {user}, then log in again) or use another cache folder"
+        )
+    setgid = ",g+s" if stat.S_ISDIR(st.st_mode) else ""
+    return (
+        f"{head}, and group {group} may not write it; ask {owner} to run "
+        f"'chmod g+rwX{setgid} {path}' and to work with umask 002"
+    )
 
 
 class FcntlLock:
@@ -262,8 +391,7 @@ class FcntlLock:
         raise LockBusyError(f"timed out waiting for lock {self.path}")
 
     def _open(self) -> int:
-        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-        return os.open(self.path, flags, FILE_MODE)
+        return open_lock_file(self.path)
 
     def _lock_fd(self, fd: int, blocking: bool, deadline: float | None) -> bool:
         delay = 0.001

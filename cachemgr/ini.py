@@ -412,7 +412,7 @@ class OpCacheIni:
                 fsutil.atomic_write_bytes(self.path, data)
             except PermissionError as exc:
                 raise CachePermissionError(
-                    f"cannot write {INI_NAME} {self.path}: {exc.strerror}"
+                    f"cannot write {INI_NAME} {self.path}: " + fsutil.access_hint(self.path.parent)
                 ) from exc
             log.info("wrote %s", self.path)
         self._disk = data

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from cachemgr import fsutil
 from cachemgr.errors import ConfigError, InvalidEntryError
 
 #: The eviction lock's file name in every chip folder (CANN GE's own name, SPEC §5).
@@ -60,7 +61,8 @@ def check_root(path: Path, name: str, origin: str) -> None:
     Walks up to the first existing ancestor: it must be a folder (not a file) and writable
     by this user (SPEC §2: "if it does not exist but is a valid path it is created").
 
-    :raises ConfigError: naming the value, its origin and what is wrong.
+    :raises ConfigError: naming the value, its origin and what is wrong — for a folder this
+        user may not write, its owner, group and mode and how to get access (SPEC §9).
     """
     cur = path
     while not os.path.lexists(cur):
@@ -71,7 +73,7 @@ def check_root(path: Path, name: str, origin: str) -> None:
         what = "a file" if cur == path else f"under {cur}, which is a file"
         raise ConfigError(f"{name}={path} (from {origin}) is {what}, not a folder")
     if not os.access(cur, os.W_OK | os.X_OK):
-        raise ConfigError(f"{name}={path} (from {origin}): {cur} is not writable by this user")
+        raise ConfigError(f"{name}={path} (from {origin}): {fsutil.access_hint(cur)}")
 
 
 def safe_file_name(value: object, field: str) -> str:

@@ -15,17 +15,25 @@ Readers take no lock: the json-last publish order is what keeps them from partia
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cachemgr import entry, fsutil, layout
-from cachemgr.errors import CachePermissionError, ConfigError, InvalidEntryError, InvalidInputError
+from cachemgr.errors import (
+    CachePermissionError,
+    ConfigError,
+    InvalidEntryError,
+    InvalidInputError,
+    NoSpaceError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +45,51 @@ EXISTS = "exists"
 
 #: How long a publish or a bad-entry removal waits for an entry lock (seconds).
 DEFAULT_LOCK_TIMEOUT_S = 120.0
+#: errno values of a full filesystem: no space (``ENOSPC``) or quota spent (``EDQUOT``).
+NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+#: ``listener(chip_dir, bytes_needed)``: called when a publish ran out of space.
+NoSpaceListener = Callable[[Path, int], None]
+_no_space_listeners: list[NoSpaceListener] = []
+_listeners_lock = threading.Lock()
+
+
+def add_no_space_listener(listener: NoSpaceListener) -> None:
+    """Call ``listener(chip_dir, bytes_needed)`` whenever a publish in this process fails on a
+    full filesystem (the daemon schedules eviction of that chip folder; SPEC §5, §9)."""
+    with _listeners_lock:
+        _no_space_listeners.append(listener)
+
+
+def remove_no_space_listener(listener: NoSpaceListener) -> None:
+    """Stop calling ``listener`` (no error when it was not added)."""
+    with _listeners_lock:
+        if listener in _no_space_listeners:
+            _no_space_listeners.remove(listener)
+
+
+def _no_space(chip_dir: Path, kernel: str, needed: int, exc: OSError) -> NoSpaceError:
+    """The one-line error for a publish that hit a full filesystem; tells the listeners."""
+    try:
+        vfs = os.statvfs(chip_dir)
+        free = f"{vfs.f_bavail * vfs.f_frsize} bytes free"
+    except OSError:
+        free = "free space unknown"
+    what = "no space left" if exc.errno == errno.ENOSPC else "disk quota exceeded"
+    err = NoSpaceError(
+        f"{what} in {chip_dir} ({free}): entry {kernel} needs {needed} bytes; "
+        "nothing was published (evict with 'cachemgr gc', or free space on that filesystem)",
+        str(chip_dir),
+        needed,
+    )
+    with _listeners_lock:
+        listeners = list(_no_space_listeners)
+    for listener in listeners:
+        try:
+            listener(chip_dir, needed)
+        except Exception:  # a listener must not turn the publish error into another one
+            log.exception("no-space listener failed")
+    return err
 
 
 @dataclass(frozen=True)
@@ -258,18 +311,35 @@ class Store:
         :param main_json: the kernel description; must name the given binaries with their
             correct ``sha256`` (checked before anything is written).
         :raises InvalidInputError: bad names, a json that does not match the files.
-        :raises OSError: write failure such as ``ENOSPC``; no partial entry is left.
+        :raises NoSpaceError: the filesystem is full (``ENOSPC``/``EDQUOT``): one line naming
+            the chip folder and the bytes needed; the no-space listeners are told; no partial
+            entry is left (SPEC §3.3).
+        :raises CachePermissionError: the chip folder or the entry's lock file is not
+            writable by this user (names the path, user, group and the fix; SPEC §9).
+        :raises OSError: any other write failure; no partial entry is left.
         """
         check_kernel_name(kernel)
         payload = dict(files)
         payload[kernel + ".json"] = _dump_json(main_json)
         self._check_payload(kernel, payload)
-        fsutil.ensure_dir(self.chip_dir)
-        with self.entry_lock(kernel):
-            existing = self._existing_good(kernel)
-            if existing is not None:
-                return existing
-            written = self._write_all(kernel, payload)
+        try:
+            fsutil.ensure_dir(self.chip_dir)
+            with self.entry_lock(kernel):
+                existing = self._existing_good(kernel)
+                if existing is not None:
+                    return existing
+                written = self._write_all(kernel, payload)
+        except PermissionError as exc:
+            where = Path(exc.filename) if exc.filename else self.chip_dir
+            where = where if os.path.exists(where) else self.chip_dir
+            if where.name.endswith(fsutil.TEMP_SUFFIX):
+                where = self.chip_dir
+            raise CachePermissionError(fsutil.access_hint(where)) from exc
+        except OSError as exc:
+            if exc.errno not in NO_SPACE_ERRNOS:
+                raise
+            needed = sum(len(b) for b in payload.values())
+            raise _no_space(self.chip_dir, kernel, needed, exc) from exc
         log.info("published %s/%s (%d bytes)", self.chip_dir.name, kernel, written)
         paths = tuple(self.chip_dir / n for n in payload)
         return PublishResult(PUBLISHED, kernel, paths, written)

@@ -60,7 +60,9 @@ class UsageIndex:
         try:
             with os.scandir(self.kernel_cache_dir) as it:
                 chips = [e.name for e in it if e.is_dir(follow_symlinks=False)]
-        except (FileNotFoundError, NotADirectoryError):
+        except OSError as exc:
+            if not isinstance(exc, NotADirectoryError) and exc.errno not in fsutil.GONE_ERRNOS:
+                raise
             chips = []
         for soc in set(self.chips()) - set(chips):
             with self._lock:
@@ -138,6 +140,7 @@ def _scan_sizes(chip_dir: Path) -> tuple[dict[int, int], int]:
                 if stat.S_ISREG(st.st_mode):
                     sizes[_key(de.name)] = st.st_size
                     entries += _is_main_json(de.name)
-    except (FileNotFoundError, NotADirectoryError):
-        pass
+    except OSError as exc:  # gone, also removed by another NFS host (ESTALE): empty
+        if not isinstance(exc, NotADirectoryError) and exc.errno not in fsutil.GONE_ERRNOS:
+            raise
     return sizes, entries

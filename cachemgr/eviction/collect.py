@@ -169,8 +169,10 @@ def gc_chip(
     started = time.monotonic()
     try:
         chip_fd = open_dir(chip_dir)
-    except (FileNotFoundError, NotADirectoryError):
-        report.skipped = SKIP_MISSING
+    except OSError as exc:
+        if not isinstance(exc, NotADirectoryError) and exc.errno not in fsutil.GONE_ERRNOS:
+            raise
+        report.skipped = SKIP_MISSING  # also ESTALE: another NFS host removed it (SPEC §9)
         return report
     lock = fsutil.FcntlLock(chip_dir / layout.EVICT_LOCK_NAME)
     try:

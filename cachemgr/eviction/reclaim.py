@@ -6,7 +6,9 @@
   sha256 checks of every entry are ``cachemgr verify --repair``'s job;
 * **binaries with no json** older than :data:`ORPHAN_MIN_AGE_S` (a publish renames the binary
   before the json), through ``Store.remove_orphan`` (under the kernel's lock, without waiting);
-* **``*.temp``** files older than :data:`TEMP_MAX_AGE_S` (one hour, SPEC §5);
+* **``*.temp``** files older than :data:`TEMP_MAX_AGE_S` (one hour, SPEC §5), and at once
+  those whose name says a process of this host made them that no longer runs (a ``kill -9``
+  mid-publish; :func:`cachemgr.fsutil.temp_writer_dead`);
 * **``.lock`` files of entries that no longer exist**: taken without waiting, then unlinked.
 
 Every step updates the snapshot (files and ``used_bytes``) so the plan sees the folder as it
@@ -19,7 +21,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cachemgr import entry
+from cachemgr import entry, fsutil
 from cachemgr.entry import ChipScan, EntryGroup
 from cachemgr.errors import LockBusyError
 from cachemgr.eviction.files import (
@@ -176,8 +178,9 @@ def _reclaim_orphan(
 def _reclaim_temp(
     scan: ChipScan, chip_fd: int, name: str, now_ns: int, dry_run: bool, out: ReclaimResult
 ) -> None:
-    if now_ns - scan.temps[name].mtime_ns < TEMP_MAX_AGE_S * 1_000_000_000:
-        return  # a write in progress
+    young = now_ns - scan.temps[name].mtime_ns < TEMP_MAX_AGE_S * 1_000_000_000
+    if young and not fsutil.temp_writer_dead(name):
+        return  # a write in progress (a dead writer of this host's temp goes at once)
     if not dry_run:
         try:
             unlink_quiet(chip_fd, name)
