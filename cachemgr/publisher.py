@@ -6,7 +6,9 @@
 1. hold the chip lock shared (:mod:`cachemgr.chiplock`: ``force`` waits for this publish and no
    new publisher starts while ``force`` waits);
 2. take the entry's fcntl lock (``<kernel>.lock``, the lock CANN takes too) and look up again —
-   another process may have published the entry while we waited: cross-process single-flight;
+   another process may have published the entry while we waited: cross-process single-flight.
+   A lock still held after ``lock_timeout_s`` (a stuck compile on another host) does not fail
+   the request: it is compiled here, outside the cache (issue 6);
 3. compile in the worker's private build folder (never in the chip folder);
 4. hand back a :class:`Pending` publish. Its :meth:`Pending.finish` (run on another thread, so
    the compiler slot is free for the next job at once) publishes through
@@ -19,6 +21,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +30,7 @@ from cachemgr import entry, fsutil, precompiled
 from cachemgr.build import COMPILED, HIT, CompileOutcome, Prepared, RunContext, compile_job
 from cachemgr.chiplock import Hold
 from cachemgr.compilers import CompileResult
+from cachemgr.errors import LockBusyError
 from cachemgr.store import Store
 
 log = logging.getLogger(__name__)
@@ -101,13 +105,17 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
     publish that the caller must :meth:`~Pending.finish` (or :meth:`~Pending.release`).
 
     :raises CompileError: the compile failed; the locks are released, nothing is cached.
-    :raises LockBusyError: a lock was not obtained within ``ctx.lock_timeout_s``.
+    :raises LockBusyError: the chip lock was not obtained within ``ctx.lock_timeout_s`` (a
+        ``force`` that never ends; the entry lock's timeout compiles outside the cache).
     """
     hold = p.chip_lock.hold_shared(timeout_s=ctx.lock_timeout_s)
     try:
         fsutil.ensure_dir(p.chip_dir)
         lock = Store(p.chip_dir).entry_lock(p.kernel)
         lock.acquire(timeout_s=ctx.lock_timeout_s)
+    except LockBusyError:
+        hold.release()
+        return _compile_alone(p, ctx)
     except BaseException:
         hold.release()
         raise
@@ -125,6 +133,29 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
         hold.release()
         raise
     return Pending(p, files, main, lock, hold, ctx.lock_timeout_s)
+
+
+def _compile_alone(p: Prepared, ctx: RunContext) -> CompileOutcome:
+    """The entry lock stayed held for ``ctx.lock_timeout_s``: the process (or host) compiling
+    this kernel is stuck or very slow. Rather than fail, look once more, then compile here
+    into the private output folder (``compiled``; the cache is not written: its lock is
+    not ours). Issue 6: a second host waits for the first one's compile, up to a limit."""
+    found = Store(p.chip_dir).lookup(p.kernel) if p.decision.cache.read else None
+    if found is not None and found.hit:
+        return CompileOutcome(p.kernel, HIT, found.files, request=p.request.origin)
+    log.warning(
+        "%s: %s stayed locked for %g s (another process compiling it?); compiling it here, "
+        "outside the cache",
+        p.kernel,
+        Store(p.chip_dir).lock_path(p.kernel),
+        ctx.lock_timeout_s,
+    )
+    result = p.backend.compile(compile_job(p, ctx.build_dir()))
+    out = fsutil.ensure_dir(ctx.uncached_dir())
+    binary, doc = out / result.binary.name, out / result.json_path.name
+    os.replace(result.binary, binary)
+    os.replace(result.json_path, doc)  # json last: a visible json means a whole kernel
+    return CompileOutcome(p.kernel, COMPILED, (doc, binary), request=p.request.origin)
 
 
 def _payload(p: Prepared, result: CompileResult) -> tuple[dict[str, bytes], dict[str, Any]]:

@@ -9,6 +9,9 @@ from typing import Any
 
 from cachemgr.errors import ConfigError
 
+#: ``[daemon] lock_fallback`` values (SPEC §9).
+LOCK_FALLBACKS = ("refuse", "local")
+
 
 @dataclass(frozen=True)
 class DaemonConfig:
@@ -24,6 +27,14 @@ class DaemonConfig:
     tcp_port: int = 0
     max_body_bytes: int = 1 << 20
     stop_timeout_s: float = 600.0  # SIGTERM: how long running compiles may take to finish
+    # SPEC §9: what to do when fcntl locks do not work on the cache root (checked at start):
+    # "refuse" to start, or "local": serve a cache on local disk instead, and say so
+    lock_fallback: str = "refuse"
+    # the root of that local cache; "" = $CACHE_DIRECTORY (systemd) or ~/.cache/cachemgr
+    local_cache_dir: str = ""
+    # how long a compile waits for another process (or host) compiling the same kernel, then
+    # compiles it itself (seconds); 0 = twice the compile timeout plus a minute
+    lock_wait_s: float = 0.0
 
     @classmethod
     def from_table(cls, table: Mapping[str, Any] | None, where: str = "[daemon]") -> DaemonConfig:
@@ -39,6 +50,12 @@ class DaemonConfig:
                 raise ConfigError(f"{where}: unknown setting {key!r} (known: {', '.join(known)})")
             default = known[key].default
             values[key] = _coerce(key, raw, default, where)
+        fallback = values.get("lock_fallback", cls.lock_fallback)
+        if fallback not in LOCK_FALLBACKS:
+            raise ConfigError(
+                f"{where}: lock_fallback={fallback!r} is invalid; accepted: "
+                + ", ".join(repr(v) for v in LOCK_FALLBACKS)
+            )
         return cls(**values)
 
 

@@ -31,7 +31,7 @@ from watchdog.events import (
 )
 from watchdog.observers import Observer
 
-from cachemgr import eviction, fsutil, kernel_meta
+from cachemgr import eviction, fsutil, kernel_meta, store
 from cachemgr.daemon.config import DaemonConfig
 from cachemgr.daemon.state import Counters
 from cachemgr.daemon.usage import UsageIndex
@@ -94,8 +94,12 @@ class Governance:
     # --- lifecycle ------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Index the cache, start watching it and start the periodic jobs."""
+        """Reclaim what crashed processes left (temp files, dead locks, bad entries — SPEC §9:
+        a ``kill -9`` leaves nothing for long), index the cache, start watching it and start
+        the periodic jobs. A publish that hits a full filesystem schedules eviction."""
         fsutil.ensure_dir(self.index.kernel_cache_dir)
+        self.reap()
+        store.add_no_space_listener(self._on_no_space)
         self.index.reconcile()
         self._start_observer()
         cfg = self.config
@@ -108,7 +112,6 @@ class Governance:
             self.reap,
             IntervalTrigger(seconds=cfg.reap_interval_s),
             id="reap",
-            next_run_time=dt.datetime.now(dt.UTC),
         )
         self.scheduler.add_job(
             self.counters.save,
@@ -121,6 +124,7 @@ class Governance:
 
     def stop(self) -> None:
         """Stop the observer and the scheduler (waits for a running job to finish)."""
+        store.remove_no_space_listener(self._on_no_space)
         if self._observer is not None:
             self._observer.stop()
             self._observer.join(timeout=10)
@@ -169,14 +173,45 @@ class Governance:
             return
         self.schedule_eviction(soc)
 
-    def schedule_eviction(self, soc: str) -> None:
-        """Run eviction of ``soc`` after the debounce delay (one pending run per chip)."""
+    def schedule_eviction(self, soc: str, ratio_pct: int | None = None) -> None:
+        """Run eviction of ``soc`` after the debounce delay (one pending run per chip);
+        with ``ratio_pct`` down to that percent of the limit even below the trigger."""
         if not self.scheduler.running:
             return
         when = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=self.config.evict_debounce_s)
         self.scheduler.add_job(
-            self.evict, "date", run_date=when, args=[soc], id=f"evict:{soc}", replace_existing=True
+            self.evict,
+            "date",
+            run_date=when,
+            args=[soc, ratio_pct],
+            id=f"evict:{soc}",
+            replace_existing=True,
         )
+
+    def _on_no_space(self, chip_dir: Path, bytes_needed: int) -> None:
+        """A publish hit a full filesystem (``ENOSPC``): the disk, not the limit, is full, so
+        the chip folder's current usage acts as its limit — evict down to ``ratio`` % of
+        ``min(limit, used)`` now, in the scheduler's thread. ``max_op_cache_size=-1`` (never
+        evict) is honoured: only the error is reported."""
+        if chip_dir.parent != self.index.kernel_cache_dir:
+            return
+        settings = self._settings()
+        self.counters.add("no_space")
+        max_mb = int(settings.value("max_op_cache_size"))
+        if max_mb == eviction.NEVER_EVICT:
+            log.warning("no space left in %s; eviction is off (max_op_cache_size=-1)", chip_dir)
+            return
+        ratio = int(settings.value("remain_cache_size_ratio"))
+        used = self.index.reconcile_chip(chip_dir.name)
+        effective = min(ratio, used * ratio // (max_mb * MIB))
+        log.warning(
+            "no space left in %s for %d bytes: evicting %s to %d %% of its limit",
+            chip_dir,
+            bytes_needed,
+            chip_dir.name,
+            effective,
+        )
+        self.schedule_eviction(chip_dir.name, effective)
 
     def evict(self, soc: str, ratio_pct: int | None = None) -> dict[str, object]:
         """Evict one chip folder now (the limits of the current settings)."""
@@ -206,8 +241,14 @@ class Governance:
                 self.counters.add(counter, value)
 
     def reconcile(self) -> dict[str, int]:
-        """The periodic rescan; re-checks every chip folder's limit."""
-        used = self.index.reconcile()
+        """The periodic rescan; re-checks every chip folder's limit. Other hosts' writes and
+        deletes show up here (inotify does not see them, SPEC §9); a rescan that fails (an
+        NFS hiccup) is logged and the next one tries again."""
+        try:
+            used = self.index.reconcile()
+        except OSError as exc:
+            log.warning("reconciling %s failed: %s", self.index.kernel_cache_dir, exc)
+            return {}
         for soc in used:
             self._check_limit(soc)
         log.debug("reconciled usage: %s", used)

@@ -1,10 +1,12 @@
 """``cachemgr serve``: the daemon's main loop (Patroni's shape: signal handlers only set flags;
 the loop reacts; SIGHUP and ``/reload`` share one path).
 
-Start: resolve the config (a bad one exits non-zero naming it) → refuse if a live daemon owns
-the socket ("already running, pid N"), reclaim a dead one's socket → index the cache and start
-governance → serve → ``READY=1``. SIGHUP: reload, keeping the old config on error. SIGTERM or
-SIGINT: ``STOPPING=1``, stop taking work, finish what runs, exit 0.
+Start: resolve the config (a bad one exits non-zero naming it) → check the cache root (this
+user may write it; fcntl locks work, else ``lock_fallback``: SPEC §9) → refuse if a live daemon
+owns the socket ("already running, pid N"), reclaim a dead one's socket → reclaim what crashed
+processes left, index the cache and start governance → serve → ``READY=1``. SIGHUP: reload,
+keeping the old config on error. SIGTERM or SIGINT: ``STOPPING=1``, stop taking work, finish
+what runs, exit 0.
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ import select
 import signal
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from cachemgr import fsutil, options
 from cachemgr.client import Client, default_socket_path
+from cachemgr.daemon import rootcheck
 from cachemgr.daemon.api import Api
 from cachemgr.daemon.config import DaemonConfig
 from cachemgr.daemon.notify import Notifier
@@ -109,8 +112,11 @@ def run(
     config: DaemonConfig,
     socket_path: Path,
     tcp_port: int | None = None,
+    note: str = "",
 ) -> int:
     """Run the daemon until SIGTERM/SIGINT; return the exit code (0 on a clean stop).
+
+    ``note`` is added to systemd's ``STATUS=`` (e.g. a local-cache fallback, SPEC §9).
 
     :raises ConfigError: bad configuration at start (before anything is started).
     :raises AlreadyRunning: a live daemon owns ``socket_path``.
@@ -135,7 +141,8 @@ def run(
         service.tcp_address = server.tcp_address
         where = f"{socket_path}" + (f" and {server.tcp_address}" if server.tcp_address else "")
         log.info("serving on %s (pid %d)", where, os.getpid())
-        notifier.ready(f"serving {service.settings.value('kernel_cache_dir')}")
+        serving = f"serving {service.settings.value('kernel_cache_dir')}"
+        notifier.ready(f"{serving}; {note}" if note else serving)
         _loop(service, notifier, flags, wake)
     finally:
         notifier.stopping()
@@ -175,18 +182,28 @@ def serve(
     socket_path: Path | None,
     tcp_port: int | None,
 ) -> int:
-    """Resolve settings and the ``[daemon]`` table, then :func:`run`.
+    """Resolve settings and the ``[daemon]`` table, check the cache root (access, fcntl
+    locks, ``lock_fallback``: :mod:`cachemgr.daemon.rootcheck`), then :func:`run`.
 
     :raises ConfigError: naming the bad value (and the file) before anything starts.
+    :raises CachePermissionError: this user cannot write the kernel cache (one line naming
+        the folder, the user, the group and the fix; SPEC §9).
+    :raises LocksUnavailable: fcntl locks do not work there and the fallback is "refuse".
     """
 
-    def resolve() -> options.Settings:
-        return options.resolve(cli=cli_values, config_file=config_file)
+    def resolve_with(values: Mapping[str, object]) -> options.Settings:
+        return options.resolve(cli=values, config_file=config_file)
 
-    settings = resolve()
+    settings = resolve_with(cli_values)
     for problem in settings.problems:
         log.warning("%s", problem)
     where = f"config {config_file or os.environ.get('CACHEMGR_CONFIG', '')} [daemon]"
     config = DaemonConfig.from_table(settings.sections.get("daemon"), where)
+    checked = rootcheck.check_root(cli_values, resolve_with, config)
 
-    return run(resolve, config, socket_path or default_socket_path(), tcp_port)
+    def resolve() -> options.Settings:
+        return resolve_with(checked.cli_values)
+
+    return run(
+        resolve, config, socket_path or default_socket_path(), tcp_port, checked.fallback_note
+    )

@@ -52,7 +52,11 @@ class Service:
         self.accepting = True
         self.tcp_address: tuple[str, int] | None = None
         self.counters = Counters(state_path)
-        self.queue = CompileQueue(self._settings, workers=config.workers or os.cpu_count() or 1)
+        self.queue = CompileQueue(
+            self._settings,
+            workers=config.workers or os.cpu_count() or 1,
+            lock_timeout_s=config.lock_wait_s or None,
+        )
         self.governance = Governance(lambda: self._settings, config, self.counters)
         self._metrics = Metrics(
             self.counters, lambda: self.governance.index, self._limit_bytes, self.queue.depth

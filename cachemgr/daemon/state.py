@@ -18,7 +18,7 @@ from cachemgr import fsutil
 log = logging.getLogger(__name__)
 
 COUNTER_NAMES = ("hits", "misses", "compiles", "binaries", "debug_compiles", "failures",
-                 "evicted_entries", "evicted_bytes")  # fmt: skip
+                 "evicted_entries", "evicted_bytes", "no_space")  # fmt: skip
 
 
 def state_dir(env: Mapping[str, str] | None = None) -> Path:

@@ -1,0 +1,266 @@
+"""Start-up checks of a cache root shared by users and hosts (SPEC §9).
+
+* :func:`probe_locks` — do fcntl locks work on the root? A lock is taken on a probe file and
+  a child process, through its own open file description, must see it as held (POSIX record
+  locks, and the open-file-description locks :mod:`cachemgr.chiplock` uses). A filesystem
+  that refuses locks (``ENOLCK``), ignores them, or is an NFS mount whose locks stay local to
+  the host (``local_lock=all|posix``, ``nolock``: other hosts would not see them) fails.
+* :func:`access_problems` — can this user write the kernel cache and its chip folders? Each
+  problem is one line naming the folder, the user, its owner, group and mode and the fix
+  (:func:`cachemgr.fsutil.access_hint`), instead of CANN's silent skip.
+
+The daemon runs both before it serves (``cachemgr serve``; ``[daemon] lock_fallback``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import stat
+import struct
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from cachemgr import fsutil
+
+log = logging.getLogger(__name__)
+
+#: Probe files are ``<folder>/.cachemgr-lockprobe.<host>.<pid>``, removed after the probe.
+PROBE_PREFIX = ".cachemgr-lockprobe"
+#: How long the child may take to test the lock (seconds); a hung lock manager fails.
+PROBE_TIMEOUT_S = 20.0
+#: NFS mount options under which fcntl locks are local to one host.
+LOCAL_LOCK_OPTIONS = ("local_lock=all", "local_lock=posix", "nolock")
+
+# The child: open the probe file itself (a second open file description) and try the locks
+# the parent holds. Exit 0 = both seen as held; 10 = the POSIX lock was not seen; 11 = the
+# OFD lock was not seen; 12 = an error (printed).
+_CHILD = """
+import errno, fcntl, os, struct, sys
+busy = (errno.EAGAIN, errno.EACCES)
+try:
+    fd = os.open(sys.argv[1], os.O_RDWR)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
+        sys.exit(10)
+    except OSError as exc:
+        if exc.errno not in busy:
+            raise
+    try:
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, 1, 1, 0))
+        sys.exit(11)
+    except OSError as exc:
+        if exc.errno not in busy:
+            raise
+except OSError as exc:
+    print(f"[Errno {exc.errno}] {exc.strerror}")
+    sys.exit(12)
+"""
+
+
+@dataclass(frozen=True)
+class LockProbe:
+    """The answer of :func:`probe_locks`: ``ok``, and one line saying what was found."""
+
+    folder: Path
+    ok: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class Mount:
+    """One line of ``/proc/self/mountinfo``: where, the filesystem type, the options."""
+
+    mount_point: str
+    fstype: str
+    options: tuple[str, ...]
+
+
+def parse_mountinfo(text: str) -> list[Mount]:
+    """The mounts of a ``/proc/<pid>/mountinfo`` text (``proc(5)``); malformed lines skipped.
+
+    Options are the mount's and the superblock's together (NFS puts ``local_lock=`` in the
+    latter). Octal escapes in mount points (``\\040`` for a space) are decoded.
+    """
+    mounts = []
+    for line in text.splitlines():
+        left, sep, right = line.partition(" - ")
+        fields, rest = left.split(), right.split()
+        if not sep or len(fields) < 6 or len(rest) < 3:
+            continue
+        point = _unescape(fields[4])
+        opts = tuple(fields[5].split(",") + rest[2].split(","))
+        mounts.append(Mount(point, rest[0], opts))
+    return mounts
+
+
+def _unescape(field: str) -> str:
+    out, i = [], 0
+    while i < len(field):
+        if field[i] == "\\" and field[i + 1 : i + 4].isdigit():
+            out.append(chr(int(field[i + 1 : i + 4], 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
+
+
+def mount_of(path: Path, mounts: list[Mount]) -> Mount | None:
+    """The mount holding ``path`` (resolved): the longest mount point that contains it (the
+    last one mounted there when several are)."""
+    real = os.path.realpath(path)
+    best: Mount | None = None
+    for mount in mounts:
+        point = mount.mount_point.rstrip("/") or "/"
+        inside = real == point or real.startswith(point + "/") or point == "/"
+        if inside and (best is None or len(point) >= len(best.mount_point.rstrip("/") or "/")):
+            best = mount
+    return best
+
+
+def local_lock_reason(mount: Mount | None) -> str | None:
+    """Why locks on ``mount`` would not be seen by other hosts, or None: an NFS mount with
+    ``local_lock=all``/``local_lock=posix`` or ``nolock`` keeps fcntl locks on this host."""
+    if mount is None or not mount.fstype.startswith("nfs"):
+        return None
+    found = [o for o in mount.options if o in LOCAL_LOCK_OPTIONS]
+    if not found:
+        return None
+    return (
+        f"{mount.mount_point} is an {mount.fstype} mount with {found[0]}: its fcntl locks are "
+        "not seen by other hosts (SPEC §9 needs NFSv4 locks)"
+    )
+
+
+def probe_locks(
+    folder: Path,
+    timeout_s: float = PROBE_TIMEOUT_S,
+    mountinfo: Path = Path("/proc/self/mountinfo"),
+) -> LockProbe:
+    """Check that fcntl locks work in ``folder`` (created if missing), across processes.
+
+    Takes a POSIX record lock and an open-file-description lock on a probe file; a child
+    process opens the file itself and must find both held. Also fails for an NFS mount with
+    host-local locks (see :func:`local_lock_reason`). The probe file is removed.
+
+    :param timeout_s: how long the child may take (a hung lock manager fails the probe).
+    :returns: ``ok`` False with a one-line ``detail`` when locks do not work.
+    :raises OSError: the folder or the probe file cannot be created (e.g. ``EACCES``).
+    """
+    folder = Path(folder)
+    fsutil.ensure_dir(folder)
+    _remove_dead_probes(folder)
+    try:
+        reason = local_lock_reason(mount_of(folder, parse_mountinfo(mountinfo.read_text())))
+    except OSError:
+        reason = None  # no mountinfo (not Linux /proc): the lock test below still runs
+    if reason is not None:
+        return LockProbe(folder, False, reason)
+    path = folder / f"{PROBE_PREFIX}.{fsutil.short_host()}.{os.getpid()}"
+    fd = fsutil.open_lock_file(path)
+    try:
+        return _probe_fd(folder, path, fd, timeout_s)
+    finally:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            fsutil.safe_unlink(path)
+
+
+def _probe_fd(folder: Path, path: Path, fd: int, timeout_s: float) -> LockProbe:
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
+        ofd = _ofd_struct(fcntl.F_WRLCK)
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, ofd)
+    except OSError as exc:
+        return LockProbe(folder, False, f"fcntl lock on {path} failed: {exc.strerror}")
+    try:
+        child = subprocess.run(
+            [sys.executable, "-I", "-S", "-c", _CHILD, str(path)],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return LockProbe(
+            folder, False, f"testing the lock on {path} hung for {timeout_s:g} s (lock manager?)"
+        )
+    finally:
+        fcntl.lockf(fd, fcntl.LOCK_UN, 1, 0)
+    if child.returncode == 0:
+        return LockProbe(folder, True, f"fcntl locks work on {folder}")
+    why = {
+        10: "a lock held by one process was not seen by another (locks are ignored)",
+        11: "an open-file-description lock was not seen by another process",
+    }.get(child.returncode, f"the lock test failed: {child.stdout.strip() or child.stderr}")
+    return LockProbe(folder, False, f"fcntl locks do not work on {folder}: {why}")
+
+
+def _ofd_struct(kind: int) -> bytes:
+    # struct flock: l_type, l_whence, l_start, l_len, l_pid (0 for OFD locks); byte 1
+    return struct.pack("hhqqi4x", kind, os.SEEK_SET, 1, 1, 0)
+
+
+def _remove_dead_probes(folder: Path) -> None:
+    """Probe files of this host's dead processes (a daemon killed mid-probe)."""
+    prefix = f"{PROBE_PREFIX}.{fsutil.short_host()}."
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(prefix) :]
+        if name.startswith(prefix) and pid.isdigit() and not fsutil.pid_alive(int(pid)):
+            with contextlib.suppress(OSError):
+                fsutil.safe_unlink(folder / name)
+
+
+def access_problems(kernel_cache_dir: Path) -> list[str]:
+    """Folders of the kernel cache this user cannot write, one line each (SPEC §9).
+
+    Checks the kernel cache folder (or its first existing parent), ``op_cache.ini`` and
+    every existing chip folder. Each line names the path, the user, the owner, group and mode
+    and what to do (:func:`cachemgr.fsutil.access_hint`). Missing folders are fine: they
+    will be created group-shareable.
+    """
+    problems = []
+    cur = Path(kernel_cache_dir)
+    while not os.path.lexists(cur) and cur.parent != cur:
+        cur = cur.parent
+    folders = [cur]
+    if cur == Path(kernel_cache_dir):
+        with contextlib.suppress(OSError):
+            folders += [Path(e.path) for e in os.scandir(cur) if e.is_dir(follow_symlinks=False)]
+    for folder in folders:
+        if not os.access(folder, os.W_OK | os.X_OK):
+            problems.append(fsutil.access_hint(folder))
+    ini = Path(kernel_cache_dir) / "op_cache.ini"
+    if os.path.exists(ini) and not os.access(ini, os.R_OK):
+        problems.append(fsutil.access_hint(ini, "readable"))
+    return problems
+
+
+def world_writable(kernel_cache_dir: Path) -> list[Path]:
+    """Folders of the kernel cache that anyone may write (SPEC §9: never world-writable)."""
+    found = []
+    paths = [Path(kernel_cache_dir)]
+    with contextlib.suppress(OSError):
+        paths += [
+            Path(e.path) for e in os.scandir(kernel_cache_dir) if e.is_dir(follow_symlinks=False)
+        ]
+    for path in paths:
+        try:
+            mode = os.lstat(path).st_mode
+        except OSError as exc:
+            if exc.errno in fsutil.GONE_ERRNOS or exc.errno == errno.EACCES:
+                continue
+            raise
+        if stat.S_ISDIR(mode) and mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
+            found.append(path)
+    return found
