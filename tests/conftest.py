@@ -15,6 +15,25 @@ from cachemgr import entry
 from cachemgr.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """``--soak``: also run the long soak tests (issue 6); without it they are skipped."""
+    parser.addoption(
+        "--soak", action="store_true", default=False, help="also run the long soak tests"
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip tests marked ``soak`` unless ``--soak`` was given."""
+    if config.getoption("--soak"):
+        return
+    skip = pytest.mark.skip(reason="soak test: run with --soak")
+    for item in items:
+        if "soak" in item.keywords:
+            item.add_marker(skip)
+
+
 #: CANN-format fixtures, read in place (never copied into the project).
 FIXTURES = (ROOT / ".." / "shared" / "fixtures" / "cann-ge").resolve()
 SOC = "Ascend910B1"

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from cachemgr.client import Client
 
@@ -110,8 +111,14 @@ def start_daemon(
     notify: bool = True,
     wait_ready: bool = True,
     watchdog_usec: int | None = None,
+    python: str = sys.executable,
+    popen_kw: dict[str, Any] | None = None,
 ) -> Daemon:
-    """Start ``cachemgr serve`` with ``args``; wait for READY=1 (or the socket) unless told not."""
+    """Start ``cachemgr serve`` with ``args``; wait for READY=1 (or the socket) unless told not.
+
+    ``python`` runs it (another user needs a Python it may execute); ``popen_kw`` goes to
+    :class:`subprocess.Popen` (e.g. ``user=``, ``group=``, ``extra_groups=``, ``umask=``).
+    """
     env = dict(env or daemon_env(tmp))
     sock = None
     if notify:
@@ -127,11 +134,12 @@ def start_daemon(
     log_path = tmp / f"daemon-{time.monotonic_ns()}.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "cachemgr", "-v", "serve", *args],
+            [python, "-m", "cachemgr", "-v", "serve", *args],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
             text=True,
+            **(popen_kw or {}),
         )
     daemon = Daemon(proc, socket_path, env, sock, log_path)
     if wait_ready:
