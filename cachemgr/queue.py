@@ -256,22 +256,29 @@ class CompileQueue:
                 self._cond.wait()
 
     def _work(self) -> None:
-        """A compile slot: run jobs; hand each publish to a finisher thread so the next
-        compile starts at once (as many compilers run at a time as there are workers)."""
+        """A compile slot: run jobs; while other jobs wait, hand each publish to a finisher
+        thread so the next compile starts at once (as many compilers run at a time as there
+        are workers); otherwise publish here, sparing the caller a thread hop."""
         while True:
             job = self._next_job()
             if job is None:
                 return
             result = self._run(job.prepared)
             self._ctx.after_job()
-            if isinstance(result, publisher.Pending):
+            if isinstance(result, publisher.Pending) and self._work_waiting():
                 try:
                     self._finishers.submit(self._finish, job, result)
                     continue
                 except RuntimeError:  # finishers shut down (close timed out): finish here
-                    self._finish(job, result)
+                    pass
+            if isinstance(result, publisher.Pending):
+                self._finish(job, result)  # nothing else waits: no thread hop
             else:
                 self._done(job, result)
+
+    def _work_waiting(self) -> bool:
+        with self._lock:
+            return any(job.state == _PENDING for _, _, job in self._heap)
 
     def _run(self, p: Prepared) -> CompileOutcome | publisher.Pending:
         try:
