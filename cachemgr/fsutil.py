@@ -320,6 +320,16 @@ def access_hint(path: Path, want: str = "writable") -> str:
     )
 
 
+class _Slot:
+    """A path's in-process thread lock and how many ``FcntlLock`` acquisitions use it."""
+
+    __slots__ = ("lock", "users")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.users = 0
+
+
 class FcntlLock:
     """An exclusive POSIX record lock (``fcntl(F_SETLK)``) on a lock file.
 
@@ -339,19 +349,34 @@ class FcntlLock:
             finally: lock.release()
     """
 
-    _thread_locks: ClassVar[dict[str, threading.Lock]] = {}
+    _slots: ClassVar[dict[str, _Slot]] = {}
     _registry_lock = threading.Lock()
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self._fd: int | None = None
-        with self._registry_lock:
-            self._tlock = self._thread_locks.setdefault(str(self.path), threading.Lock())
+        self._slot: _Slot | None = None
 
     @property
     def held(self) -> bool:
         """True while this object holds the lock."""
         return self._fd is not None
+
+    def _checkout(self) -> _Slot:
+        """The path's thread lock, counted as in use (so the registry keeps only paths that
+        someone holds or waits for: a long-running daemon does not grow with every path)."""
+        with self._registry_lock:
+            slot = self._slots.get(str(self.path))
+            if slot is None:
+                slot = self._slots[str(self.path)] = _Slot()
+            slot.users += 1
+            return slot
+
+    def _checkin(self, slot: _Slot) -> None:
+        with self._registry_lock:
+            slot.users -= 1
+            if slot.users == 0 and self._slots.get(str(self.path)) is slot:
+                del self._slots[str(self.path)]
 
     def acquire(self, blocking: bool = True, timeout_s: float | None = None) -> bool:
         """Take the lock. Return False if busy and ``blocking`` is False.
@@ -362,31 +387,45 @@ class FcntlLock:
             filesystem without working locks).
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        if not self._take_thread_lock(blocking, deadline):
+        slot = self._checkout()
+        try:
+            taken = self._take_thread_lock(slot.lock, blocking, deadline)
+        except BaseException:
+            self._checkin(slot)
+            raise
+        if not taken:
+            self._checkin(slot)
             return False
         try:
             while True:
                 fd = self._open()
-                if self._lock_fd(fd, blocking, deadline):
-                    if self._same_file(fd):
-                        self._fd = fd
-                        return True
-                    os.close(fd)  # reaped while we waited: lock the new file
-                    continue
-                os.close(fd)
-                self._tlock.release()
-                return False
+                try:
+                    locked = self._lock_fd(fd, blocking, deadline)
+                except BaseException:
+                    os.close(fd)
+                    raise
+                if locked and self._same_file(fd):
+                    self._fd, self._slot = fd, slot
+                    return True
+                os.close(fd)  # busy, or reaped while we waited (then lock the new file)
+                if not locked:
+                    break
         except BaseException:
-            if self._fd is None and self._tlock.locked():
-                self._tlock.release()
+            slot.lock.release()
+            self._checkin(slot)
             raise
+        slot.lock.release()
+        self._checkin(slot)
+        return False
 
-    def _take_thread_lock(self, blocking: bool, deadline: float | None) -> bool:
+    def _take_thread_lock(
+        self, tlock: threading.Lock, blocking: bool, deadline: float | None
+    ) -> bool:
         if not blocking:
-            return self._tlock.acquire(blocking=False)
+            return tlock.acquire(blocking=False)
         if deadline is None:
-            return self._tlock.acquire()
-        if self._tlock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            return tlock.acquire()
+        if tlock.acquire(timeout=max(0.0, deadline - time.monotonic())):
             return True
         raise LockBusyError(f"timed out waiting for lock {self.path}")
 
@@ -405,8 +444,6 @@ class FcntlLock:
             if not blocking:
                 return False
             if deadline is not None and time.monotonic() >= deadline:
-                os.close(fd)
-                self._tlock.release()
                 raise LockBusyError(f"timed out waiting for lock {self.path}")
             time.sleep(delay)
             delay = min(delay * 2, 0.05)
@@ -421,16 +458,18 @@ class FcntlLock:
 
     def release(self, unlink: bool = False) -> None:
         """Release the lock; with ``unlink`` remove the lock file first (while still held)."""
-        if self._fd is None:
+        if self._fd is None or self._slot is None:
             return
         fd, self._fd = self._fd, None
+        slot, self._slot = self._slot, None
         try:
             if unlink:
                 safe_unlink(self.path)
             fcntl.lockf(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)
-            self._tlock.release()
+            slot.lock.release()
+            self._checkin(slot)
 
     def __enter__(self) -> FcntlLock:
         self.acquire()
