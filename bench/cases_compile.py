@@ -370,6 +370,8 @@ def _request_files(work: Path, reqs: list[CompileRequest]) -> list[Path]:
 def run(workdir: Path, quick: bool) -> list[Row]:
     """Every row of this module (see the module docstring)."""
     rows = _hit_rows(workdir / "hit", quick)
+    load = os.getloadavg()[0]
+    rows[0].note += f"; load average {load:.1f} at start, niceness {os.nice(0)}"
     rows += _miss_rows(workdir / "miss", quick)
     rows += _pool_rows(workdir / "pool", quick)
     rows += _ccache_rows(workdir / "ccache", quick)
