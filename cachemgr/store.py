@@ -188,7 +188,7 @@ class Store:
         """
         check_kernel_name(kernel)
         try:
-            desc, problems = entry.check_entry(self.chip_dir, kernel)
+            desc, problems = self._check_stable(kernel)
         except FileNotFoundError:
             return LookupResult(MISS, kernel, ABSENT)
         if not problems and desc is not None:
@@ -200,6 +200,20 @@ class Store:
         first = problems[0]
         log.warning("bad entry %s/%s: %s", self.chip_dir.name, kernel, first.detail)
         return LookupResult(MISS, kernel, first.kind, first.detail, removed=removed)
+
+    def _check_stable(self, kernel: str) -> tuple[entry.EntryDesc | None, list[entry.Problem]]:
+        """``entry.check_entry``; an entry found bad is read again (twice at most) before it is
+        judged: another process may have removed it and published it anew between our read
+        of its json and of its binary, which is not damage. A hit costs one read, as before.
+
+        :raises FileNotFoundError: when the entry is gone.
+        """
+        desc, problems = entry.check_entry(self.chip_dir, kernel)
+        for _ in range(2):
+            if not problems:
+                break
+            desc, problems = entry.check_entry(self.chip_dir, kernel)
+        return desc, problems
 
     def _present_parts(self, desc: entry.EntryDesc) -> list[str]:
         names = [desc.json_name, *desc.sub_jsons, *(b.bin_name for b in desc.binaries)]
