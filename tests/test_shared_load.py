@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,7 @@ from typing import Any
 
 import pytest
 
+from cachemgr import fsutil
 from cachemgr.client import Client, DaemonError
 from cachemgr.store import Store
 from tests.conftest import kernel_json
@@ -65,7 +67,8 @@ class Ledger:
     def served(self, kind: str, answer: dict[str, Any]) -> None:
         files = answer.get("files", [])
         verdict = reverify(files)
-        size = sum(os.path.getsize(f) for f in files if os.path.exists(f))
+        stats = [fsutil.lstat_or_none(Path(f)) for f in files]  # evicted meanwhile: None
+        size = sum(st.st_size for st in stats if st is not None)
         with self.lock:
             self.ops[f"{kind}:{answer.get('status')}"] += 1
             if verdict not in (GOOD, GONE):
@@ -203,13 +206,13 @@ def run_load(tmp_path: Path, n_daemons: int, n_clients: int, seconds: float, poo
         ledger = Ledger()
         stop = threading.Event()
         rng = random.Random(seed)
-        errors: list[BaseException] = []
+        errors: list[str] = []
 
         def guarded(target: Any, *args: Any) -> None:
             try:
                 target(*args)
             except BaseException as exc:  # reported by the assertion below
-                errors.append(exc)
+                errors.append("".join(traceback.format_exception(exc)))
                 stop.set()
 
         jobs: list[tuple[Any, tuple[Any, ...]]] = [
@@ -228,7 +231,7 @@ def run_load(tmp_path: Path, n_daemons: int, n_clients: int, seconds: float, poo
         stop.set()
         for t in threads:
             t.join(300)
-        assert not errors, errors
+        assert not errors, errors[0]
         assert not any(t.is_alive() for t in threads), "a client hung"
 
         # a final gc through one daemon (limits applied as configured), then usage

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from cachemgr import entry, eviction, fsprobe, fsutil, store
+from cachemgr import entry, eviction, fsprobe, fsutil, options, store
 from cachemgr.chiplock import ChipLock
+from cachemgr.daemon import rootcheck
 from cachemgr.daemon.config import DaemonConfig
 from cachemgr.errors import ConfigError, NoSpaceError
 from cachemgr.ini import OpCacheIni
@@ -115,6 +116,35 @@ def test_nfs_mount_with_host_local_locks_fails_the_probe(tmp_path: Path) -> None
     assert "local_lock=all" in probe.detail and str(tmp_path) in probe.detail
     mountinfo.write_text(mountinfo.read_text().replace("local_lock=all", "local_lock=none"))
     assert fsprobe.probe_locks(folder, mountinfo=mountinfo).ok
+
+
+def test_root_without_host_wide_locks_is_refused_or_replaced(
+    tmp_path: Path, clean_env: dict[str, str]
+) -> None:
+    shared = tmp_path / "nfs"
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(
+        "27 1 254:0 / / rw,relatime - ext4 /dev/vda rw\n"
+        f"91 27 0:51 / {shared} rw - nfs filer:/x rw,vers=3,nolock,addr=10.0.0.5\n"
+    )
+
+    def probe(folder: Path) -> fsprobe.LockProbe:
+        return fsprobe.probe_locks(folder, mountinfo=mountinfo)
+
+    def resolve(values: object) -> options.Settings:
+        return options.resolve(cli=dict(values), env=clean_env)  # type: ignore[call-overload]
+
+    cli = {"op_compiler_cache_dir": str(shared)}
+    with pytest.raises(rootcheck.LocksUnavailable) as info:
+        rootcheck.check_root(cli, resolve, DaemonConfig(), probe)
+    assert "nolock" in str(info.value) and 'lock_fallback = "local"' in str(info.value)
+    local = tmp_path / "local"
+    config = DaemonConfig(lock_fallback="local", local_cache_dir=str(local))
+    checked = rootcheck.check_root(cli, resolve, config, probe)
+    assert checked.settings.layout.kernel_cache_dir == local / "kernel_cache"
+    assert (
+        str(shared / "kernel_cache") in checked.fallback_note and "local" in checked.fallback_note
+    )
 
 
 def test_lock_fallback_is_checked() -> None:

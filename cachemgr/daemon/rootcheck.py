@@ -69,9 +69,15 @@ def check_access(settings: options.Settings) -> None:
 
 
 def check_root(
-    cli_values: Mapping[str, object], resolve: Resolver, config: DaemonConfig
+    cli_values: Mapping[str, object],
+    resolve: Resolver,
+    config: DaemonConfig,
+    probe_locks: Callable[[Path], fsprobe.LockProbe] = fsprobe.probe_locks,
 ) -> CheckedRoot:
     """Access check, then lock probe, then the fallback policy (module docstring).
+
+    ``probe_locks`` is :func:`cachemgr.fsprobe.probe_locks` (tests give it another
+    ``mountinfo`` file to read).
 
     :raises CachePermissionError: this user cannot write the kernel cache.
     :raises LocksUnavailable: locks do not work and the policy is ``"refuse"``, or the local
@@ -81,7 +87,7 @@ def check_root(
     settings = resolve(cli_values)
     check_access(settings)
     kcache = settings.layout.kernel_cache_dir
-    probe = fsprobe.probe_locks(kcache)
+    probe = probe_locks(kcache)
     if probe.ok:
         log.info("%s", probe.detail)
         return CheckedRoot(cli_values, settings)
@@ -95,7 +101,7 @@ def check_root(
     local_values = {**cli_values, "op_compiler_cache_dir": str(root)}
     local = resolve(local_values)
     check_access(local)
-    second = fsprobe.probe_locks(local.layout.kernel_cache_dir)
+    second = probe_locks(local.layout.kernel_cache_dir)
     if not second.ok:
         raise LocksUnavailable(f"{probe.detail}; the local fallback fails too: {second.detail}")
     note = (
