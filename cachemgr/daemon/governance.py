@@ -10,7 +10,10 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import datetime as dt
+import gc
 import logging
 import threading
 from collections.abc import Callable
@@ -51,6 +54,29 @@ WATCHED_EVENTS = [
     DirDeletedEvent,
     DirMovedEvent,
 ]
+
+
+def release_memory() -> None:
+    """Give the heap that a full scan used back to the system (glibc ``malloc_trim``).
+
+    A scan of 100,000 entries briefly holds ~30 MB of per-file objects; without this the
+    daemon's resident size keeps that peak for its whole life (issue 5: RSS ≤ 80 MB).
+    """
+    gc.collect()
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
+def _load_libc() -> ctypes.CDLL | None:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim  # noqa: B018 (glibc only; musl has none)
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
+_LIBC = _load_libc()
 
 
 class _Events(FileSystemEventHandler):
@@ -101,6 +127,7 @@ class Governance:
         self.reap()
         store.add_no_space_listener(self._on_no_space)
         self.index.reconcile()
+        release_memory()
         self._start_observer()
         cfg = self.config
         self.scheduler.add_job(
@@ -228,6 +255,7 @@ class Governance:
         self._count(data)
         self.last_gc[soc] = data
         self.index.reconcile_chip(soc)
+        release_memory()
         log.info("eviction of %s: %s", soc, data)
         return data
 
@@ -249,6 +277,8 @@ class Governance:
         except OSError as exc:
             log.warning("reconciling %s failed: %s", self.index.kernel_cache_dir, exc)
             return {}
+        finally:
+            release_memory()
         for soc in used:
             self._check_limit(soc)
         log.debug("reconciled usage: %s", used)
@@ -266,6 +296,7 @@ class Governance:
                 )
             except (OSError, CacheMgrError) as exc:
                 log.warning("reaping %s failed: %s", chip, exc)
+        release_memory()
         try:
             reaped = kernel_meta.reap_orphans(Path(settings.value("kernel_meta_dir")))
         except OSError as exc:

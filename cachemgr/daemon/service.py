@@ -19,7 +19,7 @@ import xxhash
 
 from cachemgr import eviction, gc, options, request, store
 from cachemgr.daemon.config import DaemonConfig
-from cachemgr.daemon.governance import Governance
+from cachemgr.daemon.governance import Governance, release_memory
 from cachemgr.daemon.metrics import Metrics
 from cachemgr.daemon.state import Counters
 from cachemgr.errors import CacheMgrError, ConfigError, InvalidInputError
@@ -143,6 +143,7 @@ class Service:
         data: dict[str, Any] = dict(self.counters.snapshot())
         data["chip_folders"] = {c.name: eviction.chip_stats(c, settings) for c in chips}
         data["queue_jobs"] = self.queue.depth()
+        release_memory()  # the folder scans above held a per-file object each
         return data
 
     def lookup(self, soc_version: str, kernel_name: str) -> dict[str, Any]:
