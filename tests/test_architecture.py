@@ -15,3 +15,14 @@ def test_import_layers_kept() -> None:
     proc = subprocess.run([exe], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "0 broken" in proc.stdout
+
+
+def test_every_lazy_subcommand_loads() -> None:
+    import click
+
+    from cachemgr.cli import COMMANDS, cli
+
+    ctx = click.Context(cli)
+    for name in COMMANDS:
+        command = cli.get_command(ctx, name)
+        assert isinstance(command, click.Command) and command.name == name

@@ -3,6 +3,7 @@ codes. Exit codes: 0 ok, 1 operational failure, 2 bad input or configuration."""
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 from typing import Any
@@ -15,7 +16,19 @@ log = logging.getLogger("cachemgr")
 
 
 class _Group(click.Group):
-    """A click group that turns every error into one line on stderr — never a traceback."""
+    """A click group that loads subcommands lazily (:data:`COMMANDS`) and turns every error
+    into one line on stderr — never a traceback."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = COMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        module, _, attr = target.partition(":")
+        command: click.Command = getattr(importlib.import_module(module), attr)
+        return command
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -50,29 +63,20 @@ def cli(verbose: int) -> None:
     )
 
 
-def _register() -> None:
-    from cachemgr.cli.compile_cmd import compile_cmd, pack_cmd
-    from cachemgr.cli.config_cmd import config_cmd
-    from cachemgr.cli.entries_cmd import ls_cmd, verify_cmd
-    from cachemgr.cli.gc_cmd import gc_cmd, purge_cmd, stats_cmd
-    from cachemgr.cli.serve_cmd import serve_cmd, status_cmd
-
-    for command in (
-        config_cmd,
-        ls_cmd,
-        verify_cmd,
-        compile_cmd,
-        pack_cmd,
-        gc_cmd,
-        stats_cmd,
-        purge_cmd,
-        serve_cmd,
-        status_cmd,
-    ):
-        cli.add_command(command)
-
-
-_register()
+#: Subcommands, imported only when used (a one-shot command must not pay for the daemon's
+#: scheduler or the compilers' imports): name → "module:attribute".
+COMMANDS = {
+    "config": "cachemgr.cli.config_cmd:config_cmd",
+    "ls": "cachemgr.cli.entries_cmd:ls_cmd",
+    "verify": "cachemgr.cli.entries_cmd:verify_cmd",
+    "compile": "cachemgr.cli.compile_cmd:compile_cmd",
+    "pack": "cachemgr.cli.compile_cmd:pack_cmd",
+    "gc": "cachemgr.cli.gc_cmd:gc_cmd",
+    "stats": "cachemgr.cli.gc_cmd:stats_cmd",
+    "purge": "cachemgr.cli.gc_cmd:purge_cmd",
+    "serve": "cachemgr.cli.serve_cmd:serve_cmd",
+    "status": "cachemgr.cli.serve_cmd:status_cmd",
+}
 
 
 def main() -> None:
