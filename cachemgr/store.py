@@ -192,14 +192,25 @@ class Store:
         except FileNotFoundError:
             return LookupResult(MISS, kernel, ABSENT)
         if not problems and desc is not None:
-            files = tuple(self.chip_dir / n for n in self._present_parts(desc))
-            if touch:
-                self._touch(files)
-            return LookupResult(HIT, kernel, desc=desc, files=files)
+            return self._hit(kernel, desc, touch)
         removed = self.remove_if_bad(kernel)
+        if not removed:  # under the lock it was good (a publish finished) or gone: look again
+            try:
+                desc, problems = entry.check_entry(self.chip_dir, kernel)
+            except FileNotFoundError:
+                return LookupResult(MISS, kernel, ABSENT)
+            if not problems and desc is not None:
+                return self._hit(kernel, desc, touch)
         first = problems[0]
-        log.warning("bad entry %s/%s: %s", self.chip_dir.name, kernel, first.detail)
+        if removed:
+            log.warning("bad entry %s/%s removed: %s", self.chip_dir.name, kernel, first.detail)
         return LookupResult(MISS, kernel, first.kind, first.detail, removed=removed)
+
+    def _hit(self, kernel: str, desc: entry.EntryDesc, touch: bool) -> LookupResult:
+        files = tuple(self.chip_dir / n for n in self._present_parts(desc))
+        if touch:
+            self._touch(files)
+        return LookupResult(HIT, kernel, desc=desc, files=files)
 
     def _check_stable(self, kernel: str) -> tuple[entry.EntryDesc | None, list[entry.Problem]]:
         """``entry.check_entry``; an entry found bad is read again (twice at most) before it is
