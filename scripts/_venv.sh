@@ -4,6 +4,10 @@ set -euo pipefail
 PROJECT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${CACHEMGR_VENV:-$PROJECT/.venv}"
 PY="${PYTHON:-python3}"
+if [ -e "$VENV" ] && ! "$VENV/bin/python" -c 'import sys' >/dev/null 2>&1; then
+  echo "$VENV does not run here (copied from another user or machine?): recreating it" >&2
+  rm -rf "$VENV"
+fi
 if [ ! -x "$VENV/bin/python" ]; then
   echo "creating virtualenv $VENV" >&2
   "$PY" -m venv "$VENV"

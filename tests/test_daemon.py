@@ -16,6 +16,7 @@ import pytest
 from cachemgr.client import Client, DaemonError, DaemonUnavailable
 from tests.conftest import ROOT, SOC, publish, run_cli
 from tests.daemon_util import daemon_env, start_daemon, wait_for
+from tests.shared_util import chip_bytes
 
 REQUESTS = ROOT / "examples" / "requests"
 
@@ -325,10 +326,10 @@ def test_crossing_the_limit_evicts_in_background(tmp_path: Path, cache_root: Pat
         for i in range(12):  # 12 × 100 KiB > 1 MiB
             publish(chip, f"te_fill_{i:02d}", os.urandom(100 * 1024), atime_s=1_000_000 + i)
 
-        def used() -> int:
-            return sum(p.stat().st_size for p in chip.iterdir() if p.is_file())
-
-        wait_for(lambda: used() <= 512 * 1024, 30, "background eviction to the ratio target")
+        # files vanish while they are counted: the daemon evicts meanwhile
+        wait_for(
+            lambda: chip_bytes(chip) <= 512 * 1024, 30, "background eviction to the ratio target"
+        )
         assert (chip / "te_fill_11.json").exists() and not (chip / "te_fill_00.json").exists()
         client = d.client  # counted once the eviction run returns, just after its removals
         wait_for(lambda: client.stats()["evicted_entries"] >= 6, 30, "the eviction counted")
@@ -379,6 +380,11 @@ def test_cli_routes_to_a_running_daemon(daemon, cache_root: Path, tmp_path: Path
     assert json.loads(other.stdout)["via"] == "local"  # the daemon serves another cache
     gone = run_cli("stats", "--json", *args, "--socket", str(tmp_path / "no.sock"), env=env)
     assert json.loads(gone.stdout)["via"] == "local"
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    refused = run_cli("compile", str(bad), *args, env=env)
+    assert refused.returncode == 2 and str(bad) in refused.stderr, refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
 
 
 def test_tcp_listener_and_configured_body_limit(tmp_path: Path, cache_root: Path) -> None:
@@ -397,3 +403,36 @@ def test_tcp_listener_and_configured_body_limit(tmp_path: Path, cache_root: Path
         assert info.value.status == 413 and "200-byte limit" in str(info.value)
     finally:
         d.stop()
+
+
+def test_socket_folder_problems_are_one_line_errors(tmp_path: Path) -> None:
+    env = daemon_env(tmp_path)
+    env["XDG_RUNTIME_DIR"] = str(tmp_path / "afile")
+    (tmp_path / "afile").write_text("not a folder")
+    exe = [
+        shutil.which("python3") or "python3",
+        "-m",
+        "cachemgr",
+        "serve",
+        "--cache-dir",
+        str(tmp_path / "c"),
+    ]
+    proc = subprocess.run(exe, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert "$XDG_RUNTIME_DIR" in proc.stderr and "--socket" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    if os.geteuid() != 0:
+        return
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    os.chown(evil, 65534, 65534)
+    evil.chmod(0o777)
+    proc = subprocess.run(
+        [*exe, "--socket", str(evil / "s.sock")],
+        env=daemon_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "refusing socket folder" in proc.stderr, proc.stderr
+    assert list(evil.iterdir()) == []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -140,25 +140,41 @@ def _compile_via_daemon(
     replace: bool,
     as_json: bool,
 ) -> int:
-    """Send each request to the daemon (command-line options fill what a request's own
-    ``options`` leave unset); return the exit code: 1 if any failed, 2 if any was invalid."""
-    bad_input, failed = 0, 0
-    for path in requests:
+    """Send the requests to the daemon at once (its pool compiles them in parallel) and
+    report each in order; command-line options fill what a request's own ``options`` leave
+    unset, with relative paths made absolute here (the daemon has another cwd). Returns
+    the exit code: 1 if any failed, 2 if any was invalid."""
+    for name in ("op_debug_config", "debug_dir"):
+        if overrides.get(name):
+            overrides[name] = str(Path(overrides[name]).absolute())
+
+    def one(path: Path) -> dict[str, Any] | CacheMgrError:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
             if not isinstance(data, dict):
-                raise InvalidInputError(f"{path}: a request must be a JSON object")
+                raise InvalidInputError(f"request {path}: a request must be a JSON object")
             data["options"] = {**overrides, **(data.get("options") or {})}
-            answer = client.compile(data, base_dir=path.resolve().parent, replace=replace)
-        except (OSError, ValueError) as exc:
-            bad_input += 1
-            _report_error(path, f"{path}: {exc}", as_json, "daemon")
-            continue
+            return client.compile(data, base_dir=path.resolve().parent, replace=replace)
+        except OSError as exc:
+            return InvalidInputError(f"request {path}: cannot read ({exc.strerror})")
+        except ValueError as exc:
+            return InvalidInputError(f"request {path}: malformed JSON: {exc}")
         except CacheMgrError as exc:
-            bad_input += exc.exit_code == 2
-            failed += exc.exit_code != 2
-            _report_error(path, str(exc), as_json, "daemon")
+            return exc
+
+    bad_input, failed = 0, 0
+    with ThreadPoolExecutor(max_workers=min(32, len(requests))) as pool:
+        answers = list(pool.map(one, requests))
+    for path, answer in zip(requests, answers, strict=True):
+        if isinstance(answer, CacheMgrError):
+            bad_input += answer.exit_code == 2
+            failed += answer.exit_code != 2
+            message = str(answer).replace("/compile request", f"request {path}")
+            if str(path) not in message:
+                message = f"request {path}: {message}"
+            _report_error(path, message, as_json, "daemon")
             continue
+        answer["request"] = str(path)
         failed += answer.get("status") == "failed"
         _report(_outcome_of(answer), as_json, via=answer.get("via", "daemon"))
     return 1 if failed else 2 if bad_input else 0

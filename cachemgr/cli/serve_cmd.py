@@ -83,7 +83,7 @@ def status_cmd(socket_path: Path | None, wait_s: float, as_json: bool) -> None:
             break
         except CacheMgrError as exc:
             if time.monotonic() >= deadline:
-                click.echo(f"cachemgr: no daemon answers at {client.socket_path}: {exc}", err=True)
+                click.echo(f"cachemgr: {exc}", err=True)
                 sys.exit(1)
         time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
         delay = min(delay * 2, 0.5)

@@ -17,6 +17,7 @@ import os
 import select
 import signal
 import socket
+import stat
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -30,7 +31,7 @@ from cachemgr.daemon.notify import Notifier
 from cachemgr.daemon.server import HttpServer
 from cachemgr.daemon.service import Service
 from cachemgr.daemon.state import state_dir
-from cachemgr.errors import CacheMgrError
+from cachemgr.errors import CacheMgrError, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +54,10 @@ def _claim_socket(socket_path: Path) -> fsutil.FcntlLock:
     A socket file left by a dead daemon (nothing answers) is reclaimed.
 
     :raises AlreadyRunning: naming the live daemon's pid.
+    :raises ConfigError: the socket's folder cannot be made or is not safe (see
+        :func:`check_socket_dir`).
     """
-    fsutil.ensure_dir(socket_path.parent)
+    check_socket_dir(socket_path.parent)
     lock = fsutil.FcntlLock(socket_path.with_name(socket_path.name + ".lock"))
     if not lock.acquire(blocking=False):
         raise AlreadyRunning(f"already running, pid {_pid_of(socket_path)} ({socket_path})")
@@ -65,6 +68,39 @@ def _claim_socket(socket_path: Path) -> fsutil.FcntlLock:
         raise AlreadyRunning(f"already running, pid {pid} ({socket_path})")
     fsutil.atomic_write_bytes(lock.path.with_suffix(".pid"), f"{os.getpid()}\n".encode(), 0o644)
     return lock
+
+
+def check_socket_dir(folder: Path) -> None:
+    """Create the socket's folder (0700 when we make it) and refuse one another user could
+    tamper with: it must belong to us or root and not be writable by others unless sticky.
+
+    :raises ConfigError: naming the folder, where its path came from and what to do.
+    """
+    origin = _socket_origin()
+    try:
+        if not folder.exists():
+            folder.mkdir(mode=0o700, parents=True)
+        st = folder.stat()
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot use {folder} for the daemon's socket (from {origin}): "
+            f"{exc.strerror}; pass --socket PATH or set CACHEMGR_SOCKET"
+        ) from None
+    foreign = st.st_uid not in (os.getuid(), 0)
+    open_to_all = st.st_mode & 0o002 and not st.st_mode & stat.S_ISVTX
+    if foreign or open_to_all:
+        raise ConfigError(
+            f"refusing socket folder {folder} (from {origin}): owned by uid {st.st_uid}, "
+            f"mode {stat.S_IMODE(st.st_mode):o} — another user could replace the socket; "
+            "remove it or pass --socket PATH"
+        )
+
+
+def _socket_origin() -> str:
+    for var in ("CACHEMGR_SOCKET", "RUNTIME_DIRECTORY", "XDG_RUNTIME_DIR"):
+        if os.environ.get(var):
+            return f"${var}"
+    return "the default /tmp/cachemgr-<uid>"
 
 
 def _pid_of(socket_path: Path) -> str:
