@@ -111,16 +111,14 @@ def chip_bytes(chip: Path) -> int:
 _EVICTION_LINE = re.compile(r"eviction of (\S+): (\{.*\})\s*$")
 
 
-def evicted_in_logs(*logs: str) -> set[str]:
-    """Kernels the daemons' background evictions removed (their ``eviction of <soc>: {...}``
-    log lines, written with ``-v``)."""
+def evictions_in_log(text: str) -> list[list[str]]:
+    """The kernels each background eviction removed, one list per ``eviction of <soc>: {...}``
+    log line the daemons write with ``-v``."""
     import ast
 
-    names: set[str] = set()
-    for text in logs:
-        for line in text.splitlines():
-            match = _EVICTION_LINE.search(line)
-            if match:
-                report = ast.literal_eval(match.group(2))
-                names.update(report.get("evicted", []))
-    return names
+    runs = []
+    for line in text.splitlines():
+        match = _EVICTION_LINE.search(line)
+        if match:
+            runs.append(list(ast.literal_eval(match.group(2)).get("evicted", [])))
+    return runs

@@ -40,7 +40,7 @@ from tests.shared_util import (
     SOC,
     chip_bytes,
     compiles,
-    evicted_in_logs,
+    evictions_in_log,
     kernel_request,
     reverify,
     timed_cc,
@@ -60,9 +60,22 @@ class Ledger:
     corrupt: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     last_seen: dict[str, float] = field(default_factory=dict)  # kernel → epoch s
-    evicted: set[str] = field(default_factory=set)
+    # kernel → windows (epoch s) within which an eviction removed it
+    removals: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     clears: list[tuple[float, float, str]] = field(default_factory=list)  # purge/force windows
     max_entry_bytes: int = 0
+
+    def evicted(self, kernels: list[str], began: float, ended: float | None = None) -> None:
+        """Kernels an eviction removed between ``began`` and ``ended`` (default: now)."""
+        window = (began, time.time() if ended is None else ended)
+        with self.lock:
+            for kernel in kernels:
+                self.removals.setdefault(kernel, []).append(window)
+
+    def removed_between(self, kernel: str, after: float, before: float) -> bool:
+        """Did an eviction, purge or force possibly remove ``kernel`` between the times?"""
+        windows = self.removals.get(kernel, []) + [(a, b) for a, b, _ in self.clears]
+        return any(lo <= before and hi >= after for lo, hi in windows)
 
     def served(self, kind: str, answer: dict[str, Any]) -> None:
         files = answer.get("files", [])
@@ -121,11 +134,11 @@ def _client_loop(
                     with ledger.lock:
                         ledger.ops["lookup:miss"] += 1
             else:
+                began = time.time()
                 report = client.gc(ratio=rng.randrange(20, 95), soc=SOC)
-                folder = report["chip_folders"].get(SOC, {})
+                ledger.evicted(report["chip_folders"].get(SOC, {}).get("evicted", []), began)
                 with ledger.lock:
                     ledger.ops["gc"] += 1
-                    ledger.evicted.update(folder.get("evicted", []))
     finally:
         client.close()
 
@@ -171,6 +184,29 @@ def _chaos(
             assert out.returncode in (0, 1), out.stderr  # 1: an entry stayed busy
         with ledger.lock:
             ledger.clears.append((began, time.time(), what))
+
+
+#: A background eviction is logged when its run ends; its removals happened at most this
+#: long before the log line was seen (runs here last milliseconds; the monitor polls at 0.1 s).
+EVICTION_RUN_S = 5.0
+
+
+def _log_monitor(daemons: list[Daemon], stop: threading.Event, ledger: Ledger) -> None:
+    """Read the daemons' logs as they grow: each background eviction is stamped with the time
+    its line was seen, so a removal is placed in time (see :meth:`Ledger.removed_between`)."""
+    offsets = [0] * len(daemons)
+    while True:
+        final = stop.wait(0.1)
+        for i, d in enumerate(daemons):
+            text = d.log()
+            new, offsets[i] = text[offsets[i] :], len(text)
+            cut = new.rfind("\n") + 1  # only whole lines; the rest next time
+            offsets[i] -= len(new) - cut
+            now = time.time()
+            for kernels in evictions_in_log(new[:cut]):
+                ledger.evicted(kernels, now - EVICTION_RUN_S, now)
+        if final:
+            return
 
 
 def run_load(tmp_path: Path, n_daemons: int, n_clients: int, seconds: float, pool: int) -> None:
@@ -221,6 +257,9 @@ def run_load(tmp_path: Path, n_daemons: int, n_clients: int, seconds: float, poo
         ]
         jobs.append((_cann_writer, (chip, random.Random(seed))))
         jobs.append((_chaos, (daemons, root, seconds)))
+        monitor_stop = threading.Event()
+        monitor = threading.Thread(target=_log_monitor, args=(daemons, monitor_stop, ledger))
+        monitor.start()
         threads = [
             threading.Thread(target=guarded, args=(target, *args, stop, ledger))
             for target, args in jobs
@@ -235,11 +274,13 @@ def run_load(tmp_path: Path, n_daemons: int, n_clients: int, seconds: float, poo
         assert not any(t.is_alive() for t in threads), "a client hung"
 
         # a final gc through one daemon (limits applied as configured), then usage
+        began = time.time()
         final = daemons[0].client.gc(soc=SOC)["chip_folders"][SOC]
-        ledger.evicted.update(final["evicted"])
+        ledger.evicted(final["evicted"], began)
         used = chip_bytes(chip)
+        monitor_stop.set()
+        monitor.join(60)
         logs = [d.log() for d in daemons]
-        ledger.evicted |= evicted_in_logs(*logs)
         print(f"ops {dict(ledger.ops)}; used {used} bytes after the final gc")
 
         assert ledger.corrupt == [], ledger.corrupt[:5]
@@ -254,9 +295,7 @@ def run_load(tmp_path: Path, n_daemons: int, n_clients: int, seconds: float, poo
         lost = [
             k
             for k, seen in ledger.last_seen.items()
-            if k not in present
-            and k not in ledger.evicted
-            and not any(end >= seen for _, end, _ in ledger.clears)
+            if k not in present and not ledger.removed_between(k, seen, float("inf"))
         ]
         assert lost == [], f"entries lost without eviction, purge or force: {lost[:5]}"
 
@@ -265,20 +304,17 @@ def run_load(tmp_path: Path, n_daemons: int, n_clients: int, seconds: float, poo
         for c in compiles(tmp_path / "cc"):
             runs[c.kernel].append(c.at)
         again = [
-            k
+            (k, a, b)
             for k, times in runs.items()
-            if len(times) > 1
-            and k not in ledger.evicted
-            and not all(
-                any(a - 1.0 <= end and start <= b for start, end, _ in ledger.clears)
-                for a, b in itertools.pairwise(times)
-            )
+            for a, b in itertools.pairwise(times)
+            if not ledger.removed_between(k, a, b)
         ]
         assert again == [], f"compiled again with no eviction/purge/force between: {again[:5]}"
         assert len(runs) >= min(pool, 8)
         print(
             f"{len(runs)} kernels, {sum(len(t) for t in runs.values())} compiler runs; "
-            f"{len(ledger.evicted)} evicted names; clears {ledger.clears}"
+            f"{sum(map(len, ledger.removals.values()))} evictions of "
+            f"{len(ledger.removals)} kernels; clears {ledger.clears}"
         )
     finally:
         for d in daemons:
