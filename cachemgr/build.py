@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import stat
 import tempfile
 import threading
 import time
@@ -97,6 +98,10 @@ class Prepared:
         return "cache" if self.decision.cache.write else "nocache"
 
 
+#: The largest ``.cfg`` read (bytes); SPEC §7's format is one line.
+MAX_DEBUG_CONFIG_BYTES = 64 * 1024
+
+
 def read_debug_config(path: Path) -> policy.DebugConfig:
     """Read and parse an ``op_debug_config`` ``.cfg`` file (SPEC §7).
 
@@ -104,7 +109,11 @@ def read_debug_config(path: Path) -> policy.DebugConfig:
         :func:`cachemgr.policy.parse_debug_config`.
     """
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_DEBUG_CONFIG_BYTES:
+            what = "not a regular file" if not stat.S_ISREG(st.st_mode) else "over 64 KiB"
+            raise InvalidInputError(f"op_debug_config {path}: {what} (a .cfg is one line)")
+        text = fsutil.read_bytes_noatime(Path(path)).decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         why = exc.strerror if isinstance(exc, OSError) else "not UTF-8"
         raise InvalidInputError(f"op_debug_config {path}: cannot read ({why})") from None

@@ -121,6 +121,15 @@ def kernel_of_part(stem: str, mains: set[str] | dict[str, Any]) -> str | None:
     return None
 
 
+def owned_by(name: str, kernel: str) -> bool:
+    """True when file ``name`` belongs to ``kernel`` by name: ``<kernel>.<ext>`` or
+    ``<kernel><part suffix>.<ext>`` (SPEC §3.1). Removal of an entry is limited to these."""
+    stem = name.split(".", 1)[0] if "." in name else name
+    if name.startswith(kernel + "."):
+        return True
+    return kernel_of_part(stem, {kernel}) == kernel
+
+
 def _is_main_json(stem: str, json_stems: set[str]) -> bool:
     if not stem.endswith(PART_STEM_SUFFIXES):  # the common case, one C call
         return True
@@ -280,6 +289,8 @@ def load_json_object(raw: bytes, name: str) -> dict[str, Any]:
         data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InvalidEntryError(f"{name}: unreadable json ({exc})", UNREADABLE_JSON) from exc
+    except RecursionError as exc:
+        raise InvalidEntryError(f"{name}: json nested too deeply", UNREADABLE_JSON) from exc
     if not isinstance(data, dict):
         kind = type(data).__name__
         raise InvalidEntryError(f"{name}: json is a {kind}, not an object", INVALID_JSON)
@@ -293,7 +304,7 @@ def _binary_ref(data: dict[str, Any], json_name: str, is_sub: bool) -> BinaryRef
             f"{json_name}: missing required field(s) {', '.join(missing)}", INVALID_JSON
         )
     suffix = data["binFileSuffix"]
-    if not isinstance(suffix, str) or ("/" in suffix or ".." in suffix):
+    if not isinstance(suffix, str) or ("/" in suffix or ".." in suffix or "\x00" in suffix):
         raise InvalidEntryError(f"{json_name}: binFileSuffix={suffix!r} is invalid", BAD_NAME)
     base = layout.safe_file_name(data["binFileName"], f"{json_name}: binFileName")
     sha = data["sha256"]
@@ -307,6 +318,8 @@ def _read(chip_dir: Path, name: str) -> bytes:
         return fsutil.read_bytes_noatime(chip_dir / name)
     except IsADirectoryError as exc:
         raise InvalidEntryError(f"{name}: is a folder, not a file", NOT_A_FILE) from exc
+    except fsutil.NotRegularFileError as exc:
+        raise InvalidEntryError(f"{name}: is not a regular file", NOT_A_FILE) from exc
     except FileNotFoundError:
         raise
     except OSError as exc:

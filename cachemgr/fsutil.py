@@ -167,15 +167,22 @@ def lstat_or_none(path: Path) -> os.stat_result | None:
         raise
 
 
+class NotRegularFileError(OSError):
+    """A FIFO, socket or device where a regular file is expected (never read: it may block
+    or never end)."""
+
+
 def read_bytes_noatime(path: Path) -> bytes:
     """Read a regular file without changing its access time (atime drives eviction, SPEC §5).
 
     Uses ``O_NOATIME`` where the kernel allows it (owner or CAP_FOWNER); otherwise reads
     normally and puts the previous atime back. Symlinks are refused (SPEC §3.3).
 
-    :raises OSError: ``ELOOP`` for a symlink, ``ENOENT`` when gone, ``EISDIR`` for a folder.
+    :raises OSError: ``ELOOP`` for a symlink, ``ENOENT`` when gone, ``EISDIR`` for a folder,
+        :class:`NotRegularFileError` for a FIFO, socket or device.
     """
-    flags = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    # O_NONBLOCK: opening a FIFO planted in the cache must not hang (the type is checked next)
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     noatime = getattr(os, "O_NOATIME", 0)
     restore: os.stat_result | None = None
     try:
@@ -187,6 +194,8 @@ def read_bytes_noatime(path: Path) -> bytes:
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
             raise IsADirectoryError(errno.EISDIR, "is a directory", str(path))
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFileError(errno.EINVAL, "not a regular file", str(path))
         chunks = []
         while chunk := os.read(fd, 1 << 20):
             chunks.append(chunk)

@@ -69,7 +69,11 @@ _BOM = b"\xef\xbb\xbf"
 _BLANKS = " \t"
 _INT = re.compile(r"-?[0-9]+")
 _HEADER = re.compile(r"\[([^\]]*)\][ \t]*")
-_KEYVAL = re.compile(r"[ \t]*([^=]*?)[ \t]*=[ \t]*(.*?)[ \t]*")
+# Linear-time: no two blank runs can trade characters (the lazy form was cubic on a long
+# line of blanks, which a shared, group-writable ini must not be able to do to every command).
+_KEYVAL = re.compile(
+    r"[ \t]*(?:([^= \t](?:[^=]*[^= \t])?)[ \t]*)?=[ \t]*((?:[^ \t](?:.*[^ \t])?)?)[ \t]*"
+)
 _KEY_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
 
 

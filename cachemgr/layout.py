@@ -22,8 +22,8 @@ KERNEL_CACHE = "kernel_cache"
 KERNEL_META = "kernel_meta"
 
 # SPEC §1: a-z A-Z 0-9 _ - . , Chinese characters, and / as separator.
-_PATH_RE = re.compile(r"^[A-Za-z0-9_\-./\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+$")
-_NAME_RE = re.compile(r"^[A-Za-z0-9_\-.]+$")
+_PATH_RE = re.compile(r"^[A-Za-z0-9_\-./\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+\Z")
+_NAME_RE = re.compile(r"^[A-Za-z0-9_\-.]+\Z")
 
 
 def validate_path_value(value: str, name: str, origin: str) -> Path:
@@ -106,7 +106,13 @@ class CacheLayout:
 
         :raises ConfigError: for a soc_version that is not a plain folder name.
         """
-        return self.kernel_cache_dir / validate_name(soc_version, "soc_version", "argument")
+        chip = self.kernel_cache_dir / validate_name(soc_version, "soc_version", "argument")
+        if os.path.islink(chip):
+            raise ConfigError(
+                f"chip folder {chip} is a symlink; cachemgr never follows symlinks inside the "
+                "cache (SPEC §3.3): replace it with a folder"
+            )
+        return chip
 
     def chip_dirs(self) -> list[Path]:
         """Existing chip folders, sorted (real folders only; symlinks are not followed)."""

@@ -193,6 +193,8 @@ def load_config_file(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         raise ConfigError(f"config file {path}: {exc.strerror}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path}: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path}: not UTF-8 text (byte {exc.start})") from exc
     values = {k: v for k, v in data.items() if not isinstance(v, dict)}
     tables = {k: v for k, v in data.items() if isinstance(v, dict)}
     for key in values:

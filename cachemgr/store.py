@@ -261,6 +261,13 @@ class Store:
                 return False
             if not problems:
                 return False
+            if any(p.kind == entry.UNREADABLE for p in problems):
+                # a file this user may not read is a permission problem, not damage: another
+                # user's good entry must not be deleted for it (SPEC §9)
+                log.warning(
+                    "not removing %s/%s: %s", self.chip_dir.name, kernel, problems[0].detail
+                )
+                return False
             self._remove_files(self._names_for_removal(kernel, desc))
             return True
         finally:
@@ -268,7 +275,14 @@ class Store:
 
     def _names_for_removal(self, kernel: str, desc: entry.EntryDesc | None) -> list[str]:
         if desc is not None:
-            return desc.file_names()
+            # a json may name any file: remove only what is this kernel's by name, so one bad
+            # (or hostile) json can never take another entry's files with it
+            owned = [n for n in desc.file_names() if entry.owned_by(n, kernel)]
+            for name in set(desc.file_names()) - set(owned):
+                log.warning(
+                    "not removing %s with %s: it is not that kernel's by name", name, kernel
+                )
+            return owned
         # json unparsable: fall back to name grouping for its parts
         scan = entry.scan_chip(self.chip_dir)
         group = scan.entries.get(kernel)

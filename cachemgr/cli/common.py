@@ -73,8 +73,15 @@ def load_settings(
 def chip_dirs(settings: Settings) -> list[Path]:
     """The chip folders to act on: the one of ``--soc`` or every existing one."""
     soc = settings.value("soc_version")
+    kcache = settings.layout.kernel_cache_dir
     if soc:
-        return [settings.layout.chip_dir(soc)]
+        chip = settings.layout.chip_dir(soc)
+        if not chip.is_dir():
+            warning(f"no chip folder {soc} at {chip} (from --soc); nothing there")
+        return [chip]
+    if not kcache.is_dir():
+        origin = settings["kernel_cache_dir"]
+        warning(f"no kernel cache at {kcache} (from {origin.origin} {origin.source}) yet")
     return settings.layout.chip_dirs()
 
 

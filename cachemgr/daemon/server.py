@@ -103,6 +103,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
 
     def _read_and_dispatch(self, method: str) -> Response:
+        if self.headers.get("Transfer-Encoding"):
+            self.close_connection = True  # its body would be read as the next request
+            return error(411, "chunked or encoded bodies are not accepted; send Content-Length")
         try:
             length = int(self.headers.get("Content-Length") or 0)
         except ValueError:

@@ -22,7 +22,7 @@ from cachemgr.daemon.config import DaemonConfig
 from cachemgr.daemon.governance import Governance, release_memory
 from cachemgr.daemon.metrics import Metrics
 from cachemgr.daemon.state import Counters
-from cachemgr.errors import CacheMgrError, ConfigError, InvalidInputError
+from cachemgr.errors import CacheMgrError, InvalidInputError
 from cachemgr.queue import CompileQueue
 
 log = logging.getLogger(__name__)
@@ -97,7 +97,8 @@ class Service:
         with self._reload_lock:
             try:
                 new = self._resolve()
-            except ConfigError as exc:
+                DaemonConfig.from_table(new.sections.get("daemon"))  # same checks as at start
+            except CacheMgrError as exc:
                 log.error("reload refused, keeping the old configuration: %s", exc)
                 return {"reloaded": False, "error": str(exc)}
             self._settings = new
@@ -193,7 +194,13 @@ class Service:
         While waiting, a caller that hangs up stops waiting; the queue drops the job once
         no one waits for it.
         """
-        req = self._parsed(body["request"], str(body.get("base_dir") or "/"))
+        base = body.get("base_dir")
+        if not isinstance(base, str) or not base.startswith("/") or "\x00" in base:
+            raise InvalidInputError(
+                f"/compile base_dir={base!r} must be an absolute path (the folder that relative "
+                "paths in the request are relative to)"
+            )
+        req = self._parsed(body["request"], base)
         priority = body.get("priority", 0)
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise InvalidInputError(f"/compile priority={priority!r} must be an integer")
