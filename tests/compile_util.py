@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ from cachemgr.compilers import get_backend
 from cachemgr.errors import CompileError
 from cachemgr.options import Settings
 from cachemgr.request import CompileRequest, load_request
+from tests.daemon_util import wait_for  # noqa: F401 (one helper for every test)
 
 ROOT = Path(__file__).resolve().parents[1]
 KERNELS = ROOT / "examples" / "kernels"
@@ -99,15 +99,3 @@ def calls(folder: Path, needle: str = " -c ") -> list[str]:
     if not log.exists():
         return []
     return [ln for ln in log.read_text().splitlines() if needle in ln]
-
-
-def wait_for(cond: Callable[[], object], timeout_s: float = 30.0, what: str = "it") -> object:
-    """Poll ``cond`` until truthy; AssertionError after ``timeout_s`` seconds."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.01)
