@@ -288,14 +288,16 @@ class CompileQueue:
             return publisher.compile_through_cache(p, self._ctx)
         except Exception as exc:  # the compile failed: the message is the answer
             if not isinstance(exc, CompileError):
-                log.warning("compile of %s failed: %s", p.kernel, exc, exc_info=True)
+                log.warning("compile of %s failed: %s", p.kernel, exc)
+                log.debug("compile of %s failed", p.kernel, exc_info=True)
             return build.failed(p.kernel, exc, p.request.origin)
 
     def _finish(self, job: _Job, pending: publisher.Pending) -> None:
         try:
             outcome = pending.finish()
         except Exception as exc:
-            log.warning("publishing %s failed: %s", job.prepared.kernel, exc, exc_info=True)
+            log.warning("publishing %s failed: %s", job.prepared.kernel, exc)
+            log.debug("publishing %s failed", job.prepared.kernel, exc_info=True)
             outcome = build.failed(job.prepared.kernel, exc, job.prepared.request.origin)
         self._done(job, outcome)
 
