@@ -460,13 +460,23 @@ class Store:
             problem = entry.Problem(kind, f"{name} belongs to no entry")
             finding = Finding(name, [problem], kind="file")
             if repair:
-                finding.repaired = self.remove_orphan(name)
+                finding.repaired = self._repair(finding, self.remove_orphan, name)
             report.findings.append(finding)
         for name, why in sorted(scan.odd.items()):
             report.findings.append(
                 Finding(name, [entry.Problem(entry.NOT_A_FILE, f"{name}: {why}")], kind="file")
             )
         return report
+
+    @staticmethod
+    def _repair(finding: Finding, remove: Callable[[str], bool], name: str) -> bool:
+        """Run one repair; a file we may not remove is reported on the finding and the run
+        goes on (like gc and purge), instead of ending the whole repair."""
+        try:
+            return remove(name)
+        except (CachePermissionError, PermissionError) as exc:
+            finding.problems.append(entry.Problem("not_removed", f"{name}: {exc}"))
+            return False
 
     def _verify_one(self, kernel: str, report: VerifyReport, repair: bool) -> None:
         try:
@@ -477,7 +487,7 @@ class Store:
         if problems:
             finding = Finding(kernel, problems)
             if repair:
-                finding.repaired = self.remove_if_bad(kernel)
+                finding.repaired = self._repair(finding, self.remove_if_bad, kernel)
             report.findings.append(finding)
 
 

@@ -162,3 +162,32 @@ def test_chunked_bodies_are_refused(tmp_path: Path) -> None:
         assert reply.split(b" ")[1] == b"411", reply[:100]
     finally:
         d.stop()
+
+
+def test_repair_goes_on_past_a_file_it_may_not_remove(
+    clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    import shutil
+    import subprocess
+
+    root, chip = _cache(tmp_path)
+    (chip / "te_imm_1.json").write_text("{broken")
+    (chip / "te_zzz_1.json").write_text("{broken too")
+    chattr = shutil.which("chattr")
+    if (
+        chattr is None
+        or subprocess.run(
+            [chattr, "+i", str(chip / "te_imm_1.json")], capture_output=True
+        ).returncode
+        != 0
+    ):
+        import pytest
+
+        pytest.skip("chattr +i is not available on this filesystem")
+    try:
+        proc = run_cli("verify", "--repair", "--cache-dir", str(root), env=clean_env)
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        assert "not_removed" in proc.stdout and "Traceback" not in proc.stderr
+        assert not (chip / "te_zzz_1.json").exists()  # the run went on
+    finally:
+        subprocess.run([chattr, "-i", str(chip / "te_imm_1.json")], check=False)
