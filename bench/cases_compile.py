@@ -90,13 +90,14 @@ def _ms(seconds: list[float], q: float = 0.5) -> float:
 # --- hit ---------------------------------------------------------------------------------------
 
 
-def _hit_rows(work: Path, quick: bool) -> list[Row]:
-    work.mkdir(parents=True)
+def big_request(work: Path) -> dict[str, Any]:
+    """A request for the 256 KiB kernel (source written to ``work``, aged a minute so its
+    digest may be remembered: not "racy")."""
     src = work / "big.c"
     src.write_text(BIG_KERNEL)
-    old = time.time() - 60  # not "racy": the source digest may be remembered
+    old = time.time() - 60
     os.utime(src, (old, old))
-    data = {
+    return {
         "op_type": "Mul",
         "soc_version": "Ascend910B1",
         "language": "c",
@@ -105,7 +106,11 @@ def _hit_rows(work: Path, quick: bool) -> list[Row]:
         "inputs": [{"shape": [65536], "dtype": "float32", "format": "ND"}],
         "outputs": [{"shape": [65536], "dtype": "float32", "format": "ND"}],
     }
-    req = parse_request(data, work)
+
+
+def _hit_rows(work: Path, quick: bool) -> list[Row]:
+    work.mkdir(parents=True)
+    req = parse_request(big_request(work), work)
     with CompileQueue(_settings(work), workers=1) as queue:
         first = queue.compile(req)
         if first.status != "compiled":

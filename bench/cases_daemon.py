@@ -64,22 +64,6 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
     proc.wait(120)
 
 
-def _big_request(work: Path) -> dict[str, object]:
-    src = work / "big.c"
-    src.write_text(cases_compile.BIG_KERNEL)
-    old = time.time() - 60
-    os.utime(src, (old, old))
-    return {
-        "op_type": "Mul",
-        "soc_version": "Ascend910B1",
-        "language": "c",
-        "kernel_source": str(src),
-        "kernel_entry": "big_kernel",
-        "inputs": [{"shape": [65536], "dtype": "float32", "format": "ND"}],
-        "outputs": [{"shape": [65536], "dtype": "float32", "format": "ND"}],
-    }
-
-
 def _session(
     sock: str,
     request: dict[str, object],
@@ -124,7 +108,7 @@ def _clients(
 
 
 def _hit_rows(work: Path, quick: bool) -> list[Row]:
-    request = _big_request(work)
+    request = cases_compile.big_request(work)
     settings = cases_compile._settings(work)
     with CompileQueue(settings, workers=1) as queue:
         req = parse_request(request, work)
