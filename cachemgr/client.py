@@ -31,16 +31,13 @@ import os
 import socket
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import xxhash
-
 from cachemgr import build, keys, options
 from cachemgr.errors import CacheMgrError
-from cachemgr.request import CompileRequest, parse_request
+from cachemgr.request import ParsedRequests
 
 log = logging.getLogger(__name__)
 
@@ -272,7 +269,7 @@ class _LocalHits:
         self._settings: options.Settings | None = None
         self._compilers: keys.Compilers | None = None
         self._fetched = 0.0
-        self._parsed: OrderedDict[bytes, CompileRequest] = OrderedDict()
+        self._parsed = ParsedRequests(PARSED_CACHE_SIZE)
         self._pending = 0
         self._flushed = float("-inf")  # the first hit is reported at once
         self.disabled = False
@@ -290,19 +287,6 @@ class _LocalHits:
             self._settings, self._fetched = settings, now
             return settings, self._compilers  # type: ignore[return-value]
 
-    def _parse(self, data: Mapping[str, Any], base: str) -> CompileRequest:
-        raw = json.dumps([data, base], sort_keys=True, separators=(",", ":")).encode()
-        key = xxhash.xxh3_128_digest(raw)
-        with self._lock:
-            found = self._parsed.get(key)
-        if found is None:
-            found = parse_request(dict(data), Path(base), origin="compile request")
-            with self._lock:
-                self._parsed[key] = found
-                while len(self._parsed) > PARSED_CACHE_SIZE:
-                    self._parsed.popitem(last=False)
-        return found
-
     def lookup(self, data: Mapping[str, Any], base: str) -> dict[str, Any] | None:
         """A verified hit served here, or None (then the daemon answers). Any error — bad
         input, a daemon that cannot be asked — also gives None: the daemon's answer, or
@@ -312,7 +296,9 @@ class _LocalHits:
         start = time.perf_counter()
         try:
             settings, compilers = self._state()
-            prepared = build.prepare(self._parse(data, base), settings, compilers, 60.0)
+            prepared = build.prepare(
+                self._parsed.get(data, base, origin="compile request"), settings, compilers, 60.0
+            )
             decision = prepared.decision
             if decision.debug.on or decision.binary_first or not decision.cache.read:
                 return None

@@ -17,12 +17,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+import xxhash
 
 from cachemgr import layout, options
 from cachemgr.errors import ConfigError, InvalidInputError
@@ -373,3 +377,36 @@ def with_options(request: CompileRequest, settings: Settings) -> CompileRequest:
         "precision_mode": opts.precision_mode,
     }
     return dataclasses.replace(request, options=filled)
+
+
+class ParsedRequests:
+    """An LRU of parsed requests keyed by their canonical JSON and base folder, so a caller
+    asking again for the same kernel skips schema validation (the hit path of the daemon and
+    of ``cachemgr.Client``). Thread-safe.
+
+    :param size: entries kept (each a few KB).
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._lock = threading.Lock()
+        self._items: OrderedDict[bytes, CompileRequest] = OrderedDict()
+
+    def get(self, data: Mapping[str, Any], base_dir: str, origin: str) -> CompileRequest:
+        """:func:`parse_request` of ``data``, remembered.
+
+        :raises InvalidInputError: as :func:`parse_request` (errors are not remembered).
+        """
+        raw = json.dumps([data, base_dir], sort_keys=True, separators=(",", ":")).encode()
+        key = xxhash.xxh3_128_digest(raw)
+        with self._lock:
+            found = self._items.get(key)
+            if found is not None:
+                self._items.move_to_end(key)
+                return found
+        parsed = parse_request(dict(data), Path(base_dir), origin=origin)
+        with self._lock:
+            self._items[key] = parsed
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+        return parsed

@@ -3,19 +3,15 @@ governance, and the operations the API exposes. No HTTP here (see ``api``/``serv
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
-
-import xxhash
 
 from cachemgr import eviction, gc, options, request, store
 from cachemgr.daemon.config import DaemonConfig
@@ -64,8 +60,7 @@ class Service:
         self._jobs: dict[str, dict[str, Any]] = {}
         self._jobs_lock = threading.Lock()
         self._reload_lock = threading.Lock()
-        self._parsed_cache: OrderedDict[bytes, request.CompileRequest] = OrderedDict()
-        self._parsed_lock = threading.Lock()
+        self._parsed = request.ParsedRequests(PARSED_CACHE_SIZE)
 
     @property
     def settings(self) -> options.Settings:
@@ -200,7 +195,7 @@ class Service:
                 f"/compile base_dir={base!r} must be an absolute path (the folder that relative "
                 "paths in the request are relative to)"
             )
-        req = self._parsed(body["request"], base)
+        req = self._parsed.get(body["request"], base, origin="/compile request")
         priority = body.get("priority", 0)
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise InvalidInputError(f"/compile priority={priority!r} must be an integer")
@@ -223,23 +218,6 @@ class Service:
                 break
         self._count(future)
         return _outcome(future)
-
-    def _parsed(self, data: Mapping[str, Any], base_dir: str) -> request.CompileRequest:
-        """``parse_request`` with a small LRU keyed by the request's canonical JSON, so a
-        framework asking again for the same kernel skips schema validation (hit latency)."""
-        raw = json.dumps([data, base_dir], sort_keys=True, separators=(",", ":")).encode()
-        key = xxhash.xxh3_128_digest(raw)
-        with self._parsed_lock:
-            cached = self._parsed_cache.get(key)
-            if cached is not None:
-                self._parsed_cache.move_to_end(key)
-                return cached
-        parsed = request.parse_request(data, Path(base_dir), origin="/compile request")
-        with self._parsed_lock:
-            self._parsed_cache[key] = parsed
-            while len(self._parsed_cache) > PARSED_CACHE_SIZE:
-                self._parsed_cache.popitem(last=False)
-        return parsed
 
     def _count(self, future: Future) -> None:
         if future.cancelled() or future.exception() is not None:
