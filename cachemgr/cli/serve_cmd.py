@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from cachemgr.cli.common import emit_json
+from cachemgr.cli.common import emit_json, socket_option
 from cachemgr.client import Client, default_socket_path
 from cachemgr.daemon import main as daemon_main
 from cachemgr.errors import CacheMgrError
@@ -58,12 +58,7 @@ def serve_cmd(
 
 
 @click.command("status")
-@click.option(
-    "--socket",
-    "socket_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Daemon socket (env CACHEMGR_SOCKET, else the default).",
-)
+@socket_option
 @click.option(
     "--wait",
     "wait_s",

@@ -16,7 +16,7 @@ import datetime as dt
 import gc
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -252,21 +252,22 @@ class Governance:
             force_ratio=ratio_pct is not None,
         )
         data = report.to_json()
-        self._count(data)
+        self.count_eviction(data)
         self.last_gc[soc] = data
         self.index.reconcile_chip(soc)
         release_memory()
         log.info("eviction of %s: %s", soc, data)
         return data
 
-    def _count(self, data: dict[str, object]) -> None:
-        for key, counter in (
-            ("evicted_entries", "evicted_entries"),
-            ("evicted_bytes", "evicted_bytes"),
-        ):
+    def count_eviction(self, data: Mapping[str, object]) -> None:
+        """Add one chip folder's gc report (``GcReport.to_json()``) to the eviction counters;
+        a dry run removed nothing and counts nothing."""
+        if data.get("dry_run"):
+            return
+        for key in ("evicted_entries", "evicted_bytes"):
             value = data.get(key)
             if isinstance(value, int):
-                self.counters.add(counter, value)
+                self.counters.add(key, value)
 
     def reconcile(self) -> dict[str, int]:
         """The periodic rescan; re-checks every chip folder's limit. Other hosts' writes and

@@ -175,9 +175,7 @@ class Service:
             self._settings, force_ratio=ratio, min_age_s=min_age, dry_run=dry, soc=soc
         )
         for folder in report["chip_folders"].values():
-            if not folder["dry_run"]:
-                self.counters.add("evicted_entries", folder["evicted_entries"])
-                self.counters.add("evicted_bytes", folder["evicted_bytes"])
+            self.governance.count_eviction(folder)
         self.governance.index.reconcile()
         return report
 
