@@ -16,6 +16,9 @@ from cachemgr.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
 
+#: Fixtures shared by many test modules: real Unix users (``users``, ``other_runtime``).
+pytest_plugins = ["tests.users_util"]
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     """``--soak``: also run the long soak tests (issue 6); without it they are skipped."""

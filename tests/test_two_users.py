@@ -1,164 +1,26 @@
 """Two Unix users in one group share one cache root (issue 6, SPEC §9); a third user, outside
 the group, gets a one-line permission error naming the folder, the user, the group and the fix.
 
-The users and the group are created here (``useradd``/``groupadd``, so this runs as root; it
-is skipped with the reason otherwise) and removed afterwards. The project's own virtualenv may
-live where other users cannot read (``/root`` is mode 700), so they run cachemgr with the
-system's Python 3.11 from a world-readable virtualenv holding the project's dependencies
-(built once per dependency set and kept in the temp folder) and a copy of this checkout's
-``cachemgr`` package made for the test session.
+The users, the group and the runtime they run cachemgr with are the fixtures of
+``tests/users_util.py`` (root only; skipped with the reason otherwise).
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
-import secrets
 import shutil
 import stat
 import subprocess
-import tempfile
-import tomllib
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
 from cachemgr.client import Client
-from tests.conftest import ROOT
 from tests.daemon_util import Daemon, daemon_env, start_daemon
 from tests.shared_util import SOC, kernel_request
-
-SYSTEM_PYTHON = "/usr/bin/python3"
-
-
-@dataclass(frozen=True)
-class Runtime:
-    """How another user runs this checkout's cachemgr."""
-
-    python: str
-    pythonpath: str
-    kernels: Path  # world-readable copies of the example kernels
-
-
-def _why_not() -> str | None:
-    if os.geteuid() != 0:
-        return "creating Unix users needs root"
-    for tool in ("useradd", "groupadd", "userdel", "groupdel"):
-        if shutil.which(tool) is None:
-            return f"{tool} is not installed"
-    if not os.access(SYSTEM_PYTHON, os.X_OK):
-        return f"{SYSTEM_PYTHON} is not installed"
-    version = subprocess.run(
-        [SYSTEM_PYTHON, "-c", "import sys; print(sys.version_info >= (3, 11))"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if version.stdout.strip() != "True":
-        return f"{SYSTEM_PYTHON} is older than 3.11"
-    return None
-
-
-def _venv_with_dependencies() -> Path:
-    """A world-readable virtualenv of the system Python with the project's dependencies,
-    reused while they do not change (built in a temp name, then renamed into place)."""
-    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    tag = hashlib.sha256("\n".join(sorted(deps)).encode()).hexdigest()[:12]
-    venv = Path(tempfile.gettempdir()) / f"cachemgr-test-venv-{tag}"
-    if (venv / ".complete").exists():
-        return venv
-    building = Path(tempfile.mkdtemp(prefix=f"{venv.name}.", dir=venv.parent))
-    subprocess.run([SYSTEM_PYTHON, "-m", "venv", str(building)], check=True)
-    pip = subprocess.run(
-        [str(building / "bin" / "python"), "-m", "pip", "install", "-q", *deps],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if pip.returncode != 0:
-        shutil.rmtree(building, ignore_errors=True)
-        pytest.skip(f"cannot install the dependencies for {SYSTEM_PYTHON}: {pip.stderr[-300:]}")
-    (building / ".complete").write_text("")
-    building.chmod(0o755)
-    try:
-        building.rename(venv)
-    except OSError:  # another session made it meanwhile
-        shutil.rmtree(building, ignore_errors=True)
-    return venv
-
-
-@pytest.fixture(scope="session")
-def other_runtime() -> Iterator[Runtime]:
-    why = _why_not()
-    if why:
-        pytest.skip(why)
-    venv = _venv_with_dependencies()
-    src = Path(tempfile.mkdtemp(prefix="cachemgr-src-"))
-    try:
-        shutil.copytree(
-            ROOT / "cachemgr", src / "cachemgr", ignore=shutil.ignore_patterns("__pycache__")
-        )
-        shutil.copytree(ROOT / "examples" / "kernels", src / "kernels")
-        for path in [src, *src.rglob("*")]:
-            path.chmod(0o755 if path.is_dir() else 0o644)
-        yield Runtime(str(venv / "bin" / "python"), str(src), src / "kernels")
-    finally:
-        shutil.rmtree(src, ignore_errors=True)
-
-
-@dataclass(frozen=True)
-class Users:
-    group: str
-    alice: str
-    bob: str
-    carol: str  # not in the group
-    base: Path  # world-traversable folder of the test
-
-
-@pytest.fixture
-def users() -> Iterator[Users]:
-    tag = secrets.token_hex(3)
-    group = f"cmshare{tag}"
-    names = [f"cma{tag}", f"cmb{tag}", f"cmc{tag}"]
-    base = Path(tempfile.mkdtemp(prefix="cachemgr-users-"))
-    base.chmod(0o755)
-    made: list[str] = []
-    try:
-        subprocess.run(["groupadd", group], check=True, capture_output=True)
-        for name in names:
-            extra = ["-G", group] if name != names[2] else []
-            subprocess.run(
-                ["useradd", "-M", "-N", "-d", str(base / name), *extra, name],
-                check=True,
-                capture_output=True,
-            )
-            made.append(name)
-        yield Users(group, *names, base=base)
-    finally:
-        for name in made:
-            subprocess.run(["userdel", name], check=False, capture_output=True)
-        subprocess.run(["groupdel", group], check=False, capture_output=True)
-        shutil.rmtree(base, ignore_errors=True)
-
-
-def _home(users: Users, name: str) -> Path:
-    home = users.base / name
-    home.mkdir()
-    shutil.chown(home, name)
-    return home
-
-
-def _as(name: str, users: Users) -> dict[str, object]:
-    """Popen arguments that run as ``name`` with the group (when a member) and umask 022 — a
-    careless umask on purpose: cachemgr's files must still come out group-shareable."""
-    extra = [users.group] if name != users.carol else []
-    return {"user": name, "group": "users", "extra_groups": extra, "umask": 0o022}
+from tests.users_util import Runtime, Users, run_as, user_home
 
 
 def _daemon(users: Users, rt: Runtime, name: str, root: Path) -> Daemon:
-    home = _home(users, name)
+    home = user_home(users, name)
     env = daemon_env(home)
     for sub in ("home", "run", "state"):
         shutil.chown(home / sub, name)
@@ -169,7 +31,7 @@ def _daemon(users: Users, rt: Runtime, name: str, root: Path) -> Daemon:
         env=env,
         notify=False,
         python=rt.python,
-        popen_kw=_as(name, users),
+        popen_kw=run_as(name, users),
     )
 
 
@@ -222,7 +84,7 @@ def test_two_users_share_one_root_and_a_third_is_told_why_not(
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "PYTHONPATH": other_runtime.pythonpath,
-            "HOME": str(_home(users, users.carol)),
+            "HOME": str(user_home(users, users.carol)),
         }
         cmd = [other_runtime.python, "-m", "cachemgr"]
         for args in (["serve", "--cache-dir", str(root)], ["gc", "--cache-dir", str(root)]):
@@ -233,7 +95,7 @@ def test_two_users_share_one_root_and_a_third_is_told_why_not(
                 text=True,
                 timeout=120,
                 check=False,
-                **_as(users.carol, users),  # type: ignore[arg-type]
+                **run_as(users.carol, users),  # type: ignore[arg-type]
             )
             assert out.returncode == 2, out
             line = out.stderr.strip()
