@@ -31,6 +31,7 @@ from pathlib import Path
 
 from cachemgr import fsutil
 from cachemgr.errors import LockBusyError
+from cachemgr.safedir import SafeDir
 
 _TURNSTILE, _CHIP = 0, 1
 _BUSY = (errno.EACCES, errno.EAGAIN)
@@ -75,8 +76,9 @@ class ChipLock:
         self.path = Path(path)
 
     def _open(self) -> int:
-        fsutil.ensure_dir(self.path.parent)
-        return fsutil.open_lock_file(self.path)  # 0664 whatever the umask (SPEC §9)
+        # the kernel cache folder is reached without following a link (docs/security.md)
+        with SafeDir.open_kernel_cache(self.path.parent, create=True) as folder:
+            return fsutil.open_lock_file(self.path, folder.fd)  # 0664 whatever the umask
 
     def hold_shared(self, timeout_s: float | None = None) -> Hold:
         """Take the chip shared (a publisher) until :meth:`Hold.release` — which any thread

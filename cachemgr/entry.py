@@ -32,6 +32,7 @@ from typing import Any, NamedTuple
 
 from cachemgr import fsutil, layout
 from cachemgr.errors import InvalidEntryError
+from cachemgr.safedir import SafeDir
 
 REQUIRED_FIELDS = ("binFileName", "binFileSuffix", "kernelName", "sha256")
 #: Suffixes (before ``.json``) of files that belong to the kernel named before them.
@@ -48,6 +49,12 @@ ORPHAN_BINARY = "orphan_binary"
 ORPHAN_FILE = "orphan_file"
 NOT_A_FILE = "not_a_file"
 UNREADABLE = "unreadable"
+
+#: An entry json larger than this is bad, never read whole (bytes; real CANN jsons are a few
+#: KiB, the largest mix-kernel ones well under 1 MiB; docs/security.md item 4).
+MAX_JSON_BYTES = 4 << 20
+#: Deeper nesting than this makes a json bad (CANN's ``compileInfo`` nests a few levels).
+MAX_JSON_DEPTH = 64
 
 
 class FileStat(NamedTuple):
@@ -108,6 +115,9 @@ class ChipScan:
     silly: dict[str, FileStat] = field(default_factory=dict)  # .nfs* names: never touched
     odd: dict[str, str] = field(default_factory=dict)  # name → why (symlink, folder...)
     used_bytes: int = 0
+    #: the open chip folder the scan was made through (see :mod:`cachemgr.safedir`): later
+    #: reads of the scan's files go through it; None = open one per read
+    dir_fd: int | None = None
 
 
 def kernel_of_part(stem: str, mains: set[str] | dict[str, Any]) -> str | None:
@@ -140,16 +150,17 @@ def _is_main_json(stem: str, json_stems: set[str]) -> bool:
     )
 
 
-def _lstat_all(chip_dir: Path, scan: ChipScan) -> dict[str, FileStat]:
+def _lstat_all(chip_dir: Path, scan: ChipScan, dir_fd: int | None) -> dict[str, FileStat]:
     """One ``scandir`` + one ``lstat`` per regular file (the floor of any size accounting)."""
     regular: dict[str, FileStat] = {}
     # scandir over a descriptor: each stat is an fstatat() relative to the folder instead of
-    # a walk of the whole path (~20 % of the pass on 200,000 files)
-    dir_fd = os.open(chip_dir, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
-    try:
+    # a walk of the whole path (~20 % of the pass on 200,000 files); the folder is reached
+    # without following links (docs/security.md item 1)
+    if dir_fd is not None:
         _lstat_fd(dir_fd, scan, regular)
-    finally:
-        os.close(dir_fd)
+        return regular
+    with SafeDir.open_chip(chip_dir) as folder:
+        _lstat_fd(folder.fd, scan, regular)
     return regular
 
 
@@ -169,22 +180,29 @@ def _lstat_fd(dir_fd: int, scan: ChipScan, regular: dict[str, FileStat]) -> None
                 if exc.errno not in fsutil.GONE_ERRNOS:
                     scan.odd[de.name] = f"{UNREADABLE}: {exc.strerror}"
                 continue
+            if st.st_nlink > 1 and not de.name.startswith(fsutil.NFS_SILLY_PREFIX):
+                # another file's content under a cache name: never used (security.md item 2)
+                scan.odd[de.name] = f"hard link ({st.st_nlink} names; not used)"
+                continue
             used += st.st_size
             regular[de.name] = _new_stat(FileStat, (st.st_size, st.st_atime_ns, st.st_mtime_ns))
     scan.used_bytes += used
 
 
-def scan_chip(chip_dir: Path) -> ChipScan:
+def scan_chip(chip_dir: Path, dir_fd: int | None = None) -> ChipScan:
     """Group a chip folder's files into entries by name, opening no file (SPEC §3.1, §5).
 
     A missing chip folder gives an empty scan, also when another NFS host removed it
     (``ESTALE``, SPEC §9).
 
+    :param dir_fd: the chip folder, open (:class:`~cachemgr.safedir.SafeDir`); it must stay
+        open while the scan is used. Without it the folder is opened for the scan only.
+    :raises UnsafePathError: the chip folder (or ``kernel_cache``) is a symbolic link.
     :raises OSError: when the folder cannot be listed (e.g. ``EACCES``).
     """
-    scan = ChipScan(chip_dir)
+    scan = ChipScan(chip_dir, dir_fd=dir_fd)
     try:
-        regular = _lstat_all(chip_dir, scan)
+        regular = _lstat_all(chip_dir, scan, dir_fd)
     except (FileNotFoundError, NotADirectoryError):
         return scan
     except OSError as exc:
@@ -280,21 +298,44 @@ class EntryDesc:
 
 
 def load_json_object(raw: bytes, name: str) -> dict[str, Any]:
-    """Parse a kernel json; it must be a JSON object.
+    """Parse a kernel json; it must be a JSON object of bounded size and depth.
 
-    :raises InvalidEntryError: ``unreadable_json`` (truncated, not UTF-8, not JSON) or
-        ``invalid_json`` (not an object).
+    Values are bounded (docs/security.md item 4): more than :data:`MAX_JSON_BYTES`, a number
+    Python refuses to convert (over 4300 digits: ``ValueError``), or nesting deeper than
+    :data:`MAX_JSON_DEPTH` make the json bad like any other unreadable json.
+
+    :raises InvalidEntryError: ``unreadable_json`` (truncated, not UTF-8, not JSON, too
+        large, too deep, an over-long number) or ``invalid_json`` (not an object).
     """
+    if len(raw) > MAX_JSON_BYTES:
+        msg = f"{name}: json is {len(raw)} bytes, more than {MAX_JSON_BYTES}"
+        raise InvalidEntryError(msg, UNREADABLE_JSON)
     try:
         data = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidEntryError(f"{name}: unreadable json ({exc})", UNREADABLE_JSON) from exc
+    except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError, int digit limit
+        detail = str(exc)[:200]
+        raise InvalidEntryError(f"{name}: unreadable json ({detail})", UNREADABLE_JSON) from exc
     except RecursionError as exc:
         raise InvalidEntryError(f"{name}: json nested too deeply", UNREADABLE_JSON) from exc
     if not isinstance(data, dict):
         kind = type(data).__name__
         raise InvalidEntryError(f"{name}: json is a {kind}, not an object", INVALID_JSON)
+    if _depth_over(data, MAX_JSON_DEPTH):
+        msg = f"{name}: json nested deeper than {MAX_JSON_DEPTH} levels"
+        raise InvalidEntryError(msg, UNREADABLE_JSON)
     return data
+
+
+def _depth_over(data: Any, limit: int) -> bool:
+    """True when ``data`` nests lists/objects more than ``limit`` deep (no recursion)."""
+    stack: list[tuple[Any, int]] = [(data, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+    return False
 
 
 def _binary_ref(data: dict[str, Any], json_name: str, is_sub: bool) -> BinaryRef:
@@ -313,13 +354,28 @@ def _binary_ref(data: dict[str, Any], json_name: str, is_sub: bool) -> BinaryRef
     return BinaryRef(json_name, base + suffix, sha.lower(), is_sub)
 
 
-def _read(chip_dir: Path, name: str) -> bytes:
+def _read(chip_dir: Path, name: str, dir_fd: int | None, max_bytes: int | None = None) -> bytes:
+    """Read one file of an entry relative to the open chip folder (no link followed, no
+    hard link used, never blocking; docs/security.md items 1, 2).
+
+    :raises FileNotFoundError: the file is gone.
+    :raises InvalidEntryError: not a regular file, a hard link, too large, unreadable.
+    """
     try:
-        return fsutil.read_bytes_noatime(chip_dir / name)
+        if dir_fd is None:
+            with SafeDir.open_chip(chip_dir) as folder:
+                return _read(chip_dir, name, folder.fd, max_bytes)
+        return fsutil.read_bytes_noatime(
+            chip_dir / name, dir_fd, single_link=True, max_bytes=max_bytes
+        )
     except IsADirectoryError as exc:
         raise InvalidEntryError(f"{name}: is a folder, not a file", NOT_A_FILE) from exc
+    except fsutil.HardLinkError as exc:
+        raise InvalidEntryError(f"{name}: {exc.strerror}", NOT_A_FILE) from exc
     except fsutil.NotRegularFileError as exc:
         raise InvalidEntryError(f"{name}: is not a regular file", NOT_A_FILE) from exc
+    except fsutil.FileTooLargeError as exc:
+        raise InvalidEntryError(f"{name}: {exc.strerror}", UNREADABLE_JSON) from exc
     except FileNotFoundError:
         raise
     except OSError as exc:
@@ -329,12 +385,15 @@ def _read(chip_dir: Path, name: str) -> bytes:
 
 
 def parse_entry(
-    chip_dir: Path, kernel: str, read: Callable[[str], bytes] | None = None
+    chip_dir: Path,
+    kernel: str,
+    read: Callable[[str], bytes] | None = None,
+    dir_fd: int | None = None,
 ) -> EntryDesc:
     """Open and parse ``<kernel>.json`` and the sub-jsons it lists (SPEC §3.1).
 
     Reads without changing access times. ``read(name) -> bytes`` replaces the disk read (the
-    store uses it to check an entry before publishing it).
+    store uses it to check an entry before publishing it). ``dir_fd``: the open chip folder.
 
     :raises FileNotFoundError: when the main json is gone.
     :raises InvalidEntryError: unreadable or invalid json, a bad name (``/``, ``..``), a
@@ -343,7 +402,7 @@ def parse_entry(
     if read is None:
 
         def read(name: str) -> bytes:
-            return _read(chip_dir, name)
+            return _read(chip_dir, name, dir_fd, MAX_JSON_BYTES)
 
     json_name = kernel + ".json"
     data = load_json_object(read(json_name), json_name)
@@ -392,14 +451,15 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def verify_entry(chip_dir: Path, desc: EntryDesc) -> list[Problem]:
+def verify_entry(chip_dir: Path, desc: EntryDesc, dir_fd: int | None = None) -> list[Problem]:
     """Check every part of a parsed entry: binaries present and matching ``sha256``, sub-parts
     and header present. Reads without changing access times. Empty list = the entry is good.
+    ``dir_fd``: the open chip folder.
     """
     problems: list[Problem] = []
     for ref in desc.binaries:
         try:
-            data = _read(chip_dir, ref.bin_name)
+            data = _read(chip_dir, ref.bin_name, dir_fd)
         except FileNotFoundError:
             kind = MISSING_SUBPART if ref.is_sub else MISSING_BINARY
             problems.append(Problem(kind, f"{ref.bin_name} (named by {ref.json_name}) is missing"))
@@ -412,21 +472,32 @@ def verify_entry(chip_dir: Path, desc: EntryDesc) -> list[Problem]:
             problems.append(
                 Problem(SHA256_MISMATCH, f"{ref.bin_name}: sha256 {actual} != {ref.sha256}")
             )
-    if desc.header and fsutil.lstat_or_none(chip_dir / desc.header) is None:
+    if desc.header and fsutil.lstat_or_none(chip_dir / desc.header, dir_fd) is None:
         problems.append(Problem(MISSING_SUBPART, f"header {desc.header} is missing"))
     return problems
 
 
-def check_entry(chip_dir: Path, kernel: str) -> tuple[EntryDesc | None, list[Problem]]:
+def check_entry(
+    chip_dir: Path, kernel: str, dir_fd: int | None = None
+) -> tuple[EntryDesc | None, list[Problem]]:
     """Parse and verify one entry; never raises for a bad entry (it becomes a Problem).
 
+    :param dir_fd: the open chip folder; without it the folder is opened for this check.
     :raises FileNotFoundError: when the main json is gone (someone removed the entry).
+    :raises UnsafePathError: the chip folder (or ``kernel_cache``) is a symbolic link.
     """
+    if dir_fd is None:
+        try:
+            folder = SafeDir.open_chip(chip_dir)
+        except NotADirectoryError as exc:
+            raise FileNotFoundError(str(chip_dir)) from exc
+        with folder:
+            return check_entry(chip_dir, kernel, folder.fd)
     try:
-        desc = parse_entry(chip_dir, kernel)
+        desc = parse_entry(chip_dir, kernel, dir_fd=dir_fd)
     except InvalidEntryError as exc:
         return None, [Problem(exc.reason, str(exc))]
-    return desc, verify_entry(chip_dir, desc)
+    return desc, verify_entry(chip_dir, desc, dir_fd)
 
 
 def resolve_group(scan: ChipScan, group: EntryGroup) -> None:
@@ -436,7 +507,7 @@ def resolve_group(scan: ChipScan, group: EntryGroup) -> None:
     Files claimed move from ``scan.orphans`` into the group.
     """
     try:
-        desc = parse_entry(scan.chip_dir, group.kernel)
+        desc = parse_entry(scan.chip_dir, group.kernel, dir_fd=scan.dir_fd)
     except (OSError, InvalidEntryError):
         return
     for name in desc.file_names():

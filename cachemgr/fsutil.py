@@ -16,6 +16,7 @@ import contextlib
 import errno
 import fcntl
 import grp
+import logging
 import os
 import pwd
 import secrets
@@ -29,6 +30,8 @@ from pathlib import Path
 from typing import ClassVar
 
 from cachemgr.errors import LockBusyError
+
+log = logging.getLogger(__name__)
 
 #: Suffix of a write in progress (SPEC §3.1).
 TEMP_SUFFIX = ".temp"
@@ -95,16 +98,25 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def write_temp(dest: Path, data: bytes, mode: int = FILE_MODE) -> Path:
+def at(path: Path, dir_fd: int | None) -> str | Path:
+    """What to hand an ``*at()`` call: ``path``'s last name relative to ``dir_fd`` (the open
+    folder of the cache it lies in, see :mod:`cachemgr.safedir`), or ``path`` itself without
+    one. ``path`` stays the full name for messages."""
+    return path if dir_fd is None else path.name
+
+
+def write_temp(dest: Path, data: bytes, mode: int = FILE_MODE, dir_fd: int | None = None) -> Path:
     """Write ``data`` to a fresh temp file beside ``dest``, fsync it, and return its path.
 
     The caller renames it into place (see :func:`publish_temp`). On any error the temp file
     is removed before the error propagates.
 
+    :param dir_fd: the open folder of ``dest`` (every call is then relative to it).
     :raises OSError: on write failure (e.g. ``ENOSPC``); nothing is left behind.
     """
     tmp = temp_path(dest)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(at(tmp, dir_fd), flags, mode, dir_fd=dir_fd)
     try:
         try:
             view = memoryview(data)
@@ -116,40 +128,46 @@ def write_temp(dest: Path, data: bytes, mode: int = FILE_MODE) -> Path:
         finally:
             os.close(fd)
     except BaseException:
-        safe_unlink(tmp)
+        safe_unlink(tmp, dir_fd=dir_fd)
         raise
     return tmp
 
 
-def publish_temp(tmp: Path, dest: Path) -> None:
+def publish_temp(tmp: Path, dest: Path, dir_fd: int | None = None) -> None:
     """Atomically move a temp file written by :func:`write_temp` to ``dest``.
 
+    :param dir_fd: the open folder of both (``renameat``).
     :raises OSError: if the rename fails; the temp file is removed first.
     """
     try:
-        os.rename(tmp, dest)
+        os.rename(at(tmp, dir_fd), at(dest, dir_fd), src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
-        safe_unlink(tmp)
+        safe_unlink(tmp, dir_fd=dir_fd)
         raise
 
 
-def atomic_write_bytes(dest: Path, data: bytes, mode: int = FILE_MODE) -> None:
+def atomic_write_bytes(
+    dest: Path, data: bytes, mode: int = FILE_MODE, dir_fd: int | None = None
+) -> None:
     """Write ``data`` to ``dest`` atomically (temp file in the same folder, then rename).
 
+    :param dir_fd: the open folder of ``dest`` (see :mod:`cachemgr.safedir`).
     :raises OSError: on failure; ``dest`` is unchanged and no temp file is left.
     """
-    publish_temp(write_temp(dest, data, mode), dest)
+    publish_temp(write_temp(dest, data, mode, dir_fd), dest, dir_fd)
 
 
-def safe_unlink(path: Path) -> bool:
-    """Remove ``path``; return True if this call removed it, False if it was already gone.
+def safe_unlink(path: Path, dir_fd: int | None = None) -> bool:
+    """Remove ``path`` (a link itself, never its target); return True if this call removed
+    it, False if it was already gone.
 
     ``ENOENT`` and ``ESTALE`` (another NFS host removed or holds it) are normal.
 
+    :param dir_fd: the open folder of ``path`` (``unlinkat``).
     :raises OSError: for any other error (e.g. ``EACCES``).
     """
     try:
-        os.unlink(path)
+        os.unlink(at(path, dir_fd), dir_fd=dir_fd)
     except OSError as exc:
         if exc.errno in GONE_ERRNOS:
             return False
@@ -157,10 +175,11 @@ def safe_unlink(path: Path) -> bool:
     return True
 
 
-def lstat_or_none(path: Path) -> os.stat_result | None:
-    """``os.lstat`` that returns None when the file is gone (ENOENT/ESTALE)."""
+def lstat_or_none(path: Path, dir_fd: int | None = None) -> os.stat_result | None:
+    """``os.lstat`` (relative to ``dir_fd`` when given) that returns None when the file is
+    gone (ENOENT/ESTALE)."""
     try:
-        return os.lstat(path)
+        return os.stat(at(path, dir_fd), dir_fd=dir_fd, follow_symlinks=False)
     except OSError as exc:
         if exc.errno in GONE_ERRNOS:
             return None
@@ -172,23 +191,44 @@ class NotRegularFileError(OSError):
     or never end)."""
 
 
-def read_bytes_noatime(path: Path) -> bytes:
+class HardLinkError(NotRegularFileError):
+    """A file of the cache with more than one name (``st_nlink > 1``): it may be another
+    file's content planted under a cache name, so it is never used (docs/security.md item 2)."""
+
+
+class FileTooLargeError(OSError):
+    """A file larger than the reader's cap (bytes): never read whole into memory."""
+
+
+def read_bytes_noatime(
+    path: Path,
+    dir_fd: int | None = None,
+    *,
+    single_link: bool = False,
+    max_bytes: int | None = None,
+) -> bytes:
     """Read a regular file without changing its access time (atime drives eviction, SPEC §5).
 
     Uses ``O_NOATIME`` where the kernel allows it (owner or CAP_FOWNER); otherwise reads
-    normally and puts the previous atime back. Symlinks are refused (SPEC §3.3).
+    normally and puts the previous atime back. Symlinks are refused (SPEC §3.3); the open
+    never blocks (``O_NONBLOCK``) and the type is checked on the descriptor.
 
+    :param dir_fd: the open folder of ``path`` (see :mod:`cachemgr.safedir`).
+    :param single_link: refuse a file with more than one name (cache entries).
+    :param max_bytes: refuse a larger file (size in bytes) instead of reading it.
     :raises OSError: ``ELOOP`` for a symlink, ``ENOENT`` when gone, ``EISDIR`` for a folder,
-        :class:`NotRegularFileError` for a FIFO, socket or device.
+        :class:`NotRegularFileError` for a FIFO, socket or device, :class:`HardLinkError`,
+        :class:`FileTooLargeError`.
     """
     # O_NONBLOCK: opening a FIFO planted in the cache must not hang (the type is checked next)
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     noatime = getattr(os, "O_NOATIME", 0)
     restore: os.stat_result | None = None
+    name = at(path, dir_fd)
     try:
-        fd = os.open(path, flags | noatime)
+        fd = os.open(name, flags | noatime, dir_fd=dir_fd)
     except PermissionError:
-        fd = os.open(path, flags)
+        fd = os.open(name, flags, dir_fd=dir_fd)
         restore = os.fstat(fd)
     try:
         st = os.fstat(fd)
@@ -196,9 +236,20 @@ def read_bytes_noatime(path: Path) -> bytes:
             raise IsADirectoryError(errno.EISDIR, "is a directory", str(path))
         if not stat.S_ISREG(st.st_mode):
             raise NotRegularFileError(errno.EINVAL, "not a regular file", str(path))
+        if single_link and st.st_nlink > 1:
+            raise HardLinkError(errno.EMLINK, f"has {st.st_nlink} names (hard link)", str(path))
+        if max_bytes is not None and st.st_size > max_bytes:
+            msg = f"is {st.st_size} bytes, more than {max_bytes}"
+            raise FileTooLargeError(errno.EFBIG, msg, str(path))
         chunks = []
-        while chunk := os.read(fd, 1 << 20):
+        left = None if max_bytes is None else max_bytes + 1  # a file growing meanwhile
+        while chunk := os.read(fd, 1 << 20 if left is None else min(1 << 20, left)):
             chunks.append(chunk)
+            if left is not None:
+                left -= len(chunk)
+                if left <= 0:
+                    msg = f"is more than {max_bytes} bytes"
+                    raise FileTooLargeError(errno.EFBIG, msg, str(path))
         data = b"".join(chunks)
         if restore is not None:
             # another user's file (SPEC §9): only its owner may set times; relatime changes
@@ -210,7 +261,7 @@ def read_bytes_noatime(path: Path) -> bytes:
     return data
 
 
-def touch_atime(path: Path, now_ns: int | None = None) -> None:
+def touch_atime(path: Path, now_ns: int | None = None, dir_fd: int | None = None) -> None:
     """Set ``path``'s access time to now and keep its modification time (SPEC §3.3, [GE]).
 
     Setting an explicit time needs ownership of the file. In a cache shared by a group (SPEC
@@ -218,17 +269,19 @@ def touch_atime(path: Path, now_ns: int | None = None) -> None:
     own but may write (group-writable, umask 002) both times are set to now — the one change
     the kernel allows a writer; the mtime of an entry's files is not used by anything.
 
+    :param dir_fd: the open folder of ``path`` (``utimensat`` relative to it).
     :raises OSError: when the file is gone, or not writable by this user either.
     """
-    st = os.stat(path, follow_symlinks=False)
+    name = at(path, dir_fd)
+    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     now = time.time_ns() if now_ns is None else now_ns
     try:
-        os.utime(path, ns=(now, st.st_mtime_ns), follow_symlinks=False)
+        os.utime(name, ns=(now, st.st_mtime_ns), dir_fd=dir_fd, follow_symlinks=False)
     except PermissionError:
         if st.st_uid == os.geteuid():
             raise
         # UTIME_NOW for both: allowed to any user with write access
-        os.utime(path, None, follow_symlinks=False)
+        os.utime(name, None, dir_fd=dir_fd, follow_symlinks=False)
 
 
 def ensure_dir(path: Path) -> Path:
@@ -260,24 +313,75 @@ def ensure_dir(path: Path) -> Path:
     return path
 
 
-def open_lock_file(path: Path) -> int:
+def plain_file(st: os.stat_result) -> bool:
+    """A regular file with one name: the only kind cachemgr opens for writing, locks or
+    ``chmod``s in the cache (docs/security.md item 2)."""
+    return stat.S_ISREG(st.st_mode) and st.st_nlink == 1
+
+
+#: How often :func:`open_lock_file` replaces a planted lock name before giving up.
+_LOCK_OPEN_TRIES = 3
+
+
+def open_lock_file(path: Path, dir_fd: int | None = None) -> int:
     """Open (creating it if needed) a lock file for reading and writing; return the descriptor.
 
     A lock file this user creates is made group read/write (0664) whatever the umask, so the
     other users of a shared cache can lock it too (SPEC §9); a file we find is left as it is.
+    A link, FIFO, socket, device or hard-linked file planted under the lock's name is never
+    opened, followed or ``chmod``ed: the name is in the cache's own namespace, so it is
+    removed (the name only: ``unlinkat``) with one warning and a fresh lock file is made —
+    a planted ``<kernel>.lock`` must not block its kernel forever (docs/security.md item 2).
+    The open never blocks (``O_NONBLOCK``).
 
-    :raises OSError: e.g. ``EACCES`` for another user's lock file that is not group-writable.
+    :param dir_fd: the open folder of ``path`` (see :mod:`cachemgr.safedir`).
+    :raises OSError: e.g. ``EACCES`` for another user's lock file that is not group-writable,
+        ``EISDIR`` for a folder of that name, :class:`NotRegularFileError` when the name keeps
+        being replaced by something else.
     """
-    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-    fd = os.open(path, flags, FILE_MODE)
-    try:
-        st = os.fstat(fd)
-        if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != FILE_MODE:
-            os.fchmod(fd, FILE_MODE)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(_LOCK_OPEN_TRIES):
+        st = lstat_or_none(path, dir_fd)
+        if st is not None and not stat.S_ISDIR(st.st_mode) and not plain_file(st):
+            _drop_planted(path, dir_fd, st)
+        try:
+            fd = os.open(at(path, dir_fd), flags, FILE_MODE, dir_fd=dir_fd)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENXIO):  # a link or socket put there meanwhile
+                continue
+            raise
+        try:
+            st = os.fstat(fd)
+            if not plain_file(st):
+                os.close(fd)
+                continue
+            if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != FILE_MODE:
+                os.fchmod(fd, FILE_MODE)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+    raise NotRegularFileError(errno.EINVAL, "keeps being replaced by a non-regular file", str(path))
+
+
+def _drop_planted(path: Path, dir_fd: int | None, st: os.stat_result) -> None:
+    """Remove a planted link/FIFO/socket/device/hard link under a lock file's name."""
+    kind = "hard link" if stat.S_ISREG(st.st_mode) else _kind(st.st_mode)
+    log.warning("removing %s: a %s where a lock file belongs (never followed)", path, kind)
+    safe_unlink(path, dir_fd)
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISLNK, "symbolic link"),
+        (stat.S_ISFIFO, "FIFO"),
+        (stat.S_ISSOCK, "socket"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+    ):
+        if test(mode):
+            return name
+    return "special file"
 
 
 def user_name(uid: int | None = None) -> str:
@@ -361,8 +465,11 @@ class FcntlLock:
     _slots: ClassVar[dict[str, _Slot]] = {}
     _registry_lock = threading.Lock()
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, dir_fd: int | None = None) -> None:
+        """:param dir_fd: the open folder of ``path`` (see :mod:`cachemgr.safedir`); every
+        call is then relative to it, and it must stay open until :meth:`release`."""
         self.path = Path(path)
+        self._dir_fd = dir_fd
         self._fd: int | None = None
         self._slot: _Slot | None = None
 
@@ -439,7 +546,7 @@ class FcntlLock:
         raise LockBusyError(f"timed out waiting for lock {self.path}")
 
     def _open(self) -> int:
-        return open_lock_file(self.path)
+        return open_lock_file(self.path, self._dir_fd)
 
     def _lock_fd(self, fd: int, blocking: bool, deadline: float | None) -> bool:
         delay = 0.001
@@ -459,7 +566,7 @@ class FcntlLock:
 
     def _same_file(self, fd: int) -> bool:
         try:
-            st = os.stat(self.path, follow_symlinks=False)
+            st = os.stat(at(self.path, self._dir_fd), dir_fd=self._dir_fd, follow_symlinks=False)
         except OSError:
             return False
         fst = os.fstat(fd)
@@ -473,7 +580,7 @@ class FcntlLock:
         slot, self._slot = self._slot, None
         try:
             if unlink:
-                safe_unlink(self.path)
+                safe_unlink(self.path, self._dir_fd)
             fcntl.lockf(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)
@@ -489,9 +596,9 @@ class FcntlLock:
 
 
 @contextmanager
-def try_lock(path: Path) -> Iterator[bool]:
+def try_lock(path: Path, dir_fd: int | None = None) -> Iterator[bool]:
     """Context manager: non-blocking :class:`FcntlLock`; yields True if taken, False if busy."""
-    lock = FcntlLock(path)
+    lock = FcntlLock(path, dir_fd)
     taken = lock.acquire(blocking=False)
     try:
         yield taken

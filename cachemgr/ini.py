@@ -32,6 +32,7 @@ lines, key order, a BOM, CRLF ends, bytes that are not UTF-8) and go through a t
 from __future__ import annotations
 
 import logging
+import os
 import re
 import stat
 from dataclasses import dataclass
@@ -254,6 +255,27 @@ def _check_value(key: str, raw: str) -> tuple[int | None, str]:
     return _check_int(key, raw, RATIO_MIN_PCT, RATIO_MAX_PCT, _RATIO_RANGE)
 
 
+class UnreadableIniError(ConfigError):
+    """``op_cache.ini`` exists but this user may not read it (e.g. another user's ``0600``
+    file): callers go on as for an invalid ini — env/default limits, versions unknown, so
+    never a purge (docs/security.md item 3). The message names the path, owner and mode."""
+
+
+def _unreadable(path: Path, exc: OSError) -> UnreadableIniError:
+    try:
+        st = os.stat(path, follow_symlinks=False)
+        who = (
+            f"owner {fsutil.user_name(st.st_uid)}:{fsutil.group_name(st.st_gid)}, "
+            f"mode {stat.filemode(st.st_mode)}"
+        )
+    except OSError:
+        who = "owner unknown"
+    return UnreadableIniError(
+        f"{INI_NAME} {path} is not readable by user {fsutil.user_name()} "
+        f"({who}): {exc.strerror or exc}"
+    )
+
+
 def _read(path: Path) -> bytes | None:
     """The file's bytes, or None when it does not exist.
 
@@ -275,6 +297,8 @@ def _read(path: Path) -> bytes | None:
         return fsutil.read_bytes_noatime(path)
     except FileNotFoundError:
         return None
+    except PermissionError as exc:
+        raise _unreadable(path, exc) from exc
     except OSError as exc:
         raise ConfigError(f"cannot read {INI_NAME} {path}: {exc.strerror or exc}") from exc
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from cachemgr import fsutil
 from cachemgr.errors import ConfigError, InvalidEntryError
+from cachemgr.safedir import SafeDir
 
 #: The eviction lock's file name in every chip folder (CANN GE's own name, SPEC §5).
 EVICT_LOCK_NAME = "op_cache_file_del.lock"
@@ -115,15 +116,21 @@ class CacheLayout:
         return chip
 
     def chip_dirs(self) -> list[Path]:
-        """Existing chip folders, sorted (real folders only; symlinks are not followed)."""
+        """Existing chip folders, sorted (real folders only; symlinks are not followed).
+
+        The kernel cache folder is listed through a descriptor reached without following a
+        link (docs/security.md item 1).
+
+        :raises UnsafePathError: ``kernel_cache`` is a symbolic link or not a folder.
+        """
         try:
-            with os.scandir(self.kernel_cache_dir) as it:
+            with SafeDir.open_kernel_cache(self.kernel_cache_dir) as folder:
                 found = [
-                    Path(e.path)
-                    for e in it
+                    self.kernel_cache_dir / e.name
+                    for e in folder.scandir()
                     if e.is_dir(follow_symlinks=False) and _NAME_RE.match(e.name)
                 ]
-        except (FileNotFoundError, NotADirectoryError):
+        except FileNotFoundError:
             return []
         return sorted(found)
 

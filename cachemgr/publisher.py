@@ -31,6 +31,7 @@ from cachemgr.build import COMPILED, HIT, CompileOutcome, Prepared, RunContext, 
 from cachemgr.chiplock import Hold
 from cachemgr.compilers import CompileResult
 from cachemgr.errors import LockBusyError
+from cachemgr.safedir import SafeDir
 from cachemgr.store import Store
 
 log = logging.getLogger(__name__)
@@ -110,7 +111,7 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
     """
     hold = p.chip_lock.hold_shared(timeout_s=ctx.lock_timeout_s)
     try:
-        fsutil.ensure_dir(p.chip_dir)
+        SafeDir.open_chip(p.chip_dir, create=True).close()  # no link followed (security.md)
         lock = Store(p.chip_dir).entry_lock(p.kernel)
         lock.acquire(timeout_s=ctx.lock_timeout_s)
     except LockBusyError:
@@ -180,11 +181,16 @@ def clear_chip(chip_dir: Path, lock_timeout_s: float) -> int:
 
     The caller holds the chip lock exclusive. :returns: the number of entries removed.
     """
-    store = Store(chip_dir, lock_timeout_s)
-    scan = entry.scan_chip(chip_dir)
-    for kernel in sorted(scan.entries):
-        store.remove(kernel)
-    for name in sorted(scan.orphans):
-        store.remove_orphan(name)
+    try:
+        folder = SafeDir.open_chip(chip_dir)  # one descriptor for the whole clear
+    except FileNotFoundError:
+        return 0
+    with folder:
+        store = Store(chip_dir, lock_timeout_s, folder.fd)
+        scan = entry.scan_chip(chip_dir, folder.fd)
+        for kernel in sorted(scan.entries):
+            store.remove(kernel)
+        for name in sorted(scan.orphans):
+            store.remove_orphan(name)
     log.info("force: cleared %d entries of %s", len(scan.entries), chip_dir)
     return len(scan.entries)

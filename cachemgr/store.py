@@ -15,13 +15,15 @@ Readers take no lock: the json-last publish order is what keeps them from partia
 
 from __future__ import annotations
 
+import copy
 import errno
 import json
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,7 @@ from cachemgr.errors import (
     InvalidInputError,
     NoSpaceError,
 )
+from cachemgr.safedir import DirLock, SafeDir
 
 log = logging.getLogger(__name__)
 
@@ -160,21 +163,48 @@ def check_kernel_name(kernel: str) -> str:
 class Store:
     """Verified lookup, atomic publish and removal in one chip folder.
 
+    Every operation reaches the chip folder once, without following a link, and does all its
+    reads, locks, writes, renames and removals relative to that descriptor
+    (docs/security.md item 1; :mod:`cachemgr.safedir`).
+
     :param chip_dir: ``<kernel cache>/<soc_version>``; created on first publish.
     :param lock_timeout_s: how long publish/removal wait for an entry's lock (seconds).
+    :param dir_fd: the chip folder, already open (e.g. by gc); it must stay open while the
+        store is used. Without it each operation opens the folder itself.
     """
 
-    def __init__(self, chip_dir: Path, lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        chip_dir: Path,
+        lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S,
+        dir_fd: int | None = None,
+    ) -> None:
         self.chip_dir = Path(chip_dir)
         self.lock_timeout_s = lock_timeout_s
+        self.dir_fd = dir_fd
+
+    @contextmanager
+    def _opened(self, create: bool = False) -> Iterator[Store]:
+        """This store bound to the chip folder's descriptor for one operation.
+
+        :raises FileNotFoundError: the chip folder is missing (and ``create`` is off).
+        :raises UnsafePathError: ``kernel_cache`` or the chip folder is a symbolic link.
+        """
+        with SafeDir.open_chip(self.chip_dir, create=create) as folder:
+            bound = copy.copy(self)
+            bound.dir_fd = folder.fd
+            yield bound
 
     def lock_path(self, kernel: str) -> Path:
         """``<chip>/<kernel>.lock``: the entry's fcntl lock file (SPEC §3.1)."""
         return self.chip_dir / f"{kernel}.lock"
 
     def entry_lock(self, kernel: str) -> fsutil.FcntlLock:
-        """The entry's lock object (not yet taken)."""
-        return fsutil.FcntlLock(self.lock_path(kernel))
+        """The entry's lock object (not yet taken), reached through the chip folder's
+        descriptor (its own, held while the lock is, when the store has none)."""
+        if self.dir_fd is not None:
+            return fsutil.FcntlLock(self.lock_path(kernel), self.dir_fd)
+        return DirLock(self.lock_path(kernel), lambda: SafeDir.open_chip(self.chip_dir))
 
     # --- lookup -------------------------------------------------------------------------
 
@@ -185,8 +215,15 @@ class Store:
         entry is removed (under its lock, after re-checking) and reported as a miss.
 
         :raises InvalidInputError: for an invalid kernel name.
+        :raises UnsafePathError: ``kernel_cache`` or the chip folder is a symbolic link.
         """
         check_kernel_name(kernel)
+        if self.dir_fd is None:
+            try:
+                with self._opened() as bound:
+                    return bound.lookup(kernel, touch)
+            except FileNotFoundError:
+                return LookupResult(MISS, kernel, ABSENT)
         try:
             desc, problems = self._check_stable(kernel)
         except FileNotFoundError:
@@ -196,7 +233,7 @@ class Store:
         removed = self.remove_if_bad(kernel)
         if not removed:  # under the lock it was good (a publish finished) or gone: look again
             try:
-                desc, problems = entry.check_entry(self.chip_dir, kernel)
+                desc, problems = entry.check_entry(self.chip_dir, kernel, self.dir_fd)
             except FileNotFoundError:
                 return LookupResult(MISS, kernel, ABSENT)
             if not problems and desc is not None:
@@ -219,11 +256,11 @@ class Store:
 
         :raises FileNotFoundError: when the entry is gone.
         """
-        desc, problems = entry.check_entry(self.chip_dir, kernel)
+        desc, problems = entry.check_entry(self.chip_dir, kernel, self.dir_fd)
         for _ in range(2):
             if not problems:
                 break
-            desc, problems = entry.check_entry(self.chip_dir, kernel)
+            desc, problems = entry.check_entry(self.chip_dir, kernel, self.dir_fd)
         return desc, problems
 
     def _present_parts(self, desc: entry.EntryDesc) -> list[str]:
@@ -236,7 +273,7 @@ class Store:
         now = time.time_ns()
         for path in files:
             try:
-                fsutil.touch_atime(path, now)
+                fsutil.touch_atime(path, now, self.dir_fd)
             except PermissionError:
                 # another user's file: atime needs ownership; CANN skips it too (SPEC §9)
                 log.debug("cannot set atime of %s (not owner)", path)
@@ -251,12 +288,18 @@ class Store:
 
         :returns: True if it was removed.
         """
+        if self.dir_fd is None:
+            try:
+                with self._opened() as bound:
+                    return bound.remove_if_bad(kernel)
+            except FileNotFoundError:
+                return False
         lock = self.entry_lock(kernel)
         if not lock.acquire(timeout_s=self.lock_timeout_s):
             return False
         try:
             try:
-                desc, problems = entry.check_entry(self.chip_dir, kernel)
+                desc, problems = entry.check_entry(self.chip_dir, kernel, self.dir_fd)
             except FileNotFoundError:
                 return False
             if not problems:
@@ -284,7 +327,7 @@ class Store:
                 )
             return owned
         # json unparsable: fall back to name grouping for its parts
-        scan = entry.scan_chip(self.chip_dir)
+        scan = entry.scan_chip(self.chip_dir, self.dir_fd)
         group = scan.entries.get(kernel)
         names = [kernel + ".json"]
         if group is not None:
@@ -297,10 +340,16 @@ class Store:
         ``desc`` (if known) names the parts; otherwise the json is parsed, and name grouping
         is the fallback for an unparsable json.
         """
+        if self.dir_fd is None:
+            try:
+                with self._opened() as bound:
+                    return bound.remove(kernel, desc)
+            except FileNotFoundError:
+                return []
         with self.entry_lock(kernel):
             if desc is None:
                 try:
-                    desc = entry.parse_entry(self.chip_dir, kernel)
+                    desc = entry.parse_entry(self.chip_dir, kernel, dir_fd=self.dir_fd)
                 except (FileNotFoundError, InvalidEntryError):
                     desc = None
             return self._remove_files(self._names_for_removal(kernel, desc))
@@ -309,7 +358,7 @@ class Store:
         removed = []
         for name in names:
             try:
-                if fsutil.safe_unlink(self.chip_dir / name):
+                if fsutil.safe_unlink(self.chip_dir / name, self.dir_fd):
                     removed.append(name)
             except IsADirectoryError:
                 log.warning("not removing %s: it is a folder", self.chip_dir / name)
@@ -323,6 +372,12 @@ class Store:
         """Remove a loose file (binary with no json, stray ``_pre.json``) if its kernel still
         has no json, under that kernel's lock taken without waiting (a publish in progress
         holds it). Returns True if removed."""
+        if self.dir_fd is None:
+            try:
+                with self._opened() as bound:
+                    return bound.remove_orphan(name)
+            except FileNotFoundError:
+                return False
         stem = name.split(".", 1)[0]
         for suffix in entry.PART_STEM_SUFFIXES:
             if stem.endswith(suffix):
@@ -332,9 +387,9 @@ class Store:
         if not lock.acquire(blocking=False):
             return False
         try:
-            if fsutil.lstat_or_none(self.chip_dir / (stem + ".json")) is not None:
+            if fsutil.lstat_or_none(self.chip_dir / (stem + ".json"), self.dir_fd) is not None:
                 return False
-            return fsutil.safe_unlink(self.chip_dir / name)
+            return fsutil.safe_unlink(self.chip_dir / name, self.dir_fd)
         finally:
             lock.release()
 
@@ -362,12 +417,12 @@ class Store:
         payload[kernel + ".json"] = _dump_json(main_json)
         self._check_payload(kernel, payload)
         try:
-            fsutil.ensure_dir(self.chip_dir)
-            with self.entry_lock(kernel):
-                existing = self._existing_good(kernel)
+            opened = self._opened(create=True) if self.dir_fd is None else _same(self)
+            with opened as bound, bound.entry_lock(kernel):
+                existing = bound._existing_good(kernel)
                 if existing is not None:
                     return existing
-                written = self._write_all(kernel, payload)
+                written = bound._write_all(kernel, payload)
         except PermissionError as exc:
             where = Path(exc.filename) if exc.filename else self.chip_dir
             where = where if os.path.exists(where) else self.chip_dir
@@ -407,7 +462,7 @@ class Store:
 
     def _existing_good(self, kernel: str) -> PublishResult | None:
         try:
-            desc, problems = entry.check_entry(self.chip_dir, kernel)
+            desc, problems = entry.check_entry(self.chip_dir, kernel, self.dir_fd)
         except FileNotFoundError:
             return None
         if desc is not None and not problems:
@@ -425,17 +480,17 @@ class Store:
         try:
             for name in order:
                 dest = self.chip_dir / name
-                temps.append((fsutil.write_temp(dest, payload[name]), dest))
+                temps.append((fsutil.write_temp(dest, payload[name], dir_fd=self.dir_fd), dest))
         except BaseException:
             for tmp, _ in temps:
-                fsutil.safe_unlink(tmp)
+                fsutil.safe_unlink(tmp, self.dir_fd)
             raise
         for i, (tmp, dest) in enumerate(temps):
             try:
-                os.rename(tmp, dest)
+                os.rename(tmp.name, dest.name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
             except BaseException:
                 for rest, _ in temps[i:]:
-                    fsutil.safe_unlink(rest)
+                    fsutil.safe_unlink(rest, self.dir_fd)
                 raise
         return sum(len(b) for b in payload.values())
 
@@ -447,9 +502,17 @@ class Store:
         Reads without changing access times. With ``repair``, bad entries and orphans are
         removed (under their locks). Orphans are binaries with no json and ``_pre.json``
         files whose kernel json is absent.
+
+        :raises UnsafePathError: ``kernel_cache`` or the chip folder is a symbolic link.
         """
+        if self.dir_fd is None:
+            try:
+                with self._opened() as bound:
+                    return bound.verify_all(repair)
+            except FileNotFoundError:
+                return VerifyReport(self.chip_dir)
         report = VerifyReport(self.chip_dir)
-        scan = entry.scan_chip(self.chip_dir)
+        scan = entry.scan_chip(self.chip_dir, self.dir_fd)
         for group in scan.entries.values():
             if not group.resolved:
                 entry.resolve_group(scan, group)
@@ -480,7 +543,7 @@ class Store:
 
     def _verify_one(self, kernel: str, report: VerifyReport, repair: bool) -> None:
         try:
-            _, problems = entry.check_entry(self.chip_dir, kernel)
+            _, problems = entry.check_entry(self.chip_dir, kernel, self.dir_fd)
         except FileNotFoundError:
             return  # removed by someone else meanwhile: normal
         report.checked += 1
@@ -489,6 +552,12 @@ class Store:
             if repair:
                 finding.repaired = self._repair(finding, self.remove_if_bad, kernel)
             report.findings.append(finding)
+
+
+@contextmanager
+def _same(store: Store) -> Iterator[Store]:
+    """``store`` itself as a context (already bound to its folder)."""
+    yield store
 
 
 def _dump_json(data: Mapping[str, Any]) -> bytes:

@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 from cachemgr import fsutil, layout
 from cachemgr.errors import ConfigError
-from cachemgr.ini import ADK_KEY, OPS_KEY, OpCacheIni
+from cachemgr.ini import ADK_KEY, OPS_KEY, OpCacheIni, UnreadableIniError
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,7 @@ class VersionStatus(Enum):
     UNSTAMPED = "unstamped"  # no ini or no stamps: cache of unknown version: purge, stamp
     NO_TOOLKIT = "no_toolkit"  # installed versions unknown: leave the cache alone
     NO_CACHE = "no_cache"  # no kernel cache folder yet: nothing to compare
+    UNREADABLE = "unreadable"  # the ini may not be read: stamps unknown, cache left alone
 
 
 @dataclass(frozen=True)
@@ -201,7 +202,11 @@ def compare(cache: layout.CacheLayout, installed: Installed) -> VersionCheck:
     if not cache.kernel_cache_dir.is_dir():
         detail = f"no kernel cache at {cache.kernel_cache_dir} yet; nothing to compare"
         return VersionCheck(VersionStatus.NO_CACHE, installed, None, None, detail)
-    ini = OpCacheIni.load(cache.ini_path)
+    try:
+        ini = OpCacheIni.load(cache.ini_path)
+    except UnreadableIniError as exc:  # never a purge for it (docs/security.md item 3)
+        detail = f"{exc}; its version stamps are unknown, cache left alone"
+        return VersionCheck(VersionStatus.UNREADABLE, installed, None, None, detail)
     have = f"adk_version={installed.adk.value}, ops_version={installed.ops.value}"
     if ini.adk_version is None or ini.ops_version is None:
         status = VersionStatus.UNSTAMPED

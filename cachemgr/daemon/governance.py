@@ -290,7 +290,12 @@ class Governance:
         (through eviction's reclaim) and ``kernel_meta`` folders of dead processes."""
         settings = self._settings()
         ratio = int(settings.value("remain_cache_size_ratio"))
-        for chip in settings.layout.chip_dirs():
+        try:
+            chips = settings.layout.chip_dirs()
+        except CacheMgrError as exc:  # a linked kernel_cache: nothing below it is touched
+            log.error("not reaping: %s", exc)
+            chips = []
+        for chip in chips:
             try:  # max -1: no size eviction, only the reclaim pass
                 eviction.gc_chip(
                     chip, eviction.NEVER_EVICT, ratio, float(settings.value("min_age_s"))

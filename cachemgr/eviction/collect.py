@@ -174,7 +174,7 @@ def gc_chip(
             raise
         report.skipped = SKIP_MISSING  # also ESTALE: another NFS host removed it (SPEC §9)
         return report
-    lock = fsutil.FcntlLock(chip_dir / layout.EVICT_LOCK_NAME)
+    lock = fsutil.FcntlLock(chip_dir / layout.EVICT_LOCK_NAME, chip_fd)
     try:
         if not lock.acquire(blocking=False):
             log.info("%s: another evictor holds %s; skipped", chip_dir, layout.EVICT_LOCK_NAME)
@@ -220,7 +220,7 @@ def _run(
     progress: Progress | None,
     on_planned: Callable[[EvictionPlan], None] | None,
 ) -> None:
-    scan = entry.scan_chip(report.chip_dir)
+    scan = entry.scan_chip(report.chip_dir, chip_fd)
     report.entries_before = len(scan.entries)
     report.bytes_before = scan.used_bytes
     report.odd = dict(scan.odd)
@@ -315,7 +315,7 @@ def _evict_one(chip_fd: int, scan: ChipScan, group: EntryGroup) -> Outcome:
     lock_name = group.kernel + ".lock"
     try:
         if lock_name in scan.locks:
-            lock = fsutil.FcntlLock(scan.chip_dir / lock_name)
+            lock = fsutil.FcntlLock(scan.chip_dir / lock_name, chip_fd)
             if not lock.acquire(blocking=False):
                 return BUSY, group, 0, []
         st = _lstat_at(chip_fd, group.json_name)

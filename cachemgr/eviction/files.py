@@ -11,6 +11,7 @@ from pathlib import Path
 
 from cachemgr import fsutil
 from cachemgr.entry import EntryGroup
+from cachemgr.safedir import SafeDir
 
 log = logging.getLogger(__name__)
 
@@ -90,24 +91,27 @@ def remove_group(chip_fd: int, group: EntryGroup) -> Removal:
     return out
 
 
-def reap_lock(path: Path) -> bool:
+def reap_lock(path: Path, chip_fd: int | None = None) -> bool:
     """Remove a lock file nobody holds: take it without waiting, then unlink it while held
     (``FcntlLock.release(unlink=True)``; waiters on the old inode retry on a new file).
+    A link or special file planted under the name is removed without being opened.
 
+    :param chip_fd: the open chip folder of ``path``.
     :returns: True if removed, False when someone holds it.
     :raises OSError: when the lock file cannot be opened (e.g. ``EACCES``).
     """
-    lock = fsutil.FcntlLock(path)
+    lock = fsutil.FcntlLock(path, chip_fd)
     if not lock.acquire(blocking=False):
         return False
     lock.release(unlink=True)
     return True
 
 
-def open_dir(path: Path) -> int:
-    """A read-only descriptor of a folder, for ``*at()`` calls; symlinks are refused.
+def open_dir(chip_dir: Path) -> int:
+    """A read-only descriptor of a chip folder, for ``*at()`` calls, reached from the cache
+    root without following a link at any step (docs/security.md item 1); the caller closes it.
 
-    :raises OSError: ``ENOENT`` when missing, ``ENOTDIR``, ``ELOOP``, ``EACCES``.
+    :raises UnsafePathError: ``kernel_cache`` or the chip folder is a symbolic link.
+    :raises OSError: ``ENOENT`` when missing, ``EACCES``.
     """
-    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-    return os.open(path, flags)
+    return SafeDir.open_chip(chip_dir).fd  # the caller owns (and closes) the descriptor

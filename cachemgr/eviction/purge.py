@@ -87,7 +87,7 @@ def purge_chip(chip_dir: Path, lock_wait_s: float = PURGE_LOCK_WAIT_S) -> PurgeR
         report.missing = True
         return report
     try:
-        lock = fsutil.FcntlLock(report.chip_dir / layout.EVICT_LOCK_NAME)
+        lock = fsutil.FcntlLock(report.chip_dir / layout.EVICT_LOCK_NAME, chip_fd)
         try:
             lock.acquire(timeout_s=lock_wait_s)
         except LockBusyError as exc:
@@ -106,7 +106,7 @@ def purge_chip(chip_dir: Path, lock_wait_s: float = PURGE_LOCK_WAIT_S) -> PurgeR
 
 
 def _purge(chip_fd: int, report: PurgeReport) -> None:
-    scan = entry.scan_chip(report.chip_dir)
+    scan = entry.scan_chip(report.chip_dir, chip_fd)
     for group in scan.entries.values():
         _purge_entry(chip_fd, scan, group, report)
     now = time.time_ns()
@@ -119,7 +119,7 @@ def _purge(chip_fd: int, report: PurgeReport) -> None:
         _remove_loose(chip_fd, name, fst.size, report)
     for name in scan.locks:
         try:
-            if reap_lock(report.chip_dir / name):
+            if reap_lock(report.chip_dir / name, chip_fd):
                 report.files += 1
         except OSError as exc:
             if exc.errno not in DENIED_ERRNOS:
@@ -131,7 +131,7 @@ def _purge_entry(
     chip_fd: int, scan: entry.ChipScan, group: entry.EntryGroup, report: PurgeReport
 ) -> None:
     lock_name = group.kernel + ".lock"
-    lock = fsutil.FcntlLock(report.chip_dir / lock_name)
+    lock = fsutil.FcntlLock(report.chip_dir / lock_name, chip_fd)
     try:
         lock.acquire(timeout_s=ENTRY_LOCK_WAIT_S)
     except LockBusyError:

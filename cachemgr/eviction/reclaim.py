@@ -73,7 +73,7 @@ def reclaim(scan: ChipScan, chip_fd: int, now_ns: int, dry_run: bool) -> Reclaim
     :raises OSError: for unexpected errors (permission problems are reported, not raised).
     """
     out = ReclaimResult()
-    store = Store(scan.chip_dir, lock_timeout_s=BAD_ENTRY_LOCK_WAIT_S)
+    store = Store(scan.chip_dir, lock_timeout_s=BAD_ENTRY_LOCK_WAIT_S, dir_fd=chip_fd)
     for group in _suspects(scan):
         _reclaim_bad(store, scan, chip_fd, group, dry_run, out)
     for name in sorted(scan.orphans):
@@ -82,7 +82,7 @@ def reclaim(scan: ChipScan, chip_fd: int, now_ns: int, dry_run: bool) -> Reclaim
     for name in sorted(scan.temps):
         _reclaim_temp(scan, chip_fd, name, now_ns, dry_run, out)
     for name in sorted(scan.locks):
-        _reclaim_lock(scan, name, dry_run, out)
+        _reclaim_lock(scan, chip_fd, name, dry_run, out)
     return out
 
 
@@ -116,7 +116,7 @@ def _reclaim_bad(
         if not dry_run:
             lock.acquire(timeout_s=BAD_ENTRY_LOCK_WAIT_S)
         try:
-            _, problems = entry.check_entry(scan.chip_dir, kernel)
+            _, problems = entry.check_entry(scan.chip_dir, kernel, chip_fd)
         except FileNotFoundError:
             _forget_group(scan, group)  # removed by someone else meanwhile: normal
             return
@@ -168,7 +168,7 @@ def _reclaim_orphan(
             out.denied.append(denied_line(name, exc))
             return
         if not lock_existed:  # remove_orphan created it; do not leave it behind
-            _reap_quiet(store.lock_path(orphan_kernel(name)))
+            _reap_quiet(store.lock_path(orphan_kernel(name)), store.dir_fd)
         if not removed:
             return
     out.orphans += 1
@@ -193,14 +193,16 @@ def _reclaim_temp(
     out.bytes += _forget(scan, scan.temps, name)
 
 
-def _reclaim_lock(scan: ChipScan, name: str, dry_run: bool, out: ReclaimResult) -> None:
+def _reclaim_lock(
+    scan: ChipScan, chip_fd: int, name: str, dry_run: bool, out: ReclaimResult
+) -> None:
     kernel = name[: -len(".lock")]
     if kernel in scan.entries:
         return  # a live entry's lock
     if not dry_run:
         path = scan.chip_dir / name
         try:
-            if not reap_lock(path):
+            if not reap_lock(path, chip_fd):
                 out.busy.append(name)  # a publish in progress holds it
                 return
         except OSError as exc:
@@ -212,8 +214,8 @@ def _reclaim_lock(scan: ChipScan, name: str, dry_run: bool, out: ReclaimResult) 
     out.bytes += _forget(scan, scan.locks, name)
 
 
-def _reap_quiet(path: Path) -> None:
+def _reap_quiet(path: Path, chip_fd: int | None) -> None:
     try:
-        reap_lock(path)
+        reap_lock(path, chip_fd)
     except OSError as exc:
         log.debug("cannot remove lock %s: %s", path, exc)
