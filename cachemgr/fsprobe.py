@@ -224,10 +224,12 @@ def _remove_dead_probes(folder: Path) -> None:
 def access_problems(kernel_cache_dir: Path) -> list[str]:
     """Folders of the kernel cache this user cannot write, one line each (SPEC §9).
 
-    Checks the kernel cache folder (or its first existing parent), ``op_cache.ini`` and
-    every existing chip folder. Each line names the path, the user, the owner, group and mode
-    and what to do (:func:`cachemgr.fsutil.access_hint`). Missing folders are fine: they
-    will be created group-shareable.
+    Checks the kernel cache folder (or its first existing parent) and every existing chip
+    folder. Each line names the path, the user, the owner, group and mode and what to do
+    (:func:`cachemgr.fsutil.access_hint`). Missing folders are fine: they will be created
+    group-shareable. An unreadable ``op_cache.ini`` is not one of them: it is warned about
+    and treated as an invalid ini (docs/security.md item 3), so one member's ``0600`` ini
+    cannot stop the daemon.
     """
     problems = []
     cur = Path(kernel_cache_dir)
@@ -240,9 +242,6 @@ def access_problems(kernel_cache_dir: Path) -> list[str]:
     for folder in folders:
         if not os.access(folder, os.W_OK | os.X_OK):
             problems.append(fsutil.access_hint(folder))
-    ini = Path(kernel_cache_dir) / "op_cache.ini"
-    if os.path.exists(ini) and not os.access(ini, os.R_OK):
-        problems.append(fsutil.access_hint(ini, "readable"))
     return problems
 
 

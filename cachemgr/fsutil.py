@@ -366,12 +366,16 @@ def open_lock_file(path: Path, dir_fd: int | None = None) -> int:
 
 def _drop_planted(path: Path, dir_fd: int | None, st: os.stat_result) -> None:
     """Remove a planted link/FIFO/socket/device/hard link under a lock file's name."""
-    kind = "hard link" if stat.S_ISREG(st.st_mode) else _kind(st.st_mode)
-    log.warning("removing %s: a %s where a lock file belongs (never followed)", path, kind)
+    log.warning("removing %s: %s where a lock file belongs (never followed)", path, kind_of(st))
     safe_unlink(path, dir_fd)
 
 
-def _kind(mode: int) -> str:
+def kind_of(st: os.stat_result) -> str:
+    """What a file that is not a plain file is, for messages (``symbolic link``, ``FIFO``,
+    ``hard link (3 names)``...)."""
+    if stat.S_ISREG(st.st_mode):
+        return f"hard link ({st.st_nlink} names)"
+    mode = st.st_mode
     for test, name in (
         (stat.S_ISLNK, "symbolic link"),
         (stat.S_ISFIFO, "FIFO"),

@@ -13,10 +13,8 @@ warning is recorded in ``Settings.problems``.
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
-import threading
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -26,8 +24,6 @@ from typing import Any
 from cachemgr import layout
 from cachemgr.errors import ConfigError
 from cachemgr.ini import OpCacheIni, UnreadableIniError
-
-log = logging.getLogger(__name__)
 
 ORIGIN_OPTION = "option"
 ORIGIN_INI = "op_cache.ini"
@@ -301,26 +297,12 @@ def _env_limit(
     return Resolved(default, ORIGIN_DEFAULT, f"fallback from {var}"), warning
 
 
-_warned: set[str] = set()
-_warned_lock = threading.Lock()
-
-
-def _warn_once(line: str) -> None:
-    """Log ``line`` as a warning once per process (settings are resolved again and again)."""
-    with _warned_lock:
-        if line in _warned:
-            return
-        _warned.add(line)
-    log.warning("%s", line)
-
-
 def _resolve_limits(ini_path: Path, env: Mapping[str, str]) -> tuple[Resolved, Resolved, list[str]]:
     """SPEC §5: op_cache.ini if both values are valid; else env; else 500 MB / 50 %."""
     problems: list[str] = []
     try:
         ini = OpCacheIni.load(ini_path)
     except UnreadableIniError as exc:  # another user's 0600 ini: as an invalid one (item 3)
-        _warn_once(str(exc))
         problems.append(f"{exc}; limits come from env or defaults")
         ini = OpCacheIni(ini_path, None)
     limits = ini.limits()

@@ -20,6 +20,7 @@ import errno
 import json
 import logging
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -526,10 +527,25 @@ class Store:
                 finding.repaired = self._repair(finding, self.remove_orphan, name)
             report.findings.append(finding)
         for name, why in sorted(scan.odd.items()):
-            report.findings.append(
-                Finding(name, [entry.Problem(entry.NOT_A_FILE, f"{name}: {why}")], kind="file")
-            )
+            problem = entry.Problem(entry.NOT_A_FILE, f"{name}: {why}")
+            finding = Finding(name, [problem], kind="file")
+            if repair:
+                finding.repaired = self._repair(finding, self.remove_planted, name)
+            report.findings.append(finding)
         return report
+
+    def remove_planted(self, name: str) -> bool:
+        """Remove a link, FIFO, socket, device or hard-linked file from the chip folder: only
+        its name goes (``unlinkat``; a link's target and a hard link's other names are not
+        touched), so this is safe for any of them (docs/security.md item 2). Folders and
+        plain files (the name changed meanwhile) are left. Returns True if removed."""
+        st = fsutil.lstat_or_none(self.chip_dir / name, self.dir_fd)
+        if st is None or stat.S_ISDIR(st.st_mode) or fsutil.plain_file(st):
+            return False
+        removed = fsutil.safe_unlink(self.chip_dir / name, self.dir_fd)
+        if removed:
+            log.warning("removed %s/%s: %s", self.chip_dir.name, name, fsutil.kind_of(st))
+        return removed
 
     @staticmethod
     def _repair(finding: Finding, remove: Callable[[str], bool], name: str) -> bool:

@@ -9,6 +9,7 @@ serves a cache on local disk instead and says so in the log and in systemd's ``S
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Callable, Mapping
@@ -18,6 +19,7 @@ from pathlib import Path
 from cachemgr import fsprobe, options
 from cachemgr.daemon.config import DaemonConfig
 from cachemgr.errors import CacheMgrError, CachePermissionError
+from cachemgr.safedir import SafeDir
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +62,11 @@ def check_access(settings: options.Settings) -> None:
     """Refuse a kernel cache this user cannot write (SPEC §9).
 
     :raises CachePermissionError: the first problem, one line (path, user, group, fix).
+    :raises UnsafePathError: the kernel cache folder is a symbolic link (nothing is probed,
+        reclaimed or created through it; docs/security.md item 1).
     """
+    with contextlib.suppress(FileNotFoundError):  # created by the probe below
+        SafeDir.open_kernel_cache(settings.layout.kernel_cache_dir).close()
     problems = fsprobe.access_problems(settings.layout.kernel_cache_dir)
     if problems:
         raise CachePermissionError(problems[0])

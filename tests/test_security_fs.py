@@ -1,0 +1,550 @@
+"""Issue 10, "Filesystem: nothing outside the cache is ever touched" (docs/security.md items
+1-4): planted links, special files, an unreadable op_cache.ini and unbounded values, each run
+the way a hostile member of the sharing group would run it — as a real Unix user where the
+attack needs one (``tests/users_util.py``; root only, skipped with the reason otherwise).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cachemgr.client import Client
+from tests.conftest import ROOT, SOC, publish, run_cli
+from tests.daemon_util import daemon_env, start_daemon, wait_for
+from tests.shared_util import kernel_request
+from tests.users_util import Runtime, Users, run_as, user_home
+
+HOUR_AGO = time.time() - 3 * 3600
+
+
+# --- helpers --------------------------------------------------------------------------------
+
+
+def _shared_root(users: Users) -> Path:
+    """The README's shared root: root:<group>, 2775."""
+    root = users.base / "shared"
+    root.mkdir()
+    shutil.chown(root, "root", users.group)
+    root.chmod(0o2775)
+    return root
+
+
+def _toolkit(base: Path) -> dict[str, str]:
+    """A world-readable toolkit whose versions are known (so an unstamped cache is purged)."""
+    home = base / "toolkit"
+    for sub, version in (("compiler", "7.0.0"), ("opp", "7.0.1")):
+        (home / sub).mkdir(parents=True)
+        (home / sub / "version.info").write_text(f"Version={version}\n")
+    for path in [base / "toolkit", *home.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return {"ASCEND_HOME_PATH": str(home), "ASCEND_OPP_PATH": str(home / "opp")}
+
+
+def _env(rt: Runtime, home: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ASCEND_", "CACHEMGR_"))}
+    env.update(PYTHONPATH=rt.pythonpath, HOME=str(home), **(extra or {}))
+    return env
+
+
+def _as(
+    users: Users, name: str, rt: Runtime, *args: str, env: dict[str, str], timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """Run ``cachemgr ARGS`` as user ``name`` (a member of the group unless carol)."""
+    return subprocess.run(
+        [rt.python, "-m", "cachemgr", *args],
+        env=env,
+        cwd=env["HOME"],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        **run_as(name, users),  # type: ignore[arg-type]
+    )
+
+
+def _as_shell(users: Users, name: str, script: str) -> None:
+    """Run a shell ``script`` as user ``name`` (the attacker's hands)."""
+    done = subprocess.run(
+        ["sh", "-c", script],
+        capture_output=True,
+        text=True,
+        check=False,
+        **run_as(name, users),  # type: ignore[arg-type]
+    )
+    assert done.returncode == 0, (script, done.stderr)
+
+
+def _snapshot(folder: Path) -> dict[str, Any]:
+    """Everything about a folder tree that an attack could change: names, types, modes,
+    owners, link counts, contents and modification times (lstat: links are not followed)."""
+    out: dict[str, Any] = {}
+    for path in sorted([folder, *folder.rglob("*")]):
+        st = os.lstat(path)
+        data = path.read_bytes() if stat.S_ISREG(st.st_mode) else None
+        out[str(path.relative_to(folder))] = (
+            stat.filemode(st.st_mode),
+            st.st_uid,
+            st.st_nlink if not stat.S_ISDIR(st.st_mode) else None,
+            st.st_mtime_ns if not stat.S_ISDIR(st.st_mode) else None,
+            data,
+        )
+    return out
+
+
+def _victim(users: Users, owner: str) -> Path:
+    """``owner``'s private folder with files that look like cache leftovers: an old binary
+    without json, an old temp file, a lock file, notes — in a folder named like a chip."""
+    home = users.base / owner
+    if not home.exists():
+        user_home(users, owner)
+    work = home / "work"
+    chip_like = work / SOC
+    chip_like.mkdir(parents=True)
+    (chip_like / "notes.txt").write_text("my notes")
+    (chip_like / "model.o").write_bytes(b"\x7fELF my model")
+    (chip_like / "run.lock").write_text("")
+    (chip_like / "draft.temp").write_text("half written")
+    (work / "plan.txt").write_text("keep")
+    for path in [work, *work.rglob("*")]:
+        if not path.is_dir():
+            os.utime(path, (HOUR_AGO, HOUR_AGO))
+        shutil.chown(path, owner, users.group)
+        path.chmod(0o700 if path.is_dir() else 0o600)
+    return work
+
+
+def _request_file(folder: Path, rt: Runtime, n: int, **options: Any) -> Path:
+    data = kernel_request(n, **options)
+    data["kernel_source"] = str(rt.kernels / "c" / "add.c")
+    path = folder / f"req{n}.json"
+    path.write_text(json.dumps(data))
+    path.chmod(0o644)
+    return path
+
+
+def _one_line_naming(stderr: str, *needles: str) -> None:
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert "Traceback" not in stderr, stderr
+    hits = [line for line in lines if all(n in line for n in needles)]
+    assert hits, f"no line names {needles}: {stderr!r}"
+
+
+# --- item 1: no link is followed at any step ------------------------------------------------
+
+
+def test_gc_purge_verify_and_compile_never_reach_through_a_planted_kernel_cache_link(
+    users: Users, other_runtime: Runtime
+) -> None:
+    root = _shared_root(users)
+    victim = _victim(users, users.alice)
+    before = _snapshot(victim)
+    # bob, a member, replaces kernel_cache (the root is group-writable) by a link to alice's
+    # private folder; alice's own commands then run against it
+    link = root / "kernel_cache"
+    _as_shell(users, users.bob, f"ln -s {victim} {link}")
+    home = users.base / users.alice
+    env = _env(other_runtime, home, _toolkit(users.base))
+    request = _request_file(users.base, other_runtime, 1)
+    for args in (
+        ["gc"],
+        ["gc", "--ratio", "0", "--min-age", "0"],
+        ["purge", "--all", "--yes"],
+        ["verify", "--repair"],
+        ["stats"],
+        ["compile", str(request)],
+    ):
+        proc = _as(users, users.alice, other_runtime, *args, "--cache-dir", str(root), env=env)
+        expected = {1, 2} if args[0] == "compile" else {2}  # a failed compile exits 1
+        assert proc.returncode in expected, (args, proc.stdout, proc.stderr)
+        _one_line_naming(proc.stderr, str(link), "symbolic link")
+        assert _snapshot(victim) == before, args
+    assert os.readlink(link) == str(victim)
+
+
+def test_the_daemon_start_reclaims_nothing_through_a_planted_kernel_cache_link(
+    users: Users, other_runtime: Runtime
+) -> None:
+    root = _shared_root(users)
+    victim = _victim(users, users.alice)
+    before = _snapshot(victim)
+    link = root / "kernel_cache"
+    _as_shell(users, users.bob, f"ln -s {victim} {link}")
+    home = users.base / users.alice
+    env = daemon_env(home)
+    for sub in ("home", "run", "state"):
+        shutil.chown(home / sub, users.alice)
+    env.update(PYTHONPATH=other_runtime.pythonpath, **_toolkit(users.base))
+    daemon = start_daemon(
+        home,
+        "--cache-dir",
+        str(root),
+        env=env,
+        notify=False,
+        wait_ready=False,
+        python=other_runtime.python,
+        popen_kw=run_as(users.alice, users),
+    )
+    try:
+        code = daemon.proc.wait(timeout=120)
+    finally:
+        if daemon.proc.poll() is None:
+            daemon.stop()
+    assert code == 2, daemon.log()
+    _one_line_naming(daemon.log(), str(link), "symbolic link")
+    assert _snapshot(victim) == before
+
+
+def _hold_lock(path: Path) -> subprocess.Popen[str]:
+    """A process that holds an fcntl lock on ``path`` until its stdin closes."""
+    code = (
+        "import fcntl, os, sys\n"
+        f"fd = os.open({str(path)!r}, os.O_RDWR | os.O_CREAT, 0o664)\n"
+        "fcntl.lockf(fd, fcntl.LOCK_EX)\n"
+        "print('held', flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def _has_open(pid: int, folder: Path) -> bool:
+    fds = Path(f"/proc/{pid}/fd")
+    try:
+        return any(os.readlink(fd) == str(folder) for fd in fds.iterdir())
+    except OSError:
+        return False
+
+
+def test_a_kernel_cache_swapped_for_a_link_during_a_purge_cannot_redirect_it(
+    clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    root = tmp_path / "root"
+    chip = root / "kernel_cache" / SOC
+    chip.mkdir(parents=True)
+    publish(chip, "te_mine_1", b"one")
+    publish(chip, "te_mine_2", b"two")
+    victim = tmp_path / "victim"
+    (victim / SOC).mkdir(parents=True)
+    publish(victim / SOC, "te_theirs_1", b"theirs")  # a whole entry, by its names
+    (victim / SOC / "precious.lock").write_text("")
+    (victim / SOC / "loose.o").write_bytes(b"loose")
+    before = _snapshot(victim)
+    holder = _hold_lock(chip / "op_cache_file_del.lock")  # a gc runs: purge waits for it
+    purge = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "cachemgr",
+            "purge",
+            "--soc",
+            SOC,
+            "--yes",
+            "--cache-dir",
+            str(root),
+        ],
+        env=clean_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(lambda: _has_open(purge.pid, chip), 60, "purge to open the chip folder")
+        # the attack, mid-operation: the checked folder moves away, a link takes its name
+        os.rename(root / "kernel_cache", root / "moved")
+        os.symlink(victim, root / "kernel_cache")
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    _out, err = purge.communicate(timeout=120)
+    assert "Traceback" not in err, err
+    assert _snapshot(victim) == before
+    left = sorted(p.name for p in (root / "moved" / SOC).iterdir())
+    assert not [n for n in left if n.startswith("te_mine")], left  # purged where it began
+
+
+def test_a_compile_creates_nothing_through_a_linked_chip_folder(
+    clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    root = tmp_path / "root"
+    (root / "kernel_cache").mkdir(parents=True)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    os.symlink(victim, root / "kernel_cache" / SOC)
+    data = kernel_request(3)
+    data["kernel_source"] = str(ROOT / "examples" / "kernels" / "c" / "add.c")
+    req = tmp_path / "req.json"
+    req.write_text(json.dumps(data))
+    proc = run_cli("compile", str(req), "--cache-dir", str(root), env=clean_env)
+    assert proc.returncode == 2, proc.stderr
+    _one_line_naming(proc.stderr, str(root / "kernel_cache" / SOC), "symlink")
+    assert list(victim.iterdir()) == []
+
+
+# --- item 2: a planted special file affects that one item only -----------------------------
+
+
+def _compile_json(users: Users, rt: Runtime, env: dict[str, str], root: Path, *args: str) -> Any:
+    proc = _as(
+        users, users.alice, rt, "compile", "--json", *args, "--cache-dir", str(root), env=env
+    )
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+def test_a_symlinked_entry_lock_does_not_block_its_kernel_and_is_never_followed(
+    users: Users, other_runtime: Runtime
+) -> None:
+    root = _shared_root(users)
+    home = user_home(users, users.alice)
+    env = _env(other_runtime, home)
+    private = home / "private"
+    private.mkdir()
+    secret = private / "secret.txt"
+    secret.write_text("alice only")
+    for path in (private, secret):
+        shutil.chown(path, users.alice)
+        path.chmod(0o700 if path.is_dir() else 0o600)
+    before = _snapshot(private)
+    request = _request_file(users.base, other_runtime, 4)
+    first = _compile_json(users, other_runtime, env, root, str(request))
+    kernel, chip = first["kernel_name"], root / "kernel_cache" / SOC
+    lock = chip / f"{kernel}.lock"
+    _as_shell(users, users.bob, f"rm -f {lock} && ln -s {secret} {lock}")
+    # --replace takes the entry lock: today it never gets it
+    again = _compile_json(users, other_runtime, env, root, "--replace", str(request))
+    assert again["status"] == "compiled"
+    assert not lock.is_symlink()
+    _as_shell(users, users.bob, f"rm -f {lock} && ln -s {secret} {lock}")
+    repaired = _as(
+        users, users.alice, other_runtime, "verify", "--repair", "--cache-dir", str(root), env=env
+    )
+    assert "Traceback" not in repaired.stderr
+    assert not lock.is_symlink(), repaired.stdout
+    assert (chip / f"{kernel}.json").exists()  # the entry itself is good and stays
+    assert _snapshot(private) == before
+
+
+def test_planted_fifos_sockets_links_and_hard_links_affect_only_their_item(
+    users: Users, other_runtime: Runtime
+) -> None:
+    root = _shared_root(users)
+    home = user_home(users, users.alice)
+    env = _env(other_runtime, home)
+    team = home / "team"
+    team.mkdir()
+    shared_doc = team / "team.txt"  # alice's file the group may edit, so bob may link it
+    shared_doc.write_text("team notes")
+    for path in (team, shared_doc):
+        shutil.chown(path, users.alice, users.group)
+        path.chmod(0o750 if path.is_dir() else 0o660)
+    requests = [_request_file(users.base, other_runtime, n) for n in (5, 6)]
+    kernels = [
+        _compile_json(users, other_runtime, env, root, str(r))["kernel_name"] for r in requests
+    ]
+    chip = root / "kernel_cache" / SOC
+    before = _snapshot(shared_doc.parent)
+    bind = "import socket; socket.socket(socket.AF_UNIX).bind('te_sock_1.o')"
+    _as_shell(
+        users,
+        users.bob,
+        f"cd {chip} && mkfifo te_fifo_1.json && ln -s {shared_doc} te_link_1.json"
+        f" && rm -f {kernels[1]}.lock && ln {shared_doc} {kernels[1]}.lock"
+        f" && ln {shared_doc} te_hard_1.json"
+        f' && {other_runtime.python} -c "{bind}"',
+    )
+    assert stat.S_ISSOCK(os.lstat(chip / "te_sock_1.o").st_mode)
+    if True:
+        # the daemon-free paths: a compile that takes the (hard-linked) lock, verify, gc
+        again = _compile_json(users, other_runtime, env, root, "--replace", str(requests[1]))
+        assert again["status"] == "compiled"
+        verify = _as(
+            users,
+            users.alice,
+            other_runtime,
+            "verify",
+            "--json",
+            "--cache-dir",
+            str(root),
+            env=env,
+            timeout=60,
+        )
+        assert verify.returncode == 1 and "Traceback" not in verify.stderr
+        found = json.loads(verify.stdout)["chip_folders"][SOC]
+        assert found["checked"] >= 2
+        names = {f["name"] for f in found["findings"]}
+        assert {"te_fifo_1.json", "te_link_1.json", "te_hard_1.json"} <= names, names
+        gc = _as(
+            users, users.alice, other_runtime, "gc", "--cache-dir", str(root), env=env, timeout=60
+        )
+        assert gc.returncode == 0 and "Traceback" not in gc.stderr, gc.stderr
+        repair = _as(
+            users,
+            users.alice,
+            other_runtime,
+            "verify",
+            "--repair",
+            "--cache-dir",
+            str(root),
+            env=env,
+            timeout=60,
+        )
+        assert repair.returncode == 0, (repair.stdout, repair.stderr)
+    left = {p.name for p in chip.iterdir()}
+    assert not left & {"te_fifo_1.json", "te_link_1.json", "te_hard_1.json", "te_sock_1.o"}
+    for kernel in kernels:  # the good entries were processed and kept
+        assert f"{kernel}.json" in left and f"{kernel}.o" in left
+    after = _snapshot(shared_doc.parent)
+    assert after == before  # never chmod-ed, written or followed (link counts back to 1)
+
+
+# --- item 3: an unreadable op_cache.ini -----------------------------------------------------
+
+
+def test_an_unreadable_ini_is_warned_about_once_and_never_stops_or_purges(
+    users: Users, other_runtime: Runtime
+) -> None:
+    root = _shared_root(users)
+    home = user_home(users, users.alice)
+    env = _env(other_runtime, home, _toolkit(users.base))
+    request = _request_file(users.base, other_runtime, 7)
+    kernel = _compile_json(users, other_runtime, env, root, str(request))["kernel_name"]
+    entry_json = root / "kernel_cache" / SOC / f"{kernel}.json"
+    ini = root / "kernel_cache" / "op_cache.ini"
+    # bob writes the ini only he may read (stamps of another toolkit: a purge, were it read)
+    _as_shell(
+        users,
+        users.bob,
+        f"rm -f {ini} && umask 077 && printf '[op_compiler_cache]\\nmax_op_cache_size=1\\n"
+        f"remain_cache_size_ratio=10\\nadk_version=1\\nops_version=1\\n' > {ini}",
+    )
+    assert stat.S_IMODE(ini.stat().st_mode) == 0o600
+    ini_before = ini.read_bytes()
+    for args in (["gc"], ["stats"], ["ls"], ["compile", str(request)]):
+        proc = _as(users, users.alice, other_runtime, *args, "--cache-dir", str(root), env=env)
+        assert proc.returncode == 0, (args, proc.stdout, proc.stderr)
+        _one_line_naming(proc.stderr, str(ini), users.bob, "-rw-------")
+        assert entry_json.exists(), args  # never purged for it
+    config = _as(
+        users, users.alice, other_runtime, "config", "--json", "--cache-dir", str(root), env=env
+    )
+    assert "Traceback" not in config.stderr
+    limits = {k: v for k, v in json.loads(config.stdout).items() if "cache_size" in k}
+    assert {v["origin"] for v in limits.values()} == {"default"}, limits
+    daemon_home = home / "d"
+    daemon_home.mkdir()
+    denv = daemon_env(daemon_home)
+    for sub in [daemon_home, *daemon_home.iterdir()]:
+        shutil.chown(sub, users.alice)
+    denv.update(PYTHONPATH=other_runtime.pythonpath, **_toolkit_env_of(env))
+    daemon = start_daemon(
+        daemon_home,
+        "--cache-dir",
+        str(root),
+        env=denv,
+        notify=False,
+        python=other_runtime.python,
+        popen_kw=run_as(users.alice, users),
+    )
+    try:
+        client = Client(daemon.socket_path, timeout_s=120, local_hits=False)
+        for _ in range(3):
+            assert client.compile_file(str(request))["status"] in ("hit", "compiled")
+        client.gc()
+        client.stats()
+    finally:
+        daemon.stop()
+    log = daemon.log()
+    warned = [ln for ln in log.splitlines() if "WARNING" in ln and f"{ini} is not readable" in ln]
+    assert len(warned) == 1 and users.bob in warned[0] and "-rw-------" in warned[0], log
+    assert entry_json.exists()
+    assert ini.read_bytes() == ini_before
+
+
+def _toolkit_env_of(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k.startswith("ASCEND_")}
+
+
+# --- item 4: bounded values in cache files --------------------------------------------------
+
+HOSTILE = {
+    "digits": None,  # written out by hand: Python refuses to make such an int
+    "size": lambda good: {**good, "pad": "x" * (6 << 20)},
+    "nesting": lambda good: {**good, "compileInfo": _nest(200)},
+    "deep": None,  # 100,000 levels: the parser itself gives up
+}
+
+
+def _nest(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = {"a": [value]}
+    return value
+
+
+def _write_hostile(path: Path, kind: str) -> None:
+    if kind == "deep":
+        path.write_text('{"a":' * 100000 + "1" + "}" * 100000)
+        return
+    good = json.loads(path.read_text())
+    if kind == "digits":  # json.dumps itself refuses such an int: write the digits out
+        text = json.dumps({**good, "blockDim": 0}).replace(
+            '"blockDim": 0', '"blockDim": ' + "9" * 5000
+        )
+        path.write_text(text)
+        return
+    path.write_text(json.dumps(HOSTILE[kind](good)))
+
+
+@pytest.mark.parametrize("kind", sorted(HOSTILE))
+def test_unbounded_values_make_an_entry_bad_never_an_internal_error(
+    kind: str, clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    root = tmp_path / "root"
+    data = kernel_request(8)
+    data["kernel_source"] = str(ROOT / "examples" / "kernels" / "c" / "add.c")
+    req = tmp_path / "req.json"
+    req.write_text(json.dumps(data))
+
+    def compile_(*extra: str) -> dict[str, Any]:
+        proc = run_cli(
+            "compile", "--json", *extra, str(req), "--cache-dir", str(root), env=clean_env
+        )
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+        return json.loads(proc.stdout.splitlines()[-1])
+
+    kernel = compile_()["kernel_name"]
+    entry_json = root / "kernel_cache" / SOC / f"{kernel}.json"
+    _write_hostile(entry_json, kind)
+    verify = run_cli("verify", "--json", "--cache-dir", str(root), env=clean_env)
+    assert verify.returncode == 1 and "Traceback" not in verify.stderr, verify.stderr
+    findings = json.loads(verify.stdout)["chip_folders"][SOC]["findings"]
+    assert [f["name"] for f in findings] == [kernel]
+    assert compile_()["status"] == "compiled"  # the bad entry gave way to a fresh one
+    _write_hostile(entry_json, kind)
+    assert compile_("--mode", "force")["status"] == "compiled"
+    _write_hostile(entry_json, kind)
+    env = daemon_env(tmp_path)
+    daemon = start_daemon(tmp_path, "--cache-dir", str(root), env=env)
+    try:
+        found = daemon.client.lookup(SOC, kernel)
+        assert found["status"] == "miss" and found["removed_bad_entry"], found
+        assert daemon.client.compile_file(str(req))["status"] == "compiled"
+    finally:
+        daemon.stop()
+    _write_hostile(entry_json, kind)
+    repair = run_cli("verify", "--repair", "--cache-dir", str(root), env=clean_env)
+    assert repair.returncode == 0 and not entry_json.exists(), repair.stdout
