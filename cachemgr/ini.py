@@ -276,13 +276,13 @@ def _unreadable(path: Path, exc: OSError) -> UnreadableIniError:
     )
 
 
-def _read(path: Path) -> bytes | None:
+def _read(path: Path, dir_fd: int | None = None) -> bytes | None:
     """The file's bytes, or None when it does not exist.
 
     :raises ConfigError: the path is a folder, a symlink, not a regular file, or unreadable.
     """
     try:
-        st = fsutil.lstat_or_none(path)
+        st = fsutil.lstat_or_none(path, dir_fd)
         if st is None:
             return None
         if stat.S_ISDIR(st.st_mode):
@@ -294,7 +294,7 @@ def _read(path: Path) -> bytes | None:
             )
         if not stat.S_ISREG(st.st_mode):
             raise ConfigError(f"{INI_NAME} {path} is not a regular file")
-        return fsutil.read_bytes_noatime(path)
+        return fsutil.read_bytes_noatime(path, dir_fd)
     except FileNotFoundError:
         return None
     except PermissionError as exc:
@@ -403,7 +403,7 @@ class OpCacheIni:
         self._apply(key, text)
         self._analyse()
 
-    def save(self) -> None:
+    def save(self, dir_fd: int | None = None) -> None:
         """Write the ini atomically (temp file + ``rename()``, SPEC §3.3).
 
         Every line :meth:`set` did not change is kept byte for byte. The section is added if
@@ -412,12 +412,14 @@ class OpCacheIni:
         :meth:`set` are applied to the current content instead, so nothing is lost. Nothing is
         written when the content is already on disk.
 
+        :param dir_fd: the kernel cache folder, open (:mod:`cachemgr.safedir`): the ini is
+            read, written and renamed relative to it, never through a link.
         :raises ConfigError: the path became a folder, a symlink or unreadable.
         :raises CachePermissionError: the folder is not writable for this user.
         :raises OSError: any other write failure; the previous file is unchanged and no
             ``*.temp`` is left behind.
         """
-        current = _read(self.path)
+        current = _read(self.path, dir_fd)
         if current != self._disk:
             log.info(
                 "%s changed on disk since it was loaded; applying %d change(s) to it",
@@ -437,7 +439,7 @@ class OpCacheIni:
             log.debug("%s is up to date; not rewritten", self.path)
         else:
             try:
-                fsutil.atomic_write_bytes(self.path, data)
+                fsutil.atomic_write_bytes(self.path, data, dir_fd=dir_fd)
             except PermissionError as exc:
                 raise CachePermissionError(
                     f"cannot write {INI_NAME} {self.path}: " + fsutil.access_hint(self.path.parent)

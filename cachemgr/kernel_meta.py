@@ -25,13 +25,14 @@ import socket
 import stat
 import tempfile
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from cachemgr import fsutil
 from cachemgr.compilers import CompileResult
 from cachemgr.request import CompileRequest
+from cachemgr.safedir import SafeDir, UnsafePathError
 
 log = logging.getLogger(__name__)
 
@@ -159,9 +160,12 @@ def keep_artefacts(
     return tuple(kept)
 
 
-def _owner(folder: Path) -> dict[str, Any] | None:
+def _owner(folder: Path, dir_fd: int | None = None) -> dict[str, Any] | None:
+    """The ``.owner`` record of a per-process folder (``dir_fd``: that folder, open)."""
     try:
-        data = json.loads(fsutil.read_bytes_noatime(folder / OWNER_FILE))
+        path = folder / OWNER_FILE
+        raw = fsutil.read_bytes_noatime(path if dir_fd is None else Path(OWNER_FILE), dir_fd)
+        data = json.loads(raw)
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
@@ -170,11 +174,17 @@ def _owner(folder: Path) -> dict[str, Any] | None:
 def is_orphan(folder: Path, host: str | None = None) -> bool:
     """True when ``folder`` is a per-process folder of this host whose process is gone (or
     whose pid now belongs to a later process)."""
-    match = _FOLDER.match(folder.name)
+    return _orphan(folder.name, lambda: _owner(folder), host)
+
+
+def _orphan(
+    name: str, owner_of: Callable[[], dict[str, Any] | None], host: str | None = None
+) -> bool:
+    match = _FOLDER.match(name)
     host = host or host_name()
     if match is None or match["host"] != host:
         return False
-    owner = _owner(folder)
+    owner = owner_of()
     if owner is None or owner.get("host") != host or str(owner.get("pid")) != match["pid"]:
         return False
     start = process_start_time(int(match["pid"]))
@@ -185,25 +195,49 @@ def reap_orphans(kernel_meta_dir: Path) -> list[Path]:
     """Remove the per-process folders of dead processes of this host (SPEC §7).
 
     Files directly in ``kernel_meta_dir`` (CANN's own) and folders of other hosts are never
-    touched; symlinks are not followed. Already-gone files are normal.
+    touched; symlinks are not followed: ``kernel_meta`` is opened without following a link,
+    and each folder is judged and removed relative to that descriptor, so a name swapped for
+    a link meanwhile cannot redirect the removal (docs/security.md item 1). Already-gone
+    files are normal.
 
     :returns: the folders removed.
     :raises OSError: when ``kernel_meta_dir`` exists but cannot be listed.
     """
     removed: list[Path] = []
+    kernel_meta_dir = Path(kernel_meta_dir)
     try:
-        entries = list(os.scandir(kernel_meta_dir))
-    except (FileNotFoundError, NotADirectoryError):
+        meta = SafeDir.open(kernel_meta_dir.parent, [kernel_meta_dir.name])
+    except FileNotFoundError:
         return removed
-    for de in entries:
-        if not de.is_dir(follow_symlinks=False):
-            continue
-        folder = Path(de.path)
-        if is_orphan(folder):
-            _rmtree(folder)
-            removed.append(folder)
-            log.info("reaped kernel_meta folder %s of a dead process", folder)
+    except UnsafePathError as exc:
+        log.warning("not reaping kernel_meta: %s", exc)
+        return removed
+    with meta:
+        for de in list(meta.scandir()):
+            if de.is_dir(follow_symlinks=False) and _reap_one(meta, de.name):
+                removed.append(kernel_meta_dir / de.name)
+                log.info("reaped kernel_meta folder %s of a dead process", removed[-1])
     return removed
+
+
+def _reap_one(meta: SafeDir, name: str) -> bool:
+    """Remove ``meta/name`` when it is an orphan; True if it was."""
+    try:
+        folder = meta.child(name)
+    except (OSError, UnsafePathError):
+        return False  # gone, or swapped for a link: not ours
+    with folder:
+        if not _orphan(name, lambda: _owner(meta.path / name, folder.fd)):
+            return False
+
+    def onerror(func: Any, path: str, exc_info: Any) -> None:
+        exc = exc_info[1]
+        if isinstance(exc, OSError) and exc.errno in fsutil.GONE_ERRNOS:
+            return
+        log.warning("cannot remove %s: %s", meta.path / path, exc)
+
+    shutil.rmtree(name, dir_fd=meta.fd, onerror=onerror)  # fd-based: never follows links
+    return True
 
 
 def _rmtree(folder: Path) -> None:

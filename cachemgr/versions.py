@@ -33,9 +33,10 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Protocol
 
-from cachemgr import fsutil, layout
+from cachemgr import layout
 from cachemgr.errors import ConfigError
 from cachemgr.ini import ADK_KEY, OPS_KEY, OpCacheIni, UnreadableIniError
+from cachemgr.safedir import SafeDir
 
 log = logging.getLogger(__name__)
 
@@ -253,8 +254,10 @@ def sync_toolkit(
     ini = OpCacheIni.load(cache.ini_path)
     ini.set(ADK_KEY, str(installed.adk.value))
     ini.set(OPS_KEY, str(installed.ops.value))
-    fsutil.ensure_dir(cache.kernel_cache_dir)
-    ini.save()
+    # through the folder's descriptor: a kernel_cache swapped for a link meanwhile gets
+    # nothing written through it (docs/security.md item 1)
+    with SafeDir.open_kernel_cache(cache.kernel_cache_dir, create=True) as folder:
+        ini.save(dir_fd=folder.fd)
     check.restamped = True
     check.detail += f"; purged {len(chips)} chip folder(s) and restamped {cache.ini_path}"
     return check

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from cachemgr import kernel_meta
 from cachemgr.client import Client
 from tests.conftest import ROOT, SOC, publish, run_cli
 from tests.daemon_util import daemon_env, start_daemon, wait_for
@@ -292,6 +293,30 @@ def test_a_compile_creates_nothing_through_a_linked_chip_folder(
     assert proc.returncode == 2, proc.stderr
     _one_line_naming(proc.stderr, str(root / "kernel_cache" / SOC), "symlink")
     assert list(victim.iterdir()) == []
+
+
+def test_kernel_meta_reaping_never_follows_a_link(tmp_path: Path) -> None:
+    """``kernel_meta`` (the daemon reaps dead processes' folders in it) replaced by a link to
+    a folder holding a dead process's folder: nothing there is removed."""
+    work = tmp_path / "work"
+    work.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    host = kernel_meta.host_name()
+    folder = elsewhere / f"{host}_{dead.pid}"
+    folder.mkdir(parents=True)
+    owner = {"host": host, "pid": dead.pid, "start": "1"}
+    (folder / kernel_meta.OWNER_FILE).write_text(json.dumps(owner))
+    (folder / "results.o").write_bytes(b"someone's results")
+    before = _snapshot(elsewhere)
+    os.symlink(elsewhere, work / "kernel_meta")
+    assert kernel_meta.reap_orphans(work / "kernel_meta") == []
+    assert _snapshot(elsewhere) == before
+    os.unlink(work / "kernel_meta")  # a real kernel_meta is still reaped
+    (work / "kernel_meta").mkdir()
+    shutil.copytree(folder, work / "kernel_meta" / folder.name)
+    assert kernel_meta.reap_orphans(work / "kernel_meta") == [work / "kernel_meta" / folder.name]
 
 
 # --- item 2: a planted special file affects that one item only -----------------------------
