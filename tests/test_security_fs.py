@@ -274,7 +274,8 @@ def test_a_kernel_cache_swapped_for_a_link_during_a_purge_cannot_redirect_it(
     assert "Traceback" not in err, err
     assert _snapshot(victim) == before
     left = sorted(p.name for p in (root / "moved" / SOC).iterdir())
-    assert not [n for n in left if n.startswith("te_mine")], left  # purged where it began
+    # purged where it began (lock files stay: a GE process may hold one, issue 9)
+    assert not [n for n in left if n.endswith((".json", ".o"))], left
 
 
 def test_a_compile_creates_nothing_through_a_linked_chip_folder(
