@@ -383,21 +383,24 @@ def _unreadable(path: Path, exc: OSError) -> UnreadableIniError:
 def _read(path: Path, dir_fd: int | None = None) -> bytes | None:
     """The file's bytes, or None when it does not exist.
 
-    :raises ConfigError: the path is a folder, a symlink, not a regular file, or unreadable.
+    :raises UnreadableIniError: (a ``ConfigError``) the path is a folder, a symlink, not a
+        regular file, or may not be read: any member may plant one, so its readers go on as
+        for an invalid ini (docs/security.md items 2, 3).
+    :raises ConfigError: any other read error.
     """
     try:
         st = fsutil.lstat_or_none(path, dir_fd)
         if st is None:
             return None
         if stat.S_ISDIR(st.st_mode):
-            raise ConfigError(f"{INI_NAME} {path} is a folder, not a file")
+            raise UnreadableIniError(f"{INI_NAME} {path} is a folder, not a file")
         if stat.S_ISLNK(st.st_mode):
-            raise ConfigError(
+            raise UnreadableIniError(
                 f"{INI_NAME} {path} is a symlink; links inside the cache are not followed "
                 "(SPEC §3.3)"
             )
         if not stat.S_ISREG(st.st_mode):
-            raise ConfigError(f"{INI_NAME} {path} is not a regular file")
+            raise UnreadableIniError(f"{INI_NAME} {path} is not a regular file")
         return fsutil.read_bytes_noatime(path, dir_fd)
     except FileNotFoundError:
         return None

@@ -500,6 +500,31 @@ def test_an_unreadable_ini_is_warned_about_once_and_never_stops_or_purges(
     assert ini.read_bytes() == ini_before
 
 
+@pytest.mark.parametrize("kind", ["fifo", "symlink", "folder"])
+def test_a_planted_ini_is_an_invalid_ini_not_a_stop(
+    kind: str, clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    root = tmp_path / "root"
+    chip = root / "kernel_cache" / SOC
+    chip.mkdir(parents=True)
+    publish(chip, "te_kept_1", b"kept")
+    ini = root / "kernel_cache" / "op_cache.ini"
+    outside = tmp_path / "outside.ini"
+    outside.write_text("[op_compiler_cache]\nmax_op_cache_size=1\nremain_cache_size_ratio=1\n")
+    {
+        "fifo": lambda: os.mkfifo(ini),
+        "symlink": lambda: ini.symlink_to(outside),
+        "folder": ini.mkdir,
+    }[kind]()
+    env = {**clean_env, **_toolkit(tmp_path)}
+    for args in (["gc"], ["stats"], ["verify"]):
+        proc = run_cli(*args, "--cache-dir", str(root), env=env, timeout=60)
+        assert proc.returncode == 0, (args, proc.stderr)
+        _one_line_naming(proc.stderr, str(ini))
+    assert (chip / "te_kept_1.json").exists()  # never purged for it
+    assert outside.read_text().startswith("[op_compiler_cache]")
+
+
 def _toolkit_env_of(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith("ASCEND_")}
 
