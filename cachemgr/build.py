@@ -207,7 +207,7 @@ def prepare(
     if snap is None:
         digest = inputs.file_digest(request.kernel_source, "kernel_source")
         snap = inputs.Snapshot(request.kernel_source, digest, None, cfg_bytes)
-    base = keys.base_key(keys.key_material(request, opts, identity, flags, snap))
+    base = keys.base_key(keys.key_material(request, opts, identity, flags, snap), request)
     where = manifest.path_of(chip_dir, request.op_type, base)
     if snap.headers is None:
         snap = _find_headers(snap, request, decision, backend, identity, where, timeout_s)

@@ -378,6 +378,8 @@ class _LocalHits:
             decision = prepared.decision
             if decision.debug.on or decision.binary_first or not decision.cache.read:
                 return None
+            if decision.cache.clear_first:  # force: the daemon clears, then compiles
+                return None
             outcome = build.find_cached(prepared)
         except (CacheMgrError, OSError, KeyError, TypeError, ValueError) as exc:
             log.debug("local hit path not taken: %s", exc)

@@ -33,7 +33,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from cachemgr.compilers import CompileJob, CompilerBackend, CompilerIdentity
+from cachemgr.compilers import CompileJob, CompilerBackend, CompilerIdentity, process
+from cachemgr.compilers.base import parse_depfile
 from cachemgr.errors import CompileError, InvalidInputError
 
 #: The largest input file read (bytes): a source or header above it is refused.
@@ -71,14 +72,15 @@ class Snapshot:
     data: Mapping[str, bytes] | None = None
 
     def key_fields(self) -> dict[str, Any]:
-        """What of the snapshot goes into the key: the source's path and digest and each
-        header's path and digest (SPEC §3.2)."""
-        headers = sorted((self.headers or {}).items())
-        return {
-            "source_path": str(self.source),
-            "source_sha256": self.source_sha256,
-            "headers": [list(h) for h in headers],
-        }
+        """What of the snapshot goes into the key (SPEC §3.2): the source's digest and each
+        header's digest with its path relative to the source's folder — so the same project
+        built in another folder (or from a package made elsewhere) has the same key."""
+        headers = sorted([self.relative(p), d] for p, d in (self.headers or {}).items())
+        return {"source_sha256": self.source_sha256, "headers": headers}
+
+    def relative(self, path: str | Path) -> str:
+        """``path`` relative to the source's folder (``../include/k.h`` style)."""
+        return os.path.relpath(str(path), os.path.dirname(str(self.source)))
 
 
 def read_input(path: Path | str, what: str, limit: int = MAX_INPUT_BYTES) -> bytes:
@@ -143,13 +145,44 @@ def current_digest(path: str) -> str | None:
         return None
 
 
-def system_prefixes(identity: CompilerIdentity) -> tuple[str, ...]:
+_probed: dict[tuple[CompilerIdentity, str], tuple[str, ...]] = {}
+_probe_lock = threading.Lock()
+
+
+def system_prefixes(
+    backend: CompilerBackend, identity: CompilerIdentity, job: CompileJob
+) -> tuple[str, ...]:
     """Folders whose files the compiler's identity stands for: :data:`SYSTEM_DIRS` and the
-    compiler's installation (the folder above its ``bin/``, links resolved)."""
-    real = os.path.realpath(identity.path)
-    install = os.path.dirname(os.path.dirname(real))
-    extra = (install.rstrip("/") + "/",) if install not in ("/", "/usr", "/usr/local") else ()
-    return (*SYSTEM_DIRS, *extra)
+    folders of every file the compiler reads for an *empty* source (``-M``: its implicit
+    headers, e.g. ``cuda_runtime.h`` for nvcc, so the whole CUDA include folder), probed
+    once per compiler and language.
+
+    :raises CompileError: the probe failed.
+    """
+    memo = (identity, job.language)
+    with _probe_lock:
+        known = _probed.get(memo)
+    if known is not None:
+        return known
+    with tempfile.TemporaryDirectory(prefix="cachemgr-probe-") as tmp:
+        empty = Path(tmp) / "empty"
+        empty.write_bytes(b"")
+        probe = replace(job, source=empty, out_dir=Path(tmp), include_dirs=(), defines={})
+        argv = ["-M" if w == "-MM" else w for w in backend.depend_command(probe, Path(tmp) / "d")]
+        out = process.run_in_group(argv, job.timeout_s, Path(tmp), "probing system headers")
+        names = []
+        if out.returncode == 0 and (Path(tmp) / "d").is_file():
+            names = parse_depfile((Path(tmp) / "d").read_text(errors="surrogateescape"))
+    found = {
+        os.path.dirname(os.path.normpath(os.path.join(tmp, n))).rstrip("/") + "/"
+        for n in names
+        if os.path.normpath(os.path.join(tmp, n)) != str(empty)
+    }
+    found = {f for f in found if not f.startswith(tmp) and f.count("/") > 2}
+    prefixes = (*SYSTEM_DIRS, *sorted(found))
+    with _probe_lock:
+        _probed[memo] = prefixes
+    return prefixes
 
 
 def is_system(path: str, prefixes: tuple[str, ...]) -> bool:
@@ -166,7 +199,7 @@ def scan_headers(
     :raises CompileError: the preprocessor failed (a missing header, a syntax error).
     :raises InvalidInputError: a header that cannot be read or more than :data:`MAX_HEADERS`.
     """
-    prefixes = system_prefixes(identity)
+    prefixes = system_prefixes(backend, identity, job)
     with tempfile.TemporaryDirectory(prefix="cachemgr-deps-") as tmp:
         job = replace(job, out_dir=Path(tmp))
         names = backend.list_dependencies(job, Path(tmp) / "deps.d")

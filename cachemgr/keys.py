@@ -52,7 +52,6 @@ KEY_FIELDS = (
     "defines",
     "include_dirs",
     "extra_flags",
-    "source_path",
     "source_sha256",
     "headers",
     "options",
@@ -150,9 +149,8 @@ def key_material(
         "language": request.language,
         "kernel_entry": request.kernel_entry,
         "defines": dict(request.defines),
-        "include_dirs": [str(d) for d in request.include_dirs],
+        "include_dirs": [snap.relative(d) if snap else str(d) for d in request.include_dirs],
         "extra_flags": list(request.extra_flags),
-        "source_path": None,
         "headers": [],
         **files,
         "options": options,
@@ -165,9 +163,15 @@ def compute_key(material: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical(material)).hexdigest()
 
 
-def base_key(material: Mapping[str, Any]) -> str:
-    """The key of ``material`` without its headers: names the header manifest."""
-    return compute_key({**material, "headers": None})
+def base_key(material: Mapping[str, Any], request: CompileRequest) -> str:
+    """The key of ``material`` without its headers but with the absolute paths of the
+    source and include folders: names the header manifest (the same source in two folders
+    may read different headers, so each folder has its own manifest)."""
+    where = {
+        "source_path": str(request.kernel_source),
+        "include_dirs": [str(d) for d in request.include_dirs],
+    }
+    return compute_key({**material, "headers": None, "where": where})
 
 
 def kernel_name(op_type: str, key: str) -> str:
