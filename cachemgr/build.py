@@ -90,6 +90,8 @@ class Prepared:
     timeout_s: float
     inputs: inputs.Snapshot
     manifest_path: Path
+    #: the headers came from a dependency listing (no manifest variant matched)
+    scanned: bool = False
 
     @property
     def variant(self) -> str:
@@ -203,19 +205,30 @@ def prepare(
         chip_dir = settings.layout.chip_dir(request.soc_version)
     except ConfigError as exc:  # from validate_name: bad input here
         raise InvalidInputError(f"{request.origin}: {exc}") from None
-    snap = given
+    snap, scanned = given, False
     if snap is None:
         digest = inputs.file_digest(request.kernel_source, "kernel_source")
         snap = inputs.Snapshot(request.kernel_source, digest, None, cfg_bytes)
     base = keys.base_key(keys.key_material(request, opts, identity, flags, snap), request)
     where = manifest.path_of(chip_dir, request.op_type, base)
     if snap.headers is None:
-        snap = _find_headers(snap, request, decision, backend, identity, where, timeout_s)
+        snap, scanned = _find_headers(snap, request, decision, backend, identity, where, timeout_s)
     key = keys.compute_key(keys.key_material(request, opts, identity, flags, snap))
     lock = chiplock.ChipLock(chiplock.chip_lock_path(kcache, request.soc_version))
     kernel = keys.kernel_name(request.op_type, key)
     return Prepared(
-        request, opts, decision, backend, key, kernel, chip_dir, lock, timeout_s, snap, where
+        request,
+        opts,
+        decision,
+        backend,
+        key,
+        kernel,
+        chip_dir,
+        lock,
+        timeout_s,
+        snap,
+        where,
+        scanned,
     )
 
 
@@ -227,14 +240,14 @@ def _find_headers(
     identity: Any,
     where: Path,
     timeout_s: float,
-) -> inputs.Snapshot:
+) -> tuple[inputs.Snapshot, bool]:
     """``snap`` with its headers: from the manifest when every file it names still has its
     digest (a read of the cache: not for ``disable`` or debug), else from a dependency scan
-    of the caller's files (SPEC §3.2, issue 11 item 2)."""
+    of the caller's files (SPEC §3.2, issue 11 item 2); True when it was scanned."""
     if decision.cache.read and not decision.debug.on:
         found = manifest.match(where, inputs.current_digest)
         if found is not None:
-            return dataclasses.replace(snap, headers=dict(found.files))
+            return dataclasses.replace(snap, headers=dict(found.files)), False
     job = CompileJob(
         source=request.kernel_source,
         language=request.language,
@@ -247,7 +260,8 @@ def _find_headers(
         include_dirs=request.include_dirs,
         extra_flags=request.extra_flags,
     )
-    return dataclasses.replace(snap, headers=inputs.scan_headers(backend, job, identity))
+    headers = inputs.scan_headers(backend, job, identity)
+    return dataclasses.replace(snap, headers=headers), True
 
 
 def freeze(p: Prepared) -> Prepared | None:
@@ -273,6 +287,11 @@ def find_cached(p: Prepared) -> CompileOutcome | None:
     result = Store(p.chip_dir).lookup(p.kernel)
     if not result.hit:
         return None
+    if p.scanned:  # found by listing the headers: remember them, so the next hit needs no scan
+        try:
+            manifest.record(p.manifest_path, p.kernel, p.inputs.headers or {})
+        except OSError as exc:
+            log.warning("%s: cannot write its header manifest: %s", p.kernel, exc)
     return CompileOutcome(p.kernel, HIT, result.files, request=p.request.origin)
 
 

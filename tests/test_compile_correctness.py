@@ -356,3 +356,34 @@ def test_force_through_the_daemon_clears_every_time(tmp_path, clean_env) -> None
             assert not any(f.exists() for f in files), f"round {round_}: force cleared the chip"
     finally:
         daemon.stop()
+
+
+# --- item 2: the manifest is part of the cache ---------------------------------------------------
+
+
+def test_manifest_is_counted_verified_and_evicted_with_its_last_entry(tmp_path, clean_env) -> None:
+    req = _c_project(tmp_path / "proj")
+    cache = ["--cache-dir", str(tmp_path / "cache")]
+    with CompileQueue(make_settings(tmp_path, clean_env), workers=1) as q:
+        built = q.compile(load_request(req))
+    chip = tmp_path / "cache" / "kernel_cache" / SOC
+    (found,) = chip.glob("*.manifest")
+    stats = json.loads(run_cli("stats", "--json", *cache, env=clean_env).stdout)
+    files = sum(p.stat().st_size for p in chip.iterdir() if p.is_file())
+    assert stats["chip_folders"][SOC]["bytes"] == files, "a manifest's bytes are counted"
+    assert run_cli("verify", *cache, env=clean_env).returncode == 0
+    good = found.read_bytes()
+    found.write_text('{"cachemgr_manifest": 1, "variants": [{"kernel": "../x"}]}')
+    proc = run_cli("verify", *cache, env=clean_env)
+    assert proc.returncode == 1 and found.name in proc.stdout
+    assert run_cli("verify", "--repair", *cache, env=clean_env).returncode == 0
+    assert not found.exists()
+    with CompileQueue(make_settings(tmp_path, clean_env), workers=1) as q:
+        again = q.compile(load_request(req))  # a lost manifest costs one header listing
+    assert again.status == "hit" and again.kernel_name == built.kernel_name
+    assert found.read_bytes() != b"" and manifest.read(found)
+    found.write_bytes(good)
+    gc = run_cli("gc", "--ratio", "0", "--min-age", "0", "--json", *cache, env=clean_env)
+    assert gc.returncode == 0, gc.stderr
+    assert not (chip / f"{built.kernel_name}.json").exists()
+    assert not found.exists(), "the manifest goes with its last entry"
