@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cachemgr import entry, fsutil, layout
+from cachemgr import entry, fsutil, layout, manifest
 from cachemgr.errors import (
     CachePermissionError,
     ConfigError,
@@ -266,7 +266,8 @@ class Store:
 
     def _present_parts(self, desc: entry.EntryDesc) -> list[str]:
         names = [desc.json_name, *desc.sub_jsons, *(b.bin_name for b in desc.binaries)]
-        if desc.header and fsutil.lstat_or_none(self.chip_dir / desc.header) is not None:
+        header = desc.header
+        if header and fsutil.lstat_or_none(self.chip_dir / header, self.dir_fd) is not None:
             names.append(desc.header)  # optional (entry rule R6): served only when present
         return names
 
@@ -526,6 +527,8 @@ class Store:
             if repair:
                 finding.repaired = self._repair(finding, self.remove_orphan, name)
             report.findings.append(finding)
+        for name in sorted(scan.manifests):
+            self._verify_manifest(scan, name, report, repair)
         for name, why in sorted(scan.odd.items()):
             problem = entry.Problem(entry.NOT_A_FILE, f"{name}: {why}")
             finding = Finding(name, [problem], kind="file")
@@ -546,6 +549,25 @@ class Store:
         if removed:
             log.warning("removed %s/%s: %s", self.chip_dir.name, name, fsutil.kind_of(st))
         return removed
+
+    def _verify_manifest(
+        self, scan: entry.ChipScan, name: str, report: VerifyReport, repair: bool
+    ) -> None:
+        """A header manifest (issue 11) must parse and name at least one entry present."""
+        kernels = manifest.kernels(self.chip_dir / name, self.dir_fd)
+        if kernels is None:
+            problem = entry.Problem("bad_manifest", f"{name} is not a valid header manifest")
+        elif not any(k in scan.entries for k in kernels):
+            problem = entry.Problem(entry.ORPHAN_FILE, f"{name} names no entry present")
+        else:
+            return
+        finding = Finding(name, [problem], kind="file")
+        if repair:
+            finding.repaired = self._repair(finding, self._remove_manifest, name)
+        report.findings.append(finding)
+
+    def _remove_manifest(self, name: str) -> bool:
+        return fsutil.safe_unlink(self.chip_dir / name, self.dir_fd)
 
     @staticmethod
     def _repair(finding: Finding, remove: Callable[[str], bool], name: str) -> bool:
