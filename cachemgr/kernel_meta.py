@@ -3,9 +3,13 @@
 ``<base>/kernel_meta/`` (base = ``debug_dir`` > ``ASCEND_WORK_PATH`` > current directory)
 gets one sub-folder per compiling process, ``<host>_<pid>``, so parallel compiles never write
 the same path. A folder holds an ``.owner`` file (host, pid, and the process's start time from
-``/proc/<pid>/stat``, so a reused pid is told apart). :func:`reap_orphans` removes the folders
-of this host whose process is gone; folders of other hosts and folders without ``.owner``
-(not ours) are left alone.
+``/proc/<pid>/stat``, so a reused pid is told apart). A completed debug output belongs to the
+user and is never reaped (SPEC §7, issue 11 item 7): :func:`reap_orphans` removes only what is
+provably a leftover of a dead process of this host — its private build folders
+(``.build-*``) and temp files (``*.temp``), and its folder when nothing else is left in it.
+With an explicit retention (``[daemon] kernel_meta_retention_s``, off by default) a dead
+process's folder whose newest file is older than that goes too. Folders of other hosts and
+folders without ``.owner`` (not ours) are left alone.
 
 Compiles run in a private temp folder inside the process folder; :func:`keep_artefacts` then
 moves in the artefacts SPEC §7's table keeps for the request (``.o``/``.cubin``, ``.json``,
@@ -25,12 +29,14 @@ import socket
 import stat
 import tempfile
 import threading
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from cachemgr import fsutil
 from cachemgr.compilers import CompileResult
+from cachemgr.errors import InvalidInputError
 from cachemgr.request import CompileRequest
 from cachemgr.safedir import SafeDir, UnsafePathError
 
@@ -82,6 +88,35 @@ def process_dir(kernel_meta_dir: Path) -> Path:
         fsutil.atomic_write_bytes(path / OWNER_FILE, json.dumps(owner).encode())
         _dirs[ident] = path
         return path
+
+
+def caller_base(options: Mapping[str, Any], env: Mapping[str, str], cwd: Path) -> tuple[Path, str]:
+    """The caller's ``kernel_meta`` base and where it came from (SPEC §7): the request's (or
+    command line's) ``debug_dir`` > ``ASCEND_WORK_PATH`` > the current directory — resolved
+    with the *caller's* environment and folder, also when the daemon compiles."""
+    if options.get("debug_dir"):
+        return Path(str(options["debug_dir"])), "debug_dir"
+    if env.get("ASCEND_WORK_PATH"):
+        return Path(env["ASCEND_WORK_PATH"]), "ASCEND_WORK_PATH"
+    return cwd, "current directory"
+
+
+def check_base(kernel_meta_dir: Path, origin: str = "") -> None:
+    """Refuse, before compiling, a ``kernel_meta`` folder this user cannot create or write.
+
+    :raises InvalidInputError: one line naming the folder, where it came from and what to set.
+    """
+    probe = Path(kernel_meta_dir)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if probe.is_dir() and os.access(probe, os.W_OK | os.X_OK):
+        return
+    where = f" ({origin})" if origin else ""
+    raise InvalidInputError(
+        f"debug output folder {kernel_meta_dir}{where} cannot be written by user "
+        f"{fsutil.user_name()} ({probe} is not writable); set debug_dir (--debug-dir) or "
+        "ASCEND_WORK_PATH to a folder you can write"
+    )
 
 
 def build_dir(process_folder: Path, kernel: str) -> Path:
@@ -191,16 +226,18 @@ def _orphan(
     return start is None or (owner.get("start") is not None and start != owner.get("start"))
 
 
-def reap_orphans(kernel_meta_dir: Path) -> list[Path]:
-    """Remove the per-process folders of dead processes of this host (SPEC §7).
+def reap_orphans(kernel_meta_dir: Path, retention_s: float = 0.0) -> list[Path]:
+    """Remove the leftovers of dead processes of this host (SPEC §7): their build folders and
+    temp files, and their folder once nothing else is in it (``.owner`` aside). Completed
+    debug outputs stay — unless ``retention_s`` > 0 and the folder's newest file is older.
 
     Files directly in ``kernel_meta_dir`` (CANN's own) and folders of other hosts are never
     touched; symlinks are not followed: ``kernel_meta`` is opened without following a link,
-    and each folder is judged and removed relative to that descriptor, so a name swapped for
-    a link meanwhile cannot redirect the removal (docs/security.md item 1). Already-gone
-    files are normal.
+    and each folder is judged and cleaned relative to its descriptor, so a name swapped for a
+    link meanwhile cannot redirect a removal (docs/security.md item 1). Already-gone files
+    are normal.
 
-    :returns: the folders removed.
+    :returns: the folders and files removed.
     :raises OSError: when ``kernel_meta_dir`` exists but cannot be listed.
     """
     removed: list[Path] = []
@@ -214,30 +251,67 @@ def reap_orphans(kernel_meta_dir: Path) -> list[Path]:
         return removed
     with meta:
         for de in list(meta.scandir()):
-            if de.is_dir(follow_symlinks=False) and _reap_one(meta, de.name):
-                removed.append(kernel_meta_dir / de.name)
-                log.info("reaped kernel_meta folder %s of a dead process", removed[-1])
+            if de.is_dir(follow_symlinks=False):
+                removed += _reap_one(meta, de.name, retention_s)
     return removed
 
 
-def _reap_one(meta: SafeDir, name: str) -> bool:
-    """Remove ``meta/name`` when it is an orphan; True if it was."""
+def _reap_one(meta: SafeDir, name: str, retention_s: float) -> list[Path]:
+    """The leftovers of ``meta/name`` when it is a dead process's folder."""
     try:
         folder = meta.child(name)
     except (OSError, UnsafePathError):
-        return False  # gone, or swapped for a link: not ours
+        return []  # gone, or swapped for a link: not ours
     with folder:
-        if not _orphan(name, lambda: _owner(meta.path / name, folder.fd)):
-            return False
+        if not _orphan(name, lambda: _owner(folder.path, folder.fd)):
+            return []
+        removed, empty_or_expired = _reap_dead(folder, retention_s)
+    if empty_or_expired:
+        _rmtree_at(meta, name)
+        removed.append(meta.path / name)
+        why = "its retention expired" if empty_or_expired == "expired" else "nothing left in it"
+        log.info("reaped kernel_meta folder %s of a dead process (%s)", meta.path / name, why)
+    return removed
+
+
+def _reap_dead(folder: SafeDir, retention_s: float) -> tuple[list[Path], str]:
+    """Remove one dead process's build folders and temps (relative to its descriptor); also
+    say whether the folder itself goes: ``"empty"``, ``"expired"`` or ``""``."""
+    removed: list[Path] = []
+    try:
+        items = list(folder.scandir())
+    except OSError:
+        return removed, ""
+    newest = 0.0
+    for item in items:
+        path = folder.path / item.name
+        if item.name.startswith(".build-") and item.is_dir(follow_symlinks=False):
+            _rmtree_at(folder, item.name)
+            removed.append(path)
+        elif item.name.endswith(fsutil.TEMP_SUFFIX) and item.is_file(follow_symlinks=False):
+            folder.unlink(item.name)
+            removed.append(path)
+        elif item.name != OWNER_FILE:
+            with contextlib.suppress(OSError):
+                newest = max(newest, item.stat(follow_symlinks=False).st_mtime)
+    expired = retention_s > 0 and newest and time.time() - newest > retention_s
+    return removed, ("expired" if expired else "empty" if not newest else "")
+
+
+def _rmtree_at(parent: SafeDir, name: str) -> None:
+    """``shutil.rmtree`` of ``parent/name`` relative to ``parent``'s descriptor (fd-based,
+    never following a link; a link there is left)."""
 
     def onerror(func: Any, path: str, exc_info: Any) -> None:
         exc = exc_info[1]
         if isinstance(exc, OSError) and exc.errno in fsutil.GONE_ERRNOS:
             return
-        log.warning("cannot remove %s: %s", meta.path / path, exc)
+        log.warning("cannot remove %s: %s", parent.path / name / path, exc)
 
-    shutil.rmtree(name, dir_fd=meta.fd, onerror=onerror)  # fd-based: never follows links
-    return True
+    st = parent.lstat(name)
+    if st is None or not stat.S_ISDIR(st.st_mode):
+        return
+    shutil.rmtree(name, dir_fd=parent.fd, onerror=onerror)
 
 
 def _rmtree(folder: Path) -> None:

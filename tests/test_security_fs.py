@@ -310,6 +310,8 @@ def test_kernel_meta_reaping_never_follows_a_link(tmp_path: Path) -> None:
     owner = {"host": host, "pid": dead.pid, "start": "1"}
     (folder / kernel_meta.OWNER_FILE).write_text(json.dumps(owner))
     (folder / "results.o").write_bytes(b"someone's results")
+    (folder / ".build-te_x-1").mkdir()  # what a dead compile leaves: reaped in kernel_meta
+    (folder / ".build-te_x-1" / "te_x.o").write_bytes(b"partial")
     before = _snapshot(elsewhere)
     os.symlink(elsewhere, work / "kernel_meta")
     assert kernel_meta.reap_orphans(work / "kernel_meta") == []
@@ -317,7 +319,9 @@ def test_kernel_meta_reaping_never_follows_a_link(tmp_path: Path) -> None:
     os.unlink(work / "kernel_meta")  # a real kernel_meta is still reaped
     (work / "kernel_meta").mkdir()
     shutil.copytree(folder, work / "kernel_meta" / folder.name)
-    assert kernel_meta.reap_orphans(work / "kernel_meta") == [work / "kernel_meta" / folder.name]
+    build = work / "kernel_meta" / folder.name / ".build-te_x-1"
+    assert kernel_meta.reap_orphans(work / "kernel_meta") == [build]
+    assert not build.exists() and (build.parent / "results.o").exists()
 
 
 # --- item 2: a planted special file affects that one item only -----------------------------
