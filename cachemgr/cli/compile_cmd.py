@@ -9,13 +9,15 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from cachemgr import entry, precompiled
 from cachemgr.cli.common import (
+    Route,
     chip_dirs,
     emit_json,
-    find_daemon,
     load_settings,
+    route,
     settings_options,
     socket_option,
 )
@@ -85,6 +87,7 @@ def compile_cmd(
     requests: tuple[Path, ...],
     as_json: bool,
     socket_path: Path | None,
+    run_local: bool,
     workers: int | None,
     timeout_s: float,
     out_dir: Path,
@@ -101,10 +104,10 @@ def compile_cmd(
     """
     extra = {k: v for k, v in overrides.items() if v is not None}
     settings = load_settings(op_compiler_cache_dir, host_id, None, config_file, **extra)
-    in_process_only = workers or binaries or timeout_s != DEFAULT_TIMEOUT_S or out_dir != Path(".")
-    client = None if in_process_only else find_daemon(socket_path, settings)
-    if client is not None:
-        sys.exit(_compile_via_daemon(client, requests, extra, replace, as_json))
+    where = route(socket_path, run_local, settings, _local_only_option(click.get_current_context()))
+    where.announce()
+    if where.client is not None:
+        sys.exit(_compile_via_daemon(where.client, where, requests, extra, replace, as_json))
     bad_input, failed = 0, 0
     queue = CompileQueue(
         settings, workers, timeout_s=timeout_s, output_dir=out_dir, binary_dirs=binaries
@@ -120,11 +123,11 @@ def compile_cmd(
             if isinstance(fut, CacheMgrError):
                 bad_input += isinstance(fut, InvalidInputError)
                 failed += not isinstance(fut, InvalidInputError)
-                _report_error(path, str(fut), as_json)
+                _report_error(path, str(fut), as_json, where)
                 continue
             outcome = fut.result()
             failed += not outcome.ok
-            _report(outcome, as_json)
+            _report(outcome, as_json, where)
     finally:
         queue.close()
     if failed:
@@ -133,8 +136,27 @@ def compile_cmd(
         sys.exit(2)
 
 
+#: Options that only an in-process queue honours: given on the command line, they route
+#: the compile here (with an explicit ``--socket`` they are an error).
+LOCAL_ONLY = ("workers", "timeout_s", "out_dir", "binaries")
+
+
+def _local_only_option(ctx: click.Context) -> str | None:
+    """The first in-process-only option given on the command line (``--workers``…), or None.
+
+    Decided by whether the option was given, never by comparing its value with the default.
+    """
+    for param in ctx.command.params:
+        if param.name in LOCAL_ONLY:
+            source = ctx.get_parameter_source(param.name)
+            if source in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT):
+                return param.opts[0] if isinstance(param, click.Option) else param.name
+    return None
+
+
 def _compile_via_daemon(
     client: Client,
+    where: Route,
     requests: tuple[Path, ...],
     overrides: dict[str, Any],
     replace: bool,
@@ -172,11 +194,11 @@ def _compile_via_daemon(
             message = str(answer).replace("/compile request", f"request {path}")
             if str(path) not in message:
                 message = f"request {path}: {message}"
-            _report_error(path, message, as_json, "daemon")
+            _report_error(path, message, as_json, where)
             continue
         answer["request"] = str(path)
         failed += answer.get("status") == "failed"
-        _report(_outcome_of(answer), as_json, via=answer.get("via", "daemon"))
+        _report(_outcome_of(answer), as_json, where, via=answer.get("via", "daemon"))
     return 1 if failed else 2 if bad_input else 0
 
 
@@ -191,9 +213,10 @@ def _outcome_of(answer: dict[str, Any]) -> CompileOutcome:
     )
 
 
-def _report(outcome: CompileOutcome, as_json: bool, via: str = "local") -> None:
+def _report(outcome: CompileOutcome, as_json: bool, where: Route, via: str = "") -> None:
     if as_json:
-        click.echo(json.dumps({**outcome.to_json(), "via": via}, ensure_ascii=False))
+        doc = {**outcome.to_json(), "via": via or where.via, "route": where.to_json()}
+        click.echo(json.dumps(doc, ensure_ascii=False))
         return
     if not outcome.ok:
         click.echo(f"cachemgr: error: {outcome.request}: {outcome.error}", err=True)
@@ -205,9 +228,10 @@ def _report(outcome: CompileOutcome, as_json: bool, via: str = "local") -> None:
     )
 
 
-def _report_error(path: Path, message: str, as_json: bool, via: str = "local") -> None:
+def _report_error(path: Path, message: str, as_json: bool, where: Route) -> None:
     if as_json:
-        doc = {"request": str(path), "kernel_name": "", "status": "failed", "files": [], "via": via}
+        doc: dict[str, Any] = {"request": str(path), "kernel_name": "", "status": "failed"}
+        doc.update(files=[], via=where.via, route=where.to_json())
         click.echo(json.dumps({**doc, "seconds": 0.0, "error": message}, ensure_ascii=False))
     else:
         click.echo(f"cachemgr: error: {message}", err=True)

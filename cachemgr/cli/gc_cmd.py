@@ -20,8 +20,8 @@ from cachemgr import gc
 from cachemgr.cli.common import (
     chip_dirs,
     emit_json,
-    find_daemon,
     load_settings,
+    route,
     settings_options,
     socket_option,
     stdout_is_tty,
@@ -120,6 +120,7 @@ def gc_cmd(
     dry_run: bool,
     as_json: bool,
     socket_path: Path | None,
+    run_local: bool,
     **kw: Any,
 ) -> None:
     """Reclaim leftovers and evict least recently used entries down to the limit (SPEC §5).
@@ -141,7 +142,9 @@ def gc_cmd(
             "as GE would; fix the values above to apply yours"
         )
     mode = DryRun.YES if dry_run else DryRun.NO
-    client = find_daemon(socket_path, settings)
+    where = route(socket_path, run_local, settings)
+    where.announce()
+    client = where.client
     if client is not None:
         report = client.gc(
             ratio=force_ratio,
@@ -159,6 +162,7 @@ def gc_cmd(
             settings, force_ratio=force_ratio, min_age_s=min_age_s, dry_run=mode, progress_for=bars
         )
         report["via"] = "local"
+    report["route"] = where.to_json()
     _print_gc(report, as_json)
     denied = list(gc.denied_lines(report))
     for line in denied:
@@ -182,12 +186,14 @@ def _print_gc(report: dict[str, Any], as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object; chip folders by soc.")
 @settings_options
 @socket_option
-def stats_cmd(as_json: bool, socket_path: Path | None, **kw: Any) -> None:
+def stats_cmd(as_json: bool, socket_path: Path | None, run_local: bool, **kw: Any) -> None:
     """Counters (hits, misses, compiles) and, per chip folder: entries, bytes, limit, ratio,
     fill %, oldest and newest access. From the daemon when one serves this cache; else
     measured here, with the counters the daemon last saved."""
     settings = load_settings(writable=False, **kw)
-    client = find_daemon(socket_path, settings)
+    where = route(socket_path, run_local, settings)
+    where.announce()
+    client = where.client
     if client is not None:
         data = client.stats(settings.value("soc_version"))
         data["via"] = "daemon"
@@ -195,6 +201,7 @@ def stats_cmd(as_json: bool, socket_path: Path | None, **kw: Any) -> None:
         data = dict(Counters(state_dir() / "counters.json").snapshot())
         data["chip_folders"] = {c.name: chip_stats(c, settings) for c in chip_dirs(settings)}
         data["via"] = "local"
+    data["route"] = where.to_json()
     data["kernel_cache_dir"] = str(settings.layout.kernel_cache_dir)
     data["limits"] = limits_json(settings)
     if as_json:
