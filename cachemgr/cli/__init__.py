@@ -32,9 +32,22 @@ class _Group(click.Group):
         _add_verbosity_options(command)
         return command
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.exceptions.NoArgsIsHelpError:
+            raise
+        except click.UsageError as exc:
+            _fail(_usage_line(exc), 2)
+            raise  # not reached: _fail exits
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except click.exceptions.NoArgsIsHelpError:
+            raise
+        except click.UsageError as exc:
+            _fail(_usage_line(exc), 2)
         except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
             raise
         except CacheMgrError as exc:
@@ -86,6 +99,12 @@ def _add_verbosity_options(command: click.Command) -> None:
     if isinstance(command, click.Group):
         for sub in command.commands.values():
             _add_verbosity_options(sub)
+
+
+def _usage_line(exc: click.UsageError) -> str:
+    """A usage error as one line naming the command and where its help is."""
+    path = exc.ctx.command_path if exc.ctx is not None else "cachemgr"
+    return f"{exc.format_message()} (see `{path} --help`)"
 
 
 def _fail(message: str, code: int) -> None:
