@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import sys
 from typing import Any
 
@@ -54,6 +55,8 @@ class _Group(click.Group):
             _fail(str(exc), exc.exit_code)
         except KeyboardInterrupt:
             _fail("interrupted", 130)
+        except BrokenPipeError:
+            _reader_gone()
         except OSError as exc:
             where = f": {exc.filename}" if exc.filename else ""
             _fail(f"{exc.strerror or exc}{where}", 1)
@@ -99,6 +102,17 @@ def _add_verbosity_options(command: click.Command) -> None:
     if isinstance(command, click.Group):
         for sub in command.commands.values():
             _add_verbosity_options(sub)
+
+
+def _reader_gone() -> None:
+    """The reader of our stdout has gone (``cachemgr ls | head``): stop quietly, exit 0.
+
+    Output that is still buffered would fail again at exit, so stdout goes to /dev/null.
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    sys.exit(0)
 
 
 def _usage_line(exc: click.UsageError) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +12,7 @@ import click
 from click.core import ParameterSource
 
 from cachemgr import entry, precompiled
+from cachemgr.cli import human
 from cachemgr.cli.common import (
     Route,
     chip_dirs,
@@ -108,32 +109,39 @@ def compile_cmd(
     where.announce()
     if where.client is not None:
         sys.exit(_compile_via_daemon(where.client, where, requests, extra, replace, as_json))
-    bad_input, failed = 0, 0
     queue = CompileQueue(
         settings, workers, timeout_s=timeout_s, output_dir=out_dir, binary_dirs=binaries
     )
     try:
-        futures: list[tuple[Path, Future[CompileOutcome] | CacheMgrError]] = []
-        for path in requests:
-            try:
-                futures.append((path, queue.submit(load_request(path), replace=replace)))
-            except CacheMgrError as exc:
-                futures.append((path, exc))
+        sys.exit(_compile_here(queue, requests, replace, as_json, where))
+    finally:
+        queue.close()
+
+
+def _compile_here(
+    queue: CompileQueue, requests: tuple[Path, ...], replace: bool, as_json: bool, where: Route
+) -> int:
+    """Submit every request to the in-process queue, then report each in order (a progress
+    bar on a terminal). Returns the exit code: 1 if any failed, 2 if any was invalid."""
+    bad_input, failed = 0, 0
+    futures: list[tuple[Path, Future[CompileOutcome] | CacheMgrError]] = []
+    for path in requests:
+        try:
+            futures.append((path, queue.submit(load_request(path), replace=replace)))
+        except CacheMgrError as exc:
+            futures.append((path, exc))
+    with human.progress(human.bars_enabled(as_json), "compile", len(futures), "kernel") as bar:
         for path, fut in futures:
             if isinstance(fut, CacheMgrError):
                 bad_input += isinstance(fut, InvalidInputError)
                 failed += not isinstance(fut, InvalidInputError)
                 _report_error(path, str(fut), as_json, where)
-                continue
-            outcome = fut.result()
-            failed += not outcome.ok
-            _report(outcome, as_json, where)
-    finally:
-        queue.close()
-    if failed:
-        sys.exit(1)
-    if bad_input:
-        sys.exit(2)
+            else:
+                outcome = fut.result()
+                failed += not outcome.ok
+                _report(outcome, as_json, where)
+            bar.update(1)
+    return 1 if failed else 2 if bad_input else 0
 
 
 #: Options that only an in-process queue honours: given on the command line, they route
@@ -185,8 +193,15 @@ def _compile_via_daemon(
             return exc
 
     bad_input, failed = 0, 0
-    with ThreadPoolExecutor(max_workers=min(32, len(requests))) as pool:
-        answers = list(pool.map(one, requests))
+    bars = human.bars_enabled(as_json)
+    with (
+        ThreadPoolExecutor(max_workers=min(32, len(requests))) as pool,
+        human.progress(bars, "compile", len(requests), "kernel") as bar,
+    ):
+        pending = [pool.submit(one, path) for path in requests]
+        for _done in as_completed(pending):
+            bar.update(1)
+        answers = [f.result() for f in pending]
     for path, answer in zip(requests, answers, strict=True):
         if isinstance(answer, CacheMgrError):
             bad_input += answer.exit_code == 2
