@@ -133,7 +133,7 @@ def cli() -> None:
 
     It finds the kernel cache CANN uses (op_compiler_cache_dir, else
     $ASCEND_CACHE_PATH, else $HOME/atc_data), keeps it within its size limits,
-    verifies what it serves and compiles kernels once. `cachemgr COMMAND --help`
+    verifies what it serves and compiles kernels once. cachemgr COMMAND --help
     explains each command; -v/-q go before or after the command.
     """
 

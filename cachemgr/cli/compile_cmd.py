@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -45,19 +46,85 @@ def _setting_flags(func: Any) -> Any:
                 "--mode",
                 "op_compiler_cache_mode",
                 type=click.Choice(["enable", "disable", "force"]),
-                help="op_compiler_cache_mode (SPEC §4).",
+                help=(
+                    "op_compiler_cache_mode. enable (default): use a verified entry, else "
+                    "compile and store. disable: neither read nor write the cache (kernels "
+                    "go to --out-dir). force: clear the chip folder once, safely, then "
+                    "compile and store."
+                ),
             ),
-            click.option("--jit-compile", metavar="auto|true|false", help="SPEC §6."),
-            click.option("--op-debug-level", metavar="0..4", help="SPEC §7."),
-            click.option("--op-debug-config", metavar="CFG", help="SPEC §7 .cfg file."),
-            click.option("--debug-dir", metavar="DIR", help="kernel_meta base (SPEC §7)."),
+            click.option(
+                "--jit-compile",
+                metavar="auto|true|false",
+                help=(
+                    "jit_compile. auto (default): a static shape is compiled, a dynamic one "
+                    "(a dim -1, or shape [-2]) takes a precompiled binary first. true: always "
+                    "compile (through the cache). false: a precompiled binary first, compile "
+                    "only when none matches. GE's 2/1/0 and ACL's enable/disable also work."
+                ),
+            ),
+            click.option(
+                "--op-debug-level",
+                metavar="0..4",
+                help=(
+                    "op_debug_level. 0 (default): no debug. 1: debug instrumentation; keeps "
+                    ".o .json .cce *_loc.json in kernel_meta. 2: as 1, plus -O0 -g. 3: keeps "
+                    ".o .json. 4: keeps .o .json .cce *_compute.json. Any level but 0 "
+                    "bypasses the cache."
+                ),
+            ),
+            click.option(
+                "--op-debug-config",
+                metavar="CFG",
+                help=(
+                    "op_debug_config: a .cfg file with one line 'op_debug_config = a,b' "
+                    "(oom, dump_bin, dump_cce, dump_loc, ccec_O0, ccec_g, check_flag); it "
+                    "bypasses the cache, for the ops of an op_debug_list= line when it has one."
+                ),
+            ),
+            click.option(
+                "--debug-dir",
+                metavar="DIR",
+                help=(
+                    "Where kernel_meta/ with the debug artefacts goes (default "
+                    "$ASCEND_WORK_PATH, else the current folder)."
+                ),
+            ),
         ]
     ):
         func = deco(func)
     return func
 
 
-@click.command("compile")
+#: The request format, for ``compile --help`` (the schema's installed path included).
+COMPILE_HELP = f"""Compile the kernels of REQUEST.json files, each once: a verified hit,
+a precompiled binary, a compile, or a debug compile.
+
+Runs through the daemon that serves this cache, else in this process
+(see --socket, --local). Exit 1 when a compile failed, 2 when a request is
+invalid (and none failed), else 0.
+
+\b
+A request is one JSON object (relative paths are relative to its file):
+  {{
+    "op_type": "Add",                 CANN operator type
+    "soc_version": "Ascend910B1",     the chip (its chip folder)
+    "language": "c",                  c, cpp (gcc/clang), cuda (nvcc), cce
+    "kernel_source": "add.c",
+    "kernel_entry": "add_kernel",
+    "inputs":  [{{"shape": [4096], "dtype": "float32", "format": "ND"}}],
+    "outputs": [{{"shape": [4096], "dtype": "float32", "format": "ND"}}],
+    "attrs": {{}},                      operator attributes
+    "defines": {{"N": 4096}},           -DN=4096
+    "options": {{"jit_compile": "auto"}}  any option below; these win
+  }}
+A shape dim of -1 is dynamic; the shape [-2] is an unknown rank.
+Schema: {resources.files("cachemgr").joinpath("schemas/compile_request.schema.json")}
+Examples: examples/requests/ in the source tree.
+"""
+
+
+@click.command("compile", help=COMPILE_HELP)
 @click.argument("requests", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per request (a line).")
 @_setting_flags
@@ -80,7 +147,10 @@ def _setting_flags(func: Any) -> Any:
     "--binaries",
     multiple=True,
     type=click.Path(file_okay=False, path_type=Path),
-    help="A precompiled package root (SPEC §6); repeatable.",
+    help=(
+        "A package of precompiled kernels in CANN's layout (config/<soc>/<op>.json, "
+        "<soc>/<op>/<Op>_<hash>.json/.o); repeatable."
+    ),
 )
 @click.option("--replace", is_flag=True, help="Recompile and replace these entries.")
 @socket_option
@@ -99,10 +169,7 @@ def compile_cmd(
     config_file: Path | None,
     **overrides: Any,
 ) -> None:
-    """Compile REQUEST.json files through an in-process queue (hit, binary, compiled, debug).
-
-    Exits 1 when a compile failed, 2 when a request is invalid (and none failed), else 0.
-    """
+    """Compile REQUEST.json files (help: :data:`COMPILE_HELP`)."""
     extra = {k: v for k, v in overrides.items() if v is not None}
     settings = load_settings(op_compiler_cache_dir, host_id, None, config_file, **extra)
     where = route(socket_path, run_local, settings, _local_only_option(click.get_current_context()))
@@ -267,9 +334,9 @@ def _report_error(path: Path, message: str, as_json: bool, where: Route) -> None
 def pack_cmd(
     kernels: tuple[str, ...], out_root: Path, pack_all: bool, as_json: bool, **kw: Any
 ) -> None:
-    """Build a read-only precompiled package (CANN's layout, SPEC §6) from cache entries.
+    """Build a read-only package of precompiled kernels in CANN's layout from cache entries.
 
-    KERNELS are entry names as `cachemgr ls` shows them; --all takes every entry that carries
+    KERNELS are entry names as cachemgr ls shows them; --all takes every entry that carries
     its operator description (compiled by cachemgr's queue).
     """
     settings = load_settings(writable=False, **kw)

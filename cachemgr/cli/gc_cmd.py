@@ -129,12 +129,17 @@ def gc_cmd(
     run_local: bool,
     **kw: Any,
 ) -> None:
-    """Reclaim leftovers and evict least recently used entries down to the limit (SPEC §5).
+    """Reclaim leftovers and evict least recently used entries down to the limit.
 
-    Runs in the daemon when one serves this cache (``"via": "daemon"``), else here. Checks
-    the toolkit version first: after an upgrade every chip folder is purged. Exit 0 also
-    when another evictor is running (that chip folder is skipped); exit 1 when a file could
-    not be removed.
+    Per chip folder: when the used size reaches max_op_cache_size, entries go, least
+    recently accessed first, until ratio % of the limit is left; entries accessed in the
+    last min_age_s seconds stay. Leftovers (binaries without json, old temp files, stale
+    locks, entries that fail verification) are reclaimed every time. After a toolkit
+    upgrade (the ini's version stamps differ) every chip folder is purged first.
+
+    Runs through the daemon that serves this cache, else here (--json says which). Exit 0
+    also when another evictor is running (that chip folder is skipped); exit 1 when a file
+    could not be removed.
     """
     force_ratio = _parse_ratio(ratio)
     min_age_s = _parse_min_age(min_age)
