@@ -175,3 +175,12 @@ def test_ls_into_head_exits_0_quietly(clean_env: dict[str, str], tmp_path: Path)
     assert proc.returncode == 0, (proc.returncode, proc.stderr)
     assert len(proc.stdout.splitlines()) == 2
     assert (tmp_path / "err").read_text() == ""
+
+
+def test_purge_and_verify_plurals(clean_env: dict[str, str], tmp_path: Path) -> None:
+    root = _cache(tmp_path, [10])
+    verify = run_cli("verify", "--cache-dir", str(root), env=clean_env)
+    assert "checked 1 entry in 1 chip folder; 0 bad" in verify.stdout, verify.stdout
+    purge = run_cli("purge", "--all", "--yes", "--cache-dir", str(root), env=clean_env)
+    assert purge.returncode == 0, purge.stderr
+    assert f"{SOC}: removed 1 entry, 2 files (" in purge.stdout, purge.stdout

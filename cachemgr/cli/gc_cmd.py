@@ -334,7 +334,8 @@ def purge_cmd(purge_all: bool, yes: bool, as_json: bool, **kw: Any) -> None:
                 click.echo(f"{r.chip_dir.name}: no chip folder at {r.chip_dir}; nothing to do")
                 continue
             click.echo(
-                f"{r.chip_dir.name}: removed {r.entries} entries, {r.files} files "
+                f"{r.chip_dir.name}: removed {human.plural(r.entries, 'entry', 'entries')}, "
+                f"{human.plural(r.files, 'file')} "
                 f"({_mib(r.bytes)}); busy {len(r.busy)}; "
                 f"writes in progress left {len(r.left_temps)}"
             )
