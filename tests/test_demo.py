@@ -6,7 +6,10 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import ROOT
+from tests.test_ge_interop import fake_toolkit
 
 
 def _demo(tmp_path: Path, env: dict[str, str]) -> str:
@@ -22,8 +25,11 @@ def _demo(tmp_path: Path, env: dict[str, str]) -> str:
     return proc.stdout
 
 
-def test_scripts_demo_runs_the_main_job(tmp_path: Path) -> None:
+@pytest.mark.parametrize("host", ["plain", "cann"])
+def test_scripts_demo_runs_the_main_job(tmp_path: Path, host: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ASCEND_", "CACHEMGR_"))}
+    if host == "cann":  # ASCEND_HOME_PATH / ASCEND_OPP_PATH set, as on every CANN host
+        env.update(fake_toolkit(tmp_path / "Ascend"))
     (tmp_path / "run").mkdir(mode=0o700)
     env.update(
         HOME=str(tmp_path),
@@ -31,6 +37,7 @@ def test_scripts_demo_runs_the_main_job(tmp_path: Path) -> None:
         XDG_STATE_HOME=str(tmp_path / "state"),
         TMPDIR=str(tmp_path),
     )
+    chip = tmp_path / "atc_data" / "kernel_cache" / "Ascend910B1"
     for run in (1, 2):  # a second run starts cold too, as its text says (issue 13 item 7)
         out = _demo(tmp_path, env)
         cold = out.split("== warm")[0]
@@ -41,5 +48,8 @@ def test_scripts_demo_runs_the_main_job(tmp_path: Path) -> None:
         log = Path(out.split("its log: ")[1].split()[0])
         assert log.is_file() and "stop requested" in log.read_text(), log  # the log is kept
         assert "source .venv/bin/activate" in out and "pip install ." in out
-    assert (tmp_path / "atc_data" / "kernel_cache" / "Ascend910B1").is_dir()
+        assert chip.is_dir()
+        # its own gc --ratio 80 keeps every kernel it just compiled (issue 9 item 1)
+        assert len(list(chip.glob("*.json"))) == cold.count("compiled "), out
+        assert "purged" not in out.split("== cachemgr gc")[1]
     assert not (tmp_path / "run" / "cachemgr" / "cachemgr.sock").exists()

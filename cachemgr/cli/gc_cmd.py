@@ -198,7 +198,8 @@ def _print_gc(report: dict[str, Any], as_json: bool) -> None:
     if as_json:
         emit_json(report)
         return
-    click.echo(f"toolkit: {report['toolkit']['detail']}")
+    for line in gc.toolkit_lines(report):
+        click.echo(line)
     folders = report["chip_folders"]
     for soc, folder in folders.items():
         click.echo(_gc_line(soc, folder))
