@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import uuid
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from importlib import resources
 from pathlib import Path
@@ -116,11 +117,30 @@ A request is one JSON object (relative paths are relative to its file):
     "outputs": [{{"shape": [4096], "dtype": "float32", "format": "ND"}}],
     "attrs": {{}},                      operator attributes
     "defines": {{"N": 4096}},           -DN=4096
+    "include_dirs": ["include"],      -I folders, in order
+    "extra_flags": ["-O3"],           allowed compiler flags (-D -U -I -O -f -m -std= -W -g)
     "options": {{"jit_compile": "auto"}}  any option below; these win
   }}
 A shape dim of -1 is dynamic; the shape [-2] is an unknown rank.
 Schema: {resources.files("cachemgr").joinpath("schemas/compile_request.schema.json")}
 Examples: examples/requests/ in the source tree.
+
+\b
+Key: everything that changes the binary - op, shapes, dtypes, formats, attrs, soc,
+defines, include_dirs, extra_flags, options, the compiler and its flags, the source and
+every header it reads (system headers: the compiler's identity). The bytes hashed are the
+bytes compiled: the files are read once, by this process, and compiled from that copy.
+Header manifests (<chip folder>/*.manifest) list each kernel's headers with their
+SHA-256, so a hit never runs the preprocessor; a miss lists them first (-MM).
+\b
+--mode force: clears the chip folder once per run of this command (also through the
+daemon), waiting for compiles in flight, whose fresh results are kept; then compiles.
+Switch back to enable afterwards. --replace recompiles only these entries.
+\b
+Outputs: debug artefacts go to <base>/kernel_meta/<host>_<pid>/, base = --debug-dir >
+$ASCEND_WORK_PATH > the current directory; --mode disable kernels to --out-dir. Both are
+written by this process, as you, also when the daemon compiles; a folder you cannot write
+is refused before compiling.
 """
 
 
@@ -244,6 +264,7 @@ def _compile_via_daemon(
     for name in ("op_debug_config", "debug_dir"):
         if overrides.get(name):
             overrides[name] = str(Path(overrides[name]).absolute())
+    session = uuid.uuid4().hex  # force clears once per run, as in-process (issue 11 item 5)
 
     def one(path: Path) -> dict[str, Any] | CacheMgrError:
         try:
@@ -251,7 +272,9 @@ def _compile_via_daemon(
             if not isinstance(data, dict):
                 raise InvalidInputError(f"request {path}: a request must be a JSON object")
             data["options"] = {**overrides, **(data.get("options") or {})}
-            return client.compile(data, base_dir=path.resolve().parent, replace=replace)
+            return client.compile(
+                data, base_dir=path.resolve().parent, replace=replace, session=session
+            )
         except OSError as exc:
             return InvalidInputError(f"request {path}: cannot read ({exc.strerror})")
         except ValueError as exc:

@@ -27,7 +27,8 @@ import signal
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from cachemgr.daemon.server import Response, error, peer_uid
+from cachemgr.daemon import peer
+from cachemgr.daemon.server import Response, error
 from cachemgr.errors import CacheMgrError
 
 Alive = Callable[[], bool]
@@ -128,7 +129,8 @@ def _stop(body: dict[str, Any], alive: Alive) -> Response:
     SIGTERM — stop taking work, let running compiles finish, exit 0. Only a caller with the
     daemon's own uid, as ``SO_PEERCRED`` on the Unix socket tells it, may ask: the socket is
     group-writable, and group members may compile but not stop the service."""
-    uid = peer_uid()
+    caller = peer.current()
+    uid = caller.uid if caller is not None else None
     if uid != os.getuid():
         who = "a TCP caller" if uid is None else f"uid {uid}"
         return error(403, f"/stop: only uid {os.getuid()} (the daemon's user) may, not {who}")

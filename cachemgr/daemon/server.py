@@ -15,7 +15,6 @@ import os
 import select
 import socket
 import socketserver
-import struct
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from cachemgr import fsutil
+from cachemgr.daemon import peer
 
 log = logging.getLogger(__name__)
 
@@ -47,31 +47,6 @@ class Response:
         if isinstance(self.body, str) and not self.content_type.endswith("json"):
             return self.body.encode()
         return (json.dumps(self.body, default=str) + "\n").encode()
-
-
-#: The peer of the request this thread is serving (see :func:`peer_uid`).
-_peer = threading.local()
-
-
-def peer_uid() -> int | None:
-    """The uid of the process at the other end of the request this thread serves.
-
-    From ``SO_PEERCRED`` on the Unix socket (Linux); None over TCP or where the kernel does
-    not tell, so callers treat "unknown" as "not the owner".
-    """
-    uid: int | None = getattr(_peer, "uid", None)
-    return uid
-
-
-def _socket_peer_uid(conn: socket.socket) -> int | None:
-    if conn.family != socket.AF_UNIX or not hasattr(socket, "SO_PEERCRED"):
-        return None
-    try:
-        raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    except OSError:
-        return None
-    _pid, uid, _gid = struct.unpack("3i", raw)
-    return int(uid)
 
 
 App = Callable[[str, str, dict[str, list[str]], Any, Callable[[], bool]], Response]
@@ -153,9 +128,9 @@ class _Handler(BaseHTTPRequestHandler):
                 return error(400, f"request body is not JSON: {exc}")
         parts = urlsplit(self.path)
         app: App = self.server.app  # type: ignore[attr-defined]
-        _peer.uid = _socket_peer_uid(self.connection)
         try:
-            return app(method, parts.path, parse_qs(parts.query), body, self._alive)
+            with peer.serving(peer.peer_credentials(self.connection)):
+                return app(method, parts.path, parse_qs(parts.query), body, self._alive)
         except Exception as exc:  # one line to the caller, the details in the log
             log.exception("internal error on %s %s", method, parts.path)
             return error(500, f"internal error: {type(exc).__name__}: {exc}")
