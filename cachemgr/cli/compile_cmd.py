@@ -132,10 +132,12 @@ every header it reads (system headers: the compiler's identity). The bytes hashe
 bytes compiled: the files are read once, by this process, and compiled from that copy.
 Header manifests (<chip folder>/*.manifest) list each kernel's headers with their
 SHA-256, so a hit never runs the preprocessor; a miss lists them first (-MM).
+
 \b
 --mode force: clears the chip folder once per run of this command (also through the
 daemon), waiting for compiles in flight, whose fresh results are kept; then compiles.
 Switch back to enable afterwards. --replace recompiles only these entries.
+
 \b
 Outputs: debug artefacts go to <base>/kernel_meta/<host>_<pid>/, base = --debug-dir >
 $ASCEND_WORK_PATH > the current directory; --mode disable kernels to --out-dir. Both are
