@@ -8,6 +8,7 @@ from, so nothing is evicted against a misconfigured ini without saying so.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,7 +17,7 @@ from typing import Any
 
 import click
 
-from cachemgr import gc
+from cachemgr import gc, options
 from cachemgr.cli.common import (
     chip_dirs,
     emit_json,
@@ -171,12 +172,15 @@ def _print_gc(report: dict[str, Any], as_json: bool) -> None:
     if as_json:
         emit_json(report)
         return
-    for line in gc.toolkit_lines(report):
-        click.echo(line)
-    for soc, folder in report["chip_folders"].items():
-        click.echo(_gc_line(soc, folder))
-    if not report["chip_folders"]:
-        click.echo(f"no chip folders under {report['kernel_cache_dir']}; nothing to do")
+    for one in [report, *report.get("other_kernel_caches", {}).values()]:
+        if one is not report:
+            click.echo(f"== {one['kernel_cache_dir']}")
+        for line in gc.toolkit_lines(one):
+            click.echo(line)
+        for soc, folder in one["chip_folders"].items():
+            click.echo(_gc_line(soc, folder))
+        if not one["chip_folders"]:
+            click.echo(f"no chip folders under {one['kernel_cache_dir']}; nothing to do")
 
 
 @click.command("stats")
@@ -196,6 +200,7 @@ def stats_cmd(as_json: bool, socket_path: Path | None, **kw: Any) -> None:
         data = dict(Counters(state_dir() / "counters.json").snapshot())
         data["chip_folders"] = {c.name: chip_stats(c, settings) for c in chip_dirs(settings)}
         data["via"] = "local"
+    data["other_kernel_caches"] = _other_stats(settings)
     data["kernel_cache_dir"] = str(settings.layout.kernel_cache_dir)
     data["limits"] = limits_json(settings)
     if as_json:
@@ -214,6 +219,21 @@ def stats_cmd(as_json: bool, socket_path: Path | None, **kw: Any) -> None:
         )
     if not data["chip_folders"]:
         click.echo(f"no chip folders under {settings.layout.kernel_cache_dir}")
+    for kc, folders in data["other_kernel_caches"].items():
+        for soc, row in folders.items():
+            click.echo(
+                f"{kc}/{soc}: {row['entries']} entries, {_mib(row['bytes'])} of "
+                f"{_mib(row['limit_bytes'])}"
+            )
+
+
+def _other_stats(settings: Any) -> dict[str, dict[str, Any]]:
+    """Per chip folder figures of the other governed kernel caches (SPEC §2), by path."""
+    out = {}
+    for kc in settings.other_kernel_caches():
+        other = options.settings_for(settings, kc, os.environ)
+        out[str(kc)] = {c.name: chip_stats(c, other) for c in chip_dirs(other)}
+    return out
 
 
 @click.command("purge")
