@@ -379,18 +379,22 @@ def share_modes(folder: Path, fowner: bool | None = None) -> list[str]:
                 os.fchmod(dir_fd, want & ~0o002)
                 changed.append(".")
         for name in os.listdir(dir_fd):
-            if _share_file(dir_fd, name, flags, me, fowner):
+            if _share_file(dir_fd, name, flags, me, fowner, st.st_gid):
                 changed.append(name)
     finally:
         os.close(dir_fd)
     return changed
 
 
-def _share_file(dir_fd: int, name: str, flags: int, me: int, fowner: bool) -> bool:
+def _share_file(dir_fd: int, name: str, flags: int, me: int, fowner: bool, gid: int) -> bool:
+    """One file of :func:`share_modes`: a regular file with one link (a hard link to a file
+    elsewhere is never changed), of the folder's group, lacking ``g+rw``."""
     try:
         st = os.lstat(name, dir_fd=dir_fd)
         mode = stat.S_IMODE(st.st_mode)
         if not stat.S_ISREG(st.st_mode) or mode & 0o060 == 0o060:
+            return False
+        if st.st_nlink != 1 or st.st_gid != gid:
             return False
         if st.st_uid != me and not fowner:
             return False
@@ -399,9 +403,7 @@ def _share_file(dir_fd: int, name: str, flags: int, me: int, fowner: bool) -> bo
         return False
     try:
         again = os.fstat(fd)
-        if (again.st_ino, again.st_dev) != (st.st_ino, st.st_dev) or not stat.S_ISREG(
-            again.st_mode
-        ):
+        if (again.st_ino, again.st_dev) != (st.st_ino, st.st_dev) or again.st_nlink != 1:
             return False
         os.fchmod(fd, (stat.S_IMODE(again.st_mode) | 0o060) & ~0o002)
         return True
