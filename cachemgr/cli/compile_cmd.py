@@ -259,6 +259,7 @@ def pack_cmd(
                 # --all: e.g. GE's dynamic-shape entries (supportInfo without opType and
                 # staticKey) cannot be packed; say so and go on (issue 9 item 9)
                 warning(f"pack: skipped {kernel}: {exc}")
+    written = list(dict.fromkeys(written))  # a config file shared by several kernels
     if as_json:
         emit_json([str(p) for p in written])
     else:
