@@ -3,6 +3,7 @@ governance, and the operations the API exposes. No HTTP here (see ``api``/``serv
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -13,7 +14,8 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from cachemgr import eviction, gc, options, request, store
+from cachemgr import eviction, gc, inputs, options, request, store
+from cachemgr.daemon import peer
 from cachemgr.daemon.config import DaemonConfig
 from cachemgr.daemon.governance import Governance, release_memory
 from cachemgr.daemon.metrics import Metrics
@@ -212,11 +214,20 @@ class Service:
                 f"/compile base_dir={base!r} must be an absolute path (the folder that relative "
                 "paths in the request are relative to)"
             )
-        req = self._parsed.get(body["request"], base, origin="/compile request")
+        req, snap = self._compile_request(body, base)
         priority = body.get("priority", 0)
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise InvalidInputError(f"/compile priority={priority!r} must be an integer")
-        future = self.queue.submit(req, priority=priority, replace=bool(body.get("replace")))
+        session = body.get("session")
+        if session is not None and not isinstance(session, str):
+            raise InvalidInputError(f"/compile session={session!r} must be a string")
+        future = self.queue.submit(
+            req,
+            priority=priority,
+            replace=bool(body.get("replace")),
+            session=session or uuid.uuid4().hex,  # default: each call is its own force session
+            inputs=snap,
+        )
         if body.get("wait", True) is False:
             job_id = uuid.uuid4().hex
             with self._jobs_lock:
@@ -235,6 +246,34 @@ class Service:
                 break
         self._count(future)
         return _outcome(future)
+
+    def _compile_request(
+        self, body: Mapping[str, Any], base: str
+    ) -> tuple[request.CompileRequest, inputs.Snapshot | None]:
+        """The request and the snapshot of its files it carries (issue 10 item 5: the daemon
+        opens no path a caller names). A request without ``inputs`` is the daemon user's own
+        (read here); from anyone else it is refused.
+
+        :raises InvalidInputError: a bad request or snapshot, or paths from another user.
+        """
+        who = peer.current() or peer.Peer(os.getpid(), os.getuid(), os.getgid())
+        raw = body.get("inputs")
+        if raw is None:
+            if not who.is_daemon_user:
+                raise InvalidInputError(
+                    f"/compile from {who.describe()}: the request carries no inputs; the "
+                    "daemon reads no file on a caller's behalf (cachemgr.Client and "
+                    "`cachemgr compile` send the source, headers and .cfg)"
+                )
+            req = self._parsed.get(body["request"], base, origin="/compile request")
+            log.info("compile %s for %s (files read by the daemon)", req.op_type, who.describe())
+            return req, None
+        snap = inputs.from_wire(raw, "/compile request")
+        req = self._parsed.get(body["request"], base, "/compile request", check_exists=False)
+        log.info(
+            "compile %s for %s (%d files sent)", req.op_type, who.describe(), len(snap.data or {})
+        )
+        return dataclasses.replace(req, kernel_source=snap.source), snap
 
     def _count(self, future: Future) -> None:
         if future.cancelled() or future.exception() is not None:
