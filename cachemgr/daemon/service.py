@@ -14,7 +14,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from cachemgr import eviction, gc, inputs, options, request, store
+from cachemgr import eviction, fsutil, gc, inputs, options, request, store
 from cachemgr.daemon import peer
 from cachemgr.daemon.config import DaemonConfig
 from cachemgr.daemon.governance import Governance, release_memory
@@ -110,8 +110,9 @@ class Service:
         return {"reloaded": True, "problems": list(new.problems)}
 
     def _ini_bytes(self) -> bytes | None:
+        """The ini's bytes (no symlink followed, no FIFO opened, atime kept), or None."""
         try:
-            return self._settings.layout.ini_path.read_bytes()
+            return fsutil.read_bytes_noatime(self._settings.layout.ini_path)
         except OSError:
             return None
 
