@@ -116,7 +116,11 @@ def write_temp(dest: Path, data: bytes, mode: int = FILE_MODE, dir_fd: int | Non
     """
     tmp = temp_path(dest)
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-    fd = os.open(at(tmp, dir_fd), flags, mode, dir_fd=dir_fd)
+    try:
+        fd = os.open(at(tmp, dir_fd), flags, mode, dir_fd=dir_fd)
+    except OSError as exc:
+        exc.filename = str(tmp)  # the full name for messages
+        raise
     try:
         try:
             view = memoryview(data)
@@ -171,6 +175,7 @@ def safe_unlink(path: Path, dir_fd: int | None = None) -> bool:
     except OSError as exc:
         if exc.errno in GONE_ERRNOS:
             return False
+        exc.filename = str(path)  # the full name for messages
         raise
     return True
 
@@ -349,6 +354,7 @@ def open_lock_file(path: Path, dir_fd: int | None = None) -> int:
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.ENXIO):  # a link or socket put there meanwhile
                 continue
+            exc.filename = str(path)  # the full name for messages, not the one relative to dir_fd
             raise
         try:
             st = os.fstat(fd)
