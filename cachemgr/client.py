@@ -106,6 +106,8 @@ class Client:
     :param socket_path: the Unix socket (default :func:`default_socket_path`).
     :param tcp: ``(host, port)`` to use a loopback TCP port instead of the socket.
     :param timeout_s: per-request timeout in seconds (a compile may take minutes).
+    :param token: the TCP listener's secret (the content of the daemon's
+        ``[daemon] tcp_token_file``), sent as ``Authorization: Bearer``; TCP only.
     """
 
     def __init__(
@@ -114,9 +116,11 @@ class Client:
         tcp: tuple[str, int] | None = None,
         timeout_s: float = 900.0,
         local_hits: bool = True,
+        token: str | None = None,
     ) -> None:
         self.socket_path = Path(socket_path) if socket_path else default_socket_path()
         self.tcp = tcp
+        self._auth = {"Authorization": f"Bearer {token}"} if tcp and token else {}
         self.timeout_s = timeout_s
         self._local = threading.local()
         self._hits = _LocalHits(self) if local_hits else None
@@ -151,6 +155,7 @@ class Client:
         """
         payload = None if body is None else json.dumps(body).encode()
         headers = {"Content-Type": "application/json"} if payload is not None else {}
+        headers.update(self._auth)
         for attempt in (1, 2):  # a kept-alive connection the server closed: retry once
             conn = self._conn()
             try:

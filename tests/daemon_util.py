@@ -15,6 +15,9 @@ from typing import Any
 
 from cachemgr.client import Client
 
+#: ``serve`` refuses root without this flag (issue 10); tests run as root in CI.
+AS_ROOT = ["--allow-root"] if os.geteuid() == 0 else []
+
 
 def wait_for(
     cond: Callable[[], object], timeout_s: float = 30.0, what: str = "condition"
@@ -132,9 +135,10 @@ def start_daemon(
     if "--socket" in args:
         socket_path = Path(args[args.index("--socket") + 1])
     log_path = tmp / f"daemon-{time.monotonic_ns()}.log"
+    as_root = AS_ROOT if (popen_kw or {}).get("user") in (None, 0, "root") else []
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            [python, "-m", "cachemgr", "-v", "serve", *args],
+            [python, "-m", "cachemgr", "-v", "serve", *as_root, *args],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -15,10 +15,12 @@ from typing import Any
 
 from cachemgr import eviction, gc, options, request, store
 from cachemgr.daemon.config import DaemonConfig
+from cachemgr.daemon.connections import current_caller
 from cachemgr.daemon.governance import Governance, release_memory
 from cachemgr.daemon.metrics import Metrics
 from cachemgr.daemon.state import Counters
 from cachemgr.errors import CacheMgrError, InvalidInputError
+from cachemgr.peer import Peer
 from cachemgr.queue import CompileQueue
 
 log = logging.getLogger(__name__)
@@ -197,7 +199,9 @@ class Service:
         priority = body.get("priority", 0)
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise InvalidInputError(f"/compile priority={priority!r} must be an integer")
+        caller = current_caller()
         future = self.queue.submit(req, priority=priority, replace=bool(body.get("replace")))
+        future.add_done_callback(lambda f: _log_compile(f, req.op_type, req.soc_version, caller))
         if body.get("wait", True) is False:
             job_id = uuid.uuid4().hex
             with self._jobs_lock:
@@ -253,6 +257,29 @@ class Service:
             if r["future"].done() and now - r["created"] > JOB_TTL_S
         ]:
             del self._jobs[job_id]
+
+
+def _log_compile(future: Future, op_type: str, soc: str, caller: Peer | None) -> None:
+    """One line per compile request: the kernel, its outcome and who asked (SO_PEERCRED
+    pid, uid, gid; "tcp" for the token-guarded TCP listener) — issue 10, item 5."""
+    who = caller.describe() if caller is not None else "a TCP caller"
+    if future.cancelled():
+        log.info("compile %s/%s for %s: cancelled", soc, op_type, who)
+        return
+    exc = future.exception()
+    if exc is not None:
+        log.info("compile %s/%s for %s: error: %s", soc, op_type, who, exc)
+        return
+    out = future.result()
+    log.info(
+        "compile %s %s/%s for %s: %s in %.3f s",
+        out.kernel_name,
+        soc,
+        op_type,
+        who,
+        out.status,
+        out.seconds,
+    )
 
 
 def _outcome(future: Future) -> tuple[int, dict[str, Any]]:
