@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cachemgr import chiplock, fsutil, kernel_meta, keys, policy, precompiled
+from cachemgr import chiplock, fsutil, kernel_meta, keys, policy, precompiled, safeio
 from cachemgr.compilers import CompileJob, CompilerBackend
 from cachemgr.errors import ConfigError, InvalidInputError
 from cachemgr.options import Settings
@@ -120,6 +120,15 @@ def read_debug_config(path: Path) -> policy.DebugConfig:
     return policy.parse_debug_config(text, f"op_debug_config {path}")
 
 
+def file_cap(settings: Settings) -> int:
+    """The size cap (bytes) of files a request names: ``[daemon] max_request_file_bytes``
+    of the config file (checked by the daemon at start), else 64 MiB (issue 10, item 8)."""
+    value = settings.sections.get("daemon", {}).get("max_request_file_bytes")
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    return safeio.DEFAULT_MAX_BYTES
+
+
 def prepare(
     request: CompileRequest,
     settings: Settings,
@@ -149,7 +158,11 @@ def prepare(
     backend = compilers.backend(request.language)
     flags = compilers.flags(request, identity, decision.debug.flags, decision.debug.emit)
     material = keys.key_material(
-        request, opts, identity, flags, keys.source_sha256(request.kernel_source)
+        request,
+        opts,
+        identity,
+        flags,
+        keys.source_sha256(request.kernel_source, file_cap(settings)),
     )
     key = keys.compute_key(material)
     kcache = settings.layout.kernel_cache_dir

@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from cachemgr import build, keys, options
+from cachemgr import build, keys, options, safeio
 from cachemgr.errors import CacheMgrError
 from cachemgr.request import ParsedRequests
 
@@ -251,7 +251,10 @@ class Client:
         """
         path = Path(path)
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            # non-blocking, regular files only, capped (issue 10, item 8)
+            data = json.loads(safeio.read_regular(path.resolve()).decode("utf-8"))
+        except safeio.UnsafeFileError as exc:
+            raise DaemonError(f"request file {exc}", 400) from exc
         except (OSError, ValueError) as exc:
             raise DaemonError(f"request file {path}: {exc}", 400) from exc
         return self.compile(data, base_dir=path.resolve().parent, wait=wait, priority=priority)

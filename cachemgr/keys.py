@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from cachemgr import safeio
 from cachemgr.compilers import CompileJob, CompilerBackend, CompilerIdentity, get_backend
 from cachemgr.errors import InvalidInputError
 from cachemgr.request import CompileRequest, RequestOptions
@@ -78,23 +79,27 @@ def canonical(material: Mapping[str, Any]) -> bytes:
     return text.encode("utf-8")
 
 
-def source_sha256(path: Path) -> str:
-    """Hex SHA-256 of the file ``path``; remembered per (device, inode, size, mtime, ctime)
-    unless the file changed in the last :data:`RACY_S` seconds.
+def source_sha256(path: Path, max_bytes: int = safeio.DEFAULT_MAX_BYTES) -> str:
+    """Hex SHA-256 of the file ``path``, streamed; remembered per (device, inode, size,
+    mtime, ctime) unless the file changed in the last :data:`RACY_S` seconds.
 
-    :raises InvalidInputError: when the source cannot be read (names the path).
+    The file is opened non-blocking without following a link and must be a regular file of
+    at most ``max_bytes`` (issue 10, item 8: a source swapped for a FIFO behind the
+    parsed-request cache must not block a thread).
+
+    :raises InvalidInputError: when the source cannot be read or is not a regular file of at
+        most ``max_bytes`` (names the path and why).
     """
     try:
-        st = os.stat(path)
-    except OSError as exc:
-        raise InvalidInputError(f"kernel_source {path}: {exc.strerror}") from None
-    ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-    with _digest_lock:
-        known = _digests.get(ident)
-    if known is not None:
-        return known
-    try:
-        digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        with safeio.open_regular(path, max_bytes) as (fd, st):
+            ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            with _digest_lock:
+                known = _digests.get(ident)
+            if known is not None:
+                return known
+            digest = safeio.sha256_fd(fd, max_bytes, str(path))
+    except safeio.UnsafeFileError as exc:
+        raise InvalidInputError(f"kernel_source {exc}") from None
     except OSError as exc:
         raise InvalidInputError(f"kernel_source {path}: {exc.strerror}") from None
     if time.time() - max(st.st_mtime, st.st_ctime) > RACY_S:

@@ -59,6 +59,32 @@ def error(status: int, message: str) -> Response:
     return Response(status, {"error": message})
 
 
+def parse_body(raw: bytes) -> Any:
+    """Decode a request body as strict JSON (issue 10, item 11).
+
+    :raises ValueError: one line for anything a JSON object of text cannot be: not UTF-8,
+        malformed, ``NaN``/``Infinity``, a number of more than 4300 digits, nesting deeper
+        than the interpreter's recursion limit, a lone UTF-16 surrogate (``"\\ud800"``).
+    """
+    try:
+        body = json.loads(raw, parse_constant=_no_constant)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"request body is not JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # 5000-digit numbers, deep nesting
+        raise ValueError(f"request body is not acceptable JSON: {exc}") from None
+    try:
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("request body holds a lone UTF-16 surrogate: not valid text") from None
+    except RecursionError:
+        raise ValueError("request body is nested too deeply") from None
+    return body
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     default_request_version = "HTTP/1.1"  # so a garbage request line still gets a status line
@@ -132,11 +158,9 @@ class _Handler(BaseHTTPRequestHandler):
         body: Any = None
         if raw:
             try:
-                body = json.loads(raw)
-            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-                return error(400, f"request body is not JSON: {exc}")
-            except (ValueError, RecursionError) as exc:  # 5000-digit numbers, deep nesting
-                return error(400, f"request body is not acceptable JSON: {exc}")
+                body = parse_body(raw)
+            except ValueError as exc:
+                return error(400, str(exc))
         parts = urlsplit(self.path)
         app: App = self.server.app  # type: ignore[attr-defined]
         try:

@@ -172,6 +172,8 @@ class Service:
             raise InvalidInputError(f"/gc min_age_s={min_age!r} must be a number ≥ 0")
         if soc is not None and not isinstance(soc, str):
             raise InvalidInputError(f"/gc soc={soc!r} must be a string")
+        if not isinstance(params.get("dry_run", False), bool):
+            raise InvalidInputError(f"/gc dry_run={params['dry_run']!r} must be true or false")
         dry = eviction.DryRun.YES if params.get("dry_run") else eviction.DryRun.NO
         report = gc.collect(
             self._settings, force_ratio=ratio, min_age_s=min_age, dry_run=dry, soc=soc
@@ -195,10 +197,8 @@ class Service:
                 f"/compile base_dir={base!r} must be an absolute path (the folder that relative "
                 "paths in the request are relative to)"
             )
+        priority = _check_params(body)
         req = self._parsed.get(body["request"], base, origin="/compile request")
-        priority = body.get("priority", 0)
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise InvalidInputError(f"/compile priority={priority!r} must be an integer")
         caller = current_caller()
         future = self.queue.submit(req, priority=priority, replace=bool(body.get("replace")))
         future.add_done_callback(lambda f: _log_compile(f, req.op_type, req.soc_version, caller))
@@ -257,6 +257,28 @@ class Service:
             if r["future"].done() and now - r["created"] > JOB_TTL_S
         ]:
             del self._jobs[job_id]
+
+
+#: ``/compile`` priorities are within ±this.
+MAX_PRIORITY = 1_000_000
+
+
+def _check_params(body: Mapping[str, Any]) -> int:
+    """Check ``/compile``'s fields other than the request; return the priority.
+
+    :raises InvalidInputError: one line naming the field and the value (→ 400).
+    """
+    priority = body.get("priority", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise InvalidInputError(f"/compile priority={priority!r} must be an integer")
+    if abs(priority) > MAX_PRIORITY:
+        raise InvalidInputError(
+            f"/compile priority={priority} is out of range -{MAX_PRIORITY}..{MAX_PRIORITY}"
+        )
+    for name in ("wait", "replace"):
+        if name in body and not isinstance(body[name], bool):
+            raise InvalidInputError(f"/compile {name}={body[name]!r} must be true or false")
+    return priority
 
 
 def _log_compile(future: Future, op_type: str, soc: str, caller: Peer | None) -> None:
