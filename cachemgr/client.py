@@ -35,9 +35,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from cachemgr import build, keys, options, safeio
+from cachemgr import build, keys, options, safeio, sockcheck
 from cachemgr.errors import CacheMgrError
 from cachemgr.request import ParsedRequests
+from cachemgr.sockcheck import UntrustedDaemon
 
 log = logging.getLogger(__name__)
 
@@ -85,15 +86,21 @@ def default_socket_path(env: Mapping[str, str] | None = None) -> Path:
 
 
 class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float) -> None:
+    """HTTP over a Unix socket whose folder, file and serving process belong to a trusted
+    user (:mod:`cachemgr.sockcheck`; issue 10, item 7)."""
+
+    def __init__(self, path: str, timeout: float, trusted: set[int]) -> None:
         super().__init__("localhost", timeout=timeout)
         self._path = path
+        self._trusted = trusted
 
     def connect(self) -> None:
+        sockcheck.check_path(Path(self._path), self._trusted)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(self.timeout)
         try:
             sock.connect(self._path)
+            sockcheck.check_peer(sock, Path(self._path), self._trusted)
         except BaseException:
             sock.close()
             raise
@@ -108,6 +115,9 @@ class Client:
     :param timeout_s: per-request timeout in seconds (a compile may take minutes).
     :param token: the TCP listener's secret (the content of the daemon's
         ``[daemon] tcp_token_file``), sent as ``Authorization: Bearer``; TCP only.
+    :param daemon_user: the user the daemon runs as, trusted besides the caller and root
+        (default ``$CACHEMGR_DAEMON_USER``); a socket of anyone else is refused
+        (:class:`UntrustedDaemon`, see :mod:`cachemgr.sockcheck`).
     """
 
     def __init__(
@@ -117,10 +127,12 @@ class Client:
         timeout_s: float = 900.0,
         local_hits: bool = True,
         token: str | None = None,
+        daemon_user: str | None = None,
     ) -> None:
         self.socket_path = Path(socket_path) if socket_path else default_socket_path()
         self.tcp = tcp
         self._auth = {"Authorization": f"Bearer {token}"} if tcp and token else {}
+        self.daemon_user = daemon_user
         self.timeout_s = timeout_s
         self._local = threading.local()
         self._hits = _LocalHits(self) if local_hits else None
@@ -131,7 +143,8 @@ class Client:
             if self.tcp:
                 conn = http.client.HTTPConnection(*self.tcp, timeout=self.timeout_s)
             else:
-                conn = _UnixConnection(str(self.socket_path), self.timeout_s)
+                trusted = sockcheck.trusted_uids(self.daemon_user)
+                conn = _UnixConnection(str(self.socket_path), self.timeout_s, trusted)
             self._local.conn = conn
         return conn
 
@@ -185,9 +198,14 @@ class Client:
         return self.request("GET", "/health")
 
     def available(self) -> bool:
-        """True when a cachemgr daemon answers ``/health``."""
+        """True when a cachemgr daemon answers ``/health``.
+
+        :raises UntrustedDaemon: the socket belongs to a user this client does not trust.
+        """
         try:
             return self.health().get("service") == "cachemgr"
+        except UntrustedDaemon:
+            raise
         except CacheMgrError:
             return False
 

@@ -45,10 +45,11 @@ class Daemon:
     notify: socket.socket | None
     log_path: Path
     messages: list[str] = field(default_factory=list)
+    user: str | None = None  # the user it runs as, when not the test's
 
     @property
     def client(self) -> Client:
-        return Client(self.socket_path, timeout_s=120)
+        return Client(self.socket_path, timeout_s=120, daemon_user=self.user)
 
     def read_notify(self, timeout_s: float = 0.0) -> list[str]:
         """Collect notify datagrams received so far (waiting up to ``timeout_s``)."""
@@ -145,7 +146,8 @@ def start_daemon(
             text=True,
             **(popen_kw or {}),
         )
-    daemon = Daemon(proc, socket_path, env, sock, log_path)
+    user = (popen_kw or {}).get("user")
+    daemon = Daemon(proc, socket_path, env, sock, log_path, user=str(user) if user else None)
     if wait_ready:
         try:
             if notify:

@@ -117,8 +117,14 @@ def find_daemon(socket_path: Path | None, settings: Settings) -> Client | None:
     than the one these settings name (e.g. ``--cache-dir`` points elsewhere).
     """
     # one-shot commands send everything to the daemon, which counts each hit itself
-    client = Client(socket_path or default_socket_path(), timeout_s=3600, local_hits=False)
-    if not client.available():
+    daemon_user = settings.sections.get("daemon", {}).get("user") or None
+    client = Client(
+        socket_path or default_socket_path(),
+        timeout_s=3600,
+        local_hits=False,
+        daemon_user=daemon_user if isinstance(daemon_user, str) else None,
+    )
+    if not client.available():  # raises UntrustedDaemon (exit 2) for a socket of a stranger
         return None
     try:
         theirs = client.config()["kernel_cache_dir"]["value"]

@@ -35,6 +35,9 @@ class DaemonConfig:
     # how long a compile waits for another process (or host) compiling the same kernel, then
     # compiles it itself (seconds); 0 = twice the compile timeout plus a minute
     lock_wait_s: float = 0.0
+    # the user the daemon runs as (e.g. "cachemgr"): the CLI, given this config, trusts its
+    # socket besides the caller's own and root's (issue 10, item 7); "" = none
+    user: str = ""
     # issue 10: the secret the TCP listener requires (a 0600 file of the daemon's user);
     # without it the TCP listener does not start
     tcp_token_file: str = ""
