@@ -20,7 +20,7 @@ from cachemgr.daemon.governance import Governance, release_memory
 from cachemgr.daemon.metrics import Metrics
 from cachemgr.daemon.state import Counters
 from cachemgr.errors import CacheMgrError, InvalidInputError
-from cachemgr.peer import Peer
+from cachemgr.peer import Peer, user_name
 from cachemgr.queue import CompileQueue
 
 log = logging.getLogger(__name__)
@@ -54,6 +54,7 @@ class Service:
             self._settings,
             workers=config.workers or os.cpu_count() or 1,
             lock_timeout_s=config.lock_wait_s or None,
+            max_queued_per_caller=config.max_queued_per_caller or None,
         )
         self.governance = Governance(lambda: self._settings, config, self.counters)
         self._metrics = Metrics(
@@ -200,7 +201,12 @@ class Service:
         priority = _check_params(body)
         req = self._parsed.get(body["request"], base, origin="/compile request")
         caller = current_caller()
-        future = self.queue.submit(req, priority=priority, replace=bool(body.get("replace")))
+        future = self.queue.submit(
+            req,
+            priority=self._capped(priority, caller),
+            replace=bool(body.get("replace")),
+            caller=_caller_key(caller),
+        )
         future.add_done_callback(lambda f: _log_compile(f, req.op_type, req.soc_version, caller))
         if body.get("wait", True) is False:
             job_id = uuid.uuid4().hex
@@ -220,6 +226,13 @@ class Service:
                 break
         self._count(future)
         return _outcome(future)
+
+    def _capped(self, priority: int, caller: Peer | None) -> int:
+        """``priority``, capped at ``[daemon] max_caller_priority`` unless the caller is the
+        daemon's own user or root (issue 10, item 10); TCP callers are capped too."""
+        if caller is not None and caller.uid in (os.geteuid(), 0):
+            return priority
+        return min(priority, self.daemon_config.max_caller_priority)
 
     def _count(self, future: Future) -> None:
         if future.cancelled() or future.exception() is not None:
@@ -257,6 +270,11 @@ class Service:
             if r["future"].done() and now - r["created"] > JOB_TTL_S
         ]:
             del self._jobs[job_id]
+
+
+def _caller_key(caller: Peer | None) -> str:
+    """The queue's name for a caller: ``uid 1001 (alice)``, or ``tcp`` for the TCP listener."""
+    return f"uid {caller.uid} ({user_name(caller.uid)})" if caller is not None else "tcp"
 
 
 #: ``/compile`` priorities are within ±this.
