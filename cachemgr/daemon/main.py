@@ -261,6 +261,8 @@ def serve(
         log.warning("%s", problem)
     where = f"config {config_file or os.environ.get('CACHEMGR_CONFIG', '')} [daemon]"
     config = DaemonConfig.from_table(settings.sections.get("daemon"), where)
+    if tcp_port is not None or config.tcp_port:
+        httpauth.load_token(config.tcp_token_file)  # no token, no TCP: say so before anything
     checked = rootcheck.check_root(cli_values, resolve_with, config)
 
     def resolve() -> options.Settings:
