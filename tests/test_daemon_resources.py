@@ -26,8 +26,10 @@ from tests.daemon_util import Daemon, start_daemon, wait_for
 from tests.shared_util import kernel_request
 from tests.users_util import Runtime, Users, run_as
 
-#: systemd's default soft limit of descriptors for a service (LimitNOFILE=1024:524288).
-SYSTEMD_SOFT_NOFILE = 1024
+#: Descriptors of the daemon in the flood test: no more than the flood's connections, as
+#: under systemd's default soft limit (1,024) once the daemon's own files are open — the
+#: lockout of issue 10, item 9.
+FLOOD_NOFILE = 1000
 
 
 def _cpu_s(pid: int) -> float:
@@ -37,6 +39,7 @@ def _cpu_s(pid: int) -> float:
 
 
 def _cpu_share(pid: int, window_s: float = 3.0) -> float:
+    """CPU seconds per second of ``pid`` over ``window_s`` (1.0 = one core busy)."""
     before, start = _cpu_s(pid), time.monotonic()
     time.sleep(window_s)  # a measuring window, not a wait for an event
     return (_cpu_s(pid) - before) / (time.monotonic() - start)
@@ -93,7 +96,7 @@ PROBE = textwrap.dedent(
     """
     import json, sys, time
     from cachemgr.client import Client
-    client = Client(sys.argv[1], timeout_s=30, local_hits=False, daemon_user=sys.argv[2])
+    client = Client(sys.argv[1], timeout_s=30, local_hits=False)
     times = []
     for _ in range(5):
         start = time.monotonic()
@@ -147,13 +150,7 @@ def _user_daemon(
 def test_1000_idle_connections_of_one_member_do_not_lock_out_another(
     users: Users, other_runtime: Runtime
 ) -> None:
-    d = _user_daemon(
-        users,
-        other_runtime,
-        users.alice,
-        "[daemon]\nidle_timeout_s = 5.0\n",
-        nofile=SYSTEMD_SOFT_NOFILE,
-    )
+    d = _user_daemon(users, other_runtime, users.alice, "", nofile=FLOOD_NOFILE)
     script = users.base / "flood.py"
     script.write_text(FLOODER)
     probe = users.base / "probe.py"
@@ -173,7 +170,7 @@ def test_1000_idle_connections_of_one_member_do_not_lock_out_another(
         assert opened[:1] == ["opened"], opened
         # another member is answered at once while those connections are held
         out = subprocess.run(
-            [other_runtime.python, str(probe), str(d.socket_path), users.alice],
+            [other_runtime.python, str(probe), str(d.socket_path)],
             capture_output=True,
             text=True,
             timeout=120,
@@ -182,7 +179,7 @@ def test_1000_idle_connections_of_one_member_do_not_lock_out_another(
         )
         assert out.returncode == 0, out.stderr + d.log()
         assert max(json.loads(out.stdout)) < 5.0, out.stdout
-        assert _cpu_share(d.proc.pid) < 0.5  # no busy accept loop
+        assert _cpu_share(d.proc.pid) < 0.2  # no busy accept loop (it measured 0.0; a spin ≥ 0.6)
         assert int(opened[1]) == 1000  # every connect was taken (or answered and closed)
         log = d.log()
         assert "shedding connections" in log and f"({users.bob})" in log, log[-2000:]
@@ -193,7 +190,8 @@ def test_1000_idle_connections_of_one_member_do_not_lock_out_another(
             return int(flood.stdout.readline())  # type: ignore[union-attr]
 
         assert still_open() <= 128  # bob's share ([daemon] max_connections_per_caller)
-        wait_for(lambda: still_open() == 0, 60, "idle connections closed by the daemon")
+        # [daemon] idle_timeout_s (30 s by default) closes the connections that stay silent
+        wait_for(lambda: still_open() == 0, 120, "idle connections closed by the daemon")
     finally:
         flood.kill()
         flood.wait(10)
@@ -201,15 +199,10 @@ def test_1000_idle_connections_of_one_member_do_not_lock_out_another(
 
 
 def test_out_of_descriptors_sheds_without_spinning(tmp_path: Path) -> None:
-    cfg = tmp_path / "c.toml"
-    cfg.write_text(
-        "[daemon]\nmax_connections = 100000\nmax_connections_per_caller = 100000\n"
-        "idle_timeout_s = 120.0\n"
-    )
+    # 96 descriptors: fewer than one caller's share of connections (128), so the daemon
+    # runs out of descriptors before any connection limit applies
     d = start_daemon(
-        tmp_path,
-        *("--cache-dir", str(tmp_path / "c"), "--config", str(cfg)),
-        popen_kw={"preexec_fn": _nofile(96)},
+        tmp_path, "--cache-dir", str(tmp_path / "c"), popen_kw={"preexec_fn": _nofile(96)}
     )
     held: list[socket.socket] = []
     try:
@@ -225,7 +218,7 @@ def test_out_of_descriptors_sheds_without_spinning(tmp_path: Path) -> None:
                 continue
             held.append(s)
         assert len(held) == 200  # the daemon kept accepting (and shedding) the excess
-        assert _cpu_share(d.proc.pid) < 0.5  # no busy accept loop
+        assert _cpu_share(d.proc.pid) < 0.2  # no busy accept loop (it measured 0.0; a spin ≥ 0.6)
         wait_for(lambda: "no file descriptors left" in d.log(), 30, "the shedding warning")
         for s in held:
             s.close()
@@ -283,7 +276,7 @@ SUBMIT = textwrap.dedent(
     """
     import json, sys
     from cachemgr.client import Client
-    client = Client(sys.argv[1], local_hits=False, daemon_user=sys.argv[2])
+    client = Client(sys.argv[1], local_hits=False)  # trusts $CACHEMGR_DAEMON_USER
     ids = [client.compile(json.loads(line), "/", wait=False, priority=100)["job_id"]
            for line in sys.stdin]
     print(json.dumps(ids), flush=True)
@@ -307,11 +300,15 @@ def test_priority_is_capped_for_other_users_and_callers_are_logged(
             data["kernel_source"] = str(other_runtime.kernels / "c" / "add.c")
             lines.append(json.dumps(data))
         bob = subprocess.Popen(
-            [other_runtime.python, str(script), str(d.socket_path), users.alice],
+            [other_runtime.python, str(script), str(d.socket_path)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
-            env={"PATH": os.environ.get("PATH", ""), "PYTHONPATH": other_runtime.pythonpath},
+            env={
+                "PATH": os.environ.get("PATH", ""),
+                "PYTHONPATH": other_runtime.pythonpath,
+                "CACHEMGR_DAEMON_USER": users.alice,  # bob trusts alice's socket
+            },
             **run_as(users.bob, users),  # type: ignore[arg-type]
         )
         out, _ = bob.communicate("\n".join(lines) + "\n", timeout=120)

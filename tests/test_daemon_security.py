@@ -145,9 +145,7 @@ def _source_request(folder: Path) -> tuple[dict, Path]:
 
 
 def test_a_source_swapped_for_a_fifo_behind_the_parsed_cache_is_refused(tmp_path: Path) -> None:
-    cfg = tmp_path / "c.toml"
-    cfg.write_text("[daemon]\nmax_request_file_bytes = 100000\n")
-    d = start_daemon(tmp_path, "--cache-dir", str(tmp_path / "c"), "--config", str(cfg))
+    d = start_daemon(tmp_path, "--cache-dir", str(tmp_path / "c"))
     try:
         client = Client(d.socket_path, timeout_s=20, local_hits=False)
         data, src = _source_request(tmp_path / "src")
@@ -165,12 +163,24 @@ def test_a_source_swapped_for_a_fifo_behind_the_parsed_cache_is_refused(tmp_path
         with pytest.raises(DaemonError) as info:
             client.compile(data, base_dir="/")
         assert "symbolic link" in str(info.value)
-        src.unlink()
-        src.write_bytes(b"/* big */\n" * 20_000)  # 200,000 bytes > the configured cap
+        assert client.health()["status"] == "ok"
+    finally:
+        d.stop()
+
+
+def test_a_source_over_the_configured_cap_is_refused(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[daemon]\nmax_request_file_bytes = 100000\n")
+    d = start_daemon(tmp_path, "--cache-dir", str(tmp_path / "c"), "--config", str(cfg))
+    try:
+        client = Client(d.socket_path, timeout_s=20, local_hits=False)
+        data, src = _source_request(tmp_path / "src")
+        assert client.compile(data, base_dir="/")["status"] == "compiled"
+        src.write_bytes(src.read_bytes() + b"/* big */\n" * 20_000)  # now > 100,000 bytes
         with pytest.raises(DaemonError) as info:
             client.compile(data, base_dir="/")
-        assert "over the 100000-byte cap" in str(info.value)
-        assert client.health()["status"] == "ok"
+        assert info.value.status == 400
+        assert "over the 100000-byte cap" in str(info.value) and str(src) in str(info.value)
     finally:
         d.stop()
 
@@ -302,6 +312,8 @@ FAKE_DAEMON = textwrap.dedent(
     path, cache, loot = sys.argv[1], sys.argv[2], sys.argv[3]
     class H(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        def log_message(self, *args):
+            pass
         def _send(self, obj):
             data = json.dumps(obj).encode()
             self.send_response(200)
@@ -320,7 +332,7 @@ FAKE_DAEMON = textwrap.dedent(
                         "files": ["/tmp/evil.o"]})
     os.makedirs(os.path.dirname(path), exist_ok=True)
     os.chmod(os.path.dirname(path), 0o755)
-    srv = socketserver.UnixStreamServer(path, H)
+    srv = socketserver.ThreadingUnixStreamServer(path, H)
     os.chmod(path, 0o666)
     print("ready", flush=True)
     srv.serve_forever()
