@@ -14,6 +14,13 @@ cache. Only misses — and every request the rules send elsewhere (debug, ``forc
 once. Hits served locally are reported to the daemon's counters (``POST /hits``) at most
 once a second and on :meth:`Client.close`. ``Client(local_hits=False)`` sends everything.
 
+**The caller's files travel with the request** (issue 10 item 5, issue 11 item 1). The client
+runs as the caller: it reads the kernel source, the headers the compiler reads (from the
+header manifest, or the compiler's dependency listing on a miss) and the ``op_debug_config``
+file, and sends their bytes (:func:`cachemgr.inputs.to_wire`). The daemon computes the key
+from exactly those bytes and compiles them in a private folder; it never opens a path a
+caller named. A request without them is accepted only from the daemon's own user.
+
 Example::
 
     from cachemgr import Client
@@ -35,8 +42,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from cachemgr import build, keys, options, safeio, sockcheck
-from cachemgr.errors import CacheMgrError
+from cachemgr import build, inputs, keys, options, safeio, sockcheck
+from cachemgr.errors import CacheMgrError, CompileError, InvalidInputError
 from cachemgr.request import ParsedRequests
 from cachemgr.sockcheck import UntrustedDaemon
 
@@ -135,7 +142,8 @@ class Client:
         self.daemon_user = daemon_user
         self.timeout_s = timeout_s
         self._local = threading.local()
-        self._hits = _LocalHits(self) if local_hits else None
+        self._side = _LocalHits(self)
+        self._hits = self._side if local_hits else None
 
     def _conn(self) -> http.client.HTTPConnection:
         conn = getattr(self._local, "conn", None)
@@ -237,24 +245,45 @@ class Client:
         wait: bool = True,
         priority: int = 0,
         replace: bool = False,
+        session: str | None = None,
     ) -> dict[str, Any]:
         """Compile (or hit) one request: ``{"kernel_name", "status", "files", "seconds",
         "via"}`` with ``via`` ``"client"`` for a hit served in this process, ``"daemon"``
         otherwise. With ``wait=False`` returns ``{"job_id": …}`` to poll with :meth:`job`.
         Relative paths in the request are relative to ``base_dir`` (default: the current
-        directory). ``replace`` recompiles and replaces this one entry (SPEC §4)."""
+        directory). ``replace`` recompiles and replaces this one entry (SPEC §4).
+        ``session``: requests of one session clear a chip folder at most once with ``force``
+        (default: each call is its own session, so each ``force`` call clears).
+
+        :raises DaemonError: a bad request (400: one line), or the daemon's error.
+        :raises DaemonUnavailable: no daemon answers.
+        """
         base = str(Path(base_dir or os.getcwd()).resolve())
-        if wait and not replace and self._hits is not None:
-            found = self._hits.lookup(request, base)
+        start = time.perf_counter()
+        try:
+            prepared = self._side.prepare(request, base)
+        except InvalidInputError as exc:
+            raise DaemonError(str(exc), 400) from exc
+        except CompileError as exc:  # e.g. the dependency listing names a missing header
+            return _failed(str(exc), start)
+        if prepared is not None and wait and not replace and self._hits is not None:
+            found = self._hits.lookup_prepared(prepared, start)
             if found is not None:
                 return found
-        body = {
+        body: dict[str, Any] = {
             "request": dict(request),
             "base_dir": base,
             "wait": wait,
             "priority": priority,
             "replace": replace,
         }
+        if session is not None:
+            body["session"] = session
+        if prepared is not None:
+            try:
+                body["inputs"] = self._side.wire_inputs(prepared, request, base)
+            except InvalidInputError as exc:
+                raise DaemonError(str(exc), 400) from exc
         answer = self.request("POST", "/compile", body)
         if isinstance(answer, dict) and "status" in answer:
             answer["via"] = "daemon"
@@ -313,20 +342,69 @@ class _LocalHits:
             self._settings, self._fetched = settings, now
             return settings, self._compilers  # type: ignore[return-value]
 
+    def prepare(self, data: Mapping[str, Any], base: str) -> build.Prepared | None:
+        """The request prepared here, as the caller, with the daemon's settings: its key and
+        its inputs' digests (source, headers, ``.cfg``). None when the daemon's settings
+        cannot be had or used here (then the daemon is asked without inputs and answers or
+        refuses itself).
+
+        :raises InvalidInputError: a bad request (the same one line the daemon would give).
+        :raises CompileError: the dependency listing failed (a missing header...).
+        """
+        try:
+            settings, compilers = self._state()
+        except (CacheMgrError, OSError, KeyError, TypeError, ValueError) as exc:
+            log.debug("client-side preparation not possible: %s", exc)
+            return None
+        request = self._parsed.get(data, base, origin="compile request")
+        try:
+            return build.prepare(request, settings, compilers, 60.0)
+        except (InvalidInputError, CompileError):
+            raise
+        except (CacheMgrError, OSError) as exc:
+            log.debug("client-side preparation failed: %s", exc)
+            return None
+
+    def wire_inputs(
+        self, prepared: build.Prepared, data: Mapping[str, Any], base: str
+    ) -> dict[str, Any]:
+        """The bytes of ``prepared``'s inputs as the request carries them; read again when a
+        file changed since it was hashed (the bytes sent are the bytes hashed).
+
+        :raises InvalidInputError: an input that cannot be read, or one that keeps changing.
+        """
+        for _ in range(3):
+            frozen = build.freeze(prepared)
+            if frozen is not None:
+                return inputs.to_wire(frozen.inputs)
+            settings, compilers = self._state()
+            request = self._parsed.get(data, base, origin="compile request")
+            prepared = build.prepare(request, settings, compilers, 60.0)
+        raise InvalidInputError(
+            f"{prepared.request.kernel_source} (or a header) kept changing while it was read"
+        )
+
     def lookup(self, data: Mapping[str, Any], base: str) -> dict[str, Any] | None:
         """A verified hit served here, or None (then the daemon answers). Any error — bad
         input, a daemon that cannot be asked — also gives None: the daemon's answer, or
         its error, is the one the caller sees."""
-        if self.disabled:
-            return None
         start = time.perf_counter()
         try:
-            settings, compilers = self._state()
-            prepared = build.prepare(
-                self._parsed.get(data, base, origin="compile request"), settings, compilers, 60.0
-            )
+            prepared = self.prepare(data, base)
+        except CacheMgrError as exc:
+            log.debug("local hit path not taken: %s", exc)
+            return None
+        return None if prepared is None else self.lookup_prepared(prepared, start)
+
+    def lookup_prepared(self, prepared: build.Prepared, start: float) -> dict[str, Any] | None:
+        """A verified hit for ``prepared`` served here, or None."""
+        if self.disabled:
+            return None
+        try:
             decision = prepared.decision
             if decision.debug.on or decision.binary_first or not decision.cache.read:
+                return None
+            if decision.cache.clear_first:  # force: the daemon clears, then compiles
                 return None
             outcome = build.find_cached(prepared)
         except (CacheMgrError, OSError, KeyError, TypeError, ValueError) as exc:
@@ -354,6 +432,18 @@ class _LocalHits:
             self.client.request("POST", "/hits", {"hits": pending})
         except CacheMgrError as exc:
             log.debug("could not report %d hits: %s", pending, exc)
+
+
+def _failed(message: str, start: float) -> dict[str, Any]:
+    """The answer for a request that failed on the caller's side (e.g. a missing header)."""
+    return {
+        "kernel_name": "",
+        "status": "failed",
+        "files": [],
+        "seconds": round(time.perf_counter() - start, 6),
+        "error": message,
+        "via": "client",
+    }
 
 
 def _decode(status: int, raw: bytes, ctype: str) -> Any:

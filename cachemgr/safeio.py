@@ -1,17 +1,16 @@
-"""Reading files a caller names (request files, kernel sources) safely (issue 10, items 8
-and 10).
+"""Reading the request files a caller names safely (issue 10, item 8); the kernel source and
+its headers are read the same way by :func:`cachemgr.inputs.read_input`.
 
 A caller may name, or swap in behind a cached check, a FIFO (blocks a reader forever), a
 device (never ends), a symbolic link to something else, or a huge file. So such files are
 opened ``O_NONBLOCK | O_NOFOLLOW`` (the last component must not be a link: the caller's path
 was resolved when it was checked), ``fstat``-ed — a regular file of at most ``max_bytes`` or
-nothing is read — and read or hashed in chunks of :data:`CHUNK_BYTES`, never whole.
+nothing is read — and read in chunks of :data:`CHUNK_BYTES`.
 """
 
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import stat
 from collections.abc import Iterator
@@ -79,20 +78,6 @@ def read_regular(path: Path | str, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
                 raise UnsafeFileError(errno.EFBIG, f"grew over the {max_bytes}-byte cap", str(path))
             chunks.append(chunk)
     return b"".join(chunks)
-
-
-def sha256_fd(fd: int, max_bytes: int | None = None, name: str = "") -> str:
-    """Hex SHA-256 of what ``fd`` reads from its current offset to the end, in chunks.
-
-    :raises UnsafeFileError: more than ``max_bytes`` were read (``EFBIG``).
-    """
-    digest, total = hashlib.sha256(), 0
-    while chunk := os.read(fd, CHUNK_BYTES):
-        total += len(chunk)
-        if max_bytes is not None and total > max_bytes:
-            raise UnsafeFileError(errno.EFBIG, f"grew over the {max_bytes}-byte cap", name)
-        digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _kind(st: os.stat_result) -> str:

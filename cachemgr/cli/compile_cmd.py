@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -147,6 +148,7 @@ def _compile_via_daemon(
     for name in ("op_debug_config", "debug_dir"):
         if overrides.get(name):
             overrides[name] = str(Path(overrides[name]).absolute())
+    session = uuid.uuid4().hex  # force clears once per run, as in-process (issue 11 item 5)
 
     def one(path: Path) -> dict[str, Any] | CacheMgrError:
         try:
@@ -154,7 +156,9 @@ def _compile_via_daemon(
             if not isinstance(data, dict):
                 raise InvalidInputError(f"request {path}: a request must be a JSON object")
             data["options"] = {**overrides, **(data.get("options") or {})}
-            return client.compile(data, base_dir=path.resolve().parent, replace=replace)
+            return client.compile(
+                data, base_dir=path.resolve().parent, replace=replace, session=session
+            )
         except OSError as exc:
             return InvalidInputError(f"request {path}: cannot read ({exc.strerror})")
         except ValueError as exc:

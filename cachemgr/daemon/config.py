@@ -50,9 +50,6 @@ class DaemonConfig:
     max_queued_per_caller: int = 1000
     # the highest priority a caller other than the daemon's user (or root) may ask for
     max_caller_priority: int = 0
-    # files a request names (kernel_source, request files) larger than this are refused
-    # (bytes); they must be regular files (no FIFO, device or link)
-    max_request_file_bytes: int = 64 << 20
 
     @classmethod
     def from_table(cls, table: Mapping[str, Any] | None, where: str = "[daemon]") -> DaemonConfig:

@@ -14,8 +14,7 @@ of descriptors (``EMFILE``/``ENFILE``) the accept loop does not spin on the pend
 connection: a reserved descriptor is released, the connection is accepted, answered ``503``
 and closed, and the reserve taken again (the libev/nginx idiom).
 
-The caller of the connection being served is visible to the handler's thread through
-:func:`current_caller` (the transport hands the app only the request itself).
+The caller of each request is handed to the service by :mod:`cachemgr.daemon.peer`.
 """
 
 from __future__ import annotations
@@ -32,8 +31,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from cachemgr import peer as peercred
-from cachemgr.peer import Peer
+from cachemgr.daemon.peer import Peer, peer_credentials
+from cachemgr.peer import user_name
 
 log = logging.getLogger(__name__)
 
@@ -41,13 +40,6 @@ log = logging.getLogger(__name__)
 WARN_INTERVAL_S = 10.0
 #: After a failed accept that could not be shed, wait this long before the next (seconds).
 NO_FD_PAUSE_S = 0.05
-
-_current = threading.local()
-
-
-def current_caller() -> Peer | None:
-    """The peer of the connection served by this thread (None for TCP or outside a handler)."""
-    return getattr(_current, "peer", None)
 
 
 @dataclass(frozen=True)
@@ -132,12 +124,8 @@ class BoundedServerMixin:
         )
 
     def process_request(self, request: socket.socket, client_address: Any) -> None:
-        try:
-            caller = peercred.of_socket(request)
-        except OSError:
-            self.shutdown_request(request)  # type: ignore[attr-defined]
-            return
-        key: Any = caller.uid if caller is not None else "tcp"
+        caller = peer_credentials(request)
+        key: Any = caller.uid if caller.uid is not None else "tcp"
         refusal = self._admit(key, caller)
         if refusal is not None:
             _refuse(request, *refusal)
@@ -155,12 +143,12 @@ class BoundedServerMixin:
             self._shed.note("threads", "cannot start a thread for a new connection")
             _refuse(request, 503, "the daemon cannot take more connections; try again later")
 
-    def _admit(self, key: Any, caller: Peer | None) -> tuple[int, str] | None:
+    def _admit(self, key: Any, caller: Peer) -> tuple[int, str] | None:
         b = self.bounds
         with self._held_lock:
             total = sum(self._held.values())
             if self._held[key] >= b.max_per_caller:
-                who = caller.describe() if caller is not None else "TCP callers"
+                who = _describe(caller)
                 held = self._held[key]
             elif total >= b.max_connections:
                 who, held = "", total
@@ -182,16 +170,14 @@ class BoundedServerMixin:
                 del self._held[key]
 
     def _serve_connection(
-        self, request: socket.socket, client_address: Any, key: Any, caller: Peer | None
+        self, request: socket.socket, client_address: Any, key: Any, caller: Peer
     ) -> None:
-        _current.peer = caller
         try:
             request.settimeout(self.bounds.idle_timeout_s)
             self.finish_request(request, client_address)  # type: ignore[attr-defined]
         except Exception as exc:  # a broken connection ends that connection only
-            log.debug("connection of %s ended: %s", caller.describe() if caller else key, exc)
+            log.debug("connection of %s ended: %s", _describe(caller), exc)
         finally:
-            _current.peer = None
             self.shutdown_request(request)  # type: ignore[attr-defined]
             self._release(key)
 
@@ -205,6 +191,13 @@ class BoundedServerMixin:
         if self._reserve is not None:
             os.close(self._reserve)
             self._reserve = None
+
+
+def _describe(caller: Peer) -> str:
+    """``pid 12 uid 1001 gid 1001 (alice)``, or ``TCP callers``."""
+    if caller.uid is None:
+        return "TCP callers"
+    return f"{caller.describe()} ({user_name(caller.uid)})"
 
 
 def _reserve_fd() -> int | None:

@@ -3,6 +3,7 @@ governance, and the operations the API exposes. No HTTP here (see ``api``/``serv
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -13,14 +14,14 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from cachemgr import eviction, gc, options, request, store
+from cachemgr import eviction, gc, inputs, options, request, store
+from cachemgr.daemon import peer
 from cachemgr.daemon.config import DaemonConfig
-from cachemgr.daemon.connections import current_caller
 from cachemgr.daemon.governance import Governance, release_memory
 from cachemgr.daemon.metrics import Metrics
 from cachemgr.daemon.state import Counters
 from cachemgr.errors import CacheMgrError, InvalidInputError
-from cachemgr.peer import Peer, user_name
+from cachemgr.peer import user_name
 from cachemgr.queue import CompileQueue
 
 log = logging.getLogger(__name__)
@@ -199,12 +200,17 @@ class Service:
                 "paths in the request are relative to)"
             )
         priority = _check_params(body)
-        req = self._parsed.get(body["request"], base, origin="/compile request")
-        caller = current_caller()
+        req, snap = self._compile_request(body, base)
+        session = body.get("session")
+        if session is not None and not isinstance(session, str):
+            raise InvalidInputError(f"/compile session={session!r} must be a string")
+        caller = peer.current()
         future = self.queue.submit(
             req,
             priority=self._capped(priority, caller),
             replace=bool(body.get("replace")),
+            session=session or uuid.uuid4().hex,  # default: each call is its own force session
+            inputs=snap,
             caller=_caller_key(caller),
         )
         future.add_done_callback(lambda f: _log_compile(f, req.op_type, req.soc_version, caller))
@@ -227,12 +233,40 @@ class Service:
         self._count(future)
         return _outcome(future)
 
-    def _capped(self, priority: int, caller: Peer | None) -> int:
+    def _capped(self, priority: int, caller: peer.Peer | None) -> int:
         """``priority``, capped at ``[daemon] max_caller_priority`` unless the caller is the
         daemon's own user or root (issue 10, item 10); TCP callers are capped too."""
-        if caller is not None and caller.uid in (os.geteuid(), 0):
+        if caller is not None and caller.uid is not None and caller.uid in (os.geteuid(), 0):
             return priority
         return min(priority, self.daemon_config.max_caller_priority)
+
+    def _compile_request(
+        self, body: Mapping[str, Any], base: str
+    ) -> tuple[request.CompileRequest, inputs.Snapshot | None]:
+        """The request and the snapshot of its files it carries (issue 10 item 5: the daemon
+        opens no path a caller names). A request without ``inputs`` is the daemon user's own
+        (read here); from anyone else it is refused.
+
+        :raises InvalidInputError: a bad request or snapshot, or paths from another user.
+        """
+        who = peer.current() or peer.Peer(os.getpid(), os.getuid(), os.getgid())
+        raw = body.get("inputs")
+        if raw is None:
+            if not who.is_daemon_user:
+                raise InvalidInputError(
+                    f"/compile from {who.describe()}: the request carries no inputs; the "
+                    "daemon reads no file on a caller's behalf (cachemgr.Client and "
+                    "`cachemgr compile` send the source, headers and .cfg)"
+                )
+            req = self._parsed.get(body["request"], base, origin="/compile request")
+            log.info("compile %s for %s (files read by the daemon)", req.op_type, who.describe())
+            return req, None
+        snap = inputs.from_wire(raw, "/compile request")
+        req = self._parsed.get(body["request"], base, "/compile request", check_exists=False)
+        log.info(
+            "compile %s for %s (%d files sent)", req.op_type, who.describe(), len(snap.data or {})
+        )
+        return dataclasses.replace(req, kernel_source=snap.source), snap
 
     def _count(self, future: Future) -> None:
         if future.cancelled() or future.exception() is not None:
@@ -272,9 +306,11 @@ class Service:
             del self._jobs[job_id]
 
 
-def _caller_key(caller: Peer | None) -> str:
+def _caller_key(caller: peer.Peer | None) -> str:
     """The queue's name for a caller: ``uid 1001 (alice)``, or ``tcp`` for the TCP listener."""
-    return f"uid {caller.uid} ({user_name(caller.uid)})" if caller is not None else "tcp"
+    if caller is None or caller.uid is None:
+        return "tcp"
+    return f"uid {caller.uid} ({user_name(caller.uid)})"
 
 
 #: ``/compile`` priorities are within ±this.
@@ -299,10 +335,12 @@ def _check_params(body: Mapping[str, Any]) -> int:
     return priority
 
 
-def _log_compile(future: Future, op_type: str, soc: str, caller: Peer | None) -> None:
-    """One line per compile request: the kernel, its outcome and who asked (SO_PEERCRED
-    pid, uid, gid; "tcp" for the token-guarded TCP listener) — issue 10, item 5."""
-    who = caller.describe() if caller is not None else "a TCP caller"
+def _log_compile(future: Future, op_type: str, soc: str, caller: peer.Peer | None) -> None:
+    """One line per finished compile request: the kernel, its outcome and who asked
+    (SO_PEERCRED pid, uid, gid; "tcp" for the token-guarded TCP listener) — issue 10, item 5."""
+    who = caller.describe() if caller is not None else "tcp (no credentials)"
+    if caller is not None and caller.uid is not None:
+        who += f" ({user_name(caller.uid)})"
     if future.cancelled():
         log.info("compile %s/%s for %s: cancelled", soc, op_type, who)
         return

@@ -37,7 +37,7 @@ from cachemgr import entry, fsutil, layout
 from cachemgr.entry import ChipScan, EntryGroup
 from cachemgr.eviction.files import DENIED_ERRNOS, denied_line, open_dir, remove_group
 from cachemgr.eviction.plan import EvictionPlan, check_limits, plan_eviction
-from cachemgr.eviction.reclaim import ReclaimResult, reclaim
+from cachemgr.eviction.reclaim import ReclaimResult, after_eviction, reclaim
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +128,7 @@ class GcReport:
                 "orphans": rec.orphans,
                 "temps": rec.temps,
                 "locks": rec.locks,
+                "manifests": rec.manifests,
                 "bad_entries": rec.bad_entries,
                 "bytes": rec.bytes,
                 "bad": rec.bad,
@@ -236,6 +237,8 @@ def _run(
         report.evicted_bytes = plan.evict_bytes
     else:
         _evict(chip_fd, scan, plan, report, progress)
+        if plan.kernels:
+            after_eviction(scan, chip_fd, report.reclaimed)
     report.bytes_after = scan.used_bytes - report.evicted_bytes
     log.info(
         "%s: %d -> %d bytes; evicted %d entries (%d bytes); reclaimed %d bytes",
