@@ -92,10 +92,16 @@ class Prepared:
     manifest_path: Path
     #: the headers came from a dependency listing (no manifest variant matched)
     scanned: bool = False
+    #: set when the outputs (debug artefacts, ``disable`` kernels) are handed back to a caller
+    #: who writes them itself (issue 11 item 6): they go to a private folder of this job
+    deliver: str | None = None
 
     @property
     def variant(self) -> str:
-        """Single-flight class: identical requests of one variant share one compile."""
+        """Single-flight class: identical requests of one variant share one compile (a job
+        whose outputs are handed back is its caller's alone)."""
+        if self.deliver:
+            return f"deliver-{self.deliver}"
         if self.decision.debug.on:
             return "debug"
         if self.decision.cache.replace:
@@ -354,9 +360,9 @@ def run(p: Prepared, ctx: RunContext) -> CompileOutcome:
     :raises ValueError: for a job that would use the cache.
     """
     if p.decision.debug.on:
-        return _run_debug(p)
+        return _run_debug(p, deliver_dir() if p.deliver else None)
     if not p.decision.cache.write:
-        return _run_uncached(p, ctx.uncached_dir())
+        return _run_uncached(p, deliver_dir() if p.deliver else ctx.uncached_dir())
     raise ValueError(f"{p.kernel}: a cached compile is publisher.compile_through_cache's job")
 
 
@@ -389,8 +395,17 @@ def compile_job(p: Prepared, out_dir: Path) -> CompileJob:
     )
 
 
-def _run_debug(p: Prepared) -> CompileOutcome:
-    folder = kernel_meta.process_dir(p.opts.kernel_meta_dir)
+#: Prefix of the private folders of outputs handed back to their caller.
+DELIVER_PREFIX = "cachemgr-deliver-"
+
+
+def deliver_dir() -> Path:
+    """A private (0700) folder for the outputs of one job that its caller writes itself."""
+    return Path(tempfile.mkdtemp(prefix=DELIVER_PREFIX))
+
+
+def _run_debug(p: Prepared, into: Path | None = None) -> CompileOutcome:
+    folder = into or kernel_meta.process_dir(p.opts.kernel_meta_dir)
     build = kernel_meta.build_dir(folder, p.kernel)
     try:
         result = p.backend.compile(compile_job(p, build))

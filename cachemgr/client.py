@@ -31,6 +31,7 @@ Example::
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import logging
@@ -42,7 +43,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from cachemgr import build, inputs, keys, options, safeio, sockcheck
+from cachemgr import build, fsutil, inputs, kernel_meta, keys, layout, options, safeio, sockcheck
 from cachemgr.errors import CacheMgrError, CompileError, InvalidInputError
 from cachemgr.request import ParsedRequests
 from cachemgr.sockcheck import UntrustedDaemon
@@ -144,6 +145,7 @@ class Client:
         self._local = threading.local()
         self._side = _LocalHits(self)
         self._hits = self._side if local_hits else None
+        self._targets: dict[str, tuple[str, Path]] = {}
 
     def _conn(self) -> http.client.HTTPConnection:
         conn = getattr(self._local, "conn", None)
@@ -246,6 +248,7 @@ class Client:
         priority: int = 0,
         replace: bool = False,
         session: str | None = None,
+        out_dir: Path | str | None = None,
     ) -> dict[str, Any]:
         """Compile (or hit) one request: ``{"kernel_name", "status", "files", "seconds",
         "via"}`` with ``via`` ``"client"`` for a hit served in this process, ``"daemon"``
@@ -254,6 +257,13 @@ class Client:
         directory). ``replace`` recompiles and replaces this one entry (SPEC §4).
         ``session``: requests of one session clear a chip folder at most once with ``force``
         (default: each call is its own session, so each ``force`` call clears).
+
+        Debug artefacts and ``disable`` kernels are handed back by the daemon and written
+        here, as the caller (issue 11 item 6): debug ones to
+        ``<base>/kernel_meta/<host>_<pid>/`` with base = the request's ``debug_dir`` >
+        ``$ASCEND_WORK_PATH`` > the current directory; ``disable`` ones to ``out_dir``
+        (default: the current directory); ``files`` names the files written. A folder this
+        user cannot write is refused before anything is compiled (400, one line).
 
         :raises DaemonError: a bad request (400: one line), or the daemon's error.
         :raises DaemonUnavailable: no daemon answers.
@@ -279,6 +289,10 @@ class Client:
         }
         if session is not None:
             body["session"] = session
+        target = None
+        if prepared is not None:
+            target = self._output_target(prepared, out_dir)
+            body["deliver"] = target is not None
         if prepared is not None:
             try:
                 body["inputs"] = self._side.wire_inputs(prepared, request, base)
@@ -287,7 +301,37 @@ class Client:
         answer = self.request("POST", "/compile", body)
         if isinstance(answer, dict) and "status" in answer:
             answer["via"] = "daemon"
+        if isinstance(answer, dict) and target is not None:
+            if "job_id" in answer and "status" not in answer:
+                self._targets[answer["job_id"]] = target
+            else:
+                _write_outputs(answer, target)
         return answer
+
+    def _output_target(
+        self, prepared: build.Prepared, out_dir: Path | str | None
+    ) -> tuple[str, Path] | None:
+        """Where this caller wants the outputs of ``prepared`` (``("debug", kernel_meta
+        folder)`` or ``("disable", folder)``), checked writable; None when it has none.
+
+        :raises DaemonError: 400 when the folder cannot be written (one line).
+        """
+        decision = prepared.decision
+        try:
+            if decision.debug.on:
+                base, origin = kernel_meta.caller_base(
+                    prepared.request.options, os.environ, Path.cwd()
+                )
+                folder = layout.kernel_meta_dir(base)
+                kernel_meta.check_base(folder, origin)
+                return "debug", folder
+            if not decision.cache.write:
+                folder = Path(out_dir or Path.cwd()).absolute()
+                kernel_meta.check_base(folder, "output folder (out_dir)")
+                return "disable", folder
+        except InvalidInputError as exc:
+            raise DaemonError(str(exc), 400) from exc
+        return None
 
     def compile_file(
         self, path: Path | str, wait: bool = True, priority: int = 0
@@ -307,8 +351,14 @@ class Client:
         return self.compile(data, base_dir=path.resolve().parent, wait=wait, priority=priority)
 
     def job(self, job_id: str) -> dict[str, Any]:
-        """``GET /jobs/<id>``: ``{"state": "queued"|"running"|"done"|"failed", …}``."""
-        return self.request("GET", f"/jobs/{job_id}")
+        """``GET /jobs/<id>``: ``{"state": "queued"|"running"|"done"|"failed", …}`` (handed
+        back outputs written as :meth:`compile` writes them)."""
+        answer = self.request("GET", f"/jobs/{job_id}")
+        target = self._targets.get(job_id)
+        if target is not None and isinstance(answer, dict) and "outputs" in answer:
+            _write_outputs(answer, target)
+            self._targets.pop(job_id, None)
+        return answer
 
     def reload(self) -> dict[str, Any]:
         """``POST /reload``: reload the config and op_cache.ini (same path as SIGHUP)."""
@@ -432,6 +482,26 @@ class _LocalHits:
             self.client.request("POST", "/hits", {"hits": pending})
         except CacheMgrError as exc:
             log.debug("could not report %d hits: %s", pending, exc)
+
+
+def _write_outputs(answer: dict[str, Any], target: tuple[str, Path]) -> None:
+    """Write the outputs the daemon handed back, as this process's user, with the names of a
+    local run: debug artefacts into ``<kernel_meta>/<host>_<pid>/``, ``disable`` kernels into
+    the output folder (the json last: a visible json means a whole kernel). ``files`` then
+    names them."""
+    outputs = answer.pop("outputs", None)
+    if not isinstance(outputs, list):
+        return
+    kind, folder = target
+    folder = kernel_meta.process_dir(folder) if kind == "debug" else fsutil.ensure_dir(folder)
+    order = sorted(outputs, key=lambda o: str(o.get("name", "")).endswith(".json"))
+    written = []
+    for item in order:
+        name = layout.safe_file_name(item.get("name"), "output file")
+        fsutil.atomic_write_bytes(folder / name, base64.b64decode(item["data"]))
+        written.append(folder / name)
+    names = {p.name: p for p in written}
+    answer["files"] = [str(names[n]) for n in (o["name"] for o in outputs) if n in names]
 
 
 def _failed(message: str, start: float) -> dict[str, Any]:

@@ -35,19 +35,21 @@ the caller's thread when it can — a precompiled binary (SPEC §6) or a verifie
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import logging
 import os
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cachemgr import build, keys, precompiled, publisher
+from cachemgr import build, kernel_meta, keys, precompiled, publisher
 from cachemgr.build import CompileOutcome, Prepared
 from cachemgr.errors import CacheMgrError, CompileError, InvalidInputError
 from cachemgr.inputs import Snapshot
@@ -157,6 +159,7 @@ class CompileQueue:
         replace: bool = False,
         session: str | None = None,
         inputs: Snapshot | None = None,
+        deliver: bool = False,
         caller: object = None,
     ) -> Future[CompileOutcome]:
         """Ask for the kernel of ``request``; the future resolves to its :class:`CompileOutcome`
@@ -167,6 +170,9 @@ class CompileQueue:
         :param session: ``force`` clears a chip once per session (default: once per queue).
         :param inputs: the frozen snapshot a caller sent (the daemon); default: the request's
             files are read here.
+        :param deliver: debug artefacts and ``disable`` kernels go to a private folder of the
+            job, for the caller to write where it wants (the daemon, issue 11 item 6); else
+            to ``kernel_meta`` and the output folder, checked writable first.
         :raises InvalidInputError: a bad ``.cfg``, option or define, an unreadable source or
             header, a source that keeps changing while it is read (nothing is done).
         :param caller: who asks (the daemon: the caller's uid), for fairness and the bound.
@@ -185,6 +191,11 @@ class CompileQueue:
             )
             if prepared.decision.cache.clear_first:
                 self._force_once(prepared, session)
+            outputs = prepared.decision.debug.on or not prepared.decision.cache.write
+            if deliver and outputs:
+                prepared = dataclasses.replace(prepared, deliver=uuid.uuid4().hex)
+            elif prepared.decision.debug.on:
+                kernel_meta.check_base(prepared.opts.kernel_meta_dir)
             for _ in range(3):
                 quick = self._fast_path(prepared)
                 if quick is not None:
@@ -193,7 +204,8 @@ class CompileQueue:
                 if frozen is not None:
                     return self._enqueue(frozen, priority, start, caller)
                 log.info("%s changed while it was read; hashing it again", request.kernel_source)
-                prepared = build.prepare(request, settings, compilers, self.timeout_s, replace)
+                again = build.prepare(request, settings, compilers, self.timeout_s, replace)
+                prepared = dataclasses.replace(again, deliver=prepared.deliver)
         except CompileError as exc:
             return self._answered(build.failed("", exc, request.origin), start)
         raise InvalidInputError(

@@ -18,6 +18,7 @@ import dataclasses
 import json
 import math
 import os
+import stat
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -316,9 +317,16 @@ def _source_path(raw: str, base_dir: Path, origin: str, check_exists: bool) -> P
 def _existing_file(raw: str, base_dir: Path, name: str, origin: str) -> Path:
     path = Path(raw) if Path(raw).is_absolute() else base_dir / raw
     path = path.resolve()
-    if not path.is_file():
-        what = "does not exist" if not path.exists() else "is not a file"
-        raise InvalidInputError(f"{origin}: {name}={raw!r} ({path}) {what}")
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise InvalidInputError(f"{origin}: {name}={raw!r} ({path}) does not exist") from None
+    except OSError as exc:  # e.g. a folder this user may not enter
+        raise InvalidInputError(
+            f"{origin}: {name}={raw!r} ({path}) cannot be read ({exc.strerror})"
+        ) from None
+    if not stat.S_ISREG(mode):
+        raise InvalidInputError(f"{origin}: {name}={raw!r} ({path}) is not a file")
     return path
 
 
