@@ -186,6 +186,9 @@ class Client:
                 resp = conn.getresponse()
                 raw = resp.read()
                 break
+            except UntrustedDaemon:
+                self._drop_connection()  # nothing was sent; the next request checks again
+                raise
             except (ConnectionRefusedError, FileNotFoundError) as exc:
                 self._drop_connection()
                 raise DaemonUnavailable(f"no daemon at {self._where()}: {exc.strerror}") from exc
