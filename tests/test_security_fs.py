@@ -490,7 +490,9 @@ def test_an_unreadable_ini_is_warned_about_once_and_never_stops_or_purges(
         popen_kw=run_as(users.alice, users),
     )
     try:
-        client = Client(daemon.socket_path, timeout_s=120, local_hits=False)
+        client = Client(
+            daemon.socket_path, timeout_s=120, local_hits=False, daemon_user=users.alice
+        )
         for _ in range(3):
             assert client.compile_file(str(request))["status"] in ("hit", "compiled")
         client.gc()
