@@ -109,6 +109,7 @@ class CompileQueue:
         self._forced: set[tuple[Path, str | None]] = set()
         self._force_lock = threading.Lock()
         self._closing = False
+        self._progress_at = time.monotonic()  # a job last started or finished
         self._finishers = ThreadPoolExecutor(self.workers, thread_name_prefix="cachemgr-publish")
         self._threads = [
             threading.Thread(target=self._work, name=f"cachemgr-compile-{i}", daemon=True)
@@ -250,6 +251,7 @@ class CompileQueue:
                     neg_prio, _, job = heapq.heappop(self._heap)
                     if job.state == _PENDING and -neg_prio == job.priority:
                         job.state = _RUNNING
+                        self._progress_at = time.monotonic()
                         return job
                 if self._closing:
                     return None
@@ -304,6 +306,7 @@ class CompileQueue:
     def _done(self, job: _Job, outcome: CompileOutcome) -> None:
         with self._cond:
             job.state = _DONE
+            self._progress_at = time.monotonic()
             if self._flights.get(job.flight) is job:
                 del self._flights[job.flight]
             waiters = list(job.waiters)
@@ -325,6 +328,14 @@ class CompileQueue:
         """Jobs queued or running."""
         with self._lock:
             return len(self._flights)
+
+    def stalled_s(self) -> float:
+        """Seconds since a job last started or finished, while jobs wait for a worker (0
+        when none waits): the daemon's watchdog counts a pool stalled this long as stuck."""
+        with self._lock:
+            if not any(job.state == _PENDING for _, _, job in self._heap):
+                return 0.0
+            return time.monotonic() - self._progress_at
 
     def abandon(self, future: Future[CompileOutcome]) -> bool:
         """The caller behind ``future`` has gone: ``future.cancel()`` (see class docstring)."""

@@ -16,6 +16,7 @@ from typing import Any
 from cachemgr import eviction, gc, options, request, store
 from cachemgr.daemon.config import DaemonConfig
 from cachemgr.daemon.governance import Governance, release_memory
+from cachemgr.daemon.heartbeat import GOVERNANCE, POOL, Heartbeats
 from cachemgr.daemon.metrics import Metrics
 from cachemgr.daemon.state import Counters
 from cachemgr.errors import CacheMgrError, InvalidInputError
@@ -53,7 +54,13 @@ class Service:
             workers=config.workers or os.cpu_count() or 1,
             lock_timeout_s=config.lock_wait_s or None,
         )
-        self.governance = Governance(lambda: self._settings, config, self.counters)
+        self.heartbeats = Heartbeats(
+            config.heartbeat_timeout_s, {POOL: lambda: self.queue.stalled_s() > self._stall_s}
+        )
+        self._stall_s = self.queue.timeout_s + config.heartbeat_timeout_s
+        self.governance = Governance(
+            lambda: self._settings, config, self.counters, lambda: self.heartbeats.beat(GOVERNANCE)
+        )
         self._metrics = Metrics(
             self.counters, lambda: self.governance.index, self._limit_bytes, self.queue.depth
         )
@@ -114,6 +121,8 @@ class Service:
             "version": VERSION,
             "uptime_s": round(time.monotonic() - self.started, 3),
             "tcp": list(self.tcp_address) if self.tcp_address else None,
+            "scan": self.governance.scan.to_json(),
+            "stuck": self.heartbeats.stale(),
         }
 
     def metrics(self) -> bytes:
@@ -139,6 +148,7 @@ class Service:
         data: dict[str, Any] = dict(self.counters.snapshot())
         data["chip_folders"] = {c.name: eviction.chip_stats(c, settings) for c in chips}
         data["queue_jobs"] = self.queue.depth()
+        data.update(self.governance.status())
         release_memory()  # the folder scans above held a per-file object each
         return data
 

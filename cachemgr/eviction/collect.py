@@ -23,6 +23,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -147,6 +148,7 @@ def gc_chip(
     dry_run: DryRun = DryRun.NO,
     progress: Progress | None = None,
     on_planned: Callable[[EvictionPlan], None] | None = None,
+    target_bytes: int | None = None,
 ) -> GcReport:
     """Reclaim leftovers and evict least recently accessed entries of one chip folder.
 
@@ -160,6 +162,8 @@ def gc_chip(
     :param progress: called as ``progress(done, total)`` while entries are evicted.
     :param on_planned: called with the plan before anything is evicted (tests use it to
         play a concurrent hit or a concurrent removal).
+    :param target_bytes: evict down to this many bytes when that is below the ratio's
+        target (the daemon after ``ENOSPC``).
     :raises InvalidInputError: for bad limits (nothing is touched).
     :raises OSError: when the folder cannot be listed or locked (e.g. ``ENOLCK``).
     """
@@ -183,7 +187,11 @@ def gc_chip(
         try:
             with _no_cyclic_gc():
                 _run(
-                    chip_fd, report, max_mb, ratio_pct, min_age_s, force_ratio, progress, on_planned
+                    chip_fd,
+                    report,
+                    (max_mb, ratio_pct, min_age_s, force_ratio, target_bytes),
+                    progress,
+                    on_planned,
                 )
         finally:
             lock.release()
@@ -213,19 +221,19 @@ def _no_cyclic_gc() -> Iterator[None]:
 def _run(
     chip_fd: int,
     report: GcReport,
-    max_mb: int,
-    ratio_pct: int,
-    min_age_s: float,
-    force_ratio: bool,
+    limits: tuple[int, int, float, bool, int | None],
     progress: Progress | None,
     on_planned: Callable[[EvictionPlan], None] | None,
 ) -> None:
+    max_mb, ratio_pct, min_age_s, force_ratio, target_bytes = limits
     scan = entry.scan_chip(report.chip_dir)
     report.entries_before = len(scan.entries)
     report.bytes_before = scan.used_bytes
     report.odd = dict(scan.odd)
     report.reclaimed = reclaim(scan, chip_fd, time.time_ns(), report.dry_run)
-    plan = plan_eviction(scan, max_mb, ratio_pct, min_age_s, time.time_ns(), force_ratio)
+    plan = plan_eviction(
+        scan, max_mb, ratio_pct, min_age_s, time.time_ns(), force_ratio, target_bytes
+    )
     report.max_bytes, report.target_bytes = plan.max_bytes, plan.target_bytes
     report.triggered = plan.triggered
     report.kept_by_age = [g.kernel for g in plan.kept_by_age]
@@ -236,8 +244,11 @@ def _run(
         report.evicted_bytes = plan.evict_bytes
     else:
         _evict(chip_fd, scan, plan, report, progress)
-    report.bytes_after = scan.used_bytes - report.evicted_bytes
-    log.info(
+    # measured, not computed: reclaim, other writers and files gone meanwhile (issue 12 item 8)
+    report.bytes_after = (
+        scan.used_bytes - report.evicted_bytes if report.dry_run else _used_bytes(chip_fd)
+    )
+    log.debug(
         "%s: %d -> %d bytes; evicted %d entries (%d bytes); reclaimed %d bytes",
         report.chip_dir,
         report.bytes_before,
@@ -246,6 +257,20 @@ def _run(
         report.evicted_bytes,
         report.reclaimed.bytes,
     )
+
+
+def _used_bytes(chip_fd: int) -> int:
+    """Apparent bytes of the regular files in the folder open as ``chip_fd`` (SPEC §5)."""
+    total = 0
+    with os.scandir(chip_fd) as it:
+        for de in it:
+            try:
+                st = de.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                total += st.st_size
+    return total
 
 
 def _batches(plan: EvictionPlan, freed: Callable[[], int]) -> Iterator[list[EntryGroup]]:

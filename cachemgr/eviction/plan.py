@@ -101,6 +101,7 @@ def plan_eviction(
     min_age_s: float,
     now_ns: int,
     force_ratio: bool = False,
+    target_bytes: int | None = None,
 ) -> EvictionPlan:
     """Plan the eviction of one chip folder from a snapshot; pure (SPEC §5, [GE]).
 
@@ -110,6 +111,9 @@ def plan_eviction(
     :param min_age_s: aging guard in seconds (GE: 1800); ``now_ns - atime < min_age_s`` keeps.
     :param now_ns: the clock, in ns since the epoch (passed in: the function is pure).
     :param force_ratio: evict down to the target even below the trigger (``gc --ratio``).
+    :param target_bytes: evict down to this many bytes (when lower than the ratio's target)
+        even below the trigger: after ``ENOSPC`` the daemon's target is a number of bytes,
+        never a percent rounded down to 0 (issue 12 item 8).
     :raises InvalidInputError: for a bad ``max_mb``, ``ratio_pct`` or ``min_age_s``.
     """
     check_limits(max_mb, ratio_pct, min_age_s)
@@ -119,6 +123,9 @@ def plan_eviction(
     max_bytes = max_mb * MIB
     target = max_bytes * ratio_pct // 100
     triggered = used >= max_bytes or (force_ratio and used > target)
+    if target_bytes is not None and target_bytes < target:
+        target = max(0, target_bytes)
+        triggered = triggered or used > target
     if not triggered:
         return EvictionPlan(scan.chip_dir, used, max_bytes, target, triggered=False)
     need = used - target
