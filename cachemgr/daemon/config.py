@@ -34,6 +34,9 @@ class DaemonConfig:
     # WATCHDOG=1 is withheld when the main loop, the request server or governance made no
     # progress for this long (seconds)
     heartbeat_timeout_s: float = 60.0
+    # loggers logged at debug level whatever -v says, comma-separated (e.g. "cachemgr.evicted":
+    # the names of evicted kernels, which the one-line eviction summary leaves out)
+    debug_loggers: str = ""
     counters_save_interval_s: float = 60.0
     workers: int = 0
     tcp_host: str = "127.0.0.1"

@@ -502,5 +502,9 @@ def log_eviction(soc: str, data: Mapping[str, Any]) -> None:
         data.get("kept_by_aging_guard", 0),
         data.get("seconds", 0.0),
     )
-    if log.isEnabledFor(logging.DEBUG) and data.get("evicted"):
-        log.debug("evicted from %s: %s", soc, " ".join(data["evicted"]))
+    if _names_log.isEnabledFor(logging.DEBUG) and data.get("evicted"):
+        _names_log.debug("evicted from %s: %s", soc, " ".join(data["evicted"]))
+
+
+#: The evicted kernels' names, at debug level (``-vv``, or ``[daemon] debug_loggers``).
+_names_log = logging.getLogger("cachemgr.evicted")

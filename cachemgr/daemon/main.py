@@ -226,7 +226,8 @@ class _ServerProbe(threading.Thread):
 
     def __init__(self, socket_path: Path, heartbeats: Heartbeats, flags: _Flags) -> None:
         super().__init__(name="cachemgr-probe", daemon=True)
-        self.client = Client(socket_path, timeout_s=PROBE_INTERVAL_S * 2, local_hits=False)
+        self.interval_s = probe_interval(heartbeats)
+        self.client = Client(socket_path, timeout_s=max(1.0, self.interval_s), local_hits=False)
         self.heartbeats = heartbeats
         self.flags = flags
 
@@ -235,13 +236,21 @@ class _ServerProbe(threading.Thread):
             try:
                 self.client.health()
                 self.heartbeats.beat(SERVER)
-            except CacheMgrError as exc:
+            except (CacheMgrError, OSError) as exc:
                 log.debug("server probe failed: %s", exc)
-            time.sleep(PROBE_INTERVAL_S)
+            finally:
+                self.client.close()  # a new connection each time: it must be accepted
+            time.sleep(self.interval_s)
 
 
-#: Seconds between checks of the socket file and probes of the request server.
+#: Seconds between checks of the socket file and probes of the request server (at most).
 PROBE_INTERVAL_S = 2.0
+
+
+def probe_interval(heartbeats: Heartbeats) -> float:
+    """Seconds between probes: :data:`PROBE_INTERVAL_S`, or a third of the heartbeat timeout
+    when that is shorter (a part is stale only after several missed beats)."""
+    return min(PROBE_INTERVAL_S, heartbeats.timeout_s / 3)
 
 
 def _check_socket(server: HttpServer | None) -> None:
@@ -270,7 +279,8 @@ def _loop(
     daemon made progress (:class:`~cachemgr.daemon.heartbeat.Heartbeats`), ping systemd's
     watchdog (issue 12 item 12)."""
     interval = notifier.watchdog_interval_s
-    tick = min(interval, PROBE_INTERVAL_S) if interval else PROBE_INTERVAL_S
+    every = probe_interval(service.heartbeats)
+    tick = min(interval, every) if interval else every
     while not flags.stop:
         service.heartbeats.beat(MAIN)
         _check_socket(server)
@@ -309,6 +319,8 @@ def serve(
         log.warning("%s", problem)
     where = f"config {config_file or os.environ.get('CACHEMGR_CONFIG', '')} [daemon]"
     config = DaemonConfig.from_table(settings.sections.get("daemon"), where)
+    for name in filter(None, (n.strip() for n in config.debug_loggers.split(","))):
+        logging.getLogger(name).setLevel(logging.DEBUG)
     checked = rootcheck.check_root(cli_values, resolve_with, config)
 
     def resolve() -> options.Settings:

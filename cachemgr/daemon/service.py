@@ -17,7 +17,7 @@ from cachemgr import eviction, gc, options, request, store
 from cachemgr.daemon.config import DaemonConfig
 from cachemgr.daemon.governance import Governance, release_memory
 from cachemgr.daemon.heartbeat import GOVERNANCE, POOL, Heartbeats
-from cachemgr.daemon.metrics import Metrics
+from cachemgr.daemon.metrics import Gauge, Metrics
 from cachemgr.daemon.state import Counters
 from cachemgr.errors import CacheMgrError, InvalidInputError
 from cachemgr.queue import CompileQueue
@@ -62,7 +62,11 @@ class Service:
             lambda: self._settings, config, self.counters, lambda: self.heartbeats.beat(GOVERNANCE)
         )
         self._metrics = Metrics(
-            self.counters, lambda: self.governance.index, self._limit_bytes, self.queue.depth
+            self.counters,
+            lambda: self.governance.index,
+            self._limit_bytes,
+            self.queue.depth,
+            self._gauges,
         )
         self._jobs: dict[str, dict[str, Any]] = {}
         self._jobs_lock = threading.Lock()
@@ -124,6 +128,35 @@ class Service:
             "scan": self.governance.scan.to_json(),
             "stuck": self.heartbeats.stale(),
         }
+
+    def _gauges(self) -> list[Gauge]:
+        """The degraded states as gauges (issue 12; README "Troubleshooting")."""
+        status = self.governance.status()
+        scan, watch = status["scan"], status["watch"]
+        out: list[Gauge] = [
+            (
+                "cachemgr_first_scan_done",
+                "1 once the first full scan of the cache finished",
+                {},
+                1.0 if scan["state"] == "done" else 0.0,
+            ),
+            (
+                "cachemgr_stuck_parts",
+                "parts of the daemon without progress (WATCHDOG=1 is withheld while > 0)",
+                {},
+                float(len(self.heartbeats.stale())),
+            ),
+        ]
+        for soc, mode in watch["chip_folders"].items():
+            out.append(
+                (
+                    "cachemgr_chip_polled",
+                    "1 when a chip folder has no inotify watch and is polled instead",
+                    {"soc_version": soc},
+                    1.0 if mode == "polling" else 0.0,
+                )
+            )
+        return out
 
     def metrics(self) -> bytes:
         return self._metrics.render()
