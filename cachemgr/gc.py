@@ -14,9 +14,17 @@ from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
-from cachemgr import versions
+from cachemgr import fsprobe, versions
+from cachemgr.errors import CacheMgrError
 from cachemgr.eviction import DryRun, gc_chip, purge_chip
 from cachemgr.options import Settings
+
+
+class CacheNotWritableError(CacheMgrError):
+    """gc cannot act: the cache root is read-only or has vanished."""
+
+    exit_code = 1
+
 
 #: ``progress_for(soc)`` → a context manager yielding a ``progress(done, total)`` callback
 #: (or None); the CLI passes a tqdm bar, the daemon nothing.
@@ -63,8 +71,16 @@ def collect(
     :param force_ratio: keep this percent of the limit, even below the trigger (``--ratio``).
     :param min_age_s: aging guard in seconds (default: the ``min_age_s`` setting).
     :raises InvalidInputError: bad limits (nothing is touched).
+    :raises CacheNotWritableError: the root is read-only or vanished (one line; issue 10
+        item 12) — not with a dry run, which only reads.
     :raises OSError: a chip folder that cannot be listed or locked.
     """
+    problem = fsprobe.root_problem(settings.layout.kernel_cache_dir)
+    if problem and dry_run is DryRun.NO:
+        raise CacheNotWritableError(
+            f"gc: {problem}; nothing can be reclaimed or evicted until it is writable again "
+            "(hits are still served; compiles return their kernel outside the cache)"
+        )
     max_mb = int(settings.value("max_op_cache_size"))
     ratio = int(settings.value("remain_cache_size_ratio")) if force_ratio is None else force_ratio
     age = float(settings.value("min_age_s")) if min_age_s is None else min_age_s

@@ -20,8 +20,11 @@
 
 from __future__ import annotations
 
+import errno
+import json
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +33,7 @@ from cachemgr import entry, fsutil, precompiled
 from cachemgr.build import COMPILED, HIT, CompileOutcome, Prepared, RunContext, compile_job
 from cachemgr.chiplock import Hold
 from cachemgr.compilers import CompileResult
-from cachemgr.errors import LockBusyError
+from cachemgr.errors import LockBusyError, NoSpaceError
 from cachemgr.store import Store
 
 log = logging.getLogger(__name__)
@@ -78,8 +81,12 @@ class Pending:
     chip_hold: Hold
     lock_timeout_s: float
 
-    def finish(self) -> CompileOutcome:
+    def finish(self, uncached_dir: Callable[[], Path] | None = None) -> CompileOutcome:
         """Publish (json last), then release the locks — from any thread.
+
+        A publish that fails because the cache root is read-only or full does not fail the
+        compile (issue 10 item 12, as ccache and sccache do): the kernel goes to
+        ``uncached_dir()`` and the outcome says ``cached: False`` with the reason.
 
         :raises InvalidInputError, OSError: the publish failed; nothing partial is left.
         """
@@ -89,10 +96,38 @@ class Pending:
             if p.decision.cache.replace:
                 store.remove(p.kernel)
             published = store.publish(p.kernel, self.files, self.main_json)
+        except (NoSpaceError, OSError) as exc:
+            if uncached_dir is None or not _cannot_store(exc):
+                raise
+            return self._deliver_uncached(uncached_dir(), _why(p.chip_dir, exc))
         finally:
             self.release()
         files = sorted(published.files, key=lambda f: f.name != f"{p.kernel}.json")
-        return CompileOutcome(p.kernel, COMPILED, tuple(files), request=p.request.origin)
+        return CompileOutcome(
+            p.kernel, COMPILED, tuple(files), request=p.request.origin, cached=True
+        )
+
+    def _deliver_uncached(self, out: Path, reason: str) -> CompileOutcome:
+        """Write the compiled kernel to ``out`` (binaries first, json last) instead of the
+        cache; one warning line names the reason."""
+        p = self.prepared
+        fsutil.ensure_dir(out)
+        paths = []
+        for name, data in self.files.items():
+            fsutil.atomic_write_bytes(out / name, data)
+            paths.append(out / name)
+        doc = out / f"{p.kernel}.json"
+        fsutil.atomic_write_bytes(doc, json.dumps(self.main_json).encode())
+        warning = f"{p.kernel} compiled but not cached: {reason}"
+        log.warning("%s", warning)
+        return CompileOutcome(
+            p.kernel,
+            COMPILED,
+            (doc, *paths),
+            request=p.request.origin,
+            cached=False,
+            warning=warning,
+        )
 
     def release(self) -> None:
         """Drop the entry lock and the chip hold without publishing."""
@@ -108,7 +143,12 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
     :raises LockBusyError: the chip lock was not obtained within ``ctx.lock_timeout_s`` (a
         ``force`` that never ends; the entry lock's timeout compiles outside the cache).
     """
-    hold = p.chip_lock.hold_shared(timeout_s=ctx.lock_timeout_s)
+    try:
+        hold = p.chip_lock.hold_shared(timeout_s=ctx.lock_timeout_s)
+    except OSError as exc:
+        if not _cannot_store(exc):
+            raise
+        return _compile_outside(p, ctx, _why(p.chip_dir, exc))
     try:
         fsutil.ensure_dir(p.chip_dir)
         lock = Store(p.chip_dir).entry_lock(p.kernel)
@@ -116,6 +156,11 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
     except LockBusyError:
         hold.release()
         return _compile_alone(p, ctx)
+    except OSError as exc:
+        hold.release()
+        if not _cannot_store(exc):
+            raise
+        return _compile_outside(p, ctx, _why(p.chip_dir, exc))
     except BaseException:
         hold.release()
         raise
@@ -140,9 +185,6 @@ def _compile_alone(p: Prepared, ctx: RunContext) -> CompileOutcome:
     this kernel is stuck or very slow. Rather than fail, look once more, then compile here
     into the private output folder (``compiled``; the cache is not written: its lock is
     not ours). Issue 6: a second host waits for the first one's compile, up to a limit."""
-    found = Store(p.chip_dir).lookup(p.kernel) if p.decision.cache.read else None
-    if found is not None and found.hit:
-        return CompileOutcome(p.kernel, HIT, found.files, request=p.request.origin)
     log.warning(
         "%s: %s stayed locked for %g s (another process compiling it?); compiling it here, "
         "outside the cache",
@@ -150,12 +192,61 @@ def _compile_alone(p: Prepared, ctx: RunContext) -> CompileOutcome:
         Store(p.chip_dir).lock_path(p.kernel),
         ctx.lock_timeout_s,
     )
+    return _compile_outside(
+        p, ctx, f"{Store(p.chip_dir).lock_path(p.kernel)} stayed locked", warn=False
+    )
+
+
+def _compile_outside(
+    p: Prepared, ctx: RunContext, reason: str, warn: bool = True
+) -> CompileOutcome:
+    """Compile ``p`` into the private output folder, not the cache: ``compiled`` with
+    ``cached: False`` and one warning line naming ``reason`` (issue 10 item 12: a read-only
+    or full root, or a lock never released, must not fail a compile that succeeds).
+
+    :raises CompileError: the compile failed.
+    """
+    if p.decision.cache.read:
+        try:
+            found = Store(p.chip_dir).lookup(p.kernel)
+        except OSError:
+            found = None
+        if found is not None and found.hit:
+            return CompileOutcome(p.kernel, HIT, found.files, request=p.request.origin)
     result = p.backend.compile(compile_job(p, ctx.build_dir()))
     out = fsutil.ensure_dir(ctx.uncached_dir())
     binary, doc = out / result.binary.name, out / result.json_path.name
     os.replace(result.binary, binary)
     os.replace(result.json_path, doc)  # json last: a visible json means a whole kernel
-    return CompileOutcome(p.kernel, COMPILED, (doc, binary), request=p.request.origin)
+    warning = f"{p.kernel} compiled but not cached: {reason}"
+    if warn:
+        log.warning("%s", warning)
+    return CompileOutcome(
+        p.kernel,
+        COMPILED,
+        (doc, binary),
+        request=p.request.origin,
+        cached=False,
+        warning=warning,
+    )
+
+
+#: errno of a cache that cannot take an entry now: read-only, full, over quota.
+CANNOT_STORE_ERRNOS = frozenset({errno.EROFS, errno.ENOSPC, errno.EDQUOT})
+
+
+def _cannot_store(exc: BaseException) -> bool:
+    if isinstance(exc, NoSpaceError):
+        return True
+    return isinstance(exc, OSError) and exc.errno in CANNOT_STORE_ERRNOS
+
+
+def _why(chip_dir: Path, exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.errno == errno.EROFS:
+        return f"the cache folder {chip_dir} is on a read-only filesystem"
+    if isinstance(exc, OSError):
+        return f"the cache folder {chip_dir}: {exc.strerror or exc}"
+    return str(exc)
 
 
 def _payload(p: Prepared, result: CompileResult) -> tuple[dict[str, bytes], dict[str, Any]]:

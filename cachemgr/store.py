@@ -157,6 +157,17 @@ def check_kernel_name(kernel: str) -> str:
     return kernel
 
 
+#: Chip folders already warned about as read-only (one warning per folder until it is
+#: writable again: issue 10 item 12, issue 12 item 6).
+_read_only_warned: set[Path] = set()
+
+
+def _warn_read_only(chip_dir: Path, what: str) -> None:
+    if chip_dir not in _read_only_warned:
+        _read_only_warned.add(chip_dir)
+        log.warning("%s is on a read-only filesystem: hits are served, %s", chip_dir, what)
+
+
 class Store:
     """Verified lookup, atomic publish and removal in one chip folder.
 
@@ -193,7 +204,14 @@ class Store:
             return LookupResult(MISS, kernel, ABSENT)
         if not problems and desc is not None:
             return self._hit(kernel, desc, touch)
-        removed = self.remove_if_bad(kernel)
+        try:
+            removed = self.remove_if_bad(kernel)
+        except OSError as exc:
+            if exc.errno != errno.EROFS:
+                raise
+            _warn_read_only(self.chip_dir, "bad entries are not removed")
+            first = problems[0]
+            return LookupResult(MISS, kernel, first.kind, first.detail)
         if not removed:  # under the lock it was good (a publish finished) or gone: look again
             try:
                 desc, problems = entry.check_entry(self.chip_dir, kernel)
@@ -241,8 +259,12 @@ class Store:
                 # another user's file: atime needs ownership; CANN skips it too (SPEC §9)
                 log.debug("cannot set atime of %s (not owner)", path)
             except OSError as exc:
+                if exc.errno == errno.EROFS:  # a read-only root still serves hits (issue 12)
+                    _warn_read_only(self.chip_dir, "access times are not updated")
+                    return
                 if exc.errno not in fsutil.GONE_ERRNOS:
                     raise
+        _read_only_warned.discard(self.chip_dir)
 
     # --- removal ------------------------------------------------------------------------
 

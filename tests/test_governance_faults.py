@@ -27,7 +27,7 @@ from cachemgr.daemon.notify import Notifier
 from cachemgr.daemon.server import HttpServer
 from cachemgr.daemon.service import Service
 from cachemgr.entry import scan_chip
-from cachemgr.eviction import DryRun, gc_chip, plan_eviction
+from cachemgr.eviction import gc_chip, plan_eviction
 from tests.conftest import SOC, publish
 from tests.daemon_util import Daemon, daemon_env, start_daemon, wait_for
 from tests.shared_util import chip_bytes
@@ -156,15 +156,19 @@ def test_a_target_in_bytes_is_never_rounded_to_zero(chip: Path) -> None:
 
 
 def test_gc_bytes_after_is_measured(chip: Path) -> None:
-    """Reclaimed leftovers leave the folder too: ``bytes_after`` is what is left on disk."""
-    for i in range(4):
-        publish(chip, f"te_keep_{i}", os.urandom(50 * 1024))
-    orphan = chip / "te_orphan_0.o"  # a binary whose json never came, 2 h old
-    orphan.write_bytes(os.urandom(300 * 1024))
-    os.utime(orphan, (time.time() - 7200, time.time() - 7200))
-    report = gc_chip(chip, 500, 50, 0, dry_run=DryRun.NO)
-    assert report.reclaimed.orphans == 1
-    assert report.bytes_after == chip_bytes(chip)
+    """Files removed meanwhile by someone else (another host's purge) are gone too:
+    ``bytes_after`` is what is left on disk, not ``before - evicted``."""
+    for i in range(12):
+        publish(chip, f"te_gone_{i:02d}", os.urandom(100 * 1024), atime_s=OLD + i)
+
+    def purge_meanwhile(plan: object) -> None:
+        for path in chip.iterdir():
+            if path.suffix in (".json", ".o"):
+                path.unlink()
+
+    report = gc_chip(chip, 1, 50, 0, on_planned=purge_meanwhile)
+    assert report.bytes_before > MIB
+    assert report.bytes_after == chip_bytes(chip) < 1024
 
 
 # --- item 4: a removed socket is re-created -----------------------------------------------------

@@ -20,6 +20,7 @@ from cachemgr.cli.common import (
     socket_option,
 )
 from cachemgr.client import Client
+from cachemgr.counters import CounterBook
 from cachemgr.errors import CacheMgrError, InvalidInputError
 from cachemgr.queue import DEFAULT_TIMEOUT_S, CompileOutcome, CompileQueue
 from cachemgr.request import load_request
@@ -106,8 +107,14 @@ def compile_cmd(
     if client is not None:
         sys.exit(_compile_via_daemon(client, requests, extra, replace, as_json))
     bad_input, failed = 0, 0
+    counters = CounterBook(lambda: settings.layout.kernel_cache_dir)  # SPEC §10: in the cache
     queue = CompileQueue(
-        settings, workers, timeout_s=timeout_s, output_dir=out_dir, binary_dirs=binaries
+        settings,
+        workers,
+        timeout_s=timeout_s,
+        output_dir=out_dir,
+        binary_dirs=binaries,
+        tally=counters.tally,
     )
     try:
         futures: list[tuple[Path, Future[CompileOutcome] | CacheMgrError]] = []
@@ -127,6 +134,7 @@ def compile_cmd(
             _report(outcome, as_json)
     finally:
         queue.close()
+        counters.save()
     if failed:
         sys.exit(1)
     if bad_input:
@@ -188,10 +196,14 @@ def _outcome_of(answer: dict[str, Any]) -> CompileOutcome:
         float(answer.get("seconds", 0.0)),
         answer.get("error"),
         answer.get("request", ""),
+        answer.get("cached"),
+        answer.get("warning"),
     )
 
 
 def _report(outcome: CompileOutcome, as_json: bool, via: str = "local") -> None:
+    if outcome.warning:  # e.g. compiled but not cached: a read-only root (issue 10 item 12)
+        click.echo(f"cachemgr: warning: {outcome.warning}", err=True)
     if as_json:
         click.echo(json.dumps({**outcome.to_json(), "via": via}, ensure_ascii=False))
         return

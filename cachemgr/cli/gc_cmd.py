@@ -27,7 +27,7 @@ from cachemgr.cli.common import (
     stdout_is_tty,
     warning,
 )
-from cachemgr.daemon.state import Counters, state_dir
+from cachemgr.counters import COUNTER_NAMES, CacheCounters
 from cachemgr.errors import ConfigError
 from cachemgr.eviction import MIB, DryRun, chip_stats, purge_chip
 from cachemgr.gc import limits_json
@@ -159,12 +159,25 @@ def gc_cmd(
             settings, force_ratio=force_ratio, min_age_s=min_age_s, dry_run=mode, progress_for=bars
         )
         report["via"] = "local"
+        _count_evictions(settings.layout.kernel_cache_dir, report)
     _print_gc(report, as_json)
     denied = list(gc.denied_lines(report))
     for line in denied:
         warning(f"not removed (permission): {line}")
     if denied:
         sys.exit(1)
+
+
+def _count_evictions(kernel_cache_dir: Path, report: dict[str, Any]) -> None:
+    """Add a local run's evictions to the cache's counters (SPEC §10; the daemon counts its
+    own runs)."""
+    counters = CacheCounters(kernel_cache_dir)
+    for soc, folder in report["chip_folders"].items():
+        if folder.get("dry_run") or folder.get("skipped"):
+            continue
+        counters.add("evicted_entries", int(folder.get("evicted_entries", 0)), soc)
+        counters.add("evicted_bytes", int(folder.get("evicted_bytes", 0)), soc)
+    counters.flush()
 
 
 def _print_gc(report: dict[str, Any], as_json: bool) -> None:
@@ -180,20 +193,35 @@ def _print_gc(report: dict[str, Any], as_json: bool) -> None:
 
 @click.command("stats")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object; chip folders by soc.")
+@click.option("--zero", is_flag=True, help="Reset the counters of this kernel cache.")
 @settings_options
 @socket_option
-def stats_cmd(as_json: bool, socket_path: Path | None, **kw: Any) -> None:
-    """Counters (hits, misses, compiles) and, per chip folder: entries, bytes, limit, ratio,
-    fill %, oldest and newest access. From the daemon when one serves this cache; else
-    measured here, with the counters the daemon last saved."""
+def stats_cmd(as_json: bool, zero: bool, socket_path: Path | None, **kw: Any) -> None:
+    """Counters (hits, misses, compiles…) of this kernel cache — every daemon's and every
+    local run's, kept in the cache (SPEC §10) — and, per chip folder: entries, bytes, limit,
+    ratio, fill %, oldest and newest access. From the daemon when one serves this cache; else
+    measured here."""
     settings = load_settings(writable=False, **kw)
     client = find_daemon(socket_path, settings)
+    kcache = settings.layout.kernel_cache_dir
+    if zero:
+        if client is not None:
+            client.request("POST", "/stats/zero", {})
+        else:
+            CacheCounters(kcache).zero()
+        click.echo(f"counters of {kcache} set to zero")
+        return
     if client is not None:
         data = client.stats(settings.value("soc_version"))
         data["via"] = "daemon"
     else:
-        data = dict(Counters(state_dir() / "counters.json").snapshot())
-        data["chip_folders"] = {c.name: chip_stats(c, settings) for c in chip_dirs(settings)}
+        counters = CacheCounters(kcache)
+        data = dict(counters.snapshot())
+        per_chip = counters.per_chip()
+        data["chip_folders"] = {}
+        for chip in chip_dirs(settings):
+            row = data["chip_folders"][chip.name] = chip_stats(chip, settings)
+            row["counters"] = per_chip.get(chip.name, dict.fromkeys(COUNTER_NAMES, 0))
         data["via"] = "local"
     data["kernel_cache_dir"] = str(settings.layout.kernel_cache_dir)
     data["limits"] = limits_json(settings)

@@ -49,9 +49,9 @@ from watchdog.events import (
     FileSystemEventHandler,
 )
 
-from cachemgr import eviction, fsutil, kernel_meta, store
+from cachemgr import eviction, fsprobe, fsutil, kernel_meta, store
+from cachemgr.counters import CounterBook
 from cachemgr.daemon.config import DaemonConfig
-from cachemgr.daemon.state import Counters
 from cachemgr.daemon.usage import UsageIndex
 from cachemgr.daemon.watch import Watcher
 from cachemgr.errors import CacheMgrError
@@ -163,7 +163,7 @@ class Governance:
         self,
         get_settings: Callable[[], Settings],
         config: DaemonConfig,
-        counters: Counters,
+        counters: CounterBook,
         beat: Callable[[], None] = lambda: None,
     ) -> None:
         self._settings = get_settings
@@ -185,6 +185,9 @@ class Governance:
         self._due: dict[str, tuple[float, int | None, int | None]] = {}
         self.last_gc: dict[str, dict[str, object]] = {}
         self.scan = ScanProgress()
+        #: why the cache root cannot be written now (read-only, vanished), or "" (issue 12
+        #: item 6); checked with the watches, eviction and reaping wait while it is set
+        self.root_problem = ""
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -204,7 +207,7 @@ class Governance:
         )
         self.scheduler.add_job(self.reap, IntervalTrigger(seconds=cfg.reap_interval_s), id="reap")
         self.scheduler.add_job(
-            self.counters.save,
+            self._save_counters,
             IntervalTrigger(seconds=cfg.counters_save_interval_s),
             id="save-counters",
         )
@@ -214,6 +217,10 @@ class Governance:
         self.scheduler.add_job(self.poll, IntervalTrigger(seconds=cfg.poll_interval_s), id="poll")
         self.scheduler.start()
         threading.Thread(target=self._first_scan, name="cachemgr-first-scan", daemon=True).start()
+
+    def _save_counters(self) -> None:
+        if not self.root_problem:
+            self.counters.save()
 
     def _first_scan(self) -> None:
         scan = self.scan
@@ -351,7 +358,7 @@ class Governance:
         if chip_dir.parent != self.index.kernel_cache_dir:
             return
         settings = self._settings()
-        self.counters.add("no_space")
+        self.counters.add("no_space", chip_dir=chip_dir)
         max_mb = int(settings.value("max_op_cache_size"))
         if max_mb == eviction.NEVER_EVICT:
             log.warning("no space left in %s; eviction is off (max_op_cache_size=-1)", chip_dir)
@@ -373,7 +380,11 @@ class Governance:
         self, soc: str, ratio_pct: int | None = None, target_bytes: int | None = None
     ) -> dict[str, object]:
         """Evict one chip folder now (the limits of the current settings; ``ratio_pct`` or
-        ``target_bytes`` force a run down to that target)."""
+        ``target_bytes`` force a run down to that target). Not while the root cannot be
+        written (it is re-checked when it can)."""
+        if self.root_problem:
+            log.info("eviction of %s waits: %s", soc, self.root_problem)
+            return {"skipped": "root not writable", "chip_dir": "", "detail": self.root_problem}
         settings = self._settings()
         chip = settings.layout.chip_dir(soc)
         report = eviction.gc_chip(
@@ -397,10 +408,11 @@ class Governance:
         a dry run removed nothing and counts nothing."""
         if data.get("dry_run"):
             return
+        chip = data.get("chip_dir")
         for key in ("evicted_entries", "evicted_bytes"):
             value = data.get(key)
             if isinstance(value, int):
-                self.counters.add(key, value)
+                self.counters.add(key, value, Path(str(chip)) if chip else None)
 
     def reconcile(self) -> dict[str, int]:
         """The periodic rescan; re-checks every chip folder's limit. Other hosts' writes and
@@ -422,6 +434,7 @@ class Governance:
         """The governance heartbeat: keep the watches true to the folders (re-arm after a
         removal, arm new chip folders, rescan after lost events); rescan what changed."""
         self._beat()
+        self._check_root()
         watcher = self.watcher
         if watcher is None:
             return set()
@@ -438,6 +451,25 @@ class Governance:
         for soc in sorted(rescan):
             self._rescan(soc)
         return rescan
+
+    def _check_root(self) -> None:
+        """Notice the root turning read-only (or vanishing) and coming back: log each change
+        once; on recovery re-check every limit and save the counters kept meanwhile."""
+        problem = fsprobe.root_problem(self.index.kernel_cache_dir)
+        if problem == self.root_problem:
+            return
+        self.root_problem = problem
+        if problem:
+            log.warning(
+                "%s: hits are served, compiles return their kernel outside the cache, "
+                "eviction waits until it is writable again",
+                problem,
+            )
+            return
+        log.warning("the cache root of %s is writable again", self.index.kernel_cache_dir)
+        self.counters.save()
+        for soc in self.index.chips():
+            self._check_limit(soc)
 
     def poll(self) -> None:
         """Rescan the chip folders that have no inotify watch (issue 12 item 2)."""
@@ -458,6 +490,8 @@ class Governance:
     def reap(self) -> None:
         """Reclaim what crashed or foreign processes left: temp files, dead locks, orphans
         (through eviction's reclaim) and ``kernel_meta`` folders of dead processes."""
+        if self.root_problem:
+            return
         settings = self._settings()
         ratio = int(settings.value("remain_cache_size_ratio"))
         for chip in settings.layout.chip_dirs():

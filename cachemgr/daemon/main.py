@@ -281,9 +281,15 @@ def _loop(
     interval = notifier.watchdog_interval_s
     every = probe_interval(service.heartbeats)
     tick = min(interval, every) if interval else every
+    shown: list[str] = []
     while not flags.stop:
         service.heartbeats.beat(MAIN)
         _check_socket(server)
+        degraded = service.degraded()
+        if degraded != shown:  # STATUS= follows the degraded states (issue 12 item 6)
+            shown = degraded
+            serving = f"serving {service.settings.value('kernel_cache_dir')}"
+            notifier.status("degraded: " + "; ".join(degraded) if degraded else serving)
         if interval and not service.heartbeats.stale():
             notifier.watchdog()
         select.select([wake], [], [], tick)  # blocks: one wake-up per tick when idle

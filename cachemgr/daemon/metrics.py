@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator, Sequence
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from cachemgr.daemon.state import Counters
+from cachemgr.counters import CounterBook
 from cachemgr.daemon.usage import UsageIndex
 
 #: ``(name, help, labels, value)`` of one gauge sample: the daemon's degraded states.
@@ -17,7 +17,7 @@ Gauge = tuple[str, str, dict[str, str], float]
 class _Collector:
     def __init__(
         self,
-        counters: Counters,
+        counters: CounterBook,
         index: Callable[[], UsageIndex],
         limit_bytes: Callable[[], int],
         queue_depth: Callable[[], int],
@@ -68,7 +68,7 @@ class Metrics:
 
     def __init__(
         self,
-        counters: Counters,
+        counters: CounterBook,
         index: Callable[[], UsageIndex],
         limit_bytes: Callable[[], int],
         queue_depth: Callable[[], int],

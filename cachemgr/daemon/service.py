@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from cachemgr import eviction, gc, options, request, store
+from cachemgr.counters import COUNTER_NAMES, CounterBook
 from cachemgr.daemon.config import DaemonConfig
 from cachemgr.daemon.governance import Governance, release_memory
 from cachemgr.daemon.heartbeat import GOVERNANCE, POOL, Heartbeats
 from cachemgr.daemon.metrics import Gauge, Metrics
-from cachemgr.daemon.state import Counters
 from cachemgr.errors import CacheMgrError, InvalidInputError
 from cachemgr.queue import CompileQueue
 
@@ -36,7 +36,8 @@ class Service:
 
     :param resolve: builds fresh settings (called at start and on every reload); raises
         :class:`ConfigError` for a bad configuration.
-    :param state_path: the counters file.
+    :param state_path: unused (counters live in the kernel cache: :mod:`cachemgr.counters`);
+        kept for callers that still pass the old per-user file.
     """
 
     def __init__(
@@ -48,11 +49,12 @@ class Service:
         self.started = time.monotonic()
         self.accepting = True
         self.tcp_address: tuple[str, int] | None = None
-        self.counters = Counters(state_path)
+        self.counters = CounterBook(lambda: self._settings.layout.kernel_cache_dir)
         self.queue = CompileQueue(
             self._settings,
             workers=config.workers or os.cpu_count() or 1,
             lock_timeout_s=config.lock_wait_s or None,
+            tally=self.counters.tally,
         )
         self.heartbeats = Heartbeats(
             config.heartbeat_timeout_s, {POOL: lambda: self.queue.stalled_s() > self._stall_s}
@@ -118,8 +120,11 @@ class Service:
     # --- read-only operations -------------------------------------------------------------
 
     def health(self) -> dict[str, Any]:
+        degraded = self.degraded()
+        status = "degraded" if degraded else "ok"
         return {
-            "status": "ok" if self.accepting else "stopping",
+            "status": status if self.accepting else "stopping",
+            "degraded": degraded,
             "service": "cachemgr",
             "pid": os.getpid(),
             "version": VERSION,
@@ -128,6 +133,20 @@ class Service:
             "scan": self.governance.scan.to_json(),
             "stuck": self.heartbeats.stale(),
         }
+
+    def degraded(self) -> list[str]:
+        """The degraded states now, one line each (README "Troubleshooting"): a root that
+        cannot be written, chip folders polled instead of watched, parts without progress."""
+        out = []
+        if self.governance.root_problem:
+            out.append(self.governance.root_problem)
+        watcher = self.governance.watcher
+        if watcher is not None and watcher.polled():
+            out.append(f"chip folders polled (no inotify watch): {', '.join(watcher.polled())}")
+        stuck = self.heartbeats.stale()
+        if stuck:
+            out.append(f"no progress in: {', '.join(stuck)}")
+        return out
 
     def _gauges(self) -> list[Gauge]:
         """The degraded states as gauges (issue 12; README "Troubleshooting")."""
@@ -139,6 +158,12 @@ class Service:
                 "1 once the first full scan of the cache finished",
                 {},
                 1.0 if scan["state"] == "done" else 0.0,
+            ),
+            (
+                "cachemgr_root_not_writable",
+                "1 while the cache root is read-only or has vanished (hits served, no caching)",
+                {},
+                1.0 if self.governance.root_problem else 0.0,
             ),
             (
                 "cachemgr_stuck_parts",
@@ -173,6 +198,14 @@ class Service:
         self.counters.add("hits", hits)
         return {"hits": self.counters.snapshot()["hits"]}
 
+    def zero_stats(self) -> dict[str, Any]:
+        """``stats --zero``: reset the counters of the kernel cache served (every chip folder).
+
+        :raises OSError: the cache cannot be written (e.g. a read-only root).
+        """
+        self.counters.cache().zero()
+        return {"zeroed": str(self._settings.layout.kernel_cache_dir)}
+
     def stats(self, soc: str | None = None) -> dict[str, Any]:
         """Counters at top level (``hits``, ``misses``, ``compiles``…) and per chip folder
         figures (entries, bytes, limit, ratio, fill %) under ``chip_folders``."""
@@ -180,6 +213,9 @@ class Service:
         chips = [settings.layout.chip_dir(soc)] if soc else settings.layout.chip_dirs()
         data: dict[str, Any] = dict(self.counters.snapshot())
         data["chip_folders"] = {c.name: eviction.chip_stats(c, settings) for c in chips}
+        per_chip = self.counters.cache().per_chip()
+        for soc, row in data["chip_folders"].items():
+            row["counters"] = per_chip.get(soc, dict.fromkeys(COUNTER_NAMES, 0))
         data["queue_jobs"] = self.queue.depth()
         data.update(self.governance.status())
         release_memory()  # the folder scans above held a per-file object each
@@ -189,7 +225,7 @@ class Service:
         """A verified lookup (SPEC §3.3) counted as a hit or a miss."""
         chip = self._settings.layout.chip_dir(soc_version)
         result = store.Store(chip).lookup(kernel_name)
-        self.counters.add("hits" if result.hit else "misses")
+        self.counters.add("hits" if result.hit else "misses", chip_dir=chip)
         return {
             "status": result.status,
             "kernel_name": kernel_name,
@@ -261,21 +297,10 @@ class Service:
         return _outcome(future)
 
     def _count(self, future: Future) -> None:
+        """Outcomes are counted by the queue (per request and per compiler run, in the
+        cache's counters); here only requests that ended without one."""
         if future.cancelled() or future.exception() is not None:
             self.counters.add("failures")
-            return
-        status = future.result().status
-        name = {
-            "hit": "hits",
-            "compiled": "compiles",
-            "binary": "binaries",
-            "debug": "debug_compiles",
-            "failed": "failures",
-        }.get(status)
-        if name:
-            self.counters.add(name)
-        if status in ("compiled", "binary"):
-            self.counters.add("misses")
 
     def job(self, job_id: str) -> dict[str, Any] | None:
         with self._jobs_lock:
