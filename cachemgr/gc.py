@@ -97,6 +97,7 @@ def collect(
                 force_ratio=force_ratio is not None,
                 dry_run=dry_run,
                 progress=progress,
+                clock_skew_s=float(settings.value("clock_skew_s")),
             )
         folders[chip.name] = report.to_json()
     return {
@@ -105,6 +106,25 @@ def collect(
         "toolkit": toolkit.to_json(),
         "chip_folders": folders,
     }
+
+
+def stuck_lines(report: Mapping[str, Any]) -> Iterator[str]:
+    """One line per chip folder left over its limit because everything left is young
+    (issue 12 item 1: reported, never hidden)."""
+    for soc, folder in report["chip_folders"].items():
+        if folder.get("stuck_over_limit"):
+            future = folder.get("future_atimes", 0)
+            why = (
+                f"; {future} of them have access times in the future (clock skew, up to "
+                f"{folder.get('max_skew_s', 0):.0f} s)"
+                if future
+                else ""
+            )
+            yield (
+                f"{soc}: still over its limit ({folder['bytes_after']} of "
+                f"{folder['max_bytes']} bytes): the aging guard kept "
+                f"{folder['kept_by_aging_guard']} entries accessed too recently{why}"
+            )
 
 
 def denied_lines(report: Mapping[str, Any]) -> Iterator[str]:

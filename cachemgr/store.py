@@ -20,7 +20,6 @@ import json
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -137,6 +136,8 @@ class VerifyReport:
     chip_dir: Path
     checked: int = 0
     findings: list[Finding] = field(default_factory=list)
+    #: entries not read: reading them would have changed their access time (issue 12)
+    not_checked: list[str] = field(default_factory=list)
 
     @property
     def bad(self) -> list[Finding]:
@@ -251,10 +252,9 @@ class Store:
         return names
 
     def _touch(self, files: tuple[Path, ...]) -> None:
-        now = time.time_ns()
         for path in files:
             try:
-                fsutil.touch_atime(path, now)
+                fsutil.touch_atime(path)  # the filesystem's now (issue 12 item 1)
             except PermissionError:
                 # another user's file: atime needs ownership; CANN skips it too (SPEC §9)
                 log.debug("cannot set atime of %s (not owner)", path)
@@ -470,6 +470,10 @@ class Store:
         removed (under their locks). Orphans are binaries with no json and ``_pre.json``
         files whose kernel json is absent.
         """
+        with fsutil.reads_keep_atime():
+            return self._verify_all(repair)
+
+    def _verify_all(self, repair: bool) -> VerifyReport:
         report = VerifyReport(self.chip_dir)
         scan = entry.scan_chip(self.chip_dir)
         for group in scan.entries.values():
@@ -505,6 +509,9 @@ class Store:
             _, problems = entry.check_entry(self.chip_dir, kernel)
         except FileNotFoundError:
             return  # removed by someone else meanwhile: normal
+        if problems and all(p.kind == entry.NOT_CHECKED for p in problems):
+            report.not_checked.append(kernel)
+            return
         report.checked += 1
         if problems:
             finding = Finding(kernel, problems)

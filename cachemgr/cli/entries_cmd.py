@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from cachemgr import entry
+from cachemgr import entry, fsutil
 from cachemgr.cli.common import chip_dirs, emit_json, load_settings, settings_options
 from cachemgr.store import Store, VerifyReport
 
@@ -53,7 +53,8 @@ def list_chip(chip: Path) -> list[dict[str, Any]]:
 def ls_cmd(as_json: bool, **kw: Any) -> None:
     """List entries: kernel, op type, bytes, access time, parts."""
     settings = load_settings(writable=False, **kw)
-    rows = [row for chip in chip_dirs(settings) for row in list_chip(chip)]
+    with fsutil.reads_keep_atime():
+        rows = [row for chip in chip_dirs(settings) for row in list_chip(chip)]
     if as_json:
         emit_json(rows)
         return
@@ -73,6 +74,7 @@ def _short_parts(kernel: str, parts: list[str]) -> str:
 def _report_json(report: VerifyReport) -> dict[str, Any]:
     return {
         "checked": report.checked,
+        "not_checked": report.not_checked,
         "findings": [
             {
                 "name": f.name,
@@ -110,5 +112,12 @@ def verify_cmd(as_json: bool, repair: bool, **kw: Any) -> None:
                 click.echo(f"{state} {report.chip_dir.name}/{f.name}: {why}")
         checked = sum(r.checked for r in reports)
         click.echo(f"checked {checked} entries in {len(reports)} chip folders; {bad} bad")
+        skipped = sum(len(r.not_checked) for r in reports)
+        if skipped:
+            click.echo(
+                f"not checked: {skipped} entries of other users — reading them would change "
+                "their access times (the eviction order); run verify as their owner or root",
+                err=True,
+            )
     if bad:
         sys.exit(1)

@@ -164,7 +164,10 @@ def gc_cmd(
     denied = list(gc.denied_lines(report))
     for line in denied:
         warning(f"not removed (permission): {line}")
-    if denied:
+    stuck = list(gc.stuck_lines(report))
+    for line in stuck:
+        warning(line)
+    if denied or stuck:
         sys.exit(1)
 
 

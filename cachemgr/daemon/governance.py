@@ -188,6 +188,9 @@ class Governance:
         #: why the cache root cannot be written now (read-only, vanished), or "" (issue 12
         #: item 6); checked with the watches, eviction and reaping wait while it is set
         self.root_problem = ""
+        #: per chip folder: kernel → when an entry with a future access time was first
+        #: seen (ns); its eviction order (issue 12 item 1)
+        self._first_seen: dict[str, dict[str, int]] = {}
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -394,6 +397,8 @@ class Governance:
             float(settings.value("min_age_s")),
             force_ratio=ratio_pct is not None,
             target_bytes=target_bytes,
+            clock_skew_s=float(settings.value("clock_skew_s")),
+            first_seen=self._first_seen.setdefault(soc, {}),
         )
         data = report.to_json()
         self.count_eviction(data)

@@ -143,6 +143,13 @@ class Service:
         watcher = self.governance.watcher
         if watcher is not None and watcher.polled():
             out.append(f"chip folders polled (no inotify watch): {', '.join(watcher.polled())}")
+        for soc, last in sorted(self.governance.last_gc.items()):
+            if last.get("stuck_over_limit"):
+                future = last.get("future_atimes") or 0
+                out.append(
+                    f"{soc} over its limit: everything left was accessed too recently"
+                    + (f" ({future} access times in the future: clock skew)" if future else "")
+                )
         stuck = self.heartbeats.stale()
         if stuck:
             out.append(f"no progress in: {', '.join(stuck)}")
@@ -172,6 +179,25 @@ class Service:
                 float(len(self.heartbeats.stale())),
             ),
         ]
+        for soc, last in self.governance.last_gc.items():
+            labels = {"soc_version": soc}
+            out.append(
+                (
+                    "cachemgr_chip_stuck_over_limit",
+                    "1 when the last eviction left the chip folder over its limit because "
+                    "everything left was accessed too recently (or in the future)",
+                    labels,
+                    1.0 if last.get("stuck_over_limit") else 0.0,
+                )
+            )
+            out.append(
+                (
+                    "cachemgr_chip_future_atimes",
+                    "entries whose access time lies in the future (clock skew), last eviction",
+                    labels,
+                    float(last.get("future_atimes") or 0),  # type: ignore[arg-type]
+                )
+            )
         for soc, mode in watch["chip_folders"].items():
             out.append(
                 (
@@ -216,6 +242,9 @@ class Service:
         per_chip = self.counters.cache().per_chip()
         for soc, row in data["chip_folders"].items():
             row["counters"] = per_chip.get(soc, dict.fromkeys(COUNTER_NAMES, 0))
+            last = self.governance.last_gc.get(soc, {})
+            row["stuck_over_limit"] = bool(last.get("stuck_over_limit"))
+            row["future_atimes"] = last.get("future_atimes", 0)
         data["queue_jobs"] = self.queue.depth()
         data.update(self.governance.status())
         release_memory()  # the folder scans above held a per-file object each
