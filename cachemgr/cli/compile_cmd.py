@@ -19,6 +19,7 @@ from cachemgr.cli.common import (
     settings_options,
     socket_option,
 )
+from cachemgr.cli.lockcheck import checked_for_writing
 from cachemgr.client import Client
 from cachemgr.counters import CounterBook
 from cachemgr.errors import CacheMgrError, InvalidInputError
@@ -106,6 +107,13 @@ def compile_cmd(
     client = None if in_process_only else find_daemon(socket_path, settings)
     if client is not None:
         sys.exit(_compile_via_daemon(client, requests, extra, replace, as_json))
+    cli_values = {
+        "op_compiler_cache_dir": op_compiler_cache_dir,
+        "host_id": host_id,
+        "soc_version": None,
+        **extra,
+    }
+    settings = checked_for_writing(settings, cli_values, config_file)  # as the daemon
     bad_input, failed = 0, 0
     counters = CounterBook(lambda: settings.layout.kernel_cache_dir)  # SPEC §10: in the cache
     queue = CompileQueue(

@@ -11,6 +11,7 @@ import click
 
 from cachemgr import entry, fsutil
 from cachemgr.cli.common import chip_dirs, emit_json, load_settings, settings_options
+from cachemgr.cli.lockcheck import checked_for_writing
 from cachemgr.store import Store, VerifyReport
 
 
@@ -94,6 +95,9 @@ def _report_json(report: VerifyReport) -> dict[str, Any]:
 def verify_cmd(as_json: bool, repair: bool, **kw: Any) -> None:
     """Check every entry (sha256, binaries, sub-parts); exit 1 if anything bad remains."""
     settings = load_settings(writable=repair, **kw)
+    if repair:  # it removes files: the daemon's lock checks first (issue 12 item 11)
+        values = {k: kw.get(k) for k in ("op_compiler_cache_dir", "host_id", "soc_version")}
+        settings = checked_for_writing(settings, values, kw.get("config_file"))
     reports = [Store(chip).verify_all(repair=repair) for chip in chip_dirs(settings)]
     bad = sum(len(r.bad) for r in reports)
     if as_json:

@@ -27,10 +27,12 @@ from cachemgr.cli.common import (
     stdout_is_tty,
     warning,
 )
+from cachemgr.cli.lockcheck import checked_for_writing
 from cachemgr.counters import COUNTER_NAMES, CacheCounters
 from cachemgr.errors import ConfigError
-from cachemgr.eviction import MIB, DryRun, chip_stats, purge_chip
+from cachemgr.eviction import MIB, DryRun, chip_row, purge_chip
 from cachemgr.gc import limits_json
+from cachemgr.options import Settings
 
 
 def _parse_ratio(raw: str | None) -> int | None:
@@ -151,6 +153,7 @@ def gc_cmd(
         )
         report["via"] = "daemon"
     else:
+        settings = _writable(settings, kw)
 
         def bars(soc: str) -> Any:
             return _progress_bar(stdout_is_tty() and not as_json, soc)
@@ -169,6 +172,12 @@ def gc_cmd(
         warning(line)
     if denied or stuck:
         sys.exit(1)
+
+
+def _writable(settings: Settings, kw: dict[str, Any]) -> Settings:
+    """The daemon's access and lock checks before this process writes (issue 12 item 11)."""
+    values = {k: kw.get(k) for k in ("op_compiler_cache_dir", "host_id", "soc_version")}
+    return checked_for_writing(settings, values, kw.get("config_file"))
 
 
 def _count_evictions(kernel_cache_dir: Path, report: dict[str, Any]) -> None:
@@ -223,7 +232,7 @@ def stats_cmd(as_json: bool, zero: bool, socket_path: Path | None, **kw: Any) ->
         per_chip = counters.per_chip()
         data["chip_folders"] = {}
         for chip in chip_dirs(settings):
-            row = data["chip_folders"][chip.name] = chip_stats(chip, settings)
+            row = data["chip_folders"][chip.name] = chip_row(chip, settings)
             row["counters"] = per_chip.get(chip.name, dict.fromkeys(COUNTER_NAMES, 0))
         data["via"] = "local"
     data["kernel_cache_dir"] = str(settings.layout.kernel_cache_dir)
@@ -236,6 +245,9 @@ def stats_cmd(as_json: bool, zero: bool, socket_path: Path | None, **kw: Any) ->
         f"(via {data['via']})"
     )
     for soc, row in data["chip_folders"].items():
+        if row.get("error"):
+            click.echo(f"{soc}: cannot be read: {row['error']}")
+            continue
         fill = "eviction off" if row["fill_pct"] is None else f"{row['fill_pct']} % full"
         click.echo(
             f"{soc}: {row['entries']} entries, {_mib(row['bytes'])} of {_mib(row['limit_bytes'])} "
@@ -256,7 +268,7 @@ def purge_cmd(purge_all: bool, yes: bool, as_json: bool, **kw: Any) -> None:
     soc = kw.get("soc_version")
     if bool(soc) == purge_all:
         raise ConfigError("purge needs exactly one of --soc SOC or --all (from option)")
-    settings = load_settings(**kw)
+    settings = _writable(load_settings(**kw), kw)
     chips = chip_dirs(settings)
     if not yes:
         if not sys.stdin.isatty():

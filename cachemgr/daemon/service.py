@@ -238,7 +238,7 @@ class Service:
         settings = self._settings
         chips = [settings.layout.chip_dir(soc)] if soc else settings.layout.chip_dirs()
         data: dict[str, Any] = dict(self.counters.snapshot())
-        data["chip_folders"] = {c.name: eviction.chip_stats(c, settings) for c in chips}
+        data["chip_folders"] = {c.name: eviction.chip_row(c, settings) for c in chips}
         per_chip = self.counters.cache().per_chip()
         for soc, row in data["chip_folders"].items():
             row["counters"] = per_chip.get(soc, dict.fromkeys(COUNTER_NAMES, 0))

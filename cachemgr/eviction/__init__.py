@@ -17,7 +17,14 @@ from cachemgr.eviction.collect import (
     gc_chip,
 )
 from cachemgr.eviction.plan import MIB, NEVER_EVICT, EvictionPlan, check_limits, plan_eviction
-from cachemgr.eviction.purge import ChipUsage, PurgeReport, chip_stats, chip_usage, purge_chip
+from cachemgr.eviction.purge import (
+    ChipUsage,
+    PurgeReport,
+    chip_row,
+    chip_stats,
+    chip_usage,
+    purge_chip,
+)
 from cachemgr.eviction.reclaim import ORPHAN_MIN_AGE_S, TEMP_MAX_AGE_S, ReclaimResult
 
 __all__ = [
@@ -34,6 +41,7 @@ __all__ = [
     "PurgeReport",
     "ReclaimResult",
     "check_limits",
+    "chip_row",
     "chip_stats",
     "chip_usage",
     "gc_chip",
