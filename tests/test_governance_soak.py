@@ -19,7 +19,7 @@ import pytest
 from cachemgr.client import Client
 from cachemgr.errors import CacheMgrError
 from tests.conftest import SOC, publish
-from tests.daemon_util import start_daemon, wait_for
+from tests.daemon_util import Daemon, start_daemon, wait_for
 from tests.shared_util import GONE, GOOD, chip_bytes, kernel_request, reverify
 
 MIB = 1 << 20
@@ -43,6 +43,13 @@ def run_faults(tmp_path: Path, seconds: float, n_clients: int) -> None:
     )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs: {mounted.stderr.strip()}")
+    try:
+        _run_faults(tmp_path, mnt, seconds, n_clients)
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def _run_faults(tmp_path: Path, mnt: Path, seconds: float, n_clients: int) -> None:
     kc = mnt / "kernel_cache"
     chip = kc / SOC
     chip.mkdir(parents=True)
@@ -93,34 +100,39 @@ def run_faults(tmp_path: Path, seconds: float, n_clients: int) -> None:
     for t in threads:
         t.start()
     try:
-        step = seconds / 5
-        time.sleep(step)
-        d.signal(signal.SIGSTOP)  # a pause longer than any grace time
-        time.sleep(min(6.0, step))
-        d.signal(signal.SIGCONT)
-        time.sleep(step)
-        os.unlink(d.socket_path)  # a /tmp cleaner
-        wait_for(lambda: d.socket_path.exists(), 15, "the socket re-created")
-        time.sleep(step)
-        _remount(mnt, "ro")
-        wait_for(lambda: d.client.health()["status"] == "degraded", 20, "degraded (read-only)")
-        time.sleep(step)
-        _remount(mnt, "rw")
-        wait_for(lambda: d.client.health()["status"] != "degraded", 20, "recovered")
-    finally:
-        stop.set()
-        for t in threads:
-            t.join(60)
-        subprocess.run(["mount", "-o", "remount,rw", str(mnt)], check=False)
-    try:
+        try:
+            _faults(d, mnt, seconds)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(60)
+            subprocess.run(["mount", "-o", "remount,rw", str(mnt)], check=False)
         assert corrupt == [], corrupt[:5]
         assert served > 0, f"nothing served ({errors} errors)"
         wait_for(lambda: chip_bytes(chip) <= MAX_MB * MIB, 60, "usage back under the limit")
         assert d.proc.poll() is None, d.log()[-2000:]
         print(f"served {served} answers, {errors} clear errors during the faults")
     finally:
+        d.signal(signal.SIGCONT)
         d.stop()
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def _faults(d: Daemon, mnt: Path, seconds: float) -> None:
+    """Pause, remove the socket, flip the root read-only and back, a fifth of the run each."""
+    step = seconds / 5
+    time.sleep(step)
+    d.signal(signal.SIGSTOP)  # a pause longer than any grace time
+    time.sleep(min(6.0, step))
+    d.signal(signal.SIGCONT)
+    time.sleep(step)
+    os.unlink(d.socket_path)  # a /tmp cleaner
+    wait_for(lambda: d.socket_path.exists(), 15, "the socket re-created")
+    time.sleep(step)
+    _remount(mnt, "ro")
+    wait_for(lambda: d.client.health()["status"] == "degraded", 20, "degraded (read-only)")
+    time.sleep(step)
+    _remount(mnt, "rw")
+    wait_for(lambda: d.client.health()["status"] != "degraded", 20, "recovered")
 
 
 def test_faults_while_serving_short(tmp_path: Path) -> None:

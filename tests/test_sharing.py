@@ -21,7 +21,7 @@ from cachemgr.errors import ConfigError, NoSpaceError
 from cachemgr.ini import OpCacheIni
 from cachemgr.store import Store
 from tests.conftest import kernel_json, publish
-from tests.daemon_util import daemon_env, start_daemon, wait_for
+from tests.daemon_util import daemon_env, start_daemon, wait_first_scan, wait_for
 from tests.shared_util import SOC, compiles, kernel_request, timed_cc
 
 NFS_NAME = ".nfs000000000012abcd00000001"
@@ -164,7 +164,8 @@ def test_daemon_start_reclaims_what_a_killed_publish_left(tmp_path: Path) -> Non
     (chip / "te_half_1.lock").write_bytes(b"")
     (chip / NFS_NAME).write_bytes(b"x")
     d = start_daemon(tmp_path, "--cache-dir", str(root))
-    try:  # READY=1 comes after the start-up reclaim
+    try:  # the start-up reclaim runs in the background after READY=1 (issue 12 item 10)
+        wait_first_scan(d)
         assert sorted(os.listdir(chip)) == sorted(
             [NFS_NAME, "op_cache_file_del.lock", "te_good_1.json", "te_good_1.o", "te_good_1.lock"]
         )
