@@ -197,6 +197,8 @@ class RunContext:
     lock_timeout_s: float
     local: threading.local = field(default_factory=threading.local)
     build_dirs: list[Path] = field(default_factory=list)
+    #: the config file's tables (its ``[toolkit]`` stamps a new ``op_cache.ini``)
+    config_sections: dict[str, Any] = field(default_factory=dict)
 
     def build_dir(self) -> Path:
         """This thread's private, empty build folder (outside any cache folder)."""

@@ -6,13 +6,39 @@ Grammar of one chip folder (flat; names are CANN's):
   ``binFileSuffix``, ``kernelName``, ``sha256`` — or, for a mix kernel, a ``jsonList`` of
   ``{binType, jsonFileName}`` whose sub-jsons carry those fields;
 * ``<binFileName><binFileSuffix>``   the binary (``.o``, ``.so``, ``.cubin``...);
-* ``<kernel>.h``               when ``headerFileSuffix`` is set;
-* ``<kernel>_pre.json``        optional pre-build info;
+* ``<kernel>.h``               optional, also when ``headerFileSuffix`` is set [GE];
+* ``<name>_pre.json``          GE's pre-build cache: an entry of its own (rule R7 below);
 * ``<kernel>_mix_aic.json`` / ``_mix_aiv.json`` and their binaries, for mix kernels;
 * ``<kernel>.lock``            the entry's fcntl lock; ``op_cache_file_del.lock`` the evictor's;
 * ``*.temp``                   writes in progress;
 * ``.nfs*``                    NFS "silly renames" of removed files still open somewhere (SPEC
   §9): counted in the used bytes (they hold space until closed) and otherwise left alone.
+
+GE's validity rules — the one place they are listed (GE = ``hicann/ge``,
+``compiler/opcompiler/op_compile_adapter/source/``). An entry GE would serve is never called bad
+here, so cachemgr never deletes what GE considers valid:
+
+* **R1** the json parses to a JSON object (``common/te_file_utils.cc``
+  ``TeFileUtils::GetJsonValueFromJsonFile``);
+* **R2** it names its binary with ``binFileName`` and ``binFileSuffix``
+  (``common/compile_result_utils.cc`` ``CompileResultUtils::SetBinFilePath``); a mix kernel's
+  sub-jsons in ``jsonList`` do the same for theirs (``te_file_utils.cc``
+  ``TeFileUtils::IsObjFileExsit``);
+* **R3** the binary exists (``SetBinFilePath``: ``RealPath`` of it);
+* **R4** a ``.o``/``.so`` binary needs ``kernelName`` and is not empty
+  (``CompileResultUtils::SetKernelBin``, ``TeFileUtils::GetBufferFromBinFile``: size <= 0 fails);
+* **R5** ``sha256`` is present, not empty, and equal *as a string* to the binary's lower-case
+  hex SHA-256 (``cache/te_cache_manager.cc`` ``TeCacheManager::VerifyBinFileSha256``): an
+  upper-case value does not match;
+* **R6** the header is optional even when ``headerFileSuffix`` is set
+  (``CompileResultUtils::SetHeaderFilePath`` keeps an empty path when the file is missing;
+  ``TeCacheManager::CopyCompileRetIntoCacheDir`` copies it only when the compile made one);
+* **R7** ``<name>_pre.json`` is a pre-build entry of its own: a JSON object with a string
+  ``pattern`` (``TeCacheManager::MatchPreCompileCache``); GE's eviction counts and ages it on
+  its own (``cache/te_cache_space_manager.cc`` ``GetFilesAccessTime``: only its own size).
+
+cachemgr adds two rules of its own, for safety: names are flat (no ``/`` or ``..``), and a mix
+kernel's sub-binaries are checked against their ``sha256`` too (a hit is served whole).
 
 Two readings are offered. :func:`scan_chip` groups files by *name only* — one ``scandir`` and
 one ``lstat`` per file, no json opened — which is what eviction and ``ls`` need on 100,000
@@ -34,14 +60,20 @@ from cachemgr import fsutil, layout
 from cachemgr.errors import InvalidEntryError
 
 REQUIRED_FIELDS = ("binFileName", "binFileSuffix", "kernelName", "sha256")
-#: Suffixes (before ``.json``) of files that belong to the kernel named before them.
-PART_STEM_SUFFIXES = ("_pre", "_mix_aic", "_mix_aiv", "_loc", "_compute")
+#: Suffixes (before ``.json``) of files that belong to the kernel named before them. ``_pre``
+#: is not one: a ``<name>_pre.json`` is an entry of its own (rule R7).
+PART_STEM_SUFFIXES = ("_mix_aic", "_mix_aiv", "_loc", "_compute")
+#: Stem suffix of GE's pre-build entries (``te_cache_space_manager.cc`` ``kPreCompileFileSuffix``).
+PRE_SUFFIX = "_pre"
+#: Binary suffixes GE reads into a kernel bin, which then needs ``kernelName`` (rule R4).
+KERNEL_BIN_SUFFIXES = (".o", ".so")
 
 # Problem kinds reported by verify (stable strings: they appear in --json output).
 SHA256_MISMATCH = "sha256_mismatch"
 #: Not read: the read would have changed the entry's access time (issue 12 item 1). Not a
 #: problem of the entry: never repaired.
 NOT_CHECKED = "not_checked"
+EMPTY_BINARY = "empty_binary"
 MISSING_BINARY = "missing_binary"
 MISSING_SUBPART = "missing_subpart"
 UNREADABLE_JSON = "unreadable_json"
@@ -133,11 +165,14 @@ def owned_by(name: str, kernel: str) -> bool:
     return kernel_of_part(stem, {kernel}) == kernel
 
 
+def is_pre_entry(kernel: str) -> bool:
+    """True for GE's pre-build entries, ``<name>_pre`` (rule R7)."""
+    return kernel.endswith(PRE_SUFFIX)
+
+
 def _is_main_json(stem: str, json_stems: set[str]) -> bool:
     if not stem.endswith(PART_STEM_SUFFIXES):  # the common case, one C call
         return True
-    if stem.endswith("_pre"):
-        return False
     return not any(
         stem.endswith(sfx) and stem[: -len(sfx)] in json_stems for sfx in PART_STEM_SUFFIXES
     )
@@ -198,7 +233,8 @@ def scan_chip(chip_dir: Path) -> ChipScan:
     entries = scan.entries
     for stem in json_stems:
         if _is_main_json(stem, json_stems):
-            entries[stem] = EntryGroup(stem)
+            # a pre-build entry is its json alone: nothing to resolve (rule R7)
+            entries[stem] = EntryGroup(stem, resolved=is_pre_entry(stem))
     for name, fst in regular.items():
         # fast path: "<kernel>.<ext>" of a known kernel (json, binary, header)
         stem, _, ext = name.rpartition(".")
@@ -271,14 +307,13 @@ class EntryDesc:
         return self.kernel + ".json"
 
     def file_names(self) -> list[str]:
-        """Every file of the entry in deletion order: main json first, then binaries, header,
-        sub-jsons and the pre-build json (SPEC §5)."""
+        """Every file of the entry in deletion order: main json first, then binaries, header
+        and sub-jsons (SPEC §5). A ``_pre.json`` is an entry of its own (rule R7)."""
         names = [self.json_name]
         names += [b.bin_name for b in self.binaries]
         if self.header:
             names.append(self.header)
         names += list(self.sub_jsons)
-        names.append(self.kernel + "_pre.json")
         return list(dict.fromkeys(names))
 
 
@@ -301,7 +336,11 @@ def load_json_object(raw: bytes, name: str) -> dict[str, Any]:
 
 
 def _binary_ref(data: dict[str, Any], json_name: str, is_sub: bool) -> BinaryRef:
-    missing = [f for f in REQUIRED_FIELDS if f not in data]
+    """Rules R2, R4 (``kernelName`` for ``.o``/``.so``) and R5 (``sha256`` present, kept as
+    written: GE compares it as a string, so an upper-case value never matches)."""
+    suffix = data.get("binFileSuffix")
+    needed = [f for f in REQUIRED_FIELDS if f != "kernelName" or suffix in KERNEL_BIN_SUFFIXES]
+    missing = [f for f in needed if f not in data]
     if missing:
         raise InvalidEntryError(
             f"{json_name}: missing required field(s) {', '.join(missing)}", INVALID_JSON
@@ -311,9 +350,9 @@ def _binary_ref(data: dict[str, Any], json_name: str, is_sub: bool) -> BinaryRef
         raise InvalidEntryError(f"{json_name}: binFileSuffix={suffix!r} is invalid", BAD_NAME)
     base = layout.safe_file_name(data["binFileName"], f"{json_name}: binFileName")
     sha = data["sha256"]
-    if not isinstance(sha, str):
+    if not isinstance(sha, str) or not sha:
         raise InvalidEntryError(f"{json_name}: sha256={sha!r} is not a string", INVALID_JSON)
-    return BinaryRef(json_name, base + suffix, sha.lower(), is_sub)
+    return BinaryRef(json_name, base + suffix, sha, is_sub)
 
 
 def _read(chip_dir: Path, name: str) -> bytes:
@@ -352,6 +391,10 @@ def parse_entry(
 
     json_name = kernel + ".json"
     data = load_json_object(read(json_name), json_name)
+    if is_pre_entry(kernel):
+        if not isinstance(data.get("pattern"), str):
+            raise InvalidEntryError(f"{json_name}: pre-build json has no pattern", INVALID_JSON)
+        return EntryDesc(kernel, data, (), (), None)
     binaries: list[BinaryRef] = []
     subs: list[str] = []
     json_list = data.get("jsonList")
@@ -371,7 +414,7 @@ def parse_entry(
             binaries.insert(0, _binary_ref(data, json_name, is_sub=False))
     else:
         binaries.append(_binary_ref(data, json_name, is_sub=False))
-    header = None
+    header = None  # optional even when named (rule R6): deleted with the entry if present
     if data.get("headerFileSuffix"):
         header = layout.safe_file_name(kernel + str(data["headerFileSuffix"]), "header")
     return EntryDesc(kernel, data, tuple(binaries), tuple(subs), header)
@@ -398,8 +441,9 @@ def sha256_hex(data: bytes) -> str:
 
 
 def verify_entry(chip_dir: Path, desc: EntryDesc) -> list[Problem]:
-    """Check every part of a parsed entry: binaries present and matching ``sha256``, sub-parts
-    and header present. Reads without changing access times. Empty list = the entry is good.
+    """Check every part of a parsed entry by GE's rules (module docstring): binaries present,
+    not empty where GE reads them, matching ``sha256``; sub-parts present; the header is
+    optional. Reads without changing access times. Empty list = the entry is good.
     """
     problems: list[Problem] = []
     for ref in desc.binaries:
@@ -412,13 +456,14 @@ def verify_entry(chip_dir: Path, desc: EntryDesc) -> list[Problem]:
         except InvalidEntryError as exc:
             problems.append(Problem(exc.reason, str(exc)))
             continue
+        if not data and ref.bin_name.endswith(KERNEL_BIN_SUFFIXES):
+            problems.append(Problem(EMPTY_BINARY, f"{ref.bin_name} is empty"))
+            continue
         actual = sha256_hex(data)
-        if actual != ref.sha256:
+        if actual != ref.sha256:  # a string compare, as GE's (rule R5)
             problems.append(
                 Problem(SHA256_MISMATCH, f"{ref.bin_name}: sha256 {actual} != {ref.sha256}")
             )
-    if desc.header and fsutil.lstat_or_none(chip_dir / desc.header) is None:
-        problems.append(Problem(MISSING_SUBPART, f"header {desc.header} is missing"))
     return problems
 
 

@@ -49,6 +49,21 @@ def sync_toolkit(
     return versions.sync_toolkit(settings.layout, installed, purge_chip, dry_run=dry_run)
 
 
+def toolkit_lines(report: Mapping[str, Any]) -> Iterator[str]:
+    """The toolkit check in words, and one line per purged chip folder (reason, entries)."""
+    toolkit = report["toolkit"]
+    yield f"toolkit: {toolkit['detail']}"
+    for purged in toolkit.get("purged", []):
+        soc = Path(purged["chip_dir"]).name
+        if purged.get("skipped"):
+            yield f"{soc}: not purged: {purged['skipped']}"
+        else:
+            yield (
+                f"{soc}: purged {purged['entries']} entries ({purged['bytes']} bytes), "
+                f"reason: {toolkit['reason']}"
+            )
+
+
 def chip_dirs(settings: Settings, soc: str | None = None) -> list[Path]:
     """The chip folders to act on: ``soc``'s, the settings' ``soc_version``'s, or all."""
     soc = soc or settings.value("soc_version")

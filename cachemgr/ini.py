@@ -19,10 +19,11 @@ Grammar accepted here (GE's, made strict so that mistakes surface):
 
 Anything else is recorded in :attr:`OpCacheIni.problems` (one line each, naming
 ``<path>:<line>``, the value and the accepted range); loading never raises for bad content.
-The ini's limits are used only when both values are valid, both stamps are present and there
-is no problem at all (the seed's "both valid" rule); otherwise the caller falls back to
-``ASCEND_MAX_OP_CACHE_SIZE`` / ``ASCEND_REMAIN_CACHE_SIZE_RATIO`` and the defaults
-(``cachemgr.options``).
+Problems are warnings: the limits and stamps that count are the ones **GE computes** for the
+same bytes (:func:`ge_reading`, a copy of GE's parser), so that GE and cachemgr never fight
+over one folder. When GE does not use the ini (no stamps, another section first, a value
+``std::stoi`` rejects) the caller falls back to ``ASCEND_MAX_OP_CACHE_SIZE`` /
+``ASCEND_REMAIN_CACHE_SIZE_RATIO`` and the defaults (``cachemgr.options``), as GE does.
 
 Rewrites keep every line that was not changed byte for byte (comments, other sections, blank
 lines, key order, a BOM, CRLF ends, bytes that are not UTF-8) and go through a temp file and
@@ -68,6 +69,7 @@ _RATIO_RANGE = f"{RATIO_MIN_PCT}..{RATIO_MAX_PCT}"
 _BOM = b"\xef\xbb\xbf"
 _BLANKS = " \t"
 _INT = re.compile(r"-?[0-9]+")
+_STOI = re.compile(r"[ \t\n\v\f\r]*([+-]?[0-9]+)")
 _HEADER = re.compile(r"\[([^\]]*)\][ \t]*")
 # Linear-time: no two blank runs can trade characters (the lazy form was cubic on a long
 # line of blanks, which a shared, group-writable ini must not be able to do to every command).
@@ -87,6 +89,108 @@ class IniLimits:
 
     max_op_cache_size: int
     remain_cache_size_ratio: int
+
+
+@dataclass(frozen=True)
+class GeReading:
+    """What GE reads from an ``op_cache.ini`` (:func:`ge_reading`).
+
+    :ivar used: GE uses the ini (``GetCacheInitFileCfg`` returned true: the first section in
+        sorted order is ``[op_compiler_cache]`` and it has both stamps).
+    :ivar values: the four keys' raw values as GE holds them (a CRLF file leaves a ``\r``).
+    :ivar limits: GE's limits (MB, percent), None when GE falls back to env / defaults.
+    """
+
+    used: bool
+    values: dict[str, str]
+    limits: IniLimits | None
+
+    @property
+    def stamps(self) -> tuple[str, str] | None:
+        """(adk_version, ops_version) as GE compares them, or None when GE has none."""
+        if not self.used:
+            return None
+        return self.values[ADK_KEY], self.values[OPS_KEY]
+
+
+def ge_stoi(text: str) -> int | None:
+    """``std::stoi(text)``: leading whitespace, an optional sign, decimal digits; the rest is
+    ignored (``2000MB`` → 2000). None where ``std::stoi`` throws (no digit, outside ``int``)."""
+    match = _STOI.match(text)
+    if match is None or len(match.group(1)) > 20:
+        return None
+    value = int(match.group(1))
+    return value if -(2**31) <= value <= MAX_MB_LIMIT else None
+
+
+def _ge_sections(text: str) -> dict[str, list[tuple[str, str]]]:
+    """``TeCacheSpaceManager::LoadIniFile`` (``cache/te_cache_space_manager.cc``): lines from
+    ``std::getline`` (LF only; a CR stays in the line), ``#`` in column 1 is a comment, a
+    ``[`` in column 1 opens a section named up to the *last* ``]`` (no ``]``: the line is
+    skipped and the previous name kept), ``key=value`` split at the first ``=``, both trimmed
+    of spaces and tabs (``Trim``, ``common/common_utils.cc``), kept only when both are
+    non-empty. Keys before any header flow into the first section. A section name seen again
+    keeps its first content (``std::map::emplace``)."""
+    sections: dict[str, list[tuple[str, str]]] = {}
+    content: list[tuple[str, str]] = []
+    name = ""
+    for line in text.split("\n"):
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("["):
+            if name and content:
+                sections.setdefault(name, content)
+                content = []
+            end = line.rfind("]")
+            if end != -1:
+                name = line[1:end].strip(_BLANKS)
+            continue
+        if "=" not in line:
+            continue
+        key, _, value = line.partition("=")
+        key, value = key.strip(_BLANKS), value.strip(_BLANKS)
+        if key and value:
+            content.append((key, value))
+    if content and name:
+        sections.setdefault(name, content)
+    return sections
+
+
+def ge_reading(data: bytes) -> GeReading:
+    """Read ``op_cache.ini`` bytes exactly as GE does (SPEC §5, [GE]).
+
+    ``GetCacheInitFileCfg``: sections in ``std::map`` (byte) order; the first must be
+    ``op_compiler_cache`` or GE ignores the file; inside it keys in ``std::multimap`` order,
+    the last duplicate wins; GE uses the ini only when both stamps are non-empty.
+    ``UpdateOpCacheSizeCfg``: limits only when both values are set, both pass ``std::stoi``,
+    ``max_op_cache_size`` is -1 or ≥ 1 and ``remain_cache_size_ratio`` is 1..100; otherwise
+    GE falls back to the env vars and defaults.
+    """
+    sections = _ge_sections(data.decode("utf-8", "surrogateescape"))
+    values: dict[str, str] = {}
+    order = sorted(sections, key=lambda n: n.encode("utf-8", "surrogateescape"))
+    if not order or order[0] != SECTION:
+        return GeReading(False, values, None)
+    for key, value in sorted(
+        sections[SECTION], key=lambda kv: kv[0].encode("utf-8", "surrogateescape")
+    ):
+        if key in _KNOWN_KEYS:
+            values[key] = value
+    if not (values.get(ADK_KEY) and values.get(OPS_KEY)):
+        return GeReading(False, values, None)
+    return GeReading(True, values, _ge_limits(values.get(MAX_KEY, ""), values.get(RATIO_KEY, "")))
+
+
+def _ge_limits(max_raw: str, ratio_raw: str) -> IniLimits | None:
+    """``UpdateOpCacheSizeCfg``'s checks (see :func:`ge_reading`)."""
+    if not max_raw or not ratio_raw:
+        return None
+    max_mb, ratio = ge_stoi(max_raw), ge_stoi(ratio_raw)
+    if max_mb is None or ratio is None or max_mb == 0 or max_mb < NEVER_EVICT:
+        return None
+    if not RATIO_MIN_PCT <= ratio <= RATIO_MAX_PCT:
+        return None
+    return IniLimits(max_mb, ratio)
 
 
 @dataclass
@@ -290,6 +394,8 @@ class OpCacheIni:
     :ivar remain_cache_size_ratio: valid percent 1..100 kept after eviction, or None.
     :ivar adk_version: GE's toolkit version stamp, or None when missing/empty.
     :ivar ops_version: GE's operator-package version stamp, or None when missing/empty.
+    :ivar ge: what GE itself reads from the same bytes (:class:`GeReading`): the limits and
+        the stamps that count (``ge.stamps`` is None when GE ignores the ini).
     """
 
     def __init__(self, path: Path, data: bytes | None) -> None:
@@ -350,17 +456,10 @@ class OpCacheIni:
         return ini
 
     def limits(self) -> IniLimits | None:
-        """The ini's limits, or None when the caller must fall back to env vars / defaults.
-
-        The seed's "both valid" rule (SPEC §5): limits count only when ``max_op_cache_size``
-        and ``remain_cache_size_ratio`` are both valid, both version stamps are present (GE
-        ignores the ini otherwise) and :attr:`problems` is empty.
-        """
-        if self.problems or self.max_op_cache_size is None or self.remain_cache_size_ratio is None:
-            return None
-        if self.adk_version is None or self.ops_version is None:
-            return None
-        return IniLimits(self.max_op_cache_size, self.remain_cache_size_ratio)
+        """The limits GE computes for this file (:func:`ge_reading`), or None when the caller
+        must fall back to env vars / defaults as GE does (SPEC §5). :attr:`problems` are
+        warnings about doubtful lines; they do not change what GE computes."""
+        return self.ge.limits
 
     def set(self, key: str, value: str | int) -> None:
         """Set ``key`` in ``[op_compiler_cache]`` in memory; :meth:`save` writes it.
@@ -479,10 +578,25 @@ class OpCacheIni:
             found = []  # a missing file is not a problem: GE creates it, we fall back
         found.sort(key=lambda item: item[0] or float("inf"))
         self.problems = [f"{self._where(line)}: {msg}" for line, msg in found]
+        self.ge = ge_reading(_join(self._bom, self._lines))
+        if self.ge.limits is not None and (
+            self.ge.limits.max_op_cache_size,
+            self.ge.limits.remain_cache_size_ratio,
+        ) != (limits[MAX_KEY], limits[RATIO_KEY]):
+            self.problems.append(
+                f"{self._where(0)}: GE reads the limits as max_op_cache_size="
+                f"{self.ge.limits.max_op_cache_size}, remain_cache_size_ratio="
+                f"{self.ge.limits.remain_cache_size_ratio}; cachemgr applies the same"
+            )
         self.max_op_cache_size = limits[MAX_KEY]
         self.remain_cache_size_ratio = limits[RATIO_KEY]
         self.adk_version = stamps[ADK_KEY]
         self.ops_version = stamps[OPS_KEY]
+        if self.exists and not self.ge.used and stamps[ADK_KEY] and stamps[OPS_KEY]:
+            self.problems.append(
+                f"{self._where(0)}: GE ignores this ini (a section sorts before "
+                f"[{SECTION}]): its stamps and limits do not count"
+            )
 
     def _default_end(self) -> str:
         """The file's usual line end (LF unless most lines end with CRLF): no normalising."""
@@ -506,6 +620,8 @@ class OpCacheIni:
                 match = _KEYVAL.fullmatch(line.text)
                 if match is not None:  # always true for a key line; keeps mypy calm
                     line.text = line.text[: match.start(2)] + text + line.text[match.end(2) :]
+                if key in _STAMPS and line.end == "\r\n":
+                    line.end = "\n"  # GE keeps a CR in the value: the stamp would never match
             return
         if not scan.headers:
             self._add_section()

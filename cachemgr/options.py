@@ -307,12 +307,20 @@ def _env_limit(
 
 
 def _resolve_limits(ini_path: Path, env: Mapping[str, str]) -> tuple[Resolved, Resolved, list[str]]:
-    """SPEC §5: op_cache.ini if both values are valid; else env; else 500 MB / 50 %."""
+    """SPEC §5: op_cache.ini's limits as GE computes them (``ini.ge_reading``); else env; else
+    500 MB / 50 %. Doubtful ini lines are warnings either way."""
     problems: list[str] = []
     ini = OpCacheIni.load(ini_path)
     limits = ini.limits()
     if limits is not None:
         src = str(ini_path)
+        if ini.problems:
+            problems.extend(ini.problems)
+            problems.append(
+                f"op_cache.ini {ini_path} is used as GE reads it: max_op_cache_size="
+                f"{limits.max_op_cache_size}, remain_cache_size_ratio="
+                f"{limits.remain_cache_size_ratio}"
+            )
         return (
             Resolved(limits.max_op_cache_size, ORIGIN_INI, src),
             Resolved(limits.remain_cache_size_ratio, ORIGIN_INI, src),

@@ -25,15 +25,15 @@ import json
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cachemgr import entry, fsutil, precompiled
+from cachemgr import entry, fsutil, precompiled, versions
 from cachemgr.build import COMPILED, HIT, CompileOutcome, Prepared, RunContext, compile_job
 from cachemgr.chiplock import Hold
 from cachemgr.compilers import CompileResult
-from cachemgr.errors import LockBusyError, NoSpaceError
+from cachemgr.errors import CachePermissionError, ConfigError, LockBusyError, NoSpaceError
 from cachemgr.store import Store
 
 log = logging.getLogger(__name__)
@@ -80,6 +80,7 @@ class Pending:
     entry_lock: fsutil.FcntlLock
     chip_hold: Hold
     lock_timeout_s: float
+    config_sections: dict[str, Any] = field(default_factory=dict)
 
     def finish(self, uncached_dir: Callable[[], Path] | None = None) -> CompileOutcome:
         """Publish (json last), then release the locks — from any thread.
@@ -96,6 +97,7 @@ class Pending:
             if p.decision.cache.replace:
                 store.remove(p.kernel)
             published = store.publish(p.kernel, self.files, self.main_json)
+            _ensure_ini(p.chip_dir.parent, self.config_sections)  # logs its own failure
         except (NoSpaceError, OSError) as exc:
             if uncached_dir is None or not _cannot_store(exc):
                 raise
@@ -177,7 +179,20 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
         lock.release()
         hold.release()
         raise
-    return Pending(p, files, main, lock, hold, ctx.lock_timeout_s)
+    return Pending(p, files, main, lock, hold, ctx.lock_timeout_s, ctx.config_sections)
+
+
+def _ensure_ini(kernel_cache_dir: Path, sections: dict[str, Any]) -> None:
+    """After a publish: create a missing ``op_cache.ini`` with the installed toolkit's stamps
+    (issue 9 item 1). GE purges a chip folder whose kernel cache has no ini
+    (``te_cache_space_manager.cc`` ``DelCachedFiles``), so without it the next CANN process
+    would wipe this entry. A failure is logged, never fails the publish."""
+    if fsutil.lstat_or_none(kernel_cache_dir / "op_cache.ini") is not None:
+        return
+    try:
+        versions.ensure_ini(kernel_cache_dir, versions.installed_versions(os.environ, sections))
+    except (OSError, ConfigError, CachePermissionError) as exc:
+        log.warning("could not create %s/op_cache.ini: %s", kernel_cache_dir, exc)
 
 
 def _compile_alone(p: Prepared, ctx: RunContext) -> CompileOutcome:

@@ -100,6 +100,7 @@ class CompileQueue:
         self._ctx = build.RunContext(
             Path(output_dir).absolute() if output_dir else None,
             lock_timeout_s if lock_timeout_s else 2 * self.timeout_s + 60,
+            config_sections=dict(settings.sections),
         )
         self._compilers = keys.Compilers(settings.sections.get("compilers", {}))
         self._lock = threading.Lock()

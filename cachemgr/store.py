@@ -247,8 +247,8 @@ class Store:
 
     def _present_parts(self, desc: entry.EntryDesc) -> list[str]:
         names = [desc.json_name, *desc.sub_jsons, *(b.bin_name for b in desc.binaries)]
-        if desc.header:
-            names.append(desc.header)
+        if desc.header and fsutil.lstat_or_none(self.chip_dir / desc.header) is not None:
+            names.append(desc.header)  # optional (entry rule R6): served only when present
         return names
 
     def _touch(self, files: tuple[Path, ...]) -> None:
@@ -342,7 +342,7 @@ class Store:
         return removed
 
     def remove_orphan(self, name: str) -> bool:
-        """Remove a loose file (binary with no json, stray ``_pre.json``) if its kernel still
+        """Remove a loose file (binary with no json) if its kernel still
         has no json, under that kernel's lock taken without waiting (a publish in progress
         holds it). Returns True if removed."""
         stem = name.split(".", 1)[0]
@@ -467,8 +467,8 @@ class Store:
         """Check every entry and loose file of the chip folder (``cachemgr verify``).
 
         Reads without changing access times. With ``repair``, bad entries and orphans are
-        removed (under their locks). Orphans are binaries with no json and ``_pre.json``
-        files whose kernel json is absent.
+        removed (under their locks). Orphans are binaries with no json; GE's ``_pre.json``
+        files are entries (``cachemgr.entry`` rule R7), never orphans.
         """
         with fsutil.reads_keep_atime():
             return self._verify_all(repair)

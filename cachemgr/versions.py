@@ -1,24 +1,37 @@
 """Toolkit upgrades: compare the installed CANN versions with ``op_cache.ini``'s stamps
 (layer 5; SPEC §5, [GE]).
 
-Where the installed versions come from (GE's ``TeConfigInfo::InitAdkAndOppVersion``):
+Where the installed versions come from — GE's own rule (``common/te_config_info.cc``,
+``TeConfigInfo::InitAdkAndOppVersion`` and ``GetVersionFromVersionFile``):
 
-* ``adk_version`` — ``version.info`` of the compiler package: ``$ASCEND_HOME_PATH/compiler/``
-  then ``$ASCEND_HOME_PATH/``, then the same under ``$ASCEND_TOOLKIT_HOME``;
+* ``adk_version`` — relative to GE's library (``TeConfigInfo::InitLibPath``: the real path of
+  the ``.so`` holding GE's cache code, ``libop_compile_adapter.so``, older ``libte_fusion.so``):
+  ``<lib dir>/../version.info``, else ``<lib dir>/../../compiler/version.info``. cachemgr finds
+  that library under ``$ASCEND_HOME_PATH`` (then ``$ASCEND_TOOLKIT_HOME``) in the standard
+  layouts — ``lib64/``, ``compiler/lib64/`` (``ascend-toolkit/latest/...``) and
+  ``<arch>-linux/lib64/`` (``cann/<arch>-linux/...``) — following links as ``realpath`` does.
+  With no library found it reads ``compiler/version.info`` then ``version.info`` under the
+  home (what GE's rule gives on the older layout) and says so in the source;
 * ``ops_version`` — ``$ASCEND_OPP_PATH/version.info``;
 * either can be set in the config file: table ``[toolkit]``, keys ``adk_version`` and
   ``ops_version`` (origin ``option``), which wins over the files.
 
-``version.info`` is read as GE reads it: lines ``key=value``, blanks around both trimmed,
-empty lines and ``#`` lines skipped, the first key exactly ``Version`` gives the version
-(e.g. ``Version=7.0.RC1`` or ``Version=7.6.0.1.220``; other keys such as ``version_dir`` are
-ignored).
+``version.info`` is read as GE reads it: lines ``key=value``, key and value trimmed of spaces
+and tabs, lines starting with ``#`` skipped, the first key exactly ``Version`` gives the version.
 
-The rule (SPEC §5): when the ini's ``adk_version``/``ops_version`` differ from the installed
-ones — or the ini has no stamps, which is how GE treats a missing ini — **every** chip folder
-is purged and the ini restamped (other lines kept). GE purges only the chip it compiles for,
-a known gap. With no toolkit found (either version unknown) the cache is left alone and the
-result says so: cachemgr does not copy GE's "unknown version → delete the cache".
+The rule, as GE's ``TeCacheSpaceManager::DelCachedFiles`` (``cache/te_cache_space_manager.cc``):
+
+* ini **missing** → purge every chip folder (GE: only the chip it compiles for, a known gap),
+  then create the ini with the installed stamps;
+* ini that GE uses (both stamps present, ``ini.ge_reading``) and a stamp differs → purge every
+  chip folder, restamp (other lines kept);
+* an ini that exists without stamps (hand-written, or caught in the middle of GE's
+  non-atomic rewrite) → never a purge;
+* installed version unknown → never a purge (GE would delete; cachemgr does not copy that).
+
+Before each chip folder is purged, the ini is read again under that folder's eviction lock;
+the purge happens only when the reading is unchanged. Every purge is reported with its reason
+and its number of entries.
 
 This module does not import the eviction engine (same layer, independent): the caller passes
 the purge function (``cachemgr.eviction.purge_chip``).
@@ -26,7 +39,9 @@ the purge function (``cachemgr.eviction.purge_chip``).
 
 from __future__ import annotations
 
+import glob
 import logging
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -40,7 +55,16 @@ from cachemgr.ini import ADK_KEY, OPS_KEY, OpCacheIni
 log = logging.getLogger(__name__)
 
 VERSION_INFO = "version.info"
-#: Where ``adk_version``'s ``version.info`` is looked for, under each toolkit home [GE].
+#: GE's libraries holding ``TeConfigInfo`` (``op_compile_adapter/source/CMakeLists.txt``;
+#: ``libte_fusion.so`` in older CANN) [GE].
+GE_LIBRARIES = ("libop_compile_adapter.so", "libte_fusion.so")
+#: Where a toolkit home keeps them: older ``ascend-toolkit/latest`` and newer
+#: ``cann/<arch>-linux`` layouts.
+GE_LIBRARY_DIRS = ("lib64", "compiler/lib64", "*-linux/lib64")
+#: ``te_config_info.cc``: ``kParentDirRelativePath``, then ``kCompilerPkgRelativePath`` [GE].
+ADK_FROM_LIBRARY = ("..", "../../compiler")
+#: Without GE's library: ``version.info`` under the home, as GE's rule gives on the older
+#: layout.
 ADK_RELATIVE = ("compiler/version.info", "version.info")
 ADK_ENV_VARS = ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME")
 OPS_ENV_VAR = "ASCEND_OPP_PATH"
@@ -52,8 +76,9 @@ class VersionStatus(Enum):
     """Outcome of comparing the installed toolkit with the ini's stamps."""
 
     MATCH = "match"  # stamps name the installed toolkit: nothing to do
-    UPGRADED = "upgraded"  # stamps differ: purge every chip folder, restamp
-    UNSTAMPED = "unstamped"  # no ini or no stamps: cache of unknown version: purge, stamp
+    UPGRADED = "upgraded"  # both stamps present and one differs: purge every chip, restamp
+    NO_INI = "no_ini"  # no op_cache.ini: purge every chip folder, create it with stamps
+    UNSTAMPED = "unstamped"  # an ini GE does not use (no stamps): never a purge
     NO_TOOLKIT = "no_toolkit"  # installed versions unknown: leave the cache alone
     NO_CACHE = "no_cache"  # no kernel cache folder yet: nothing to compare
 
@@ -102,14 +127,24 @@ class VersionCheck:
     purged: list[PurgeResult] = field(default_factory=list)
     restamped: bool = False
 
+    #: the ini's bytes the decision was made on (re-checked under each eviction lock)
+    ini_bytes: bytes | None = None
+
     @property
     def needs_purge(self) -> bool:
-        return self.status in (VersionStatus.UPGRADED, VersionStatus.UNSTAMPED)
+        return self.status in (VersionStatus.UPGRADED, VersionStatus.NO_INI)
+
+    @property
+    def purged_entries(self) -> int:
+        """Entries removed by the purge, over every chip folder."""
+        return sum(int(p.to_json().get("entries", 0)) for p in self.purged)
 
     def to_json(self) -> dict[str, Any]:
         inst = self.installed
         return {
             "status": self.status.value,
+            "reason": self.status.value if self.needs_purge else "",
+            "purged_entries": self.purged_entries,
             "detail": self.detail,
             "installed": {
                 "adk_version": {"value": inst.adk.value, "source": inst.adk.source},
@@ -131,12 +166,12 @@ def read_version_info(path: Path) -> str | None:
         text = Path(path).read_text(encoding="utf-8", errors="replace")
     except OSError:
         return None
-    for line in text.splitlines():
+    for line in text.split("\n"):  # std::getline; Trim() strips spaces and tabs only
         if not line or line.startswith("#") or "=" not in line:
             continue
         key, _, value = line.partition("=")
-        if key.strip() == "Version":
-            return value.strip() or None
+        if key.strip(" \t") == "Version":
+            return value.strip(" \t") or None
     return None
 
 
@@ -168,16 +203,44 @@ def installed_versions(
     if adk is None:
         adk = Found(None, "not found: " + " / ".join(f"${v}" for v in ADK_ENV_VARS) + " unset")
         for var in ADK_ENV_VARS:
-            if env.get(var):
-                adk = _first_version(Path(env[var]), ADK_RELATIVE, var)
+            home = env.get(var, "").strip(" \t")
+            if home:
+                adk = _adk_from_library(Path(home), var) or _first_version(
+                    Path(home), ADK_RELATIVE, var
+                )
                 if adk.value:
                     break
     ops = _override(sections, OPS_KEY)
     if ops is None:
         ops = Found(None, f"not found: ${OPS_ENV_VAR} unset")
-        if env.get(OPS_ENV_VAR):
-            ops = _first_version(Path(env[OPS_ENV_VAR]), (VERSION_INFO,), OPS_ENV_VAR)
+        opp = env.get(OPS_ENV_VAR, "").strip(" \t")  # TeConfigInfo::InitEnvItem trims it
+        if opp:
+            ops = _first_version(Path(opp), (VERSION_INFO,), OPS_ENV_VAR)
     return Installed(adk, ops)
+
+
+def ge_library(home: Path) -> Path | None:
+    """The real path of GE's cache library under a toolkit home, or None (see module doc)."""
+    for pattern in GE_LIBRARY_DIRS:
+        for folder in sorted(glob.glob(str(home / pattern))):
+            for name in GE_LIBRARIES:
+                lib = Path(folder) / name
+                if lib.exists():
+                    return Path(os.path.realpath(lib))
+    return None
+
+
+def _adk_from_library(home: Path, var: str) -> Found | None:
+    """``TeConfigInfo::InitAdkAndOppVersion``: ``version.info`` relative to GE's library."""
+    lib = ge_library(home)
+    if lib is None:
+        return None
+    for rel in ADK_FROM_LIBRARY:
+        path = Path(os.path.normpath(lib.parent / rel / VERSION_INFO))
+        value = read_version_info(path)
+        if value:
+            return Found(value, f"{path} (next to GE's {lib}, from ${var})")
+    return None
 
 
 def _first_version(home: Path, relatives: tuple[str, ...], var: str) -> Found:
@@ -190,7 +253,7 @@ def _first_version(home: Path, relatives: tuple[str, ...], var: str) -> Found:
 
 
 def compare(cache: layout.CacheLayout, installed: Installed) -> VersionCheck:
-    """Compare without changing anything.
+    """Compare without changing anything (the rule in the module docstring).
 
     :raises ConfigError: the ini path is a folder, a symlink or unreadable.
     """
@@ -203,32 +266,58 @@ def compare(cache: layout.CacheLayout, installed: Installed) -> VersionCheck:
         return VersionCheck(VersionStatus.NO_CACHE, installed, None, None, detail)
     ini = OpCacheIni.load(cache.ini_path)
     have = f"adk_version={installed.adk.value}, ops_version={installed.ops.value}"
-    if ini.adk_version is None or ini.ops_version is None:
+    stamps = ini.ge.stamps
+    if not ini.exists:
+        status = VersionStatus.NO_INI
+        detail = f"{cache.ini_path} is missing (GE purges then); installed toolkit {have}"
+        return VersionCheck(status, installed, None, None, detail, ini_bytes=None)
+    if stamps is None:
         status = VersionStatus.UNSTAMPED
-        detail = f"{cache.ini_path} has no version stamps; installed toolkit {have}"
-    elif (ini.adk_version, ini.ops_version) == (installed.adk.value, installed.ops.value):
+        detail = (
+            f"{cache.ini_path} has no version stamps GE uses; installed toolkit {have}; "
+            "cache kept (an ini without stamps never causes a purge)"
+        )
+    elif stamps == (installed.adk.value, installed.ops.value):
         status = VersionStatus.MATCH
         detail = f"cache stamps match the installed toolkit ({have})"
     else:
         status = VersionStatus.UPGRADED
         detail = (
-            f"toolkit changed: ini has adk_version={ini.adk_version}, "
-            f"ops_version={ini.ops_version}; installed {have}"
+            f"toolkit changed: ini has adk_version={stamps[0]!r}, ops_version={stamps[1]!r}; "
+            f"installed {have}"
         )
-    return VersionCheck(status, installed, ini.adk_version, ini.ops_version, detail)
+    adk, ops = stamps if stamps else (ini.adk_version, ini.ops_version)
+    data = _ini_bytes(cache.ini_path)
+    return VersionCheck(status, installed, adk, ops, detail, ini_bytes=data)
+
+
+def _ini_bytes(path: Path) -> bytes | None:
+    try:
+        return fsutil.read_bytes_noatime(path)
+    except OSError:
+        return None
+
+
+def still_needs_purge(cache: layout.CacheLayout, check: VersionCheck) -> bool:
+    """Re-read the ini (the caller holds a chip folder's eviction lock): True only when the
+    reading that decided the purge is unchanged — still missing, or the same bytes."""
+    if check.status is VersionStatus.NO_INI:
+        return fsutil.lstat_or_none(cache.ini_path) is None
+    return _ini_bytes(cache.ini_path) == check.ini_bytes
 
 
 def sync_toolkit(
     cache: layout.CacheLayout,
     installed: Installed,
-    purge: Callable[[Path], PurgeResult],
+    purge: Callable[..., PurgeResult],
     dry_run: bool = False,
 ) -> VersionCheck:
-    """Purge every chip folder and restamp the ini when the toolkit changed (SPEC §5).
+    """Purge every chip folder and (re)stamp the ini when GE would (module docstring).
 
-    :param purge: purges one chip folder (``cachemgr.eviction.purge_chip``); its errors
-        (e.g. ``LockBusyError``) propagate and the ini is then not restamped, so the next
-        run tries again.
+    :param purge: purges one chip folder (``cachemgr.eviction.purge_chip``), called as
+        ``purge(chip, still_needed=...)``: it re-checks under the eviction lock. Its errors
+        (e.g. ``LockBusyError``) propagate and the ini is then not restamped, so the next run
+        tries again.
     :param dry_run: only say what would be done.
     :raises ConfigError: an unreadable ini path.
     :raises CachePermissionError: the ini cannot be written.
@@ -240,16 +329,48 @@ def sync_toolkit(
         return check
     chips = cache.chip_dirs()
     if dry_run:
-        check.detail += f"; would purge {len(chips)} chip folder(s) and restamp"
+        check.detail += f"; would purge {len(chips)} chip folder(s) and stamp the ini"
         return check
     log.warning("%s; purging %d chip folder(s)", check.detail, len(chips))
     for chip in chips:
-        check.purged.append(purge(chip))
+        check.purged.append(purge(chip, still_needed=lambda: still_needs_purge(cache, check)))
+    if not still_needs_purge(cache, check):
+        check.detail += f"; the ini changed meanwhile, not restamped ({cache.ini_path})"
+    else:
+        stamp_ini(cache, installed)
+        check.restamped = True
+    check.detail += (
+        f"; purged {check.purged_entries} entries in {len(chips)} chip folder(s) "
+        f"(reason: {check.status.value})"
+        + (f" and stamped {cache.ini_path}" if check.restamped else "")
+    )
+    return check
+
+
+def stamp_ini(cache: layout.CacheLayout, installed: Installed) -> None:
+    """Write the installed stamps into ``<kernel cache>/op_cache.ini`` (created if missing,
+    other lines kept), as GE's ``CreatOpCacheIniFile`` / ``UpdateOpCacheIniFile`` do.
+
+    :raises ConfigError: unreadable ini path; :raises CachePermissionError: not writable.
+    """
     ini = OpCacheIni.load(cache.ini_path)
     ini.set(ADK_KEY, str(installed.adk.value))
     ini.set(OPS_KEY, str(installed.ops.value))
     fsutil.ensure_dir(cache.kernel_cache_dir)
     ini.save()
-    check.restamped = True
-    check.detail += f"; purged {len(chips)} chip folder(s) and restamped {cache.ini_path}"
-    return check
+
+
+def ensure_ini(kernel_cache_dir: Path, installed: Installed) -> bool:
+    """Create a missing ``op_cache.ini`` with the installed stamps (a publish calls this):
+    GE purges a chip folder when it finds no ini, so without it the next CANN process on the
+    host would wipe what cachemgr just published. Nothing is done when the ini exists or the
+    toolkit is unknown. Returns True when the ini was created.
+
+    :raises ConfigError, CachePermissionError: as :func:`stamp_ini`.
+    """
+    cache = layout.CacheLayout(Path(kernel_cache_dir))
+    if not installed.complete or fsutil.lstat_or_none(cache.ini_path) is not None:
+        return False
+    stamp_ini(cache, installed)
+    log.info("created %s with the installed toolkit's stamps", cache.ini_path)
+    return True

@@ -143,7 +143,8 @@ def test_toolkit_upgrade_purges_every_chip_folder(
     env = {**clean_env, **toolkit_env(tmp_path, "8.0.RC1", "8.0.RC1")}
     proc = gc(root, env, "--soc", SOC)
     assert proc.returncode == 0, proc.stderr
-    assert "toolkit changed" in proc.stdout and "purged 2 chip folder(s)" in proc.stdout
+    assert "toolkit changed" in proc.stdout and "entries in 2 chip folder(s)" in proc.stdout
+    assert f"{SOC}: purged 12 entries" in proc.stdout and "reason: upgraded" in proc.stdout
     assert not kernels(other) and not kernels(root / "kernel_cache" / SOC)
     assert "adk_version=8.0.RC1" in (root / "kernel_cache" / "op_cache.ini").read_text()
     version_info(tmp_path / "Ascend" / "latest" / "compiler", "8.0.RC1")  # unchanged
@@ -179,4 +180,5 @@ def test_purge_refuses_without_yes_off_a_terminal(root: Path, clean_env: dict[st
     proc = run_cli("purge", "--all", "--yes", "--json", "--cache-dir", str(root), env=clean_env)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["chip_folders"][SOC]["entries"] == 12
-    assert not kernels(chip) and os.listdir(chip) == ["op_cache_file_del.lock"]
+    # lock files stay until dead and an hour old (a GE process may hold one: issue 9 item 8)
+    assert not kernels(chip) and all(n.endswith(".lock") for n in os.listdir(chip))

@@ -6,11 +6,17 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import ROOT
+from tests.test_ge_interop import fake_toolkit
 
 
-def test_scripts_demo_runs_the_main_job(tmp_path: Path) -> None:
+@pytest.mark.parametrize("host", ["plain", "cann"])
+def test_scripts_demo_runs_the_main_job(tmp_path: Path, host: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ASCEND_", "CACHEMGR_"))}
+    if host == "cann":  # ASCEND_HOME_PATH / ASCEND_OPP_PATH set, as on every CANN host
+        env.update(fake_toolkit(tmp_path / "Ascend"))
     (tmp_path / "run").mkdir(mode=0o700)
     env.update(
         HOME=str(tmp_path),
@@ -32,5 +38,9 @@ def test_scripts_demo_runs_the_main_job(tmp_path: Path) -> None:
     assert cold.count("compiled ") >= 6 and "hit " not in cold
     assert warm.count("hit ") == cold.count("compiled ")
     assert "(via daemon)" in out and "daemon stopped cleanly" in out
-    assert (tmp_path / "atc_data" / "kernel_cache" / "Ascend910B1").is_dir()
+    chip = tmp_path / "atc_data" / "kernel_cache" / "Ascend910B1"
+    assert chip.is_dir()
+    # its own gc --ratio 80 keeps every kernel it just compiled (issue 9 item 1)
+    assert len(list(chip.glob("*.json"))) == cold.count("compiled "), out
+    assert "purged" not in out.split("== cachemgr gc")[1]
     assert not (tmp_path / "run" / "cachemgr" / "cachemgr.sock").exists()

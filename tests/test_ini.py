@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from cachemgr import ini
 from cachemgr.errors import ConfigError
 from cachemgr.ini import INI_NAME, SECTION, IniLimits, OpCacheIni
+from tests import ge_twin
 
 GOOD = (
     b"[op_compiler_cache]\n"
@@ -110,27 +111,29 @@ def test_whitespace_around_equals_and_comments_are_allowed(tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize(
-    ("raw", "why"),
+    ("raw", "why", "ge_max"),
     [
-        ("abc", "is not an integer"),
-        ("0", "is outside"),
-        ("-5", "is outside"),
-        ("1.5", "is not an integer"),
-        ("2147483648", "is outside"),
-        ("9" * 50, "is outside"),
-        ("+5", "is not an integer"),
-        ("500 # MB", "is not an integer"),
+        ("abc", "is not an integer", None),
+        ("0", "is outside", None),
+        ("-5", "is outside", None),
+        ("1.5", "is not an integer", 1),  # std::stoi stops at the "."
+        ("2147483648", "is outside", None),  # std::out_of_range
+        ("9" * 50, "is outside", None),
+        ("+5", "is not an integer", 5),
+        ("500 # MB", "is not an integer", 500),
     ],
 )
 def test_bad_max_is_a_problem_naming_value_line_and_range(
-    tmp_path: Path, raw: str, why: str
+    tmp_path: Path, raw: str, why: str, ge_max: int | None
 ) -> None:
     path = write(tmp_path, GOOD.replace(b"=500", b"=" + raw.encode()))
     cfg = OpCacheIni.load(path)
     assert cfg.max_op_cache_size is None
     assert cfg.remain_cache_size_ratio == 80
-    assert cfg.limits() is None
-    msg = only_problem(cfg)
+    # the limits GE computes for the same file (issue 9 item 2): warned about, but applied
+    assert cfg.limits() == (None if ge_max is None else IniLimits(ge_max, 80))
+    msg = cfg.problems[0]
+    assert len(cfg.problems) == (1 if ge_max is None else 2)
     assert msg.startswith(f"op_cache.ini {path}:4: max_op_cache_size={raw} {why}")
     assert "-1 or 1..2147483647" in msg
 
@@ -219,27 +222,29 @@ def test_duplicate_key_names_both_lines(tmp_path: Path) -> None:
         "GE uses the last one"
     )
     assert cfg.max_op_cache_size == 600  # GE's multimap: the last one wins
-    assert cfg.limits() is None
+    assert cfg.limits() == IniLimits(600, 80)
 
 
 def test_duplicate_section_is_a_problem(tmp_path: Path) -> None:
     cfg = load(tmp_path, GOOD + b"[op_compiler_cache]\n")
     assert ":6: [op_compiler_cache] appears again (first at line 1)" in only_problem(cfg)
-    assert cfg.limits() is None
+    assert cfg.limits() == IniLimits(500, 80)  # an empty repeated section changes nothing
 
 
 def test_utf8_bom_is_a_problem(tmp_path: Path) -> None:
     path = write(tmp_path, b"\xef\xbb\xbf" + GOOD)
     cfg = OpCacheIni.load(path)
-    assert only_problem(cfg).startswith(f"op_cache.ini {path}:1: starts with a UTF-8 byte-order")
+    assert cfg.problems[0].startswith(f"op_cache.ini {path}:1: starts with a UTF-8 byte-order")
     assert cfg.max_op_cache_size == 500  # still read, just not trusted
-    assert cfg.limits() is None
+    assert cfg.limits() is None  # GE misses the header after the BOM: it ignores the file
+    assert cfg.ge.stamps is None
 
 
 def test_crlf_is_a_problem(tmp_path: Path) -> None:
     cfg = load(tmp_path, GOOD.replace(b"\n", b"\r\n"))
     assert ":1: has CRLF line ends (5 line(s), first at line 1)" in only_problem(cfg)
-    assert cfg.limits() is None
+    assert cfg.limits() == IniLimits(500, 80)  # std::stoi ignores the trailing CR
+    assert cfg.ge.stamps == ("7.0.0\r", "7.0.1\r")  # but GE keeps it in the stamps
 
 
 def test_missing_stamps_are_problems(tmp_path: Path) -> None:
@@ -279,7 +284,7 @@ def test_line_that_is_not_key_value_comment_or_header(tmp_path: Path, line: str,
     msg = only_problem(cfg)
     assert ":6: " in msg
     assert why in msg
-    assert cfg.limits() is None
+    assert cfg.limits() == IniLimits(500, 80)  # GE skips such a line
 
 
 @pytest.mark.parametrize(
@@ -696,7 +701,7 @@ def test_set_save_load_changes_only_the_keys_set(
     ratio: int,
     stamp: str,
 ) -> None:
-    data, bom, crlf = made
+    data, bom, _crlf = made
     folder = tmp_path_factory.mktemp("prop")
     path = write(folder, data)
     had_section = OpCacheIni.load(path)._scan_result.headers != []
@@ -713,5 +718,7 @@ def test_set_save_load_changes_only_the_keys_set(
     saved = path.read_bytes()
     assert saved.startswith(b"\xef\xbb\xbf") == bom
     assert _same_lines(_others(data, False), _others(saved, not had_section))
-    assert again.limits() == (None if bom or crlf else IniLimits(max_mb, ratio))
+    used, _, ge_limits = ge_twin.read_ini(saved)  # what GE computes, by the GE twin
+    assert again.limits() == (IniLimits(*ge_limits) if ge_limits else None)
+    assert (again.ge.stamps is not None) == used
     assert temps(folder) == []

@@ -166,8 +166,17 @@ def test_daemon_start_reclaims_what_a_killed_publish_left(tmp_path: Path) -> Non
     d = start_daemon(tmp_path, "--cache-dir", str(root))
     try:  # the start-up reclaim runs in the background after READY=1 (issue 12 item 10)
         wait_first_scan(d)
+        # the dead lock file stays until an hour old: a GE process may be about to lock it
+        # (issue 9 item 8; its removal when old is tested in test_eviction)
         assert sorted(os.listdir(chip)) == sorted(
-            [NFS_NAME, "op_cache_file_del.lock", "te_good_1.json", "te_good_1.o", "te_good_1.lock"]
+            [
+                NFS_NAME,
+                "op_cache_file_del.lock",
+                "te_good_1.json",
+                "te_good_1.o",
+                "te_good_1.lock",
+                "te_half_1.lock",
+            ]
         )
         assert "fcntl locks work on" in d.log()
     finally:

@@ -29,7 +29,7 @@ INI_TEXT = (
     "max_op_cache_size=500\n"
     "remain_cache_size_ratio=80\n"
     "\n"
-    "[mine]\n"
+    "[other]\n"  # sorts after [op_compiler_cache]: GE still uses the ini (std::map order)
     "note = keep me\n"
 )
 
@@ -117,14 +117,15 @@ def test_no_toolkit_leaves_the_cache_alone_and_says_so(cache: layout.CacheLayout
     assert cache.ini_path.read_text() == INI_TEXT
 
 
-def test_unstamped_cache_is_purged_and_stamped(cache: layout.CacheLayout) -> None:
+def test_missing_ini_is_purged_and_created(cache: layout.CacheLayout) -> None:
     cache.ini_path.unlink()  # GE itself purges when the ini is missing
     installed = Installed(Found("7.0.RC1", "test"), Found("7.0.RC2", "test"))
     check = sync_toolkit(cache, installed, purge_chip, dry_run=True)
-    assert check.status is VersionStatus.UNSTAMPED and "would purge 2" in check.detail
+    assert check.status is VersionStatus.NO_INI and "would purge 2" in check.detail
     assert all(len(kernels(cache.kernel_cache_dir / c)) == 3 for c in CHIPS)
     check = sync_toolkit(cache, installed, purge_chip)
     assert check.restamped and all(not kernels(cache.kernel_cache_dir / c) for c in CHIPS)
+    assert check.purged_entries == 6 and "reason: no_ini" in check.detail
     ini = OpCacheIni.load(cache.ini_path)
     assert (ini.adk_version, ini.ops_version) == ("7.0.RC1", "7.0.RC2")
     assert not ini.problems

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
+from cachemgr import versions
 from cachemgr.cli.common import emit_json, load_settings, settings_options
+from cachemgr.options import Settings
 
 #: The order ``config`` prints in (SPEC §1, §2, §5, §7), then anything else.
 SHOWN = (
@@ -28,6 +32,18 @@ SHOWN = (
 )
 
 
+def _toolkit_rows(settings: Settings) -> dict[str, dict[str, Any]]:
+    """The installed toolkit's versions and where they were found, GE's way (SPEC §5)."""
+    installed = versions.installed_versions(os.environ, settings.sections)
+    rows = {}
+    for name, found in (("adk_version", installed.adk), ("ops_version", installed.ops)):
+        origin = "toolkit" if found.value else "unknown"
+        if found.source.startswith("config "):
+            origin = "option"
+        rows[f"installed_{name}"] = {"value": found.value, "origin": origin, "source": found.source}
+    return rows
+
+
 @click.command("config")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object: {name: {value, origin}}.")
 @settings_options
@@ -45,6 +61,8 @@ def config_cmd(
     settings = load_settings(op_compiler_cache_dir, host_id, soc_version, config_file)
     data = settings.to_json()
     names = [n for n in SHOWN if n in data] + sorted(set(data) - set(SHOWN))
+    data.update(_toolkit_rows(settings))
+    names += ["installed_adk_version", "installed_ops_version"]
     if as_json:
         emit_json({n: data[n] for n in names})
     else:

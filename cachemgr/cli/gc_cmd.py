@@ -196,7 +196,8 @@ def _print_gc(report: dict[str, Any], as_json: bool) -> None:
     if as_json:
         emit_json(report)
         return
-    click.echo(f"toolkit: {report['toolkit']['detail']}")
+    for line in gc.toolkit_lines(report):
+        click.echo(line)
     for soc, folder in report["chip_folders"].items():
         click.echo(_gc_line(soc, folder))
     if not report["chip_folders"]:

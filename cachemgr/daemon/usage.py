@@ -138,8 +138,9 @@ def _key(name: str) -> int:
 
 
 def _is_main_json(name: str) -> bool:
-    """Cheap by-name test used for the entry count (sub-jsons and pre-jsons excluded)."""
-    return name.endswith(".json") and not name.endswith("_pre.json") and "_mix_" not in name
+    """Cheap by-name test used for the entry count (sub-jsons excluded; GE's ``_pre.json``
+    pre-build entries count: they are entries, ``cachemgr.entry`` rule R7)."""
+    return name.endswith(".json") and "_mix_" not in name
 
 
 def _scan_sizes(chip_dir: Path) -> tuple[dict[int, int], int]:

@@ -426,7 +426,7 @@ def _evict_one(chip_fd: int, scan: ChipScan, group: EntryGroup) -> Outcome:
         return DENIED, group, 0, [denied_line(lock_name, exc)]
     finally:
         if lock is not None and lock.held:
-            lock.release(unlink=True)
+            lock.release()  # the lock file stays: a GE process may hold it (files.reap_lock)
     outcome = EVICTED if removal.json_gone else DENIED
     return outcome, group, removal.bytes, removal.denied
 

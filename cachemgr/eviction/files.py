@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -90,18 +91,50 @@ def remove_group(chip_fd: int, group: EntryGroup) -> Removal:
     return out
 
 
-def reap_lock(path: Path) -> bool:
-    """Remove a lock file nobody holds: take it without waiting, then unlink it while held
-    (``FcntlLock.release(unlink=True)``; waiters on the old inode retry on a new file).
+#: A ``<kernel>.lock`` is unlinked only when its ctime is at least this old (seconds). GE's
+#: ``TeCacheUtils::LockAndOpenCacheFile`` (``cache/te_cache_utils.cc``) runs ``fopen(a+)``,
+#: then ``chmod(0640)`` — which sets the ctime — then ``F_SETLK``, and never re-checks the inode
+#: after locking: a lock file unlinked while a GE process has it open lets two writers into one
+#: entry. A ctime older than an hour, read while we hold the lock, means no GE process is
+#: between its open and its lock.
+LOCK_REAP_AGE_S = 3600
 
-    :returns: True if removed, False when someone holds it.
+
+def reap_lock(path: Path, entry_json: Path | None = None, min_age_s: float | None = None) -> bool:
+    """Remove a dead entry lock file (SPEC §5, issue 9 item 8): never while its entry lives,
+    never while anyone holds it, never when it was touched in the last ``min_age_s`` seconds.
+
+    Takes the lock without waiting, then — holding it — checks that ``entry_json`` (the
+    entry's main json) is absent and that the file's ctime is old enough (``fstat``), and only
+    then unlinks it (``FcntlLock.release(unlink=True)``; cachemgr's waiters on the old inode
+    retry on a new file).
+
+    :param min_age_s: seconds; default :data:`LOCK_REAP_AGE_S` (read at call time).
+    :returns: True if removed; False when held, young, or its entry exists.
     :raises OSError: when the lock file cannot be opened (e.g. ``EACCES``).
     """
+    min_age_s = LOCK_REAP_AGE_S if min_age_s is None else min_age_s
+    st = fsutil.lstat_or_none(path)
+    if st is None or _young(st, min_age_s):
+        return False
     lock = fsutil.FcntlLock(path)
     if not lock.acquire(blocking=False):
         return False
-    lock.release(unlink=True)
-    return True
+    try:
+        if entry_json is not None and fsutil.lstat_or_none(entry_json) is not None:
+            return False
+        again = fsutil.lstat_or_none(path)
+        if again is None or _young(again, min_age_s):
+            return False
+        lock.release(unlink=True)
+        return True
+    finally:
+        lock.release()
+
+
+def _young(st: os.stat_result, min_age_s: float) -> bool:
+    """True when the file's ctime is less than ``min_age_s`` seconds old."""
+    return min_age_s > 0 and time.time() - st.st_ctime < min_age_s
 
 
 def open_dir(path: Path) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -55,12 +56,14 @@ class PurgeReport:
     denied: list[str] = field(default_factory=list)
     left_temps: list[str] = field(default_factory=list)
     missing: bool = False
+    skipped: str = ""
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (counts, bytes, names) for ``purge --json`` and ``gc --json``."""
         return {
             "chip_dir": str(self.chip_dir),
             "missing": self.missing,
+            "skipped": self.skipped,
             "entries": self.entries,
             "files": self.files,
             "bytes": self.bytes,
@@ -70,12 +73,20 @@ class PurgeReport:
         }
 
 
-def purge_chip(chip_dir: Path, lock_wait_s: float = PURGE_LOCK_WAIT_S) -> PurgeReport:
-    """Remove every entry, orphan, old temp and lock file of one chip folder (SPEC §4, §5).
+def purge_chip(
+    chip_dir: Path,
+    lock_wait_s: float = PURGE_LOCK_WAIT_S,
+    still_needed: Callable[[], bool] | None = None,
+) -> PurgeReport:
+    """Remove every entry, orphan and old temp of one chip folder (SPEC §4, §5).
 
     Waits up to ``lock_wait_s`` seconds for ``op_cache_file_del.lock`` (held by a gc or
     another purge), then takes each entry's lock (up to 10 s each; still busy → reported and
-    left). A missing folder is reported (``missing``), not an error.
+    left). Lock files stay (a GE process may hold one; ``files.reap_lock`` removes dead ones
+    after an hour). A missing folder is reported (``missing``), not an error.
+
+    :param still_needed: called once the eviction lock is held (a toolkit purge re-reads the
+        ini there); False → nothing is removed and ``skipped`` says why.
 
     :raises LockBusyError: the eviction lock stayed held for ``lock_wait_s`` seconds.
     :raises OSError: the folder cannot be listed or locked.
@@ -96,6 +107,10 @@ def purge_chip(chip_dir: Path, lock_wait_s: float = PURGE_LOCK_WAIT_S) -> PurgeR
                 "(a gc or purge is running); nothing was purged"
             ) from exc
         try:
+            if still_needed is not None and not still_needed():
+                report.skipped = "op_cache.ini changed; purge no longer needed"
+                log.info("%s: %s", report.chip_dir, report.skipped)
+                return report
             _purge(chip_fd, report)
         finally:
             lock.release()
@@ -119,7 +134,8 @@ def _purge(chip_fd: int, report: PurgeReport) -> None:
         _remove_loose(chip_fd, name, fst.size, report)
     for name in scan.locks:
         try:
-            if reap_lock(report.chip_dir / name):
+            kernel_json = report.chip_dir / (name[: -len(".lock")] + ".json")
+            if reap_lock(report.chip_dir / name, kernel_json):
                 report.files += 1
         except OSError as exc:
             if exc.errno not in DENIED_ERRNOS:
@@ -145,8 +161,8 @@ def _purge_entry(
     try:
         removal = remove_group(chip_fd, group)
     finally:
-        lock.release(unlink=True)
-    scan.locks.pop(lock_name, None)
+        lock.release()  # the lock file stays: a GE process may hold it (files.reap_lock)
+    scan.locks.setdefault(lock_name, entry.FileStat(0, 0, 0))  # reaped below once dead+old
     report.files += removal.files
     report.bytes += removal.bytes
     report.denied += removal.denied

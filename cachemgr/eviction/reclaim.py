@@ -9,7 +9,9 @@
 * **``*.temp``** files older than :data:`TEMP_MAX_AGE_S` (one hour, SPEC §5), and at once
   those whose name says a process of this host made them that no longer runs (a ``kill -9``
   mid-publish; :func:`cachemgr.fsutil.temp_writer_dead`);
-* **``.lock`` files of entries that no longer exist**: taken without waiting, then unlinked.
+* **``.lock`` files of entries that no longer exist**, older than an hour: taken without
+  waiting, checked again while held, then unlinked (``files.reap_lock``; a lock file that a
+  GE process may have open is never unlinked).
 
 Every step updates the snapshot (files and ``used_bytes``) so the plan sees the folder as it
 will be. With a dry run the same counts are made and nothing is removed.
@@ -19,11 +21,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from cachemgr import entry, fsutil
 from cachemgr.entry import ChipScan, EntryGroup
 from cachemgr.errors import LockBusyError
+from cachemgr.eviction import files
 from cachemgr.eviction.files import (
     DENIED_ERRNOS,
     NFS_SILLY_PREFIX,
@@ -82,7 +84,7 @@ def reclaim(scan: ChipScan, chip_fd: int, now_ns: int, dry_run: bool) -> Reclaim
     for name in sorted(scan.temps):
         _reclaim_temp(scan, chip_fd, name, now_ns, dry_run, out)
     for name in sorted(scan.locks):
-        _reclaim_lock(scan, name, dry_run, out)
+        _reclaim_lock(scan, name, now_ns / 1e9, dry_run, out)
     return out
 
 
@@ -140,7 +142,7 @@ def _reclaim_bad(
         out.denied.append(denied_line(kernel + ".lock", exc))
     finally:
         if lock.held:
-            lock.release(unlink=True)
+            lock.release()  # the lock file stays: a GE process may hold it (files.reap_lock)
 
 
 def orphan_kernel(name: str) -> str:
@@ -159,7 +161,6 @@ def _reclaim_orphan(
     if now_ns - fst.mtime_ns < ORPHAN_MIN_AGE_S * 1_000_000_000:
         return
     if not dry_run:
-        lock_existed = (orphan_kernel(name) + ".lock") in scan.locks
         try:
             removed = store.remove_orphan(name)
         except OSError as exc:
@@ -167,8 +168,6 @@ def _reclaim_orphan(
                 raise
             out.denied.append(denied_line(name, exc))
             return
-        if not lock_existed:  # remove_orphan created it; do not leave it behind
-            _reap_quiet(store.lock_path(orphan_kernel(name)))
         if not removed:
             return
     out.orphans += 1
@@ -193,15 +192,20 @@ def _reclaim_temp(
     out.bytes += _forget(scan, scan.temps, name)
 
 
-def _reclaim_lock(scan: ChipScan, name: str, dry_run: bool, out: ReclaimResult) -> None:
+def _reclaim_lock(
+    scan: ChipScan, name: str, now_s: float, dry_run: bool, out: ReclaimResult
+) -> None:
     kernel = name[: -len(".lock")]
     if kernel in scan.entries:
-        return  # a live entry's lock
+        return  # a live entry's lock: never unlinked (issue 9 item 8)
+    path = scan.chip_dir / name
+    st = fsutil.lstat_or_none(path)
+    if st is None or (files.LOCK_REAP_AGE_S > 0 and now_s - st.st_ctime < files.LOCK_REAP_AGE_S):
+        return  # gone, or touched lately: a GE process may be about to lock it
     if not dry_run:
-        path = scan.chip_dir / name
         try:
-            if not reap_lock(path):
-                out.busy.append(name)  # a publish in progress holds it
+            if not reap_lock(path, scan.chip_dir / (kernel + ".json")):
+                out.busy.append(name)  # held, or in use again since the scan
                 return
         except OSError as exc:
             if exc.errno not in DENIED_ERRNOS:
@@ -210,10 +214,3 @@ def _reclaim_lock(scan: ChipScan, name: str, dry_run: bool, out: ReclaimResult) 
             return
     out.locks += 1
     out.bytes += _forget(scan, scan.locks, name)
-
-
-def _reap_quiet(path: Path) -> None:
-    try:
-        reap_lock(path)
-    except OSError as exc:
-        log.debug("cannot remove lock %s: %s", path, exc)

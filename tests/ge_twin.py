@@ -1,0 +1,612 @@
+"""A GE twin for tests: does to a kernel cache exactly what CANN GE's cache code does.
+
+Every step copies one function of GE (repository ``hicann/ge``, folder
+``compiler/opcompiler/op_compile_adapter/source/``) and names it. The twin is independent of
+cachemgr (it imports nothing from it), so a test can run it beside cachemgr — in this process,
+or as a separate process (also as another Unix user)::
+
+    python -m tests.ge_twin write CHIP KERNEL [--kind plain|mix|dynamic] [--header] [--size N]
+    python -m tests.ge_twin pre CHIP KERNEL_pre [--pattern P]
+    python -m tests.ge_twin hit CHIP KERNEL            # exit 0 on a hit, 1 on a miss
+    python -m tests.ge_twin evict CHIP MAX_BYTES RATIO_PCT
+    python -m tests.ge_twin init KERNEL_CACHE SOC ADK OPS [--mode enable|force]
+    python -m tests.ge_twin loop CHIP PREFIX SECONDS  # write + hit + evict until the time ends
+
+API (what issue-15 tests reuse):
+
+* :func:`write_entry` — kinds ``plain``, ``mix`` (``_mix_aic``/``_mix_aiv`` with ``jsonList``),
+  ``dynamic`` (``supportInfo``, no ``opType``/``staticKey``); with or without a header; a
+  ``sha256`` written upper-case on request (GE would then never hit it);
+* :func:`write_pre` — a ``<name>_pre.json`` pre-build entry;
+* :func:`hit` / :func:`hit_pre` — GE's verified lookup with its access-time update;
+* :func:`evict` — GE's eviction under ``op_cache_file_del.lock``;
+* :func:`init` — GE's start: ini check, create or restamp, purge;
+* :func:`read_ini` — GE's ini reading: (stamps, limits) exactly as GE computes them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import random
+import struct
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+#: ``inc/te_fusion_util_constants.h`` ``FILE_AUTHORITY``.
+FILE_AUTHORITY = 0o640
+#: ``common/te_file_utils.cc`` ``CreateMultiLevelDir``: ``S_IRWXU | S_IRGRP | S_IXGRP``.
+DIR_AUTHORITY = 0o750
+#: ``cache/te_cache_space_manager.cc`` ``MIN_CACHE_AGING_TIME`` (seconds).
+MIN_CACHE_AGING_TIME = 1800
+SIZE_MB_UNIT = 1048576
+INT_MAX = 2**31 - 1
+EVICT_LOCK = "op_cache_file_del"
+
+
+# --- locks: cache/te_cache_utils.cc, common/te_file_utils.cc ----------------------------
+
+
+def _flock(fd: int, kind: int) -> bool:
+    """``TeFileUtils::FcntlLockFileSet``: ``fcntl(F_SETLK)`` on the whole file, no waiting."""
+    data = struct.pack("hhqqi", kind, os.SEEK_SET, 0, 0, 0)
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETLK, data)
+    except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EAGAIN):
+            return False
+        raise
+    return True
+
+
+def lock_and_open(chip: Path, name: str) -> int | None:
+    """``TeCacheUtils::LockAndOpenCacheFile``: ``fopen(<name>.lock, "a+")`` (0666 & ~umask),
+    ``chmod 0640`` (whatever the umask), ``F_SETLK F_WRLCK`` without waiting. None when the
+    file cannot be opened or the lock is held (GE then skips caching; it never waits)."""
+    path = chip / f"{name}.lock"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o666)
+    except OSError:
+        return None
+    with contextlib.suppress(OSError):  # GE logs "Cannot Update file authority", goes on
+        os.chmod(path, FILE_AUTHORITY)
+    if not _flock(fd, fcntl.F_WRLCK):
+        os.close(fd)
+        return None
+    return fd
+
+
+def unlock_and_close(fd: int | None) -> None:
+    """``TeCacheUtils::UnlockAndCloseCacheFile``: ``F_UNLCK`` then ``fclose``; never unlinks."""
+    if fd is None:
+        return
+    _flock(fd, fcntl.F_UNLCK)
+    os.close(fd)
+
+
+# --- writing: cache/te_cache_manager.cc, common/te_file_utils.cc -------------------------
+
+
+def make_dirs(path: Path) -> None:
+    """``TeFileUtils::CreateMultiLevelDir``: every missing level ``mkdir 0750`` (& ~umask)."""
+    missing = []
+    cur = Path(path)
+    while not cur.exists():
+        missing.append(cur)
+        cur = cur.parent
+    for folder in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(folder, DIR_AUTHORITY)
+
+
+def _temp_name(dst: Path) -> Path:
+    """``ConstructTempFileName`` (``common/common_utils.cc``): ``<name>_<pid>_<us>_<rand>.temp``."""
+    return dst.with_name(
+        f"{dst.name}_{os.getpid()}_{time.time_ns() // 1000}_{random.randint(0, 2**31)}.temp"
+    )
+
+
+def copy_to_cache(data: bytes, dst: Path) -> None:
+    """``TeFileUtils::CopyFileToCacheDir`` / ``WriteNewFileInCache``: a temp file opened
+    ``O_CREAT|O_RDWR`` 0640, ``fchmod 0640``, written, then ``rename()`` onto ``dst``."""
+    tmp = _temp_name(dst)
+    fd = os.open(tmp, os.O_CREAT | os.O_RDWR, FILE_AUTHORITY)
+    try:
+        os.fchmod(fd, FILE_AUTHORITY)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
+    os.rename(tmp, dst)
+
+
+def sha256_hex(data: bytes) -> str:
+    """``PythonApiCall::GetBinFileSha256Value``: hashlib's lower-case hex digest."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def _kernel_json(name: str, binary: bytes, upper_sha: bool = False, **extra: object) -> dict:
+    sha = sha256_hex(binary)
+    return {
+        "binFileName": name,
+        "binFileSuffix": ".o",
+        "blockDim": 8,
+        "core_type": "AIV",
+        "kernelName": name + "__kernel0",
+        "magic": "RT_DEV_BINARY_MAGIC_ELF_AIVEC",
+        "sha256": sha.upper() if upper_sha else sha,
+        **extra,
+    }
+
+
+def _dump(data: dict) -> bytes:
+    return json.dumps(data, indent=4).encode()  # SERIALIZATION_JSON_FORMAT = 4
+
+
+@dataclass(frozen=True)
+class Written:
+    """What :func:`write_entry` did: ``files`` written (names), or ``skipped`` and why."""
+
+    kernel: str
+    files: tuple[str, ...]
+    skipped: str = ""
+
+
+def write_entry(
+    chip: Path,
+    kernel: str,
+    *,
+    kind: str = "plain",
+    header: bool = False,
+    header_named: bool = False,
+    size: int = 256,
+    upper_sha: bool = False,
+    seed: bytes = b"",
+) -> Written:
+    """``TeCacheManager::SetCompileResult`` + ``CopyCompileRetIntoCacheDir``: if neither the
+    json nor the binary exists, take ``<kernel>.lock`` (no waiting: busy → not cached), check
+    again, copy the binary, the header (only when the compile made one), the json last.
+
+    :param kind: ``plain``; ``mix`` (main json with ``jsonList`` and ``<kernel>_mix_aic``/
+        ``_mix_aiv`` sub-jsons and binaries); ``dynamic`` (``supportInfo``, no ``opType``).
+    :param header: write ``<kernel>.h`` (and name it); ``header_named``: name
+        ``headerFileSuffix`` in the json without the file (GE copies the header only when the
+        compile made one: ``CopyCompileRetIntoCacheDir``).
+    """
+    make_dirs(chip)
+    binary = (seed + kernel.encode()) * (size // max(1, len(kernel) + len(seed)) + 1)
+    binary = binary[:size]
+    json_path, bin_path = chip / f"{kernel}.json", chip / f"{kernel}.o"
+    if json_path.exists() or bin_path.exists():
+        return Written(kernel, (), "exists")
+    fd = lock_and_open(chip, kernel)
+    if fd is None:
+        return Written(kernel, (), "busy")
+    try:
+        if json_path.exists() or bin_path.exists():  # "check file existed again"
+            return Written(kernel, (), "exists")
+        files: list[str] = []
+        extra: dict[str, object] = {}
+        if header or header_named:  # named whenever the op has a header
+            extra["headerFileSuffix"] = ".h"
+        if kind == "mix":
+            json_list = []
+            for sub in ("aic", "aiv"):
+                name = f"{kernel}_mix_{sub}"
+                data = binary + sub.encode()
+                copy_to_cache(data, chip / f"{name}.o")
+                copy_to_cache(_dump(_kernel_json(name, data, upper_sha)), chip / f"{name}.json")
+                files += [f"{name}.o", f"{name}.json"]
+                json_list.append({"binType": sub.upper(), "jsonFileName": f"{name}.json"})
+            main: dict = {"coreType": "MixAICore", "blockDim": 32, "jsonList": json_list, **extra}
+        else:
+            copy_to_cache(binary, bin_path)
+            files.append(bin_path.name)
+            if kind == "dynamic":
+                extra["supportInfo"] = {"op_type": "Mul", "dynamic": True, "inputs": [[-1, 16]]}
+            main = _kernel_json(kernel, binary, upper_sha, **extra)
+        if header:
+            copy_to_cache(b"/* header */\n", chip / f"{kernel}.h")
+            files.append(f"{kernel}.h")
+        copy_to_cache(_dump(main), json_path)
+        files.append(json_path.name)
+        return Written(kernel, tuple(files))
+    finally:
+        unlock_and_close(fd)
+
+
+def write_pre(chip: Path, kernel: str, pattern: str = "ElemWise") -> Written:
+    """``TeCacheManager::SetPreCompileResult`` + ``SavePreCompileRetIntoCacheDir``:
+    ``<kernel>.json`` (``kernel`` ends with ``_pre``) with pattern, coreType, options."""
+    make_dirs(chip)
+    path = chip / f"{kernel}.json"
+    if path.exists():
+        return Written(kernel, (), "exists")
+    fd = lock_and_open(chip, kernel)
+    if fd is None:
+        return Written(kernel, (), "busy")
+    try:
+        data = {"pattern": pattern, "coreType": "VectorCore", "prebuilt_options": ""}
+        copy_to_cache(_dump(data), path)
+        return Written(kernel, (path.name,))
+    finally:
+        unlock_and_close(fd)
+
+
+# --- reading: cache/te_cache_manager.cc, common/compile_result_utils.cc ------------------
+
+
+def update_access_time(path: Path) -> bool:
+    """``TeFileUtils::UpdateFileAccessTime``: ``utime(atime=now, mtime kept)``."""
+    try:
+        st = os.stat(path)
+        os.utime(path, (int(time.time()), st.st_mtime))
+    except OSError:
+        return False
+    return True
+
+
+def hit(chip: Path, kernel: str, touch: bool = True) -> bool:
+    """``TeCacheManager::MatchCompileCache``: parse the json
+    (``CompileResultUtils::ParseCompileResult``), find the binary (``SetBinFilePath``), read
+    it (``SetKernelBin``: ``kernelName`` needed, empty file fails), compare ``sha256`` as a
+    string (``VerifyBinFileSha256``), then update the json's and the binary's atime."""
+    json_path = chip / f"{kernel}.json"
+    try:
+        info = json.loads(json_path.read_bytes())
+        bin_path = chip / (info["binFileName"] + info["binFileSuffix"])
+        if not bin_path.exists():
+            return False
+        if bin_path.suffix == ".o" and "kernelName" not in info:
+            return False
+        data = bin_path.read_bytes()
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    if not data or not info.get("sha256") or info["sha256"] != sha256_hex(data):
+        return False
+    if touch:
+        return update_access_time(json_path) and update_access_time(bin_path)
+    return True
+
+
+def hit_pre(chip: Path, kernel: str) -> bool:
+    """``TeCacheManager::MatchPreCompileCache``: the json must have ``pattern``; atime update."""
+    path = chip / f"{kernel}.json"
+    try:
+        info = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(info, dict) or "pattern" not in info:
+        return False
+    return update_access_time(path)
+
+
+# --- eviction: cache/te_cache_space_manager.cc -----------------------------------------
+
+
+def directory_size(path: Path) -> int:
+    """``TeFileUtils::GetDirectorySize``: regular files' ``st_size``, recursively."""
+    total = 0
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return 0
+    for name in names:
+        try:
+            st = os.stat(path / name)
+        except OSError:
+            continue
+        if os.path.isdir(path / name):
+            total += directory_size(path / name)
+        elif st.st_mode & 0o170000 == 0o100000:
+            total += st.st_size
+    return total
+
+
+def _json_files(chip: Path) -> list[Path]:
+    """``CollectCacheJsonFileAccessTime``: every ``*.json`` but ``_mix_aic``/``_mix_aiv``."""
+    out = []
+    for name in sorted(os.listdir(chip)):
+        if name.endswith(".json") and not name.endswith(("_mix_aic.json", "_mix_aiv.json")):
+            out.append(chip / name)
+    return out
+
+
+def _entry_files(path: Path) -> list[tuple[Path, int]]:
+    """``GetFilesAccessTime`` + ``AddBinFileInfoFromJson``: the json, then its binary (or the
+    sub-jsons and their binaries); a ``_pre.json`` alone. The header and lock are not listed."""
+    files = []
+    with contextlib.suppress(OSError):
+        files.append((path, os.stat(path).st_size))
+    if path.name.endswith("_pre.json"):
+        return files
+    try:
+        info = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return files
+    jsons = [info]
+    if "jsonList" in info:
+        jsons = []
+        for item in info["jsonList"]:
+            sub = path.parent / item["jsonFileName"]
+            try:
+                files.append((sub, os.stat(sub).st_size))
+                jsons.append(json.loads(sub.read_bytes()))
+            except (OSError, ValueError):
+                continue
+    for one in jsons:
+        if "binFileName" in one and "binFileSuffix" in one:
+            binary = path.parent / (one["binFileName"] + one["binFileSuffix"])
+            with contextlib.suppress(OSError):
+                files.append((binary, os.stat(binary).st_size))
+    return files
+
+
+def _delete_file(path: Path) -> None:
+    """``TeFileUtils::DeleteFile``: ``lstat``, regular files only, ``remove``."""
+    try:
+        if os.lstat(path).st_mode & 0o170000 == 0o100000:
+            os.remove(path)
+    except OSError:
+        pass
+
+
+def evict(chip: Path, max_bytes: int, ratio_pct: int, now: float | None = None) -> list[str]:
+    """``TeCacheSpaceManager::CacheSpaceInitialize`` + ``DelCacheFileByAccessTime``: when the
+    chip folder holds ≥ ``max_bytes``, take ``op_cache_file_del.lock`` (held → skip), then
+    delete entries by the json's atime, oldest first, until ``used - max*ratio/100`` bytes
+    are gone; an entry accessed in the last 1800 s stops it; the atime is read again just
+    before deleting. Returns the evicted jsons' names ("busy" → ``["<busy>"]``)."""
+    used = directory_size(chip)
+    if used < max_bytes:
+        return []
+    fd = lock_and_open(chip, EVICT_LOCK)
+    if fd is None:
+        return ["<busy>"]
+    try:
+        to_delete = used - max_bytes * ratio_pct // 100
+        items = []
+        for path in _json_files(chip):
+            try:
+                atime = int(os.stat(path).st_atime)
+            except OSError:
+                atime = 0
+            items.append((atime, path, _entry_files(path)))
+        items.sort(key=lambda item: item[0])  # std::multimap<uint64_t, ...>
+        deleted, gone = 0, []
+        for atime, path, files in items:
+            current = time.time() if now is None else now
+            if current - atime < MIN_CACHE_AGING_TIME:
+                break
+            if not files:
+                continue
+            try:
+                again = int(os.stat(files[0][0]).st_atime)
+            except OSError:
+                again = None
+            if again == atime:
+                for file, size in files:
+                    _delete_file(file)
+                    deleted += size
+                gone.append(path.name)
+            if deleted >= to_delete:
+                break
+        return gone
+    finally:
+        unlock_and_close(fd)
+
+
+# --- start: cache/te_cache_space_manager.cc DelCachedFiles ------------------------------
+
+
+def read_ini(data: bytes) -> tuple[bool, dict[str, str], tuple[int, int] | None]:
+    """``LoadIniFile`` + ``GetCacheInitFileCfg`` + ``UpdateOpCacheSizeCfg`` on ``data``.
+
+    Returns (GE uses the ini, its values, the limits (MB, percent) or None when GE falls
+    back to env/defaults). Lines are split on LF only (``std::getline``), a line is a comment
+    only when ``#`` is in column 1, blanks are spaces and tabs (``Trim``), a section header
+    starts with ``[`` in column 1 and ends at the last ``]``, sections are visited in sorted
+    order and the first must be ``op_compiler_cache``, the last duplicate key wins."""
+    sections: dict[str, list[tuple[str, str]]] = {}
+    content: list[tuple[str, str]] = []
+    key = ""
+    for line in data.decode("utf-8", "surrogateescape").split("\n"):  # std::getline
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("["):
+            if key and content:
+                sections.setdefault(key, content)  # std::map::emplace keeps the first
+                content = []
+            pos = line.rfind("]")
+            if pos == -1:
+                continue
+            key = line[1:pos].strip(" \t")
+            continue
+        if "=" not in line:
+            continue
+        k, _, v = line.partition("=")
+        k, v = k.strip(" \t"), v.strip(" \t")
+        if k and v:
+            content.append((k, v))
+    if content and key:
+        sections.setdefault(key, content)
+    values: dict[str, str] = {}
+    used = False
+    for name in sorted(sections, key=lambda s: s.encode("utf-8", "surrogateescape")):
+        if name != "op_compiler_cache":
+            break
+        for k, v in sorted(sections[name], key=lambda kv: kv[0].encode("utf-8", "surrogateescape")):
+            if k in ("adk_version", "ops_version", "max_op_cache_size", "remain_cache_size_ratio"):
+                values[k] = v
+        used = bool(values.get("adk_version") and values.get("ops_version"))
+        break
+    if not used:
+        return False, values, None
+    return (
+        True,
+        values,
+        _limits(values.get("max_op_cache_size", ""), values.get("remain_cache_size_ratio", "")),
+    )
+
+
+def stoi(text: str) -> int | None:
+    """``std::stoi``: leading whitespace, a sign, decimal digits, the rest ignored; None for
+    no digits or a value outside ``int`` (the exceptions GE catches)."""
+    i = 0
+    while i < len(text) and text[i] in " \t\n\v\f\r":
+        i += 1
+    j = i + (1 if i < len(text) and text[i] in "+-" else 0)
+    k = j
+    while k < len(text) and "0" <= text[k] <= "9":
+        k += 1
+    if k == j:
+        return None
+    value = int(text[i:k])
+    return value if -(2**31) <= value <= INT_MAX else None
+
+
+def _limits(max_raw: str, ratio_raw: str) -> tuple[int, int] | None:
+    """``UpdateOpCacheSizeCfg``: both set, both parse, max in -1 or 1..INT_MAX, ratio 1..100."""
+    if not max_raw or not ratio_raw:
+        return None
+    max_mb, ratio = stoi(max_raw), stoi(ratio_raw)
+    if max_mb is None or ratio is None or max_mb == 0 or max_mb < -1:
+        return None
+    if ratio <= 0 or ratio > 100:
+        return None
+    return max_mb, ratio
+
+
+def init(kernel_cache: Path, soc: str, adk: str, ops: str, mode: str = "enable") -> str:
+    """``TeCacheSpaceManager::DelCachedFiles`` for chip folder ``<kernel_cache>/<soc>``:
+    unknown versions → delete the chip folder's files; ``force`` → delete; no ini → create it
+    (stamps only) and delete; an ini GE uses whose stamps differ → restamp and delete.
+    Returns what it did: ``purged-unknown``, ``purged-missing``, ``purged-upgrade``, ``kept``."""
+    chip = kernel_cache / soc
+    make_dirs(chip)
+    if not adk or not ops:
+        _delete_files_in_dir(chip)
+        return "purged-unknown"
+    if mode == "force":
+        _delete_files_in_dir(chip)
+    ini = kernel_cache / "op_cache.ini"
+    if not ini.exists():
+        fd = os.open(ini, os.O_CREAT | os.O_RDWR, FILE_AUTHORITY)  # CreatOpCacheIniFile
+        os.write(fd, f"[op_compiler_cache]\nadk_version={adk}\nops_version={ops}\n".encode())
+        os.close(fd)
+        _delete_files_in_dir(chip)
+        return "purged-missing"
+    used, values, _ = read_ini(ini.read_bytes())
+    if not used:
+        return "kept"
+    if mode == "enable" and values["adk_version"] == adk and values["ops_version"] == ops:
+        return "kept"
+    # UpdateOpCacheIniFile: rewritten in place (truncate, then write), stamps replaced
+    lines = []
+    for line in _getlines(ini.read_bytes()):
+        head = line.split("=", 1)[0]
+        if head in ("adk_version", "ops_version"):
+            line = f"{head}={adk if head == 'adk_version' else ops}"
+        lines.append(line + "\n")
+    with open(ini, "w", encoding="utf-8", errors="surrogateescape") as out:
+        out.write("".join(lines))
+    _delete_files_in_dir(chip)
+    return "purged-upgrade"
+
+
+def _getlines(data: bytes) -> list[str]:
+    """The lines ``std::getline`` yields: split on LF, no empty piece after a final LF."""
+    lines = data.decode("utf-8", "surrogateescape").split("\n")
+    return lines[:-1] if lines and lines[-1] == "" else lines
+
+
+def _delete_files_in_dir(chip: Path) -> None:
+    """``TeFileUtils::DeleteFilesInDir(dir, false)``: remove every file (lock files too)."""
+    for name in os.listdir(chip):
+        path = chip / name
+        if path.is_dir() and not path.is_symlink():
+            _delete_files_in_dir(path)
+        with contextlib.suppress(OSError):
+            os.remove(path)
+
+
+# --- command line ---------------------------------------------------------------------
+
+
+def _loop(chip: Path, prefix: str, seconds: float) -> int:
+    """Write, hit and evict in a loop (a busy CANN process next to cachemgr)."""
+    end = time.monotonic() + seconds
+    n = 0
+    while time.monotonic() < end:
+        kind = ("plain", "mix", "dynamic")[n % 3]
+        write_entry(chip, f"{prefix}{n % 40:03d}", kind=kind, header=n % 2 == 0)
+        if kind != "mix":
+            hit(chip, f"{prefix}{(n * 7) % 40:03d}")
+        if n % 10 == 9:
+            evict(chip, 1, 50, now=time.time() + 2 * MIN_CACHE_AGING_TIME)
+        n += 1
+    print(n)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line (see the module docstring); exit 0 ok / hit, 1 miss."""
+    p = argparse.ArgumentParser(prog="ge_twin")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    w = sub.add_parser("write")
+    w.add_argument("chip", type=Path)
+    w.add_argument("kernel")
+    w.add_argument("--kind", default="plain", choices=("plain", "mix", "dynamic"))
+    w.add_argument("--header", action="store_true")
+    w.add_argument("--size", type=int, default=256)
+    pr = sub.add_parser("pre")
+    pr.add_argument("chip", type=Path)
+    pr.add_argument("kernel")
+    pr.add_argument("--pattern", default="ElemWise")
+    h = sub.add_parser("hit")
+    h.add_argument("chip", type=Path)
+    h.add_argument("kernel")
+    e = sub.add_parser("evict")
+    e.add_argument("chip", type=Path)
+    e.add_argument("max_bytes", type=int)
+    e.add_argument("ratio", type=int)
+    i = sub.add_parser("init")
+    i.add_argument("kernel_cache", type=Path)
+    i.add_argument("soc")
+    i.add_argument("adk")
+    i.add_argument("ops")
+    i.add_argument("--mode", default="enable")
+    lp = sub.add_parser("loop")
+    lp.add_argument("chip", type=Path)
+    lp.add_argument("prefix")
+    lp.add_argument("seconds", type=float)
+    a = p.parse_args(argv)
+    if a.cmd == "write":
+        out = write_entry(a.chip, a.kernel, kind=a.kind, header=a.header, size=a.size)
+        print(out.skipped or " ".join(out.files))
+        return 0
+    if a.cmd == "pre":
+        print(write_pre(a.chip, a.kernel, a.pattern).skipped or "written")
+        return 0
+    if a.cmd == "hit":
+        found = hit_pre(a.chip, a.kernel) if a.kernel.endswith("_pre") else hit(a.chip, a.kernel)
+        return 0 if found else 1
+    if a.cmd == "evict":
+        print(" ".join(evict(a.chip, a.max_bytes, a.ratio)))
+        return 0
+    if a.cmd == "init":
+        print(init(a.kernel_cache, a.soc, a.adk, a.ops, a.mode))
+        return 0
+    return _loop(a.chip, a.prefix, a.seconds)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
