@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cachemgr import chiplock, fsutil, kernel_meta, keys, policy, precompiled
+from cachemgr import chiplock, fsutil, inputs, kernel_meta, keys, manifest, policy, precompiled
 from cachemgr.compilers import CompileJob, CompilerBackend
 from cachemgr.errors import ConfigError, InvalidInputError
 from cachemgr.options import Settings
@@ -97,10 +97,20 @@ class Prepared:
     chip_dir: Path
     chip_lock: chiplock.ChipLock
     timeout_s: float
+    inputs: inputs.Snapshot
+    manifest_path: Path
+    #: the headers came from a dependency listing (no manifest variant matched)
+    scanned: bool = False
+    #: set when the outputs (debug artefacts, ``disable`` kernels) are handed back to a caller
+    #: who writes them itself (issue 11 item 6): they go to a private folder of this job
+    deliver: str | None = None
 
     @property
     def variant(self) -> str:
-        """Single-flight class: identical requests of one variant share one compile."""
+        """Single-flight class: identical requests of one variant share one compile (a job
+        whose outputs are handed back is its caller's alone)."""
+        if self.deliver:
+            return f"deliver-{self.deliver}"
         if self.decision.debug.on:
             return "debug"
         if self.decision.cache.replace:
@@ -118,16 +128,55 @@ def read_debug_config(path: Path) -> policy.DebugConfig:
     :raises InvalidInputError: unreadable file (named), or any error of
         :func:`cachemgr.policy.parse_debug_config`.
     """
+    return parse_debug_config(read_debug_config_bytes(path), path)
+
+
+def read_debug_config_bytes(path: Path) -> bytes:
+    """The bytes of an ``op_debug_config`` file, read by the caller (non-blocking, a regular
+    file of at most 64 KiB).
+
+    :raises InvalidInputError: unreadable, not a regular file, too big (named).
+    """
     try:
         st = os.stat(path)
         if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_DEBUG_CONFIG_BYTES:
             what = "not a regular file" if not stat.S_ISREG(st.st_mode) else "over 64 KiB"
             raise InvalidInputError(f"op_debug_config {path}: {what} (a .cfg is one line)")
-        text = fsutil.read_bytes_noatime(Path(path)).decode("utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8"
-        raise InvalidInputError(f"op_debug_config {path}: cannot read ({why})") from None
+    except OSError as exc:
+        raise InvalidInputError(f"op_debug_config {path}: cannot read ({exc.strerror})") from None
+    return inputs.read_input(path, "op_debug_config", MAX_DEBUG_CONFIG_BYTES)
+
+
+def parse_debug_config(data: bytes, path: Path | str) -> policy.DebugConfig:
+    """Parse the bytes of a ``.cfg`` (SPEC §7).
+
+    :raises InvalidInputError: not UTF-8, or any error of :func:`policy.parse_debug_config`.
+    """
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidInputError(f"op_debug_config {path}: cannot read (not UTF-8)") from None
     return policy.parse_debug_config(text, f"op_debug_config {path}")
+
+
+def _debug_config(
+    request: CompileRequest, opts: RequestOptions, given: inputs.Snapshot | None
+) -> tuple[policy.DebugConfig | None, bytes | None]:
+    """The ``.cfg`` of a compile and its bytes: those the caller sent, else read here — by
+    the caller's own process, or by the daemon for the ``.cfg`` of its own configuration
+    (never a path a remote caller named: :func:`cachemgr.inputs.from_wire`)."""
+    path = opts.op_debug_config
+    if given is not None and given.debug_config is not None:
+        return parse_debug_config(given.debug_config, path or "(sent)"), given.debug_config
+    if path is None:
+        return None, None
+    if given is not None and "op_debug_config" in request.options:
+        raise InvalidInputError(
+            f"{request.origin}: op_debug_config={path} was named but its bytes were not sent "
+            "(the daemon reads no file on a caller's behalf)"
+        )
+    data = read_debug_config_bytes(path)
+    return parse_debug_config(data, path), data
 
 
 def prepare(
@@ -136,15 +185,23 @@ def prepare(
     compilers: keys.Compilers,
     timeout_s: float,
     replace: bool = False,
+    given: inputs.Snapshot | None = None,
 ) -> Prepared:
     """Decide everything about ``request`` and compute its key and kernel name.
 
-    :raises InvalidInputError: a bad ``.cfg``, a malformed define, an invalid soc_version.
-    :raises CompileError: the compiler is not installed (named) or ``--version`` fails.
+    The key covers the source and every header (SPEC §3.2): with ``given`` (the frozen
+    snapshot a caller sent) from those bytes; otherwise the source is hashed here and the
+    headers come from the manifest (no preprocessor run) or, when none matches, from the
+    compiler's dependency listing (:func:`cachemgr.inputs.scan_headers`).
+
+    :raises InvalidInputError: a bad ``.cfg``, a malformed define, an invalid soc_version,
+        an unreadable source or header.
+    :raises CompileError: the compiler is not installed (named), ``--version`` fails, or the
+        dependency listing fails (a missing header: the compiler's message).
     :raises ConfigError: a bad ``[compilers]`` config (e.g. no ``cce_command``).
     """
     opts = resolve_options(request, settings)
-    cfg = read_debug_config(opts.op_debug_config) if opts.op_debug_config else None
+    cfg, cfg_bytes = _debug_config(request, opts, given)
     decision = policy.decide(
         mode=opts.op_compiler_cache_mode,
         jit_compile=opts.jit_compile,
@@ -158,18 +215,78 @@ def prepare(
     identity = compilers.identity(request.language)
     backend = compilers.backend(request.language)
     flags = compilers.flags(request, identity, decision.debug.flags, decision.debug.emit)
-    material = keys.key_material(
-        request, opts, identity, flags, keys.source_sha256(request.kernel_source)
-    )
-    key = keys.compute_key(material)
     kcache = settings.layout.kernel_cache_dir
     try:
         chip_dir = settings.layout.chip_dir(request.soc_version)
     except ConfigError as exc:  # from validate_name: bad input here
         raise InvalidInputError(f"{request.origin}: {exc}") from None
+    snap, scanned = given, False
+    if snap is None:
+        digest = inputs.file_digest(request.kernel_source, "kernel_source")
+        snap = inputs.Snapshot(request.kernel_source, digest, None, cfg_bytes)
+    base = keys.base_key(keys.key_material(request, opts, identity, flags, snap), request)
+    where = manifest.path_of(chip_dir, request.op_type, base)
+    if snap.headers is None:
+        snap, scanned = _find_headers(snap, request, decision, backend, identity, where, timeout_s)
+    key = keys.compute_key(keys.key_material(request, opts, identity, flags, snap))
     lock = chiplock.ChipLock(chiplock.chip_lock_path(kcache, request.soc_version))
     kernel = keys.kernel_name(request.op_type, key)
-    return Prepared(request, opts, decision, backend, key, kernel, chip_dir, lock, timeout_s)
+    return Prepared(
+        request,
+        opts,
+        decision,
+        backend,
+        key,
+        kernel,
+        chip_dir,
+        lock,
+        timeout_s,
+        snap,
+        where,
+        scanned,
+    )
+
+
+def _find_headers(
+    snap: inputs.Snapshot,
+    request: CompileRequest,
+    decision: policy.Decision,
+    backend: CompilerBackend,
+    identity: Any,
+    where: Path,
+    timeout_s: float,
+) -> tuple[inputs.Snapshot, bool]:
+    """``snap`` with its headers: from the manifest when every file it names still has its
+    digest (a read of the cache: not for ``disable`` or debug), else from a dependency scan
+    of the caller's files (SPEC §3.2, issue 11 item 2); True when it was scanned."""
+    if decision.cache.read and not decision.debug.on:
+        found = manifest.match(where, inputs.current_digest)
+        if found is not None:
+            return dataclasses.replace(snap, headers=dict(found.files)), False
+    job = CompileJob(
+        source=request.kernel_source,
+        language=request.language,
+        entry=request.kernel_entry,
+        defines=request.defines,
+        out_dir=Path("/"),
+        out_name="deps",
+        debug_flags=decision.debug.flags,
+        timeout_s=timeout_s,
+        include_dirs=request.include_dirs,
+        extra_flags=request.extra_flags,
+    )
+    headers = inputs.scan_headers(backend, job, identity)
+    return dataclasses.replace(snap, headers=headers), True
+
+
+def freeze(p: Prepared) -> Prepared | None:
+    """``p`` holding the bytes of its inputs, or None when one changed since it was hashed
+    (then prepare again: the bytes hashed must be the bytes compiled, issue 11 item 1).
+
+    :raises InvalidInputError: an input that cannot be read any more.
+    """
+    snap = inputs.freeze(p.inputs)
+    return None if snap is None else dataclasses.replace(p, inputs=snap)
 
 
 def find_binary(p: Prepared, roots: Sequence[Path]) -> CompileOutcome | None:
@@ -185,6 +302,11 @@ def find_cached(p: Prepared) -> CompileOutcome | None:
     result = Store(p.chip_dir).lookup(p.kernel)
     if not result.hit:
         return None
+    if p.scanned:  # found by listing the headers: remember them, so the next hit needs no scan
+        try:
+            manifest.record(p.manifest_path, p.kernel, p.inputs.headers or {})
+        except OSError as exc:
+            log.warning("%s: cannot write its header manifest: %s", p.kernel, exc)
     return CompileOutcome(p.kernel, HIT, result.files, request=p.request.origin)
 
 
@@ -247,17 +369,28 @@ def run(p: Prepared, ctx: RunContext) -> CompileOutcome:
     :raises ValueError: for a job that would use the cache.
     """
     if p.decision.debug.on:
-        return _run_debug(p)
+        return _run_debug(p, deliver_dir() if p.deliver else None)
     if not p.decision.cache.write:
-        return _run_uncached(p, ctx.uncached_dir())
+        return _run_uncached(p, deliver_dir() if p.deliver else ctx.uncached_dir())
     raise ValueError(f"{p.kernel}: a cached compile is publisher.compile_through_cache's job")
 
 
+#: The mirror tree of a compile's inputs inside its build folder (:func:`compile_job`).
+SOURCES_DIR = ".src"
+
+
 def compile_job(p: Prepared, out_dir: Path) -> CompileJob:
-    """The backend job of ``p``: its source, defines and debug flags into ``out_dir``, named
-    by the kernel, limited to ``p.timeout_s`` seconds."""
+    """The backend job of ``p``: its frozen inputs written into ``out_dir/.src`` (a mirror
+    of their absolute paths, :func:`cachemgr.inputs.materialise`), compiled from there with
+    its defines, flags and include folders into ``out_dir``, named by the kernel, limited to
+    ``p.timeout_s`` seconds. The compiler reads exactly the bytes that were hashed.
+
+    :raises ValueError: ``p`` was not frozen (:func:`freeze`).
+    """
+    root = out_dir / SOURCES_DIR
+    source = inputs.materialise(p.inputs, root, p.request.include_dirs)
     return CompileJob(
-        source=p.request.kernel_source,
+        source=source,
         language=p.request.language,
         entry=p.request.kernel_entry,
         defines=p.request.defines,
@@ -266,11 +399,22 @@ def compile_job(p: Prepared, out_dir: Path) -> CompileJob:
         debug_flags=p.decision.debug.flags,
         emit=p.decision.debug.emit,
         timeout_s=p.timeout_s,
+        include_dirs=tuple(inputs.mirror(root, d) for d in p.request.include_dirs),
+        extra_flags=p.request.extra_flags,
     )
 
 
-def _run_debug(p: Prepared) -> CompileOutcome:
-    folder = kernel_meta.process_dir(p.opts.kernel_meta_dir)
+#: Prefix of the private folders of outputs handed back to their caller.
+DELIVER_PREFIX = "cachemgr-deliver-"
+
+
+def deliver_dir() -> Path:
+    """A private (0700) folder for the outputs of one job that its caller writes itself."""
+    return Path(tempfile.mkdtemp(prefix=DELIVER_PREFIX))
+
+
+def _run_debug(p: Prepared, into: Path | None = None) -> CompileOutcome:
+    folder = into or kernel_meta.process_dir(p.opts.kernel_meta_dir)
     build = kernel_meta.build_dir(folder, p.kernel)
     try:
         result = p.backend.compile(compile_job(p, build))

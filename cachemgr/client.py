@@ -14,6 +14,13 @@ cache. Only misses — and every request the rules send elsewhere (debug, ``forc
 once. Hits served locally are reported to the daemon's counters (``POST /hits``) at most
 once a second and on :meth:`Client.close`. ``Client(local_hits=False)`` sends everything.
 
+**The caller's files travel with the request** (issue 10 item 5, issue 11 item 1). The client
+runs as the caller: it reads the kernel source, the headers the compiler reads (from the
+header manifest, or the compiler's dependency listing on a miss) and the ``op_debug_config``
+file, and sends their bytes (:func:`cachemgr.inputs.to_wire`). The daemon computes the key
+from exactly those bytes and compiles them in a private folder; it never opens a path a
+caller named. A request without them is accepted only from the daemon's own user.
+
 Example::
 
     from cachemgr import Client
@@ -24,6 +31,7 @@ Example::
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import logging
@@ -35,8 +43,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from cachemgr import build, keys, options
-from cachemgr.errors import CacheMgrError
+from cachemgr import build, fsutil, inputs, kernel_meta, keys, layout, options
+from cachemgr.errors import CacheMgrError, CompileError, InvalidInputError
 from cachemgr.request import ParsedRequests
 
 log = logging.getLogger(__name__)
@@ -119,7 +127,9 @@ class Client:
         self.tcp = tcp
         self.timeout_s = timeout_s
         self._local = threading.local()
-        self._hits = _LocalHits(self) if local_hits else None
+        self._side = _LocalHits(self)
+        self._hits = self._side if local_hits else None
+        self._targets: dict[str, tuple[str, Path]] = {}
 
     def _conn(self) -> http.client.HTTPConnection:
         conn = getattr(self._local, "conn", None)
@@ -214,28 +224,91 @@ class Client:
         wait: bool = True,
         priority: int = 0,
         replace: bool = False,
+        session: str | None = None,
+        out_dir: Path | str | None = None,
     ) -> dict[str, Any]:
         """Compile (or hit) one request: ``{"kernel_name", "status", "files", "seconds",
         "via"}`` with ``via`` ``"client"`` for a hit served in this process, ``"daemon"``
         otherwise. With ``wait=False`` returns ``{"job_id": …}`` to poll with :meth:`job`.
         Relative paths in the request are relative to ``base_dir`` (default: the current
-        directory). ``replace`` recompiles and replaces this one entry (SPEC §4)."""
+        directory). ``replace`` recompiles and replaces this one entry (SPEC §4).
+        ``session``: requests of one session clear a chip folder at most once with ``force``
+        (default: each call is its own session, so each ``force`` call clears).
+
+        Debug artefacts and ``disable`` kernels are handed back by the daemon and written
+        here, as the caller (issue 11 item 6): debug ones to
+        ``<base>/kernel_meta/<host>_<pid>/`` with base = the request's ``debug_dir`` >
+        ``$ASCEND_WORK_PATH`` > the current directory; ``disable`` ones to ``out_dir``
+        (default: the current directory); ``files`` names the files written. A folder this
+        user cannot write is refused before anything is compiled (400, one line).
+
+        :raises DaemonError: a bad request (400: one line), or the daemon's error.
+        :raises DaemonUnavailable: no daemon answers.
+        """
         base = str(Path(base_dir or os.getcwd()).resolve())
-        if wait and not replace and self._hits is not None:
-            found = self._hits.lookup(request, base)
+        start = time.perf_counter()
+        try:
+            prepared = self._side.prepare(request, base)
+        except InvalidInputError as exc:
+            raise DaemonError(str(exc), 400) from exc
+        except CompileError as exc:  # e.g. the dependency listing names a missing header
+            return _failed(str(exc), start)
+        if prepared is not None and wait and not replace and self._hits is not None:
+            found = self._hits.lookup_prepared(prepared, start)
             if found is not None:
                 return found
-        body = {
+        body: dict[str, Any] = {
             "request": dict(request),
             "base_dir": base,
             "wait": wait,
             "priority": priority,
             "replace": replace,
         }
+        if session is not None:
+            body["session"] = session
+        target = None
+        if prepared is not None:
+            target = self._output_target(prepared, out_dir)
+            body["deliver"] = target is not None
+        if prepared is not None:
+            try:
+                body["inputs"] = self._side.wire_inputs(prepared, request, base)
+            except InvalidInputError as exc:
+                raise DaemonError(str(exc), 400) from exc
         answer = self.request("POST", "/compile", body)
         if isinstance(answer, dict) and "status" in answer:
             answer["via"] = "daemon"
+        if isinstance(answer, dict) and target is not None:
+            if "job_id" in answer and "status" not in answer:
+                self._targets[answer["job_id"]] = target
+            else:
+                _write_outputs(answer, target)
         return answer
+
+    def _output_target(
+        self, prepared: build.Prepared, out_dir: Path | str | None
+    ) -> tuple[str, Path] | None:
+        """Where this caller wants the outputs of ``prepared`` (``("debug", kernel_meta
+        folder)`` or ``("disable", folder)``), checked writable; None when it has none.
+
+        :raises DaemonError: 400 when the folder cannot be written (one line).
+        """
+        decision = prepared.decision
+        try:
+            if decision.debug.on:
+                base, origin = kernel_meta.caller_base(
+                    prepared.request.options, os.environ, Path.cwd()
+                )
+                folder = layout.kernel_meta_dir(base)
+                kernel_meta.check_base(folder, origin)
+                return "debug", folder
+            if not decision.cache.write:
+                folder = Path(out_dir or Path.cwd()).absolute()
+                kernel_meta.check_base(folder, "output folder (out_dir)")
+                return "disable", folder
+        except InvalidInputError as exc:
+            raise DaemonError(str(exc), 400) from exc
+        return None
 
     def compile_file(
         self, path: Path | str, wait: bool = True, priority: int = 0
@@ -252,8 +325,14 @@ class Client:
         return self.compile(data, base_dir=path.resolve().parent, wait=wait, priority=priority)
 
     def job(self, job_id: str) -> dict[str, Any]:
-        """``GET /jobs/<id>``: ``{"state": "queued"|"running"|"done"|"failed", …}``."""
-        return self.request("GET", f"/jobs/{job_id}")
+        """``GET /jobs/<id>``: ``{"state": "queued"|"running"|"done"|"failed", …}`` (handed
+        back outputs written as :meth:`compile` writes them)."""
+        answer = self.request("GET", f"/jobs/{job_id}")
+        target = self._targets.get(job_id)
+        if target is not None and isinstance(answer, dict) and "outputs" in answer:
+            _write_outputs(answer, target)
+            self._targets.pop(job_id, None)
+        return answer
 
     def reload(self) -> dict[str, Any]:
         """``POST /reload``: reload the config and op_cache.ini (same path as SIGHUP)."""
@@ -287,20 +366,69 @@ class _LocalHits:
             self._settings, self._fetched = settings, now
             return settings, self._compilers  # type: ignore[return-value]
 
+    def prepare(self, data: Mapping[str, Any], base: str) -> build.Prepared | None:
+        """The request prepared here, as the caller, with the daemon's settings: its key and
+        its inputs' digests (source, headers, ``.cfg``). None when the daemon's settings
+        cannot be had or used here (then the daemon is asked without inputs and answers or
+        refuses itself).
+
+        :raises InvalidInputError: a bad request (the same one line the daemon would give).
+        :raises CompileError: the dependency listing failed (a missing header...).
+        """
+        try:
+            settings, compilers = self._state()
+        except (CacheMgrError, OSError, KeyError, TypeError, ValueError) as exc:
+            log.debug("client-side preparation not possible: %s", exc)
+            return None
+        request = self._parsed.get(data, base, origin="compile request")
+        try:
+            return build.prepare(request, settings, compilers, 60.0)
+        except (InvalidInputError, CompileError):
+            raise
+        except (CacheMgrError, OSError) as exc:
+            log.debug("client-side preparation failed: %s", exc)
+            return None
+
+    def wire_inputs(
+        self, prepared: build.Prepared, data: Mapping[str, Any], base: str
+    ) -> dict[str, Any]:
+        """The bytes of ``prepared``'s inputs as the request carries them; read again when a
+        file changed since it was hashed (the bytes sent are the bytes hashed).
+
+        :raises InvalidInputError: an input that cannot be read, or one that keeps changing.
+        """
+        for _ in range(3):
+            frozen = build.freeze(prepared)
+            if frozen is not None:
+                return inputs.to_wire(frozen.inputs)
+            settings, compilers = self._state()
+            request = self._parsed.get(data, base, origin="compile request")
+            prepared = build.prepare(request, settings, compilers, 60.0)
+        raise InvalidInputError(
+            f"{prepared.request.kernel_source} (or a header) kept changing while it was read"
+        )
+
     def lookup(self, data: Mapping[str, Any], base: str) -> dict[str, Any] | None:
         """A verified hit served here, or None (then the daemon answers). Any error — bad
         input, a daemon that cannot be asked — also gives None: the daemon's answer, or
         its error, is the one the caller sees."""
-        if self.disabled:
-            return None
         start = time.perf_counter()
         try:
-            settings, compilers = self._state()
-            prepared = build.prepare(
-                self._parsed.get(data, base, origin="compile request"), settings, compilers, 60.0
-            )
+            prepared = self.prepare(data, base)
+        except CacheMgrError as exc:
+            log.debug("local hit path not taken: %s", exc)
+            return None
+        return None if prepared is None else self.lookup_prepared(prepared, start)
+
+    def lookup_prepared(self, prepared: build.Prepared, start: float) -> dict[str, Any] | None:
+        """A verified hit for ``prepared`` served here, or None."""
+        if self.disabled:
+            return None
+        try:
             decision = prepared.decision
             if decision.debug.on or decision.binary_first or not decision.cache.read:
+                return None
+            if decision.cache.clear_first:  # force: the daemon clears, then compiles
                 return None
             outcome = build.find_cached(prepared)
         except (CacheMgrError, OSError, KeyError, TypeError, ValueError) as exc:
@@ -328,6 +456,38 @@ class _LocalHits:
             self.client.request("POST", "/hits", {"hits": pending})
         except CacheMgrError as exc:
             log.debug("could not report %d hits: %s", pending, exc)
+
+
+def _write_outputs(answer: dict[str, Any], target: tuple[str, Path]) -> None:
+    """Write the outputs the daemon handed back, as this process's user, with the names of a
+    local run: debug artefacts into ``<kernel_meta>/<host>_<pid>/``, ``disable`` kernels into
+    the output folder (the json last: a visible json means a whole kernel). ``files`` then
+    names them."""
+    outputs = answer.pop("outputs", None)
+    if not isinstance(outputs, list):
+        return
+    kind, folder = target
+    folder = kernel_meta.process_dir(folder) if kind == "debug" else fsutil.ensure_dir(folder)
+    order = sorted(outputs, key=lambda o: str(o.get("name", "")).endswith(".json"))
+    written = []
+    for item in order:
+        name = layout.safe_file_name(item.get("name"), "output file")
+        fsutil.atomic_write_bytes(folder / name, base64.b64decode(item["data"]))
+        written.append(folder / name)
+    names = {p.name: p for p in written}
+    answer["files"] = [str(names[n]) for n in (o["name"] for o in outputs) if n in names]
+
+
+def _failed(message: str, start: float) -> dict[str, Any]:
+    """The answer for a request that failed on the caller's side (e.g. a missing header)."""
+    return {
+        "kernel_name": "",
+        "status": "failed",
+        "files": [],
+        "seconds": round(time.perf_counter() - start, 6),
+        "error": message,
+        "via": "client",
+    }
 
 
 def _decode(status: int, raw: bytes, ctype: str) -> Any:

@@ -142,6 +142,7 @@ class ChipScan:
     locks: dict[str, FileStat] = field(default_factory=dict)
     silly: dict[str, FileStat] = field(default_factory=dict)  # .nfs* names: never touched
     odd: dict[str, str] = field(default_factory=dict)  # name → why (symlink, folder...)
+    manifests: dict[str, FileStat] = field(default_factory=dict)  # cachemgr's header lists
     used_bytes: int = 0
 
 
@@ -260,6 +261,9 @@ def _place(scan: ChipScan, name: str, fst: FileStat) -> None:
         scan.temps[name] = fst
         return
     if name == layout.EVICT_LOCK_NAME:
+        return
+    if name.endswith(layout.MANIFEST_SUFFIX):
+        scan.manifests[name] = fst
         return
     if name.endswith(".lock"):
         scan.locks[name] = fst

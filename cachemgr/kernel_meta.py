@@ -3,9 +3,13 @@
 ``<base>/kernel_meta/`` (base = ``debug_dir`` > ``ASCEND_WORK_PATH`` > current directory)
 gets one sub-folder per compiling process, ``<host>_<pid>``, so parallel compiles never write
 the same path. A folder holds an ``.owner`` file (host, pid, and the process's start time from
-``/proc/<pid>/stat``, so a reused pid is told apart). :func:`reap_orphans` removes the folders
-of this host whose process is gone; folders of other hosts and folders without ``.owner``
-(not ours) are left alone.
+``/proc/<pid>/stat``, so a reused pid is told apart). A completed debug output belongs to the
+user and is never reaped (SPEC §7, issue 11 item 7): :func:`reap_orphans` removes only what is
+provably a leftover of a dead process of this host — its private build folders
+(``.build-*``) and temp files (``*.temp``), and its folder when nothing else is left in it.
+With an explicit retention (``[daemon] kernel_meta_retention_s``, off by default) a dead
+process's folder whose newest file is older than that goes too. Folders of other hosts and
+folders without ``.owner`` (not ours) are left alone.
 
 Compiles run in a private temp folder inside the process folder; :func:`keep_artefacts` then
 moves in the artefacts SPEC §7's table keeps for the request (``.o``/``.cubin``, ``.json``,
@@ -25,12 +29,14 @@ import socket
 import stat
 import tempfile
 import threading
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from cachemgr import fsutil
 from cachemgr.compilers import CompileResult
+from cachemgr.errors import InvalidInputError
 from cachemgr.request import CompileRequest
 
 log = logging.getLogger(__name__)
@@ -81,6 +87,35 @@ def process_dir(kernel_meta_dir: Path) -> Path:
         fsutil.atomic_write_bytes(path / OWNER_FILE, json.dumps(owner).encode())
         _dirs[ident] = path
         return path
+
+
+def caller_base(options: Mapping[str, Any], env: Mapping[str, str], cwd: Path) -> tuple[Path, str]:
+    """The caller's ``kernel_meta`` base and where it came from (SPEC §7): the request's (or
+    command line's) ``debug_dir`` > ``ASCEND_WORK_PATH`` > the current directory — resolved
+    with the *caller's* environment and folder, also when the daemon compiles."""
+    if options.get("debug_dir"):
+        return Path(str(options["debug_dir"])), "debug_dir"
+    if env.get("ASCEND_WORK_PATH"):
+        return Path(env["ASCEND_WORK_PATH"]), "ASCEND_WORK_PATH"
+    return cwd, "current directory"
+
+
+def check_base(kernel_meta_dir: Path, origin: str = "") -> None:
+    """Refuse, before compiling, a ``kernel_meta`` folder this user cannot create or write.
+
+    :raises InvalidInputError: one line naming the folder, where it came from and what to set.
+    """
+    probe = Path(kernel_meta_dir)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if probe.is_dir() and os.access(probe, os.W_OK | os.X_OK):
+        return
+    where = f" ({origin})" if origin else ""
+    raise InvalidInputError(
+        f"debug output folder {kernel_meta_dir}{where} cannot be written by user "
+        f"{fsutil.user_name()} ({probe} is not writable); set debug_dir (--debug-dir) or "
+        "ASCEND_WORK_PATH to a folder you can write"
+    )
 
 
 def build_dir(process_folder: Path, kernel: str) -> Path:
@@ -181,13 +216,15 @@ def is_orphan(folder: Path, host: str | None = None) -> bool:
     return start is None or (owner.get("start") is not None and start != owner.get("start"))
 
 
-def reap_orphans(kernel_meta_dir: Path) -> list[Path]:
-    """Remove the per-process folders of dead processes of this host (SPEC §7).
+def reap_orphans(kernel_meta_dir: Path, retention_s: float = 0.0) -> list[Path]:
+    """Remove the leftovers of dead processes of this host (SPEC §7): their build folders and
+    temp files, and their folder once nothing else is in it (``.owner`` aside). Completed
+    debug outputs stay — unless ``retention_s`` > 0 and the folder's newest file is older.
 
     Files directly in ``kernel_meta_dir`` (CANN's own) and folders of other hosts are never
     touched; symlinks are not followed. Already-gone files are normal.
 
-    :returns: the folders removed.
+    :returns: the folders and files removed.
     :raises OSError: when ``kernel_meta_dir`` exists but cannot be listed.
     """
     removed: list[Path] = []
@@ -200,9 +237,35 @@ def reap_orphans(kernel_meta_dir: Path) -> list[Path]:
             continue
         folder = Path(de.path)
         if is_orphan(folder):
-            _rmtree(folder)
-            removed.append(folder)
-            log.info("reaped kernel_meta folder %s of a dead process", folder)
+            removed += _reap_dead(folder, retention_s)
+    return removed
+
+
+def _reap_dead(folder: Path, retention_s: float) -> list[Path]:
+    """The leftovers of one dead process's folder (see :func:`reap_orphans`)."""
+    removed: list[Path] = []
+    try:
+        items = list(os.scandir(folder))
+    except OSError:
+        return removed
+    newest = 0.0
+    for item in items:
+        path = Path(item.path)
+        if item.name.startswith(".build-") and item.is_dir(follow_symlinks=False):
+            _rmtree(path)
+            removed.append(path)
+        elif item.name.endswith(fsutil.TEMP_SUFFIX) and item.is_file(follow_symlinks=False):
+            fsutil.safe_unlink(path)
+            removed.append(path)
+        elif item.name != OWNER_FILE:
+            with contextlib.suppress(OSError):
+                newest = max(newest, item.stat(follow_symlinks=False).st_mtime)
+    expired = retention_s > 0 and newest and time.time() - newest > retention_s
+    if not newest or expired:
+        _rmtree(folder)
+        removed.append(folder)
+        why = "its retention expired" if expired else "nothing left in it"
+        log.info("reaped kernel_meta folder %s of a dead process (%s)", folder, why)
     return removed
 
 

@@ -5,7 +5,9 @@ UTF-8) of everything that changes the binary:
 
 * the operator: ``op_type``, every input/output ``shape``/``dtype``/``format`` (dtype aliases
   folded: ``float`` = ``float32``), ``attrs``, ``soc_version``;
-* the kernel: ``language``, ``kernel_entry``, ``defines`` and the SHA-256 of the source;
+* the kernel: ``language``, ``kernel_entry``, ``defines``, ``include_dirs``, ``extra_flags``,
+  the source's path and SHA-256 and the path and SHA-256 of every header the compiler reads
+  (:mod:`cachemgr.inputs`; system headers are represented by the compiler's identity);
 * the options: ``deterministic``, ``precision_mode``, ``op_debug_level`` and the other
   compile options a request may carry (``aicore_num``, ``deterministic_level``, ...);
 * the compiler: its name and version line and the exact flags of the command it runs
@@ -13,7 +15,8 @@ UTF-8) of everything that changes the binary:
 
 Faults seen in the field came from keys that missed one of these (``deterministic_level`` in
 GE, a model hash in vLLM-Ascend); :data:`KEY_FIELDS` lists them and the tests change each one.
-Local ``#include`` files are not hashed (only the source file itself is), as in GE.
+The *base key* is the key of everything but the headers: it names the header manifest
+(:mod:`cachemgr.manifest`) that tells, without running the preprocessor, which headers to hash.
 
 The kernel name is ``te_<op_type lower-cased>_<key>`` (GE's shape of name, SPEC §3.1).
 """
@@ -29,12 +32,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from cachemgr import inputs as inputs_mod
 from cachemgr.compilers import CompileJob, CompilerBackend, CompilerIdentity, get_backend
 from cachemgr.errors import InvalidInputError
+from cachemgr.inputs import Snapshot
 from cachemgr.request import CompileRequest, RequestOptions
 
 #: Bump when the key material changes shape, so old and new keys never collide.
-KEY_VERSION = 1
+KEY_VERSION = 2
 #: Top-level fields of the key material (documentation and tests).
 KEY_FIELDS = (
     "op_type",
@@ -45,7 +50,10 @@ KEY_FIELDS = (
     "language",
     "kernel_entry",
     "defines",
+    "include_dirs",
+    "extra_flags",
     "source_sha256",
+    "headers",
     "options",
     "compiler",
 )
@@ -79,30 +87,11 @@ def canonical(material: Mapping[str, Any]) -> bytes:
 
 
 def source_sha256(path: Path) -> str:
-    """Hex SHA-256 of the file ``path``; remembered per (device, inode, size, mtime, ctime)
-    unless the file changed in the last :data:`RACY_S` seconds.
+    """Hex SHA-256 of the file ``path`` (see :func:`cachemgr.inputs.file_digest`).
 
     :raises InvalidInputError: when the source cannot be read (names the path).
     """
-    try:
-        st = os.stat(path)
-    except OSError as exc:
-        raise InvalidInputError(f"kernel_source {path}: {exc.strerror}") from None
-    ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-    with _digest_lock:
-        known = _digests.get(ident)
-    if known is not None:
-        return known
-    try:
-        digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    except OSError as exc:
-        raise InvalidInputError(f"kernel_source {path}: {exc.strerror}") from None
-    if time.time() - max(st.st_mtime, st.st_ctime) > RACY_S:
-        with _digest_lock:
-            if len(_digests) > 4096:
-                _digests.clear()
-            _digests[ident] = digest
-    return digest
+    return inputs_mod.file_digest(path, "kernel_source")
 
 
 def command_flags(
@@ -125,6 +114,7 @@ def command_flags(
         out_name=NAME_PLACEHOLDER,
         debug_flags=debug_flags,
         emit=emit,
+        extra_flags=request.extra_flags,
     )
     return tuple(backend.command(job)[1:])
 
@@ -134,9 +124,15 @@ def key_material(
     opts: RequestOptions,
     identity: CompilerIdentity,
     flags: Sequence[str],
-    source_digest: str,
+    inputs: Snapshot | str,
 ) -> dict[str, Any]:
-    """Everything that changes the binary, as plain JSON values (SPEC §3.2)."""
+    """Everything that changes the binary, as plain JSON values (SPEC §3.2).
+
+    :param inputs: the snapshot of the source and headers (a bare source digest gives the
+        material without paths and headers: the tests' shorthand).
+    """
+    snap = inputs if isinstance(inputs, Snapshot) else None
+    files = snap.key_fields() if snap else {"source_sha256": inputs}
     options = {
         "deterministic": opts.deterministic,
         "precision_mode": opts.precision_mode,
@@ -153,7 +149,10 @@ def key_material(
         "language": request.language,
         "kernel_entry": request.kernel_entry,
         "defines": dict(request.defines),
-        "source_sha256": source_digest,
+        "include_dirs": [snap.relative(d) if snap else str(d) for d in request.include_dirs],
+        "extra_flags": list(request.extra_flags),
+        "headers": [],
+        **files,
         "options": options,
         "compiler": {"name": identity.name, "version": identity.version, "flags": list(flags)},
     }
@@ -162,6 +161,17 @@ def key_material(
 def compute_key(material: Mapping[str, Any]) -> str:
     """Hex SHA-256 (64 chars) of :func:`canonical` ``(material)``."""
     return hashlib.sha256(canonical(material)).hexdigest()
+
+
+def base_key(material: Mapping[str, Any], request: CompileRequest) -> str:
+    """The key of ``material`` without its headers but with the absolute paths of the
+    source and include folders: names the header manifest (the same source in two folders
+    may read different headers, so each folder has its own manifest)."""
+    where = {
+        "source_path": str(request.kernel_source),
+        "include_dirs": [str(d) for d in request.include_dirs],
+    }
+    return compute_key({**material, "headers": None, "where": where})
 
 
 def kernel_name(op_type: str, key: str) -> str:
@@ -250,6 +260,7 @@ class Compilers:
             tuple(sorted((k, repr(v)) for k, v in request.defines.items())),
             debug_flags,
             emit,
+            request.extra_flags,
         )
         with self._lock:
             found = self._flags.get(memo)

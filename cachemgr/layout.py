@@ -16,6 +16,9 @@ from cachemgr.errors import ConfigError, InvalidEntryError
 
 #: The eviction lock's file name in every chip folder (CANN GE's own name, SPEC §5).
 EVICT_LOCK_NAME = "op_cache_file_del.lock"
+#: Suffix of cachemgr's header manifests beside the entries (issue 11 item 2; GE never reads
+#: them): ``<op>_<base key>.manifest`` (see :mod:`cachemgr.manifest`).
+MANIFEST_SUFFIX = ".manifest"
 #: CANN's limits file, in the kernel cache folder (SPEC §5).
 INI_NAME = "op_cache.ini"
 KERNEL_CACHE = "kernel_cache"

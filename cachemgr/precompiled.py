@@ -13,9 +13,18 @@ lower-case name is tried too), ``<op_file>`` the snake-case op type (``SoftmaxV2
 (``static``/``dynamic``), ``deterministic`` (``true``/``false``/``ignore``), ``implMode``,
 ``inputs``/``outputs`` (``index``, ``dtype``, ``format``, ``paramType``, ``shape`` with -1 and
 [-2]), ``attrs`` (``name``, ``dtype``, ``value``) and ``binInfo.jsonFilePath`` (relative to the
-root). Lookup is by the request's key (``staticKey``, the way cachemgr's own packages are
-written) or else by matching the signature (:func:`item_matches`); the binary is checked
-against the json's ``sha256`` before it is used.
+root). Lookup matches exactly or not at all (issue 11 item 4):
+
+* an item with a ``staticKey`` (cachemgr's own packages, :func:`pack`) serves a request only
+  when the request's key — everything that changes the binary (SPEC §3.2: source and header
+  digests, defines, flags, language, compiler, options) — is listed in it;
+* an item without one (CANN's own packages) is matched the way CANN selects its ``binList``
+  items: by the signature its ``simplifiedKey`` encodes
+  (``<OpType>/d=<deterministic>,p=<precision>/<dtype>,<format>/...``, CANN opbase's
+  nnopbase binary collector) — each tensor's dtype, format and shape, ``deterministic`` and
+  the attrs (:func:`item_matches`).
+
+The binary is checked against the json's ``sha256`` before it is used.
 
 Packages are read-only and never evicted: they live outside the cache, and nothing here
 writes to a package except :func:`pack`, which builds one from chosen cache entries.
@@ -210,13 +219,18 @@ def find(
     """The precompiled kernel for ``request``, or None (SPEC §6).
 
     Per package root and chip folder name: an item whose ``staticKey`` lists ``key`` first,
-    then the first item whose signature matches; its binary must verify (sha256).
+    then the first item *without* a ``staticKey`` (CANN's) whose signature matches; its
+    binary must verify (sha256). An item with another ``staticKey`` never serves.
     """
     for root in roots:
         for soc in soc_dirs(request.soc_version):
             items = _load_config(Path(root) / CONFIG_DIR / soc / f"{op_file(request.op_type)}.json")
             by_key = [i for i in items if key in str(i.get("staticKey", "")).split(",")]
-            rest = [i for i in items if i not in by_key and item_matches(i, request, deterministic)]
+            rest = [
+                i
+                for i in items
+                if not i.get("staticKey") and item_matches(i, request, deterministic)
+            ]
             for item in (*by_key, *rest):
                 found = _verified(Path(root), item)
                 if found is not None:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cachemgr import entry, fsutil, precompiled, versions
+from cachemgr import entry, fsutil, manifest, precompiled, versions
 from cachemgr.build import COMPILED, HIT, CompileOutcome, Prepared, RunContext, compile_job
 from cachemgr.chiplock import Hold
 from cachemgr.compilers import CompileResult
@@ -97,6 +97,7 @@ class Pending:
             if p.decision.cache.replace:
                 store.remove(p.kernel)
             published = store.publish(p.kernel, self.files, self.main_json)
+            _record_manifest(p)
             _ensure_ini(p.chip_dir.parent, self.config_sections)  # logs its own failure
         except (NoSpaceError, OSError) as exc:
             if uncached_dir is None or not _cannot_store(exc):
@@ -135,6 +136,16 @@ class Pending:
         """Drop the entry lock and the chip hold without publishing."""
         self.entry_lock.release()
         self.chip_hold.release()
+
+
+def _record_manifest(p: Prepared) -> None:
+    """Remember which headers ``p``'s compile read (issue 11 item 2), under the entry lock;
+    a manifest that cannot be written costs a dependency scan on the next lookup, nothing
+    else."""
+    try:
+        manifest.record(p.manifest_path, p.kernel, p.inputs.headers or {})
+    except OSError as exc:
+        log.warning("%s: cannot write its header manifest %s: %s", p.kernel, p.manifest_path, exc)
 
 
 def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pending:
@@ -280,17 +291,46 @@ def _payload(p: Prepared, result: CompileResult) -> tuple[dict[str, bytes], dict
     return {result.binary.name: binary}, main
 
 
-def clear_chip(chip_dir: Path, lock_timeout_s: float) -> int:
-    """Remove every entry of a chip folder (``force``, SPEC §4), json first, each under its
-    entry lock; loose binaries too. Lock files and ``*.temp`` of writers in progress stay.
+#: What ``force`` noted before waiting: entry → (device, inode) of its main json; loose
+#: files and manifests by name.
+Noted = tuple[dict[str, tuple[int, int]], set[str]]
+
+
+def note_entries(chip_dir: Path) -> Noted:
+    """The entries of ``chip_dir`` now (json identity) and its loose files and manifests,
+    for :func:`clear_chip` (issue 11 item 5: what in-flight compiles publish later stays)."""
+    scan = entry.scan_chip(chip_dir)
+    found: dict[str, tuple[int, int]] = {}
+    for kernel in scan.entries:
+        st = fsutil.lstat_or_none(chip_dir / f"{kernel}.json")
+        if st is not None:
+            found[kernel] = (st.st_dev, st.st_ino)
+    return found, set(scan.orphans) | set(scan.manifests)
+
+
+def clear_chip(chip_dir: Path, lock_timeout_s: float, noted: Noted | None = None) -> int:
+    """Remove the entries of a chip folder (``force``, SPEC §4), json first, each under its
+    entry lock; loose binaries and header manifests too. Lock files and ``*.temp`` of writers
+    in progress stay. With ``noted`` (:func:`note_entries`) only what was noted goes: an
+    entry whose json changed since (published by an in-flight compile) stays.
 
     The caller holds the chip lock exclusive. :returns: the number of entries removed.
     """
     store = Store(chip_dir, lock_timeout_s)
     scan = entry.scan_chip(chip_dir)
+    removed = 0
     for kernel in sorted(scan.entries):
+        if noted is not None:
+            st = fsutil.lstat_or_none(chip_dir / f"{kernel}.json")
+            if st is None or noted[0].get(kernel) != (st.st_dev, st.st_ino):
+                continue
         store.remove(kernel)
+        removed += 1
     for name in sorted(scan.orphans):
-        store.remove_orphan(name)
-    log.info("force: cleared %d entries of %s", len(scan.entries), chip_dir)
-    return len(scan.entries)
+        if noted is None or name in noted[1]:
+            store.remove_orphan(name)
+    for name in sorted(scan.manifests):
+        if noted is None or name in noted[1]:
+            fsutil.safe_unlink(chip_dir / name)
+    log.info("force: cleared %d entries of %s", removed, chip_dir)
+    return removed

@@ -14,29 +14,39 @@ the caller's thread when it can — a precompiled binary (SPEC §6) or a verifie
   same: a worker takes it, looks up again, and only then compiles;
 * **cancel**: ``future.cancel()`` removes that caller; a job whose callers have all gone before
   it started is dropped (a started compile finishes and is cached — nothing is wasted);
-* **force** (SPEC §4): the first ``force`` request of a session for a chip takes the chip
-  folder's exclusive lock (:mod:`cachemgr.chiplock`): new work for that chip waits, in-flight
-  compiles (which hold the lock shared) finish, the chip folder is cleared, then work resumes.
+* **force** (SPEC §4, issue 11 item 5): the first ``force`` request of a *session* for a chip
+  clears it — a session is one ``cachemgr compile`` run (all its requests), one daemon
+  ``/compile`` call unless the caller names a session, one queue when none is given. It
+  notes the entries present, takes the chip folder's exclusive lock
+  (:mod:`cachemgr.chiplock`): new work for that chip waits, in-flight compiles (which hold
+  the lock shared) finish and publish, then only the entries noted are removed — a kernel an
+  in-flight compile has just published and reported is kept — then work resumes.
   ``replace=True`` is the per-request "recompile and replace this one entry".
+* **snapshots** (issue 11 item 1): a job holds the bytes of its source and headers taken
+  when it was submitted (:func:`cachemgr.build.freeze`); the compile reads those bytes, so an
+  edit made while the job waits changes nothing it builds or the key it is stored under.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import logging
 import os
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cachemgr import build, keys, precompiled, publisher
+from cachemgr import build, kernel_meta, keys, precompiled, publisher
 from cachemgr.build import CompileOutcome, Prepared
-from cachemgr.errors import CompileError
+from cachemgr.errors import CompileError, InvalidInputError
+from cachemgr.inputs import Snapshot
 from cachemgr.options import Settings
 from cachemgr.request import CompileRequest
 
@@ -130,6 +140,8 @@ class CompileQueue:
         *,
         replace: bool = False,
         session: str | None = None,
+        inputs: Snapshot | None = None,
+        deliver: bool = False,
     ) -> Future[CompileOutcome]:
         """Ask for the kernel of ``request``; the future resolves to its :class:`CompileOutcome`
         (``failed`` with the compiler's message on a compile error, never an exception).
@@ -137,7 +149,13 @@ class CompileQueue:
         :param priority: higher runs sooner.
         :param replace: recompile and replace this one entry (SPEC §4).
         :param session: ``force`` clears a chip once per session (default: once per queue).
-        :raises InvalidInputError: a bad ``.cfg``, option or define (nothing is done).
+        :param inputs: the frozen snapshot a caller sent (the daemon); default: the request's
+            files are read here.
+        :param deliver: debug artefacts and ``disable`` kernels go to a private folder of the
+            job, for the caller to write where it wants (the daemon, issue 11 item 6); else
+            to ``kernel_meta`` and the output folder, checked writable first.
+        :raises InvalidInputError: a bad ``.cfg``, option or define, an unreadable source or
+            header, a source that keeps changing while it is read (nothing is done).
         :raises ConfigError: a bad ``[compilers]`` configuration.
         :raises RuntimeError: the queue is closed.
         """
@@ -147,15 +165,32 @@ class CompileQueue:
         with self._lock:
             settings, compilers = self.settings, self._compilers
         try:
-            prepared = build.prepare(request, settings, compilers, self.timeout_s, replace)
+            prepared = build.prepare(
+                request, settings, compilers, self.timeout_s, replace, given=inputs
+            )
+            if prepared.decision.cache.clear_first:
+                self._force_once(prepared, session)
+            outputs = prepared.decision.debug.on or not prepared.decision.cache.write
+            if deliver and outputs:
+                prepared = dataclasses.replace(prepared, deliver=uuid.uuid4().hex)
+            elif prepared.decision.debug.on:
+                kernel_meta.check_base(prepared.opts.kernel_meta_dir)
+            for _ in range(3):
+                quick = self._fast_path(prepared)
+                if quick is not None:
+                    return self._answered(quick, start, prepared.chip_dir)
+                frozen = build.freeze(prepared)
+                if frozen is not None:
+                    return self._enqueue(frozen, priority, start)
+                log.info("%s changed while it was read; hashing it again", request.kernel_source)
+                again = build.prepare(request, settings, compilers, self.timeout_s, replace)
+                prepared = dataclasses.replace(again, deliver=prepared.deliver)
         except CompileError as exc:
             return self._answered(build.failed("", exc, request.origin), start)
-        if prepared.decision.cache.clear_first:
-            self._force_once(prepared, session)
-        quick = self._fast_path(prepared)
-        if quick is not None:
-            return self._answered(quick, start, prepared.chip_dir)
-        return self._enqueue(prepared, priority, start)
+        raise InvalidInputError(
+            f"{request.origin}: {request.kernel_source} (or a header) kept changing while it "
+            "was read; try again once it is saved"
+        )
 
     def compile(self, request: CompileRequest, priority: int = 0, **kw: object) -> CompileOutcome:
         """``submit(request, priority, **kw).result()``."""
@@ -239,8 +274,9 @@ class CompileQueue:
         gate = self._gate(p.chip_dir)
         gate.clear()
         try:
+            noted = publisher.note_entries(p.chip_dir)
             with p.chip_lock.exclusive(timeout_s=self._ctx.lock_timeout_s):
-                removed = publisher.clear_chip(p.chip_dir, self._ctx.lock_timeout_s)
+                removed = publisher.clear_chip(p.chip_dir, self._ctx.lock_timeout_s, noted)
             with self._lock:
                 self._forced.add((p.chip_dir, session))
                 self.counters["force_cleared"] += removed

@@ -17,6 +17,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
+import stat
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -28,7 +30,7 @@ from typing import Any
 
 import xxhash
 
-from cachemgr import layout, options
+from cachemgr import extraflags, layout, options
 from cachemgr.errors import ConfigError, InvalidInputError
 from cachemgr.options import Settings
 
@@ -84,6 +86,10 @@ class CompileRequest:
         ``auto``/``true``/``false``, ``op_debug_level`` → int, paths → absolute ``Path``,
         ``deterministic`` → bool); see :func:`resolve_options` for the rest.
     :ivar origin: where it came from (the request file, or ``"request"``), for messages.
+    :ivar include_dirs: absolute include folders (``include_dirs`` then the ``-I`` of
+        ``extra_flags``), in order (issue 11 item 3).
+    :ivar extra_flags: allowed compiler arguments (:mod:`cachemgr.extraflags`), ``-I`` moved
+        to ``include_dirs``.
     """
 
     op_type: str
@@ -98,6 +104,8 @@ class CompileRequest:
     options: Mapping[str, Any] = field(default_factory=dict, hash=False)
     op_name: str | None = None
     origin: str = "request"
+    include_dirs: tuple[Path, ...] = ()
+    extra_flags: tuple[str, ...] = ()
 
     @property
     def dynamic(self) -> bool:
@@ -168,7 +176,11 @@ def _reject_constant(name: str) -> Any:
 
 
 def parse_request(
-    data: Any, base_dir: Path, settings: Settings | None = None, origin: str = "request"
+    data: Any,
+    base_dir: Path,
+    settings: Settings | None = None,
+    origin: str = "request",
+    check_exists: bool = True,
 ) -> CompileRequest:
     """Check ``data`` (a decoded request) and build a :class:`CompileRequest`.
 
@@ -177,6 +189,9 @@ def parse_request(
     :param settings: when given, the options the request leaves out are filled in from it
         now (SPEC §1); otherwise :func:`resolve_options` does it when the request is compiled.
     :param origin: where ``data`` came from, for messages (the request file).
+    :param check_exists: check that ``kernel_source`` is a file; False when the request
+        carries the source's bytes (:mod:`cachemgr.inputs`: the daemon opens no path a caller
+        names).
     :raises InvalidInputError: one line naming ``origin``, the field and the value: a schema
         violation (unknown dtype/format/language, missing field, wrong type), a negative dim
         other than -1 or the shape [-2], more than 2^31 elements, a missing source file, a bad
@@ -190,8 +205,11 @@ def parse_request(
     inputs = tuple(_tensor(t, f"inputs[{i}]", origin) for i, t in enumerate(data["inputs"]))
     outputs = tuple(_tensor(t, f"outputs[{i}]", origin) for i, t in enumerate(data["outputs"]))
     base_dir = Path(base_dir)
-    source = _existing_file(data["kernel_source"], base_dir, "kernel_source", origin)
+    source = _source_path(data["kernel_source"], base_dir, origin, check_exists)
     opts = _normalise_options(data.get("options", {}), base_dir, origin)
+    flags = extraflags.check(data.get("extra_flags", []), origin)
+    include_dirs = [_abs(d, base_dir) for d in data.get("include_dirs", [])]
+    include_dirs += [_abs(f[2:], base_dir) for f in flags if f.startswith("-I")]
     req = CompileRequest(
         op_type=data["op_type"],
         soc_version=data["soc_version"],
@@ -205,6 +223,8 @@ def parse_request(
         options=opts,
         op_name=data.get("op_name"),
         origin=origin,
+        include_dirs=tuple(include_dirs),
+        extra_flags=tuple(f for f in flags if not f.startswith("-I")),
     )
     _check_attrs(req.attrs, origin)
     return req if settings is None else with_options(req, settings)
@@ -280,12 +300,30 @@ def _check_attrs(attrs: Mapping[str, Any], origin: str) -> None:
             raise InvalidInputError(f"{origin}: attrs.{name}={value!r} is not a finite number")
 
 
+def _abs(raw: str, base_dir: Path) -> Path:
+    """``raw`` made absolute against ``base_dir`` and normalised (no file system access)."""
+    return Path(os.path.normpath(raw if os.path.isabs(raw) else os.path.join(base_dir, raw)))
+
+
+def _source_path(raw: str, base_dir: Path, origin: str, check_exists: bool) -> Path:
+    if not check_exists:
+        return _abs(raw, base_dir)
+    return _existing_file(raw, base_dir, "kernel_source", origin)
+
+
 def _existing_file(raw: str, base_dir: Path, name: str, origin: str) -> Path:
     path = Path(raw) if Path(raw).is_absolute() else base_dir / raw
     path = path.resolve()
-    if not path.is_file():
-        what = "does not exist" if not path.exists() else "is not a file"
-        raise InvalidInputError(f"{origin}: {name}={raw!r} ({path}) {what}")
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise InvalidInputError(f"{origin}: {name}={raw!r} ({path}) does not exist") from None
+    except OSError as exc:  # e.g. a folder this user may not enter
+        raise InvalidInputError(
+            f"{origin}: {name}={raw!r} ({path}) cannot be read ({exc.strerror})"
+        ) from None
+    if not stat.S_ISREG(mode):
+        raise InvalidInputError(f"{origin}: {name}={raw!r} ({path}) is not a file")
     return path
 
 
@@ -392,19 +430,23 @@ class ParsedRequests:
         self._lock = threading.Lock()
         self._items: OrderedDict[bytes, CompileRequest] = OrderedDict()
 
-    def get(self, data: Mapping[str, Any], base_dir: str, origin: str) -> CompileRequest:
+    def get(
+        self, data: Mapping[str, Any], base_dir: str, origin: str, check_exists: bool = True
+    ) -> CompileRequest:
         """:func:`parse_request` of ``data``, remembered.
 
         :raises InvalidInputError: as :func:`parse_request` (errors are not remembered).
         """
-        raw = json.dumps([data, base_dir], sort_keys=True, separators=(",", ":")).encode()
+        raw = json.dumps(
+            [data, base_dir, check_exists], sort_keys=True, separators=(",", ":")
+        ).encode()
         key = xxhash.xxh3_128_digest(raw)
         with self._lock:
             found = self._items.get(key)
             if found is not None:
                 self._items.move_to_end(key)
                 return found
-        parsed = parse_request(dict(data), Path(base_dir), origin=origin)
+        parsed = parse_request(dict(data), Path(base_dir), origin=origin, check_exists=check_exists)
         with self._lock:
             self._items[key] = parsed
             while len(self._items) > self.size:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cachemgr import entry, fsutil, layout
+from cachemgr import entry, fsutil, layout, manifest
 from cachemgr.errors import (
     CachePermissionError,
     ConfigError,
@@ -488,11 +488,32 @@ class Store:
             if repair:
                 finding.repaired = self._repair(finding, self.remove_orphan, name)
             report.findings.append(finding)
+        for name in sorted(scan.manifests):
+            self._verify_manifest(scan, name, report, repair)
         for name, why in sorted(scan.odd.items()):
             report.findings.append(
                 Finding(name, [entry.Problem(entry.NOT_A_FILE, f"{name}: {why}")], kind="file")
             )
         return report
+
+    def _verify_manifest(
+        self, scan: entry.ChipScan, name: str, report: VerifyReport, repair: bool
+    ) -> None:
+        """A header manifest (issue 11) must parse and name at least one entry present."""
+        kernels = manifest.kernels(self.chip_dir / name)
+        if kernels is None:
+            problem = entry.Problem("bad_manifest", f"{name} is not a valid header manifest")
+        elif not any(k in scan.entries for k in kernels):
+            problem = entry.Problem(entry.ORPHAN_FILE, f"{name} names no entry present")
+        else:
+            return
+        finding = Finding(name, [problem], kind="file")
+        if repair:
+            finding.repaired = self._repair(finding, self._remove_manifest, name)
+        report.findings.append(finding)
+
+    def _remove_manifest(self, name: str) -> bool:
+        return fsutil.safe_unlink(self.chip_dir / name)
 
     @staticmethod
     def _repair(finding: Finding, remove: Callable[[str], bool], name: str) -> bool:

@@ -387,8 +387,11 @@ def test_cpp_entry_without_extern_c(tmp_path):
     src.write_text(
         "void add_kernel(float *o) { o[0] = 1; }\nvoid add_kernel(int *o) { o[0] = 1; }\n"
     )
-    with pytest.raises(CompileError, match='extern "C"'):
+    with pytest.raises(CompileError, match=r"_Z10add_kernelPf', '_Z10add_kernelPi'") as err:
         get_backend("cpp").compile(CompileJob(src, "cpp", "add_kernel", {}, tmp_path, "k"))
+    assert "set kernel_entry to one of these" in str(err.value)
+    job = CompileJob(src, "cpp", "_Z10add_kernelPi", {}, tmp_path, "k")
+    assert get_backend("cpp").compile(job).kernel_name == "_Z10add_kernelPi"
 
 
 def test_static_entry_is_not_exported(tmp_path):

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 from cachemgr import options
+from cachemgr.compilers import sandbox
 from cachemgr.daemon.config import DaemonConfig
 from cachemgr.ini import OpCacheIni
 from tests.conftest import ROOT
@@ -41,6 +42,8 @@ def test_documented_values_are_accepted(clean_env: dict[str, str], tmp_path: Pat
     assert cfg.reconcile_interval_s == 300.0 and cfg.workers == 0
     assert settings.sections["compilers"]["cuda_arch"] == "sm_90"
     assert settings.sections["toolkit"]["adk_version"] == "7.0.0"
+    box = sandbox.from_table(settings.sections["sandbox"], [])
+    assert box.limits == sandbox.Limits(16384, 1200, 1024)
 
 
 def test_example_op_cache_ini_is_valid() -> None:

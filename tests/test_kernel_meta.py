@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from cachemgr import kernel_meta
@@ -48,12 +49,25 @@ def test_process_dir_is_per_process(tmp_path: Path) -> None:
     assert Path(other) != folder and Path(other).parent == meta
 
 
-def test_reap_orphans_removes_only_dead_processes_of_this_host(tmp_path: Path) -> None:
+def test_reap_orphans_removes_only_leftovers_of_dead_processes_of_this_host(tmp_path: Path) -> None:
+    """Issue 11 item 7: a completed debug output is the user's and is never reaped; only the
+    build folders and temp files of dead processes of this host (and a folder with nothing
+    else left) are."""
     meta = tmp_path / "kernel_meta"
     host = kernel_meta.host_name()
     mine = kernel_meta.process_dir(meta)
     dead_pid = _dead_pid()
     dead = _folder(meta, f"{host}_{dead_pid}", {"host": host, "pid": dead_pid, "start": "1"})
+    (dead / ".build-te_add_1-x").mkdir()
+    (dead / ".build-te_add_1-x" / "te_add_1.o").write_bytes(b"half")
+    (dead / "te_add_1.json.h.1.abc.temp").write_bytes(b"half")
+    empty_pid = _dead_pid()
+    empty = meta / f"{host}_{empty_pid}"
+    empty.mkdir()
+    (empty / kernel_meta.OWNER_FILE).write_text(
+        json.dumps({"host": host, "pid": empty_pid, "start": "1"})
+    )
+    (empty / ".build-te_mul_2-y").mkdir()
     sleepers = [
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]) for _ in range(2)
     ]
@@ -64,15 +78,29 @@ def test_reap_orphans_removes_only_dead_processes_of_this_host(tmp_path: Path) -
             f"{host}_{a}",
             {"host": host, "pid": a, "start": kernel_meta.process_start_time(a)},
         )
+        (live / ".build-running").mkdir()
         reused = _folder(meta, f"{host}_{b}", {"host": host, "pid": b, "start": "1"})
         other_host = _folder(meta, f"otherhost_{dead_pid}", {"host": "otherhost", "pid": dead_pid})
         not_ours = _folder(meta, f"{host}_{_dead_pid()}", None)
         (meta / "matmul_add.json").write_text("{}")  # CANN's own file at the top
         removed = kernel_meta.reap_orphans(meta)
-        assert sorted(removed) == sorted([dead, reused])
-        for kept in (mine, live, other_host, not_ours, meta / "matmul_add.json"):
+        assert sorted(removed) == sorted(
+            [
+                dead / ".build-te_add_1-x",
+                dead / "te_add_1.json.h.1.abc.temp",
+                empty / ".build-te_mul_2-y",
+                empty,
+            ]
+        )
+        for kept in (mine, live, live / ".build-running", other_host, not_ours, reused):
             assert kept.exists()
-        assert not dead.exists() and not reused.exists()
+        assert (meta / "matmul_add.json").exists()
+        assert (dead / "te_add_1.o").read_bytes() == b"x", "a completed output stays"
+        assert (reused / "te_add_1.o").exists()
+        old = time.time() - 7200
+        os.utime(dead / "te_add_1.o", (old, old))
+        assert kernel_meta.reap_orphans(meta, retention_s=3600) == [dead], "explicit retention"
+        assert reused.exists(), "its newest file is young"
     finally:
         for sleeper in sleepers:
             sleeper.kill()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -97,7 +98,25 @@ def compile_cmd(
     config_file: Path | None,
     **overrides: Any,
 ) -> None:
-    """Compile REQUEST.json files through an in-process queue (hit, binary, compiled, debug).
+    """Compile REQUEST.json files (hit, binary, compiled, debug), through the daemon when one
+    serves this cache, else in-process.
+
+    \b
+    Key: everything that changes the binary - op, shapes, dtypes, formats, attrs, soc,
+    defines, include_dirs, extra_flags, options, the compiler and its flags, the source and
+    every header it reads (system headers: the compiler's identity). The bytes hashed are the
+    bytes compiled: the files are read once, by this process, and compiled from that copy.
+    Header manifests (<chip folder>/*.manifest) list each kernel's headers with their
+    SHA-256, so a hit never runs the preprocessor; a miss lists them first (-MM).
+    \b
+    --mode force: clears the chip folder once per run of this command (also through the
+    daemon), waiting for compiles in flight, whose fresh results are kept; then compiles.
+    Switch back to enable afterwards. --replace recompiles only these entries.
+    \b
+    Outputs: debug artefacts go to <base>/kernel_meta/<host>_<pid>/, base = --debug-dir >
+    $ASCEND_WORK_PATH > the current directory; --mode disable kernels to --out-dir. Both are
+    written by this process, as you, also when the daemon compiles; a folder you cannot write
+    is refused before compiling.
 
     Exits 1 when a compile failed, 2 when a request is invalid (and none failed), else 0.
     """
@@ -163,6 +182,7 @@ def _compile_via_daemon(
     for name in ("op_debug_config", "debug_dir"):
         if overrides.get(name):
             overrides[name] = str(Path(overrides[name]).absolute())
+    session = uuid.uuid4().hex  # force clears once per run, as in-process (issue 11 item 5)
 
     def one(path: Path) -> dict[str, Any] | CacheMgrError:
         try:
@@ -170,7 +190,9 @@ def _compile_via_daemon(
             if not isinstance(data, dict):
                 raise InvalidInputError(f"request {path}: a request must be a JSON object")
             data["options"] = {**overrides, **(data.get("options") or {})}
-            return client.compile(data, base_dir=path.resolve().parent, replace=replace)
+            return client.compile(
+                data, base_dir=path.resolve().parent, replace=replace, session=session
+            )
         except OSError as exc:
             return InvalidInputError(f"request {path}: cannot read ({exc.strerror})")
         except ValueError as exc:

@@ -58,7 +58,9 @@ class CompileJob:
     ``defines`` become ``-DNAME=value`` (sorted by name, so the argv is deterministic);
     ``debug_flags`` ⊆ :data:`DEBUG_FLAGS`; ``emit`` ⊆ :data:`EMITS`; ``timeout_s`` bounds the
     wall time of each compiler process (compile, then preprocess for ``cce``) in seconds.
-    ``out_dir`` must exist and be private to this compile.
+    ``out_dir`` must exist and be private to this compile. ``include_dirs`` become ``-I<dir>``
+    (in order) and ``extra_flags`` (checked by :mod:`cachemgr.extraflags`) follow the debug
+    flags, both before the defines (issue 11 item 3).
     """
 
     source: Path
@@ -70,6 +72,8 @@ class CompileJob:
     debug_flags: frozenset[str] = frozenset()
     emit: frozenset[str] = frozenset()
     timeout_s: float = 600.0
+    include_dirs: tuple[Path, ...] = ()
+    extra_flags: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -147,6 +151,21 @@ class CompilerBackend(ABC):
     @abstractmethod
     def preprocess_command(self, job: CompileJob, output: Path) -> list[str]:
         """The argv that writes ``job``'s preprocessed source (same defines/flags) to ``output``."""
+
+    def depend_command(self, job: CompileJob, output: Path) -> list[str]:
+        """The argv that writes ``job``'s dependency list (make syntax, ``-MM``: every file the
+        preprocessor reads, same defines/flags/include folders) to ``output``, compiling
+        nothing. gcc, clang, nvcc and CANN's clang-based ``ccec``/``bisheng`` all take
+        ``-MM -MF`` (issue 11 item 2).
+
+        :raises ConfigError: when this compiler cannot list dependencies.
+        """
+        argv = self.preprocess_command(job, output)
+        return [("-MM" if w == "-E" else w) for w in argv]
+
+    def include_args(self, job: CompileJob) -> list[str]:
+        """``-I<dir>`` for each include folder, then the extra flags, as given."""
+        return [*(f"-I{d}" for d in job.include_dirs), *job.extra_flags]
 
     def unsupported_debug_flags(self, job: CompileJob) -> frozenset[str]:
         """Debug flags of ``job`` this compiler has no equivalent for (logged, then skipped)."""
@@ -265,8 +284,24 @@ class CompilerBackend(ABC):
             raise InvalidInputError(f"timeout_s must be > 0, got {job.timeout_s}")
 
     def _run(self, argv: list[str], timeout_s: float, cwd: Path | None, what: str) -> Outcome:
-        """Run ``argv`` in its own process group (see :mod:`.process`)."""
+        """Run ``argv`` in its own process group (see :mod:`.process`), inside the sandbox
+        and resource limits of :data:`process.current_limits` when a caller set them."""
         return process.run_in_group(argv, timeout_s, cwd, what)
+
+    def list_dependencies(self, job: CompileJob, output: Path) -> list[str]:
+        """Run :meth:`depend_command` and return the files it names (paths as the compiler
+        wrote them, the source first).
+
+        :raises CompileError: the preprocessor failed (its message: a missing header...).
+        """
+        argv = self.depend_command(job, output)
+        out = self._run(argv, job.timeout_s, job.out_dir, f"listing the headers of {job.source}")
+        self._check_outcome(out, argv, job)
+        try:
+            text = output.read_text(encoding="utf-8", errors="surrogateescape")
+        except OSError as exc:
+            raise CompileError(f"{argv[0]} wrote no dependency list for {job.source}") from exc
+        return parse_depfile(text)
 
     def _check_outcome(self, out: Outcome, argv: list[str], job: CompileJob) -> None:
         tool = os.path.basename(argv[0])
@@ -388,6 +423,22 @@ def config_str(config: Mapping[str, object], key: str, default: str | None = Non
     if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
         raise ConfigError(f"compiler config {key}={value!r} must be a non-empty string")
     return str(value)
+
+
+def parse_depfile(text: str) -> list[str]:
+    """The prerequisites of a make rule as ``-MM``/``-MD`` write it: ``target: a b \\`` on
+    continued lines, a space inside a name escaped as ``\\ ``. Target names are dropped."""
+    joined = text.replace("\\\n", " ")
+    out: list[str] = []
+    for line in joined.splitlines():
+        _, colon, rest = line.partition(": ")
+        if not colon:
+            _, colon, rest = line.partition(":")
+        if not colon:
+            continue
+        words = re.split(r"(?<!\\)\s+", rest.strip())
+        out.extend(w.replace("\\ ", " ") for w in words if w)
+    return list(dict.fromkeys(out))
 
 
 def _check_subset(what: str, given: frozenset[str], allowed: frozenset[str]) -> None:

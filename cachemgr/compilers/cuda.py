@@ -106,6 +106,7 @@ class CudaBackend(CompilerBackend):
             mode,
             f"-arch={self.arch}",
             *self.flags(job),
+            *self.include_args(job),
             *self.define_args(job),
             "-x",
             "cu",

@@ -135,9 +135,11 @@ class ElfFile:
 def find_entry_symbol(elf: ElfFile, entry: str) -> str:
     """The exported function symbol of ``elf`` that is the kernel ``entry``.
 
-    An exact match wins. A C++ entry compiled without ``extern "C"`` is accepted when exactly
-    one top-level mangled name ``_Z<len><entry>...`` exists (that mangled name is returned: it
-    is what a loader looks up); overloads are ambiguous.
+    An exact match wins (so ``kernel_entry`` may name a mangled symbol). A C++ entry
+    compiled without ``extern "C"`` — a plain function, a template instance, a function in a
+    namespace — is accepted when exactly one mangled name holds ``<len><entry>``; several
+    (overloads, template instances) are ambiguous and the error names them all, since
+    ``kernel_entry`` may be set to one of them (``extern "C"`` cannot declare a template).
 
     :raises CompileError: when the symbol is absent, not exported (``static``), or ambiguous.
     """
@@ -145,17 +147,28 @@ def find_entry_symbol(elf: ElfFile, entry: str) -> str:
     funcs = [s for s in symbols if s.is_exported_function]
     if any(s.name == entry for s in funcs):
         return entry
-    prefix = f"_Z{len(entry)}{entry}"
-    mangled = sorted({s.name for s in funcs if s.name.startswith(prefix)})
+    mangled = sorted({s.name for s in funcs if _mangles(s.name, entry)})
     if len(mangled) == 1:
         log.info("entry %s is C++-mangled as %s in %s", entry, mangled[0], elf.path)
         return mangled[0]
     if mangled:
         raise CompileError(
-            f"entry {entry!r} is ambiguous in {elf.path}: overloads {mangled}; "
-            'declare the kernel extern "C"'
+            f"entry {entry!r} is ambiguous in {elf.path}: mangled candidates {mangled} "
+            "(overloads or template instances); set kernel_entry to one of these names"
         )
     local = any(s.name == entry and s.defined for s in symbols)
     why = "is not exported (static?) from" if local else "is not in"
     names = sorted(s.name for s in funcs)[:10]
     raise CompileError(f"entry symbol {entry!r} {why} {elf.path}; exported functions: {names}")
+
+
+def _mangles(name: str, entry: str) -> bool:
+    """True when the Itanium-mangled ``name`` is a function called ``entry`` (at top level
+    ``_Z<len><entry>``, in a namespace or class ``_ZN...<len><entry>...E``)."""
+    if not name.startswith("_Z"):
+        return False
+    token = f"{len(entry)}{entry}"
+    if name.startswith("_Z" + token):
+        return True
+    at = name.find(token, 3)
+    return name.startswith("_ZN") and at > 0 and not name[at - 1].isdigit()

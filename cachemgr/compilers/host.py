@@ -73,6 +73,7 @@ class HostBackend(CompilerBackend):
             mode,
             "-fPIC",
             *self.flags(job),
+            *self.include_args(job),
             *self.define_args(job),
             str(job.source),
             "-o",

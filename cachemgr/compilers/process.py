@@ -15,11 +15,22 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cachemgr.errors import CompileError
 
 _REAP_TIMEOUT_S = 5.0
 _TEXT_LIMIT = 2000
+#: The daemon's sandbox and limits (:mod:`.sandbox`), applied to every compiler process of
+#: this process once set by :func:`use_sandbox`; None in-process (the caller's own compiles).
+_sandbox: Any = None
+
+
+def use_sandbox(box: Any) -> None:
+    """Run every later compiler process of this process through ``box.wrap`` (a
+    :class:`.sandbox.Sandbox`; None: directly)."""
+    global _sandbox
+    _sandbox = box
 
 
 @dataclass(frozen=True)
@@ -45,9 +56,11 @@ def run_in_group(argv: list[str], timeout_s: float, cwd: Path | None, what: str)
         process group was killed with SIGKILL and the compiler reaped).
     """
     start = time.monotonic()
+    box = _sandbox
+    run = box.wrap(argv, cwd) if box is not None else argv
     try:
         proc = subprocess.Popen(
-            argv,
+            run,
             cwd=cwd,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,

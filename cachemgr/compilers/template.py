@@ -108,6 +108,7 @@ class TemplateBackend(CompilerBackend):
                 argv.extend(self.define_args(job))
             elif word == "{flags}":
                 argv.extend(self.flags(job))
+                argv.extend(self.include_args(job))
             else:
                 argv.append(word.format_map(values))
         argv[0] = self.executable()

@@ -51,6 +51,9 @@ class DaemonConfig:
     # how long a compile waits for another process (or host) compiling the same kernel, then
     # compiles it itself (seconds); 0 = twice the compile timeout plus a minute
     lock_wait_s: float = 0.0
+    # completed debug outputs in kernel_meta are the users' and stay (issue 11 item 7); > 0:
+    # a dead process's output folder whose newest file is older than this goes (seconds)
+    kernel_meta_retention_s: float = 0.0
 
     @classmethod
     def from_table(cls, table: Mapping[str, Any] | None, where: str = "[daemon]") -> DaemonConfig:

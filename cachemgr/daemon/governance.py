@@ -508,12 +508,14 @@ class Governance:
                 log.warning("reaping %s failed: %s", chip, exc)
         release_memory()
         try:
-            reaped = kernel_meta.reap_orphans(Path(settings.value("kernel_meta_dir")))
+            reaped = kernel_meta.reap_orphans(
+                Path(settings.value("kernel_meta_dir")), self.config.kernel_meta_retention_s
+            )
         except OSError as exc:
             log.warning("reaping kernel_meta failed: %s", exc)
             return
         if reaped:
-            log.info("reaped %d kernel_meta folders of dead processes", len(reaped))
+            log.info("reaped %d kernel_meta leftovers of dead processes", len(reaped))
 
 
 def _lowest(a: int | None, b: int | None) -> int | None:

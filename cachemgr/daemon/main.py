@@ -26,6 +26,7 @@ from pathlib import Path
 
 from cachemgr import fsutil, options
 from cachemgr.client import Client, default_socket_path
+from cachemgr.compilers import process, sandbox
 from cachemgr.daemon import rootcheck
 from cachemgr.daemon.api import Api
 from cachemgr.daemon.config import DaemonConfig
@@ -170,6 +171,7 @@ def run(
     socket_path: Path,
     tcp_port: int | None = None,
     note: str = "",
+    box: sandbox.Sandbox | None = None,
 ) -> int:
     """Run the daemon until SIGTERM/SIGINT; return the exit code (0 on a clean stop).
 
@@ -186,6 +188,7 @@ def run(
     wake, wake_writer = _wakeup_pipe(flags)
     lock = _claim_socket(socket_path)
     service = Service(resolve, config, state_dir() / "counters.json")
+    service.sandbox = box
     server = None
     try:
         service.start()
@@ -332,6 +335,23 @@ def serve(
     def resolve() -> options.Settings:
         return resolve_with(checked.cli_values)
 
-    return run(
-        resolve, config, socket_path or default_socket_path(), tcp_port, checked.fallback_note
-    )
+    socket_path = socket_path or default_socket_path()
+    box = _sandbox(settings, config_file, socket_path)
+    return run(resolve, config, socket_path, tcp_port, checked.fallback_note, box)
+
+
+def _sandbox(
+    settings: options.Settings, config_file: Path | None, socket_path: Path
+) -> sandbox.Sandbox:
+    """The compilers' sandbox (issue 10 item 5): the daemon user's private folders — HOME,
+    state, config and runtime folders — hidden from every compiler process it runs.
+
+    :raises ConfigError: a bad ``[sandbox]`` table.
+    """
+    config = config_file or os.environ.get("CACHEMGR_CONFIG")
+    private = [Path.home(), state_dir(), socket_path.parent]
+    if config:
+        private.append(Path(config).absolute().parent)
+    box = sandbox.from_table(settings.sections.get("sandbox"), private)
+    process.use_sandbox(box)
+    return box

@@ -25,6 +25,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from cachemgr import fsutil
+from cachemgr.daemon import peer
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +130,8 @@ class _Handler(BaseHTTPRequestHandler):
         parts = urlsplit(self.path)
         app: App = self.server.app  # type: ignore[attr-defined]
         try:
-            return app(method, parts.path, parse_qs(parts.query), body, self._alive)
+            with peer.serving(peer.peer_credentials(self.connection)):
+                return app(method, parts.path, parse_qs(parts.query), body, self._alive)
         except Exception as exc:  # one line to the caller, the details in the log
             log.exception("internal error on %s %s", method, parts.path)
             return error(500, f"internal error: {type(exc).__name__}: {exc}")

@@ -3,8 +3,12 @@ governance, and the operations the API exposes. No HTTP here (see ``api``/``serv
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 import logging
 import os
+import shutil
+import tempfile
 import threading
 import time
 import uuid
@@ -13,8 +17,9 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from cachemgr import eviction, gc, options, request, store
+from cachemgr import build, eviction, gc, inputs, options, request, store
 from cachemgr.counters import COUNTER_NAMES, CounterBook
+from cachemgr.daemon import peer
 from cachemgr.daemon.config import DaemonConfig
 from cachemgr.daemon.governance import Governance, release_memory
 from cachemgr.daemon.heartbeat import GOVERNANCE, POOL, Heartbeats
@@ -74,6 +79,9 @@ class Service:
         self._jobs_lock = threading.Lock()
         self._reload_lock = threading.Lock()
         self._parsed = request.ParsedRequests(PARSED_CACHE_SIZE)
+        #: the compilers' sandbox (``cachemgr.compilers.sandbox``), set by ``serve``; without
+        #: an isolating one, compiles for other users are refused (issue 10 item 5)
+        self.sandbox: Any = None
 
     @property
     def settings(self) -> options.Settings:
@@ -301,11 +309,21 @@ class Service:
                 f"/compile base_dir={base!r} must be an absolute path (the folder that relative "
                 "paths in the request are relative to)"
             )
-        req = self._parsed.get(body["request"], base, origin="/compile request")
+        req, snap = self._compile_request(body, base)
         priority = body.get("priority", 0)
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise InvalidInputError(f"/compile priority={priority!r} must be an integer")
-        future = self.queue.submit(req, priority=priority, replace=bool(body.get("replace")))
+        session = body.get("session")
+        if session is not None and not isinstance(session, str):
+            raise InvalidInputError(f"/compile session={session!r} must be a string")
+        future = self.queue.submit(
+            req,
+            priority=priority,
+            replace=bool(body.get("replace")),
+            session=session or uuid.uuid4().hex,  # default: each call is its own force session
+            inputs=snap,
+            deliver=body.get("deliver") is True,
+        )
         if body.get("wait", True) is False:
             job_id = uuid.uuid4().hex
             with self._jobs_lock:
@@ -325,6 +343,40 @@ class Service:
         self._count(future)
         return _outcome(future)
 
+    def _compile_request(
+        self, body: Mapping[str, Any], base: str
+    ) -> tuple[request.CompileRequest, inputs.Snapshot | None]:
+        """The request and the snapshot of its files it carries (issue 10 item 5: the daemon
+        opens no path a caller names). A request without ``inputs`` is the daemon user's own
+        (read here); from anyone else it is refused.
+
+        :raises InvalidInputError: a bad request or snapshot, or paths from another user.
+        """
+        who = peer.current() or peer.Peer(os.getpid(), os.getuid(), os.getgid())
+        if not who.is_daemon_user and not getattr(self.sandbox, "isolated", False):
+            why = getattr(self.sandbox, "why_not", "no sandbox configured")
+            raise InvalidInputError(
+                f"/compile from {who.describe()}: this daemon compiles only for its own user: "
+                f"compiles for others need a sandbox (user + mount namespaces), and {why}"
+            )
+        raw = body.get("inputs")
+        if raw is None:
+            if not who.is_daemon_user:
+                raise InvalidInputError(
+                    f"/compile from {who.describe()}: the request carries no inputs; the "
+                    "daemon reads no file on a caller's behalf (cachemgr.Client and "
+                    "`cachemgr compile` send the source, headers and .cfg)"
+                )
+            req = self._parsed.get(body["request"], base, origin="/compile request")
+            log.info("compile %s for %s (files read by the daemon)", req.op_type, who.describe())
+            return req, None
+        snap = inputs.from_wire(raw, "/compile request")
+        req = self._parsed.get(body["request"], base, "/compile request", check_exists=False)
+        log.info(
+            "compile %s for %s (%d files sent)", req.op_type, who.describe(), len(snap.data or {})
+        )
+        return dataclasses.replace(req, kernel_source=snap.source), snap
+
     def _count(self, future: Future) -> None:
         """Outcomes are counted by the queue (per request and per compiler run, in the
         cache's counters); here only requests that ended without one."""
@@ -339,7 +391,11 @@ class Service:
         future: Future = record["future"]
         if not future.done():
             return {"job_id": job_id, "state": "running" if future.running() else "queued"}
-        status, data = _outcome(future)
+        with self._jobs_lock:  # hand-back outputs are read (and their folder removed) once
+            answer = record.get("answer")
+            if answer is None:
+                answer = record["answer"] = _outcome(future)
+        status, data = answer
         return {"job_id": job_id, "state": "done" if status == 200 else "failed", **data}
 
     def _prune_jobs(self) -> None:
@@ -359,4 +415,37 @@ def _outcome(future: Future) -> tuple[int, dict[str, Any]]:
     if exc is not None:
         code = 400 if isinstance(exc, CacheMgrError) and exc.exit_code == 2 else 500
         return code, {"error": str(exc)}
-    return 200, future.result().to_json()
+    return 200, _handed_back(future.result().to_json())
+
+
+#: The most bytes of outputs handed back in one answer.
+MAX_OUTPUT_BYTES = 256 << 20
+
+
+def _handed_back(data: dict[str, Any]) -> dict[str, Any]:
+    """An outcome whose files are in a private hand-back folder (``build.deliver_dir``): their
+    bytes go into ``outputs`` (``[{"name", "data"}]``, base64) for the caller to write as
+    itself where it wants them (issue 11 item 6), and the folder is removed. Other outcomes
+    are returned as they are."""
+    files = [Path(f) for f in data.get("files", [])]
+    folders = {f.parent for f in files}
+    if len(folders) != 1:
+        return data
+    (folder,) = folders
+    if not folder.name.startswith(build.DELIVER_PREFIX) or folder.parent != Path(
+        tempfile.gettempdir()
+    ):
+        return data
+    outputs, total = [], 0
+    try:
+        for path in files:
+            blob = inputs.read_input(path, "output", MAX_OUTPUT_BYTES)
+            total += len(blob)
+            if total > MAX_OUTPUT_BYTES:
+                raise InvalidInputError(f"outputs over {MAX_OUTPUT_BYTES} bytes")
+            outputs.append({"name": path.name, "data": base64.b64encode(blob).decode("ascii")})
+    except InvalidInputError as exc:
+        return {**data, "status": "failed", "files": [], "error": f"handing back outputs: {exc}"}
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return {**data, "files": [], "outputs": outputs}

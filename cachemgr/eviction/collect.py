@@ -38,7 +38,7 @@ from cachemgr import entry, fsutil, layout
 from cachemgr.entry import ChipScan, EntryGroup
 from cachemgr.eviction.files import DENIED_ERRNOS, denied_line, open_dir, remove_group
 from cachemgr.eviction.plan import EvictionPlan, check_limits, plan_eviction
-from cachemgr.eviction.reclaim import ReclaimResult, reclaim
+from cachemgr.eviction.reclaim import ReclaimResult, after_eviction, reclaim
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +135,7 @@ class GcReport:
                 "orphans": rec.orphans,
                 "temps": rec.temps,
                 "locks": rec.locks,
+                "manifests": rec.manifests,
                 "bad_entries": rec.bad_entries,
                 "bytes": rec.bytes,
                 "bad": rec.bad,
@@ -285,6 +286,8 @@ def _run(
         report.evicted_bytes = plan.evict_bytes
     else:
         _evict(chip_fd, scan, plan, report, progress)
+        if plan.kernels:
+            after_eviction(scan, chip_fd, report.reclaimed)
     # measured, not computed: reclaim, other writers and files gone meanwhile (issue 12 item 8)
     report.bytes_after = (
         scan.used_bytes - report.evicted_bytes if report.dry_run else _used_bytes(chip_fd)

@@ -130,7 +130,7 @@ def _purge(chip_fd: int, report: PurgeReport) -> None:
             report.left_temps.append(name)
         else:
             _remove_loose(chip_fd, name, fst.size, report)
-    for name, fst in scan.orphans.items():
+    for name, fst in [*scan.orphans.items(), *scan.manifests.items()]:
         _remove_loose(chip_fd, name, fst.size, report)
     for name in scan.locks:
         try:

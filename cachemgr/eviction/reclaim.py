@@ -20,9 +20,11 @@ will be. With a dry run the same counts are made and nothing is removed.
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from cachemgr import entry, fsutil
+from cachemgr import entry, fsutil, manifest
 from cachemgr.entry import ChipScan, EntryGroup
 from cachemgr.errors import LockBusyError
 from cachemgr.eviction import files
@@ -60,6 +62,7 @@ class ReclaimResult:
     orphans: int = 0
     temps: int = 0
     locks: int = 0
+    manifests: int = 0
     bytes: int = 0
     bad: list[str] = field(default_factory=list)
     denied: list[str] = field(default_factory=list)
@@ -85,7 +88,51 @@ def reclaim(scan: ChipScan, chip_fd: int, now_ns: int, dry_run: bool) -> Reclaim
         _reclaim_temp(scan, chip_fd, name, now_ns, dry_run, out)
     for name in sorted(scan.locks):
         _reclaim_lock(scan, name, now_ns / 1e9, dry_run, out)
+    for name in sorted(scan.manifests):
+        _reclaim_manifest(scan, chip_fd, name, dry_run, out)
     return out
+
+
+def after_eviction(scan: ChipScan, chip_fd: int, out: ReclaimResult) -> None:
+    """Remove the header manifests whose last entry eviction has just removed (issue 11)."""
+    for name in sorted(scan.manifests):
+        _reclaim_manifest(scan, chip_fd, name, False, out, _json_present)
+
+
+def _json_present(scan: ChipScan, chip_fd: int, kernel: str) -> bool:
+    try:
+        os.stat(f"{kernel}.json", dir_fd=chip_fd, follow_symlinks=False)
+    except OSError:
+        return False
+    return True
+
+
+def _in_scan(scan: ChipScan, chip_fd: int, kernel: str) -> bool:
+    return kernel in scan.entries
+
+
+def _reclaim_manifest(
+    scan: ChipScan,
+    chip_fd: int,
+    name: str,
+    dry_run: bool,
+    out: ReclaimResult,
+    present: Callable[[ChipScan, int, str], bool] = _in_scan,
+) -> None:
+    """A header manifest (issue 11) goes with the last entry it names, or when it is bad."""
+    kernels = manifest.kernels(scan.chip_dir / name)
+    if kernels is not None and any(present(scan, chip_fd, k) for k in kernels):
+        return
+    if not dry_run:
+        try:
+            unlink_quiet(chip_fd, name)
+        except OSError as exc:
+            if exc.errno not in DENIED_ERRNOS:
+                raise
+            out.denied.append(denied_line(name, exc))
+            return
+    out.manifests += 1
+    out.bytes += _forget(scan, scan.manifests, name)
 
 
 def _suspects(scan: ChipScan) -> list[EntryGroup]:

@@ -1,0 +1,345 @@
+"""The bytes a compile reads: the kernel source, its headers and the ``.cfg`` (layer 6; SPEC
+§3.2; issue 11 items 1 and 2, issue 10 item 5).
+
+A :class:`Snapshot` names every input file of one compile with its SHA-256; once
+:meth:`Snapshot.frozen` it also holds their bytes. The cache key is computed from those
+digests and the compile runs from those bytes, written into a private mirror tree
+(:func:`materialise`), so **the bytes hashed are the bytes compiled**: an edit made while a
+job waits in the queue changes nothing that job builds.
+
+The snapshot is taken on the caller's side — by the process that runs as the caller (the CLI,
+:class:`cachemgr.Client`) — and travels with the request to the daemon (:func:`to_wire`,
+:func:`from_wire`), so the daemon never opens a path a caller names on that caller's behalf.
+
+Headers are "every file the compiler reads" (SPEC §3.2) found through the compiler's
+dependency output (``-MM -MF``, :meth:`CompilerBackend.list_dependencies`), minus the
+compiler's own and the system's headers (:func:`system_prefixes`): those are represented by
+the compiler's identity in the key, as ccache's ``system_headers = false``. A hit does not run
+the preprocessor: the header list comes from the manifest (:mod:`cachemgr.manifest`).
+"""
+
+from __future__ import annotations
+
+import base64
+import errno
+import hashlib
+import os
+import stat
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from cachemgr.compilers import CompileJob, CompilerBackend, CompilerIdentity, process
+from cachemgr.compilers.base import parse_depfile
+from cachemgr.errors import CompileError, InvalidInputError
+
+#: The largest input file read (bytes): a source or header above it is refused.
+MAX_INPUT_BYTES = 64 << 20
+#: The most bytes of all inputs of one request together.
+MAX_TOTAL_BYTES = 256 << 20
+#: The most header files one compile may read (outside the system folders).
+MAX_HEADERS = 4096
+#: A file modified this recently is hashed again on every use (its mtime may not have ticked
+#: since a change: git's "racy" rule), seconds.
+RACY_S = 2.0
+#: Folders whose headers belong to the system or the compiler (``system_headers = false``).
+SYSTEM_DIRS = ("/usr/include/", "/usr/lib/gcc/", "/usr/local/include/", "/usr/lib/llvm")
+
+_digests: dict[tuple[str, int, int, int, int, int], str] = {}
+_digest_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The inputs of one compile.
+
+    :ivar source: absolute path of the kernel source (as the caller resolved it).
+    :ivar source_sha256: hex SHA-256 of its bytes.
+    :ivar headers: absolute path → hex SHA-256 of every other file the compiler reads,
+        system headers excepted; None while unknown (no manifest matched, no scan yet).
+    :ivar debug_config: the ``op_debug_config`` file's bytes, read by the caller, or None.
+    :ivar data: path → bytes of the source and every header once :meth:`frozen`, else None.
+    """
+
+    source: Path
+    source_sha256: str
+    headers: Mapping[str, str] | None = None
+    debug_config: bytes | None = None
+    data: Mapping[str, bytes] | None = None
+
+    def key_fields(self) -> dict[str, Any]:
+        """What of the snapshot goes into the key (SPEC §3.2): the source's digest and each
+        header's digest with its path relative to the source's folder — so the same project
+        built in another folder (or from a package made elsewhere) has the same key."""
+        headers = sorted([self.relative(p), d] for p, d in (self.headers or {}).items())
+        return {"source_sha256": self.source_sha256, "headers": headers}
+
+    def relative(self, path: str | Path) -> str:
+        """``path`` relative to the source's folder (``../include/k.h`` style)."""
+        return os.path.relpath(str(path), os.path.dirname(str(self.source)))
+
+
+def read_input(path: Path | str, what: str, limit: int = MAX_INPUT_BYTES) -> bytes:
+    """The bytes of the regular file ``path``, opened non-blocking (a FIFO never hangs).
+
+    :raises InvalidInputError: missing, unreadable, not a regular file, or over ``limit``
+        bytes — one line naming ``what`` and the path.
+    """
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        raise InvalidInputError(f"{what} {path}: cannot read ({exc.strerror})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InvalidInputError(f"{what} {path}: not a regular file")
+        if st.st_size > limit:
+            raise InvalidInputError(f"{what} {path}: {st.st_size} bytes, over {limit}")
+        chunks, total = [], 0
+        while chunk := os.read(fd, 1 << 20):
+            total += len(chunk)
+            if total > limit:
+                raise InvalidInputError(f"{what} {path}: over {limit} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError as exc:
+        raise InvalidInputError(f"{what} {path}: cannot read ({exc.strerror})") from None
+    finally:
+        os.close(fd)
+
+
+def file_digest(path: Path | str, what: str = "input") -> str:
+    """Hex SHA-256 of ``path``, remembered per (path, device, inode, size, mtime, ctime)
+    unless the file changed in the last :data:`RACY_S` seconds.
+
+    :raises InvalidInputError: as :func:`read_input`.
+    """
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise InvalidInputError(f"{what} {path}: {exc.strerror}") from None
+    ident = (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    with _digest_lock:
+        known = _digests.get(ident)
+    if known is not None:
+        return known
+    digest = hashlib.sha256(read_input(path, what)).hexdigest()
+    if time.time() - max(st.st_mtime, st.st_ctime) > RACY_S:
+        with _digest_lock:
+            if len(_digests) > 16384:
+                _digests.clear()
+            _digests[ident] = digest
+    return digest
+
+
+def current_digest(path: str) -> str | None:
+    """:func:`file_digest`, or None when the file cannot be read (a manifest names it)."""
+    try:
+        return file_digest(path, "header")
+    except InvalidInputError:
+        return None
+
+
+_probed: dict[tuple[CompilerIdentity, str], tuple[str, ...]] = {}
+_probe_lock = threading.Lock()
+
+
+def system_prefixes(
+    backend: CompilerBackend, identity: CompilerIdentity, job: CompileJob
+) -> tuple[str, ...]:
+    """Folders whose files the compiler's identity stands for: :data:`SYSTEM_DIRS` and the
+    folders of every file the compiler reads for an *empty* source (``-M``: its implicit
+    headers, e.g. ``cuda_runtime.h`` for nvcc, so the whole CUDA include folder), probed
+    once per compiler and language.
+
+    :raises CompileError: the probe failed.
+    """
+    memo = (identity, job.language)
+    with _probe_lock:
+        known = _probed.get(memo)
+    if known is not None:
+        return known
+    with tempfile.TemporaryDirectory(prefix="cachemgr-probe-") as tmp:
+        empty = Path(tmp) / "empty"
+        empty.write_bytes(b"")
+        probe = replace(job, source=empty, out_dir=Path(tmp), include_dirs=(), defines={})
+        argv = ["-M" if w == "-MM" else w for w in backend.depend_command(probe, Path(tmp) / "d")]
+        out = process.run_in_group(argv, job.timeout_s, Path(tmp), "probing system headers")
+        names = []
+        if out.returncode == 0 and (Path(tmp) / "d").is_file():
+            names = parse_depfile((Path(tmp) / "d").read_text(errors="surrogateescape"))
+    found = {
+        os.path.dirname(os.path.normpath(os.path.join(tmp, n))).rstrip("/") + "/"
+        for n in names
+        if os.path.normpath(os.path.join(tmp, n)) != str(empty)
+    }
+    found = {f for f in found if not f.startswith(tmp) and f.count("/") > 2}
+    prefixes = (*SYSTEM_DIRS, *sorted(found))
+    with _probe_lock:
+        _probed[memo] = prefixes
+    return prefixes
+
+
+def is_system(path: str, prefixes: tuple[str, ...]) -> bool:
+    """True for a file below one of ``prefixes`` (see :func:`system_prefixes`)."""
+    return path.startswith(prefixes) or os.path.realpath(path).startswith(prefixes)
+
+
+def scan_headers(
+    backend: CompilerBackend, job: CompileJob, identity: CompilerIdentity
+) -> dict[str, str]:
+    """Run the compiler's dependency listing of ``job`` (the caller's real files) and return
+    each non-system header with its digest.
+
+    :raises CompileError: the preprocessor failed (a missing header, a syntax error).
+    :raises InvalidInputError: a header that cannot be read or more than :data:`MAX_HEADERS`.
+    """
+    prefixes = system_prefixes(backend, identity, job)
+    with tempfile.TemporaryDirectory(prefix="cachemgr-deps-") as tmp:
+        job = replace(job, out_dir=Path(tmp))
+        names = backend.list_dependencies(job, Path(tmp) / "deps.d")
+        out: dict[str, str] = {}
+        for name in names:
+            path = os.path.normpath(os.path.join(tmp, name))
+            if path == str(job.source) or is_system(path, prefixes):
+                continue
+            if path.startswith(tmp + "/"):
+                raise CompileError(f"{job.source}: the compiler read {name} from its work folder")
+            out[path] = file_digest(path, "header")
+    if len(out) > MAX_HEADERS:
+        raise InvalidInputError(f"{job.source}: reads {len(out)} headers (at most {MAX_HEADERS})")
+    return out
+
+
+def freeze(snap: Snapshot) -> Snapshot | None:
+    """``snap`` with the bytes of its source and headers, or None when one of them no longer
+    has the digest the key was computed from (the caller computes the key again).
+
+    :raises InvalidInputError: a file that cannot be read, or over :data:`MAX_TOTAL_BYTES`.
+    """
+    if snap.data is not None:
+        return snap
+    data: dict[str, bytes] = {}
+    total = 0
+    for path, digest in [(str(snap.source), snap.source_sha256), *(snap.headers or {}).items()]:
+        blob = read_input(path, "kernel_source" if path == str(snap.source) else "header")
+        total += len(blob)
+        if total > MAX_TOTAL_BYTES:
+            raise InvalidInputError(f"{snap.source}: inputs over {MAX_TOTAL_BYTES} bytes")
+        if hashlib.sha256(blob).hexdigest() != digest:
+            return None
+        data[path] = blob
+    return replace(snap, data=data)
+
+
+def materialise(snap: Snapshot, root: Path, include_dirs: tuple[Path, ...]) -> Path:
+    """Write the frozen inputs of ``snap`` into the mirror tree ``root`` (``root`` + each
+    absolute path) and make each include folder there; return the source's mirror path.
+
+    Quote includes resolve next to the mirrored source as next to the real one, and
+    ``-I<root><dir>`` finds what ``-I<dir>`` found.
+
+    :raises ValueError: when ``snap`` is not frozen.
+    """
+    if snap.data is None:
+        raise ValueError(f"{snap.source}: the snapshot holds no bytes")
+    for dir_ in include_dirs:
+        mirror(root, dir_).mkdir(parents=True, exist_ok=True)
+    for path, blob in snap.data.items():
+        dest = mirror(root, Path(path))
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(blob)
+    return mirror(root, snap.source)
+
+
+def mirror(root: Path, path: Path) -> Path:
+    """Where the absolute ``path`` lives in the mirror tree ``root``."""
+    return root / str(path).lstrip("/")
+
+
+# --- on the wire (Client → daemon) ---------------------------------------------------------
+
+
+def to_wire(snap: Snapshot) -> dict[str, Any]:
+    """The frozen snapshot as JSON: ``{"source": {"path", "data"}, "headers": [{"path",
+    "data"}], "op_debug_config": data | null}`` with ``data`` in base64.
+
+    :raises ValueError: when ``snap`` is not frozen.
+    """
+    if snap.data is None:
+        raise ValueError(f"{snap.source}: the snapshot holds no bytes")
+
+    def enc(blob: bytes) -> str:
+        return base64.b64encode(blob).decode("ascii")
+
+    src = str(snap.source)
+    return {
+        "source": {"path": src, "data": enc(snap.data[src])},
+        "headers": [{"path": p, "data": enc(b)} for p, b in snap.data.items() if p != src],
+        "op_debug_config": None if snap.debug_config is None else enc(snap.debug_config),
+    }
+
+
+def from_wire(doc: Any, origin: str) -> Snapshot:
+    """The :class:`Snapshot` a request carried (:func:`to_wire`), digests computed here.
+
+    :raises InvalidInputError: a malformed document, a relative path, bad base64, more than
+        :data:`MAX_HEADERS` headers or :data:`MAX_TOTAL_BYTES` bytes.
+    """
+    if not isinstance(doc, dict) or not isinstance(doc.get("source"), dict):
+        raise InvalidInputError(f"{origin}: inputs must be {{source, headers, op_debug_config}}")
+    headers = doc.get("headers", [])
+    if not isinstance(headers, list) or len(headers) > MAX_HEADERS:
+        raise InvalidInputError(f"{origin}: inputs.headers must be a list of ≤ {MAX_HEADERS}")
+    total = 0
+    data: dict[str, bytes] = {}
+    for i, item in enumerate([doc["source"], *headers]):
+        path, blob = _wire_file(item, f"{origin}: inputs file {i}")
+        total += len(blob)
+        if total > MAX_TOTAL_BYTES:
+            raise InvalidInputError(f"{origin}: inputs over {MAX_TOTAL_BYTES} bytes")
+        data[path] = blob
+    src = os.path.normpath(doc["source"]["path"])
+    cfg = doc.get("op_debug_config")
+    cfg_bytes = None if cfg is None else _b64(cfg, f"{origin}: inputs.op_debug_config")
+    digests = {p: hashlib.sha256(b).hexdigest() for p, b in data.items()}
+    return Snapshot(
+        source=Path(src),
+        source_sha256=digests[src],
+        headers={p: d for p, d in digests.items() if p != src},
+        debug_config=cfg_bytes,
+        data=data,
+    )
+
+
+def _wire_file(item: Any, where: str) -> tuple[str, bytes]:
+    if not isinstance(item, dict) or not isinstance(item.get("path"), str):
+        raise InvalidInputError(f"{where}: must be {{path, data}}")
+    path = item["path"]
+    if not path.startswith("/") or "\0" in path or len(path) > 4096:
+        raise InvalidInputError(f"{where}: path {path[:80]!r} must be absolute")
+    blob = _b64(item.get("data"), where)
+    if len(blob) > MAX_INPUT_BYTES:
+        raise InvalidInputError(f"{where}: {path} over {MAX_INPUT_BYTES} bytes")
+    return os.path.normpath(path), blob
+
+
+def _b64(text: Any, where: str) -> bytes:
+    if not isinstance(text, str):
+        raise InvalidInputError(f"{where}: data must be base64 text")
+    try:
+        return base64.b64decode(text, validate=True)
+    except ValueError:
+        raise InvalidInputError(f"{where}: data is not base64") from None
+
+
+def gone(exc: OSError) -> bool:
+    """True for an error that means the file is not there (any more)."""
+    return exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ESTALE)

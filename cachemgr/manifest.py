@@ -1,0 +1,179 @@
+"""Header manifests: which files a kernel's compile read, as ccache's direct mode keeps them
+(layer 4, beside the store; SPEC §3.2; issue 11 item 2).
+
+A key covers the content of every file the compiler reads, but which headers a source reads
+is known only after running the preprocessor. A manifest remembers it, so a hit never runs
+it: after a compile the headers it read (the compiler's ``-MM`` output, minus system
+headers) are recorded with their SHA-256; a lookup hashes the files named there (digests
+remembered per file identity) and, when all match, knows the full key.
+
+**File**: ``<chip folder>/<op_type lower-cased>_<base key>.manifest``, where the base key is
+the SHA-256 of the key material without the headers (SPEC §3.2: everything else, including
+the source's path and digest). GE never reads it. **Format** (JSON, UTF-8, at most
+:data:`MAX_BYTES`)::
+
+    {"cachemgr_manifest": 1,
+     "variants": [{"kernel": "te_add_<key>", "files": [["/abs/k.h", "<sha256>"], ...]}, ...]}
+
+Newest variant first, at most :data:`MAX_VARIANTS`. Every part is untrusted input: a bad
+manifest is a miss (and is reported by ``verify``, removed by ``verify --repair``); the
+entry a matching variant names is still verified like every entry (SPEC §3.3). A manifest is
+part of the cache: counted in the chip folder's size, removed by the reclaim pass once no
+entry it names exists any more (its last entry evicted), cleared by ``force`` and purges.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cachemgr import fsutil, layout
+from cachemgr.errors import InvalidEntryError
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+#: The largest manifest read (bytes) and the most variants kept.
+MAX_BYTES = 1 << 20
+MAX_VARIANTS = 16
+_SHA = frozenset("0123456789abcdef")
+
+_parsed: dict[tuple[int, ...], tuple[Variant, ...]] = {}
+_parsed_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One compile's headers: ``kernel`` (its entry) and ``files`` (path → SHA-256)."""
+
+    kernel: str
+    files: Mapping[str, str]
+
+
+def path_of(chip_dir: Path, op_type: str, base_key: str) -> Path:
+    """``<chip_dir>/<op_type lower-cased>_<base_key>.manifest``."""
+    return Path(chip_dir) / f"{op_type.lower()}_{base_key}{layout.MANIFEST_SUFFIX}"
+
+
+def parse(data: bytes, name: str) -> tuple[Variant, ...]:
+    """The variants of a manifest's bytes.
+
+    :raises InvalidEntryError: not the format above (``bad_manifest``), naming ``name``.
+    """
+
+    def bad(why: str) -> InvalidEntryError:
+        return InvalidEntryError(f"manifest {name}: {why}", "bad_manifest")
+
+    if len(data) > MAX_BYTES:
+        raise bad(f"{len(data)} bytes, over {MAX_BYTES}")
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError):
+        raise bad("not JSON") from None
+    if not isinstance(doc, dict) or doc.get("cachemgr_manifest") != FORMAT_VERSION:
+        raise bad(f"not a version {FORMAT_VERSION} manifest")
+    raw = doc.get("variants")
+    if not isinstance(raw, list) or len(raw) > MAX_VARIANTS:
+        raise bad("variants must be a list")
+    out = []
+    for item in raw:
+        if not isinstance(item, dict) or not isinstance(item.get("kernel"), str):
+            raise bad("a variant without kernel")
+        layout_ok = layout._NAME_RE.match(item["kernel"]) is not None
+        files = item.get("files")
+        if not layout_ok or not isinstance(files, list):
+            raise bad(f"variant {str(item.get('kernel'))[:80]!r} is malformed")
+        table: dict[str, str] = {}
+        for pair in files:
+            if (
+                not isinstance(pair, list)
+                or len(pair) != 2
+                or not all(isinstance(x, str) for x in pair)
+                or not pair[0].startswith("/")
+                or len(pair[1]) != 64
+                or not set(pair[1]) <= _SHA
+            ):
+                raise bad(f"variant {item['kernel']}: a file is not [absolute path, sha256]")
+            table[pair[0]] = pair[1]
+        out.append(Variant(item["kernel"], table))
+    return tuple(out)
+
+
+def read(path: Path) -> tuple[Variant, ...]:
+    """The variants of the manifest ``path`` (remembered per file identity); () when absent.
+
+    :raises InvalidEntryError: a bad manifest (not a regular file, too big, malformed).
+    """
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return ()
+    ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    with _parsed_lock:
+        known = _parsed.get(ident)
+    if known is not None:
+        return known
+    try:
+        data = fsutil.read_bytes_noatime(path)
+    except OSError as exc:
+        if exc.errno in fsutil.GONE_ERRNOS:
+            return ()
+        raise InvalidEntryError(f"manifest {path}: {exc.strerror}", "bad_manifest") from None
+    variants = parse(data, str(path))
+    with _parsed_lock:
+        if len(_parsed) > 4096:
+            _parsed.clear()
+        _parsed[ident] = variants
+    return variants
+
+
+def match(path: Path, digest: Callable[[str], str | None]) -> Variant | None:
+    """The newest variant of ``path`` whose every file has today's digest (``digest`` of a
+    path, None when unreadable), or None (a miss; a bad manifest is a miss, logged)."""
+    try:
+        variants = read(path)
+    except InvalidEntryError as exc:
+        log.warning("%s; treated as a miss", exc)
+        return None
+    for variant in variants:
+        if all(digest(p) == d for p, d in variant.files.items()):
+            return variant
+    return None
+
+
+def record(path: Path, kernel: str, files: Mapping[str, str]) -> None:
+    """Add (or move to the front) the variant ``kernel`` → ``files`` in the manifest
+    ``path``, keeping at most :data:`MAX_VARIANTS`; written atomically (temp + rename).
+    Two publishers racing may drop one variant: the next miss adds it again.
+
+    :raises OSError: when it cannot be written (the caller logs it: the entry stays valid).
+    """
+    try:
+        old = read(path)
+    except InvalidEntryError:
+        old = ()
+    keep = [v for v in old if v.kernel != kernel and dict(v.files) != dict(files)]
+    variants = [Variant(kernel, dict(files)), *keep][:MAX_VARIANTS]
+    doc: dict[str, Any] = {
+        "cachemgr_manifest": FORMAT_VERSION,
+        "variants": [
+            {"kernel": v.kernel, "files": [[p, d] for p, d in sorted(v.files.items())]}
+            for v in variants
+        ],
+    }
+    data = json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+    fsutil.atomic_write_bytes(path, data)
+
+
+def kernels(path: Path) -> set[str] | None:
+    """The kernels a manifest names, or None when it is bad (reclaim and verify use it)."""
+    try:
+        return {v.kernel for v in read(path)}
+    except InvalidEntryError:
+        return None

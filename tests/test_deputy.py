@@ -1,0 +1,281 @@
+"""Issue 10 item 5 and issue 11 item 6: the daemon is no deputy, and a caller's outputs are
+the caller's.
+
+A real daemon runs as one user (alice, standing for the daemon user) and keeps a secret only
+it may read (``0600`` in its HOME); another real user (bob, a group member) attacks it the
+ways issue 10 lists — ``kernel_source``, ``op_debug_config``, ``#include`` and ``.incbin`` of
+that file — with the real client and with hand-made requests that bypass the client. None
+may bring the secret back: not in an answer, an error text, or a binary in the cache. Then
+bob compiles debug and ``disable`` requests through the daemon from his own folder: the files
+land there, owned by him. Users and runtime come from ``tests/users_util.py`` (root only).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.daemon_util import Daemon, daemon_env, start_daemon
+from tests.users_util import Runtime, Users, run_as, user_home
+
+SECRET = "TOPSECRET_4c1d9"
+SOC = "Ascend910B1"
+TENSOR = {"shape": [16], "dtype": "float32", "format": "ND"}
+
+
+def _setup(users: Users, rt: Runtime, config: str = "") -> tuple[Daemon, Path, Path, Path]:
+    """alice's daemon on a shared root with a group-reachable socket; her secret; bob's folder."""
+    root = users.base / "shared"
+    root.mkdir()
+    shutil.chown(root, "root", users.group)
+    root.chmod(0o2775)
+    home = user_home(users, users.alice)
+    env = daemon_env(home)
+    for sub in ("home", "run", "state"):
+        shutil.chown(home / sub, users.alice)
+    secret = home / "home" / "secret.txt"
+    secret.write_text(f"int leaked = {SECRET};\n")
+    shutil.chown(secret, users.alice)
+    secret.chmod(0o600)
+    (home / "home").chmod(0o700)
+    sock_dir = users.base / "sock"
+    sock_dir.mkdir()
+    shutil.chown(sock_dir, users.alice, users.group)
+    sock_dir.chmod(0o750)
+    args = ["--cache-dir", str(root), "--socket", str(sock_dir / "cachemgr.sock")]
+    if config:
+        cfg = users.base / "cachemgr.toml"
+        cfg.write_text(config)
+        cfg.chmod(0o644)
+        args += ["--config", str(cfg)]
+    env["PYTHONPATH"] = rt.pythonpath
+    daemon = start_daemon(
+        home,
+        *args,
+        env=env,
+        notify=False,
+        python=rt.python,
+        popen_kw={**run_as(users.alice, users), "group": users.group},
+    )
+    bob = user_home(users, users.bob)
+    return daemon, root, secret, bob
+
+
+def _as_bob(users: Users, rt: Runtime, bob: Path, code: str, *args: str) -> dict:
+    """Run ``code`` (Python) as bob in his folder; it prints one JSON object."""
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "PYTHONPATH": rt.pythonpath,
+        "HOME": str(bob),
+    }
+    out = subprocess.run(
+        [rt.python, "-c", code, *args],
+        env=env,
+        cwd=bob,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+        **run_as(users.bob, users),  # type: ignore[arg-type]
+    )
+    assert SECRET not in out.stdout + out.stderr, "the secret came back"
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+CLIENT = """
+import json, sys
+from cachemgr.client import Client, DaemonError
+req = json.loads(sys.argv[2])
+try:
+    print(json.dumps(Client(sys.argv[1], timeout_s=120).compile(req, base_dir=sys.argv[3])))
+except DaemonError as exc:
+    print(json.dumps({"error": str(exc), "status_code": exc.status}))
+"""
+
+RAW = """
+import http.client, json, socket, sys
+class C(http.client.HTTPConnection):
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX); self.sock.connect(sys.argv[1])
+c = C("localhost", timeout=120)
+c.request("POST", "/compile", body=sys.argv[2], headers={"Content-Type": "application/json"})
+r = c.getresponse()
+print(json.dumps({"code": r.status, "body": r.read().decode(errors="replace")}))
+"""
+
+
+def _request(source: str, **over: object) -> dict:
+    return {
+        "op_type": "Scale",
+        "soc_version": SOC,
+        "language": "c",
+        "kernel_source": source,
+        "kernel_entry": "scale_kernel",
+        "inputs": [TENSOR],
+        "outputs": [TENSOR],
+        **over,
+    }
+
+
+def _crafted(path: str, text: str, **over: object) -> str:
+    """A /compile body that carries a source's bytes itself (no client involved)."""
+    data = base64.b64encode(text.encode()).decode()
+    body = {
+        "request": _request(path, **over),
+        "base_dir": os.path.dirname(path),
+        "inputs": {"source": {"path": path, "data": data}, "headers": []},
+    }
+    return json.dumps(body)
+
+
+def _no_secret_in_cache(root: Path) -> None:
+    for path in root.rglob("*"):
+        if path.is_file():
+            assert SECRET.encode() not in path.read_bytes(), f"{path} holds the secret"
+
+
+def test_the_daemon_reads_nothing_for_a_caller(users: Users, other_runtime: Runtime) -> None:
+    rt = other_runtime
+    daemon, root, secret, bob = _setup(users, rt)
+    try:
+        sock = str(daemon.socket_path)
+        # 1. kernel_source naming the daemon user's file: bob's own client cannot read it
+        out = _as_bob(users, rt, bob, CLIENT, sock, json.dumps(_request(str(secret))), str(bob))
+        assert out.get("status_code") == 400 and "Permission denied" in out["error"]
+        # ... and a hand-made request naming the path (no bytes) is refused
+        body = json.dumps({"request": _request(str(secret)), "base_dir": str(bob)})
+        raw = _as_bob(users, rt, bob, RAW, sock, body)
+        assert raw["code"] == 400 and "carries no inputs" in raw["body"]
+        # 2. op_debug_config naming it
+        (bob / "k.c").write_text("void scale_kernel(float *x) { x[0] *= 2; }\n")
+        (bob / "k.c").chmod(0o644)
+        cfg = _request(str(bob / "k.c"), options={"op_debug_config": str(secret)})
+        out = _as_bob(users, rt, bob, CLIENT, sock, json.dumps(cfg), str(bob))
+        assert out.get("status_code") == 400 and "op_debug_config" in out["error"]
+        raw = _as_bob(users, rt, bob, RAW, sock, _crafted(str(bob / "k.c"), "int x;", **{
+            "options": {"op_debug_config": str(secret)}
+        }))  # fmt: skip
+        assert raw["code"] == 400 and "bytes were not sent" in raw["body"]
+        # 3. #include of the file, in bytes bob sends himself (his client would refuse)
+        include = f'#include "{secret}"\nvoid scale_kernel(float *x) {{ x[0] *= 2; }}\n'
+        raw = _as_bob(users, rt, bob, RAW, sock, _crafted(str(bob / "inc.c"), include))
+        assert raw["code"] == 200 and json.loads(raw["body"])["status"] == "failed"
+        # 4. .incbin: the assembler would put the whole file into a group-readable .o
+        incbin = (
+            f'__asm__(".section .rodata\\n.incbin \\"{secret}\\"\\n.previous");\n'
+            "void scale_kernel(float *x) { x[0] *= 2; }\n"
+        )
+        raw = _as_bob(users, rt, bob, RAW, sock, _crafted(str(bob / "bin.c"), incbin))
+        assert raw["code"] == 200 and json.loads(raw["body"])["status"] == "failed"
+        _no_secret_in_cache(root)
+        log = daemon.log()
+        assert f"uid {os.stat(bob).st_uid}" in log, "each compile is logged with its caller"
+    finally:
+        daemon.stop()
+
+
+def test_outputs_through_the_daemon_are_the_callers(users: Users, other_runtime: Runtime) -> None:
+    rt = other_runtime
+    daemon, root, _, bob = _setup(users, rt)
+    try:
+        sock = str(daemon.socket_path)
+        work = bob / "work"
+        work.mkdir()
+        shutil.chown(work, users.bob)
+        (work / "k.c").write_text("void scale_kernel(float *x) { x[0] *= 2; }\n")
+        (work / "k.c").chmod(0o644)
+        debug = _request(str(work / "k.c"), options={"op_debug_level": 2})
+        out = _as_bob(users, rt, bob, CLIENT, sock, json.dumps(debug), str(work))
+        assert out["status"] == "debug" and out["via"] == "daemon", out
+        files = [Path(f) for f in out["files"]]
+        assert files and all(f.parent.parent == bob / "kernel_meta" for f in files), files
+        for path in files:
+            assert path.stat().st_uid == os.stat(bob).st_uid, f"{path} is not bob's"
+        assert {f.suffix for f in files} >= {".o", ".json"}
+        assert not any(root.rglob("kernel_meta")), "nothing in the daemon's folders"
+        disable = _request(str(work / "k.c"), options={"op_compiler_cache_mode": "disable"})
+        out = _as_bob(users, rt, bob, CLIENT, sock, json.dumps(disable), str(work))
+        assert out["status"] == "compiled", out
+        files = [Path(f) for f in out["files"]]
+        assert files and all(f.parent == bob for f in files), files  # bob's cwd
+        assert all(f.stat().st_uid == os.stat(bob).st_uid for f in files)
+        # the CLI from a folder bob cannot write: one line before compiling
+        env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": rt.pythonpath, "HOME": str(bob)}
+        (work / "req.json").write_text(json.dumps(_request("k.c")))
+        (work / "req.json").chmod(0o644)
+        cli = subprocess.run(
+            [rt.python, "-m", "cachemgr", "compile", str(work / "req.json"), "--op-debug-level",
+             "1", "--socket", sock, "--cache-dir", str(root)],
+            env=env, cwd="/", capture_output=True, text=True, timeout=120, check=False,
+            **run_as(users.bob, users),  # type: ignore[arg-type]
+        )  # fmt: skip
+        assert cli.returncode == 2, cli
+        line = cli.stderr.strip()
+        assert "\n" not in line and "/kernel_meta" in line and "debug_dir" in line, line
+    finally:
+        daemon.stop()
+
+
+def test_without_namespaces_other_users_are_refused(users: Users, other_runtime: Runtime) -> None:
+    rt = other_runtime
+    config = '[sandbox]\nunshare = "/nonexistent/unshare"\n'
+    daemon, _, _, bob = _setup(users, rt, config)
+    try:
+        (bob / "k.c").write_text("void scale_kernel(float *x) { x[0] *= 2; }\n")
+        (bob / "k.c").chmod(0o644)
+        req = json.dumps(_request(str(bob / "k.c")))
+        out = _as_bob(users, rt, bob, CLIENT, str(daemon.socket_path), req, str(bob))
+        assert out.get("status_code") == 400, out
+        assert "compiles only for its own user" in out["error"] and "unshare" in out["error"]
+    finally:
+        daemon.stop()
+
+
+def test_compiler_resource_limits_from_the_config(tmp_path, clean_env) -> None:
+    """[sandbox] output_mb = 1: a compile writing a 4 MiB object fails (RLIMIT_FSIZE)."""
+    src = tmp_path / "big.c"
+    src.write_text(
+        "__attribute__((used)) const char big[4 << 20] = {1};\n"
+        "void scale_kernel(float *x) { x[0] *= big[0]; }\n"
+    )
+    req = tmp_path / "req.json"
+    req.write_text(json.dumps(_request(str(src))))
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[sandbox]\noutput_mb = 1\naddress_space_mb = 8192\ncpu_s = 60\n")
+    daemon = start_daemon(
+        tmp_path,
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--config",
+        str(cfg),
+        env=daemon_env(tmp_path),
+    )
+    try:
+        from cachemgr.client import Client
+
+        out = Client(daemon.socket_path, timeout_s=120).compile_file(req)
+        assert out["status"] == "failed", out
+        small = tmp_path / "small.c"
+        small.write_text("void scale_kernel(float *x) { x[0] *= 2; }\n")
+        req.write_text(json.dumps(_request(str(small))))
+        assert Client(daemon.socket_path, timeout_s=120).compile_file(req)["status"] == "compiled"
+    finally:
+        daemon.stop()
+
+
+@pytest.mark.parametrize("bad", ["namespaces = 'sometimes'", "output_mb = -1", "bogus = 1"])
+def test_bad_sandbox_table_is_one_line(tmp_path, clean_env, bad: str) -> None:
+    from tests.conftest import run_cli
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f"[sandbox]\n{bad}\n")
+    env = daemon_env(tmp_path, clean_env)
+    out = run_cli("serve", "--cache-dir", str(tmp_path / "cache"), "--config", str(cfg), env=env)
+    assert out.returncode == 2 and "[sandbox]" in out.stderr, out.stderr
