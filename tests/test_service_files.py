@@ -56,4 +56,5 @@ def test_openapi_is_valid_and_matches_routes() -> None:
         "/reload",
         "/hits",
         "/stats/zero",
+        "/stop",
     }

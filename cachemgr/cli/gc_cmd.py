@@ -17,21 +17,23 @@ from typing import Any
 import click
 
 from cachemgr import gc
+from cachemgr.cli import human
 from cachemgr.cli.common import (
+    VERBOSITY,
     chip_dirs,
     emit_json,
-    find_daemon,
     load_settings,
+    route,
     settings_options,
     socket_option,
-    stdout_is_tty,
     warning,
 )
 from cachemgr.cli.lockcheck import checked_for_writing
 from cachemgr.counters import COUNTER_NAMES, CacheCounters
 from cachemgr.errors import ConfigError
-from cachemgr.eviction import MIB, DryRun, chip_row, purge_chip
+from cachemgr.eviction import DryRun, chip_row, purge_chip
 from cachemgr.gc import limits_json
+from cachemgr.ini import NEVER_EVICT
 from cachemgr.options import Settings
 
 
@@ -62,7 +64,8 @@ def _parse_min_age(raw: str | None) -> float | None:
 
 
 def _mib(n: int | None) -> str:
-    return "-" if n is None else f"{n / MIB:.1f} MiB"
+    """A size for people (``3.0 KiB``, ``12.0 MiB``); ``-`` for None."""
+    return human.size(n)
 
 
 @contextmanager
@@ -99,13 +102,16 @@ def _gc_line(soc: str, report: dict[str, Any]) -> str:
         if report["max_bytes"] is None
         else f"limit {_mib(report['max_bytes'])}, target {_mib(report['target_bytes'])}"
     )
+    plural = human.plural
     return (
         f"{soc}: {_mib(report['bytes_before'])} -> {_mib(report['bytes_after'])} ({limit}); "
-        f"{verb} {report['evicted_entries']} entries ({_mib(report['evicted_bytes'])}); "
+        f"{verb} {plural(report['evicted_entries'], 'entry', 'entries')} "
+        f"({_mib(report['evicted_bytes'])}); "
         f"kept by aging guard {report['kept_by_aging_guard']}; "
         f"saved by a hit {len(report['saved_by_hit'])}; "
-        f"reclaimed {rec['orphans']} orphans, {rec['temps']} temps, {rec['locks']} locks, "
-        f"{rec['bad_entries']} bad entries ({_mib(rec['bytes'])})"
+        f"reclaimed {plural(rec['orphans'], 'orphan')}, {plural(rec['temps'], 'temp file')}, "
+        f"{plural(rec['locks'], 'lock file')}, "
+        f"{plural(rec['bad_entries'], 'bad entry', 'bad entries')} ({_mib(rec['bytes'])})"
     )
 
 
@@ -122,14 +128,20 @@ def gc_cmd(
     dry_run: bool,
     as_json: bool,
     socket_path: Path | None,
+    run_local: bool,
     **kw: Any,
 ) -> None:
-    """Reclaim leftovers and evict least recently used entries down to the limit (SPEC §5).
+    """Reclaim leftovers and evict least recently used entries down to the limit.
 
-    Runs in the daemon when one serves this cache (``"via": "daemon"``), else here. Checks
-    the toolkit version first: after an upgrade every chip folder is purged. Exit 0 also
-    when another evictor is running (that chip folder is skipped); exit 1 when a file could
-    not be removed.
+    Per chip folder: when the used size reaches max_op_cache_size, entries go, least
+    recently accessed first, until ratio % of the limit is left; entries accessed in the
+    last min_age_s seconds stay. Leftovers (binaries without json, old temp files, stale
+    locks, entries that fail verification) are reclaimed every time. After a toolkit
+    upgrade (the ini's version stamps differ) every chip folder is purged first.
+
+    Runs through the daemon that serves this cache, else here (--json says which). Exit 0
+    also when another evictor is running (that chip folder is skipped); exit 1 when a file
+    could not be removed.
     """
     force_ratio = _parse_ratio(ratio)
     min_age_s = _parse_min_age(min_age)
@@ -143,7 +155,9 @@ def gc_cmd(
             "as GE would; fix the values above to apply yours"
         )
     mode = DryRun.YES if dry_run else DryRun.NO
-    client = find_daemon(socket_path, settings)
+    where = route(socket_path, run_local, settings)
+    where.announce()
+    client = where.client
     if client is not None:
         report = client.gc(
             ratio=force_ratio,
@@ -154,15 +168,28 @@ def gc_cmd(
         report["via"] = "daemon"
     else:
         settings = _writable(settings, kw)
+        enabled = human.bars_enabled(as_json)
+        chips = gc.chip_dirs(settings)
+        with human.progress(enabled, "gc: chip folders", len(chips), "folder") as outer:
 
-        def bars(soc: str) -> Any:
-            return _progress_bar(stdout_is_tty() and not as_json, soc)
+            @contextmanager
+            def bars(soc: str) -> Iterator[Any]:
+                """The scan and eviction of one chip folder: its own bar, then one step of
+                the outer bar over chip folders."""
+                with _progress_bar(enabled, soc) as update:
+                    yield update
+                outer.update(1)
 
-        report = gc.collect(
-            settings, force_ratio=force_ratio, min_age_s=min_age_s, dry_run=mode, progress_for=bars
-        )
+            report = gc.collect(
+                settings,
+                force_ratio=force_ratio,
+                min_age_s=min_age_s,
+                dry_run=mode,
+                progress_for=bars,
+            )
         report["via"] = "local"
         _count_evictions(settings.layout.kernel_cache_dir, report)
+    report["route"] = where.to_json()
     _print_gc(report, as_json)
     denied = list(gc.denied_lines(report))
     for line in denied:
@@ -198,10 +225,31 @@ def _print_gc(report: dict[str, Any], as_json: bool) -> None:
         return
     for line in gc.toolkit_lines(report):
         click.echo(line)
-    for soc, folder in report["chip_folders"].items():
+    folders = report["chip_folders"]
+    for soc, folder in folders.items():
         click.echo(_gc_line(soc, folder))
-    if not report["chip_folders"]:
+        if VERBOSITY.level > 0:  # -v: every entry that goes (or would go), by name
+            verb = "would evict" if folder.get("dry_run") else "evicted"
+            for name in folder.get("evicted", []):
+                click.echo(f"  {verb} {soc}/{name}")
+            for name in folder.get("reclaimed", {}).get("bad", []):
+                click.echo(
+                    f"  {'would reclaim' if folder.get('dry_run') else 'reclaimed'} "
+                    f"{soc}/{name} (bad entry)"
+                )
+    if not folders:
         click.echo(f"no chip folders under {report['kernel_cache_dir']}; nothing to do")
+        return
+    entries = sum(f.get("evicted_entries", 0) for f in folders.values())
+    freed = sum(
+        f.get("evicted_bytes", 0) + f.get("reclaimed", {}).get("bytes", 0) for f in folders.values()
+    )
+    verb = "would free" if any(f.get("dry_run") for f in folders.values()) else "freed"
+    click.echo(
+        f"total: {verb} {_mib(freed)} in {human.plural(len(folders), 'chip folder')}; "
+        f"{'would evict' if verb == 'would free' else 'evicted'} "
+        f"{human.plural(entries, 'entry', 'entries')}"
+    )
 
 
 @click.command("stats")
@@ -209,13 +257,17 @@ def _print_gc(report: dict[str, Any], as_json: bool) -> None:
 @click.option("--zero", is_flag=True, help="Reset the counters of this kernel cache.")
 @settings_options
 @socket_option
-def stats_cmd(as_json: bool, zero: bool, socket_path: Path | None, **kw: Any) -> None:
+def stats_cmd(
+    as_json: bool, zero: bool, socket_path: Path | None, run_local: bool, **kw: Any
+) -> None:
     """Counters (hits, misses, compiles…) of this kernel cache — every daemon's and every
     local run's, kept in the cache (SPEC §10) — and, per chip folder: entries, bytes, limit,
     ratio, fill %, oldest and newest access. From the daemon when one serves this cache; else
-    measured here."""
+    measured here. ``--zero`` resets the counters."""
     settings = load_settings(writable=False, **kw)
-    client = find_daemon(socket_path, settings)
+    where = route(socket_path, run_local, settings)
+    where.announce()
+    client = where.client
     kcache = settings.layout.kernel_cache_dir
     if zero:
         if client is not None:
@@ -236,27 +288,64 @@ def stats_cmd(as_json: bool, zero: bool, socket_path: Path | None, **kw: Any) ->
             row = data["chip_folders"][chip.name] = chip_row(chip, settings)
             row["counters"] = per_chip.get(chip.name, dict.fromkeys(COUNTER_NAMES, 0))
         data["via"] = "local"
+    data["route"] = where.to_json()
     data["kernel_cache_dir"] = str(settings.layout.kernel_cache_dir)
     data["limits"] = limits_json(settings)
     if as_json:
         emit_json(data)
         return
-    click.echo(
-        f"hits {data['hits']}, misses {data['misses']}, compiles {data['compiles']} "
-        f"(via {data['via']})"
+    _print_stats(data)
+
+
+#: Keys of a stats answer that are not counters.
+_NOT_COUNTERS = {"hits", "misses", "chip_folders", "via", "route", "kernel_cache_dir", "limits"}
+
+
+def _print_stats(data: dict[str, Any]) -> None:
+    """ccache-like: hit rate, every counter, the limits, each chip folder's fill."""
+    hits, misses = int(data.get("hits", 0)), int(data.get("misses", 0))
+    lookups = hits + misses
+    lines = [
+        ("Kernel cache", f"{data['kernel_cache_dir']} (via {data['via']})"),
+        ("Hits", f"{hits} / {lookups} ({human.percent(hits, lookups)})"),
+        ("Misses", f"{misses} / {lookups} ({human.percent(misses, lookups)})"),
+    ]
+    for key in sorted(k for k, v in data.items() if k not in _NOT_COUNTERS and _is_count(v)):
+        lines.append((key.replace("_", " ").capitalize(), str(data[key])))
+    lim = data["limits"]
+    max_mb, ratio = lim["max_op_cache_size"]["value"], lim["remain_cache_size_ratio"]["value"]
+    lines.append(
+        (
+            "Limit",
+            "never evict (max_op_cache_size=-1)"
+            if max_mb == NEVER_EVICT
+            else f"{max_mb} MB per chip folder, {ratio} % kept after an eviction "
+            f"(from {lim['max_op_cache_size']['origin']})",
+        )
     )
     for soc, row in data["chip_folders"].items():
         if row.get("error"):
-            click.echo(f"{soc}: cannot be read: {row['error']}")
+            lines.append((soc, f"cannot be read: {row['error']}"))
             continue
-        fill = "eviction off" if row["fill_pct"] is None else f"{row['fill_pct']} % full"
-        click.echo(
-            f"{soc}: {row['entries']} entries, {_mib(row['bytes'])} of {_mib(row['limit_bytes'])} "
-            f"({fill}; ratio {row['ratio_pct']} %); oldest access {row['oldest_access'] or '-'}, "
-            f"newest {row['newest_access'] or '-'}"
+        fill = "" if row["fill_pct"] is None else f" ({row['fill_pct']:.1f} % full)"
+        of = "" if row["limit_bytes"] is None else f" of {human.size(row['limit_bytes'])}"
+        lines.append(
+            (
+                soc,
+                f"{human.plural(row['entries'], 'entry', 'entries')}, "
+                f"{human.size(row['bytes'])}{of}{fill}; oldest access "
+                f"{row['oldest_access'] or '-'}, newest {row['newest_access'] or '-'}",
+            )
         )
     if not data["chip_folders"]:
-        click.echo(f"no chip folders under {settings.layout.kernel_cache_dir}")
+        lines.append(("Chip folders", "none yet"))
+    width = max(len(label) for label, _ in lines)
+    for label, text in lines:
+        click.echo(f"{label + ':':<{width + 1}}  {text}")
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @click.command("purge")
@@ -278,7 +367,11 @@ def purge_cmd(purge_all: bool, yes: bool, as_json: bool, **kw: Any) -> None:
         click.confirm(
             f"Remove every entry of {names} under {settings.layout.kernel_cache_dir}?", abort=True
         )
-    reports = [purge_chip(chip) for chip in chips]
+    reports = []
+    with human.progress(human.bars_enabled(as_json), "purge", len(chips), "folder") as bar:
+        for chip in chips:
+            reports.append(purge_chip(chip))
+            bar.update(1)
     if as_json:
         emit_json({"chip_folders": {Path(r.chip_dir).name: r.to_json() for r in reports}})
     else:
@@ -287,7 +380,8 @@ def purge_cmd(purge_all: bool, yes: bool, as_json: bool, **kw: Any) -> None:
                 click.echo(f"{r.chip_dir.name}: no chip folder at {r.chip_dir}; nothing to do")
                 continue
             click.echo(
-                f"{r.chip_dir.name}: removed {r.entries} entries, {r.files} files "
+                f"{r.chip_dir.name}: removed {human.plural(r.entries, 'entry', 'entries')}, "
+                f"{human.plural(r.files, 'file')} "
                 f"({_mib(r.bytes)}); busy {len(r.busy)}; "
                 f"writes in progress left {len(r.left_temps)}"
             )
