@@ -261,9 +261,9 @@ def stats_cmd(
     as_json: bool, zero: bool, socket_path: Path | None, run_local: bool, **kw: Any
 ) -> None:
     """Counters (hits, misses, compiles…) of this kernel cache — every daemon's and every
-    local run's, kept in the cache (SPEC §10) — and, per chip folder: entries, bytes, limit,
+    local run's, kept in the cache — and, per chip folder: entries, bytes, limit,
     ratio, fill %, oldest and newest access. From the daemon when one serves this cache; else
-    measured here. ``--zero`` resets the counters."""
+    measured here. --zero resets the counters."""
     settings = load_settings(writable=False, **kw)
     where = route(socket_path, run_local, settings)
     where.announce()
