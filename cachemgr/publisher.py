@@ -158,7 +158,11 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
     """
     try:
         hold = p.chip_lock.hold_shared(timeout_s=ctx.lock_timeout_s)
-    except OSError as exc:
+    except PermissionError as exc:
+        # a kernel cache folder CANN GE created 0750: compile outside the cache (item 6c)
+        where = Path(exc.filename) if exc.filename else p.chip_dir.parent
+        return _compile_alone(p, ctx, fsutil.lock_access_hint(where))
+    except OSError as exc:  # a read-only or full root (issue 12 item 6)
         if not _cannot_store(exc):
             raise
         return _compile_outside(p, ctx, _why(p.chip_dir, exc))
@@ -169,7 +173,13 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
     except LockBusyError:
         hold.release()
         return _compile_alone(p, ctx)
-    except OSError as exc:
+    except PermissionError:
+        # e.g. a chip folder CANN GE created 0750, or its 0640 lock file in a folder we may
+        # not write: compile anyway, outside the cache, and say why in one line (item 6c)
+        hold.release()
+        why = fsutil.lock_access_hint(Store(p.chip_dir).lock_path(p.kernel))
+        return _compile_alone(p, ctx, why)
+    except OSError as exc:  # a read-only or full root (issue 12 item 6)
         hold.release()
         if not _cannot_store(exc):
             raise
@@ -206,21 +216,23 @@ def _ensure_ini(kernel_cache_dir: Path, sections: dict[str, Any]) -> None:
         log.warning("could not create %s/op_cache.ini: %s", kernel_cache_dir, exc)
 
 
-def _compile_alone(p: Prepared, ctx: RunContext) -> CompileOutcome:
+def _compile_alone(p: Prepared, ctx: RunContext, why: str = "") -> CompileOutcome:
     """The entry lock stayed held for ``ctx.lock_timeout_s``: the process (or host) compiling
     this kernel is stuck or very slow. Rather than fail, look once more, then compile here
     into the private output folder (``compiled``; the cache is not written: its lock is
     not ours). Issue 6: a second host waits for the first one's compile, up to a limit."""
-    log.warning(
-        "%s: %s stayed locked for %g s (another process compiling it?); compiling it here, "
-        "outside the cache",
-        p.kernel,
-        Store(p.chip_dir).lock_path(p.kernel),
-        ctx.lock_timeout_s,
-    )
-    return _compile_outside(
-        p, ctx, f"{Store(p.chip_dir).lock_path(p.kernel)} stayed locked", warn=False
-    )
+    if why:
+        log.warning("%s: compiling outside the cache: %s", p.kernel, why)
+    else:
+        log.warning(
+            "%s: %s stayed locked for %g s (another process compiling it?); compiling it "
+            "here, outside the cache",
+            p.kernel,
+            Store(p.chip_dir).lock_path(p.kernel),
+            ctx.lock_timeout_s,
+        )
+    reason = why or f"{Store(p.chip_dir).lock_path(p.kernel)} stayed locked"
+    return _compile_outside(p, ctx, reason, warn=False)
 
 
 def _compile_outside(
@@ -232,13 +244,12 @@ def _compile_outside(
 
     :raises CompileError: the compile failed.
     """
-    if p.decision.cache.read:
-        try:
-            found = Store(p.chip_dir).lookup(p.kernel)
-        except OSError:
-            found = None
-        if found is not None and found.hit:
-            return CompileOutcome(p.kernel, HIT, found.files, request=p.request.origin)
+    try:
+        found = Store(p.chip_dir).lookup(p.kernel) if p.decision.cache.read else None
+    except (OSError, CachePermissionError):
+        found = None  # a folder we may not use: compile
+    if found is not None and found.hit:
+        return CompileOutcome(p.kernel, HIT, found.files, request=p.request.origin)
     result = p.backend.compile(compile_job(p, ctx.build_dir()))
     out = fsutil.ensure_dir(ctx.uncached_dir())
     binary, doc = out / result.binary.name, out / result.json_path.name
@@ -257,8 +268,9 @@ def _compile_outside(
     )
 
 
-#: errno of a cache that cannot take an entry now: read-only, full, over quota.
-CANNOT_STORE_ERRNOS = frozenset({errno.EROFS, errno.ENOSPC, errno.EDQUOT})
+#: errno of a cache that cannot take an entry now: read-only, full, over quota, or a root
+#: that vanished (an NFS export gone: ESTALE).
+CANNOT_STORE_ERRNOS = frozenset({errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ESTALE})
 
 
 def _cannot_store(exc: BaseException) -> bool:

@@ -29,6 +29,7 @@ import ctypes.util
 import datetime as dt
 import gc
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -49,7 +50,8 @@ from watchdog.events import (
     FileSystemEventHandler,
 )
 
-from cachemgr import eviction, fsprobe, fsutil, kernel_meta, store
+from cachemgr import eviction, fsprobe, fsutil, kernel_meta, options, store
+from cachemgr import gc as cache_gc
 from cachemgr.counters import CounterBook
 from cachemgr.daemon.config import DaemonConfig
 from cachemgr.daemon.usage import UsageIndex
@@ -157,6 +159,7 @@ class Governance:
     :param counters: where eviction results are counted.
     :param beat: called on every governance heartbeat (the watch check, every
         ``watch_check_interval_s``): the systemd watchdog's proof that this thread works.
+    :param follow_ini: re-reads ``op_cache.ini`` when CANN edited it (issue 9 item 9).
     """
 
     def __init__(
@@ -165,8 +168,10 @@ class Governance:
         config: DaemonConfig,
         counters: CounterBook,
         beat: Callable[[], None] = lambda: None,
+        follow_ini: Callable[[], None] | None = None,
     ) -> None:
         self._settings = get_settings
+        self._follow_ini = follow_ini
         self.config = config
         self.counters = counters
         self._beat = beat
@@ -229,6 +234,7 @@ class Governance:
         scan = self.scan
         try:
             scan.update(state="reclaiming", started=time.monotonic())
+            self.follow_cann()  # ini edits, toolkit upgrades, modes, other kernel caches
             self.reap()
             scan.update(state="indexing")
 
@@ -423,6 +429,7 @@ class Governance:
         """The periodic rescan; re-checks every chip folder's limit. Other hosts' writes and
         deletes show up here (inotify does not see them, SPEC §9); a rescan that fails (an
         NFS hiccup) is logged and the next one tries again."""
+        self.follow_cann()
         try:
             used = self.index.reconcile()
         except OSError as exc:
@@ -491,6 +498,40 @@ class Governance:
             log.warning("rescanning %s failed: %s", soc, exc)
             return
         self._check_limit(soc)
+
+    def follow_cann(self) -> None:
+        """What CANN processes change behind the daemon's back (issue 9 items 6b, 7, 9), at
+        start and on every reconciliation: an edited ``op_cache.ini`` (limits, stamps) is
+        re-read; a toolkit upgrade is handled with GE's rule (``gc.sync_toolkit``); GE's
+        ``0640``/``0750`` modes are given back to the group where this daemon may
+        (``fsutil.share_modes``: its own files, or all with ``CAP_FOWNER``); the other
+        kernel cache folders under ``${ASCEND_CACHE_PATH}`` get their reclaim and eviction.
+        Failures are logged; the next reconciliation tries again."""
+        if self._follow_ini is not None:
+            self._follow_ini()
+        if self.root_problem:  # nothing can be changed there now (issue 12 item 6)
+            return
+        settings = self._settings()
+        caches = [settings]
+        for kc in settings.other_kernel_caches():
+            try:
+                caches.append(options.settings_for(settings, kc, os.environ))
+            except CacheMgrError as exc:
+                log.warning("%s: %s", kc, exc)
+        for i, one in enumerate(caches):
+            try:
+                check = cache_gc.sync_toolkit(one, dry_run=False)
+                if check.purged:
+                    log.warning("%s", check.detail)
+                for folder in [one.layout.kernel_cache_dir, *one.layout.chip_dirs()]:
+                    if changed := fsutil.share_modes(folder):
+                        log.info(
+                            "%s: group-sharing modes restored on %d file(s)", folder, len(changed)
+                        )
+                if i > 0:  # the main cache is evicted through the usage index
+                    cache_gc.collect(one, include_others=False)
+            except (OSError, CacheMgrError) as exc:
+                log.warning("following %s failed: %s", one.layout.kernel_cache_dir, exc)
 
     def reap(self) -> None:
         """Reclaim what crashed or foreign processes left: temp files, dead locks, orphans

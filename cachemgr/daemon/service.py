@@ -17,7 +17,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from cachemgr import build, eviction, gc, inputs, options, request, store
+from cachemgr import build, eviction, fsutil, gc, inputs, options, request, store
 from cachemgr.counters import COUNTER_NAMES, CounterBook
 from cachemgr.daemon import peer
 from cachemgr.daemon.config import DaemonConfig
@@ -65,8 +65,13 @@ class Service:
             config.heartbeat_timeout_s, {POOL: lambda: self.queue.stalled_s() > self._stall_s}
         )
         self._stall_s = self.queue.timeout_s + config.heartbeat_timeout_s
+        self._ini_seen: bytes | None = self._ini_bytes()
         self.governance = Governance(
-            lambda: self._settings, config, self.counters, lambda: self.heartbeats.beat(GOVERNANCE)
+            lambda: self._settings,
+            config,
+            self.counters,
+            lambda: self.heartbeats.beat(GOVERNANCE),
+            follow_ini=self._follow_ini,
         )
         self._metrics = Metrics(
             self.counters,
@@ -124,6 +129,23 @@ class Service:
             log.warning("%s", problem)
         log.info("configuration reloaded")
         return {"reloaded": True, "problems": list(new.problems)}
+
+    def _ini_bytes(self) -> bytes | None:
+        """The ini's bytes (no symlink followed, no FIFO opened, atime kept), or None."""
+        try:
+            return fsutil.read_bytes_noatime(self._settings.layout.ini_path)
+        except OSError:
+            return None
+
+    def _follow_ini(self) -> None:
+        """Re-read the settings when ``op_cache.ini`` changed on disk (issue 9 item 9): an
+        edited limit or stamp takes effect within one reconciliation, without a reload."""
+        now = self._ini_bytes()
+        if now == self._ini_seen:
+            return
+        self._ini_seen = now
+        log.info("%s changed; re-reading the limits", self._settings.layout.ini_path)
+        self.reload()
 
     # --- read-only operations -------------------------------------------------------------
 
