@@ -80,6 +80,15 @@ def cached_probe(folder: Path, cache_file: Path | None = None) -> fsprobe.LockPr
     return probe
 
 
+def _writable(folder: Path) -> bool:
+    """Can this user create files in ``folder`` (or, when it does not exist yet, make it in
+    its nearest existing parent)?"""
+    path = Path(folder)
+    while not path.exists() and path.parent != path:
+        path = path.parent
+    return os.access(path, os.W_OK | os.X_OK)
+
+
 def _load(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(fsutil.read_bytes_noatime(path))
@@ -94,15 +103,18 @@ def checked_for_writing(
     """The settings a writing CLI command may use: the same access and lock checks as
     ``cachemgr serve`` (and its ``lock_fallback``), with the probe cached per mount.
 
-    A root on a read-only filesystem is left as it is: nothing will be written there (hits
-    are served, compiles return their kernel outside the cache: issue 12 item 6).
+    A root on a read-only filesystem, or a kernel cache this user may not write, is left as
+    it is: nothing is written there (hits are served, compiles return their kernel outside
+    the cache: issue 12 item 6, issue 9 item 6c).
 
     :raises LocksUnavailable: locks do not work and ``lock_fallback`` is ``"refuse"``.
-    :raises CachePermissionError: this user cannot write the kernel cache.
+    :raises CachePermissionError: this user cannot write the local fallback cache.
     :raises ConfigError: a bad ``[daemon]`` table.
     """
-    if fsprobe.root_problem(settings.layout.kernel_cache_dir):
-        return settings
+    kcache = settings.layout.kernel_cache_dir
+    if fsprobe.root_problem(kcache) or not _writable(kcache):
+        return settings  # nothing is written there: compiles go outside the cache, and gc
+        # and purge name the folder they may not change (SPEC §9)
     where = f"config {config_file or os.environ.get('CACHEMGR_CONFIG', '')} [daemon]"
     config = DaemonConfig.from_table(settings.sections.get("daemon"), where)
 
@@ -111,7 +123,9 @@ def checked_for_writing(
             return settings
         return options.resolve(cli=values, config_file=config_file)
 
-    checked = rootcheck.check_root(cli_values, resolve, config, probe_locks=cached_probe)
+    checked = rootcheck.check_root(
+        cli_values, resolve, config, probe_locks=cached_probe, access=False
+    )
     if checked.fallback_note:
         warning(checked.fallback_note)
     return checked.settings
