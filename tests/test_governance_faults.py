@@ -29,7 +29,7 @@ from cachemgr.daemon.service import Service
 from cachemgr.entry import scan_chip
 from cachemgr.eviction import gc_chip, plan_eviction
 from tests.conftest import SOC, publish
-from tests.daemon_util import Daemon, daemon_env, start_daemon, wait_for
+from tests.daemon_util import AS_ROOT, Daemon, daemon_env, start_daemon, wait_for
 from tests.shared_util import chip_bytes
 
 MIB = 1 << 20
@@ -182,7 +182,7 @@ def test_removed_socket_is_recreated_and_serve_says_where_the_daemon_is(tmp_path
         d.signal(signal.SIGSTOP)  # hold it while we look at the gap
         os.unlink(d.socket_path)
         second = subprocess.run(
-            [sys.executable, "-m", "cachemgr", "serve", "--cache-dir", str(root)],
+            [sys.executable, "-m", "cachemgr", "serve", *AS_ROOT, "--cache-dir", str(root)],
             env=env,
             capture_output=True,
             text=True,
@@ -348,6 +348,7 @@ def test_watchdog_pings_stop_when_a_part_is_stuck(tmp_path: Path, clean_env: dic
     systemd = _Systemd(tmp_path)
     notifier = Notifier({"NOTIFY_SOCKET": str(systemd.path), "WATCHDOG_USEC": "400000"})
     sock_path = tmp_path / "run" / "d.sock"
+    daemon_main.check_socket_dir(sock_path.parent)  # 0700, as serve makes it
     service.start()
     server = HttpServer(Api(service), sock_path)
     server.start()
@@ -362,7 +363,8 @@ def test_watchdog_pings_stop_when_a_part_is_stuck(tmp_path: Path, clean_env: dic
     )
     loop.start()
     try:
-        assert systemd.pings(2.0) >= 2, "pings while every part works"
+        wait_for(lambda: systemd.pings(1.0) >= 2, 15, "pings while every part works")
+        assert service.heartbeats.stale() == []
         service.governance.scheduler.pause()  # the governance thread stops making progress
         wait_for(lambda: systemd.pings(1.0) == 0, 15, "the pings to stop (governance stuck)")
         assert "governance" in service.health()["stuck"]
