@@ -401,19 +401,31 @@ def _binary_ref(data: dict[str, Any], json_name: str, is_sub: bool) -> BinaryRef
 
 
 def _read(chip_dir: Path, name: str, dir_fd: int | None, max_bytes: int | None = None) -> bytes:
-    """Read one file of an entry relative to the open chip folder (no link followed, no
-    hard link used, never blocking; docs/security.md items 1, 2).
+    """Read one file of an entry (at most ``max_bytes``)."""
+    return _reading(fsutil.read_bytes_noatime, chip_dir, name, dir_fd, max_bytes=max_bytes)
 
-    :raises FileNotFoundError: the file is gone.
-    :raises InvalidEntryError: not a regular file, a hard link, too large, unreadable.
+
+def _digest(chip_dir: Path, name: str, dir_fd: int | None) -> tuple[str, int]:
+    """SHA-256 and size of a binary, streamed (a hit never holds a binary in memory)."""
+    return _reading(fsutil.sha256_noatime, chip_dir, name, dir_fd)
+
+
+def _reading(
+    how: Callable[..., Any], chip_dir: Path, name: str, dir_fd: int | None, **kw: Any
+) -> Any:
+    """``how(chip_dir / name, dir_fd, single_link=True, **kw)`` relative to the open chip
+    folder (no link followed, no hard link used, never blocking; docs/security.md items 1,
+    2), with the errors of reading an entry's file as entry errors.
+
+    :raises InvalidEntryError: a folder, not a regular file, a hard link, too large,
+        unreadable.
+    :raises FileNotFoundError: gone (also ``ESTALE``, SPEC §9).
     """
     try:
         if dir_fd is None:
             with SafeDir.open_chip(chip_dir) as folder:
-                return _read(chip_dir, name, folder.fd, max_bytes)
-        return fsutil.read_bytes_noatime(
-            chip_dir / name, dir_fd, single_link=True, max_bytes=max_bytes
-        )
+                return _reading(how, chip_dir, name, folder.fd, **kw)
+        return how(chip_dir / name, dir_fd, single_link=True, **kw)
     except IsADirectoryError as exc:
         raise InvalidEntryError(f"{name}: is a folder, not a file", NOT_A_FILE) from exc
     except fsutil.HardLinkError as exc:
@@ -512,7 +524,7 @@ def verify_entry(chip_dir: Path, desc: EntryDesc, dir_fd: int | None = None) -> 
     problems: list[Problem] = []
     for ref in desc.binaries:
         try:
-            data = _read(chip_dir, ref.bin_name, dir_fd)
+            actual, size = _digest(chip_dir, ref.bin_name, dir_fd)
         except FileNotFoundError:
             kind = MISSING_SUBPART if ref.is_sub else MISSING_BINARY
             problems.append(Problem(kind, f"{ref.bin_name} (named by {ref.json_name}) is missing"))
@@ -520,10 +532,9 @@ def verify_entry(chip_dir: Path, desc: EntryDesc, dir_fd: int | None = None) -> 
         except InvalidEntryError as exc:
             problems.append(Problem(exc.reason, str(exc)))
             continue
-        if not data and ref.bin_name.endswith(KERNEL_BIN_SUFFIXES):
+        if not size and ref.bin_name.endswith(KERNEL_BIN_SUFFIXES):
             problems.append(Problem(EMPTY_BINARY, f"{ref.bin_name} is empty"))
             continue
-        actual = sha256_hex(data)
         if actual != ref.sha256:  # a string compare, as GE's (rule R5)
             problems.append(
                 Problem(SHA256_MISMATCH, f"{ref.bin_name}: sha256 {actual} != {ref.sha256}")

@@ -19,6 +19,7 @@ import errno
 import fcntl
 import functools
 import grp
+import hashlib
 import logging
 import os
 import pwd
@@ -194,6 +195,10 @@ def lstat_or_none(path: Path, dir_fd: int | None = None) -> os.stat_result | Non
         raise
 
 
+#: Files are read and hashed in chunks of this many bytes.
+READ_CHUNK_BYTES = 1 << 20
+
+
 class NotRegularFileError(OSError):
     """A FIFO, socket or device where a regular file is expected (never read: it may block
     or never end)."""
@@ -267,22 +272,24 @@ def _mount_options(dev: int) -> frozenset[str]:
     return frozenset()
 
 
-def read_bytes_noatime(
+@contextmanager
+def _open_noatime(
     path: Path,
     dir_fd: int | None = None,
     *,
     single_link: bool = False,
     max_bytes: int | None = None,
-) -> bytes:
-    """Read a regular file without changing its access time (atime drives eviction, SPEC §5).
+) -> Iterator[int]:
+    """Open a regular file for reading without changing its access time; yield the fd.
 
-    Uses ``O_NOATIME`` where the kernel allows it (owner or CAP_FOWNER); otherwise reads
-    normally and puts the previous atime back. Symlinks are refused (SPEC §3.3); the open
-    never blocks (``O_NONBLOCK``) and the type is checked on the descriptor.
+    Uses ``O_NOATIME`` where the kernel allows it (owner or CAP_FOWNER); otherwise opens
+    normally and puts the previous atime back when done. Symlinks are refused (SPEC §3.3);
+    the open never blocks (``O_NONBLOCK``) and the type is checked on the descriptor.
 
     :param dir_fd: the open folder of ``path`` (see :mod:`cachemgr.safedir`).
-    :param single_link: refuse a file with more than one name (cache entries).
-    :param max_bytes: refuse a larger file (size in bytes) instead of reading it.
+    :param single_link: refuse a file with more than one name (cache entries, security.md
+        item 2).
+    :param max_bytes: refuse a larger file (size in bytes).
     :raises OSError: ``ELOOP`` for a symlink, ``ENOENT`` when gone, ``EISDIR`` for a folder,
         :class:`NotRegularFileError` for a FIFO, socket or device, :class:`HardLinkError`,
         :class:`FileTooLargeError`.
@@ -316,16 +323,7 @@ def read_bytes_noatime(
         if max_bytes is not None and st.st_size > max_bytes:
             msg = f"is {st.st_size} bytes, more than {max_bytes}"
             raise FileTooLargeError(errno.EFBIG, msg, str(path))
-        chunks = []
-        left = None if max_bytes is None else max_bytes + 1  # a file growing meanwhile
-        while chunk := os.read(fd, 1 << 20 if left is None else min(1 << 20, left)):
-            chunks.append(chunk)
-            if left is not None:
-                left -= len(chunk)
-                if left <= 0:
-                    msg = f"is more than {max_bytes} bytes"
-                    raise FileTooLargeError(errno.EFBIG, msg, str(path))
-        data = b"".join(chunks)
+        yield fd
         if restore is not None:
             # another user's file (SPEC §9): only its owner may set times; relatime changes
             # the atime of a read rarely, and the entry is still read correctly
@@ -333,7 +331,51 @@ def read_bytes_noatime(
                 os.utime(fd, ns=(restore.st_atime_ns, restore.st_mtime_ns))
     finally:
         os.close(fd)
-    return data
+
+
+def read_bytes_noatime(
+    path: Path,
+    dir_fd: int | None = None,
+    *,
+    single_link: bool = False,
+    max_bytes: int | None = None,
+) -> bytes:
+    """Read a regular file without changing its access time (atime drives eviction, SPEC §5);
+    never more than ``max_bytes`` (a file growing meanwhile included).
+
+    :raises OSError: as :func:`_open_noatime`.
+    """
+    opened = _open_noatime(path, dir_fd, single_link=single_link, max_bytes=max_bytes)
+    with opened as fd:
+        chunks = []
+        left = None if max_bytes is None else max_bytes + 1
+        while chunk := os.read(
+            fd, READ_CHUNK_BYTES if left is None else min(READ_CHUNK_BYTES, left)
+        ):
+            chunks.append(chunk)
+            if left is not None:
+                left -= len(chunk)
+                if left <= 0:
+                    msg = f"is more than {max_bytes} bytes"
+                    raise FileTooLargeError(errno.EFBIG, msg, str(path))
+    return b"".join(chunks)
+
+
+def sha256_noatime(
+    path: Path, dir_fd: int | None = None, *, single_link: bool = False
+) -> tuple[str, int]:
+    """Hex SHA-256 and size (bytes) of a regular file, read in chunks of
+    :data:`READ_CHUNK_BYTES` — never whole into memory (issue 10, item 10) — without changing
+    its access time.
+
+    :raises OSError: as :func:`_open_noatime`.
+    """
+    digest, size = hashlib.sha256(), 0
+    with _open_noatime(path, dir_fd, single_link=single_link) as fd:
+        while chunk := os.read(fd, READ_CHUNK_BYTES):
+            digest.update(chunk)
+            size += len(chunk)
+    return digest.hexdigest(), size
 
 
 def touch_atime(path: Path, now_ns: int | None = None, dir_fd: int | None = None) -> None:
