@@ -24,6 +24,7 @@ import base64
 import errno
 import hashlib
 import os
+import re
 import stat
 import tempfile
 import threading
@@ -214,6 +215,39 @@ def scan_headers(
     if len(out) > MAX_HEADERS:
         raise InvalidInputError(f"{job.source}: reads {len(out)} headers (at most {MAX_HEADERS})")
     return out
+
+
+#: An ``#include <...>`` line in its plain form (nothing else on it but a ``//`` comment).
+_SYSTEM_INCLUDE = re.compile(
+    rb"^[ \t]*#[ \t]*(?:include|include_next|import)[ \t]*<[^>\n]*>[ \t]*(?://[^\n]*)?$",
+    re.MULTILINE,
+)
+#: Environment variables that add folders to every compile's include path.
+INCLUDE_ENV = (
+    "CPATH",
+    "C_INCLUDE_PATH",
+    "CPLUS_INCLUDE_PATH",
+    "OBJC_INCLUDE_PATH",
+    "NVCC_PREPEND_FLAGS",
+    "NVCC_APPEND_FLAGS",
+)
+
+
+def reads_only_system_headers(
+    source: bytes, language: str, include_dirs: tuple[Path, ...], env: Mapping[str, str]
+) -> bool:
+    """True when a C, C++ or CUDA source can read no header outside the system folders: no
+    include folder, no include-path variable in ``env``, and — once its plain
+    ``#include <...>`` lines are taken out (without ``-I`` they resolve in the system
+    folders only) — no ``include`` or ``import`` left anywhere in it, nor a digraph or
+    trigraph that could spell a ``#``. Conservative: a comment saying "include" means a
+    listing. Then a miss needs no dependency listing (its header set is empty)."""
+    if language not in ("c", "cpp", "cuda") or include_dirs:
+        return False
+    if any(env.get(name) for name in INCLUDE_ENV):
+        return False
+    rest = _SYSTEM_INCLUDE.sub(b"", source.replace(b"\\\n", b""))
+    return not any(word in rest for word in (b"include", b"import", b"%:", b"??="))
 
 
 def freeze(snap: Snapshot) -> Snapshot | None:

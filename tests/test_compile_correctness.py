@@ -387,3 +387,40 @@ def test_manifest_is_counted_verified_and_evicted_with_its_last_entry(tmp_path, 
     assert gc.returncode == 0, gc.stderr
     assert not (chip / f"{built.kernel_name}.json").exists()
     assert not found.exists(), "the manifest goes with its last entry"
+
+
+@pytest.mark.parametrize(
+    ("source", "system_only"),
+    [
+        (b"#include <math.h>\nint x;", True),
+        (b"#include <a.h> // c\n  #  include<b.h>\n", True),
+        (b"int x;", True),
+        (b'#include "k.h"\n', False),
+        (b'#define I "x"\n#include I\n', False),
+        (b"/* include */ int x;", False),
+        (b'#/**/include "x"', False),
+        (b'%:include "x"', False),
+        (b"#include <x.h> /* c */", False),
+        (b'#inc\\\nlude "x"', False),
+        (b"#if __has_include(<x.h>)\n#endif", False),
+    ],
+)
+def test_which_sources_need_no_header_listing(source: bytes, system_only: bool) -> None:
+    """A miss skips the dependency listing only for a source that cannot name a header
+    outside the system folders (conservative: any other 'include' means a listing)."""
+    from cachemgr.inputs import reads_only_system_headers
+
+    assert reads_only_system_headers(source, "c", (), {}) is system_only
+    assert not reads_only_system_headers(source, "c", (Path("/inc"),), {})
+    assert not reads_only_system_headers(source, "c", (), {"CPATH": "/inc"})
+    assert not reads_only_system_headers(source, "cce", (), {})
+
+
+def test_an_angle_include_found_through_cpath_is_keyed(tmp_path, clean_env, monkeypatch) -> None:
+    """``#include <k.h>`` resolves to a user header through CPATH: it is listed and keyed."""
+    _write(tmp_path / "k.c", "#include <k.h>\nvoid scale_kernel(float *x) { x[0] *= F; }\n", 10)
+    header = _write(tmp_path / "inc" / "k.h", "#define F 2\n", 10)
+    req = _request(tmp_path, "req", "k.c")
+    monkeypatch.setenv("CPATH", str(tmp_path / "inc"))
+    with CompileQueue(make_settings(tmp_path, dict(os.environ)), workers=1) as q:
+        _edit_revert_cycle(lambda: q.compile(load_request(req)), header, "#define F 3\n")
