@@ -64,6 +64,7 @@ class Snapshot:
         system headers excepted; None while unknown (no manifest matched, no scan yet).
     :ivar debug_config: the ``op_debug_config`` file's bytes, read by the caller, or None.
     :ivar data: path → bytes of the source and every header once :meth:`frozen`, else None.
+    :ivar sent: it came with a request (:func:`from_wire`): the daemon never reads its paths.
     """
 
     source: Path
@@ -71,6 +72,7 @@ class Snapshot:
     headers: Mapping[str, str] | None = None
     debug_config: bytes | None = None
     data: Mapping[str, bytes] | None = None
+    sent: bool = False
 
     def key_fields(self) -> dict[str, Any]:
         """What of the snapshot goes into the key (SPEC §3.2): the source's digest and each
@@ -250,6 +252,38 @@ def reads_only_system_headers(
     return not any(word in rest for word in (b"include", b"import", b"%:", b"??="))
 
 
+def reads_not_hashed(
+    snap: Snapshot,
+    backend: CompilerBackend,
+    identity: CompilerIdentity,
+    job: CompileJob,
+    mirror_root: Path,
+) -> list[str]:
+    """After a compile of ``job`` (from the mirror of ``snap`` under ``mirror_root``, with
+    ``job.depfile`` written): the files it read that are not the bytes hashed — neither in
+    the mirror nor system headers, or a header read in place (an absolute ``#include``, a
+    ``CPATH`` folder) whose digest changed since. Empty when everything matches; [] too when
+    the compiler wrote no dependency file (nothing to check).
+
+    :raises CompileError: the system-header probe failed.
+    """
+    if job.depfile is None or not job.depfile.is_file():
+        return []
+    names = parse_depfile(job.depfile.read_text(encoding="utf-8", errors="surrogateescape"))
+    root = str(mirror_root).rstrip("/") + "/"
+    prefixes = system_prefixes(backend, identity, job)
+    known = snap.headers or {}
+    out = []
+    for name in names:
+        path = os.path.normpath(os.path.join(str(job.out_dir), name))
+        if path.startswith(root) or is_system(path, prefixes):
+            continue
+        if path in known and not snap.sent and current_digest(path) == known[path]:
+            continue  # (a sent snapshot's paths are the caller's: never read here)
+        out.append(path)
+    return out
+
+
 def freeze(snap: Snapshot) -> Snapshot | None:
     """``snap`` with the bytes of its source and headers, or None when one of them no longer
     has the digest the key was computed from (the caller computes the key again).
@@ -350,6 +384,7 @@ def from_wire(doc: Any, origin: str) -> Snapshot:
         headers={p: d for p, d in digests.items() if p != src},
         debug_config=cfg_bytes,
         data=data,
+        sent=True,
     )
 
 

@@ -20,17 +20,26 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cachemgr import entry, fsutil, manifest, precompiled, versions
-from cachemgr.build import COMPILED, HIT, CompileOutcome, Prepared, RunContext, compile_job
+from cachemgr import entry, fsutil, inputs, manifest, precompiled, versions
+from cachemgr.build import (
+    COMPILED,
+    HIT,
+    SOURCES_DIR,
+    CompileOutcome,
+    Prepared,
+    RunContext,
+    compile_job,
+)
 from cachemgr.chiplock import Hold
 from cachemgr.compilers import CompileResult
-from cachemgr.errors import CachePermissionError, ConfigError, LockBusyError
+from cachemgr.errors import CachePermissionError, CompileError, ConfigError, LockBusyError
 from cachemgr.store import Store
 
 log = logging.getLogger(__name__)
@@ -139,13 +148,46 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
                 lock.release()
                 hold.release()
                 return CompileOutcome(p.kernel, HIT, found.files, request=p.request.origin)
-        result = p.backend.compile(compile_job(p, ctx.build_dir()))
+        build_dir = ctx.build_dir()
+        job = dataclasses.replace(compile_job(p, build_dir), depfile=build_dir / ".deps.d")
+        result = p.backend.compile(job)
+        stale = inputs.reads_not_hashed(
+            p.inputs, p.backend, p.backend.identity(), job, build_dir / SOURCES_DIR
+        )
+        if stale:  # the bytes compiled are not all the bytes hashed: never cache them
+            lock.release()
+            hold.release()
+            if p.inputs.sent:
+                raise CompileError(
+                    f"{p.request.origin}: the compile read {stale[0]}, which is not among the "
+                    "files sent with the request (an absolute #include or a CPATH folder); "
+                    "include it by a relative name or through include_dirs"
+                )
+            return _uncached(p, ctx, result, stale)
         files, main = _payload(p, result)
     except BaseException:
         lock.release()
         hold.release()
         raise
     return Pending(p, files, main, lock, hold, ctx.lock_timeout_s, ctx.config_sections)
+
+
+def _uncached(
+    p: Prepared, ctx: RunContext, result: CompileResult, stale: list[str]
+) -> CompileOutcome:
+    """A kernel compiled from files that changed or were not hashed: returned to the caller
+    from the private output folder, not cached (issue 11 item 1), with one warning line."""
+    log.warning(
+        "%s: %s changed while it compiled (or was read without being hashed); the kernel "
+        "is returned uncached",
+        p.kernel,
+        stale[0],
+    )
+    out = fsutil.ensure_dir(ctx.uncached_dir())
+    binary, doc = out / result.binary.name, out / result.json_path.name
+    os.replace(result.binary, binary)
+    os.replace(result.json_path, doc)  # json last: a visible json means a whole kernel
+    return CompileOutcome(p.kernel, COMPILED, (doc, binary), request=p.request.origin)
 
 
 def _ensure_ini(kernel_cache_dir: Path, sections: dict[str, Any]) -> None:

@@ -424,3 +424,46 @@ def test_an_angle_include_found_through_cpath_is_keyed(tmp_path, clean_env, monk
     monkeypatch.setenv("CPATH", str(tmp_path / "inc"))
     with CompileQueue(make_settings(tmp_path, dict(os.environ)), workers=1) as q:
         _edit_revert_cycle(lambda: q.compile(load_request(req)), header, "#define F 3\n")
+
+
+def test_a_header_read_in_place_that_changes_during_the_compile_is_not_cached(
+    tmp_path, clean_env
+) -> None:
+    """An absolute #include is read where it is, not from the snapshot: the compile writes
+    the files it read (-MD) and a changed one means the kernel is returned uncached."""
+    header = _write(tmp_path / "abs" / "v.h", 'const char tag[] = "TAG-one";\n', 10)
+    _write(
+        tmp_path / "k.c", f'#include "{header}"\nvoid scale_kernel(float *x) {{ x[0] *= 2; }}\n', 10
+    )
+    req = _request(tmp_path, "req", "k.c")
+    edited, two = tmp_path / "edited", 'const char tag[] = \\"TAG-two\\";'
+    once = f'[ -f {edited} ] || {{ echo "{two}" > {header}; touch {edited}; }}'
+    edit = f'case "$*" in *-MD*) {once};; esac'
+    cc = counting_cc(tmp_path / "w", body=edit)
+    out_dir = tmp_path / "out"
+    settings = make_settings(tmp_path, clean_env, compilers={"cc": str(cc)})
+    with CompileQueue(settings, workers=1, output_dir=out_dir) as q:
+        raced = q.compile(load_request(req))
+        assert raced.status == "compiled" and all(f.parent == out_dir for f in raced.files)
+        chip = tmp_path / "cache" / "kernel_cache" / SOC
+        assert not (chip / f"{raced.kernel_name}.json").exists(), "never cached"
+        steady = q.compile(load_request(req))  # nothing changes now: cached
+        assert steady.status == "compiled" and (chip / f"{steady.kernel_name}.json").exists()
+        assert b"TAG-two" in _binary(steady)
+
+
+def test_an_absolute_include_through_the_daemon_is_one_clear_line(tmp_path, clean_env) -> None:
+    header = _write(tmp_path / "abs" / "v.h", "#define V 1\n", 10)
+    _write(
+        tmp_path / "k.c", f'#include "{header}"\nvoid scale_kernel(float *x) {{ x[0] *= V; }}\n', 10
+    )
+    req = _request(tmp_path, "req", "k.c")
+    daemon = start_daemon(
+        tmp_path, "--cache-dir", str(tmp_path / "cache"), env=daemon_env(tmp_path)
+    )
+    try:
+        out = Client(daemon.socket_path, timeout_s=120).compile_file(req)
+        assert out["status"] == "failed" and str(header) in out["error"], out
+        assert "include_dirs" in out["error"] and "\n" not in out["error"]
+    finally:
+        daemon.stop()
