@@ -252,6 +252,24 @@ def reads_only_system_headers(
     return not any(word in rest for word in (b"include", b"import", b"%:", b"??="))
 
 
+#: An include that may be read in place rather than from the mirror: an absolute name, or a
+#: computed one (a macro), or a spelling of ``#`` this check does not follow.
+_IN_PLACE_INCLUDE = re.compile(
+    rb'#[ \t]*(?:include|include_next|import)[ \t]*(?:["<][ \t]*/|[^"< \t])|%:|\?\?=',
+)
+
+
+def may_read_in_place(snap: Snapshot, env: Mapping[str, str]) -> bool:
+    """True when a compile from the mirror of ``snap`` may read a file in place instead (an
+    absolute or computed ``#include`` in one of its files, or an include-path variable in
+    ``env``): then the compile writes the files it read and :func:`reads_not_hashed` checks
+    them. Otherwise every file it can read outside the system folders is in the mirror."""
+    if any(env.get(name) for name in INCLUDE_ENV):
+        return True
+    blobs = (snap.data or {}).values()
+    return any(_IN_PLACE_INCLUDE.search(b.replace(b"\\\n", b"")) for b in blobs)
+
+
 def reads_not_hashed(
     snap: Snapshot,
     backend: CompilerBackend,

@@ -149,7 +149,9 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
                 hold.release()
                 return CompileOutcome(p.kernel, HIT, found.files, request=p.request.origin)
         build_dir = ctx.build_dir()
-        job = dataclasses.replace(compile_job(p, build_dir), depfile=build_dir / ".deps.d")
+        job = compile_job(p, build_dir)
+        if inputs.may_read_in_place(p.inputs, os.environ):
+            job = dataclasses.replace(job, depfile=build_dir / ".deps.d")
         result = p.backend.compile(job)
         stale = inputs.reads_not_hashed(
             p.inputs, p.backend, p.backend.identity(), job, build_dir / SOURCES_DIR

@@ -467,3 +467,22 @@ def test_an_absolute_include_through_the_daemon_is_one_clear_line(tmp_path, clea
         assert "include_dirs" in out["error"] and "\n" not in out["error"]
     finally:
         daemon.stop()
+
+
+@pytest.mark.parametrize(
+    ("text", "in_place"),
+    [
+        (b'#include "/abs/x.h"', True),
+        (b"#include </abs/x.h>", True),
+        (b"#define M <x.h>\n#include M", True),
+        (b'%:include "a.h"', True),
+        (b'#include "k.h"\n#include <math.h>\n#include "../x/y.h"', False),
+    ],
+)
+def test_when_a_compile_must_report_what_it_read(text: bytes, in_place: bool) -> None:
+    """Only a compile that may read a file in place (not from the mirror) writes -MD."""
+    from cachemgr.inputs import Snapshot, may_read_in_place
+
+    snap = Snapshot(Path("/p/k.c"), "0" * 64, {}, None, {"/p/k.c": text})
+    assert may_read_in_place(snap, {}) is in_place
+    assert may_read_in_place(snap, {"CPATH": "/inc"})
