@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cachemgr import layout
+from cachemgr import layout, socs
 from cachemgr.errors import ConfigError
 from cachemgr.ini import OpCacheIni
 
@@ -370,6 +370,10 @@ def resolve(
         path = layout.validate_path_value(str(res.value), "op_debug_config", where)
         vals["op_debug_config"] = Resolved(path, res.origin, res.source)
     kcache = _resolve_kernel_cache(vals, env, writable)
+    if vals["soc_version"].value:  # a name CANN knows, or an existing chip folder (issue 13)
+        res, chips = vals["soc_version"], layout.CacheLayout(Path(kcache.value)).chip_dirs()
+        where = f"{res.origin} {res.source}".strip()
+        socs.check_soc_version(str(res.value), where, [c.name for c in chips])
     ini_path = Path(kcache.value) / layout.INI_NAME
     max_res, ratio_res, problems = _resolve_limits(ini_path, env)
     vals["kernel_cache_dir"] = kcache

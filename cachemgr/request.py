@@ -30,7 +30,7 @@ from typing import Any
 
 import xxhash
 
-from cachemgr import extraflags, layout, options
+from cachemgr import extraflags, layout, options, socs
 from cachemgr.errors import ConfigError, InvalidInputError
 from cachemgr.options import Settings
 
@@ -202,6 +202,7 @@ def parse_request(
         raise InvalidInputError(f"{origin}: {_describe(errors[0])}")
     if data["soc_version"] in (".", ".."):
         raise InvalidInputError(f"{origin}: soc_version={data['soc_version']!r} is not a chip")
+    socs.check_soc_version(data["soc_version"], origin)  # it names the chip folder (issue 13)
     inputs = tuple(_tensor(t, f"inputs[{i}]", origin) for i, t in enumerate(data["inputs"]))
     outputs = tuple(_tensor(t, f"outputs[{i}]", origin) for i, t in enumerate(data["outputs"]))
     base_dir = Path(base_dir)

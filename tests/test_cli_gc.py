@@ -131,7 +131,7 @@ def test_minus_one_in_ini_evicts_nothing_but_reclaims(
     proc = gc(root, clean_env)
     assert proc.returncode == 0, proc.stderr
     assert "size eviction off (max_op_cache_size=-1)" in proc.stdout
-    assert "reclaimed 1 orphans" in proc.stdout
+    assert "reclaimed 1 orphan, 0 temp files" in proc.stdout  # plurals right (issue 13)
     assert len(kernels(chip)) == 12 and "te_gone.o" not in names(chip)
 
 
@@ -167,7 +167,8 @@ def test_stats_json_keys_chip_folders_by_soc(root: Path, clean_env: dict[str, st
     assert row["oldest_access"] < row["newest_access"]
     assert set(data) >= {"chip_folders", "limits", "kernel_cache_dir"}
     text = run_cli("stats", "--cache-dir", str(root), env=clean_env)
-    assert f"{SOC}: 12 entries, 12.0 MiB of 10.0 MiB (120.0 % full; ratio 50 %)" in text.stdout
+    assert f"{SOC}:      12 entries, 12.0 MiB of 10.0 MiB (120.0 % full)" in text.stdout
+    assert "Limit:            10 MB per chip folder, 50 % kept after an eviction" in text.stdout
     assert len(kernels(root / "kernel_cache" / SOC)) == 12
 
 

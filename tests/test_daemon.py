@@ -376,10 +376,13 @@ def test_cli_routes_to_a_running_daemon(daemon, cache_root: Path, tmp_path: Path
     report = json.loads(gc.stdout)
     assert gc.returncode == 0 and report["via"] == "daemon"
     assert report["chip_folders"][SOC]["evicted_entries"] == 1
+    # a named socket (here $CACHEMGR_SOCKET) means that daemon or an error (issue 13 item 4)
     other = run_cli("stats", "--json", "--cache-dir", str(tmp_path / "elsewhere"), env=env)
-    assert json.loads(other.stdout)["via"] == "local"  # the daemon serves another cache
+    assert other.returncode == 2 and str(tmp_path / "elsewhere") in other.stderr, other.stderr
     gone = run_cli("stats", "--json", *args, "--socket", str(tmp_path / "no.sock"), env=env)
-    assert json.loads(gone.stdout)["via"] == "local"
+    assert gone.returncode == 2 and "no.sock" in gone.stderr, gone.stderr
+    local = run_cli("stats", "--json", *args, "--local", env=env)
+    assert json.loads(local.stdout)["via"] == "local"
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
     refused = run_cli("compile", str(bad), *args, env=env)

@@ -51,13 +51,13 @@ def test_a_symlinked_chip_folder_is_refused(clean_env: dict[str, str], tmp_path:
     victim = tmp_path / "victim"
     victim.mkdir()
     (victim / "notes.txt").write_text("keep me")
-    os.symlink(victim, root / "kernel_cache" / "AscendLINK")
+    os.symlink(victim, root / "kernel_cache" / "Ascend910B2")
     proc = run_cli(
-        "verify", "--repair", "--soc", "AscendLINK", "--cache-dir", str(root), env=clean_env
+        "verify", "--repair", "--soc", "Ascend910B2", "--cache-dir", str(root), env=clean_env
     )
     assert proc.returncode == 2 and "symlink" in proc.stderr, proc.stderr
     request = json.loads(REQUEST.read_text())
-    request["soc_version"] = "AscendLINK"
+    request["soc_version"] = "Ascend910B2"
     request["kernel_source"] = str((REQUEST.parent / request["kernel_source"]).resolve())
     req = tmp_path / "req.json"
     req.write_text(json.dumps(request))

@@ -55,4 +55,5 @@ def test_openapi_is_valid_and_matches_routes() -> None:
         "/jobs/{job_id}",
         "/reload",
         "/hits",
+        "/stop",
     }

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import sys
 from typing import Any
 
 import click
 
+from cachemgr.cli.common import VERBOSITY
 from cachemgr.errors import CacheMgrError
 
 log = logging.getLogger("cachemgr")
@@ -28,17 +30,33 @@ class _Group(click.Group):
             return None
         module, _, attr = target.partition(":")
         command: click.Command = getattr(importlib.import_module(module), attr)
+        _add_verbosity_options(command)
         return command
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.exceptions.NoArgsIsHelpError:
+            raise
+        except click.UsageError as exc:
+            _fail(_usage_line(exc), 2)
+            raise  # not reached: _fail exits
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except click.exceptions.NoArgsIsHelpError:
+            raise
+        except click.UsageError as exc:
+            _fail(_usage_line(exc), 2)
         except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
             raise
         except CacheMgrError as exc:
             _fail(str(exc), exc.exit_code)
         except KeyboardInterrupt:
             _fail("interrupted", 130)
+        except BrokenPipeError:
+            _reader_gone()
         except OSError as exc:
             where = f": {exc.filename}" if exc.filename else ""
             _fail(f"{exc.strerror or exc}{where}", 1)
@@ -47,20 +65,80 @@ class _Group(click.Group):
             _fail(f"internal error: {type(exc).__name__}: {exc} (rerun with -v for details)", 70)
 
 
+def _more_verbose(ctx: click.Context, param: click.Parameter, value: int) -> None:
+    if value:
+        VERBOSITY.set(max(VERBOSITY.level, 0) + value)
+
+
+def _quiet(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if value:
+        VERBOSITY.set(-1)
+
+
+def _verbosity_options() -> list[click.Option]:
+    """``-v``/``-q``, accepted before and after the subcommand (``cachemgr gc -v``)."""
+    return [
+        click.Option(
+            ["-v", "--verbose"],
+            count=True,
+            expose_value=False,
+            callback=_more_verbose,
+            help="Say more: -v the route taken and each step, -vv debug output.",
+        ),
+        click.Option(
+            ["-q", "--quiet"],
+            is_flag=True,
+            expose_value=False,
+            callback=_quiet,
+            help="Errors only: no warnings, no progress bars.",
+        ),
+    ]
+
+
+def _add_verbosity_options(command: click.Command) -> None:
+    names = {name for p in command.params for name in getattr(p, "opts", [])}
+    if "--verbose" not in names and "--quiet" not in names:
+        command.params.extend(_verbosity_options())
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            _add_verbosity_options(sub)
+
+
+def _reader_gone() -> None:
+    """The reader of our stdout has gone (``cachemgr ls | head``): stop quietly, exit 0.
+
+    Output that is still buffered would fail again at exit, so stdout goes to /dev/null.
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    sys.exit(0)
+
+
+def _usage_line(exc: click.UsageError) -> str:
+    """A usage error as one line naming the command and where its help is."""
+    path = exc.ctx.command_path if exc.ctx is not None else "cachemgr"
+    return f"{exc.format_message()} (see `{path} --help`)"
+
+
 def _fail(message: str, code: int) -> None:
     click.echo(f"cachemgr: error: {message}", err=True)
     sys.exit(code)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
 @click.version_option(package_name="cachemgr")
-def cli(verbose: int) -> None:
-    """cachemgr: the kernel compile cache manager for Ascend CANN build hosts."""
-    level = logging.WARNING - 10 * verbose
-    logging.basicConfig(
-        level=max(level, logging.DEBUG), format="%(levelname)s %(name)s: %(message)s"
-    )
+def cli() -> None:
+    """cachemgr: the kernel compile cache manager for Ascend CANN build hosts.
+
+    It finds the kernel cache CANN uses (op_compiler_cache_dir, else
+    $ASCEND_CACHE_PATH, else $HOME/atc_data), keeps it within its size limits,
+    verifies what it serves and compiles kernels once. cachemgr COMMAND --help
+    explains each command; -v/-q go before or after the command.
+    """
+
+
+cli.params.extend(_verbosity_options())
 
 
 #: Subcommands, imported only when used (a one-shot command must not pay for the daemon's
@@ -76,9 +154,13 @@ COMMANDS = {
     "purge": "cachemgr.cli.gc_cmd:purge_cmd",
     "serve": "cachemgr.cli.serve_cmd:serve_cmd",
     "status": "cachemgr.cli.serve_cmd:status_cmd",
+    "stop": "cachemgr.cli.serve_cmd:stop_cmd",
+    "limits": "cachemgr.cli.limits_cmd:limits_group",
+    "completion": "cachemgr.cli.completion_cmd:completion_cmd",
 }
 
 
 def main() -> None:
     """Console-script entry point."""
+    VERBOSITY.set(0)
     cli(prog_name="cachemgr")

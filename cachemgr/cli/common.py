@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -13,10 +15,31 @@ import click
 
 from cachemgr import options
 from cachemgr.client import Client, default_socket_path
-from cachemgr.errors import CacheMgrError
+from cachemgr.errors import CacheMgrError, ConfigError
 from cachemgr.options import Settings
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Verbosity:
+    """How much the CLI says: -1 with ``-q`` (errors only), 0 normal, 1+ with ``-v``.
+
+    ``-v``/``-q`` may stand before or after the subcommand; each adds to :attr:`level`.
+    """
+
+    def __init__(self) -> None:
+        self.level = 0
+
+    def set(self, level: int) -> None:
+        """Set the level and the log level (WARNING at 0, INFO at 1, DEBUG at 2+, ERROR -1)."""
+        self.level = level
+        log_level = max(logging.WARNING - 10 * level, logging.DEBUG)
+        logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
+        logging.getLogger().setLevel(log_level)
+
+
+#: The one verbosity of this CLI run.
+VERBOSITY = Verbosity()
 
 
 def settings_options(func: F) -> F:
@@ -86,7 +109,9 @@ def chip_dirs(settings: Settings) -> list[Path]:
 
 
 def warning(message: str) -> None:
-    """One warning line on stderr."""
+    """One warning line on stderr (not with ``-q``)."""
+    if VERBOSITY.level < 0:
+        return
     click.echo(f"cachemgr: warning: {message}", err=True)
 
 
@@ -100,32 +125,130 @@ def stdout_is_tty() -> bool:
     return sys.stdout.isatty()
 
 
-def socket_option(func: F) -> F:
-    """Add ``--socket PATH``: the daemon to route to (env ``CACHEMGR_SOCKET``, else default)."""
+def daemon_socket_option(func: F) -> F:
+    """Add ``--socket PATH`` for commands that talk only to a daemon (status, stop)."""
     return click.option(
         "--socket",
         "socket_path",
         type=click.Path(dir_okay=False, path_type=Path),
-        help="Daemon socket (env CACHEMGR_SOCKET, else the default); used when it answers.",
+        help="The daemon's socket (env CACHEMGR_SOCKET, else the default socket).",
     )(func)
 
 
-def find_daemon(socket_path: Path | None, settings: Settings) -> Client | None:
-    """A client of the daemon that serves this cache, or None to run in-process.
+def socket_option(func: F) -> F:
+    """Add ``--socket PATH`` and ``--local``: where the command runs (see :func:`route`)."""
+    func = click.option(
+        "--local",
+        "run_local",
+        is_flag=True,
+        help="Run in this process, never through a daemon.",
+    )(func)
+    return click.option(
+        "--socket",
+        "socket_path",
+        type=click.Path(dir_okay=False, path_type=Path),
+        help=(
+            "The daemon to run through (env CACHEMGR_SOCKET); an error when no daemon "
+            "answers there or it serves another cache. Without it (and without --local) "
+            "the default socket is used when its daemon serves this cache, else this process."
+        ),
+    )(func)
 
-    None when nothing answers on the socket, or when the daemon serves another kernel cache
-    than the one these settings name (e.g. ``--cache-dir`` points elsewhere).
+
+@dataclass(frozen=True)
+class Route:
+    """Where a command runs: through a daemon (``via="daemon"``) or in this process.
+
+    :ivar socket: the daemon's socket (None in process).
+    :ivar reason: why, in a few words (shown with ``-v`` and in ``--json``).
     """
-    # one-shot commands send everything to the daemon, which counts each hit itself
-    client = Client(socket_path or default_socket_path(), timeout_s=3600, local_hits=False)
-    if not client.available():
-        return None
+
+    via: str
+    client: Client | None
+    socket: str | None
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"via", "socket", "reason"}``."""
+        return {"via": self.via, "socket": self.socket, "reason": self.reason}
+
+    def announce(self) -> None:
+        """One line on stderr with ``-v``: where the command runs and why."""
+        if VERBOSITY.level > 0:
+            where = f"daemon at {self.socket}" if self.via == "daemon" else "this process"
+            click.echo(f"cachemgr: route: {where} ({self.reason})", err=True)
+
+
+def route(
+    socket_path: Path | None,
+    run_local: bool,
+    settings: Settings,
+    local_only: str | None = None,
+) -> Route:
+    """Decide explicitly where a command runs (issue 13 item 4).
+
+    * ``--local``: in this process.
+    * ``--socket PATH`` or ``$CACHEMGR_SOCKET``: that daemon, or an error (exit 2) when
+      none answers there or it serves another kernel cache than these settings name.
+    * neither: the default socket when a daemon there serves this kernel cache, else in
+      this process.
+
+    :param local_only: an option given on the command line that only works in this process
+        (e.g. ``--workers``): it routes here unless a socket was named explicitly (then it is
+        an error).
+    :raises ConfigError: ``--local`` with a socket, an explicit socket without a daemon or
+        with a daemon of another cache, or ``local_only`` with an explicit socket.
+    """
+    env_socket = os.environ.get("CACHEMGR_SOCKET")
+    named = (
+        (f"--socket={socket_path} (from option)", socket_path)
+        if socket_path
+        else (f"CACHEMGR_SOCKET={env_socket} (from env)", Path(env_socket))
+        if env_socket
+        else None
+    )
+    if run_local:
+        if socket_path:
+            raise ConfigError("--local and --socket (from option) exclude each other; pick one")
+        return Route("local", None, None, "--local")
+    if named is not None and local_only:
+        origin, path = named
+        raise ConfigError(
+            f"{local_only} (from option) works only in this process, but {origin} "
+            "names a daemon; drop one of them"
+        )
+    if local_only:
+        return Route("local", None, None, f"{local_only} runs the command in this process")
+    path = named[1] if named else default_socket_path()
+    client = Client(path, timeout_s=3600, local_hits=False)
+    ours = str(settings.layout.kernel_cache_dir)
     try:
         theirs = client.config()["kernel_cache_dir"]["value"]
-    except (CacheMgrError, KeyError, TypeError):
-        return None
-    ours = str(settings.layout.kernel_cache_dir)
+    except (CacheMgrError, KeyError, TypeError) as exc:
+        if named is not None:
+            raise ConfigError(
+                f"{named[0]}: no cachemgr daemon answers there ({exc}); "
+                "start one with `cachemgr serve --socket PATH` or use --local"
+            ) from exc
+        return Route("local", None, None, f"no daemon answers at the default socket {path}")
     if theirs != ours:
-        logging.getLogger(__name__).info("daemon serves %s, not %s: running here", theirs, ours)
-        return None
-    return client
+        if named is not None:
+            kc = settings["kernel_cache_dir"]
+            raise ConfigError(
+                f"the daemon at {named[0]} serves {theirs}, but this command resolved "
+                f"{ours} (from {kc.origin} {kc.source}".rstrip()
+                + "); use the same cache or --local"
+            )
+        return Route(
+            "local", None, None, f"the daemon at the default socket {path} serves {theirs}"
+        )
+    origin = named[0].split("=")[0] if named else "the default socket"
+    return Route("daemon", client, str(path), f"{origin}; it serves {ours}")
+
+
+def find_daemon(socket_path: Path | None, settings: Settings) -> Client | None:
+    """A client of the daemon :func:`route` chooses, or None to run in-process.
+
+    :raises ConfigError: as :func:`route`.
+    """
+    return route(socket_path, False, settings).client

@@ -5,18 +5,22 @@ from __future__ import annotations
 import json
 import sys
 import uuid
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from cachemgr import entry, precompiled
+from cachemgr.cli import human
 from cachemgr.cli.common import (
+    Route,
     chip_dirs,
     emit_json,
-    find_daemon,
     load_settings,
+    route,
     settings_options,
     socket_option,
 )
@@ -43,19 +47,106 @@ def _setting_flags(func: Any) -> Any:
                 "--mode",
                 "op_compiler_cache_mode",
                 type=click.Choice(["enable", "disable", "force"]),
-                help="op_compiler_cache_mode (SPEC §4).",
+                help=(
+                    "op_compiler_cache_mode. enable (default): use a verified entry, else "
+                    "compile and store. disable: neither read nor write the cache (kernels "
+                    "go to --out-dir). force: clear the chip folder once, safely, then "
+                    "compile and store."
+                ),
             ),
-            click.option("--jit-compile", metavar="auto|true|false", help="SPEC §6."),
-            click.option("--op-debug-level", metavar="0..4", help="SPEC §7."),
-            click.option("--op-debug-config", metavar="CFG", help="SPEC §7 .cfg file."),
-            click.option("--debug-dir", metavar="DIR", help="kernel_meta base (SPEC §7)."),
+            click.option(
+                "--jit-compile",
+                metavar="auto|true|false",
+                help=(
+                    "jit_compile. auto (default): a static shape is compiled, a dynamic one "
+                    "(a dim -1, or shape [-2]) takes a precompiled binary first. true: always "
+                    "compile (through the cache). false: a precompiled binary first, compile "
+                    "only when none matches. GE's 2/1/0 and ACL's enable/disable also work."
+                ),
+            ),
+            click.option(
+                "--op-debug-level",
+                metavar="0..4",
+                help=(
+                    "op_debug_level. 0 (default): no debug. 1: debug instrumentation; keeps "
+                    ".o .json .cce *_loc.json in kernel_meta. 2: as 1, plus -O0 -g. 3: keeps "
+                    ".o .json. 4: keeps .o .json .cce *_compute.json. Any level but 0 "
+                    "bypasses the cache."
+                ),
+            ),
+            click.option(
+                "--op-debug-config",
+                metavar="CFG",
+                help=(
+                    "op_debug_config: a .cfg file with one line 'op_debug_config = a,b' "
+                    "(oom, dump_bin, dump_cce, dump_loc, ccec_O0, ccec_g, check_flag); it "
+                    "bypasses the cache, for the ops of an op_debug_list= line when it has one."
+                ),
+            ),
+            click.option(
+                "--debug-dir",
+                metavar="DIR",
+                help=(
+                    "Where kernel_meta/ with the debug artefacts goes (default "
+                    "$ASCEND_WORK_PATH, else the current folder)."
+                ),
+            ),
         ]
     ):
         func = deco(func)
     return func
 
 
-@click.command("compile")
+#: The request format, for ``compile --help`` (the schema's installed path included).
+COMPILE_HELP = f"""Compile the kernels of REQUEST.json files, each once: a verified hit,
+a precompiled binary, a compile, or a debug compile.
+
+Runs through the daemon that serves this cache, else in this process
+(see --socket, --local). Exit 1 when a compile failed, 2 when a request is
+invalid (and none failed), else 0.
+
+\b
+A request is one JSON object (relative paths are relative to its file):
+  {{
+    "op_type": "Add",                 CANN operator type
+    "soc_version": "Ascend910B1",     the chip (its chip folder)
+    "language": "c",                  c, cpp (gcc/clang), cuda (nvcc), cce
+    "kernel_source": "add.c",
+    "kernel_entry": "add_kernel",
+    "inputs":  [{{"shape": [4096], "dtype": "float32", "format": "ND"}}],
+    "outputs": [{{"shape": [4096], "dtype": "float32", "format": "ND"}}],
+    "attrs": {{}},                      operator attributes
+    "defines": {{"N": 4096}},           -DN=4096
+    "include_dirs": ["include"],      -I folders, in order
+    "extra_flags": ["-O3"],           allowed compiler flags (-D -U -I -O -f -m -std= -W -g)
+    "options": {{"jit_compile": "auto"}}  any option below; these win
+  }}
+A shape dim of -1 is dynamic; the shape [-2] is an unknown rank.
+Schema: {resources.files("cachemgr").joinpath("schemas/compile_request.schema.json")}
+Examples: examples/requests/ in the source tree.
+
+\b
+Key: everything that changes the binary - op, shapes, dtypes, formats, attrs, soc,
+defines, include_dirs, extra_flags, options, the compiler and its flags, the source and
+every header it reads (system headers: the compiler's identity). The bytes hashed are the
+bytes compiled: the files are read once, by this process, and compiled from that copy.
+Header manifests (<chip folder>/*.manifest) list each kernel's headers with their
+SHA-256, so a hit never runs the preprocessor; a miss lists them first (-MM).
+
+\b
+--mode force: clears the chip folder once per run of this command (also through the
+daemon), waiting for compiles in flight, whose fresh results are kept; then compiles.
+Switch back to enable afterwards. --replace recompiles only these entries.
+
+\b
+Outputs: debug artefacts go to <base>/kernel_meta/<host>_<pid>/, base = --debug-dir >
+$ASCEND_WORK_PATH > the current directory; --mode disable kernels to --out-dir. Both are
+written by this process, as you, also when the daemon compiles; a folder you cannot write
+is refused before compiling.
+"""
+
+
+@click.command("compile", help=COMPILE_HELP)
 @click.argument("requests", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per request (a line).")
 @_setting_flags
@@ -78,7 +169,10 @@ def _setting_flags(func: Any) -> Any:
     "--binaries",
     multiple=True,
     type=click.Path(file_okay=False, path_type=Path),
-    help="A precompiled package root (SPEC §6); repeatable.",
+    help=(
+        "A package of precompiled kernels in CANN's layout (config/<soc>/<op>.json, "
+        "<soc>/<op>/<Op>_<hash>.json/.o); repeatable."
+    ),
 )
 @click.option("--replace", is_flag=True, help="Recompile and replace these entries.")
 @socket_option
@@ -86,6 +180,7 @@ def compile_cmd(
     requests: tuple[Path, ...],
     as_json: bool,
     socket_path: Path | None,
+    run_local: bool,
     workers: int | None,
     timeout_s: float,
     out_dir: Path,
@@ -96,64 +191,69 @@ def compile_cmd(
     config_file: Path | None,
     **overrides: Any,
 ) -> None:
-    """Compile REQUEST.json files (hit, binary, compiled, debug), through the daemon when one
-    serves this cache, else in-process.
-
-    \b
-    Key: everything that changes the binary - op, shapes, dtypes, formats, attrs, soc,
-    defines, include_dirs, extra_flags, options, the compiler and its flags, the source and
-    every header it reads (system headers: the compiler's identity). The bytes hashed are the
-    bytes compiled: the files are read once, by this process, and compiled from that copy.
-    Header manifests (<chip folder>/*.manifest) list each kernel's headers with their
-    SHA-256, so a hit never runs the preprocessor; a miss lists them first (-MM).
-    \b
-    --mode force: clears the chip folder once per run of this command (also through the
-    daemon), waiting for compiles in flight, whose fresh results are kept; then compiles.
-    Switch back to enable afterwards. --replace recompiles only these entries.
-    \b
-    Outputs: debug artefacts go to <base>/kernel_meta/<host>_<pid>/, base = --debug-dir >
-    $ASCEND_WORK_PATH > the current directory; --mode disable kernels to --out-dir. Both are
-    written by this process, as you, also when the daemon compiles; a folder you cannot write
-    is refused before compiling.
-
-    Exits 1 when a compile failed, 2 when a request is invalid (and none failed), else 0.
-    """
+    """Compile REQUEST.json files (help: :data:`COMPILE_HELP`)."""
     extra = {k: v for k, v in overrides.items() if v is not None}
     settings = load_settings(op_compiler_cache_dir, host_id, None, config_file, **extra)
-    in_process_only = workers or binaries or timeout_s != DEFAULT_TIMEOUT_S or out_dir != Path(".")
-    client = None if in_process_only else find_daemon(socket_path, settings)
-    if client is not None:
-        sys.exit(_compile_via_daemon(client, requests, extra, replace, as_json))
-    bad_input, failed = 0, 0
+    where = route(socket_path, run_local, settings, _local_only_option(click.get_current_context()))
+    where.announce()
+    if where.client is not None:
+        sys.exit(_compile_via_daemon(where.client, where, requests, extra, replace, as_json))
     queue = CompileQueue(
         settings, workers, timeout_s=timeout_s, output_dir=out_dir, binary_dirs=binaries
     )
     try:
-        futures: list[tuple[Path, Future[CompileOutcome] | CacheMgrError]] = []
-        for path in requests:
-            try:
-                futures.append((path, queue.submit(load_request(path), replace=replace)))
-            except CacheMgrError as exc:
-                futures.append((path, exc))
+        sys.exit(_compile_here(queue, requests, replace, as_json, where))
+    finally:
+        queue.close()
+
+
+def _compile_here(
+    queue: CompileQueue, requests: tuple[Path, ...], replace: bool, as_json: bool, where: Route
+) -> int:
+    """Submit every request to the in-process queue, then report each in order (a progress
+    bar on a terminal). Returns the exit code: 1 if any failed, 2 if any was invalid."""
+    bad_input, failed = 0, 0
+    futures: list[tuple[Path, Future[CompileOutcome] | CacheMgrError]] = []
+    for path in requests:
+        try:
+            futures.append((path, queue.submit(load_request(path), replace=replace)))
+        except CacheMgrError as exc:
+            futures.append((path, exc))
+    with human.progress(human.bars_enabled(as_json), "compile", len(futures), "kernel") as bar:
         for path, fut in futures:
             if isinstance(fut, CacheMgrError):
                 bad_input += isinstance(fut, InvalidInputError)
                 failed += not isinstance(fut, InvalidInputError)
-                _report_error(path, str(fut), as_json)
-                continue
-            outcome = fut.result()
-            failed += not outcome.ok
-            _report(outcome, as_json)
-    finally:
-        queue.close()
-    if failed:
-        sys.exit(1)
-    if bad_input:
-        sys.exit(2)
+                _report_error(path, str(fut), as_json, where)
+            else:
+                outcome = fut.result()
+                failed += not outcome.ok
+                _report(outcome, as_json, where)
+            bar.update(1)
+    return 1 if failed else 2 if bad_input else 0
+
+
+#: Options that only an in-process queue honours: given on the command line, they route
+#: the compile here (with an explicit ``--socket`` they are an error).
+LOCAL_ONLY = ("workers", "timeout_s", "out_dir", "binaries")
+
+
+def _local_only_option(ctx: click.Context) -> str | None:
+    """The first in-process-only option given on the command line (``--workers``…), or None.
+
+    Decided by whether the option was given, never by comparing its value with the default.
+    """
+    for param in ctx.command.params:
+        if param.name in LOCAL_ONLY:
+            source = ctx.get_parameter_source(param.name)
+            if source in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT):
+                return param.opts[0] if isinstance(param, click.Option) else param.name
+    return None
 
 
 def _compile_via_daemon(
     client: Client,
+    where: Route,
     requests: tuple[Path, ...],
     overrides: dict[str, Any],
     replace: bool,
@@ -185,8 +285,15 @@ def _compile_via_daemon(
             return exc
 
     bad_input, failed = 0, 0
-    with ThreadPoolExecutor(max_workers=min(32, len(requests))) as pool:
-        answers = list(pool.map(one, requests))
+    bars = human.bars_enabled(as_json)
+    with (
+        ThreadPoolExecutor(max_workers=min(32, len(requests))) as pool,
+        human.progress(bars, "compile", len(requests), "kernel") as bar,
+    ):
+        pending = [pool.submit(one, path) for path in requests]
+        for _done in as_completed(pending):
+            bar.update(1)
+        answers = [f.result() for f in pending]
     for path, answer in zip(requests, answers, strict=True):
         if isinstance(answer, CacheMgrError):
             bad_input += answer.exit_code == 2
@@ -194,11 +301,11 @@ def _compile_via_daemon(
             message = str(answer).replace("/compile request", f"request {path}")
             if str(path) not in message:
                 message = f"request {path}: {message}"
-            _report_error(path, message, as_json, "daemon")
+            _report_error(path, message, as_json, where)
             continue
         answer["request"] = str(path)
         failed += answer.get("status") == "failed"
-        _report(_outcome_of(answer), as_json, via=answer.get("via", "daemon"))
+        _report(_outcome_of(answer), as_json, where, via=answer.get("via", "daemon"))
     return 1 if failed else 2 if bad_input else 0
 
 
@@ -213,9 +320,10 @@ def _outcome_of(answer: dict[str, Any]) -> CompileOutcome:
     )
 
 
-def _report(outcome: CompileOutcome, as_json: bool, via: str = "local") -> None:
+def _report(outcome: CompileOutcome, as_json: bool, where: Route, via: str = "") -> None:
     if as_json:
-        click.echo(json.dumps({**outcome.to_json(), "via": via}, ensure_ascii=False))
+        doc = {**outcome.to_json(), "via": via or where.via, "route": where.to_json()}
+        click.echo(json.dumps(doc, ensure_ascii=False))
         return
     if not outcome.ok:
         click.echo(f"cachemgr: error: {outcome.request}: {outcome.error}", err=True)
@@ -227,9 +335,10 @@ def _report(outcome: CompileOutcome, as_json: bool, via: str = "local") -> None:
     )
 
 
-def _report_error(path: Path, message: str, as_json: bool, via: str = "local") -> None:
+def _report_error(path: Path, message: str, as_json: bool, where: Route) -> None:
     if as_json:
-        doc = {"request": str(path), "kernel_name": "", "status": "failed", "files": [], "via": via}
+        doc: dict[str, Any] = {"request": str(path), "kernel_name": "", "status": "failed"}
+        doc.update(files=[], via=where.via, route=where.to_json())
         click.echo(json.dumps({**doc, "seconds": 0.0, "error": message}, ensure_ascii=False))
     else:
         click.echo(f"cachemgr: error: {message}", err=True)
@@ -250,9 +359,9 @@ def _report_error(path: Path, message: str, as_json: bool, via: str = "local") -
 def pack_cmd(
     kernels: tuple[str, ...], out_root: Path, pack_all: bool, as_json: bool, **kw: Any
 ) -> None:
-    """Build a read-only precompiled package (CANN's layout, SPEC §6) from cache entries.
+    """Build a read-only package of precompiled kernels in CANN's layout from cache entries.
 
-    KERNELS are entry names as `cachemgr ls` shows them; --all takes every entry that carries
+    KERNELS are entry names as cachemgr ls shows them; --all takes every entry that carries
     its operator description (compiled by cachemgr's queue).
     """
     settings = load_settings(writable=False, **kw)

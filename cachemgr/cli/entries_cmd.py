@@ -10,7 +10,8 @@ from typing import Any
 import click
 
 from cachemgr import entry
-from cachemgr.cli.common import chip_dirs, emit_json, load_settings, settings_options
+from cachemgr.cli import human
+from cachemgr.cli.common import VERBOSITY, chip_dirs, emit_json, load_settings, settings_options
 from cachemgr.store import Store, VerifyReport
 
 
@@ -49,20 +50,36 @@ def list_chip(chip: Path) -> list[dict[str, Any]]:
 
 @click.command("ls")
 @click.option("--json", "as_json", is_flag=True, help="A JSON list of entries.")
+@click.option("--bytes", "raw_bytes", is_flag=True, help="Sizes in bytes, not KiB/MiB.")
 @settings_options
-def ls_cmd(as_json: bool, **kw: Any) -> None:
-    """List entries: kernel, op type, bytes, access time, parts."""
+def ls_cmd(as_json: bool, raw_bytes: bool, **kw: Any) -> None:
+    """List entries: chip, kernel, op type, size, last access (UTC), parts.
+
+    One aligned row per entry, oldest access last; the total goes to stderr.
+    """
     settings = load_settings(writable=False, **kw)
     rows = [row for chip in chip_dirs(settings) for row in list_chip(chip)]
     if as_json:
         emit_json(rows)
         return
-    for row in rows:
-        click.echo(
-            f"{row['soc_version']}/{row['kernel']}  {row['op_type'] or '-'}  "
-            f"{row['bytes']} B  {row['atime']}  {_short_parts(row['kernel'], row['parts'])}"
+    shown = [
+        (
+            row["soc_version"],
+            row["kernel"],
+            row["op_type"] or "-",
+            str(row["bytes"]) if raw_bytes else human.size(row["bytes"]),
+            row["atime"].replace("T", " ").removesuffix("+00:00"),
+            _short_parts(row["kernel"], row["parts"]),
         )
-    click.echo(f"{len(rows)} entries", err=True)
+        for row in rows
+    ]
+    if shown:
+        header = ("SOC", "KERNEL", "OP TYPE", "BYTES" if raw_bytes else "SIZE")
+        human.table((*header, "LAST ACCESS (UTC)", "PARTS"), shown, right=(3,))
+    if VERBOSITY.level >= 0:
+        total = sum(row["bytes"] for row in rows)
+        amount = f"{total} B" if raw_bytes else human.size(total)
+        click.echo(f"{human.plural(len(rows), 'entry', 'entries')}, {amount}", err=True)
 
 
 def _short_parts(kernel: str, parts: list[str]) -> str:
@@ -109,6 +126,9 @@ def verify_cmd(as_json: bool, repair: bool, **kw: Any) -> None:
                 why = "; ".join(f"{p.kind}: {p.detail}" for p in f.problems)
                 click.echo(f"{state} {report.chip_dir.name}/{f.name}: {why}")
         checked = sum(r.checked for r in reports)
-        click.echo(f"checked {checked} entries in {len(reports)} chip folders; {bad} bad")
+        click.echo(
+            f"checked {human.plural(checked, 'entry', 'entries')} in "
+            f"{human.plural(len(reports), 'chip folder')}; {bad} bad"
+        )
     if bad:
         sys.exit(1)

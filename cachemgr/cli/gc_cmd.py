@@ -17,20 +17,22 @@ from typing import Any
 import click
 
 from cachemgr import gc
+from cachemgr.cli import human
 from cachemgr.cli.common import (
+    VERBOSITY,
     chip_dirs,
     emit_json,
-    find_daemon,
     load_settings,
+    route,
     settings_options,
     socket_option,
-    stdout_is_tty,
     warning,
 )
 from cachemgr.daemon.state import Counters, state_dir
 from cachemgr.errors import ConfigError
-from cachemgr.eviction import MIB, DryRun, chip_stats, purge_chip
+from cachemgr.eviction import DryRun, chip_stats, purge_chip
 from cachemgr.gc import limits_json
+from cachemgr.ini import NEVER_EVICT
 
 
 def _parse_ratio(raw: str | None) -> int | None:
@@ -60,7 +62,8 @@ def _parse_min_age(raw: str | None) -> float | None:
 
 
 def _mib(n: int | None) -> str:
-    return "-" if n is None else f"{n / MIB:.1f} MiB"
+    """A size for people (``3.0 KiB``, ``12.0 MiB``); ``-`` for None."""
+    return human.size(n)
 
 
 @contextmanager
@@ -97,13 +100,16 @@ def _gc_line(soc: str, report: dict[str, Any]) -> str:
         if report["max_bytes"] is None
         else f"limit {_mib(report['max_bytes'])}, target {_mib(report['target_bytes'])}"
     )
+    plural = human.plural
     return (
         f"{soc}: {_mib(report['bytes_before'])} -> {_mib(report['bytes_after'])} ({limit}); "
-        f"{verb} {report['evicted_entries']} entries ({_mib(report['evicted_bytes'])}); "
+        f"{verb} {plural(report['evicted_entries'], 'entry', 'entries')} "
+        f"({_mib(report['evicted_bytes'])}); "
         f"kept by aging guard {report['kept_by_aging_guard']}; "
         f"saved by a hit {len(report['saved_by_hit'])}; "
-        f"reclaimed {rec['orphans']} orphans, {rec['temps']} temps, {rec['locks']} locks, "
-        f"{rec['bad_entries']} bad entries ({_mib(rec['bytes'])})"
+        f"reclaimed {plural(rec['orphans'], 'orphan')}, {plural(rec['temps'], 'temp file')}, "
+        f"{plural(rec['locks'], 'lock file')}, "
+        f"{plural(rec['bad_entries'], 'bad entry', 'bad entries')} ({_mib(rec['bytes'])})"
     )
 
 
@@ -120,14 +126,20 @@ def gc_cmd(
     dry_run: bool,
     as_json: bool,
     socket_path: Path | None,
+    run_local: bool,
     **kw: Any,
 ) -> None:
-    """Reclaim leftovers and evict least recently used entries down to the limit (SPEC §5).
+    """Reclaim leftovers and evict least recently used entries down to the limit.
 
-    Runs in the daemon when one serves this cache (``"via": "daemon"``), else here. Checks
-    the toolkit version first: after an upgrade every chip folder is purged. Exit 0 also
-    when another evictor is running (that chip folder is skipped); exit 1 when a file could
-    not be removed.
+    Per chip folder: when the used size reaches max_op_cache_size, entries go, least
+    recently accessed first, until ratio % of the limit is left; entries accessed in the
+    last min_age_s seconds stay. Leftovers (binaries without json, old temp files, stale
+    locks, entries that fail verification) are reclaimed every time. After a toolkit
+    upgrade (the ini's version stamps differ) every chip folder is purged first.
+
+    Runs through the daemon that serves this cache, else here (--json says which). Exit 0
+    also when another evictor is running (that chip folder is skipped); exit 1 when a file
+    could not be removed.
     """
     force_ratio = _parse_ratio(ratio)
     min_age_s = _parse_min_age(min_age)
@@ -141,7 +153,9 @@ def gc_cmd(
             "as GE would; fix the values above to apply yours"
         )
     mode = DryRun.YES if dry_run else DryRun.NO
-    client = find_daemon(socket_path, settings)
+    where = route(socket_path, run_local, settings)
+    where.announce()
+    client = where.client
     if client is not None:
         report = client.gc(
             ratio=force_ratio,
@@ -151,14 +165,27 @@ def gc_cmd(
         )
         report["via"] = "daemon"
     else:
+        enabled = human.bars_enabled(as_json)
+        chips = gc.chip_dirs(settings)
+        with human.progress(enabled, "gc: chip folders", len(chips), "folder") as outer:
 
-        def bars(soc: str) -> Any:
-            return _progress_bar(stdout_is_tty() and not as_json, soc)
+            @contextmanager
+            def bars(soc: str) -> Iterator[Any]:
+                """The scan and eviction of one chip folder: its own bar, then one step of
+                the outer bar over chip folders."""
+                with _progress_bar(enabled, soc) as update:
+                    yield update
+                outer.update(1)
 
-        report = gc.collect(
-            settings, force_ratio=force_ratio, min_age_s=min_age_s, dry_run=mode, progress_for=bars
-        )
+            report = gc.collect(
+                settings,
+                force_ratio=force_ratio,
+                min_age_s=min_age_s,
+                dry_run=mode,
+                progress_for=bars,
+            )
         report["via"] = "local"
+    report["route"] = where.to_json()
     _print_gc(report, as_json)
     denied = list(gc.denied_lines(report))
     for line in denied:
@@ -173,22 +200,45 @@ def _print_gc(report: dict[str, Any], as_json: bool) -> None:
         return
     for line in gc.toolkit_lines(report):
         click.echo(line)
-    for soc, folder in report["chip_folders"].items():
+    folders = report["chip_folders"]
+    for soc, folder in folders.items():
         click.echo(_gc_line(soc, folder))
-    if not report["chip_folders"]:
+        if VERBOSITY.level > 0:  # -v: every entry that goes (or would go), by name
+            verb = "would evict" if folder.get("dry_run") else "evicted"
+            for name in folder.get("evicted", []):
+                click.echo(f"  {verb} {soc}/{name}")
+            for name in folder.get("reclaimed", {}).get("bad", []):
+                click.echo(
+                    f"  {'would reclaim' if folder.get('dry_run') else 'reclaimed'} "
+                    f"{soc}/{name} (bad entry)"
+                )
+    if not folders:
         click.echo(f"no chip folders under {report['kernel_cache_dir']}; nothing to do")
+        return
+    entries = sum(f.get("evicted_entries", 0) for f in folders.values())
+    freed = sum(
+        f.get("evicted_bytes", 0) + f.get("reclaimed", {}).get("bytes", 0) for f in folders.values()
+    )
+    verb = "would free" if any(f.get("dry_run") for f in folders.values()) else "freed"
+    click.echo(
+        f"total: {verb} {_mib(freed)} in {human.plural(len(folders), 'chip folder')}; "
+        f"{'would evict' if verb == 'would free' else 'evicted'} "
+        f"{human.plural(entries, 'entry', 'entries')}"
+    )
 
 
 @click.command("stats")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object; chip folders by soc.")
 @settings_options
 @socket_option
-def stats_cmd(as_json: bool, socket_path: Path | None, **kw: Any) -> None:
+def stats_cmd(as_json: bool, socket_path: Path | None, run_local: bool, **kw: Any) -> None:
     """Counters (hits, misses, compiles) and, per chip folder: entries, bytes, limit, ratio,
     fill %, oldest and newest access. From the daemon when one serves this cache; else
     measured here, with the counters the daemon last saved."""
     settings = load_settings(writable=False, **kw)
-    client = find_daemon(socket_path, settings)
+    where = route(socket_path, run_local, settings)
+    where.announce()
+    client = where.client
     if client is not None:
         data = client.stats(settings.value("soc_version"))
         data["via"] = "daemon"
@@ -196,24 +246,61 @@ def stats_cmd(as_json: bool, socket_path: Path | None, **kw: Any) -> None:
         data = dict(Counters(state_dir() / "counters.json").snapshot())
         data["chip_folders"] = {c.name: chip_stats(c, settings) for c in chip_dirs(settings)}
         data["via"] = "local"
+    data["route"] = where.to_json()
     data["kernel_cache_dir"] = str(settings.layout.kernel_cache_dir)
     data["limits"] = limits_json(settings)
     if as_json:
         emit_json(data)
         return
-    click.echo(
-        f"hits {data['hits']}, misses {data['misses']}, compiles {data['compiles']} "
-        f"(via {data['via']})"
+    _print_stats(data)
+
+
+#: Keys of a stats answer that are not counters.
+_NOT_COUNTERS = {"hits", "misses", "chip_folders", "via", "route", "kernel_cache_dir", "limits"}
+
+
+def _print_stats(data: dict[str, Any]) -> None:
+    """ccache-like: hit rate, every counter, the limits, each chip folder's fill."""
+    hits, misses = int(data.get("hits", 0)), int(data.get("misses", 0))
+    lookups = hits + misses
+    lines = [
+        ("Kernel cache", f"{data['kernel_cache_dir']} (via {data['via']})"),
+        ("Hits", f"{hits} / {lookups} ({human.percent(hits, lookups)})"),
+        ("Misses", f"{misses} / {lookups} ({human.percent(misses, lookups)})"),
+    ]
+    for key in sorted(k for k, v in data.items() if k not in _NOT_COUNTERS and _is_count(v)):
+        lines.append((key.replace("_", " ").capitalize(), str(data[key])))
+    lim = data["limits"]
+    max_mb, ratio = lim["max_op_cache_size"]["value"], lim["remain_cache_size_ratio"]["value"]
+    lines.append(
+        (
+            "Limit",
+            "never evict (max_op_cache_size=-1)"
+            if max_mb == NEVER_EVICT
+            else f"{max_mb} MB per chip folder, {ratio} % kept after an eviction "
+            f"(from {lim['max_op_cache_size']['origin']})",
+        )
     )
     for soc, row in data["chip_folders"].items():
-        fill = "eviction off" if row["fill_pct"] is None else f"{row['fill_pct']} % full"
-        click.echo(
-            f"{soc}: {row['entries']} entries, {_mib(row['bytes'])} of {_mib(row['limit_bytes'])} "
-            f"({fill}; ratio {row['ratio_pct']} %); oldest access {row['oldest_access'] or '-'}, "
-            f"newest {row['newest_access'] or '-'}"
+        fill = "" if row["fill_pct"] is None else f" ({row['fill_pct']:.1f} % full)"
+        of = "" if row["limit_bytes"] is None else f" of {human.size(row['limit_bytes'])}"
+        lines.append(
+            (
+                soc,
+                f"{human.plural(row['entries'], 'entry', 'entries')}, "
+                f"{human.size(row['bytes'])}{of}{fill}; oldest access "
+                f"{row['oldest_access'] or '-'}, newest {row['newest_access'] or '-'}",
+            )
         )
     if not data["chip_folders"]:
-        click.echo(f"no chip folders under {settings.layout.kernel_cache_dir}")
+        lines.append(("Chip folders", "none yet"))
+    width = max(len(label) for label, _ in lines)
+    for label, text in lines:
+        click.echo(f"{label + ':':<{width + 1}}  {text}")
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @click.command("purge")
@@ -235,7 +322,11 @@ def purge_cmd(purge_all: bool, yes: bool, as_json: bool, **kw: Any) -> None:
         click.confirm(
             f"Remove every entry of {names} under {settings.layout.kernel_cache_dir}?", abort=True
         )
-    reports = [purge_chip(chip) for chip in chips]
+    reports = []
+    with human.progress(human.bars_enabled(as_json), "purge", len(chips), "folder") as bar:
+        for chip in chips:
+            reports.append(purge_chip(chip))
+            bar.update(1)
     if as_json:
         emit_json({"chip_folders": {Path(r.chip_dir).name: r.to_json() for r in reports}})
     else:
@@ -244,7 +335,8 @@ def purge_cmd(purge_all: bool, yes: bool, as_json: bool, **kw: Any) -> None:
                 click.echo(f"{r.chip_dir.name}: no chip folder at {r.chip_dir}; nothing to do")
                 continue
             click.echo(
-                f"{r.chip_dir.name}: removed {r.entries} entries, {r.files} files "
+                f"{r.chip_dir.name}: removed {human.plural(r.entries, 'entry', 'entries')}, "
+                f"{human.plural(r.files, 'file')} "
                 f"({_mib(r.bytes)}); busy {len(r.busy)}; "
                 f"writes in progress left {len(r.left_temps)}"
             )

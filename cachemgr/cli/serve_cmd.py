@@ -4,14 +4,15 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from pathlib import Path
 
 import click
 
-from cachemgr.cli.common import emit_json, socket_option
-from cachemgr.client import Client, default_socket_path
+from cachemgr.cli.common import daemon_socket_option, emit_json
+from cachemgr.client import Client, DaemonUnavailable, default_socket_path
 from cachemgr.daemon import main as daemon_main
 from cachemgr.errors import CacheMgrError
 
@@ -58,7 +59,7 @@ def serve_cmd(
 
 
 @click.command("status")
-@socket_option
+@daemon_socket_option
 @click.option(
     "--wait",
     "wait_s",
@@ -89,3 +90,59 @@ def status_cmd(socket_path: Path | None, wait_s: float, as_json: bool) -> None:
             f"cachemgr daemon {health['status']}: pid {health['pid']}, "
             f"up {health['uptime_s']:.0f} s, socket {client.socket_path}"
         )
+
+
+@click.command("stop")
+@daemon_socket_option
+@click.option(
+    "--wait",
+    "wait_s",
+    type=click.FloatRange(min=0),
+    default=120.0,
+    show_default=True,
+    help="Seconds to wait for running compiles to finish and the daemon to exit.",
+)
+def stop_cmd(socket_path: Path | None, wait_s: float) -> None:
+    """Ask the daemon to stop (like sccache --stop-server); wait until it has exited.
+
+    The daemon stops as on SIGTERM: it takes no new work, lets running compiles finish
+    and exits 0. Only its own user may stop it. Exit 1 when no daemon answers or it is
+    still running after --wait seconds.
+    """
+    client = Client(socket_path or default_socket_path(), timeout_s=30, local_hits=False)
+    try:
+        answer = client.request("POST", "/stop")
+    except DaemonUnavailable as exc:
+        click.echo(f"cachemgr: {exc}", err=True)
+        sys.exit(1)
+    pid = answer.get("pid")
+    deadline = time.monotonic() + wait_s
+    delay = 0.02
+    while client.available() or _alive(pid):
+        if time.monotonic() >= deadline:
+            click.echo(
+                f"cachemgr: daemon pid {pid} is still finishing its compiles after "
+                f"{wait_s:g} s (socket {client.socket_path})",
+                err=True,
+            )
+            sys.exit(1)
+        time.sleep(delay)
+        delay = min(delay * 2, 0.5)
+    click.echo(f"cachemgr daemon pid {pid} stopped (socket {client.socket_path})")
+
+
+def _alive(pid: object) -> bool:
+    """True while process ``pid`` (the daemon, same host) exists."""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # an exited child its parent has not reaped yet is a zombie: it has stopped
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True

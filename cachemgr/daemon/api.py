@@ -13,19 +13,27 @@
 | GET    | /jobs/{id}      | state of a submitted compile |
 | POST   | /reload         | reload config and op_cache.ini (same path as SIGHUP) |
 | POST   | /hits           | ``{"hits": n}``: hits a client served itself, for the counters |
+| POST   | /stop           | stop as on SIGTERM; only the daemon's own user, on the Unix socket |
 
-Errors are ``{"error": "<one line>"}`` with 400 (bad input), 404, 405, 413, 503 (stopping).
+Errors are ``{"error": "<one line>"}`` with 400 (bad input), 403 (``/stop`` by another user),
+404, 405, 413, 503 (stopping).
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from cachemgr.daemon import peer
 from cachemgr.daemon.server import Response, error
 from cachemgr.errors import CacheMgrError
 
 Alive = Callable[[], bool]
+
+log = logging.getLogger(__name__)
 
 
 class ServiceLike(Protocol):
@@ -64,6 +72,7 @@ class Api:
             "/compile": self._compile,
             "/reload": lambda b, alive: Response(200, service.reload()),
             "/hits": self._hits,
+            "/stop": _stop,
         }
 
     def __call__(
@@ -113,6 +122,21 @@ class Api:
             return error(400, "/compile needs a JSON object field 'request'")
         status, data = self.service.compile(body, alive)
         return Response(status, data)
+
+
+def _stop(body: dict[str, Any], alive: Alive) -> Response:
+    """``POST /stop`` (``cachemgr stop``, like ``sccache --stop-server``): the same path as
+    SIGTERM — stop taking work, let running compiles finish, exit 0. Only a caller with the
+    daemon's own uid, as ``SO_PEERCRED`` on the Unix socket tells it, may ask: the socket is
+    group-writable, and group members may compile but not stop the service."""
+    caller = peer.current()
+    uid = caller.uid if caller is not None else None
+    if uid != os.getuid():
+        who = "a TCP caller" if uid is None else f"uid {uid}"
+        return error(403, f"/stop: only uid {os.getuid()} (the daemon's user) may, not {who}")
+    log.info("stop requested over the socket by uid %d", uid)
+    os.kill(os.getpid(), signal.SIGTERM)
+    return Response(200, {"stopping": True, "pid": os.getpid()})
 
 
 def _one(query: dict[str, list[str]], name: str) -> str | None:

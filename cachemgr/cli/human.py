@@ -1,0 +1,88 @@
+"""Output for people (issue 13 item 5), like ccache's: sizes in sensible units, correct
+plurals, aligned tables, progress bars on a terminal only, and a quiet exit when the reader
+of a pipe (``cachemgr ls | head``) has gone."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import click
+
+from cachemgr.cli.common import VERBOSITY
+
+_UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def size(n_bytes: int | None) -> str:
+    """``512 B``, ``3.0 KiB``, ``1.2 MiB``… (powers of 1024, as CANN's MB); ``-`` for None.
+
+    Never ``0.0 MiB`` for a few KiB: the unit is the largest that keeps the number ≥ 1.
+    """
+    if n_bytes is None:
+        return "-"
+    if abs(n_bytes) < 1024:
+        return f"{n_bytes} B"
+    value, exp = float(n_bytes), 0
+    while abs(value) >= 1023.95 and exp < len(_UNITS):  # 1023.97 KiB shows as 1.0 MiB
+        value /= 1024
+        exp += 1
+    return f"{value:.1f} {_UNITS[exp - 1]}"
+
+
+def plural(count: int, one: str, many: str | None = None) -> str:
+    """``1 entry``, ``2 entries``, ``0 entries``."""
+    return f"{count} {one if count == 1 else (many or one + 's')}"
+
+
+def percent(part: int, whole: int) -> str:
+    """``50.00 %`` of ``whole``; ``-`` when ``whole`` is 0."""
+    return "-" if not whole else f"{100 * part / whole:.2f} %"
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequence[int] = ()) -> None:
+    """Print ``rows`` under ``header`` in aligned columns (``right``: right-aligned columns)."""
+    cells = [[str(c) for c in header]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    for row in cells:
+        parts = [
+            cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
+            for i, cell in enumerate(row)
+        ]
+        click.echo("  ".join(parts).rstrip())
+
+
+def bars_enabled(as_json: bool = False) -> bool:
+    """Progress bars only for a person: stdout a terminal, no ``--json``, no ``-q``."""
+    return sys.stdout.isatty() and not as_json and VERBOSITY.level >= 0
+
+
+@contextmanager
+def progress(enabled: bool, label: str, total: int | None, unit: str) -> Iterator[Any]:
+    """A tqdm bar on stderr (``bar.update(n)``, ``bar.total = …``) when ``enabled``; a bar
+    that does nothing otherwise."""
+    if not enabled:
+        yield _NoBar()
+        return
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, desc=label, unit=unit, file=sys.stderr, leave=False)
+    try:
+        yield bar
+    finally:
+        bar.close()
+
+
+class _NoBar:
+    """Stands in for a tqdm bar when bars are off."""
+
+    total: int | None = None
+    n = 0
+
+    def update(self, n: int = 1) -> None:
+        """Nothing to show."""
+
+    def refresh(self) -> None:
+        """Nothing to show."""

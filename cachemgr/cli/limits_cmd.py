@@ -1,0 +1,199 @@
+"""``cachemgr limits show|set``: the size limits of a kernel cache, and writing them to
+``op_cache.ini`` — the counterpart of ``ccache -M`` (issue 13 item 6).
+
+``limits set`` writes GE's file exactly as GE reads it (section ``[op_compiler_cache]``,
+keys ``max_op_cache_size`` and ``remain_cache_size_ratio``) and always with the installed
+toolkit's ``adk_version``/``ops_version`` stamps, found by :mod:`cachemgr.versions`: GE
+ignores an ini without them (``te_cache_space_manager.cc``), so an unstamped file would
+silently change nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from cachemgr import fsutil, ini, versions
+from cachemgr.cli.common import emit_json, load_settings, route, socket_option
+from cachemgr.errors import CacheMgrError, ConfigError
+from cachemgr.options import Settings
+
+_MAX_ACCEPTED = f"-1 or 1..{ini.MAX_MB_LIMIT} (MB = MiB per chip folder; -1 = never evict)"
+_RATIO_ACCEPTED = f"{ini.RATIO_MIN_PCT}..{ini.RATIO_MAX_PCT} (percent of the limit)"
+
+
+def _cache_options(func: Any) -> Any:
+    """``--cache-dir``, ``--host-id``, ``--config``: which kernel cache (limits are per
+    kernel cache, applied to each chip folder)."""
+    for deco in reversed(
+        [
+            click.option(
+                "--cache-dir",
+                "op_compiler_cache_dir",
+                metavar="DIR",
+                help="op_compiler_cache_dir: cache root (kernel cache at DIR/kernel_cache).",
+            ),
+            click.option(
+                "--host-id",
+                metavar="ID",
+                help="Host id for ASCEND_CACHE_PATH/kernel_cache_<ID> (env CACHEMGR_HOST_ID).",
+            ),
+            click.option(
+                "--config",
+                "config_file",
+                type=click.Path(dir_okay=False, path_type=Path),
+                help="TOML config file (env CACHEMGR_CONFIG).",
+            ),
+        ]
+    ):
+        func = deco(func)
+    return func
+
+
+def _parse(raw: str | None, option: str, low: int, high: int, accepted: str) -> int | None:
+    """A strict integer option value (no unit suffix) or None when not given.
+
+    :raises ConfigError: not an integer, or outside ``low..high`` (``-1`` is allowed for
+        ``--max-size``: ``low`` is then -1 and 0 is refused separately).
+    """
+    if raw is None:
+        return None
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = None
+    if value is None or not low <= value <= high or (option == "--max-size" and value == 0):
+        raise ConfigError(f"{option}={raw!r} (from option) is invalid; accepted: {accepted}")
+    return value
+
+
+@click.group("limits")
+def limits_group() -> None:
+    """Show or set the size limits (max_op_cache_size, remain_cache_size_ratio)."""
+
+
+@limits_group.command("show")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object.")
+@_cache_options
+def show_cmd(as_json: bool, **kw: Any) -> None:
+    """The limits in force, where they come from, and the ini's version stamps."""
+    settings = load_settings(soc_version=None, writable=False, **kw)
+    data = _limits_json(settings)
+    if as_json:
+        emit_json(data)
+        return
+    mx, ratio = data["max_op_cache_size"], data["remain_cache_size_ratio"]
+    size = "never evict (-1)" if mx["value"] == ini.NEVER_EVICT else f"{mx['value']} MB"
+    click.echo(f"max_op_cache_size       {size}  ({mx['origin']})")
+    click.echo(f"remain_cache_size_ratio {ratio['value']} %  ({ratio['origin']})")
+    stamps = data["ini_stamps"]
+    click.echo(
+        f"{data['ini_path']}: adk_version={stamps['adk_version'] or '-'}, "
+        f"ops_version={stamps['ops_version'] or '-'}"
+    )
+
+
+def _limits_json(settings: Settings) -> dict[str, Any]:
+    current = ini.OpCacheIni.load(settings.layout.ini_path)
+    data: dict[str, Any] = {"ini_path": str(settings.layout.ini_path)}
+    for key in (ini.MAX_KEY, ini.RATIO_KEY):
+        res = settings[key]
+        data[key] = {"value": res.value, "origin": f"{res.origin} {res.source}".strip()}
+    data["ini_stamps"] = {"adk_version": current.adk_version, "ops_version": current.ops_version}
+    return data
+
+
+@limits_group.command("set")
+@click.option(
+    "--max-size",
+    "max_size",
+    metavar="MB",
+    help=f"max_op_cache_size: {_MAX_ACCEPTED}.",
+)
+@click.option(
+    "--ratio",
+    metavar="PCT",
+    help=f"remain_cache_size_ratio: what eviction keeps, {_RATIO_ACCEPTED}.",
+)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object.")
+@_cache_options
+@socket_option
+def set_cmd(
+    max_size: str | None,
+    ratio: str | None,
+    as_json: bool,
+    socket_path: Path | None,
+    run_local: bool,
+    **kw: Any,
+) -> None:
+    """Write the limits to <kernel cache>/op_cache.ini (like ccache -M).
+
+    The file binds every user and host of the cache, CANN's own processes included. It is
+    written atomically, keeps its other lines, and always carries the installed toolkit's
+    adk_version/ops_version stamps (CANN ignores an ini without them); without a toolkit
+    found (ASCEND_HOME_PATH, ASCEND_OPP_PATH or the config's [toolkit] table) nothing is
+    written. A value not given is kept from the ini, else the one in force now. A daemon
+    serving this cache reloads it.
+
+    \b
+    Example:  cachemgr limits set --max-size 2000 --ratio 80
+    """
+    max_mb = _parse(max_size, "--max-size", ini.NEVER_EVICT, ini.MAX_MB_LIMIT, _MAX_ACCEPTED)
+    ratio_pct = _parse(ratio, "--ratio", ini.RATIO_MIN_PCT, ini.RATIO_MAX_PCT, _RATIO_ACCEPTED)
+    if max_mb is None and ratio_pct is None:
+        raise ConfigError("limits set needs --max-size MB, --ratio PCT or both (from option)")
+    settings = load_settings(soc_version=None, **kw)
+    installed = versions.installed_versions(os.environ, settings.sections)
+    if not installed.complete:
+        missing = "; ".join(f.source for f in (installed.adk, installed.ops) if not f.value)
+        raise ConfigError(
+            "limits set writes op_cache.ini only with the installed toolkit's version stamps "
+            f"(CANN ignores an ini without them); {missing}; "
+            "source CANN's set_env.sh, or set adk_version and ops_version in the config "
+            "file's [toolkit] table"
+        )
+    cache = settings.layout
+    check = versions.compare(cache, installed)
+    if check.needs_purge and cache.chip_dirs():
+        raise CacheMgrError(
+            f"{check.detail}; run `cachemgr gc` first: it purges what the old toolkit "
+            "compiled and stamps the ini; then set the limits"
+        )
+    current = ini.OpCacheIni.load(cache.ini_path)
+    if max_mb is None:
+        max_mb = current.max_op_cache_size or int(settings.value(ini.MAX_KEY))
+    if ratio_pct is None:
+        ratio_pct = current.remain_cache_size_ratio or int(settings.value(ini.RATIO_KEY))
+    fsutil.ensure_dir(cache.kernel_cache_dir)
+    written = ini.OpCacheIni.create(
+        cache.ini_path, max_mb, ratio_pct, str(installed.adk.value), str(installed.ops.value)
+    )
+    where = route(socket_path, run_local, settings)
+    where.announce()
+    reloaded = where.client.reload() if where.client is not None else None
+    data = {
+        "ini_path": str(written.path),
+        ini.MAX_KEY: max_mb,
+        ini.RATIO_KEY: ratio_pct,
+        ini.ADK_KEY: written.adk_version,
+        ini.OPS_KEY: written.ops_version,
+        "daemon_reloaded": reloaded,
+        "route": where.to_json(),
+    }
+    if as_json:
+        emit_json(data)
+    else:
+        size = "never evict" if max_mb == ini.NEVER_EVICT else f"{max_mb} MB"
+        click.echo(
+            f"wrote {written.path}: max_op_cache_size={size}, remain_cache_size_ratio="
+            f"{ratio_pct} %, adk_version={written.adk_version}, "
+            f"ops_version={written.ops_version}"
+        )
+        if reloaded is not None:
+            click.echo(f"the daemon at {where.socket} reloaded it")
+    if reloaded is not None and not reloaded.get("reloaded", True):
+        sys.exit(1)

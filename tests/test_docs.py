@@ -1,0 +1,93 @@
+"""Docs a user can follow alone (issue 13 item 7): the README and every ``--help`` stand on
+their own (no references to documents a user does not have, no raw markup), the help
+explains the option values, ``compile --help`` shows the request format, and the man pages
+generated from the help are current and installed with the package."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from cachemgr.cli import COMMANDS
+from tests.conftest import ROOT, run_cli
+
+README = (ROOT / "README.md").read_text()
+
+
+def _all_help() -> dict[str, str]:
+    names = [[]] + [[n] for n in COMMANDS] + [["limits", "set"], ["limits", "show"]]
+    helps = {}
+    for name in names:
+        proc = run_cli(*name, "--help")
+        assert proc.returncode == 0, (name, proc.stderr)
+        helps[" ".join(name) or "cachemgr"] = proc.stdout
+    return helps
+
+
+@pytest.fixture(scope="module")
+def helps() -> dict[str, str]:
+    return _all_help()
+
+
+def test_readme_and_help_refer_to_nothing_a_user_lacks(helps: dict[str, str]) -> None:
+    for where, text in {"README.md": README, **helps}.items():
+        assert not re.search(r"SPEC|§|\.\./shared|STYLE\.md", text), where
+    for command, text in helps.items():
+        assert "``" not in text and "`" not in text, f"raw markup in {command} --help"
+        assert "\b" not in text, command
+
+
+def test_help_explains_jit_compile_and_debug_levels(helps: dict[str, str]) -> None:
+    text = " ".join(helps["compile"].split())
+    jit = text.split("--jit-compile auto|true|false")[1].split("--op-debug-level")[0]
+    for needle in ("auto (default)", "dynamic", "true: always compile", "false: a precompiled"):
+        assert needle in jit, needle
+    level = text.split("--op-debug-level 0..4")[1].split("--op-debug-config")[0]
+    for needle in ("0 (default): no debug", "1:", "2: as 1, plus -O0 -g", "3:", "4:", "bypasses"):
+        assert needle in level, needle
+
+
+def test_compile_help_shows_the_request_format_and_schema(helps: dict[str, str]) -> None:
+    text = helps["compile"]
+    for field in ("op_type", "soc_version", "language", "kernel_source", "kernel_entry",
+                  "inputs", "outputs", "shape", "dtype", "format", "options"):  # fmt: skip
+        assert f'"{field}"' in text, field
+    schema = re.search(r"Schema: (\S+)", text)
+    assert schema and Path(schema.group(1)).is_file(), text
+
+
+def test_readme_says_how_to_put_cachemgr_on_path() -> None:
+    after_demo = README.split("scripts/demo", 1)[1].split("## Commands")[0]
+    assert "source .venv/bin/activate" in after_demo and "pip install ." in after_demo
+
+
+def test_man_pages_are_current(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "manpages.py"), str(tmp_path)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    fresh = {p.name: p.read_text() for p in tmp_path.glob("*.1")}
+    shipped = {p.name: p.read_text() for p in (ROOT / "man" / "man1").glob("*.1")}
+    assert set(fresh) == set(shipped) and "cachemgr.1" in fresh
+    stale = [name for name in fresh if fresh[name] != shipped[name]]
+    assert not stale, f"run scripts/manpages.py: {stale} differ from the help"
+    assert "limits set" in shipped["cachemgr-limits-set.1"]
+
+
+def test_pip_install_installs_the_man_pages(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path), str(ROOT)],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    wheel = next(tmp_path.glob("cachemgr-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    pages = {n.rsplit("/", 1)[1] for n in names if "/data/share/man/man1/" in n}
+    assert pages == {p.name for p in (ROOT / "man" / "man1").glob("*.1")}
+    assert "cachemgr/schemas/compile_request.schema.json" in names
