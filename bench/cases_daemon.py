@@ -46,8 +46,9 @@ def _start(work: Path, cache: Path, *extra: str) -> tuple[subprocess.Popen[bytes
     notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     notify.bind(str(notify_path))
     env["NOTIFY_SOCKET"] = str(notify_path)
+    as_root = ["--allow-root"] if os.geteuid() == 0 else []  # serve refuses root otherwise
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cachemgr", "serve", "--cache-dir", str(cache), *extra],
+        [sys.executable, "-m", "cachemgr", "serve", *as_root, "--cache-dir", str(cache), *extra],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -43,9 +43,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from cachemgr import build, fsutil, inputs, kernel_meta, keys, layout, options
+from cachemgr import build, fsutil, inputs, kernel_meta, keys, layout, options, safeio, sockcheck
 from cachemgr.errors import CacheMgrError, CompileError, InvalidInputError
 from cachemgr.request import ParsedRequests
+from cachemgr.sockcheck import UntrustedDaemon
 
 log = logging.getLogger(__name__)
 
@@ -93,15 +94,21 @@ def default_socket_path(env: Mapping[str, str] | None = None) -> Path:
 
 
 class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float) -> None:
+    """HTTP over a Unix socket whose folder, file and serving process belong to a trusted
+    user (:mod:`cachemgr.sockcheck`; issue 10, item 7)."""
+
+    def __init__(self, path: str, timeout: float, trusted: set[int]) -> None:
         super().__init__("localhost", timeout=timeout)
         self._path = path
+        self._trusted = trusted
 
     def connect(self) -> None:
+        sockcheck.check_path(Path(self._path), self._trusted)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(self.timeout)
         try:
             sock.connect(self._path)
+            sockcheck.check_peer(sock, Path(self._path), self._trusted)
         except BaseException:
             sock.close()
             raise
@@ -114,6 +121,11 @@ class Client:
     :param socket_path: the Unix socket (default :func:`default_socket_path`).
     :param tcp: ``(host, port)`` to use a loopback TCP port instead of the socket.
     :param timeout_s: per-request timeout in seconds (a compile may take minutes).
+    :param token: the TCP listener's secret (the content of the daemon's
+        ``[daemon] tcp_token_file``), sent as ``Authorization: Bearer``; TCP only.
+    :param daemon_user: the user the daemon runs as, trusted besides the caller and root
+        (default ``$CACHEMGR_DAEMON_USER``); a socket of anyone else is refused
+        (:class:`UntrustedDaemon`, see :mod:`cachemgr.sockcheck`).
     """
 
     def __init__(
@@ -122,9 +134,13 @@ class Client:
         tcp: tuple[str, int] | None = None,
         timeout_s: float = 900.0,
         local_hits: bool = True,
+        token: str | None = None,
+        daemon_user: str | None = None,
     ) -> None:
         self.socket_path = Path(socket_path) if socket_path else default_socket_path()
         self.tcp = tcp
+        self._auth = {"Authorization": f"Bearer {token}"} if tcp and token else {}
+        self.daemon_user = daemon_user
         self.timeout_s = timeout_s
         self._local = threading.local()
         self._side = _LocalHits(self)
@@ -137,7 +153,8 @@ class Client:
             if self.tcp:
                 conn = http.client.HTTPConnection(*self.tcp, timeout=self.timeout_s)
             else:
-                conn = _UnixConnection(str(self.socket_path), self.timeout_s)
+                trusted = sockcheck.trusted_uids(self.daemon_user)
+                conn = _UnixConnection(str(self.socket_path), self.timeout_s, trusted)
             self._local.conn = conn
         return conn
 
@@ -161,6 +178,7 @@ class Client:
         """
         payload = None if body is None else json.dumps(body).encode()
         headers = {"Content-Type": "application/json"} if payload is not None else {}
+        headers.update(self._auth)
         for attempt in (1, 2):  # a kept-alive connection the server closed: retry once
             conn = self._conn()
             try:
@@ -168,6 +186,9 @@ class Client:
                 resp = conn.getresponse()
                 raw = resp.read()
                 break
+            except UntrustedDaemon:
+                self._drop_connection()  # nothing was sent; the next request checks again
+                raise
             except (ConnectionRefusedError, FileNotFoundError) as exc:
                 self._drop_connection()
                 raise DaemonUnavailable(f"no daemon at {self._where()}: {exc.strerror}") from exc
@@ -190,9 +211,14 @@ class Client:
         return self.request("GET", "/health")
 
     def available(self) -> bool:
-        """True when a cachemgr daemon answers ``/health``."""
+        """True when a cachemgr daemon answers ``/health``.
+
+        :raises UntrustedDaemon: the socket belongs to a user this client does not trust.
+        """
         try:
             return self.health().get("service") == "cachemgr"
+        except UntrustedDaemon:
+            raise
         except CacheMgrError:
             return False
 
@@ -319,7 +345,10 @@ class Client:
         """
         path = Path(path)
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            # non-blocking, regular files only, capped (issue 10, item 8)
+            data = json.loads(safeio.read_regular(path.resolve()).decode("utf-8"))
+        except safeio.UnsafeFileError as exc:
+            raise DaemonError(f"request file {exc}", 400) from exc
         except (OSError, ValueError) as exc:
             raise DaemonError(f"request file {path}: {exc}", 400) from exc
         return self.compile(data, base_dir=path.resolve().parent, wait=wait, priority=priority)

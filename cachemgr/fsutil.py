@@ -329,6 +329,90 @@ def access_hint(path: Path, want: str = "writable") -> str:
     )
 
 
+def lock_access_hint(path: Path) -> str:
+    """One line for a lock file cachemgr cannot use (issue 9 item 6c): the path, its owner and
+    mode (or its folder's, when the folder is what blocks), and the fix."""
+    folder_ok = os.access(path.parent, os.W_OK | os.X_OK)
+    target = path if folder_ok and os.path.lexists(path) else path.parent
+    return f"cannot lock {path}: " + access_hint(target)
+
+
+#: CAP_FOWNER's bit in ``/proc/self/status`` ``CapEff`` (linux/capability.h).
+CAP_FOWNER_BIT = 3
+
+
+def has_cap_fowner() -> bool:
+    """True when this process may change the mode of files it does not own (root, or
+    ``AmbientCapabilities=CAP_FOWNER`` in the systemd unit)."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as status:
+            for line in status:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) >> CAP_FOWNER_BIT & 1)
+    except (OSError, ValueError):
+        pass
+    return os.geteuid() == 0
+
+
+def share_modes(folder: Path, fowner: bool | None = None) -> list[str]:
+    """Give a chip folder and its regular files back the group-sharing modes (SPEC §9, issue 9
+    item 6b): ``g+rw`` on files, ``g+rwxs`` on the folder. CANN GE forces ``0640`` files and
+    ``0750`` folders whatever the umask (``te_file_utils.cc`` ``CopyFileToCacheDir``,
+    ``CreateMultiLevelDir``; ``te_cache_utils.cc`` ``LockAndOpenCacheFile``), which locks the
+    other members of the group out. Only files this user owns, or every file with
+    ``CAP_FOWNER``; never through a symlink (each file is opened ``O_NOFOLLOW`` and changed by
+    descriptor). Returns the names changed; errors on one file are skipped.
+    """
+    fowner = has_cap_fowner() if fowner is None else fowner
+    me = os.geteuid()
+    changed: list[str] = []
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:
+        dir_fd = os.open(folder, flags | os.O_DIRECTORY)
+    except OSError:
+        return changed
+    try:
+        st = os.fstat(dir_fd)
+        want = stat.S_IMODE(st.st_mode) | 0o2070
+        if (st.st_uid == me or fowner) and stat.S_IMODE(st.st_mode) != want:
+            with contextlib.suppress(OSError):
+                os.fchmod(dir_fd, want & ~0o002)
+                changed.append(".")
+        for name in os.listdir(dir_fd):
+            if _share_file(dir_fd, name, flags, me, fowner, st.st_gid):
+                changed.append(name)
+    finally:
+        os.close(dir_fd)
+    return changed
+
+
+def _share_file(dir_fd: int, name: str, flags: int, me: int, fowner: bool, gid: int) -> bool:
+    """One file of :func:`share_modes`: a regular file with one link (a hard link to a file
+    elsewhere is never changed), of the folder's group, lacking ``g+rw``."""
+    try:
+        st = os.lstat(name, dir_fd=dir_fd)
+        mode = stat.S_IMODE(st.st_mode)
+        if not stat.S_ISREG(st.st_mode) or mode & 0o060 == 0o060:
+            return False
+        if st.st_nlink != 1 or st.st_gid != gid:
+            return False
+        if st.st_uid != me and not fowner:
+            return False
+        fd = os.open(name, flags, dir_fd=dir_fd)
+    except OSError:
+        return False
+    try:
+        again = os.fstat(fd)
+        if (again.st_ino, again.st_dev) != (st.st_ino, st.st_dev) or again.st_nlink != 1:
+            return False
+        os.fchmod(fd, (stat.S_IMODE(again.st_mode) | 0o060) & ~0o002)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
 class _Slot:
     """A path's in-process thread lock and how many ``FcntlLock`` acquisitions use it."""
 
@@ -365,6 +449,8 @@ class FcntlLock:
         self.path = Path(path)
         self._fd: int | None = None
         self._slot: _Slot | None = None
+        self._read_only = False  # a lock file we may only read (GE's 0640): read lock
+        self._companion: FcntlLock | None = None
 
     @property
     def held(self) -> bool:
@@ -416,6 +502,7 @@ class FcntlLock:
                 if locked and self._same_file(fd):
                     self._fd, self._slot = fd, slot
                     return True
+                self._drop_companion()
                 os.close(fd)  # busy, or reaped while we waited (then lock the new file)
                 if not locked:
                     break
@@ -439,13 +526,56 @@ class FcntlLock:
         raise LockBusyError(f"timed out waiting for lock {self.path}")
 
     def _open(self) -> int:
-        return open_lock_file(self.path)
+        self._read_only = False
+        try:
+            return open_lock_file(self.path)
+        except PermissionError:
+            # CANN GE forces 0640 on the lock files it creates (te_cache_utils.cc
+            # LockAndOpenCacheFile): a group member may read but not write such a file. It is
+            # still respected: a read lock on it excludes GE's write lock (issue 9 item 6a).
+            flags = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+            try:
+                fd = os.open(self.path, flags)
+            except OSError:
+                raise PermissionError(
+                    errno.EACCES, "lock file not readable either", str(self.path)
+                ) from None
+            self._read_only = True
+            return fd
+
+    def companion_path(self) -> Path:
+        """``<name>.cachemgr.lock`` beside a lock file cachemgr may only read: cachemgr
+        processes exclude each other on it while all hold read locks on the original."""
+        return self.path.with_name(self.path.name.removesuffix(".lock") + ".cachemgr.lock")
 
     def _lock_fd(self, fd: int, blocking: bool, deadline: float | None) -> bool:
+        if self._read_only:
+            return self._lock_read_only(fd, blocking, deadline)
+        return self._lockf(fd, fcntl.LOCK_EX, blocking, deadline)
+
+    def _lock_read_only(self, fd: int, blocking: bool, deadline: float | None) -> bool:
+        """Companion lock exclusive first (other cachemgr processes), then a read lock on the
+        read-only file itself (GE's writers)."""
+        companion = FcntlLock(self.companion_path())
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if not companion.acquire(blocking, timeout_s=timeout if blocking else None):
+            return False
+        try:
+            locked = self._lockf(fd, fcntl.LOCK_SH, blocking, deadline)
+        except BaseException:
+            companion.release()
+            raise
+        if not locked:
+            companion.release()
+            return False
+        self._companion = companion
+        return True
+
+    def _lockf(self, fd: int, kind: int, blocking: bool, deadline: float | None) -> bool:
         delay = 0.001
         while True:
             try:
-                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.lockf(fd, kind | fcntl.LOCK_NB)
                 return True
             except OSError as exc:
                 if exc.errno not in (errno.EACCES, errno.EAGAIN):
@@ -456,6 +586,11 @@ class FcntlLock:
                 raise LockBusyError(f"timed out waiting for lock {self.path}")
             time.sleep(delay)
             delay = min(delay * 2, 0.05)
+
+    def _drop_companion(self) -> None:
+        companion, self._companion = self._companion, None
+        if companion is not None:
+            companion.release()
 
     def _same_file(self, fd: int) -> bool:
         try:
@@ -472,11 +607,12 @@ class FcntlLock:
         fd, self._fd = self._fd, None
         slot, self._slot = self._slot, None
         try:
-            if unlink:
+            if unlink and not self._read_only:
                 safe_unlink(self.path)
             fcntl.lockf(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)
+            self._drop_companion()
             slot.lock.release()
             self._checkin(slot)
 

@@ -14,7 +14,7 @@ from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
-from cachemgr import versions
+from cachemgr import options, versions
 from cachemgr.eviction import DryRun, gc_chip, purge_chip
 from cachemgr.options import Settings
 
@@ -72,14 +72,35 @@ def collect(
     dry_run: DryRun = DryRun.NO,
     soc: str | None = None,
     progress_for: ProgressFor | None = None,
+    include_others: bool = True,
 ) -> dict[str, Any]:
-    """Run gc over the kernel cache of ``settings`` and return the JSON report.
+    """Run gc over the kernel cache of ``settings`` and return the JSON report; the other
+    governed kernel caches (SPEC §2) are under ``other_kernel_caches``, by path, each with
+    its own limits, toolkit check and chip folders.
 
     :param force_ratio: keep this percent of the limit, even below the trigger (``--ratio``).
     :param min_age_s: aging guard in seconds (default: the ``min_age_s`` setting).
     :raises InvalidInputError: bad limits (nothing is touched).
     :raises OSError: a chip folder that cannot be listed or locked.
     """
+    report = _collect_one(settings, force_ratio, min_age_s, dry_run, soc, progress_for)
+    others = {}
+    for kc in settings.other_kernel_caches() if include_others else []:  # SPEC §2
+        other = options.settings_for(settings, kc, os.environ)
+        others[str(kc)] = _collect_one(other, force_ratio, min_age_s, dry_run, soc, progress_for)
+    report["other_kernel_caches"] = others
+    return report
+
+
+def _collect_one(
+    settings: Settings,
+    force_ratio: int | None,
+    min_age_s: float | None,
+    dry_run: DryRun,
+    soc: str | None,
+    progress_for: ProgressFor | None,
+) -> dict[str, Any]:
+    """gc of one kernel cache folder: its toolkit check, then each chip folder."""
     max_mb = int(settings.value("max_op_cache_size"))
     ratio = int(settings.value("remain_cache_size_ratio")) if force_ratio is None else force_ratio
     age = float(settings.value("min_age_s")) if min_age_s is None else min_age_s
@@ -111,3 +132,6 @@ def denied_lines(report: Mapping[str, Any]) -> Iterator[str]:
     for soc, folder in report["chip_folders"].items():
         for line in folder.get("denied", []):
             yield f"{soc}/{line}"
+    for kc, other in report.get("other_kernel_caches", {}).items():
+        for line in denied_lines({"chip_folders": other["chip_folders"]}):
+            yield f"{kc}/{line}"

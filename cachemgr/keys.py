@@ -89,7 +89,12 @@ def canonical(material: Mapping[str, Any]) -> bytes:
 def source_sha256(path: Path) -> str:
     """Hex SHA-256 of the file ``path`` (see :func:`cachemgr.inputs.file_digest`).
 
-    :raises InvalidInputError: when the source cannot be read (names the path).
+    The file is opened non-blocking without following a link and must be a regular file of
+    at most ``max_bytes`` (issue 10, item 8: a source swapped for a FIFO behind the
+    parsed-request cache must not block a thread).
+
+    :raises InvalidInputError: when the source cannot be read or is not a regular file of at
+        most ``max_bytes`` (names the path and why).
     """
     return inputs_mod.file_digest(path, "kernel_source")
 

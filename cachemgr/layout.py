@@ -143,6 +143,24 @@ def kernel_cache_for_env(ascend_cache_path: Path, host_id: str) -> Path:
     return ascend_cache_path / (f"{KERNEL_CACHE}_{host_id}" if host_id else KERNEL_CACHE)
 
 
+def kernel_caches_under(ascend_cache_path: Path) -> list[Path]:
+    """SPEC §2: every kernel cache folder under ``${ASCEND_CACHE_PATH}`` — GE's plain
+    ``kernel_cache`` and the seed's ``kernel_cache_<host id>`` — real folders only (symlinks
+    are not followed), sorted. Each has its own ``op_cache.ini``."""
+    try:
+        with os.scandir(ascend_cache_path) as it:
+            found = [
+                Path(e.path)
+                for e in it
+                if (e.name == KERNEL_CACHE or e.name.startswith(KERNEL_CACHE + "_"))
+                and _NAME_RE.match(e.name)
+                and e.is_dir(follow_symlinks=False)
+            ]
+    except (FileNotFoundError, NotADirectoryError, PermissionError):
+        return []
+    return sorted(found)
+
+
 def kernel_cache_for_home(home: Path) -> Path:
     """SPEC §2 rule 3: ``$HOME/atc_data/kernel_cache``."""
     return home / "atc_data" / KERNEL_CACHE

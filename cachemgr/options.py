@@ -157,6 +157,13 @@ class Settings:
         """The cache layout these settings point at."""
         return layout.CacheLayout(Path(self.value("kernel_cache_dir")))
 
+    def other_kernel_caches(self) -> list[Path]:
+        """The governed kernel cache folders besides :attr:`layout`'s (SPEC §2: every
+        ``kernel_cache*`` under ``${ASCEND_CACHE_PATH}``); empty in other set-ups."""
+        res = self.values.get("governed_kernel_caches")
+        caches = [Path(p) for p in (res.value if res is not None else [])]
+        return [p for p in caches if p != Path(self.value("kernel_cache_dir"))]
+
     @classmethod
     def from_json(
         cls, data: Mapping[str, Mapping[str, Any]], sections: Mapping[str, Any] | None = None
@@ -272,6 +279,35 @@ def _resolve_kernel_cache(
     return Resolved(layout.kernel_cache_for_home(root), ORIGIN_DEFAULT, "$HOME/atc_data")
 
 
+def _governed(kcache: Resolved, env: Mapping[str, str]) -> Resolved:
+    """SPEC §2: with the cache under ``${ASCEND_CACHE_PATH}``, gc, stats and the daemon govern
+    every kernel cache folder there (``kernel_cache``, ``kernel_cache_*``), the resolved one
+    first; otherwise just the resolved one. Paths as strings."""
+    caches = [str(kcache.value)]
+    if kcache.source == "ASCEND_CACHE_PATH":
+        root = Path(kcache.value).parent
+        caches += [str(p) for p in layout.kernel_caches_under(root) if str(p) != caches[0]]
+    return Resolved(caches, kcache.origin, kcache.source)
+
+
+def settings_for(settings: Settings, kernel_cache_dir: Path, env: Mapping[str, str]) -> Settings:
+    """``settings`` pointed at another governed kernel cache: its own ``op_cache.ini`` limits
+    (SPEC §2, §5), everything else the same.
+
+    :raises ConfigError: its ini path is a folder, a symlink or unreadable.
+    """
+    kc = Path(kernel_cache_dir)
+    ini_path = kc / layout.INI_NAME
+    max_res, ratio_res, problems = _resolve_limits(ini_path, env)
+    base = settings["kernel_cache_dir"]
+    vals = dict(settings.values)
+    vals["kernel_cache_dir"] = Resolved(kc, base.origin, base.source)
+    vals["ini_path"] = Resolved(ini_path, base.origin, base.source)
+    vals["max_op_cache_size"] = max_res
+    vals["remain_cache_size_ratio"] = ratio_res
+    return Settings(values=vals, problems=tuple(problems), sections=settings.sections)
+
+
 def _no_check(path: Path, name: str, origin: str) -> None:
     """Read-only commands (``ls``, ``verify``) accept a cache they cannot write."""
 
@@ -377,6 +413,7 @@ def resolve(
     ini_path = Path(kcache.value) / layout.INI_NAME
     max_res, ratio_res, problems = _resolve_limits(ini_path, env)
     vals["kernel_cache_dir"] = kcache
+    vals["governed_kernel_caches"] = _governed(kcache, env)
     vals["ini_path"] = Resolved(ini_path, kcache.origin, kcache.source)
     vals["max_op_cache_size"] = max_res
     vals["remain_cache_size_ratio"] = ratio_res

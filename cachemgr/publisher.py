@@ -130,7 +130,12 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
     :raises LockBusyError: the chip lock was not obtained within ``ctx.lock_timeout_s`` (a
         ``force`` that never ends; the entry lock's timeout compiles outside the cache).
     """
-    hold = p.chip_lock.hold_shared(timeout_s=ctx.lock_timeout_s)
+    try:
+        hold = p.chip_lock.hold_shared(timeout_s=ctx.lock_timeout_s)
+    except PermissionError as exc:
+        # a kernel cache folder CANN GE created 0750: compile outside the cache (item 6c)
+        where = Path(exc.filename) if exc.filename else p.chip_dir.parent
+        return _compile_alone(p, ctx, fsutil.lock_access_hint(where))
     try:
         fsutil.ensure_dir(p.chip_dir)
         lock = Store(p.chip_dir).entry_lock(p.kernel)
@@ -138,6 +143,12 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
     except LockBusyError:
         hold.release()
         return _compile_alone(p, ctx)
+    except PermissionError:
+        # e.g. a chip folder CANN GE created 0750, or its 0640 lock file in a folder we may
+        # not write: compile anyway, outside the cache, and say why in one line (item 6c)
+        hold.release()
+        why = fsutil.lock_access_hint(Store(p.chip_dir).lock_path(p.kernel))
+        return _compile_alone(p, ctx, why)
     except BaseException:
         hold.release()
         raise
@@ -205,21 +216,27 @@ def _ensure_ini(kernel_cache_dir: Path, sections: dict[str, Any]) -> None:
         log.warning("could not create %s/op_cache.ini: %s", kernel_cache_dir, exc)
 
 
-def _compile_alone(p: Prepared, ctx: RunContext) -> CompileOutcome:
+def _compile_alone(p: Prepared, ctx: RunContext, why: str = "") -> CompileOutcome:
     """The entry lock stayed held for ``ctx.lock_timeout_s``: the process (or host) compiling
     this kernel is stuck or very slow. Rather than fail, look once more, then compile here
     into the private output folder (``compiled``; the cache is not written: its lock is
     not ours). Issue 6: a second host waits for the first one's compile, up to a limit."""
-    found = Store(p.chip_dir).lookup(p.kernel) if p.decision.cache.read else None
+    try:
+        found = Store(p.chip_dir).lookup(p.kernel) if p.decision.cache.read else None
+    except (OSError, CachePermissionError):
+        found = None  # a folder we may not use: compile
     if found is not None and found.hit:
         return CompileOutcome(p.kernel, HIT, found.files, request=p.request.origin)
-    log.warning(
-        "%s: %s stayed locked for %g s (another process compiling it?); compiling it here, "
-        "outside the cache",
-        p.kernel,
-        Store(p.chip_dir).lock_path(p.kernel),
-        ctx.lock_timeout_s,
-    )
+    if why:
+        log.warning("%s: compiling outside the cache: %s", p.kernel, why)
+    else:
+        log.warning(
+            "%s: %s stayed locked for %g s (another process compiling it?); compiling it "
+            "here, outside the cache",
+            p.kernel,
+            Store(p.chip_dir).lock_path(p.kernel),
+            ctx.lock_timeout_s,
+        )
     result = p.backend.compile(compile_job(p, ctx.build_dir()))
     out = fsutil.ensure_dir(ctx.uncached_dir())
     binary, doc = out / result.binary.name, out / result.json_path.name

@@ -7,6 +7,12 @@ the caller's thread when it can — a precompiled binary (SPEC §6) or a verifie
 :class:`concurrent.futures.Future` that resolves to a :class:`CompileOutcome`:
 
 * **priorities**: a higher ``priority`` runs sooner; equal priorities run in submit order;
+* **fairness** (issue 10, item 10): within one priority, callers (``submit(caller=…)``, the
+  daemon passes the caller's uid) take turns — each new job of a caller is stamped one turn
+  after that caller's previous one (start-time fair queueing), so a caller with 10,000 queued
+  jobs delays another caller's job by about one compile per busy caller, not 10,000; and a
+  caller may have at most ``max_queued_per_caller`` jobs queued or running
+  (:class:`QueueFull` beyond, which the daemon answers ``429``);
 * **timeout**: each compiler process gets ``timeout_s`` seconds; on timeout its whole process
   group is killed (:mod:`cachemgr.compilers.process`) and the outcome is ``failed``;
 * **single-flight**: identical requests (same kernel name, same variant) in flight share one
@@ -45,19 +51,26 @@ from pathlib import Path
 
 from cachemgr import build, kernel_meta, keys, precompiled, publisher
 from cachemgr.build import CompileOutcome, Prepared
-from cachemgr.errors import CompileError, InvalidInputError
+from cachemgr.errors import CacheMgrError, CompileError, InvalidInputError
 from cachemgr.inputs import Snapshot
 from cachemgr.options import Settings
 from cachemgr.request import CompileRequest
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CompileOutcome", "CompileQueue"]
+__all__ = ["CompileOutcome", "CompileQueue", "QueueFull"]
 
 #: Default wall-time limit of one compiler process (seconds).
 DEFAULT_TIMEOUT_S = 600.0
 
 _PENDING, _RUNNING, _DONE, _DROPPED = "pending", "running", "done", "dropped"
+
+
+class QueueFull(CacheMgrError):
+    """A caller already has its maximum of jobs queued or running (``http_status`` 429)."""
+
+    exit_code = 1
+    http_status = 429
 
 
 @dataclass(eq=False)
@@ -66,6 +79,7 @@ class _Job:
     priority: int
     waiters: list[tuple[Future[CompileOutcome], float]] = field(default_factory=list)
     state: str = _PENDING
+    turn: int = 0  # its caller's turn (fairness; see the module docstring)
 
     @property
     def flight(self) -> tuple[str, str]:
@@ -87,6 +101,8 @@ class CompileQueue:
         (``[precompiled] paths``) and ``$ASCEND_OPP_PATH``'s built-in one.
     :param lock_timeout_s: how long to wait for an entry or chip lock, seconds (default:
         twice ``timeout_s`` plus a minute: another process may be compiling that entry).
+    :param max_queued_per_caller: jobs one caller may have queued or running (None: no
+        bound); more → :class:`QueueFull`.
     """
 
     def __init__(
@@ -98,8 +114,13 @@ class CompileQueue:
         output_dir: Path | None = None,
         binary_dirs: Sequence[Path] = (),
         lock_timeout_s: float | None = None,
+        max_queued_per_caller: int | None = None,
     ) -> None:
         self.settings = settings
+        self.max_queued_per_caller = max_queued_per_caller
+        self._turns: dict[object, int] = {}  # each caller's last turn
+        self._clock = 0  # the turn of the last job started
+        self._outstanding: Counter[object] = Counter()  # per caller: futures not resolved
         self.timeout_s = float(timeout_s)
         self.workers = max(1, workers or os.cpu_count() or 1)
         self._given_roots = [Path(p) for p in binary_dirs]
@@ -113,7 +134,7 @@ class CompileQueue:
         self._compilers = keys.Compilers(settings.sections.get("compilers", {}))
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
-        self._heap: list[tuple[int, int, _Job]] = []
+        self._heap: list[tuple[int, int, int, _Job]] = []
         self._seq = itertools.count()
         self._flights: dict[tuple[str, str], _Job] = {}
         self._open_gates: dict[Path, threading.Event] = {}
@@ -139,6 +160,7 @@ class CompileQueue:
         session: str | None = None,
         inputs: Snapshot | None = None,
         deliver: bool = False,
+        caller: object = None,
     ) -> Future[CompileOutcome]:
         """Ask for the kernel of ``request``; the future resolves to its :class:`CompileOutcome`
         (``failed`` with the compiler's message on a compile error, never an exception).
@@ -153,6 +175,8 @@ class CompileQueue:
             to ``kernel_meta`` and the output folder, checked writable first.
         :raises InvalidInputError: a bad ``.cfg``, option or define, an unreadable source or
             header, a source that keeps changing while it is read (nothing is done).
+        :param caller: who asks (the daemon: the caller's uid), for fairness and the bound.
+        :raises QueueFull: ``caller`` has ``max_queued_per_caller`` jobs queued or running.
         :raises ConfigError: a bad ``[compilers]`` configuration.
         :raises RuntimeError: the queue is closed.
         """
@@ -178,7 +202,7 @@ class CompileQueue:
                     return self._answered(quick, start)
                 frozen = build.freeze(prepared)
                 if frozen is not None:
-                    return self._enqueue(frozen, priority, start)
+                    return self._enqueue(frozen, priority, start, caller)
                 log.info("%s changed while it was read; hashing it again", request.kernel_source)
                 again = build.prepare(request, settings, compilers, self.timeout_s, replace)
                 prepared = dataclasses.replace(again, deliver=prepared.deliver)
@@ -210,25 +234,53 @@ class CompileQueue:
             return build.find_cached(p)
         return None
 
-    def _enqueue(self, p: Prepared, priority: int, start: float) -> Future[CompileOutcome]:
+    def _enqueue(
+        self, p: Prepared, priority: int, start: float, caller: object = None
+    ) -> Future[CompileOutcome]:
         fut: Future[CompileOutcome] = Future()
         with self._cond:
             if self._closing:  # closed while this request was being prepared
                 raise RuntimeError("the compile queue is closed")
+            self._count_caller(caller)
             job = self._flights.get((p.variant, p.kernel))
             if job is not None and job.state in (_PENDING, _RUNNING):
                 job.waiters.append((fut, start))
                 self.counters["joined"] += 1
                 if job.state == _PENDING and priority > job.priority:
                     job.priority = priority
-                    heapq.heappush(self._heap, (-priority, next(self._seq), job))
+                    heapq.heappush(self._heap, (-priority, job.turn, next(self._seq), job))
             else:
-                job = _Job(p, priority, [(fut, start)])
+                turn = max(self._clock, self._turns.get(caller, 0)) + 1
+                self._turns[caller] = turn
+                job = _Job(p, priority, [(fut, start)], turn=turn)
                 self._flights[job.flight] = job
-                heapq.heappush(self._heap, (-priority, next(self._seq), job))
+                heapq.heappush(self._heap, (-priority, turn, next(self._seq), job))
                 self._cond.notify()
         fut.add_done_callback(lambda f, job=job: self._left(job, f))
+        fut.add_done_callback(lambda f: self._uncount_caller(caller))
         return fut
+
+    def _count_caller(self, caller: object) -> None:
+        """One more outstanding job for ``caller`` (under ``self._lock``).
+
+        :raises QueueFull: over ``max_queued_per_caller``.
+        """
+        bound = self.max_queued_per_caller
+        if bound is not None and self._outstanding[caller] >= bound:
+            raise QueueFull(
+                f"caller {caller} already has {self._outstanding[caller]} compile jobs queued "
+                f"or running, the most one caller may have ([daemon] max_queued_per_caller = "
+                f"{bound}); wait for some to finish"
+            )
+        self._outstanding[caller] += 1
+
+    def _uncount_caller(self, caller: object) -> None:
+        with self._lock:
+            self._outstanding[caller] -= 1
+            if self._outstanding[caller] <= 0:
+                del self._outstanding[caller]
+                if self._turns.get(caller, 0) <= self._clock:
+                    self._turns.pop(caller, None)  # nothing of it waits: forget its turn
 
     def _left(self, job: _Job, fut: Future[CompileOutcome]) -> None:
         """A waiter's future finished; if it was cancelled, drop the job when nobody waits."""
@@ -284,9 +336,10 @@ class CompileQueue:
         with self._cond:
             while True:
                 while self._heap:
-                    neg_prio, _, job = heapq.heappop(self._heap)
+                    neg_prio, turn, _, job = heapq.heappop(self._heap)
                     if job.state == _PENDING and -neg_prio == job.priority:
                         job.state = _RUNNING
+                        self._clock = max(self._clock, turn)
                         return job
                 if self._closing:
                     return None
@@ -315,7 +368,7 @@ class CompileQueue:
 
     def _work_waiting(self) -> bool:
         with self._lock:
-            return any(job.state == _PENDING for _, _, job in self._heap)
+            return any(job.state == _PENDING for _, _, _, job in self._heap)
 
     def _run(self, p: Prepared) -> CompileOutcome | publisher.Pending:
         try:

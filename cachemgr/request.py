@@ -30,7 +30,7 @@ from typing import Any
 
 import xxhash
 
-from cachemgr import extraflags, layout, options, socs
+from cachemgr import extraflags, layout, options, safeio, socs
 from cachemgr.errors import ConfigError, InvalidInputError
 from cachemgr.options import Settings
 
@@ -156,7 +156,10 @@ def load_request(path: Path, settings: Settings | None = None) -> CompileRequest
     """
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        # non-blocking, regular files only, capped: a FIFO named here must not hang us
+        text = safeio.read_regular(path.resolve()).decode("utf-8")
+    except safeio.UnsafeFileError as exc:
+        raise InvalidInputError(f"request {exc}") from None
     except (OSError, UnicodeDecodeError) as exc:
         why = exc.strerror if isinstance(exc, OSError) else "not UTF-8"
         raise InvalidInputError(f"request {path}: cannot read ({why})") from exc

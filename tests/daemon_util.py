@@ -15,6 +15,9 @@ from typing import Any
 
 from cachemgr.client import Client
 
+#: ``serve`` refuses root without this flag (issue 10); tests run as root in CI.
+AS_ROOT = ["--allow-root"] if os.geteuid() == 0 else []
+
 
 def wait_for(
     cond: Callable[[], object], timeout_s: float = 30.0, what: str = "condition"
@@ -42,10 +45,11 @@ class Daemon:
     notify: socket.socket | None
     log_path: Path
     messages: list[str] = field(default_factory=list)
+    user: str | None = None  # the user it runs as, when not the test's
 
     @property
     def client(self) -> Client:
-        return Client(self.socket_path, timeout_s=120)
+        return Client(self.socket_path, timeout_s=120, daemon_user=self.user)
 
     def read_notify(self, timeout_s: float = 0.0) -> list[str]:
         """Collect notify datagrams received so far (waiting up to ``timeout_s``)."""
@@ -132,16 +136,18 @@ def start_daemon(
     if "--socket" in args:
         socket_path = Path(args[args.index("--socket") + 1])
     log_path = tmp / f"daemon-{time.monotonic_ns()}.log"
+    as_root = AS_ROOT if (popen_kw or {}).get("user") in (None, 0, "root") else []
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            [python, "-m", "cachemgr", "-v", "serve", *args],
+            [python, "-m", "cachemgr", "-v", "serve", *as_root, *args],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
             text=True,
             **(popen_kw or {}),
         )
-    daemon = Daemon(proc, socket_path, env, sock, log_path)
+    user = (popen_kw or {}).get("user")
+    daemon = Daemon(proc, socket_path, env, sock, log_path, user=str(user) if user else None)
     if wait_ready:
         try:
             if notify:

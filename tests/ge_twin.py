@@ -10,7 +10,7 @@ or as a separate process (also as another Unix user)::
     python -m tests.ge_twin hit CHIP KERNEL            # exit 0 on a hit, 1 on a miss
     python -m tests.ge_twin evict CHIP MAX_BYTES RATIO_PCT
     python -m tests.ge_twin init KERNEL_CACHE SOC ADK OPS [--mode enable|force]
-    python -m tests.ge_twin loop CHIP PREFIX SECONDS  # write + hit + evict until the time ends
+    python -m tests.ge_twin loop CHIP PREFIX SECONDS [--evict]  # write + hit until the end
 
 API (what issue-15 tests reuse):
 
@@ -541,19 +541,28 @@ def _delete_files_in_dir(chip: Path) -> None:
 # --- command line ---------------------------------------------------------------------
 
 
-def _loop(chip: Path, prefix: str, seconds: float) -> int:
-    """Write, hit and evict in a loop (a busy CANN process next to cachemgr)."""
+def _loop(chip: Path, prefix: str, seconds: float, evict_too: bool = False) -> int:
+    """Write and hit every kind of entry in a loop (a busy CANN process next to cachemgr);
+    prints ``wrote <kernel>`` for each entry written; with ``evict_too`` also GE's eviction
+    (every entry aged, so it empties the folder)."""
     end = time.monotonic() + seconds
     n = 0
     while time.monotonic() < end:
-        kind = ("plain", "mix", "dynamic")[n % 3]
-        write_entry(chip, f"{prefix}{n % 40:03d}", kind=kind, header=n % 2 == 0)
-        if kind != "mix":
+        name = f"{prefix}{n % 40:03d}"
+        kind = ("plain", "mix", "dynamic", "pre", "nohdr")[n % 5]
+        if kind == "pre":
+            out = write_pre(chip, name + "_pre")
+        elif kind == "nohdr":  # names a header the compile did not make
+            out = write_entry(chip, name, header_named=True)
+        else:
+            out = write_entry(chip, name, kind=kind, header=n % 2 == 0)
+        if out.files:
+            print(f"wrote {out.kernel}", flush=True)
+        if kind in ("plain", "dynamic", "nohdr"):
             hit(chip, f"{prefix}{(n * 7) % 40:03d}")
-        if n % 10 == 9:
+        if evict_too and n % 10 == 9:
             evict(chip, 1, 50, now=time.time() + 2 * MIN_CACHE_AGING_TIME)
         n += 1
-    print(n)
     return 0
 
 
@@ -588,6 +597,7 @@ def main(argv: list[str] | None = None) -> int:
     lp.add_argument("chip", type=Path)
     lp.add_argument("prefix")
     lp.add_argument("seconds", type=float)
+    lp.add_argument("--evict", action="store_true")
     a = p.parse_args(argv)
     if a.cmd == "write":
         out = write_entry(a.chip, a.kernel, kind=a.kind, header=a.header, size=a.size)
@@ -605,7 +615,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.cmd == "init":
         print(init(a.kernel_cache, a.soc, a.adk, a.ops, a.mode))
         return 0
-    return _loop(a.chip, a.prefix, a.seconds)
+    return _loop(a.chip, a.prefix, a.seconds, a.evict)
 
 
 if __name__ == "__main__":

@@ -242,9 +242,10 @@ def test_only_the_daemons_own_user_may_stop_it(users: Users, other_runtime: Runt
     )  # fmt: skip
     try:
         # root is not the owner: refused over SO_PEERCRED, the daemon keeps serving
-        proc = run_cli("stop", "--socket", str(d.socket_path), env=_env(d))
+        trusting = {**_env(d), "CACHEMGR_DAEMON_USER": users.alice}  # issue 10 item 7
+        proc = run_cli("stop", "--socket", str(d.socket_path), env=trusting)
         assert proc.returncode == 2 and "only uid" in proc.stderr, proc.stderr
-        assert Client(d.socket_path, local_hits=False).available()
+        assert Client(d.socket_path, local_hits=False, daemon_user=users.alice).available()
         own = subprocess.run(
             [other_runtime.python, "-m", "cachemgr", "stop", "--socket", str(d.socket_path)],
             env=_env(d), capture_output=True, text=True, timeout=180,

@@ -15,7 +15,7 @@ import pytest
 
 from cachemgr.client import Client, DaemonError, DaemonUnavailable
 from tests.conftest import ROOT, SOC, publish, run_cli
-from tests.daemon_util import daemon_env, start_daemon, wait_for
+from tests.daemon_util import AS_ROOT, daemon_env, start_daemon, wait_for
 from tests.shared_util import chip_bytes
 
 REQUESTS = ROOT / "examples" / "requests"
@@ -192,6 +192,7 @@ def test_already_running_and_dead_socket(tmp_path: Path, cache_root: Path) -> No
                 "-m",
                 "cachemgr",
                 "serve",
+                *AS_ROOT,
                 "--cache-dir",
                 str(cache_root),
             ],
@@ -217,7 +218,15 @@ def test_config_error_at_start_names_the_line(tmp_path: Path) -> None:
     cfg = tmp_path / "bad.toml"
     cfg.write_text('jit_compile = "true"\nop_debug_level = = 3\n')
     proc = subprocess.run(
-        [shutil.which("python3") or "python3", "-m", "cachemgr", "serve", "--config", str(cfg)],
+        [
+            shutil.which("python3") or "python3",
+            "-m",
+            "cachemgr",
+            "serve",
+            *AS_ROOT,
+            "--config",
+            str(cfg),
+        ],
         env=daemon_env(tmp_path),
         capture_output=True,
         text=True,
@@ -391,15 +400,18 @@ def test_cli_routes_to_a_running_daemon(daemon, cache_root: Path, tmp_path: Path
 
 
 def test_tcp_listener_and_configured_body_limit(tmp_path: Path, cache_root: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("0123456789abcdef" * 4 + "\n")
+    token_file.chmod(0o600)
     cfg = tmp_path / "c.toml"
-    cfg.write_text("[daemon]\nmax_body_bytes = 200\n")
+    cfg.write_text(f"[daemon]\nmax_body_bytes = 200\ntcp_token_file = '{token_file}'\n")
     d = start_daemon(
         tmp_path, "--cache-dir", str(cache_root), "--config", str(cfg), "--tcp-port", "0"
     )
     try:
         host, port = d.client.health()["tcp"]
         assert host == "127.0.0.1" and port > 0
-        tcp = Client(tcp=(host, port), timeout_s=30)
+        tcp = Client(tcp=(host, port), timeout_s=30, token="0123456789abcdef" * 4)
         assert tcp.health()["pid"] == d.proc.pid
         with pytest.raises(DaemonError) as info:
             tcp.compile_file(REQUESTS / "add_c.json")  # its body is over 200 bytes
@@ -417,6 +429,7 @@ def test_socket_folder_problems_are_one_line_errors(tmp_path: Path) -> None:
         "-m",
         "cachemgr",
         "serve",
+        *AS_ROOT,
         "--cache-dir",
         str(tmp_path / "c"),
     ]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon_util import Daemon, daemon_env, start_daemon
+from tests.daemon_util import AS_ROOT, Daemon, daemon_env, start_daemon
 from tests.users_util import Runtime, Users, run_as, user_home
 
 SECRET = "TOPSECRET_4c1d9"
@@ -73,6 +73,7 @@ def _as_bob(users: Users, rt: Runtime, bob: Path, code: str, *args: str) -> dict
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "PYTHONPATH": rt.pythonpath,
         "HOME": str(bob),
+        "CACHEMGR_DAEMON_USER": users.alice,  # bob trusts the daemon's socket (issue 10 item 7)
     }
     out = subprocess.run(
         [rt.python, "-c", code, *args],
@@ -207,7 +208,8 @@ def test_outputs_through_the_daemon_are_the_callers(users: Users, other_runtime:
         assert files and all(f.parent == bob for f in files), files  # bob's cwd
         assert all(f.stat().st_uid == os.stat(bob).st_uid for f in files)
         # the CLI from a folder bob cannot write: one line before compiling
-        env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": rt.pythonpath, "HOME": str(bob)}
+        env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": rt.pythonpath, "HOME": str(bob),
+               "CACHEMGR_DAEMON_USER": users.alice}  # fmt: skip
         (work / "req.json").write_text(json.dumps(_request("k.c")))
         (work / "req.json").chmod(0o644)
         cli = subprocess.run(
@@ -277,5 +279,6 @@ def test_bad_sandbox_table_is_one_line(tmp_path, clean_env, bad: str) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text(f"[sandbox]\n{bad}\n")
     env = daemon_env(tmp_path, clean_env)
-    out = run_cli("serve", "--cache-dir", str(tmp_path / "cache"), "--config", str(cfg), env=env)
+    args = ("--cache-dir", str(tmp_path / "cache"), "--config", str(cfg))
+    out = run_cli("serve", *AS_ROOT, *args, env=env)
     assert out.returncode == 2 and "[sandbox]" in out.stderr, out.stderr

@@ -52,7 +52,7 @@ def test_two_users_share_one_root_and_a_third_is_told_why_not(
     alice = _daemon(users, other_runtime, users.alice, root)
     bob = None
     try:
-        a = Client(alice.socket_path, timeout_s=120, local_hits=False)
+        a = Client(alice.socket_path, timeout_s=120, local_hits=False, daemon_user=users.alice)
         first = a.compile(_request(other_runtime, 1))
         assert first["status"] == "compiled", first
         kernel = first["kernel_name"]
@@ -61,7 +61,7 @@ def test_two_users_share_one_root_and_a_third_is_told_why_not(
         atime_before = json_path.stat().st_atime_ns
 
         bob = _daemon(users, other_runtime, users.bob, root)
-        b = Client(bob.socket_path, timeout_s=120, local_hits=False)
+        b = Client(bob.socket_path, timeout_s=120, local_hits=False, daemon_user=users.bob)
         hit = b.compile(_request(other_runtime, 1))
         assert (hit["status"], hit["kernel_name"]) == ("hit", kernel)  # bob reads alice's
         assert json_path.stat().st_atime_ns > atime_before  # and his hit counts for LRU

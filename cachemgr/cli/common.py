@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import click
 
 from cachemgr import options
-from cachemgr.client import Client, default_socket_path
+from cachemgr.client import Client, UntrustedDaemon, default_socket_path
 from cachemgr.errors import CacheMgrError, ConfigError
 from cachemgr.options import Settings
 
@@ -220,10 +220,18 @@ def route(
     if local_only:
         return Route("local", None, None, f"{local_only} runs the command in this process")
     path = named[1] if named else default_socket_path()
-    client = Client(path, timeout_s=3600, local_hits=False)
+    daemon_user = settings.sections.get("daemon", {}).get("user") or None
+    client = Client(
+        path,
+        timeout_s=3600,
+        local_hits=False,
+        daemon_user=daemon_user if isinstance(daemon_user, str) else None,
+    )
     ours = str(settings.layout.kernel_cache_dir)
     try:
         theirs = client.config()["kernel_cache_dir"]["value"]
+    except UntrustedDaemon:  # a socket of a stranger: refused, never silently local (exit 2)
+        raise
     except (CacheMgrError, KeyError, TypeError) as exc:
         if named is not None:
             raise ConfigError(

@@ -23,6 +23,7 @@ from cachemgr.cli.common import (
     route,
     settings_options,
     socket_option,
+    warning,
 )
 from cachemgr.client import Client
 from cachemgr.errors import CacheMgrError, InvalidInputError
@@ -372,6 +373,7 @@ def pack_cmd(
         if chip is None:
             raise InvalidInputError(f"pack: no entry {kernel!r} in {', '.join(map(str, chips))}")
         chosen.setdefault(chip, []).append(kernel)
+    named = {chip: list(names) for chip, names in chosen.items()}
     if pack_all:
         for chip in chips:
             chosen.setdefault(chip, []).extend(_packable(chip))
@@ -379,7 +381,16 @@ def pack_cmd(
         raise InvalidInputError("pack: no entries chosen (name KERNELS or use --all)")
     written = []
     for chip, names in chosen.items():
-        written += precompiled.pack(chip, list(dict.fromkeys(names)), out_root)
+        for kernel in dict.fromkeys(names):
+            try:
+                written += precompiled.pack(chip, [kernel], out_root)
+            except InvalidInputError as exc:
+                if kernel in named.get(chip, []):
+                    raise  # named on the command line: an error
+                # --all: e.g. GE's dynamic-shape entries (supportInfo without opType and
+                # staticKey) cannot be packed; say so and go on (issue 9 item 9)
+                warning(f"pack: skipped {kernel}: {exc}")
+    written = list(dict.fromkeys(written))  # a config file shared by several kernels
     if as_json:
         emit_json([str(p) for p in written])
     else:

@@ -19,6 +19,7 @@ SHOWN = (
     "op_compiler_cache_dir",
     "host_id",
     "kernel_cache_dir",
+    "governed_kernel_caches",
     "ini_path",
     "max_op_cache_size",
     "remain_cache_size_ratio",

@@ -8,6 +8,7 @@ from, so nothing is evicted against a misconfigured ini without saying so.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,7 +17,7 @@ from typing import Any
 
 import click
 
-from cachemgr import gc
+from cachemgr import gc, options
 from cachemgr.cli import human
 from cachemgr.cli.common import (
     VERBOSITY,
@@ -198,6 +199,14 @@ def _print_gc(report: dict[str, Any], as_json: bool) -> None:
     if as_json:
         emit_json(report)
         return
+    for one in [report, *report.get("other_kernel_caches", {}).values()]:
+        if one is not report:  # SPEC §2: the other kernel caches under ASCEND_CACHE_PATH
+            click.echo(f"== {one['kernel_cache_dir']}")
+        _print_gc_one(one)
+
+
+def _print_gc_one(report: dict[str, Any]) -> None:
+    """The text report of one kernel cache folder."""
     for line in gc.toolkit_lines(report):
         click.echo(line)
     folders = report["chip_folders"]
@@ -247,6 +256,7 @@ def stats_cmd(as_json: bool, socket_path: Path | None, run_local: bool, **kw: An
         data["chip_folders"] = {c.name: chip_stats(c, settings) for c in chip_dirs(settings)}
         data["via"] = "local"
     data["route"] = where.to_json()
+    data["other_kernel_caches"] = _other_stats(settings)
     data["kernel_cache_dir"] = str(settings.layout.kernel_cache_dir)
     data["limits"] = limits_json(settings)
     if as_json:
@@ -294,9 +304,28 @@ def _print_stats(data: dict[str, Any]) -> None:
         )
     if not data["chip_folders"]:
         lines.append(("Chip folders", "none yet"))
+    for kc, folders in data.get("other_kernel_caches", {}).items():
+        for soc, row in folders.items():  # SPEC §2: every kernel cache under ASCEND_CACHE_PATH
+            of = "" if row["limit_bytes"] is None else f" of {human.size(row['limit_bytes'])}"
+            lines.append(
+                (
+                    f"{kc}/{soc}",
+                    f"{human.plural(row['entries'], 'entry', 'entries')}, "
+                    f"{human.size(row['bytes'])}{of}",
+                )
+            )
     width = max(len(label) for label, _ in lines)
     for label, text in lines:
         click.echo(f"{label + ':':<{width + 1}}  {text}")
+
+
+def _other_stats(settings: Any) -> dict[str, dict[str, Any]]:
+    """Per chip folder figures of the other governed kernel caches (SPEC §2), by path."""
+    out = {}
+    for kc in settings.other_kernel_caches():
+        other = options.settings_for(settings, kc, os.environ)
+        out[str(kc)] = {c.name: chip_stats(c, other) for c in chip_dirs(other)}
+    return out
 
 
 def _is_count(value: Any) -> bool:

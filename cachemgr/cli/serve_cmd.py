@@ -43,19 +43,25 @@ from cachemgr.errors import CacheMgrError
     default=None,
     help="Also listen on 127.0.0.1:PORT (0 = pick a free port).",
 )
+@click.option(
+    "--allow-root",
+    is_flag=True,
+    help="Run even as root (refused otherwise: use a dedicated user).",
+)
 def serve_cmd(
     config_file: Path | None,
     op_compiler_cache_dir: str | None,
     host_id: str | None,
     socket_path: Path | None,
     tcp_port: int | None,
+    allow_root: bool,
 ) -> None:
     """Run the cache daemon until SIGTERM (exit 0 after running compiles finish)."""
     root = logging.getLogger()
     if root.level > logging.INFO:
         root.setLevel(logging.INFO)
     cli_values = {"op_compiler_cache_dir": op_compiler_cache_dir, "host_id": host_id}
-    sys.exit(daemon_main.serve(cli_values, config_file, socket_path, tcp_port))
+    sys.exit(daemon_main.serve(cli_values, config_file, socket_path, tcp_port, allow_root))
 
 
 @click.command("status")

@@ -15,8 +15,9 @@
 | POST   | /hits           | ``{"hits": n}``: hits a client served itself, for the counters |
 | POST   | /stop           | stop as on SIGTERM; only the daemon's own user, on the Unix socket |
 
-Errors are ``{"error": "<one line>"}`` with 400 (bad input), 403 (``/stop`` by another user),
-404, 405, 413, 503 (stopping).
+Errors are ``{"error": "<one line>"}`` with 400 (bad input), 401/403/415/421 (TCP guard;
+403 also for ``/stop`` by another user), 404, 405, 413, 429 (a caller over its share of
+connections or queued jobs), 503 (stopping).
 """
 
 from __future__ import annotations
@@ -80,8 +81,9 @@ class Api:
     ) -> Response:
         try:
             return self._route(method, path.rstrip("/") or "/", query, body, alive)
-        except CacheMgrError as exc:
-            return error(400 if exc.exit_code == 2 else 500, str(exc))
+        except CacheMgrError as exc:  # 429 for a caller over its share of the queue
+            status = getattr(exc, "http_status", None) or (400 if exc.exit_code == 2 else 500)
+            return error(status, str(exc))
 
     def _route(
         self, method: str, path: str, query: dict[str, list[str]], body: Any, alive: Alive

@@ -38,6 +38,21 @@ class DaemonConfig:
     # completed debug outputs in kernel_meta are the users' and stay (issue 11 item 7); > 0:
     # a dead process's output folder whose newest file is older than this goes (seconds)
     kernel_meta_retention_s: float = 0.0
+    # the user the daemon runs as (e.g. "cachemgr"): the CLI, given this config, trusts its
+    # socket besides the caller's own and root's (issue 10, item 7); "" = none
+    user: str = ""
+    # issue 10: the secret the TCP listener requires (a 0600 file of the daemon's user);
+    # without it the TCP listener does not start
+    tcp_token_file: str = ""
+    # connections held at once, in all and per caller uid; a silent connection is closed
+    # after idle_timeout_s (seconds)
+    max_connections: int = 512
+    max_connections_per_caller: int = 128
+    idle_timeout_s: float = 30.0
+    # compile jobs one caller (uid) may have queued or running; more → 429
+    max_queued_per_caller: int = 1000
+    # the highest priority a caller other than the daemon's user (or root) may ask for
+    max_caller_priority: int = 0
 
     @classmethod
     def from_table(cls, table: Mapping[str, Any] | None, where: str = "[daemon]") -> DaemonConfig:

@@ -15,6 +15,7 @@ import ctypes.util
 import datetime as dt
 import gc
 import logging
+import os
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -34,7 +35,8 @@ from watchdog.events import (
 )
 from watchdog.observers import Observer
 
-from cachemgr import eviction, fsutil, kernel_meta, store
+from cachemgr import eviction, fsutil, kernel_meta, options, store
+from cachemgr import gc as cache_gc
 from cachemgr.daemon.config import DaemonConfig
 from cachemgr.daemon.state import Counters
 from cachemgr.daemon.usage import UsageIndex
@@ -104,9 +106,14 @@ class Governance:
     """
 
     def __init__(
-        self, get_settings: Callable[[], Settings], config: DaemonConfig, counters: Counters
+        self,
+        get_settings: Callable[[], Settings],
+        config: DaemonConfig,
+        counters: Counters,
+        follow_ini: Callable[[], None] | None = None,
     ) -> None:
         self._settings = get_settings
+        self._follow_ini = follow_ini
         self.config = config
         self.counters = counters
         self.index = UsageIndex(get_settings().layout.kernel_cache_dir)
@@ -124,6 +131,7 @@ class Governance:
         a ``kill -9`` leaves nothing for long), index the cache, start watching it and start
         the periodic jobs. A publish that hits a full filesystem schedules eviction."""
         fsutil.ensure_dir(self.index.kernel_cache_dir)
+        self.follow_cann()
         self.reap()
         store.add_no_space_listener(self._on_no_space)
         self.index.reconcile()
@@ -273,6 +281,7 @@ class Governance:
         """The periodic rescan; re-checks every chip folder's limit. Other hosts' writes and
         deletes show up here (inotify does not see them, SPEC §9); a rescan that fails (an
         NFS hiccup) is logged and the next one tries again."""
+        self.follow_cann()
         try:
             used = self.index.reconcile()
         except OSError as exc:
@@ -284,6 +293,38 @@ class Governance:
             self._check_limit(soc)
         log.debug("reconciled usage: %s", used)
         return used
+
+    def follow_cann(self) -> None:
+        """What CANN processes change behind the daemon's back (issue 9 items 6b, 7, 9), at
+        start and on every reconciliation: an edited ``op_cache.ini`` (limits, stamps) is
+        re-read; a toolkit upgrade is handled with GE's rule (``gc.sync_toolkit``); GE's
+        ``0640``/``0750`` modes are given back to the group where this daemon may
+        (``fsutil.share_modes``: its own files, or all with ``CAP_FOWNER``); the other
+        kernel cache folders under ``${ASCEND_CACHE_PATH}`` get their reclaim and eviction.
+        Failures are logged; the next reconciliation tries again."""
+        if self._follow_ini is not None:
+            self._follow_ini()
+        settings = self._settings()
+        caches = [settings]
+        for kc in settings.other_kernel_caches():
+            try:
+                caches.append(options.settings_for(settings, kc, os.environ))
+            except CacheMgrError as exc:
+                log.warning("%s: %s", kc, exc)
+        for i, one in enumerate(caches):
+            try:
+                check = cache_gc.sync_toolkit(one, dry_run=False)
+                if check.purged:
+                    log.warning("%s", check.detail)
+                for folder in [one.layout.kernel_cache_dir, *one.layout.chip_dirs()]:
+                    if changed := fsutil.share_modes(folder):
+                        log.info(
+                            "%s: group-sharing modes restored on %d file(s)", folder, len(changed)
+                        )
+                if i > 0:  # the main cache is evicted through the usage index
+                    cache_gc.collect(one, include_others=False)
+            except (OSError, CacheMgrError) as exc:
+                log.warning("following %s failed: %s", one.layout.kernel_cache_dir, exc)
 
     def reap(self) -> None:
         """Reclaim what crashed or foreign processes left: temp files, dead locks, orphans

@@ -25,9 +25,10 @@ from pathlib import Path
 from cachemgr import fsutil, options
 from cachemgr.client import Client, default_socket_path
 from cachemgr.compilers import process, sandbox
-from cachemgr.daemon import rootcheck
+from cachemgr.daemon import httpauth, rootcheck
 from cachemgr.daemon.api import Api
 from cachemgr.daemon.config import DaemonConfig
+from cachemgr.daemon.connections import Bounds
 from cachemgr.daemon.notify import Notifier
 from cachemgr.daemon.server import HttpServer
 from cachemgr.daemon.service import Service
@@ -162,6 +163,11 @@ def run(
     # Many handler threads each do short bursts of work: a shorter GIL switch interval than
     # CPython's 5 ms keeps one burst from making the others wait (hit latency, issue 5).
     sys.setswitchinterval(0.0005)
+    if tcp_port is not None:  # from the command line: 0 picks a free port
+        tcp: tuple[str, int] | None = (config.tcp_host, tcp_port)
+    else:
+        tcp = (config.tcp_host, config.tcp_port) if config.tcp_port else None
+    tcp_guard = httpauth.guard(httpauth.load_token(config.tcp_token_file)) if tcp else None
     notifier = Notifier()
     flags = _Flags()
     wake, wake_writer = _wakeup_pipe(flags)
@@ -171,11 +177,12 @@ def run(
     server = None
     try:
         service.start()
-        if tcp_port is not None:  # from the command line: 0 picks a free port
-            tcp: tuple[str, int] | None = (config.tcp_host, tcp_port)
-        else:
-            tcp = (config.tcp_host, config.tcp_port) if config.tcp_port else None
-        server = HttpServer(Api(service), socket_path, tcp, config.max_body_bytes)
+        bounds = Bounds(
+            config.max_connections, config.max_connections_per_caller, config.idle_timeout_s
+        )
+        server = HttpServer(
+            Api(service), socket_path, tcp, config.max_body_bytes, bounds, tcp_guard
+        )
         server.start()
         service.tcp_address = server.tcp_address
         where = f"{socket_path}" + (f" and {server.tcp_address}" if server.tcp_address else "")
@@ -215,16 +222,34 @@ def _loop(service: Service, notifier: Notifier, flags: _Flags, wake: socket.sock
             notifier.send(READY=1, STATUS=state)
 
 
+def refuse_root(allow_root: bool) -> None:
+    """The daemon compiles for others and removes files in a shared folder: as root a
+    mistake (or a planted link) reaches the whole system. Refuse unless told explicitly
+    (issue 10, item 5).
+
+    :raises ConfigError: running as root without ``--allow-root``.
+    """
+    if os.geteuid() == 0 and not allow_root:
+        raise ConfigError(
+            "refusing to run the daemon as root: run it as a dedicated user (systemd "
+            "User=, see systemd/cachemgr.service) or pass --allow-root"
+        )
+    if os.geteuid() == 0:
+        log.warning("running as root (--allow-root): a dedicated user is safer")
+
+
 def serve(
     cli_values: dict[str, object],
     config_file: Path | None,
     socket_path: Path | None,
     tcp_port: int | None,
+    allow_root: bool = False,
 ) -> int:
     """Resolve settings and the ``[daemon]`` table, check the cache root (access, fcntl
     locks, ``lock_fallback``: :mod:`cachemgr.daemon.rootcheck`), then :func:`run`.
 
-    :raises ConfigError: naming the bad value (and the file) before anything starts.
+    :raises ConfigError: running as root without ``allow_root``; a bad value (named, with
+        the file); a TCP listener without a valid ``tcp_token_file`` — before anything starts.
     :raises CachePermissionError: this user cannot write the kernel cache (one line naming
         the folder, the user, the group and the fix; SPEC §9).
     :raises LocksUnavailable: fcntl locks do not work there and the fallback is "refuse".
@@ -233,11 +258,14 @@ def serve(
     def resolve_with(values: Mapping[str, object]) -> options.Settings:
         return options.resolve(cli=values, config_file=config_file)
 
+    refuse_root(allow_root)
     settings = resolve_with(cli_values)
     for problem in settings.problems:
         log.warning("%s", problem)
     where = f"config {config_file or os.environ.get('CACHEMGR_CONFIG', '')} [daemon]"
     config = DaemonConfig.from_table(settings.sections.get("daemon"), where)
+    if tcp_port is not None or config.tcp_port:
+        httpauth.load_token(config.tcp_token_file)  # no token, no TCP: say so before anything
     checked = rootcheck.check_root(cli_values, resolve_with, config)
 
     def resolve() -> options.Settings:

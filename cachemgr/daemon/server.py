@@ -25,6 +25,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from cachemgr import fsutil
 from cachemgr.daemon import peer
+from cachemgr.daemon.connections import BoundedServerMixin, Bounds
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,8 @@ class Response:
 
 
 App = Callable[[str, str, dict[str, list[str]], Any, Callable[[], bool]], Response]
+#: Checks a request's method and headers before its body is read; a refusal or None.
+Guard = Callable[[str, Any], "Response | None"]
 
 
 def error(status: int, message: str) -> Response:
@@ -57,11 +60,38 @@ def error(status: int, message: str) -> Response:
     return Response(status, {"error": message})
 
 
+def parse_body(raw: bytes) -> Any:
+    """Decode a request body as strict JSON (issue 10, item 11).
+
+    :raises ValueError: one line for anything a JSON object of text cannot be: not UTF-8,
+        malformed, ``NaN``/``Infinity``, a number of more than 4300 digits, nesting deeper
+        than the interpreter's recursion limit, a lone UTF-16 surrogate (``"\\ud800"``).
+    """
+    try:
+        body = json.loads(raw, parse_constant=_no_constant)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"request body is not JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # 5000-digit numbers, deep nesting
+        raise ValueError(f"request body is not acceptable JSON: {exc}") from None
+    try:
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("request body holds a lone UTF-16 surrogate: not valid text") from None
+    except RecursionError:
+        raise ValueError("request body is nested too deeply") from None
+    return body
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     default_request_version = "HTTP/1.1"  # so a garbage request line still gets a status line
     server_version = "cachemgr"
-    timeout = 300  # idle keep-alive connections are closed after this many seconds
+    # reads time out after [daemon] idle_timeout_s, set per connection (connections.py)
+    timeout = None
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         """Protocol errors (bad request line, headers) answered as JSON, like every error."""
@@ -119,13 +149,19 @@ class _Handler(BaseHTTPRequestHandler):
         if length > limit:
             self.close_connection = True  # do not read a body we refuse
             return error(413, f"request body of {length} bytes is over the {limit}-byte limit")
+        guard = getattr(self.server, "guard", None)
+        if guard is not None:
+            refusal = guard(self.command, self.headers)
+            if refusal is not None:
+                self.close_connection = True
+                return refusal
         raw = self.rfile.read(length) if length else b""
         body: Any = None
         if raw:
             try:
-                body = json.loads(raw)
-            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-                return error(400, f"request body is not JSON: {exc}")
+                body = parse_body(raw)
+            except ValueError as exc:
+                return error(400, str(exc))
         parts = urlsplit(self.path)
         app: App = self.server.app  # type: ignore[attr-defined]
         try:
@@ -149,13 +185,11 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("http: " + format, *args)
 
 
-class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    daemon_threads = True
+class _UnixServer(BoundedServerMixin, socketserver.UnixStreamServer):
     request_queue_size = 128
 
 
-class _TCPServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
-    daemon_threads = True
+class _TCPServer(BoundedServerMixin, socketserver.TCPServer):
     allow_reuse_address = True
     request_queue_size = 128
 
@@ -166,8 +200,11 @@ class HttpServer:
     :param socket_path: where to bind; the caller has made sure no live daemon owns it.
     :param tcp: ``(host, port)``; only loopback hosts are accepted.
     :param max_body_bytes: larger request bodies are answered 413 unread.
+    :param bounds: connection limits and the idle timeout (:mod:`.connections`).
+    :param tcp_guard: checks every TCP request's headers before its body is read (token,
+        ``Host``, ``Origin``, content type: :mod:`.httpauth`); returns a refusal or None.
     :raises OSError: when binding fails.
-    :raises ValueError: for a non-loopback TCP host.
+    :raises ValueError: for a non-loopback TCP host, or a TCP listener without a guard.
     """
 
     def __init__(
@@ -176,6 +213,8 @@ class HttpServer:
         socket_path: Path,
         tcp: tuple[str, int] | None = None,
         max_body_bytes: int = MAX_BODY_BYTES,
+        bounds: Bounds | None = None,
+        tcp_guard: Callable[[tuple[str, int]], Guard] | None = None,
     ) -> None:
         self.socket_path = socket_path
         fsutil.ensure_dir(socket_path.parent)
@@ -187,14 +226,19 @@ class HttpServer:
             os.umask(old)
         os.chmod(socket_path, SOCKET_MODE)
         self._unix.app = app  # type: ignore[attr-defined]
+        self._unix.bound(bounds or Bounds())
         self._servers: list[socketserver.BaseServer] = [self._unix]
         self._unix.max_body_bytes = max_body_bytes  # type: ignore[attr-defined]
         self.tcp_address: tuple[str, int] | None = None
         if tcp is not None:
             if tcp[0] not in ("127.0.0.1", "localhost", "::1"):
                 raise ValueError(f"--tcp host {tcp[0]!r} is not a loopback address")
+            if tcp_guard is None:
+                raise ValueError("a TCP listener needs a guard (token, Host and Origin checks)")
             srv = _TCPServer(tcp, _Handler)
             srv.app = app  # type: ignore[attr-defined]
+            srv.bound(bounds or Bounds())
+            srv.guard = tcp_guard(srv.server_address[:2])  # type: ignore[attr-defined]
             srv.max_body_bytes = max_body_bytes  # type: ignore[attr-defined]
             self.tcp_address = srv.server_address[:2]
             self._servers.append(srv)

@@ -17,13 +17,14 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from cachemgr import build, eviction, gc, inputs, options, request, store
+from cachemgr import build, eviction, fsutil, gc, inputs, options, request, store
 from cachemgr.daemon import peer
 from cachemgr.daemon.config import DaemonConfig
 from cachemgr.daemon.governance import Governance, release_memory
 from cachemgr.daemon.metrics import Metrics
 from cachemgr.daemon.state import Counters
 from cachemgr.errors import CacheMgrError, InvalidInputError
+from cachemgr.peer import user_name
 from cachemgr.queue import CompileQueue
 
 log = logging.getLogger(__name__)
@@ -57,8 +58,12 @@ class Service:
             self._settings,
             workers=config.workers or os.cpu_count() or 1,
             lock_timeout_s=config.lock_wait_s or None,
+            max_queued_per_caller=config.max_queued_per_caller or None,
         )
-        self.governance = Governance(lambda: self._settings, config, self.counters)
+        self._ini_seen: bytes | None = self._ini_bytes()
+        self.governance = Governance(
+            lambda: self._settings, config, self.counters, follow_ini=self._follow_ini
+        )
         self._metrics = Metrics(
             self.counters, lambda: self.governance.index, self._limit_bytes, self.queue.depth
         )
@@ -111,6 +116,23 @@ class Service:
             log.warning("%s", problem)
         log.info("configuration reloaded")
         return {"reloaded": True, "problems": list(new.problems)}
+
+    def _ini_bytes(self) -> bytes | None:
+        """The ini's bytes (no symlink followed, no FIFO opened, atime kept), or None."""
+        try:
+            return fsutil.read_bytes_noatime(self._settings.layout.ini_path)
+        except OSError:
+            return None
+
+    def _follow_ini(self) -> None:
+        """Re-read the settings when ``op_cache.ini`` changed on disk (issue 9 item 9): an
+        edited limit or stamp takes effect within one reconciliation, without a reload."""
+        now = self._ini_bytes()
+        if now == self._ini_seen:
+            return
+        self._ini_seen = now
+        log.info("%s changed; re-reading the limits", self._settings.layout.ini_path)
+        self.reload()
 
     # --- read-only operations -------------------------------------------------------------
 
@@ -178,6 +200,8 @@ class Service:
             raise InvalidInputError(f"/gc min_age_s={min_age!r} must be a number ≥ 0")
         if soc is not None and not isinstance(soc, str):
             raise InvalidInputError(f"/gc soc={soc!r} must be a string")
+        if not isinstance(params.get("dry_run", False), bool):
+            raise InvalidInputError(f"/gc dry_run={params['dry_run']!r} must be true or false")
         dry = eviction.DryRun.YES if params.get("dry_run") else eviction.DryRun.NO
         report = gc.collect(
             self._settings, force_ratio=ratio, min_age_s=min_age, dry_run=dry, soc=soc
@@ -201,21 +225,22 @@ class Service:
                 f"/compile base_dir={base!r} must be an absolute path (the folder that relative "
                 "paths in the request are relative to)"
             )
+        priority = _check_params(body)
         req, snap = self._compile_request(body, base)
-        priority = body.get("priority", 0)
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise InvalidInputError(f"/compile priority={priority!r} must be an integer")
         session = body.get("session")
         if session is not None and not isinstance(session, str):
             raise InvalidInputError(f"/compile session={session!r} must be a string")
+        caller = peer.current()
         future = self.queue.submit(
             req,
-            priority=priority,
+            priority=self._capped(priority, caller),
             replace=bool(body.get("replace")),
             session=session or uuid.uuid4().hex,  # default: each call is its own force session
             inputs=snap,
             deliver=body.get("deliver") is True,
+            caller=_caller_key(caller),
         )
+        future.add_done_callback(lambda f: _log_compile(f, req.op_type, req.soc_version, caller))
         if body.get("wait", True) is False:
             job_id = uuid.uuid4().hex
             with self._jobs_lock:
@@ -234,6 +259,13 @@ class Service:
                 break
         self._count(future)
         return _outcome(future)
+
+    def _capped(self, priority: int, caller: peer.Peer | None) -> int:
+        """``priority``, capped at ``[daemon] max_caller_priority`` unless the caller is the
+        daemon's own user or root (issue 10, item 10); TCP callers are capped too."""
+        if caller is not None and caller.uid is not None and caller.uid in (os.geteuid(), 0):
+            return priority
+        return min(priority, self.daemon_config.max_caller_priority)
 
     def _compile_request(
         self, body: Mapping[str, Any], base: str
@@ -309,6 +341,60 @@ class Service:
             if r["future"].done() and now - r["created"] > JOB_TTL_S
         ]:
             del self._jobs[job_id]
+
+
+def _caller_key(caller: peer.Peer | None) -> str:
+    """The queue's name for a caller: ``uid 1001 (alice)``, or ``tcp`` for the TCP listener."""
+    if caller is None or caller.uid is None:
+        return "tcp"
+    return f"uid {caller.uid} ({user_name(caller.uid)})"
+
+
+#: ``/compile`` priorities are within ±this.
+MAX_PRIORITY = 1_000_000
+
+
+def _check_params(body: Mapping[str, Any]) -> int:
+    """Check ``/compile``'s fields other than the request; return the priority.
+
+    :raises InvalidInputError: one line naming the field and the value (→ 400).
+    """
+    priority = body.get("priority", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise InvalidInputError(f"/compile priority={priority!r} must be an integer")
+    if abs(priority) > MAX_PRIORITY:
+        raise InvalidInputError(
+            f"/compile priority={priority} is out of range -{MAX_PRIORITY}..{MAX_PRIORITY}"
+        )
+    for name in ("wait", "replace"):
+        if name in body and not isinstance(body[name], bool):
+            raise InvalidInputError(f"/compile {name}={body[name]!r} must be true or false")
+    return priority
+
+
+def _log_compile(future: Future, op_type: str, soc: str, caller: peer.Peer | None) -> None:
+    """One line per finished compile request: the kernel, its outcome and who asked
+    (SO_PEERCRED pid, uid, gid; "tcp" for the token-guarded TCP listener) — issue 10, item 5."""
+    who = caller.describe() if caller is not None else "tcp (no credentials)"
+    if caller is not None and caller.uid is not None:
+        who += f" ({user_name(caller.uid)})"
+    if future.cancelled():
+        log.info("compile %s/%s for %s: cancelled", soc, op_type, who)
+        return
+    exc = future.exception()
+    if exc is not None:
+        log.info("compile %s/%s for %s: error: %s", soc, op_type, who, exc)
+        return
+    out = future.result()
+    log.info(
+        "compile %s %s/%s for %s: %s in %.3f s",
+        out.kernel_name,
+        soc,
+        op_type,
+        who,
+        out.status,
+        out.seconds,
+    )
 
 
 def _outcome(future: Future) -> tuple[int, dict[str, Any]]:

@@ -35,6 +35,7 @@ from typing import Any
 
 from cachemgr import entry, fsutil, layout
 from cachemgr.entry import ChipScan, EntryGroup
+from cachemgr.errors import CachePermissionError
 from cachemgr.eviction.files import DENIED_ERRNOS, denied_line, open_dir, remove_group
 from cachemgr.eviction.plan import EvictionPlan, check_limits, plan_eviction
 from cachemgr.eviction.reclaim import ReclaimResult, after_eviction, reclaim
@@ -177,7 +178,7 @@ def gc_chip(
         return report
     lock = fsutil.FcntlLock(chip_dir / layout.EVICT_LOCK_NAME)
     try:
-        if not lock.acquire(blocking=False):
+        if not _take_evict_lock(lock):
             log.info("%s: another evictor holds %s; skipped", chip_dir, layout.EVICT_LOCK_NAME)
             report.skipped = SKIP_BUSY
             return report
@@ -192,6 +193,18 @@ def gc_chip(
         os.close(chip_fd)
     report.seconds = time.monotonic() - started
     return report
+
+
+def _take_evict_lock(lock: fsutil.FcntlLock) -> bool:
+    """Take ``op_cache_file_del.lock`` without waiting (False: busy).
+
+    :raises CachePermissionError: neither a write lock nor a read lock with cachemgr's
+        companion lock is possible (one line: path, owner, mode, fix; issue 9 item 6c).
+    """
+    try:
+        return lock.acquire(blocking=False)
+    except PermissionError as exc:
+        raise CachePermissionError(fsutil.lock_access_hint(lock.path)) from exc
 
 
 @contextmanager

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from cachemgr import entry, fsutil, layout
-from cachemgr.errors import LockBusyError
+from cachemgr.errors import CachePermissionError, LockBusyError
 from cachemgr.eviction.files import (
     DENIED_ERRNOS,
     denied_line,
@@ -101,6 +101,8 @@ def purge_chip(
         lock = fsutil.FcntlLock(report.chip_dir / layout.EVICT_LOCK_NAME)
         try:
             lock.acquire(timeout_s=lock_wait_s)
+        except PermissionError as exc:
+            raise CachePermissionError(fsutil.lock_access_hint(lock.path)) from exc
         except LockBusyError as exc:
             raise LockBusyError(
                 f"{report.chip_dir}: {layout.EVICT_LOCK_NAME} stayed held for {lock_wait_s:g} s "

@@ -1,0 +1,70 @@
+"""Who is on the other end of a Unix socket: ``SO_PEERCRED`` (pid, uid, gid), as the kernel
+recorded it when the peer called ``connect``/``listen`` (issue 10, items 5 and 7).
+
+The daemon identifies every caller this way (logged with each compile, used for per-caller
+limits); the client checks that the process serving a socket is the user it expects. The
+values cannot be forged by the peer (see unix(7), ``SO_PEERCRED``).
+"""
+
+from __future__ import annotations
+
+import grp
+import pwd
+import socket
+import struct
+from dataclasses import dataclass
+
+_UCRED = struct.Struct("3i")  # struct ucred {pid_t pid; uid_t uid; gid_t gid;}
+
+
+@dataclass(frozen=True)
+class Peer:
+    """The credentials of a connected peer process."""
+
+    pid: int
+    uid: int
+    gid: int
+
+    def describe(self) -> str:
+        """``pid 123 uid 1001 (alice) gid 1001 (ascend)`` for logs."""
+        return (
+            f"pid {self.pid} uid {self.uid} ({user_name(self.uid)}) "
+            f"gid {self.gid} ({group_name(self.gid)})"
+        )
+
+
+def of_socket(sock: socket.socket) -> Peer | None:
+    """The peer's credentials for a connected ``AF_UNIX`` socket; None for other families.
+
+    :raises OSError: the socket is closed or not connected.
+    """
+    if sock.family != socket.AF_UNIX:
+        return None
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+    return Peer(*_UCRED.unpack(raw))
+
+
+def user_name(uid: int) -> str:
+    """The user name of ``uid``, or the number as text when it has none."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def group_name(gid: int) -> str:
+    """The group name of ``gid``, or the number as text when it has none."""
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
+def uid_of(user: str) -> int:
+    """The uid of a user name (or of a number given as text).
+
+    :raises KeyError: no such user.
+    """
+    if user.isdigit():
+        return int(user)
+    return pwd.getpwnam(user).pw_uid

@@ -1,0 +1,110 @@
+"""The client authenticates the daemon before it sends anything (issue 10, item 7).
+
+A Unix socket is only as trustworthy as the folder it sits in: whoever may create names in
+that folder may put a fake daemon there, which would receive the caller's requests and answer
+"hit" with its own files. The default fallback ``/tmp/cachemgr-<uid>`` is such a name anyone
+can create first. So a client connects only when:
+
+* the socket's folder belongs to a trusted user and others cannot replace names in it: not
+  writable by group or others, unless it is sticky (``/tmp``-like: a name is replaced only by
+  its owner);
+* the socket file is a socket and belongs to a trusted user;
+* after connecting, the process that serves it is a trusted user (``SO_PEERCRED``), which
+  closes the race between the checks and ``connect``.
+
+Trusted users: the caller itself, root, and the daemon's user when one is named —
+``Client(daemon_user=…)``, ``$CACHEMGR_DAEMON_USER``, or ``[daemon] user`` of the config
+file for the CLI (the README's deployment: the daemon runs as ``cachemgr``).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+from collections.abc import Mapping
+from pathlib import Path
+
+from cachemgr import peer
+from cachemgr.errors import CacheMgrError
+
+#: Environment variable naming the daemon's user for clients.
+DAEMON_USER_ENV = "CACHEMGR_DAEMON_USER"
+
+
+class UntrustedDaemon(CacheMgrError):
+    """The socket, its folder or the process behind it belongs to a user the client does not
+    trust: nothing was sent. One line naming the path, the owner and the fix."""
+
+    exit_code = 2
+
+
+def trusted_uids(daemon_user: str | None = None, env: Mapping[str, str] | None = None) -> set[int]:
+    """The caller's uid, root, and the daemon's user (``daemon_user``, else
+    ``$CACHEMGR_DAEMON_USER``).
+
+    :raises UntrustedDaemon: the named daemon user does not exist (names where it came from).
+    """
+    env = os.environ if env is None else env
+    uids = {os.getuid(), 0}
+    name, origin = daemon_user, "daemon_user"
+    if not name and env.get(DAEMON_USER_ENV):
+        name, origin = env[DAEMON_USER_ENV], f"${DAEMON_USER_ENV}"
+    if name:
+        try:
+            uids.add(peer.uid_of(name))
+        except KeyError:
+            raise UntrustedDaemon(f"{origin}={name!r}: no such user") from None
+    return uids
+
+
+def check_path(path: Path, uids: set[int]) -> None:
+    """Check the socket's folder and file before connecting (see the module docstring).
+
+    A missing socket is not checked here (``connect`` then says so).
+
+    :raises UntrustedDaemon: the folder or the file belongs to another user, or the folder
+        is writable by others and not sticky, or the file is not a socket.
+    """
+    folder = path.parent
+    try:
+        dst = os.stat(folder)
+    except FileNotFoundError:
+        return
+    if dst.st_uid not in uids:
+        raise UntrustedDaemon(
+            f"refusing daemon socket {path}: its folder {folder} belongs to "
+            f"{peer.user_name(dst.st_uid)}, not to you or the daemon's user; someone else may "
+            f"run a fake daemon there: remove it, or set {DAEMON_USER_ENV} if that user runs "
+            "your daemon"
+        )
+    if dst.st_mode & 0o022 and not dst.st_mode & stat.S_ISVTX:
+        raise UntrustedDaemon(
+            f"refusing daemon socket {path}: its folder {folder} has mode "
+            f"{stat.S_IMODE(dst.st_mode):04o}, so others may replace the socket; "
+            "make it 0750 or 0700"
+        )
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise UntrustedDaemon(f"refusing daemon socket {path}: it is not a socket")
+    if st.st_uid not in uids:
+        raise UntrustedDaemon(
+            f"refusing daemon socket {path}: it belongs to {peer.user_name(st.st_uid)}, not "
+            f"to you or the daemon's user; set {DAEMON_USER_ENV} if that user runs your daemon"
+        )
+
+
+def check_peer(sock: socket.socket, path: Path, uids: set[int]) -> None:
+    """After ``connect``: the serving process must run as a trusted user.
+
+    :raises UntrustedDaemon: naming the serving process's pid and user.
+    """
+    cred = peer.of_socket(sock)
+    if cred is not None and cred.uid not in uids:
+        raise UntrustedDaemon(
+            f"refusing daemon socket {path}: it is served by pid {cred.pid} of "
+            f"{peer.user_name(cred.uid)}, not by you or the daemon's user"
+        )
