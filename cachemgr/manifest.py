@@ -185,7 +185,30 @@ def _record(path: Path, kernel: str, files: Mapping[str, str], dir_fd: int) -> N
         ],
     }
     data = json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
-    fsutil.atomic_write_bytes(path, data, dir_fd=dir_fd)
+    _write_unsynced(path, data, dir_fd)
+
+
+def _write_unsynced(dest: Path, data: bytes, dir_fd: int) -> None:
+    """temp + rename like :func:`fsutil.atomic_write_bytes`, without its fsync: a manifest
+    lost in a crash costs one header listing, never a wrong hit (the miss path pays no
+    extra disk flush for it). Relative to the chip folder's descriptor ``dir_fd``
+    (docs/security.md item 1).
+
+    :raises OSError: on failure; nothing is left behind.
+    """
+    tmp = fsutil.temp_path(dest)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(tmp.name, flags, 0o600, dir_fd=dir_fd)
+    try:
+        try:
+            os.write(fd, data)
+            os.fchmod(fd, fsutil.FILE_MODE)
+        finally:
+            os.close(fd)
+        os.rename(tmp.name, dest.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        fsutil.safe_unlink(tmp, dir_fd)
+        raise
 
 
 def kernels(path: Path, dir_fd: int | None = None) -> set[str] | None:
