@@ -225,9 +225,12 @@ def test_watch_is_rearmed_after_rm_rf_of_the_kernel_cache(tmp_path: Path) -> Non
         (kc / SOC).mkdir(parents=True)
         for i in range(3):
             publish(kc / SOC, f"te_after_{i}", os.urandom(MIB))
-        wait_for(lambda: _used(d) >= 3 * MIB, 15, "the new folder indexed")
-        publish(kc / SOC, "te_later", os.urandom(MIB))  # an event, not a rescan
-        wait_for(lambda: _used(d) >= 4 * MIB, 15, "events of the re-armed watch")
+        try:
+            wait_for(lambda: _used(d) >= 3 * MIB, 30, "the new folder indexed")
+            publish(kc / SOC, "te_later", os.urandom(MIB))  # an event, not a rescan
+            wait_for(lambda: _used(d) >= 4 * MIB, 30, "events of the re-armed watch")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; used {_used(d)}\n{d.log()[-6000:]}") from None
     finally:
         d.stop()
 
