@@ -187,7 +187,7 @@ def test_the_daemon_gives_ge_files_back_to_the_group(
     daemon = start_daemon(tmp_path, "--cache-dir", str(root), "--config", str(cfg))  # root:
     try:  # CAP_FOWNER, as AmbientCapabilities=CAP_FOWNER in systemd/cachemgr.service gives
 
-        def shared() -> bool:  # the start-up pass may still run (first scan in background)
+        def shared() -> bool:  # in the first scan, right after READY=1 (issue 12 item 10)
             folders = all(
                 stat.S_IMODE(f.stat().st_mode) & 0o2070 == 0o2070
                 for f in (root / "kernel_cache", chip)
