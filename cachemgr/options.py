@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import os
 import socket
-import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cachemgr import layout, socs
+from cachemgr import configfile, layout, socs
 from cachemgr.errors import ConfigError
 from cachemgr.ini import OpCacheIni
 
@@ -144,6 +143,8 @@ class Settings:
     values: Mapping[str, Resolved]
     problems: tuple[str, ...] = ()
     sections: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: the checked config file: every table typed, with defaults (issue 13 item 1)
+    config: configfile.ConfigFile = field(default_factory=configfile.empty)
 
     def __getitem__(self, name: str) -> Resolved:
         return self.values[name]
@@ -188,39 +189,40 @@ class Settings:
         return out
 
 
-def load_config_file(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Read a TOML config file; return (top-level option values, tables).
+def _file_parser(spec: OptionSpec) -> Callable[[Any], Any]:
+    """``spec.parse`` for a config file's value: a text option takes a TOML string only."""
+    if spec.parse is not _parse_text:
+        return spec.parse
 
-    :raises ConfigError: unreadable file, TOML syntax error (with its line), unknown key.
+    def parse(raw: Any) -> Any:
+        if not isinstance(raw, str):
+            raise ValueError("accepted: a string")
+        return raw
+
+    return parse
+
+
+#: The top-level options' parsers for the config file's schema.
+TOP_PARSERS = {spec.name: _file_parser(spec) for spec in OPTIONS}
+
+
+def load_config_file(path: Path) -> configfile.ConfigFile:
+    """Read a TOML config file and check it whole against the schema (``configfile``).
+
+    :raises ConfigError: unreadable file, TOML syntax error, unknown table or key, a wrong
+        type or range — naming file, line, key, value and what is accepted.
     """
-    try:
-        with open(path, "rb") as fh:
-            data = tomllib.load(fh)
-    except OSError as exc:
-        raise ConfigError(f"config file {path}: {exc.strerror}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {path}: {exc}") from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"config file {path}: not UTF-8 text (byte {exc.start})") from exc
-    values = {k: v for k, v in data.items() if not isinstance(v, dict)}
-    tables = {k: v for k, v in data.items() if isinstance(v, dict)}
-    for key in values:
-        if key not in _SPECS:
-            known = ", ".join(sorted(_SPECS))
-            raise ConfigError(f"config file {path}: unknown option {key!r} (known: {known})")
-    return values, tables
+    return configfile.load(path, TOP_PARSERS)
 
 
 #: How the CLI spells the options whose flag differs from ``--<name>``.
 CLI_FLAGS = {"op_compiler_cache_dir": "--cache-dir", "soc_version": "--soc"}
 
 
-def _from_options(
-    cli: Mapping[str, Any], file_values: Mapping[str, Any], config_path: Path | None
-) -> dict[str, Resolved]:
+def _from_options(cli: Mapping[str, Any], config: configfile.ConfigFile) -> dict[str, Resolved]:
     found: dict[str, Resolved] = {}
-    for name, raw in file_values.items():
-        found[name] = Resolved(raw, ORIGIN_OPTION, f"config {config_path}")
+    for name, raw in config.top.items():
+        found[name] = Resolved(raw, ORIGIN_OPTION, config.where("", name))
     for name, raw in cli.items():
         if raw is not None:
             if name not in _SPECS:
@@ -305,7 +307,9 @@ def settings_for(settings: Settings, kernel_cache_dir: Path, env: Mapping[str, s
     vals["ini_path"] = Resolved(ini_path, base.origin, base.source)
     vals["max_op_cache_size"] = max_res
     vals["remain_cache_size_ratio"] = ratio_res
-    return Settings(values=vals, problems=tuple(problems), sections=settings.sections)
+    return Settings(
+        values=vals, problems=tuple(problems), sections=settings.sections, config=settings.config
+    )
 
 
 def _no_check(path: Path, name: str, origin: str) -> None:
@@ -393,8 +397,8 @@ def resolve(
     env = dict(os.environ if env is None else env)
     if config_file is None and env.get("CACHEMGR_CONFIG"):
         config_file = Path(env["CACHEMGR_CONFIG"])
-    file_values, tables = load_config_file(config_file) if config_file else ({}, {})
-    vals = _parse_all(_from_options(cli or {}, file_values, config_file), env)
+    config = load_config_file(config_file) if config_file else configfile.empty()
+    vals = _parse_all(_from_options(cli or {}, config), env)
     if vals["host_id"].value is None:
         vals["host_id"] = Resolved(_short_host(), ORIGIN_DEFAULT, "short host name")
     if vals["soc_version"].value:
@@ -418,4 +422,6 @@ def resolve(
     vals["max_op_cache_size"] = max_res
     vals["remain_cache_size_ratio"] = ratio_res
     vals["kernel_meta_dir"] = _resolve_kernel_meta(vals, env, cwd or Path.cwd())
-    return Settings(values=vals, problems=tuple(problems), sections=tables)
+    return Settings(
+        values=vals, problems=tuple(problems), sections=dict(config.tables), config=config
+    )
