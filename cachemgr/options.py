@@ -17,12 +17,13 @@ import os
 import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from cachemgr import configfile, layout, socs
 from cachemgr.errors import ConfigError
-from cachemgr.ini import OpCacheIni
+from cachemgr.ini import NEVER_EVICT, OpCacheIni
 
 ORIGIN_OPTION = "option"
 ORIGIN_INI = "op_cache.ini"
@@ -134,6 +135,49 @@ class Resolved:
     source: str = ""
 
 
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class CacheLimits:
+    """The limits in force for one kernel cache, built once per :class:`Settings` (SPEC §5,
+    GE's ``te_cache_space_manager.cc``): ``max_op_cache_size`` in MB (MiB) per chip folder,
+    ``-1`` = never evict; the remain ratio in %; the aging guard in seconds. Every reader
+    (``stats``, ``gc``, ``/metrics``, ``--json``) says "never evict" the same way:
+    :attr:`never_evict` true and :attr:`max_bytes` None (issue 13 item 1)."""
+
+    max_op_cache_size: int
+    remain_cache_size_ratio: int
+    min_age_s: float
+
+    @property
+    def never_evict(self) -> bool:
+        """``max_op_cache_size = -1``: size eviction is off."""
+        return self.max_op_cache_size == NEVER_EVICT
+
+    @property
+    def max_bytes(self) -> int | None:
+        """The limit in bytes, None when eviction is off."""
+        return None if self.never_evict else self.max_op_cache_size * MIB
+
+    @property
+    def target_bytes(self) -> int | None:
+        """What an eviction leaves (ratio % of the limit) in bytes, None when it is off."""
+        top = self.max_bytes
+        return None if top is None else top * self.remain_cache_size_ratio // 100
+
+    def to_json(self) -> dict[str, Any]:
+        """The limits as JSON: the three values, ``never_evict`` and the byte figures."""
+        return {
+            "max_op_cache_size": self.max_op_cache_size,
+            "remain_cache_size_ratio": self.remain_cache_size_ratio,
+            "min_age_s": self.min_age_s,
+            "never_evict": self.never_evict,
+            "max_bytes": self.max_bytes,
+            "target_bytes": self.target_bytes,
+        }
+
+
 @dataclass(frozen=True)
 class Settings:
     """The resolved configuration: ``values[name]`` → :class:`Resolved`; ``problems`` are
@@ -152,6 +196,15 @@ class Settings:
     def value(self, name: str) -> Any:
         """The value of ``name`` (raises ``KeyError`` for an unknown name)."""
         return self.values[name].value
+
+    @cached_property
+    def limits(self) -> CacheLimits:
+        """The limits of this kernel cache, as one value (built once)."""
+        return CacheLimits(
+            int(self.value("max_op_cache_size")),
+            int(self.value("remain_cache_size_ratio")),
+            float(self.value("min_age_s")),
+        )
 
     @property
     def layout(self) -> layout.CacheLayout:

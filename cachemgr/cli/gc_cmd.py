@@ -33,7 +33,6 @@ from cachemgr.daemon.state import Counters, state_dir
 from cachemgr.errors import ConfigError
 from cachemgr.eviction import DryRun, chip_stats, purge_chip
 from cachemgr.gc import limits_json
-from cachemgr.ini import NEVER_EVICT
 
 
 def _parse_ratio(raw: str | None) -> int | None:
@@ -286,7 +285,7 @@ def _print_stats(data: dict[str, Any]) -> None:
         (
             "Limit",
             "never evict (max_op_cache_size=-1)"
-            if max_mb == NEVER_EVICT
+            if lim["never_evict"]
             else f"{max_mb} MB per chip folder, {ratio} % kept after an eviction "
             f"(from {lim['max_op_cache_size']['origin']})",
         )

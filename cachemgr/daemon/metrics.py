@@ -16,7 +16,7 @@ class _Collector:
         self,
         counters: Counters,
         index: Callable[[], UsageIndex],
-        limit_bytes: Callable[[], int],
+        limit_bytes: Callable[[], int | None],
         queue_depth: Callable[[], int],
     ) -> None:
         self.counters = counters
@@ -41,11 +41,18 @@ class _Collector:
             entries.add_metric([soc], index.entries(soc))
         yield used
         yield entries
+        limit = self.limit_bytes()  # None: never evict (max_op_cache_size = -1)
         yield GaugeMetricFamily(
-            "cachemgr_chip_limit_bytes",
-            "max_op_cache_size in bytes (-1: never evict)",
-            value=self.limit_bytes(),
+            "cachemgr_never_evict",
+            "1: max_op_cache_size = -1, size eviction off",
+            value=limit is None,
         )
+        if limit is not None:
+            yield GaugeMetricFamily(
+                "cachemgr_chip_limit_bytes",
+                "max_op_cache_size per chip folder in bytes",
+                value=limit,
+            )
         yield GaugeMetricFamily(
             "cachemgr_queue_jobs", "compile jobs queued or running", value=self.queue_depth()
         )
@@ -58,7 +65,7 @@ class Metrics:
         self,
         counters: Counters,
         index: Callable[[], UsageIndex],
-        limit_bytes: Callable[[], int],
+        limit_bytes: Callable[[], int | None],
         queue_depth: Callable[[], int],
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)

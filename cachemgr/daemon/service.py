@@ -28,7 +28,6 @@ from cachemgr.peer import user_name
 from cachemgr.queue import CompileQueue
 
 log = logging.getLogger(__name__)
-MIB = 1 << 20
 VERSION = "0.1.0"
 #: How long finished async jobs stay pollable (seconds).
 JOB_TTL_S = 3600.0
@@ -79,9 +78,9 @@ class Service:
     def settings(self) -> options.Settings:
         return self._settings
 
-    def _limit_bytes(self) -> int:
-        max_mb = int(self._settings.value("max_op_cache_size"))
-        return -1 if max_mb == -1 else max_mb * MIB
+    def _limit_bytes(self) -> int | None:
+        """The limit in bytes, None = never evict (one reading: ``Settings.limits``)."""
+        return self._settings.limits.max_bytes
 
     # --- lifecycle ------------------------------------------------------------------------
 
