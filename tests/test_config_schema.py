@@ -174,3 +174,11 @@ def test_never_evict_reads_the_same_everywhere(tmp_path: Path, cache_root: Path)
         assert d.stop() == 0
     limits = options.resolve(env=env, cli={"op_compiler_cache_dir": str(cache_root)}).limits
     assert (limits.never_evict, limits.max_bytes, limits.target_bytes) == (True, None, None)
+
+
+def test_one_model_for_the_daemon_table() -> None:
+    """The daemon reads the schema's model, not a second copy of its keys."""
+    from cachemgr.daemon import config
+
+    assert config.DaemonConfig is configfile.DaemonConfig
+    assert configfile.TABLES["daemon"] is configfile.DaemonConfig
