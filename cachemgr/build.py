@@ -55,6 +55,11 @@ class CompileOutcome:
     seconds: float = 0.0
     error: str | None = None
     request: str = ""
+    #: for ``compiled``: True when the kernel was stored in the cache, False when it was
+    #: compiled outside it (a read-only or full root, a lock never released: issue 10 item 12)
+    cached: bool | None = None
+    #: one line for the caller: why a compiled kernel was not cached
+    warning: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -72,6 +77,10 @@ class CompileOutcome:
         }
         if self.error is not None:
             doc["error"] = self.error
+        if self.cached is not None:
+            doc["cached"] = self.cached
+        if self.warning is not None:
+            doc["warning"] = self.warning
         return doc
 
 
@@ -439,11 +448,4 @@ def failed(kernel: str, error: BaseException | str, origin: str = "") -> Compile
 
 def elapsed(outcome: CompileOutcome, start: float) -> CompileOutcome:
     """``outcome`` with ``seconds`` measured from ``start`` (``time.monotonic()``)."""
-    return CompileOutcome(
-        outcome.kernel_name,
-        outcome.status,
-        outcome.files,
-        time.monotonic() - start,
-        outcome.error,
-        outcome.request,
-    )
+    return dataclasses.replace(outcome, seconds=time.monotonic() - start)

@@ -122,6 +122,22 @@ class DaemonConfig:
     reconcile_jitter_s: float = 30.0  # random spread so hosts sharing a root do not align
     reap_interval_s: float = 600.0  # temp files, dead locks, orphans, kernel_meta of dead pids
     evict_debounce_s: float = 2.0  # crossing the limit schedules eviction this much later
+    # ...but however many file events follow, no later than this after the first (issue 12)
+    evict_max_delay_s: float = 10.0
+    # how often the inotify watches are checked against the folders (re-armed after an
+    # rm -rf, new chip folders armed); also the governance heartbeat
+    watch_check_interval_s: float = 2.0
+    # chip folders without an inotify watch (kernel limits, or the budget below) are
+    # rescanned this often
+    poll_interval_s: float = 10.0
+    # most folders watched with inotify (the kernel cache counts as one); 0 = no cap of ours
+    inotify_watches: int = 0
+    # WATCHDOG=1 is withheld when the main loop, the request server or governance made no
+    # progress for this long (seconds)
+    heartbeat_timeout_s: float = 60.0
+    # loggers logged at debug level whatever -v says, comma-separated (e.g. "cachemgr.evicted":
+    # the names of evicted kernels, which the one-line eviction summary leaves out)
+    debug_loggers: str = ""
     counters_save_interval_s: float = 60.0
     workers: int = field(default=0, metadata=rule("int", 0, text="an integer ≥ 0 (0 = CPU count)"))
     tcp_host: str = "127.0.0.1"

@@ -264,3 +264,35 @@ def world_writable(kernel_cache_dir: Path) -> list[Path]:
         if stat.S_ISDIR(mode) and mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
             found.append(path)
     return found
+
+
+#: errno of a write refused because the filesystem is read-only.
+READ_ONLY_ERRNOS = frozenset({errno.EROFS})
+#: errno of a cache root that vanished under us (an NFS export gone: ``ESTALE``) or whose
+#: server fails (``EIO``).
+VANISHED_ERRNOS = frozenset({errno.ESTALE, errno.EIO})
+
+
+def root_problem(kernel_cache_dir: Path) -> str:
+    """Why the kernel cache cannot be written now, in one line, or ``""`` (issue 12 item 6).
+
+    Checks the mount of the kernel cache (or, when it does not exist yet, of its nearest
+    existing parent): a read-only filesystem (``ST_RDONLY``: remounted read-only, e.g. after
+    an I/O error) or a root that vanished (``ESTALE``/``EIO`` on an NFS root). A kernel cache
+    that is simply missing is no problem: it is made again on the next publish.
+    """
+    path = Path(kernel_cache_dir)
+    while True:
+        try:
+            vfs = os.statvfs(path)
+            break
+        except OSError as exc:
+            if exc.errno in VANISHED_ERRNOS:
+                return f"the cache root {path} has vanished ({exc.strerror})"
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR) and path.parent != path:
+                path = path.parent
+                continue
+            return f"the cache root {path} cannot be checked ({exc.strerror})"
+    if vfs.f_flag & os.ST_RDONLY:
+        return f"the cache root {path} is on a read-only filesystem"
+    return ""

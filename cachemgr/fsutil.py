@@ -13,9 +13,13 @@ Rules that hold everywhere in cachemgr:
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import ctypes
 import errno
 import fcntl
+import functools
 import grp
+import hashlib
 import os
 import pwd
 import secrets
@@ -167,16 +171,80 @@ def lstat_or_none(path: Path) -> os.stat_result | None:
         raise
 
 
+#: Files are read and hashed in chunks of this many bytes.
+READ_CHUNK_BYTES = 1 << 20
+
+
 class NotRegularFileError(OSError):
     """A FIFO, socket or device where a regular file is expected (never read: it may block
     or never end)."""
 
 
-def read_bytes_noatime(path: Path) -> bytes:
-    """Read a regular file without changing its access time (atime drives eviction, SPEC §5).
+class AtimeWouldChange(PermissionError):
+    """Inside :func:`reads_keep_atime`: reading the file would change its access time and
+    this user could not put it back (not its owner, no ``CAP_FOWNER``)."""
 
-    Uses ``O_NOATIME`` where the kernel allows it (owner or CAP_FOWNER); otherwise reads
-    normally and puts the previous atime back. Symlinks are refused (SPEC §3.3).
+
+_KEEP_ATIME: contextvars.ContextVar[bool] = contextvars.ContextVar("keep_atime", default=False)
+
+
+@contextlib.contextmanager
+def reads_keep_atime() -> Iterator[None]:
+    """Reads that are not hits never reorder eviction (issue 12 item 1; README: ``ls`` and
+    ``verify`` never change access times): inside this block :func:`read_bytes_noatime`
+    refuses, with :class:`AtimeWouldChange`, a read whose access-time update it could
+    neither avoid (``O_NOATIME``) nor undo (``utime``: owner or ``CAP_FOWNER`` only)."""
+    token = _KEEP_ATIME.set(True)
+    try:
+        yield
+    finally:
+        _KEEP_ATIME.reset(token)
+
+
+#: relatime's rule (mount(8)): the access time is also updated once it is a day old.
+RELATIME_MAX_AGE_S = 24 * 3600
+
+
+def read_changes_atime(st: os.stat_result, now_s: float | None = None) -> bool:
+    """Would reading a file with status ``st`` update its access time? By the options of
+    its mount (``/proc/self/mountinfo``): ``noatime`` never; ``relatime`` (the default)
+    when the access time is not after the modification or change time, or a day old;
+    ``strictatime`` (neither shown) always."""
+    opts = _mount_options(st.st_dev)
+    if "noatime" in opts:
+        return False
+    if "relatime" not in opts:
+        return True
+    now_s = time.time() if now_s is None else now_s
+    return (
+        st.st_atime_ns <= st.st_mtime_ns
+        or st.st_atime_ns <= st.st_ctime_ns
+        or now_s - st.st_atime_ns / 1e9 >= RELATIME_MAX_AGE_S
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _mount_options(dev: int) -> frozenset[str]:
+    """The per-mount options (field 6 of ``mountinfo``) of the mount with device ``dev``;
+    empty (so: strictatime, the cautious answer) when not found."""
+    want = f"{os.major(dev)}:{os.minor(dev)}"
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) > 5 and fields[2] == want:
+                    return frozenset(fields[5].split(","))
+    except OSError:
+        pass
+    return frozenset()
+
+
+@contextmanager
+def _open_noatime(path: Path) -> Iterator[int]:
+    """Open a regular file for reading without changing its access time; yield the fd.
+
+    Uses ``O_NOATIME`` where the kernel allows it (owner or CAP_FOWNER); otherwise opens
+    normally and puts the previous atime back when done. Symlinks are refused (SPEC §3.3).
 
     :raises OSError: ``ELOOP`` for a symlink, ``ENOENT`` when gone, ``EISDIR`` for a folder,
         :class:`NotRegularFileError` for a FIFO, socket or device.
@@ -190,16 +258,21 @@ def read_bytes_noatime(path: Path) -> bytes:
     except PermissionError:
         fd = os.open(path, flags)
         restore = os.fstat(fd)
+        if _KEEP_ATIME.get() and read_changes_atime(restore):
+            os.close(fd)
+            raise AtimeWouldChange(
+                errno.EPERM,
+                f"not read: reading it would change its access time (owner uid "
+                f"{restore.st_uid}; only the owner or root may put it back)",
+                str(path),
+            ) from None
     try:
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
             raise IsADirectoryError(errno.EISDIR, "is a directory", str(path))
         if not stat.S_ISREG(st.st_mode):
             raise NotRegularFileError(errno.EINVAL, "not a regular file", str(path))
-        chunks = []
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-        data = b"".join(chunks)
+        yield fd
         if restore is not None:
             # another user's file (SPEC §9): only its owner may set times; relatime changes
             # the atime of a read rarely, and the entry is still read correctly
@@ -207,7 +280,33 @@ def read_bytes_noatime(path: Path) -> bytes:
                 os.utime(fd, ns=(restore.st_atime_ns, restore.st_mtime_ns))
     finally:
         os.close(fd)
-    return data
+
+
+def read_bytes_noatime(path: Path) -> bytes:
+    """Read a regular file without changing its access time (atime drives eviction, SPEC §5).
+
+    :raises OSError: as :func:`_open_noatime`.
+    """
+    with _open_noatime(path) as fd:
+        chunks = []
+        while chunk := os.read(fd, READ_CHUNK_BYTES):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def sha256_noatime(path: Path) -> tuple[str, int]:
+    """Hex SHA-256 and size (bytes) of a regular file, read in chunks of
+    :data:`READ_CHUNK_BYTES` — never whole into memory (issue 10, item 10) — without changing
+    its access time.
+
+    :raises OSError: as :func:`_open_noatime`.
+    """
+    digest, size = hashlib.sha256(), 0
+    with _open_noatime(path) as fd:
+        while chunk := os.read(fd, READ_CHUNK_BYTES):
+            digest.update(chunk)
+            size += len(chunk)
+    return digest.hexdigest(), size
 
 
 def touch_atime(path: Path, now_ns: int | None = None) -> None:
@@ -220,6 +319,9 @@ def touch_atime(path: Path, now_ns: int | None = None) -> None:
 
     :raises OSError: when the file is gone, or not writable by this user either.
     """
+    if now_ns is None and _utimensat_atime_now(path):
+        return  # the filesystem's own time (the NFS server's): one fast host's skew does
+        # not spread through hits (issue 12 item 1)
     st = os.stat(path, follow_symlinks=False)
     now = time.time_ns() if now_ns is None else now_ns
     try:
@@ -229,6 +331,34 @@ def touch_atime(path: Path, now_ns: int | None = None) -> None:
             raise
         # UTIME_NOW for both: allowed to any user with write access
         os.utime(path, None, follow_symlinks=False)
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+_UTIME_NOW, _UTIME_OMIT = (1 << 30) - 1, (1 << 30) - 2
+_AT_FDCWD, _AT_SYMLINK_NOFOLLOW = -100, 0x100
+_LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+def _utimensat_atime_now(path: Path) -> bool:
+    """``utimensat(path, {UTIME_NOW, UTIME_OMIT})``: the access time becomes the
+    filesystem's now, the modification time stays. False when refused (not the owner, on
+    kernels that ask for it) or unavailable: the caller falls back.
+
+    :raises OSError: the file is gone (``ENOENT``/``ESTALE``) or the filesystem read-only.
+    """
+    utimensat = getattr(_LIBC, "utimensat", None)
+    if utimensat is None:
+        return False
+    times = (_Timespec * 2)(_Timespec(0, _UTIME_NOW), _Timespec(0, _UTIME_OMIT))
+    if utimensat(_AT_FDCWD, os.fsencode(path), times, _AT_SYMLINK_NOFOLLOW) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in GONE_ERRNOS or err == errno.EROFS:
+        raise OSError(err, os.strerror(err), str(path))
+    return False
 
 
 def ensure_dir(path: Path) -> Path:

@@ -14,9 +14,17 @@ from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
-from cachemgr import options, versions
+from cachemgr import fsprobe, options, versions
+from cachemgr.errors import CacheMgrError
 from cachemgr.eviction import DryRun, gc_chip, purge_chip
 from cachemgr.options import Settings
+
+
+class CacheNotWritableError(CacheMgrError):
+    """gc cannot act: the cache root is read-only or has vanished."""
+
+    exit_code = 1
+
 
 #: ``progress_for(soc)`` → a context manager yielding a ``progress(done, total)`` callback
 #: (or None); the CLI passes a tqdm bar, the daemon nothing.
@@ -84,8 +92,16 @@ def collect(
     :param force_ratio: keep this percent of the limit, even below the trigger (``--ratio``).
     :param min_age_s: aging guard in seconds (default: the ``min_age_s`` setting).
     :raises InvalidInputError: bad limits (nothing is touched).
+    :raises CacheNotWritableError: the root is read-only or vanished (one line; issue 10
+        item 12) — not with a dry run, which only reads.
     :raises OSError: a chip folder that cannot be listed or locked.
     """
+    problem = fsprobe.root_problem(settings.layout.kernel_cache_dir)
+    if problem and dry_run is DryRun.NO:
+        raise CacheNotWritableError(
+            f"gc: {problem}; nothing can be reclaimed or evicted until it is writable again "
+            "(hits are still served; compiles return their kernel outside the cache)"
+        )
     report = _collect_one(settings, force_ratio, min_age_s, dry_run, soc, progress_for)
     others = {}
     for kc in settings.other_kernel_caches() if include_others else []:  # SPEC §2
@@ -120,6 +136,7 @@ def _collect_one(
                 force_ratio=force_ratio is not None,
                 dry_run=dry_run,
                 progress=progress,
+                clock_skew_s=float(settings.value("clock_skew_s")),
             )
         folders[chip.name] = report.to_json()
     return {
@@ -128,6 +145,28 @@ def _collect_one(
         "toolkit": toolkit.to_json(),
         "chip_folders": folders,
     }
+
+
+def stuck_lines(report: Mapping[str, Any]) -> Iterator[str]:
+    """One line per chip folder left over its limit because everything left is young
+    (issue 12 item 1: reported, never hidden)."""
+    for soc, folder in report["chip_folders"].items():
+        if folder.get("stuck_over_limit"):
+            future = folder.get("future_atimes", 0)
+            why = (
+                f"; {future} of them have access times in the future (clock skew, up to "
+                f"{folder.get('max_skew_s', 0):.0f} s)"
+                if future
+                else ""
+            )
+            yield (
+                f"{soc}: still over its limit ({folder['bytes_after']} of "
+                f"{folder['max_bytes']} bytes): the aging guard kept "
+                f"{folder['kept_by_aging_guard']} entries accessed too recently{why}"
+            )
+    for kc, other in report.get("other_kernel_caches", {}).items():
+        for line in stuck_lines({"chip_folders": other["chip_folders"]}):
+            yield f"{kc}/{line}"
 
 
 def denied_lines(report: Mapping[str, Any]) -> Iterator[str]:

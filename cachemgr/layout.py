@@ -76,7 +76,17 @@ def check_root(path: Path, name: str, origin: str) -> None:
         what = "a file" if cur == path else f"under {cur}, which is a file"
         raise ConfigError(f"{name}={path} (from {origin}) is {what}, not a folder")
     if not os.access(cur, os.W_OK | os.X_OK):
+        if cur == path and _read_only_fs(cur) and os.access(cur, os.R_OK | os.X_OK):
+            return  # an existing root on a read-only filesystem: hits are served, compiles
+            # return their kernel outside the cache, gc says so (issue 12 item 6)
         raise ConfigError(f"{name}={path} (from {origin}): {fsutil.access_hint(cur)}")
+
+
+def _read_only_fs(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 def safe_file_name(value: object, field: str) -> str:

@@ -35,6 +35,8 @@ DEFAULT_MAX_MB = 500
 DEFAULT_RATIO = 50
 #: GE's MIN_CACHE_AGING_TIME: an entry accessed this recently is never evicted (seconds).
 DEFAULT_MIN_AGE_S = 1800
+#: Access times up to this far ahead of our clock are trusted (seconds; issue 12 item 1).
+DEFAULT_CLOCK_SKEW_S = 300
 
 CACHE_MODES = ("enable", "disable", "force")
 JIT_VALUES = {
@@ -121,6 +123,13 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("op_debug_config", _parse_text, "", "path", doc="SPEC §7 .cfg file"),
     OptionSpec("debug_dir", _parse_text, None, "path", doc="kernel_meta base, SPEC §7"),
     OptionSpec("min_age_s", _parse_seconds, float(DEFAULT_MIN_AGE_S), "s", doc="SPEC §5"),
+    OptionSpec(
+        "clock_skew_s",
+        _parse_seconds,
+        float(DEFAULT_CLOCK_SKEW_S),
+        "s",
+        doc="access times further in the future are suspect (clock skew; issue 12)",
+    ),
 )
 _SPECS = {spec.name: spec for spec in OPTIONS}
 

@@ -20,8 +20,11 @@
 
 from __future__ import annotations
 
+import errno
+import json
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +33,7 @@ from cachemgr import entry, fsutil, manifest, precompiled, versions
 from cachemgr.build import COMPILED, HIT, CompileOutcome, Prepared, RunContext, compile_job
 from cachemgr.chiplock import Hold
 from cachemgr.compilers import CompileResult
-from cachemgr.errors import CachePermissionError, ConfigError, LockBusyError
+from cachemgr.errors import CachePermissionError, ConfigError, LockBusyError, NoSpaceError
 from cachemgr.store import Store
 
 log = logging.getLogger(__name__)
@@ -79,8 +82,12 @@ class Pending:
     lock_timeout_s: float
     config_sections: dict[str, Any] = field(default_factory=dict)
 
-    def finish(self) -> CompileOutcome:
+    def finish(self, uncached_dir: Callable[[], Path] | None = None) -> CompileOutcome:
         """Publish (json last), then release the locks — from any thread.
+
+        A publish that fails because the cache root is read-only or full does not fail the
+        compile (issue 10 item 12, as ccache and sccache do): the kernel goes to
+        ``uncached_dir()`` and the outcome says ``cached: False`` with the reason.
 
         :raises InvalidInputError, OSError: the publish failed; nothing partial is left.
         """
@@ -91,11 +98,39 @@ class Pending:
                 store.remove(p.kernel)
             published = store.publish(p.kernel, self.files, self.main_json)
             _record_manifest(p)
-            _ensure_ini(p.chip_dir.parent, self.config_sections)
+            _ensure_ini(p.chip_dir.parent, self.config_sections)  # logs its own failure
+        except (NoSpaceError, OSError) as exc:
+            if uncached_dir is None or not _cannot_store(exc):
+                raise
+            return self._deliver_uncached(uncached_dir(), _why(p.chip_dir, exc))
         finally:
             self.release()
         files = sorted(published.files, key=lambda f: f.name != f"{p.kernel}.json")
-        return CompileOutcome(p.kernel, COMPILED, tuple(files), request=p.request.origin)
+        return CompileOutcome(
+            p.kernel, COMPILED, tuple(files), request=p.request.origin, cached=True
+        )
+
+    def _deliver_uncached(self, out: Path, reason: str) -> CompileOutcome:
+        """Write the compiled kernel to ``out`` (binaries first, json last) instead of the
+        cache; one warning line names the reason."""
+        p = self.prepared
+        fsutil.ensure_dir(out)
+        paths = []
+        for name, data in self.files.items():
+            fsutil.atomic_write_bytes(out / name, data)
+            paths.append(out / name)
+        doc = out / f"{p.kernel}.json"
+        fsutil.atomic_write_bytes(doc, json.dumps(self.main_json).encode())
+        warning = f"{p.kernel} compiled but not cached: {reason}"
+        log.warning("%s", warning)
+        return CompileOutcome(
+            p.kernel,
+            COMPILED,
+            (doc, *paths),
+            request=p.request.origin,
+            cached=False,
+            warning=warning,
+        )
 
     def release(self) -> None:
         """Drop the entry lock and the chip hold without publishing."""
@@ -127,6 +162,10 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
         # a kernel cache folder CANN GE created 0750: compile outside the cache (item 6c)
         where = Path(exc.filename) if exc.filename else p.chip_dir.parent
         return _compile_alone(p, ctx, fsutil.lock_access_hint(where))
+    except OSError as exc:  # a read-only or full root (issue 12 item 6)
+        if not _cannot_store(exc):
+            raise
+        return _compile_outside(p, ctx, _why(p.chip_dir, exc))
     try:
         fsutil.ensure_dir(p.chip_dir)
         lock = Store(p.chip_dir).entry_lock(p.kernel)
@@ -140,6 +179,11 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
         hold.release()
         why = fsutil.lock_access_hint(Store(p.chip_dir).lock_path(p.kernel))
         return _compile_alone(p, ctx, why)
+    except OSError as exc:  # a read-only or full root (issue 12 item 6)
+        hold.release()
+        if not _cannot_store(exc):
+            raise
+        return _compile_outside(p, ctx, _why(p.chip_dir, exc))
     except BaseException:
         hold.release()
         raise
@@ -177,12 +221,6 @@ def _compile_alone(p: Prepared, ctx: RunContext, why: str = "") -> CompileOutcom
     this kernel is stuck or very slow. Rather than fail, look once more, then compile here
     into the private output folder (``compiled``; the cache is not written: its lock is
     not ours). Issue 6: a second host waits for the first one's compile, up to a limit."""
-    try:
-        found = Store(p.chip_dir).lookup(p.kernel) if p.decision.cache.read else None
-    except (OSError, CachePermissionError):
-        found = None  # a folder we may not use: compile
-    if found is not None and found.hit:
-        return CompileOutcome(p.kernel, HIT, found.files, request=p.request.origin)
     if why:
         log.warning("%s: compiling outside the cache: %s", p.kernel, why)
     else:
@@ -193,12 +231,60 @@ def _compile_alone(p: Prepared, ctx: RunContext, why: str = "") -> CompileOutcom
             Store(p.chip_dir).lock_path(p.kernel),
             ctx.lock_timeout_s,
         )
+    reason = why or f"{Store(p.chip_dir).lock_path(p.kernel)} stayed locked"
+    return _compile_outside(p, ctx, reason, warn=False)
+
+
+def _compile_outside(
+    p: Prepared, ctx: RunContext, reason: str, warn: bool = True
+) -> CompileOutcome:
+    """Compile ``p`` into the private output folder, not the cache: ``compiled`` with
+    ``cached: False`` and one warning line naming ``reason`` (issue 10 item 12: a read-only
+    or full root, or a lock never released, must not fail a compile that succeeds).
+
+    :raises CompileError: the compile failed.
+    """
+    try:
+        found = Store(p.chip_dir).lookup(p.kernel) if p.decision.cache.read else None
+    except (OSError, CachePermissionError):
+        found = None  # a folder we may not use: compile
+    if found is not None and found.hit:
+        return CompileOutcome(p.kernel, HIT, found.files, request=p.request.origin)
     result = p.backend.compile(compile_job(p, ctx.build_dir()))
     out = fsutil.ensure_dir(ctx.uncached_dir())
     binary, doc = out / result.binary.name, out / result.json_path.name
     os.replace(result.binary, binary)
     os.replace(result.json_path, doc)  # json last: a visible json means a whole kernel
-    return CompileOutcome(p.kernel, COMPILED, (doc, binary), request=p.request.origin)
+    warning = f"{p.kernel} compiled but not cached: {reason}"
+    if warn:
+        log.warning("%s", warning)
+    return CompileOutcome(
+        p.kernel,
+        COMPILED,
+        (doc, binary),
+        request=p.request.origin,
+        cached=False,
+        warning=warning,
+    )
+
+
+#: errno of a cache that cannot take an entry now: read-only, full, over quota, or a root
+#: that vanished (an NFS export gone: ESTALE).
+CANNOT_STORE_ERRNOS = frozenset({errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ESTALE})
+
+
+def _cannot_store(exc: BaseException) -> bool:
+    if isinstance(exc, NoSpaceError):
+        return True
+    return isinstance(exc, OSError) and exc.errno in CANNOT_STORE_ERRNOS
+
+
+def _why(chip_dir: Path, exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.errno == errno.EROFS:
+        return f"the cache folder {chip_dir} is on a read-only filesystem"
+    if isinstance(exc, OSError):
+        return f"the cache folder {chip_dir}: {exc.strerror or exc}"
+    return str(exc)
 
 
 def _payload(p: Prepared, result: CompileResult) -> tuple[dict[str, bytes], dict[str, Any]]:

@@ -44,7 +44,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,6 +114,7 @@ class CompileQueue:
         output_dir: Path | None = None,
         binary_dirs: Sequence[Path] = (),
         lock_timeout_s: float | None = None,
+        tally: Tally | None = None,
         max_queued_per_caller: int | None = None,
     ) -> None:
         self.settings = settings
@@ -126,6 +127,7 @@ class CompileQueue:
         self._given_roots = [Path(p) for p in binary_dirs]
         self.binary_dirs = self._given_roots + _config_roots(settings)
         self.counters: Counter[str] = Counter()
+        self._tally = tally
         self._ctx = build.RunContext(
             Path(output_dir).absolute() if output_dir else None,
             lock_timeout_s if lock_timeout_s else 2 * self.timeout_s + 60,
@@ -141,6 +143,7 @@ class CompileQueue:
         self._forced: set[tuple[Path, str | None]] = set()
         self._force_lock = threading.Lock()
         self._closing = False
+        self._progress_at = time.monotonic()  # a job last started or finished
         self._finishers = ThreadPoolExecutor(self.workers, thread_name_prefix="cachemgr-publish")
         self._threads = [
             threading.Thread(target=self._work, name=f"cachemgr-compile-{i}", daemon=True)
@@ -199,7 +202,7 @@ class CompileQueue:
             for _ in range(3):
                 quick = self._fast_path(prepared)
                 if quick is not None:
-                    return self._answered(quick, start)
+                    return self._answered(quick, start, prepared.chip_dir)
                 frozen = build.freeze(prepared)
                 if frozen is not None:
                     return self._enqueue(frozen, priority, start, caller)
@@ -217,8 +220,11 @@ class CompileQueue:
         """``submit(request, priority, **kw).result()``."""
         return self.submit(request, priority, **kw).result()  # type: ignore[arg-type]
 
-    def _answered(self, outcome: CompileOutcome, start: float) -> Future[CompileOutcome]:
+    def _answered(
+        self, outcome: CompileOutcome, start: float, chip_dir: Path | None = None
+    ) -> Future[CompileOutcome]:
         self._count(outcome.status)
+        self._tally_outcome(chip_dir, outcome, 1)
         fut: Future[CompileOutcome] = Future()
         fut.set_running_or_notify_cancel()
         fut.set_result(build.elapsed(outcome, start))
@@ -339,6 +345,7 @@ class CompileQueue:
                     neg_prio, turn, _, job = heapq.heappop(self._heap)
                     if job.state == _PENDING and -neg_prio == job.priority:
                         job.state = _RUNNING
+                        self._progress_at = time.monotonic()
                         self._clock = max(self._clock, turn)
                         return job
                 if self._closing:
@@ -384,7 +391,7 @@ class CompileQueue:
 
     def _finish(self, job: _Job, pending: publisher.Pending) -> None:
         try:
-            outcome = pending.finish()
+            outcome = pending.finish(self._ctx.uncached_dir)
         except Exception as exc:
             log.warning("publishing %s failed: %s", job.prepared.kernel, exc)
             log.debug("publishing %s failed", job.prepared.kernel, exc_info=True)
@@ -394,11 +401,40 @@ class CompileQueue:
     def _done(self, job: _Job, outcome: CompileOutcome) -> None:
         with self._cond:
             job.state = _DONE
+            self._progress_at = time.monotonic()
             if self._flights.get(job.flight) is job:
                 del self._flights[job.flight]
             waiters = list(job.waiters)
         self._count(outcome.status)
+        self._tally_outcome(job.prepared.chip_dir, outcome, len(waiters), ran=True)
         _resolve(waiters, outcome)
+
+    def _tally_outcome(
+        self, chip_dir: Path | None, outcome: CompileOutcome, requests: int, ran: bool = False
+    ) -> None:
+        """Count an outcome in the cache's counters (SPEC §10): per request ``hits``,
+        ``misses``, ``binaries``, ``debug_compiles``, ``failures``; per compiler run
+        ``compiles`` (and ``uncached`` when its kernel was not stored in the chip folder);
+        requests that shared another's compile are ``coalesced``."""
+        if self._tally is None:
+            return
+        status = outcome.status
+        per_request = {
+            build.HIT: "hits",
+            build.BINARY: "binaries",
+            build.DEBUG: "debug_compiles",
+            build.FAILED: "failures",
+        }.get(status)
+        if per_request:
+            self._tally(chip_dir, per_request, requests)
+        if status in (build.COMPILED, build.BINARY):
+            self._tally(chip_dir, "misses", requests)
+        if status == build.COMPILED and ran:
+            self._tally(chip_dir, "compiles", 1)
+            if requests > 1:
+                self._tally(chip_dir, "coalesced", requests - 1)
+            if chip_dir is None or not any(f.parent == chip_dir for f in outcome.files):
+                self._tally(chip_dir, "uncached", 1)
 
     def _count(self, status: str) -> None:
         with self._lock:
@@ -415,6 +451,14 @@ class CompileQueue:
         """Jobs queued or running."""
         with self._lock:
             return len(self._flights)
+
+    def stalled_s(self) -> float:
+        """Seconds since a job last started or finished, while jobs wait for a worker (0
+        when none waits): the daemon's watchdog counts a pool stalled this long as stuck."""
+        with self._lock:
+            if not any(job.state == _PENDING for *_, job in self._heap):
+                return 0.0
+            return time.monotonic() - self._progress_at
 
     def abandon(self, future: Future[CompileOutcome]) -> bool:
         """The caller behind ``future`` has gone: ``future.cancel()`` (see class docstring)."""
@@ -462,6 +506,10 @@ class CompileQueue:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+#: ``tally(chip_dir, counter, amount)``: the cache counters' hook (SPEC §10).
+Tally = Callable[[Path | None, str, int], None]
 
 
 def _resolve(

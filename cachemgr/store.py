@@ -20,7 +20,6 @@ import json
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -137,6 +136,8 @@ class VerifyReport:
     chip_dir: Path
     checked: int = 0
     findings: list[Finding] = field(default_factory=list)
+    #: entries not read: reading them would have changed their access time (issue 12)
+    not_checked: list[str] = field(default_factory=list)
 
     @property
     def bad(self) -> list[Finding]:
@@ -155,6 +156,17 @@ def check_kernel_name(kernel: str) -> str:
     except (InvalidEntryError, ConfigError) as exc:
         raise InvalidInputError(f"kernel name {kernel!r} is invalid: {exc}") from exc
     return kernel
+
+
+#: Chip folders already warned about as read-only (one warning per folder until it is
+#: writable again: issue 10 item 12, issue 12 item 6).
+_read_only_warned: set[Path] = set()
+
+
+def _warn_read_only(chip_dir: Path, what: str) -> None:
+    if chip_dir not in _read_only_warned:
+        _read_only_warned.add(chip_dir)
+        log.warning("%s is on a read-only filesystem: hits are served, %s", chip_dir, what)
 
 
 class Store:
@@ -193,7 +205,14 @@ class Store:
             return LookupResult(MISS, kernel, ABSENT)
         if not problems and desc is not None:
             return self._hit(kernel, desc, touch)
-        removed = self.remove_if_bad(kernel)
+        try:
+            removed = self.remove_if_bad(kernel)
+        except OSError as exc:
+            if exc.errno != errno.EROFS:
+                raise
+            _warn_read_only(self.chip_dir, "bad entries are not removed")
+            first = problems[0]
+            return LookupResult(MISS, kernel, first.kind, first.detail)
         if not removed:  # under the lock it was good (a publish finished) or gone: look again
             try:
                 desc, problems = entry.check_entry(self.chip_dir, kernel)
@@ -233,16 +252,19 @@ class Store:
         return names
 
     def _touch(self, files: tuple[Path, ...]) -> None:
-        now = time.time_ns()
         for path in files:
             try:
-                fsutil.touch_atime(path, now)
+                fsutil.touch_atime(path)  # the filesystem's now (issue 12 item 1)
             except PermissionError:
                 # another user's file: atime needs ownership; CANN skips it too (SPEC §9)
                 log.debug("cannot set atime of %s (not owner)", path)
             except OSError as exc:
+                if exc.errno == errno.EROFS:  # a read-only root still serves hits (issue 12)
+                    _warn_read_only(self.chip_dir, "access times are not updated")
+                    return
                 if exc.errno not in fsutil.GONE_ERRNOS:
                     raise
+        _read_only_warned.discard(self.chip_dir)
 
     # --- removal ------------------------------------------------------------------------
 
@@ -448,6 +470,10 @@ class Store:
         removed (under their locks). Orphans are binaries with no json; GE's ``_pre.json``
         files are entries (``cachemgr.entry`` rule R7), never orphans.
         """
+        with fsutil.reads_keep_atime():
+            return self._verify_all(repair)
+
+    def _verify_all(self, repair: bool) -> VerifyReport:
         report = VerifyReport(self.chip_dir)
         scan = entry.scan_chip(self.chip_dir)
         for group in scan.entries.values():
@@ -504,6 +530,9 @@ class Store:
             _, problems = entry.check_entry(self.chip_dir, kernel)
         except FileNotFoundError:
             return  # removed by someone else meanwhile: normal
+        if problems and all(p.kind == entry.NOT_CHECKED for p in problems):
+            report.not_checked.append(kernel)
+            return
         report.checked += 1
         if problems:
             finding = Finding(kernel, problems)

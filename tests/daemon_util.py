@@ -171,3 +171,13 @@ def start_daemon(
         if proc.poll() is not None:
             raise AssertionError(f"daemon exited {proc.returncode}:\n{daemon.log()}")
     return daemon
+
+
+def wait_first_scan(daemon: Daemon, timeout_s: float = 60.0) -> None:
+    """Wait until the daemon's first full scan (the start-up reclaim, then the usage index)
+    has finished: it runs in the background after READY=1 (issue 12 item 10)."""
+    wait_for(
+        lambda: daemon.client.health().get("scan", {}).get("state") in ("done", "failed"),
+        timeout_s,
+        "the first scan",
+    )

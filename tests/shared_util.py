@@ -108,17 +108,16 @@ def chip_bytes(chip: Path) -> int:
     return total
 
 
-_EVICTION_LINE = re.compile(r"eviction of (\S+): (\{.*\})\s*$")
+_EVICTION_LINE = re.compile(r"evicted from (\S+): (.*?)\s*$")
 
 
 def evictions_in_log(text: str) -> list[list[str]]:
-    """The kernels each background eviction removed, one list per ``eviction of <soc>: {...}``
-    log line the daemons write with ``-v``."""
-    import ast
-
+    """The kernels each background eviction removed, one list per ``evicted from <soc>: k1
+    k2 …`` debug line (the daemons log it with ``[daemon] debug_loggers = "cachemgr.evicted"``;
+    the eviction's INFO line is a summary without names)."""
     runs = []
     for line in text.splitlines():
         match = _EVICTION_LINE.search(line)
         if match:
-            runs.append(list(ast.literal_eval(match.group(2)).get("evicted", [])))
+            runs.append(match.group(2).split())
     return runs

@@ -22,7 +22,7 @@ from cachemgr import entry, fsutil
 from cachemgr.client import Client
 from cachemgr.store import Store
 from tests.conftest import kernel_json, run_cli
-from tests.daemon_util import Daemon, daemon_env, start_daemon, wait_for
+from tests.daemon_util import Daemon, daemon_env, start_daemon, wait_first_scan, wait_for
 from tests.shared_util import SOC, compiles, kernel_request, timed_cc
 
 
@@ -141,7 +141,8 @@ def run_trials(tmp_path: Path, trials: int) -> None:
             daemon.stop()
             temps = [n for n in _names(chip) if (w := fsutil.temp_writer(n)) and w[1] == dead]
             kinds["left temps"] = kinds.get("left temps", 0) + bool(temps)
-            daemon = start_daemon(home, *args, env=env)  # reclaims at start, then READY
+            daemon = start_daemon(home, *args, env=env)  # READY, then the start-up reclaim
+            wait_first_scan(daemon)
             checked += _check(chip, dead, label)
         out = run_cli("verify", "--json", "--cache-dir", str(root), env=env)
         report = json.loads(out.stdout)

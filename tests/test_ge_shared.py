@@ -16,7 +16,7 @@ from cachemgr import entry, fsutil
 from cachemgr.ini import OpCacheIni
 from tests import ge_twin
 from tests.conftest import ROOT, SOC, run_cli
-from tests.daemon_util import daemon_env, start_daemon, wait_for
+from tests.daemon_util import daemon_env, start_daemon, wait_first_scan, wait_for
 from tests.test_ge_interop import REQUESTS, fake_toolkit, set_old
 from tests.test_two_users import _request
 from tests.users_util import Runtime, Users, run_as, user_home
@@ -296,8 +296,9 @@ def test_every_kernel_cache_under_ascend_cache_path_is_governed(
     denv = daemon_env(tmp_path, env)
     denv.update({k: v for k, v in env.items() if k.startswith(("ASCEND_", "CACHEMGR_HOST"))})
     daemon = start_daemon(tmp_path, env=denv)
-    try:
-        assert len(list((ge_kc / SOC).glob("*.json"))) == 1  # at start, before READY=1
+    try:  # at start: in the first scan, right after READY=1 (issue 12 item 10)
+        wait_first_scan(daemon)
+        assert len(list((ge_kc / SOC).glob("*.json"))) == 1
     finally:
         daemon.stop()
 

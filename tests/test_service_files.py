@@ -55,5 +55,6 @@ def test_openapi_is_valid_and_matches_routes() -> None:
         "/jobs/{job_id}",
         "/reload",
         "/hits",
+        "/stats/zero",
         "/stop",
     }

@@ -98,6 +98,7 @@ def _config(tmp: Path, cc: Path) -> Path:
         f'[compilers]\ncc = "{cc}"\n'
         "[daemon]\nworkers = 2\nevict_debounce_s = 0.2\n"
         "reconcile_interval_s = 2.0\nreconcile_jitter_s = 0.5\nreap_interval_s = 3.0\n"
+        'debug_loggers = "cachemgr.evicted"\n'
     )
     return cfg
 

@@ -25,7 +25,9 @@ from cachemgr.cli.common import (
     socket_option,
     warning,
 )
+from cachemgr.cli.lockcheck import checked_for_writing
 from cachemgr.client import Client
+from cachemgr.counters import CounterBook
 from cachemgr.errors import CacheMgrError, InvalidInputError
 from cachemgr.queue import DEFAULT_TIMEOUT_S, CompileOutcome, CompileQueue
 from cachemgr.request import load_request
@@ -199,13 +201,27 @@ def compile_cmd(
     where.announce()
     if where.client is not None:
         sys.exit(_compile_via_daemon(where.client, where, requests, extra, replace, as_json))
+    cli_values = {
+        "op_compiler_cache_dir": op_compiler_cache_dir,
+        "host_id": host_id,
+        "soc_version": None,
+        **extra,
+    }
+    settings = checked_for_writing(settings, cli_values, config_file)  # as the daemon
+    counters = CounterBook(lambda: settings.layout.kernel_cache_dir)  # SPEC §10: in the cache
     queue = CompileQueue(
-        settings, workers, timeout_s=timeout_s, output_dir=out_dir, binary_dirs=binaries
+        settings,
+        workers,
+        timeout_s=timeout_s,
+        output_dir=out_dir,
+        binary_dirs=binaries,
+        tally=counters.tally,
     )
     try:
         sys.exit(_compile_here(queue, requests, replace, as_json, where))
     finally:
         queue.close()
+        counters.save()
 
 
 def _compile_here(
@@ -318,10 +334,14 @@ def _outcome_of(answer: dict[str, Any]) -> CompileOutcome:
         float(answer.get("seconds", 0.0)),
         answer.get("error"),
         answer.get("request", ""),
+        answer.get("cached"),
+        answer.get("warning"),
     )
 
 
 def _report(outcome: CompileOutcome, as_json: bool, where: Route, via: str = "") -> None:
+    if outcome.warning:  # e.g. compiled but not cached: a read-only root (issue 10 item 12)
+        click.echo(f"cachemgr: warning: {outcome.warning}", err=True)
     if as_json:
         doc = {**outcome.to_json(), "via": via or where.via, "route": where.to_json()}
         click.echo(json.dumps(doc, ensure_ascii=False))

@@ -9,9 +9,10 @@ from typing import Any
 
 import click
 
-from cachemgr import entry
+from cachemgr import entry, fsutil
 from cachemgr.cli import human
 from cachemgr.cli.common import VERBOSITY, chip_dirs, emit_json, load_settings, settings_options
+from cachemgr.cli.lockcheck import checked_for_writing
 from cachemgr.store import Store, VerifyReport
 
 
@@ -58,7 +59,8 @@ def ls_cmd(as_json: bool, raw_bytes: bool, **kw: Any) -> None:
     One aligned row per entry, oldest access last; the total goes to stderr.
     """
     settings = load_settings(writable=False, **kw)
-    rows = [row for chip in chip_dirs(settings) for row in list_chip(chip)]
+    with fsutil.reads_keep_atime():
+        rows = [row for chip in chip_dirs(settings) for row in list_chip(chip)]
     if as_json:
         emit_json(rows)
         return
@@ -90,6 +92,7 @@ def _short_parts(kernel: str, parts: list[str]) -> str:
 def _report_json(report: VerifyReport) -> dict[str, Any]:
     return {
         "checked": report.checked,
+        "not_checked": report.not_checked,
         "findings": [
             {
                 "name": f.name,
@@ -109,6 +112,9 @@ def _report_json(report: VerifyReport) -> dict[str, Any]:
 def verify_cmd(as_json: bool, repair: bool, **kw: Any) -> None:
     """Check every entry (sha256, binaries, sub-parts); exit 1 if anything bad remains."""
     settings = load_settings(writable=repair, **kw)
+    if repair:  # it removes files: the daemon's lock checks first (issue 12 item 11)
+        values = {k: kw.get(k) for k in ("op_compiler_cache_dir", "host_id", "soc_version")}
+        settings = checked_for_writing(settings, values, kw.get("config_file"))
     reports = [Store(chip).verify_all(repair=repair) for chip in chip_dirs(settings)]
     bad = sum(len(r.bad) for r in reports)
     if as_json:
@@ -130,5 +136,12 @@ def verify_cmd(as_json: bool, repair: bool, **kw: Any) -> None:
             f"checked {human.plural(checked, 'entry', 'entries')} in "
             f"{human.plural(len(reports), 'chip folder')}; {bad} bad"
         )
+        skipped = sum(len(r.not_checked) for r in reports)
+        if skipped:
+            click.echo(
+                f"not checked: {skipped} entries of other users — reading them would change "
+                "their access times (the eviction order); run verify as their owner or root",
+                err=True,
+            )
     if bad:
         sys.exit(1)

@@ -29,10 +29,12 @@ from cachemgr.cli.common import (
     socket_option,
     warning,
 )
-from cachemgr.daemon.state import Counters, state_dir
+from cachemgr.cli.lockcheck import checked_for_writing
+from cachemgr.counters import COUNTER_NAMES, CacheCounters
 from cachemgr.errors import ConfigError
-from cachemgr.eviction import DryRun, chip_stats, purge_chip
+from cachemgr.eviction import DryRun, chip_row, purge_chip
 from cachemgr.gc import limits_json
+from cachemgr.options import Settings
 
 
 def _parse_ratio(raw: str | None) -> int | None:
@@ -165,6 +167,7 @@ def gc_cmd(
         )
         report["via"] = "daemon"
     else:
+        settings = _writable(settings, kw)
         enabled = human.bars_enabled(as_json)
         chips = gc.chip_dirs(settings)
         with human.progress(enabled, "gc: chip folders", len(chips), "folder") as outer:
@@ -185,13 +188,35 @@ def gc_cmd(
                 progress_for=bars,
             )
         report["via"] = "local"
+        _count_evictions(settings.layout.kernel_cache_dir, report)
     report["route"] = where.to_json()
     _print_gc(report, as_json)
     denied = list(gc.denied_lines(report))
     for line in denied:
         warning(f"not removed (permission): {line}")
-    if denied:
+    stuck = list(gc.stuck_lines(report))
+    for line in stuck:
+        warning(line)
+    if denied or stuck:
         sys.exit(1)
+
+
+def _writable(settings: Settings, kw: dict[str, Any]) -> Settings:
+    """The daemon's access and lock checks before this process writes (issue 12 item 11)."""
+    values = {k: kw.get(k) for k in ("op_compiler_cache_dir", "host_id", "soc_version")}
+    return checked_for_writing(settings, values, kw.get("config_file"))
+
+
+def _count_evictions(kernel_cache_dir: Path, report: dict[str, Any]) -> None:
+    """Add a local run's evictions to the cache's counters (SPEC §10; the daemon counts its
+    own runs)."""
+    counters = CacheCounters(kernel_cache_dir)
+    for soc, folder in report["chip_folders"].items():
+        if folder.get("dry_run") or folder.get("skipped"):
+            continue
+        counters.add("evicted_entries", int(folder.get("evicted_entries", 0)), soc)
+        counters.add("evicted_bytes", int(folder.get("evicted_bytes", 0)), soc)
+    counters.flush()
 
 
 def _print_gc(report: dict[str, Any], as_json: bool) -> None:
@@ -237,22 +262,39 @@ def _print_gc_one(report: dict[str, Any]) -> None:
 
 @click.command("stats")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object; chip folders by soc.")
+@click.option("--zero", is_flag=True, help="Reset the counters of this kernel cache.")
 @settings_options
 @socket_option
-def stats_cmd(as_json: bool, socket_path: Path | None, run_local: bool, **kw: Any) -> None:
-    """Counters (hits, misses, compiles) and, per chip folder: entries, bytes, limit, ratio,
-    fill %, oldest and newest access. From the daemon when one serves this cache; else
-    measured here, with the counters the daemon last saved."""
+def stats_cmd(
+    as_json: bool, zero: bool, socket_path: Path | None, run_local: bool, **kw: Any
+) -> None:
+    """Counters (hits, misses, compiles…) of this kernel cache — every daemon's and every
+    local run's, kept in the cache — and, per chip folder: entries, bytes, limit,
+    ratio, fill %, oldest and newest access. From the daemon when one serves this cache; else
+    measured here. --zero resets the counters."""
     settings = load_settings(writable=False, **kw)
     where = route(socket_path, run_local, settings)
     where.announce()
     client = where.client
+    kcache = settings.layout.kernel_cache_dir
+    if zero:
+        if client is not None:
+            client.request("POST", "/stats/zero", {})
+        else:
+            CacheCounters(kcache).zero()
+        click.echo(f"counters of {kcache} set to zero")
+        return
     if client is not None:
         data = client.stats(settings.value("soc_version"))
         data["via"] = "daemon"
     else:
-        data = dict(Counters(state_dir() / "counters.json").snapshot())
-        data["chip_folders"] = {c.name: chip_stats(c, settings) for c in chip_dirs(settings)}
+        counters = CacheCounters(kcache)
+        data = dict(counters.snapshot())
+        per_chip = counters.per_chip()
+        data["chip_folders"] = {}
+        for chip in chip_dirs(settings):
+            row = data["chip_folders"][chip.name] = chip_row(chip, settings)
+            row["counters"] = per_chip.get(chip.name, dict.fromkeys(COUNTER_NAMES, 0))
         data["via"] = "local"
     data["route"] = where.to_json()
     data["other_kernel_caches"] = _other_stats(settings)
@@ -291,6 +333,9 @@ def _print_stats(data: dict[str, Any]) -> None:
         )
     )
     for soc, row in data["chip_folders"].items():
+        if row.get("error"):
+            lines.append((soc, f"cannot be read: {row['error']}"))
+            continue
         fill = "" if row["fill_pct"] is None else f" ({row['fill_pct']:.1f} % full)"
         of = "" if row["limit_bytes"] is None else f" of {human.size(row['limit_bytes'])}"
         lines.append(
@@ -305,6 +350,9 @@ def _print_stats(data: dict[str, Any]) -> None:
         lines.append(("Chip folders", "none yet"))
     for kc, folders in data.get("other_kernel_caches", {}).items():
         for soc, row in folders.items():  # SPEC §2: every kernel cache under ASCEND_CACHE_PATH
+            if row.get("error"):
+                lines.append((f"{kc}/{soc}", f"cannot be read: {row['error']}"))
+                continue
             of = "" if row["limit_bytes"] is None else f" of {human.size(row['limit_bytes'])}"
             lines.append(
                 (
@@ -323,7 +371,7 @@ def _other_stats(settings: Any) -> dict[str, dict[str, Any]]:
     out = {}
     for kc in settings.other_kernel_caches():
         other = options.settings_for(settings, kc, os.environ)
-        out[str(kc)] = {c.name: chip_stats(c, other) for c in chip_dirs(other)}
+        out[str(kc)] = {c.name: chip_row(c, other) for c in chip_dirs(other)}
     return out
 
 
@@ -341,7 +389,7 @@ def purge_cmd(purge_all: bool, yes: bool, as_json: bool, **kw: Any) -> None:
     soc = kw.get("soc_version")
     if bool(soc) == purge_all:
         raise ConfigError("purge needs exactly one of --soc SOC or --all (from option)")
-    settings = load_settings(**kw)
+    settings = _writable(load_settings(**kw), kw)
     chips = chip_dirs(settings)
     if not yes:
         if not sys.stdin.isatty():

@@ -8,6 +8,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -15,6 +16,21 @@ from cachemgr.cli.common import daemon_socket_option, emit_json
 from cachemgr.client import Client, DaemonUnavailable, default_socket_path
 from cachemgr.daemon import main as daemon_main
 from cachemgr.errors import CacheMgrError
+
+#: The daemon's log line outside journald: every line carries its time (issue 12 item 7).
+TIMESTAMPED = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def _under_journald() -> bool:
+    """True when stderr is journald's stream (systemd sets ``JOURNAL_STREAM`` to its
+    ``device:inode``; a redirected stderr no longer matches)."""
+    value = os.environ.get("JOURNAL_STREAM", "")
+    try:
+        dev, ino = (int(x) for x in value.split(":"))
+        st = os.fstat(2)
+    except (ValueError, OSError):
+        return False
+    return (st.st_dev, st.st_ino) == (dev, ino)
 
 
 @click.command("serve")
@@ -60,6 +76,9 @@ def serve_cmd(
     root = logging.getLogger()
     if root.level > logging.INFO:
         root.setLevel(logging.INFO)
+    if not _under_journald():  # journald stamps each line itself
+        for handler in root.handlers:
+            handler.setFormatter(logging.Formatter(TIMESTAMPED))
     cli_values = {"op_compiler_cache_dir": op_compiler_cache_dir, "host_id": host_id}
     sys.exit(daemon_main.serve(cli_values, config_file, socket_path, tcp_port, allow_root))
 
@@ -96,6 +115,26 @@ def status_cmd(socket_path: Path | None, wait_s: float, as_json: bool) -> None:
             f"cachemgr daemon {health['status']}: pid {health['pid']}, "
             f"up {health['uptime_s']:.0f} s, socket {client.socket_path}"
         )
+        for line in status_lines(health):
+            click.echo(line)
+
+
+def status_lines(health: dict[str, Any]) -> list[str]:
+    """The degraded states and the first scan's progress from ``/health`` (issue 12)."""
+    lines = []
+    scan = health.get("scan")
+    if isinstance(scan, dict) and scan.get("state") != "done":
+        lines.append(
+            f"first scan: {scan.get('state')}, {scan.get('chip_folders_done')} of "
+            f"{scan.get('chip_folders_total')} chip folders, {scan.get('files')} files, "
+            f"{scan.get('seconds')} s"
+        )
+    for problem in health.get("degraded") or []:
+        lines.append(f"degraded: {problem}")
+    stuck = health.get("stuck")
+    if stuck:
+        lines.append(f"no progress in: {', '.join(stuck)} (systemd's watchdog will restart it)")
+    return lines
 
 
 @click.command("stop")

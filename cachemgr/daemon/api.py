@@ -13,6 +13,7 @@
 | GET    | /jobs/{id}      | state of a submitted compile |
 | POST   | /reload         | reload config and op_cache.ini (same path as SIGHUP) |
 | POST   | /hits           | ``{"hits": n}``: hits a client served itself, for the counters |
+| POST   | /stats/zero     | reset the counters of the kernel cache served (``stats --zero``) |
 | POST   | /stop           | stop as on SIGTERM; only the daemon's own user, on the Unix socket |
 
 Errors are ``{"error": "<one line>"}`` with 400 (bad input), 401/403/415/421 (TCP guard;
@@ -47,6 +48,7 @@ class ServiceLike(Protocol):
     def config(self, sections: bool = False) -> dict[str, Any]: ...
     def report_hits(self, hits: int) -> dict[str, Any]: ...
     def stats(self, soc: str | None) -> dict[str, Any]: ...
+    def zero_stats(self) -> dict[str, Any]: ...
     def gc(self, params: dict[str, Any]) -> dict[str, Any]: ...
     def lookup(self, soc_version: str, kernel_name: str) -> dict[str, Any]: ...
     def compile(self, body: dict[str, Any], alive: Alive) -> tuple[int, dict[str, Any]]: ...
@@ -73,6 +75,7 @@ class Api:
             "/compile": self._compile,
             "/reload": lambda b, alive: Response(200, service.reload()),
             "/hits": self._hits,
+            "/stats/zero": lambda b, alive: Response(200, service.zero_stats()),
             "/stop": _stop,
         }
 

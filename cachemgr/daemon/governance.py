@@ -6,6 +6,20 @@
 * APScheduler runs the periodic, jittered reconciliation scan (other hosts' writes, drift),
   the reaper (temp files, dead locks, orphans, ``kernel_meta`` folders of dead processes) and
   the saving of counters.
+
+Issue 12 (governance that degrades loudly and recovers by itself):
+
+* the first full scan (reclaim, then the usage index) runs in the background: the daemon
+  serves at once, and :attr:`Governance.scan` shows the progress in ``status`` and ``stats``;
+* every job has a deliberate misfire policy: a job that starts late (the process was paused,
+  the machine overloaded) still runs, once (``misfire_grace_time=None``, ``coalesce=True``);
+* eviction is debounced with a bound: however many file events arrive, an eviction due runs
+  within ``evict_max_delay_s`` of the first one;
+* :class:`~cachemgr.daemon.watch.Watcher` keeps the inotify watches true to the folders
+  (re-armed after ``rm -rf``, polling where the kernel's limits or the budget refuse a watch),
+  checked every ``watch_check_interval_s``, which is also the governance heartbeat;
+* one summary line per eviction (folder, entries, bytes, before → after, seconds); the names
+  only at debug level (a journal line holds 48 KiB).
 """
 
 from __future__ import annotations
@@ -17,8 +31,10 @@ import gc
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
@@ -33,13 +49,13 @@ from watchdog.events import (
     FileSystemEvent,
     FileSystemEventHandler,
 )
-from watchdog.observers import Observer
 
-from cachemgr import eviction, fsutil, kernel_meta, options, store
+from cachemgr import eviction, fsprobe, fsutil, kernel_meta, options, store
 from cachemgr import gc as cache_gc
+from cachemgr.counters import CounterBook
 from cachemgr.daemon.config import DaemonConfig
-from cachemgr.daemon.state import Counters
 from cachemgr.daemon.usage import UsageIndex
+from cachemgr.daemon.watch import Watcher
 from cachemgr.errors import CacheMgrError
 from cachemgr.options import Settings
 
@@ -98,72 +114,156 @@ class _Events(FileSystemEventHandler):
             self.gov.file_event(Path(str(event.dest_path)), removed=False)
 
 
+class ScanProgress:
+    """Progress of the first full scan (issue 12 item 10): shown by ``status`` and ``stats``.
+
+    ``state``: ``pending`` → ``reclaiming`` → ``indexing`` → ``done`` (or ``failed``).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.state = "pending"
+        self.chips_total = 0
+        self.chips_done = 0
+        self.files = 0
+        self.started = time.monotonic()
+        self.seconds: float | None = None
+        self.error = ""
+
+    def update(self, **fields: object) -> None:
+        with self._lock:
+            for name, value in fields.items():
+                setattr(self, name, value)
+
+    @property
+    def done(self) -> bool:
+        return self.state in ("done", "failed")
+
+    def to_json(self) -> dict[str, object]:
+        with self._lock:
+            elapsed = self.seconds if self.seconds is not None else time.monotonic() - self.started
+            return {
+                "state": self.state,
+                "chip_folders_done": self.chips_done,
+                "chip_folders_total": self.chips_total,
+                "files": self.files,
+                "seconds": round(elapsed, 3),
+                **({"error": self.error} if self.error else {}),
+            }
+
+
 class Governance:
-    """Owns the observer, the scheduler and the usage index of one kernel cache.
+    """Owns the watcher, the scheduler and the usage index of one kernel cache.
 
     :param get_settings: returns the current settings (they change on reload).
     :param counters: where eviction results are counted.
+    :param beat: called on every governance heartbeat (the watch check, every
+        ``watch_check_interval_s``): the systemd watchdog's proof that this thread works.
+    :param follow_ini: re-reads ``op_cache.ini`` when CANN edited it (issue 9 item 9).
     """
 
     def __init__(
         self,
         get_settings: Callable[[], Settings],
         config: DaemonConfig,
-        counters: Counters,
+        counters: CounterBook,
+        beat: Callable[[], None] = lambda: None,
         follow_ini: Callable[[], None] | None = None,
     ) -> None:
         self._settings = get_settings
         self._follow_ini = follow_ini
         self.config = config
         self.counters = counters
+        self._beat = beat
         self.index = UsageIndex(get_settings().layout.kernel_cache_dir)
+        # Every job runs however late it starts (a paused process, an overloaded host) and
+        # a job missed several times runs once: APScheduler's default grace (1 s) would drop
+        # a late eviction silently (issue 12 item 3).
         self.scheduler = BackgroundScheduler(
-            daemon=True, job_defaults={"coalesce": True, "max_instances": 1}
+            daemon=True,
+            job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
         )
-        self._observer: Observer | None = None
+        if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
+            logging.getLogger("apscheduler").setLevel(logging.WARNING)  # "Added job" lines
+        self.watcher: Watcher | None = None
         self._lock = threading.Lock()
+        self._due: dict[str, tuple[float, int | None, int | None]] = {}
         self.last_gc: dict[str, dict[str, object]] = {}
+        self.scan = ScanProgress()
+        #: why the cache root cannot be written now (read-only, vanished), or "" (issue 12
+        #: item 6); checked with the watches, eviction and reaping wait while it is set
+        self.root_problem = ""
+        #: per chip folder: kernel → when an entry with a future access time was first
+        #: seen (ns); its eviction order (issue 12 item 1)
+        self._first_seen: dict[str, dict[str, int]] = {}
 
     # --- lifecycle ------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Reclaim what crashed processes left (temp files, dead locks, bad entries — SPEC §9:
-        a ``kill -9`` leaves nothing for long), index the cache, start watching it and start
-        the periodic jobs. A publish that hits a full filesystem schedules eviction."""
+        """Start watching and the periodic jobs at once; the first full scan — reclaim what
+        crashed processes left (temp files, dead locks, bad entries: SPEC §9), then index the
+        cache — runs in the background (issue 12 item 10: serving never waits for it). A
+        publish that hits a full filesystem schedules eviction."""
         fsutil.ensure_dir(self.index.kernel_cache_dir)
-        self.follow_cann()
-        self.reap()
         store.add_no_space_listener(self._on_no_space)
-        self.index.reconcile()
-        release_memory()
-        self._start_observer()
+        self._start_watcher()
         cfg = self.config
         self.scheduler.add_job(
             self.reconcile,
             IntervalTrigger(seconds=cfg.reconcile_interval_s, jitter=cfg.reconcile_jitter_s),
             id="reconcile",
         )
+        self.scheduler.add_job(self.reap, IntervalTrigger(seconds=cfg.reap_interval_s), id="reap")
         self.scheduler.add_job(
-            self.reap,
-            IntervalTrigger(seconds=cfg.reap_interval_s),
-            id="reap",
-        )
-        self.scheduler.add_job(
-            self.counters.save,
+            self._save_counters,
             IntervalTrigger(seconds=cfg.counters_save_interval_s),
             id="save-counters",
         )
+        self.scheduler.add_job(
+            self.watch_check, IntervalTrigger(seconds=cfg.watch_check_interval_s), id="watch"
+        )
+        self.scheduler.add_job(self.poll, IntervalTrigger(seconds=cfg.poll_interval_s), id="poll")
         self.scheduler.start()
+        threading.Thread(target=self._first_scan, name="cachemgr-first-scan", daemon=True).start()
+
+    def _save_counters(self) -> None:
+        if not self.root_problem:
+            self.counters.save()
+
+    def _first_scan(self) -> None:
+        scan = self.scan
+        try:
+            scan.update(state="reclaiming", started=time.monotonic())
+            self.follow_cann()  # ini edits, toolkit upgrades, modes, other kernel caches
+            self.reap()
+            scan.update(state="indexing")
+
+            def progress(done: int, total: int, files: int) -> None:
+                scan.update(chips_done=done, chips_total=total, files=files)
+
+            self.index.reconcile(progress)
+            release_memory()
+            scan.update(state="done", seconds=time.monotonic() - scan.started)
+            log.info(
+                "first scan of %s done in %.1f s: %d chip folders, %d files",
+                self.index.kernel_cache_dir,
+                scan.seconds or 0.0,
+                scan.chips_total,
+                scan.files,
+            )
+        except (OSError, CacheMgrError) as exc:
+            scan.update(state="failed", error=str(exc), seconds=time.monotonic() - scan.started)
+            log.warning("first scan of %s failed: %s", self.index.kernel_cache_dir, exc)
+            return
         for soc in self.index.chips():
             self._check_limit(soc)
 
     def stop(self) -> None:
-        """Stop the observer and the scheduler (waits for a running job to finish)."""
+        """Stop the watcher and the scheduler (waits for a running job to finish)."""
         store.remove_no_space_listener(self._on_no_space)
-        if self._observer is not None:
-            self._observer.stop()
-            self._observer.join(timeout=10)
-            self._observer = None
+        if self.watcher is not None:
+            self.watcher.stop()
+            self.watcher = None
         if self.scheduler.running:
             self.scheduler.shutdown(wait=True)
 
@@ -172,27 +272,33 @@ class Governance:
         new_dir = self._settings().layout.kernel_cache_dir
         if new_dir != self.index.kernel_cache_dir:
             log.info("kernel cache moved to %s", new_dir)
-            if self._observer is not None:
-                self._observer.stop()
-                self._observer.join(timeout=10)
+            if self.watcher is not None:
+                self.watcher.stop()
             self.index = UsageIndex(new_dir)
             fsutil.ensure_dir(new_dir)
             self.index.reconcile()
-            self._start_observer()
+            self._start_watcher()
         for soc in self.index.chips():
             self._check_limit(soc)
 
-    def _start_observer(self) -> None:
-        observer = Observer()
-        observer.schedule(
-            _Events(self),
-            str(self.index.kernel_cache_dir),
-            recursive=True,
-            event_filter=WATCHED_EVENTS,
+    def _start_watcher(self) -> None:
+        self.watcher = Watcher(
+            self.index.kernel_cache_dir, _Events(self), WATCHED_EVENTS, self.config.inotify_watches
         )
-        observer.daemon = True
-        observer.start()
-        self._observer = observer
+        self.watcher.start()
+
+    def status(self) -> dict[str, object]:
+        """The first scan's progress and each chip folder's watch mode, for ``stats``,
+        ``/health`` and ``/metrics``."""
+        watcher = self.watcher
+        return {
+            "scan": self.scan.to_json(),
+            "watch": {
+                "kernel_cache": watcher.cache_mode() if watcher else "off",
+                "chip_folders": watcher.modes() if watcher else {},
+                "polled_because": watcher.reasons() if watcher else {},
+            },
+        }
 
     # --- events and jobs ------------------------------------------------------------------
 
@@ -208,48 +314,86 @@ class Governance:
             return
         self.schedule_eviction(soc)
 
-    def schedule_eviction(self, soc: str, ratio_pct: int | None = None) -> None:
-        """Run eviction of ``soc`` after the debounce delay (one pending run per chip);
-        with ``ratio_pct`` down to that percent of the limit even below the trigger."""
+    def schedule_eviction(
+        self, soc: str, ratio_pct: int | None = None, target_bytes: int | None = None
+    ) -> None:
+        """Run eviction of ``soc`` after the debounce delay (one pending run per chip); with
+        ``ratio_pct`` down to that percent of the limit, with ``target_bytes`` down to that
+        many bytes, even below the trigger.
+
+        Each new call moves the run ``evict_debounce_s`` later, but never later than
+        ``evict_max_delay_s`` after the first call: a steady stream of file events cannot
+        starve eviction (issue 12 item 8). Targets of calls merged into one run: the lowest.
+        """
         if not self.scheduler.running:
             return
-        when = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=self.config.evict_debounce_s)
+        now = time.monotonic()
+        cfg = self.config
+        with self._lock:
+            first, ratio, target = self._due.get(soc, (now, None, None))
+            new = soc not in self._due
+            ratio = _lowest(ratio, ratio_pct)
+            target = _lowest(target, target_bytes)
+            self._due[soc] = (first, ratio, target)
+        delay = max(0.0, min(cfg.evict_debounce_s, first + cfg.evict_max_delay_s - now))
+        if new:
+            log.info(
+                "%s: %d bytes used, over its limit: eviction due in %.1f s",
+                soc,
+                self.index.used_bytes(soc),
+                delay,
+            )
+        when = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=delay)
         self.scheduler.add_job(
-            self.evict,
+            self._evict_due,
             "date",
             run_date=when,
-            args=[soc, ratio_pct],
+            args=[soc],
             id=f"evict:{soc}",
             replace_existing=True,
         )
 
+    def _evict_due(self, soc: str) -> None:
+        with self._lock:
+            _, ratio, target = self._due.pop(soc, (0.0, None, None))
+        self.evict(soc, ratio, target)
+
     def _on_no_space(self, chip_dir: Path, bytes_needed: int) -> None:
         """A publish hit a full filesystem (``ENOSPC``): the disk, not the limit, is full, so
         the chip folder's current usage acts as its limit — evict down to ``ratio`` % of
-        ``min(limit, used)`` now, in the scheduler's thread. ``max_op_cache_size=-1`` (never
-        evict) is honoured: only the error is reported."""
+        ``min(limit, used)`` bytes now, in the scheduler's thread (a target in bytes: issue 12
+        item 8 — never rounded to "0 % of the limit"). ``max_op_cache_size=-1`` (never evict)
+        is honoured: only the error is reported."""
         if chip_dir.parent != self.index.kernel_cache_dir:
             return
         settings = self._settings()
-        self.counters.add("no_space")
+        self.counters.add("no_space", chip_dir=chip_dir)
         max_mb = int(settings.value("max_op_cache_size"))
         if max_mb == eviction.NEVER_EVICT:
             log.warning("no space left in %s; eviction is off (max_op_cache_size=-1)", chip_dir)
             return
         ratio = int(settings.value("remain_cache_size_ratio"))
         used = self.index.reconcile_chip(chip_dir.name)
-        effective = min(ratio, used * ratio // (max_mb * MIB))
+        target = min(max_mb * MIB, used) * ratio // 100
         log.warning(
-            "no space left in %s for %d bytes: evicting %s to %d %% of its limit",
+            "no space left in %s for %d bytes: evicting %s from %d to %d bytes",
             chip_dir,
             bytes_needed,
             chip_dir.name,
-            effective,
+            used,
+            target,
         )
-        self.schedule_eviction(chip_dir.name, effective)
+        self.schedule_eviction(chip_dir.name, target_bytes=target)
 
-    def evict(self, soc: str, ratio_pct: int | None = None) -> dict[str, object]:
-        """Evict one chip folder now (the limits of the current settings)."""
+    def evict(
+        self, soc: str, ratio_pct: int | None = None, target_bytes: int | None = None
+    ) -> dict[str, object]:
+        """Evict one chip folder now (the limits of the current settings; ``ratio_pct`` or
+        ``target_bytes`` force a run down to that target). Not while the root cannot be
+        written (it is re-checked when it can)."""
+        if self.root_problem:
+            log.info("eviction of %s waits: %s", soc, self.root_problem)
+            return {"skipped": "root not writable", "chip_dir": "", "detail": self.root_problem}
         settings = self._settings()
         chip = settings.layout.chip_dir(soc)
         report = eviction.gc_chip(
@@ -258,13 +402,16 @@ class Governance:
             int(ratio_pct if ratio_pct is not None else settings.value("remain_cache_size_ratio")),
             float(settings.value("min_age_s")),
             force_ratio=ratio_pct is not None,
+            target_bytes=target_bytes,
+            clock_skew_s=float(settings.value("clock_skew_s")),
+            first_seen=self._first_seen.setdefault(soc, {}),
         )
         data = report.to_json()
         self.count_eviction(data)
         self.last_gc[soc] = data
         self.index.reconcile_chip(soc)
         release_memory()
-        log.info("eviction of %s: %s", soc, data)
+        log_eviction(soc, data)
         return data
 
     def count_eviction(self, data: Mapping[str, object]) -> None:
@@ -272,10 +419,11 @@ class Governance:
         a dry run removed nothing and counts nothing."""
         if data.get("dry_run"):
             return
+        chip = data.get("chip_dir")
         for key in ("evicted_entries", "evicted_bytes"):
             value = data.get(key)
             if isinstance(value, int):
-                self.counters.add(key, value)
+                self.counters.add(key, value, Path(str(chip)) if chip else None)
 
     def reconcile(self) -> dict[str, int]:
         """The periodic rescan; re-checks every chip folder's limit. Other hosts' writes and
@@ -294,6 +442,63 @@ class Governance:
         log.debug("reconciled usage: %s", used)
         return used
 
+    def watch_check(self) -> set[str]:
+        """The governance heartbeat: keep the watches true to the folders (re-arm after a
+        removal, arm new chip folders, rescan after lost events); rescan what changed."""
+        self._beat()
+        self._check_root()
+        watcher = self.watcher
+        if watcher is None:
+            return set()
+        try:
+            rescan = watcher.check()
+        except OSError as exc:
+            log.warning("checking the watches of %s failed: %s", self.index.kernel_cache_dir, exc)
+            return set()
+        present = set(watcher.modes())
+        for soc in set(self.index.chips()) - present:
+            self.index.forget(soc)
+        if not self.scan.done:
+            return rescan  # the first scan indexes every folder
+        for soc in sorted(rescan):
+            self._rescan(soc)
+        return rescan
+
+    def _check_root(self) -> None:
+        """Notice the root turning read-only (or vanishing) and coming back: log each change
+        once; on recovery re-check every limit and save the counters kept meanwhile."""
+        problem = fsprobe.root_problem(self.index.kernel_cache_dir)
+        if problem == self.root_problem:
+            return
+        self.root_problem = problem
+        if problem:
+            log.warning(
+                "%s: hits are served, compiles return their kernel outside the cache, "
+                "eviction waits until it is writable again",
+                problem,
+            )
+            return
+        log.warning("the cache root of %s is writable again", self.index.kernel_cache_dir)
+        self.counters.save()
+        for soc in self.index.chips():
+            self._check_limit(soc)
+
+    def poll(self) -> None:
+        """Rescan the chip folders that have no inotify watch (issue 12 item 2)."""
+        watcher = self.watcher
+        if watcher is None or not self.scan.done:
+            return
+        for soc in watcher.polled():
+            self._rescan(soc)
+
+    def _rescan(self, soc: str) -> None:
+        try:
+            self.index.reconcile_chip(soc)
+        except OSError as exc:
+            log.warning("rescanning %s failed: %s", soc, exc)
+            return
+        self._check_limit(soc)
+
     def follow_cann(self) -> None:
         """What CANN processes change behind the daemon's back (issue 9 items 6b, 7, 9), at
         start and on every reconciliation: an edited ``op_cache.ini`` (limits, stamps) is
@@ -304,6 +509,8 @@ class Governance:
         Failures are logged; the next reconciliation tries again."""
         if self._follow_ini is not None:
             self._follow_ini()
+        if self.root_problem:  # nothing can be changed there now (issue 12 item 6)
+            return
         settings = self._settings()
         caches = [settings]
         for kc in settings.other_kernel_caches():
@@ -329,6 +536,8 @@ class Governance:
     def reap(self) -> None:
         """Reclaim what crashed or foreign processes left: temp files, dead locks, orphans
         (through eviction's reclaim) and ``kernel_meta`` folders of dead processes."""
+        if self.root_problem:
+            return
         settings = self._settings()
         ratio = int(settings.value("remain_cache_size_ratio"))
         for chip in settings.layout.chip_dirs():
@@ -348,3 +557,36 @@ class Governance:
             return
         if reaped:
             log.info("reaped %d kernel_meta leftovers of dead processes", len(reaped))
+
+
+def _lowest(a: int | None, b: int | None) -> int | None:
+    if a is None:
+        return b
+    return a if b is None else min(a, b)
+
+
+def log_eviction(soc: str, data: Mapping[str, Any]) -> None:
+    """One summary line per eviction run (folder, entries, bytes, before → after, seconds;
+    issue 12 item 7); the evicted names only at debug level, in a line of their own."""
+    if data.get("skipped"):
+        log.info("eviction of %s skipped: %s", soc, data["skipped"])
+        return
+    log.info(
+        "eviction of %s (%s): %d entries, %d bytes; %d -> %d bytes (target %s); "
+        "kept by aging guard %d; %.3f s",
+        soc,
+        data.get("chip_dir"),
+        data.get("evicted_entries", 0),
+        data.get("evicted_bytes", 0),
+        data.get("bytes_before", 0),
+        data.get("bytes_after", 0),
+        data.get("target_bytes"),
+        data.get("kept_by_aging_guard", 0),
+        data.get("seconds", 0.0),
+    )
+    if _names_log.isEnabledFor(logging.DEBUG) and data.get("evicted"):
+        _names_log.debug("evicted from %s: %s", soc, " ".join(data["evicted"]))
+
+
+#: The evicted kernels' names, at debug level (``-vv``, or ``[daemon] debug_loggers``).
+_names_log = logging.getLogger("cachemgr.evicted")

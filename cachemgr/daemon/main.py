@@ -19,6 +19,8 @@ import signal
 import socket
 import stat
 import sys
+import threading
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -29,6 +31,7 @@ from cachemgr.daemon import httpauth, rootcheck
 from cachemgr.daemon.api import Api
 from cachemgr.daemon.config import DaemonConfig
 from cachemgr.daemon.connections import Bounds
+from cachemgr.daemon.heartbeat import MAIN, SERVER, Heartbeats
 from cachemgr.daemon.notify import Notifier
 from cachemgr.daemon.server import HttpServer
 from cachemgr.daemon.service import Service
@@ -62,7 +65,7 @@ def _claim_socket(socket_path: Path) -> fsutil.FcntlLock:
     check_socket_dir(socket_path.parent)
     lock = fsutil.FcntlLock(socket_path.with_name(socket_path.name + ".lock"))
     if not lock.acquire(blocking=False):
-        raise AlreadyRunning(f"already running, pid {_pid_of(socket_path)} ({socket_path})")
+        raise AlreadyRunning(_holder(socket_path))
     client = Client(socket_path, timeout_s=2)
     if socket_path.exists() and client.available():
         pid = client.health().get("pid")
@@ -103,6 +106,24 @@ def _socket_origin() -> str:
         if os.environ.get(var):
             return f"${var}"
     return "the default /tmp/cachemgr-<uid>"
+
+
+def _holder(socket_path: Path) -> str:
+    """One line on the daemon that holds ``<socket>.lock``: its pid, where it serves, and
+    whether it answers there (issue 12 item 4: a daemon whose socket file was removed)."""
+    pid = _pid_of(socket_path)
+    try:
+        Client(socket_path, timeout_s=2).health()
+        answer = "it answers there"
+    except CacheMgrError as exc:
+        answer = (
+            "its socket file is missing (removed by a /tmp cleaner?); the daemon re-creates "
+            "it within seconds"
+            if not socket_path.exists()
+            else f"it does not answer there ({exc})"
+        )
+        answer += f"; if it stays so, stop it (kill {pid}) and start again"
+    return f"already running, pid {pid}, socket {socket_path}: {answer}"
 
 
 def _pid_of(socket_path: Path) -> str:
@@ -189,7 +210,9 @@ def run(
         log.info("serving on %s (pid %d)", where, os.getpid())
         serving = f"serving {service.settings.value('kernel_cache_dir')}"
         notifier.ready(f"{serving}; {note}" if note else serving)
-        _loop(service, notifier, flags, wake)
+        probe = _ServerProbe(socket_path, service.heartbeats, flags)
+        probe.start()
+        _loop(service, notifier, flags, wake, server)
     finally:
         notifier.stopping()
         log.info("stopping: finishing running compiles")
@@ -207,12 +230,79 @@ def run(
     return 0
 
 
-def _loop(service: Service, notifier: Notifier, flags: _Flags, wake: socket.socket) -> None:
+class _ServerProbe(threading.Thread):
+    """Proves that the request server works: a real ``/health`` request over the daemon's own
+    socket every :data:`PROBE_INTERVAL_S`; each answer is the server's heartbeat."""
+
+    def __init__(self, socket_path: Path, heartbeats: Heartbeats, flags: _Flags) -> None:
+        super().__init__(name="cachemgr-probe", daemon=True)
+        self.interval_s = probe_interval(heartbeats)
+        self.client = Client(socket_path, timeout_s=max(1.0, self.interval_s), local_hits=False)
+        self.heartbeats = heartbeats
+        self.flags = flags
+
+    def run(self) -> None:
+        while not self.flags.stop:
+            try:
+                self.client.health()
+                self.heartbeats.beat(SERVER)
+            except (CacheMgrError, OSError) as exc:
+                log.debug("server probe failed: %s", exc)
+            finally:
+                self.client.close()  # a new connection each time: it must be accepted
+            time.sleep(self.interval_s)
+
+
+#: Seconds between checks of the socket file and probes of the request server (at most).
+PROBE_INTERVAL_S = 2.0
+
+
+def probe_interval(heartbeats: Heartbeats) -> float:
+    """Seconds between probes: :data:`PROBE_INTERVAL_S`, or a third of the heartbeat timeout
+    when that is shorter (a part is stale only after several missed beats)."""
+    return min(PROBE_INTERVAL_S, heartbeats.timeout_s / 3)
+
+
+def _check_socket(server: HttpServer | None) -> None:
+    """Re-create a socket file that was removed or replaced (issue 12 item 4)."""
+    if server is None:
+        return
+    why = server.socket_lost()
+    if not why:
+        return
+    try:
+        server.recreate_socket()
+    except OSError as exc:
+        log.error("the daemon is unreachable: %s, and re-creating it failed: %s", why, exc)
+        return
+    log.warning("%s; re-created %s", why, server.socket_path)
+
+
+def _loop(
+    service: Service,
+    notifier: Notifier,
+    flags: _Flags,
+    wake: socket.socket,
+    server: HttpServer | None = None,
+) -> None:
+    """React to signals; every tick check the socket file and, when every part of the
+    daemon made progress (:class:`~cachemgr.daemon.heartbeat.Heartbeats`), ping systemd's
+    watchdog (issue 12 item 12)."""
     interval = notifier.watchdog_interval_s
+    every = probe_interval(service.heartbeats)
+    tick = min(interval, every) if interval else every
+    shown: list[str] = []
     while not flags.stop:
-        if interval:
+        service.heartbeats.beat(MAIN)
+        _check_socket(server)
+        degraded = service.degraded()
+        if degraded != shown:  # STATUS= follows the degraded states (issue 12 item 6)
+            shown = degraded
+            serving = f"serving {service.settings.value('kernel_cache_dir')}"
+            notifier.status("degraded: " + "; ".join(degraded) if degraded else serving)
+        if interval and not service.heartbeats.stale():
             notifier.watchdog()
-        select.select([wake], [], [], interval)  # blocks: no polling when idle
+        select.select([wake], [], [], tick)  # blocks: one wake-up per tick when idle
         _drain(wake)
         if flags.reload and not flags.stop:
             flags.reload = False
@@ -264,6 +354,8 @@ def serve(
         log.warning("%s", problem)
     where = f"config {config_file or os.environ.get('CACHEMGR_CONFIG', '')} [daemon]"
     config = DaemonConfig.from_table(settings.sections.get("daemon"), where)
+    for name in filter(None, (n.strip() for n in config.debug_loggers.split(","))):
+        logging.getLogger(name).setLevel(logging.DEBUG)
     if tcp_port is not None or config.tcp_port:
         httpauth.load_token(config.tcp_token_file)  # no token, no TCP: say so before anything
     checked = rootcheck.check_root(cli_values, resolve_with, config)

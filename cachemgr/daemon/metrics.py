@@ -2,27 +2,32 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from cachemgr.daemon.state import Counters
+from cachemgr.counters import CounterBook
 from cachemgr.daemon.usage import UsageIndex
+
+#: ``(name, help, labels, value)`` of one gauge sample: the daemon's degraded states.
+Gauge = tuple[str, str, dict[str, str], float]
 
 
 class _Collector:
     def __init__(
         self,
-        counters: Counters,
+        counters: CounterBook,
         index: Callable[[], UsageIndex],
         limit_bytes: Callable[[], int | None],
         queue_depth: Callable[[], int],
+        gauges: Callable[[], Sequence[Gauge]] = lambda: (),
     ) -> None:
         self.counters = counters
         self.index = index
         self.limit_bytes = limit_bytes
         self.queue_depth = queue_depth
+        self.gauges = gauges
 
     def collect(self) -> Iterator[Metric]:
         for name, value in sorted(self.counters.snapshot().items()):
@@ -56,6 +61,13 @@ class _Collector:
         yield GaugeMetricFamily(
             "cachemgr_queue_jobs", "compile jobs queued or running", value=self.queue_depth()
         )
+        families: dict[str, GaugeMetricFamily] = {}
+        for name, text, labels, value in self.gauges():
+            family = families.get(name)
+            if family is None:
+                family = families[name] = GaugeMetricFamily(name, text, labels=sorted(labels))
+            family.add_metric([labels[k] for k in sorted(labels)], value)
+        yield from families.values()
 
 
 class Metrics:
@@ -63,13 +75,15 @@ class Metrics:
 
     def __init__(
         self,
-        counters: Counters,
+        counters: CounterBook,
         index: Callable[[], UsageIndex],
         limit_bytes: Callable[[], int | None],
         queue_depth: Callable[[], int],
+        gauges: Callable[[], Sequence[Gauge]] = lambda: (),
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_Collector(counters, index, limit_bytes, queue_depth))  # type: ignore[arg-type]
+        collector = _Collector(counters, index, limit_bytes, queue_depth, gauges)
+        self.registry.register(collector)  # type: ignore[arg-type]
 
     def render(self) -> bytes:
         """The text exposition of every metric."""

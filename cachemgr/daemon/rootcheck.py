@@ -73,11 +73,13 @@ def check_root(
     resolve: Resolver,
     config: DaemonConfig,
     probe_locks: Callable[[Path], fsprobe.LockProbe] = fsprobe.probe_locks,
+    access: bool = True,
 ) -> CheckedRoot:
     """Access check, then lock probe, then the fallback policy (module docstring).
 
     ``probe_locks`` is :func:`cachemgr.fsprobe.probe_locks` (tests give it another
-    ``mountinfo`` file to read).
+    ``mountinfo`` file to read). ``access`` False skips the access check of the cache (a
+    CLI command handles a folder it may not write itself: compiles go outside the cache).
 
     :raises CachePermissionError: this user cannot write the kernel cache.
     :raises LocksUnavailable: locks do not work and the policy is ``"refuse"``, or the local
@@ -85,7 +87,8 @@ def check_root(
     :raises ConfigError: the local cache's path is invalid.
     """
     settings = resolve(cli_values)
-    check_access(settings)
+    if access:
+        check_access(settings)
     kcache = settings.layout.kernel_cache_dir
     probe = probe_locks(kcache)
     if probe.ok:

@@ -15,6 +15,7 @@ import os
 import select
 import socket
 import socketserver
+import stat
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -217,18 +218,13 @@ class HttpServer:
         tcp_guard: Callable[[tuple[str, int]], Guard] | None = None,
     ) -> None:
         self.socket_path = socket_path
+        self._app = app
+        self._max_body_bytes = max_body_bytes
         fsutil.ensure_dir(socket_path.parent)
         _unlink_stale(socket_path)
-        old = os.umask(0o117)
-        try:
-            self._unix = _UnixServer(str(socket_path), _Handler)
-        finally:
-            os.umask(old)
-        os.chmod(socket_path, SOCKET_MODE)
-        self._unix.app = app  # type: ignore[attr-defined]
-        self._unix.bound(bounds or Bounds())
+        self._bounds = bounds or Bounds()
+        self._unix = self._bind_unix()
         self._servers: list[socketserver.BaseServer] = [self._unix]
-        self._unix.max_body_bytes = max_body_bytes  # type: ignore[attr-defined]
         self.tcp_address: tuple[str, int] | None = None
         if tcp is not None:
             if tcp[0] not in ("127.0.0.1", "localhost", "::1"):
@@ -244,12 +240,64 @@ class HttpServer:
             self._servers.append(srv)
         self._threads: list[threading.Thread] = []
 
+    def _bind_unix(self) -> _UnixServer:
+        old = os.umask(0o117)
+        try:
+            srv = _UnixServer(str(self.socket_path), _Handler)
+        finally:
+            os.umask(old)
+        os.chmod(self.socket_path, SOCKET_MODE)
+        srv.app = self._app  # type: ignore[attr-defined]
+        srv.bound(self._bounds)
+        srv.max_body_bytes = self._max_body_bytes  # type: ignore[attr-defined]
+        st = os.stat(self.socket_path)
+        self._socket_ident = (st.st_dev, st.st_ino)
+        return srv
+
     def start(self) -> None:
         """Start serving in background threads."""
         for srv in self._servers:
-            thread = threading.Thread(target=srv.serve_forever, name="cachemgr-http", daemon=True)
-            thread.start()
-            self._threads.append(thread)
+            self._serve_in_thread(srv)
+
+    def _serve_in_thread(self, srv: socketserver.BaseServer) -> None:
+        thread = threading.Thread(target=srv.serve_forever, name="cachemgr-http", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def socket_lost(self) -> str:
+        """Why the Unix socket file is no longer ours (removed by a ``/tmp`` cleaner,
+        replaced), or ``""`` while it is (issue 12 item 4)."""
+        try:
+            st = os.lstat(self.socket_path)
+        except FileNotFoundError:
+            return "its socket file was removed"
+        except OSError as exc:
+            return f"its socket file cannot be checked ({exc.strerror})"
+        if (st.st_dev, st.st_ino) != self._socket_ident:
+            return "its socket file was replaced"
+        return ""
+
+    def recreate_socket(self) -> None:
+        """Bind a new Unix socket at the same path and serve it; close the lost one. A
+        socket file that replaced ours is removed (the daemon's lock on ``<socket>.lock``
+        says the path is ours); anything else there is left and the error raised.
+
+        :raises OSError: the path holds something else, or binding fails.
+        """
+        st = fsutil.lstat_or_none(self.socket_path)
+        if st is not None and stat.S_ISSOCK(st.st_mode):
+            _unlink_stale(self.socket_path)
+        fsutil.ensure_dir(self.socket_path.parent)
+        new = self._bind_unix()
+        old, self._unix = self._unix, new
+        self._servers = [new if srv is old else srv for srv in self._servers]
+        self._serve_in_thread(new)
+        old.shutdown()
+        old.server_close()
+        reserve = getattr(old, "_reserve", None)  # its spare descriptor for shedding
+        if reserve is not None:
+            os.close(reserve)
+            old._reserve = None
 
     def stop(self) -> None:
         """Stop accepting, close the listening sockets and remove the socket file."""

@@ -18,11 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from cachemgr import build, eviction, fsutil, gc, inputs, options, request, store
+from cachemgr.counters import COUNTER_NAMES, CounterBook
 from cachemgr.daemon import peer
 from cachemgr.daemon.config import DaemonConfig
 from cachemgr.daemon.governance import Governance, release_memory
-from cachemgr.daemon.metrics import Metrics
-from cachemgr.daemon.state import Counters
+from cachemgr.daemon.heartbeat import GOVERNANCE, POOL, Heartbeats
+from cachemgr.daemon.metrics import Gauge, Metrics
 from cachemgr.errors import CacheMgrError, InvalidInputError
 from cachemgr.peer import user_name
 from cachemgr.queue import CompileQueue
@@ -40,7 +41,8 @@ class Service:
 
     :param resolve: builds fresh settings (called at start and on every reload); raises
         :class:`ConfigError` for a bad configuration.
-    :param state_path: the counters file.
+    :param state_path: unused (counters live in the kernel cache: :mod:`cachemgr.counters`);
+        kept for callers that still pass the old per-user file.
     """
 
     def __init__(
@@ -52,19 +54,32 @@ class Service:
         self.started = time.monotonic()
         self.accepting = True
         self.tcp_address: tuple[str, int] | None = None
-        self.counters = Counters(state_path)
+        self.counters = CounterBook(lambda: self._settings.layout.kernel_cache_dir)
         self.queue = CompileQueue(
             self._settings,
             workers=config.workers or os.cpu_count() or 1,
             lock_timeout_s=config.lock_wait_s or None,
+            tally=self.counters.tally,
             max_queued_per_caller=config.max_queued_per_caller or None,
         )
+        self.heartbeats = Heartbeats(
+            config.heartbeat_timeout_s, {POOL: lambda: self.queue.stalled_s() > self._stall_s}
+        )
+        self._stall_s = self.queue.timeout_s + config.heartbeat_timeout_s
         self._ini_seen: bytes | None = self._ini_bytes()
         self.governance = Governance(
-            lambda: self._settings, config, self.counters, follow_ini=self._follow_ini
+            lambda: self._settings,
+            config,
+            self.counters,
+            lambda: self.heartbeats.beat(GOVERNANCE),
+            follow_ini=self._follow_ini,
         )
         self._metrics = Metrics(
-            self.counters, lambda: self.governance.index, self._limit_bytes, self.queue.depth
+            self.counters,
+            lambda: self.governance.index,
+            self._limit_bytes,
+            self.queue.depth,
+            self._gauges,
         )
         self._jobs: dict[str, dict[str, Any]] = {}
         self._jobs_lock = threading.Lock()
@@ -136,14 +151,94 @@ class Service:
     # --- read-only operations -------------------------------------------------------------
 
     def health(self) -> dict[str, Any]:
+        degraded = self.degraded()
+        status = "degraded" if degraded else "ok"
         return {
-            "status": "ok" if self.accepting else "stopping",
+            "status": status if self.accepting else "stopping",
+            "degraded": degraded,
             "service": "cachemgr",
             "pid": os.getpid(),
             "version": VERSION,
             "uptime_s": round(time.monotonic() - self.started, 3),
             "tcp": list(self.tcp_address) if self.tcp_address else None,
+            "scan": self.governance.scan.to_json(),
+            "stuck": self.heartbeats.stale(),
         }
+
+    def degraded(self) -> list[str]:
+        """The degraded states now, one line each (README "Troubleshooting"): a root that
+        cannot be written, chip folders polled instead of watched, parts without progress."""
+        out = []
+        if self.governance.root_problem:
+            out.append(self.governance.root_problem)
+        watcher = self.governance.watcher
+        if watcher is not None and watcher.polled():
+            out.append(f"chip folders polled (no inotify watch): {', '.join(watcher.polled())}")
+        for soc, last in sorted(self.governance.last_gc.items()):
+            if last.get("stuck_over_limit"):
+                future = last.get("future_atimes") or 0
+                out.append(
+                    f"{soc} over its limit: everything left was accessed too recently"
+                    + (f" ({future} access times in the future: clock skew)" if future else "")
+                )
+        stuck = self.heartbeats.stale()
+        if stuck:
+            out.append(f"no progress in: {', '.join(stuck)}")
+        return out
+
+    def _gauges(self) -> list[Gauge]:
+        """The degraded states as gauges (issue 12; README "Troubleshooting")."""
+        status = self.governance.status()
+        scan, watch = status["scan"], status["watch"]
+        out: list[Gauge] = [
+            (
+                "cachemgr_first_scan_done",
+                "1 once the first full scan of the cache finished",
+                {},
+                1.0 if scan["state"] == "done" else 0.0,
+            ),
+            (
+                "cachemgr_root_not_writable",
+                "1 while the cache root is read-only or has vanished (hits served, no caching)",
+                {},
+                1.0 if self.governance.root_problem else 0.0,
+            ),
+            (
+                "cachemgr_stuck_parts",
+                "parts of the daemon without progress (WATCHDOG=1 is withheld while > 0)",
+                {},
+                float(len(self.heartbeats.stale())),
+            ),
+        ]
+        for soc, last in self.governance.last_gc.items():
+            labels = {"soc_version": soc}
+            out.append(
+                (
+                    "cachemgr_chip_stuck_over_limit",
+                    "1 when the last eviction left the chip folder over its limit because "
+                    "everything left was accessed too recently (or in the future)",
+                    labels,
+                    1.0 if last.get("stuck_over_limit") else 0.0,
+                )
+            )
+            out.append(
+                (
+                    "cachemgr_chip_future_atimes",
+                    "entries whose access time lies in the future (clock skew), last eviction",
+                    labels,
+                    float(last.get("future_atimes") or 0),  # type: ignore[arg-type]
+                )
+            )
+        for soc, mode in watch["chip_folders"].items():
+            out.append(
+                (
+                    "cachemgr_chip_polled",
+                    "1 when a chip folder has no inotify watch and is polled instead",
+                    {"soc_version": soc},
+                    1.0 if mode == "polling" else 0.0,
+                )
+            )
+        return out
 
     def metrics(self) -> bytes:
         return self._metrics.render()
@@ -160,14 +255,29 @@ class Service:
         self.counters.add("hits", hits)
         return {"hits": self.counters.snapshot()["hits"]}
 
+    def zero_stats(self) -> dict[str, Any]:
+        """``stats --zero``: reset the counters of the kernel cache served (every chip folder).
+
+        :raises OSError: the cache cannot be written (e.g. a read-only root).
+        """
+        self.counters.cache().zero()
+        return {"zeroed": str(self._settings.layout.kernel_cache_dir)}
+
     def stats(self, soc: str | None = None) -> dict[str, Any]:
         """Counters at top level (``hits``, ``misses``, ``compiles``…) and per chip folder
         figures (entries, bytes, limit, ratio, fill %) under ``chip_folders``."""
         settings = self._settings
         chips = [settings.layout.chip_dir(soc)] if soc else settings.layout.chip_dirs()
         data: dict[str, Any] = dict(self.counters.snapshot())
-        data["chip_folders"] = {c.name: eviction.chip_stats(c, settings) for c in chips}
+        data["chip_folders"] = {c.name: eviction.chip_row(c, settings) for c in chips}
+        per_chip = self.counters.cache().per_chip()
+        for soc, row in data["chip_folders"].items():
+            row["counters"] = per_chip.get(soc, dict.fromkeys(COUNTER_NAMES, 0))
+            last = self.governance.last_gc.get(soc, {})
+            row["stuck_over_limit"] = bool(last.get("stuck_over_limit"))
+            row["future_atimes"] = last.get("future_atimes", 0)
         data["queue_jobs"] = self.queue.depth()
+        data.update(self.governance.status())
         release_memory()  # the folder scans above held a per-file object each
         return data
 
@@ -175,7 +285,7 @@ class Service:
         """A verified lookup (SPEC §3.3) counted as a hit or a miss."""
         chip = self._settings.layout.chip_dir(soc_version)
         result = store.Store(chip).lookup(kernel_name)
-        self.counters.add("hits" if result.hit else "misses")
+        self.counters.add("hits" if result.hit else "misses", chip_dir=chip)
         return {
             "status": result.status,
             "kernel_name": kernel_name,
@@ -301,21 +411,10 @@ class Service:
         return dataclasses.replace(req, kernel_source=snap.source), snap
 
     def _count(self, future: Future) -> None:
+        """Outcomes are counted by the queue (per request and per compiler run, in the
+        cache's counters); here only requests that ended without one."""
         if future.cancelled() or future.exception() is not None:
             self.counters.add("failures")
-            return
-        status = future.result().status
-        name = {
-            "hit": "hits",
-            "compiled": "compiles",
-            "binary": "binaries",
-            "debug": "debug_compiles",
-            "failed": "failures",
-        }.get(status)
-        if name:
-            self.counters.add(name)
-        if status in ("compiled", "binary"):
-            self.counters.add("misses")
 
     def job(self, job_id: str) -> dict[str, Any] | None:
         with self._jobs_lock:

@@ -14,6 +14,7 @@ import logging
 import os
 import stat
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import xxhash
@@ -55,8 +56,11 @@ class UsageIndex:
         with self._lock:
             return sum(len(f) for f in self._files.values())
 
-    def reconcile(self) -> dict[str, int]:
-        """Rescan every chip folder (one ``scandir`` + ``lstat`` pass each); return used bytes."""
+    def reconcile(self, progress: Callable[[int, int, int], None] | None = None) -> dict[str, int]:
+        """Rescan every chip folder (one ``scandir`` + ``lstat`` pass each); return used bytes.
+
+        :param progress: called as ``progress(chip folders done, total, files so far)``.
+        """
         try:
             with os.scandir(self.kernel_cache_dir) as it:
                 chips = [e.name for e in it if e.is_dir(follow_symlinks=False)]
@@ -68,10 +72,21 @@ class UsageIndex:
             with self._lock:
                 for table in (self._files, self._used, self._entries):
                     table.pop(soc, None)
-        for soc in chips:
+        files = 0
+        for done, soc in enumerate(chips, 1):
             self.reconcile_chip(soc)
+            if progress is not None:
+                with self._lock:
+                    files += len(self._files.get(soc, ()))
+                progress(done, len(chips), files)
         with self._lock:
             return dict(self._used)
+
+    def forget(self, soc: str) -> None:
+        """Drop a chip folder that is gone."""
+        with self._lock:
+            for table in (self._files, self._used, self._entries):
+                table.pop(soc, None)
 
     def reconcile_chip(self, soc: str) -> int:
         """Rescan one chip folder; return its used bytes."""

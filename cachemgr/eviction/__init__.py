@@ -9,12 +9,26 @@
 Sizes are apparent bytes; limits are in MB = MiB (2**20), as GE computes them.
 """
 
-from cachemgr.eviction.collect import DEFAULT_MIN_AGE_S, DryRun, GcReport, gc_chip
+from cachemgr.eviction.collect import (
+    DEFAULT_CLOCK_SKEW_S,
+    DEFAULT_MIN_AGE_S,
+    DryRun,
+    GcReport,
+    gc_chip,
+)
 from cachemgr.eviction.plan import MIB, NEVER_EVICT, EvictionPlan, check_limits, plan_eviction
-from cachemgr.eviction.purge import ChipUsage, PurgeReport, chip_stats, chip_usage, purge_chip
+from cachemgr.eviction.purge import (
+    ChipUsage,
+    PurgeReport,
+    chip_row,
+    chip_stats,
+    chip_usage,
+    purge_chip,
+)
 from cachemgr.eviction.reclaim import ORPHAN_MIN_AGE_S, TEMP_MAX_AGE_S, ReclaimResult
 
 __all__ = [
+    "DEFAULT_CLOCK_SKEW_S",
     "DEFAULT_MIN_AGE_S",
     "MIB",
     "NEVER_EVICT",
@@ -27,6 +41,7 @@ __all__ = [
     "PurgeReport",
     "ReclaimResult",
     "check_limits",
+    "chip_row",
     "chip_stats",
     "chip_usage",
     "gc_chip",

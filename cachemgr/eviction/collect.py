@@ -23,6 +23,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -44,6 +45,8 @@ log = logging.getLogger(__name__)
 
 #: GE's ``MIN_CACHE_AGING_TIME`` in seconds [GE].
 DEFAULT_MIN_AGE_S = 1800.0
+#: Access times up to this far in the future (seconds) are trusted: clocks differ a little.
+DEFAULT_CLOCK_SKEW_S = 300.0
 #: Threads that remove files. ``unlink`` in a large folder waits on the filesystem journal
 #: (ext4) or the server (NFS), not the CPU: measured on ext4 with 2 cores, 8 threads remove
 #: files ~1.9x faster than one, 2 threads ~1.3x.
@@ -97,6 +100,10 @@ class GcReport:
     reclaimed: ReclaimResult = field(default_factory=ReclaimResult)
     odd: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
+    #: entries whose access time lies beyond the clock-skew tolerance in the future, and
+    #: the largest such skew (seconds): issue 12 item 1
+    future_atimes: int = 0
+    max_skew_s: float = 0.0
 
     @property
     def soc_version(self) -> str:
@@ -136,7 +143,22 @@ class GcReport:
             },
             "not_files": self.odd,
             "seconds": round(self.seconds, 3),
+            "future_atimes": self.future_atimes,
+            "max_skew_s": round(self.max_skew_s, 3),
+            "stuck_over_limit": self.stuck_over_limit,
         }
+
+    @property
+    def stuck_over_limit(self) -> bool:
+        """Still at or over the limit after the run because the aging guard kept what was
+        left ("everything is young", also after clock skew): reported, not hidden."""
+        return (
+            not self.dry_run
+            and not self.skipped
+            and self.max_bytes is not None
+            and self.bytes_after >= self.max_bytes
+            and bool(self.kept_by_age)
+        )
 
 
 def gc_chip(
@@ -149,6 +171,9 @@ def gc_chip(
     dry_run: DryRun = DryRun.NO,
     progress: Progress | None = None,
     on_planned: Callable[[EvictionPlan], None] | None = None,
+    target_bytes: int | None = None,
+    clock_skew_s: float | None = DEFAULT_CLOCK_SKEW_S,
+    first_seen: dict[str, int] | None = None,
 ) -> GcReport:
     """Reclaim leftovers and evict least recently accessed entries of one chip folder.
 
@@ -162,6 +187,12 @@ def gc_chip(
     :param progress: called as ``progress(done, total)`` while entries are evicted.
     :param on_planned: called with the plan before anything is evicted (tests use it to
         play a concurrent hit or a concurrent removal).
+    :param target_bytes: evict down to this many bytes when that is below the ratio's
+        target (the daemon after ``ENOSPC``).
+    :param clock_skew_s: access times more than this many seconds in the future are
+        suspect: warned about once per folder (skew, owner) and ordered by when cachemgr
+        first saw them (``first_seen``, kernel → ns, updated here; the daemon keeps it
+        between runs) — issue 12 item 1.
     :raises InvalidInputError: for bad limits (nothing is touched).
     :raises OSError: when the folder cannot be listed or locked (e.g. ``ENOLCK``).
     """
@@ -185,7 +216,12 @@ def gc_chip(
         try:
             with _no_cyclic_gc():
                 _run(
-                    chip_fd, report, max_mb, ratio_pct, min_age_s, force_ratio, progress, on_planned
+                    chip_fd,
+                    report,
+                    (max_mb, ratio_pct, min_age_s, force_ratio, target_bytes),
+                    (clock_skew_s, {} if first_seen is None else first_seen),
+                    progress,
+                    on_planned,
                 )
         finally:
             lock.release()
@@ -227,19 +263,32 @@ def _no_cyclic_gc() -> Iterator[None]:
 def _run(
     chip_fd: int,
     report: GcReport,
-    max_mb: int,
-    ratio_pct: int,
-    min_age_s: float,
-    force_ratio: bool,
+    limits: tuple[int, int, float, bool, int | None],
+    clock: tuple[float | None, dict[str, int]],
     progress: Progress | None,
     on_planned: Callable[[EvictionPlan], None] | None,
 ) -> None:
+    max_mb, ratio_pct, min_age_s, force_ratio, target_bytes = limits
     scan = entry.scan_chip(report.chip_dir)
     report.entries_before = len(scan.entries)
     report.bytes_before = scan.used_bytes
     report.odd = dict(scan.odd)
     report.reclaimed = reclaim(scan, chip_fd, time.time_ns(), report.dry_run)
-    plan = plan_eviction(scan, max_mb, ratio_pct, min_age_s, time.time_ns(), force_ratio)
+    now_ns = time.time_ns()
+    clock_skew_s, first_seen = clock
+    plan = plan_eviction(
+        scan,
+        max_mb,
+        ratio_pct,
+        min_age_s,
+        now_ns,
+        force_ratio,
+        target_bytes,
+        clock_skew_s,
+        first_seen,
+    )
+    if plan.suspect:
+        _note_skew(report, plan.suspect, now_ns, first_seen)
     report.max_bytes, report.target_bytes = plan.max_bytes, plan.target_bytes
     report.triggered = plan.triggered
     report.kept_by_age = [g.kernel for g in plan.kept_by_age]
@@ -252,8 +301,11 @@ def _run(
         _evict(chip_fd, scan, plan, report, progress)
         if plan.kernels:
             after_eviction(scan, chip_fd, report.reclaimed)
-    report.bytes_after = scan.used_bytes - report.evicted_bytes
-    log.info(
+    # measured, not computed: reclaim, other writers and files gone meanwhile (issue 12 item 8)
+    report.bytes_after = (
+        scan.used_bytes - report.evicted_bytes if report.dry_run else _used_bytes(chip_fd)
+    )
+    log.debug(
         "%s: %d -> %d bytes; evicted %d entries (%d bytes); reclaimed %d bytes",
         report.chip_dir,
         report.bytes_before,
@@ -262,6 +314,50 @@ def _run(
         report.evicted_bytes,
         report.reclaimed.bytes,
     )
+
+
+#: Chip folders already warned about for future access times (once per folder).
+_skew_warned: set[Path] = set()
+
+
+def _note_skew(
+    report: GcReport, suspect: tuple[EntryGroup, ...], now_ns: int, first_seen: dict[str, int]
+) -> None:
+    """Record suspect (future) access times; warn once per folder naming the largest skew
+    and the owner of that entry (whose host's clock runs ahead)."""
+    for group in suspect:
+        first_seen.setdefault(group.kernel, now_ns)
+    worst = max(suspect, key=lambda g: g.atime_ns)
+    report.future_atimes = len(suspect)
+    report.max_skew_s = (worst.atime_ns - now_ns) / 1e9
+    if report.chip_dir in _skew_warned:
+        return
+    _skew_warned.add(report.chip_dir)
+    st = fsutil.lstat_or_none(report.chip_dir / worst.json_name)
+    owner = fsutil.user_name(st.st_uid) if st is not None else "?"
+    log.warning(
+        "%s: %d entries have access times in the future, up to %.0f s ahead (e.g. %s, owner "
+        "%s: a host whose clock runs ahead?); they are ordered by when cachemgr first saw them",
+        report.chip_dir,
+        len(suspect),
+        report.max_skew_s,
+        worst.kernel,
+        owner,
+    )
+
+
+def _used_bytes(chip_fd: int) -> int:
+    """Apparent bytes of the regular files in the folder open as ``chip_fd`` (SPEC §5)."""
+    total = 0
+    with os.scandir(chip_fd) as it:
+        for de in it:
+            try:
+                st = de.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                total += st.st_size
+    return total
 
 
 def _batches(plan: EvictionPlan, freed: Callable[[], int]) -> Iterator[list[EntryGroup]]:

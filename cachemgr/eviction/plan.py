@@ -18,6 +18,7 @@ exactly which entries go.
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Mapping
 from dataclasses import dataclass
 from operator import attrgetter
 from pathlib import Path
@@ -57,6 +58,9 @@ class EvictionPlan:
     candidates: tuple[EntryGroup, ...] = ()
     reserve: tuple[EntryGroup, ...] = ()
     kept_by_age: tuple[EntryGroup, ...] = ()
+    #: entries whose access time lies more than the clock-skew tolerance in the future
+    #: (a host whose clock runs ahead): ordered by when cachemgr first saw them instead
+    suspect: tuple[EntryGroup, ...] = ()
 
     @property
     def need_bytes(self) -> int:
@@ -101,6 +105,9 @@ def plan_eviction(
     min_age_s: float,
     now_ns: int,
     force_ratio: bool = False,
+    target_bytes: int | None = None,
+    clock_skew_s: float | None = None,
+    first_seen: Mapping[str, int] | None = None,
 ) -> EvictionPlan:
     """Plan the eviction of one chip folder from a snapshot; pure (SPEC §5, [GE]).
 
@@ -110,6 +117,13 @@ def plan_eviction(
     :param min_age_s: aging guard in seconds (GE: 1800); ``now_ns - atime < min_age_s`` keeps.
     :param now_ns: the clock, in ns since the epoch (passed in: the function is pure).
     :param force_ratio: evict down to the target even below the trigger (``gc --ratio``).
+    :param target_bytes: evict down to this many bytes (when lower than the ratio's target)
+        even below the trigger: after ``ENOSPC`` the daemon's target is a number of bytes,
+        never a percent rounded down to 0 (issue 12 item 8).
+    :param clock_skew_s: an access time more than this many seconds after ``now_ns`` is
+        suspect (written or hit by a host whose clock runs ahead, common on NFS): it is not
+        trusted but replaced by ``first_seen[kernel]`` (ns; default ``now_ns``), the time
+        cachemgr first saw it (issue 12 item 1). None trusts every access time.
     :raises InvalidInputError: for a bad ``max_mb``, ``ratio_pct`` or ``min_age_s``.
     """
     check_limits(max_mb, ratio_pct, min_age_s)
@@ -119,11 +133,16 @@ def plan_eviction(
     max_bytes = max_mb * MIB
     target = max_bytes * ratio_pct // 100
     triggered = used >= max_bytes or (force_ratio and used > target)
+    if target_bytes is not None and target_bytes < target:
+        target = max(0, target_bytes)
+        triggered = triggered or used > target
     if not triggered:
         return EvictionPlan(scan.chip_dir, used, max_bytes, target, triggered=False)
     need = used - target
     cutoff_ns = now_ns - int(min_age_s * 1e9)
-    order, atimes = _lru_order(list(scan.entries.values()))
+    groups = list(scan.entries.values())
+    times, suspect = _effective_times(groups, now_ns, clock_skew_s, first_seen or {})
+    order, atimes = _lru_order(groups, times)
     candidates: list[EntryGroup] = []
     kept: list[EntryGroup] = []
     freed = 0
@@ -148,14 +167,40 @@ def plan_eviction(
         candidates=tuple(candidates),
         reserve=reserve,
         kept_by_age=tuple(kept),
+        suspect=suspect,
     )
 
 
-def _lru_order(groups: list[EntryGroup]) -> tuple[list[EntryGroup], list[int]]:
+def _effective_times(
+    groups: list[EntryGroup],
+    now_ns: int,
+    clock_skew_s: float | None,
+    first_seen: Mapping[str, int],
+) -> tuple[list[int], tuple[EntryGroup, ...]]:
+    """Each entry's access time (ns) for ordering, and the suspect entries: an access time
+    beyond ``now + clock_skew_s`` is replaced by when cachemgr first saw the entry."""
+    times = list(map(_ATIME, groups))
+    if clock_skew_s is None or not times:
+        return times, ()
+    limit = now_ns + int(clock_skew_s * 1e9)
+    if max(times) <= limit:
+        return times, ()
+    suspect = []
+    for i, group in enumerate(groups):
+        if times[i] > limit:
+            suspect.append(group)
+            times[i] = first_seen.get(group.kernel, now_ns)
+    return times, tuple(suspect)
+
+
+def _lru_order(
+    groups: list[EntryGroup], keys: list[int] | None = None
+) -> tuple[list[EntryGroup], list[int]]:
     """Least recently accessed first, with their access times (ns); equal times in name
     order, so the plan is deterministic. Each main json's time is read once: on 100,000
     entries the lookups, not the sort, are the cost."""
-    keys = list(map(_ATIME, groups))
+    if keys is None:
+        keys = list(map(_ATIME, groups))
     idx = sorted(range(len(groups)), key=keys.__getitem__)
     order = [groups[i] for i in idx]
     atimes = [keys[i] for i in idx]

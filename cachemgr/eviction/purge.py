@@ -223,6 +223,16 @@ def _iso(ns: int | None) -> str | None:
     return datetime.fromtimestamp(ns / 1e9, tz=UTC).isoformat(timespec="seconds")
 
 
+def chip_row(chip_dir: Path, settings: Settings) -> dict[str, Any]:
+    """:func:`chip_stats`, or ``{"chip_dir", "error"}`` when the folder cannot be read (e.g.
+    ``ESTALE`` on an NFS root, ``EACCES``): ``stats`` reports it and goes on with the other
+    folders (issue 12 item 11)."""
+    try:
+        return chip_stats(chip_dir, settings)
+    except OSError as exc:
+        return {"chip_dir": str(chip_dir), "error": exc.strerror or str(exc)}
+
+
 def chip_stats(chip_dir: Path, settings: Settings) -> dict[str, Any]:
     """One chip folder's figures for ``stats`` (CLI and daemon): entries, bytes, the limit in
     MB and bytes, the remain ratio, fill % of the limit (None when eviction is off), and the

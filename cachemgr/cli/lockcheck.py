@@ -1,0 +1,131 @@
+"""Every writer checks its locks (issue 12 item 11; SPEC §9).
+
+The daemon probes the cache root's fcntl locks before it serves; a CLI command that writes
+into the cache without a daemon (``compile``, ``gc``, ``purge``, ``verify --repair``) runs the
+same check — :func:`cachemgr.daemon.rootcheck.check_root` with the config's ``[daemon]
+lock_fallback`` — so on a filesystem that ignores locks it refuses or falls back to the local
+cache exactly as the daemon does. The probe's answer is cached per mount (device, mount point,
+type and options from ``/proc/self/mountinfo``) in ``$XDG_CACHE_HOME/cachemgr/lockprobe.json``
+for :data:`PROBE_TTL_S`, so the CLI pays the probe (a child process) once a day per mount, not
+per run; a remount with other options is another mount and is probed again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from cachemgr import fsprobe, fsutil, options
+from cachemgr.cli.common import warning
+from cachemgr.daemon import rootcheck
+from cachemgr.daemon.config import DaemonConfig
+from cachemgr.options import Settings
+
+log = logging.getLogger(__name__)
+
+#: How long a probe's answer is trusted for one mount (seconds).
+PROBE_TTL_S = 24 * 3600.0
+
+
+def probe_cache_file(env: Mapping[str, str] | None = None) -> Path:
+    """``$XDG_CACHE_HOME/cachemgr/lockprobe.json`` (default ``~/.cache/cachemgr/``)."""
+    env = os.environ if env is None else env
+    base = Path(env["XDG_CACHE_HOME"]) if env.get("XDG_CACHE_HOME") else None
+    if base is None:
+        base = Path(env.get("HOME") or os.path.expanduser("~")) / ".cache"
+    return base / "cachemgr" / "lockprobe.json"
+
+
+def mount_key(folder: Path, mountinfo: Path = Path("/proc/self/mountinfo")) -> str:
+    """The identity of the mount holding ``folder`` (or its nearest existing parent)."""
+    path = Path(folder)
+    while not path.exists() and path.parent != path:
+        path = path.parent
+    st = os.stat(path)
+    try:
+        mount = fsprobe.mount_of(path, fsprobe.parse_mountinfo(mountinfo.read_text()))
+    except OSError:
+        mount = None
+    where = (
+        "" if mount is None else f" {mount.mount_point} {mount.fstype} {','.join(mount.options)}"
+    )
+    return f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}{where}"
+
+
+def cached_probe(folder: Path, cache_file: Path | None = None) -> fsprobe.LockProbe:
+    """:func:`cachemgr.fsprobe.probe_locks`, answered from the per-mount cache when fresh."""
+    cache_file = cache_file or probe_cache_file()
+    key = mount_key(folder)
+    cache = _load(cache_file)
+    hit = cache.get(key)
+    now = time.time()
+    if (
+        isinstance(hit, dict)
+        and isinstance(hit.get("ok"), bool)
+        and now - hit.get("at", 0) < PROBE_TTL_S
+    ):
+        return fsprobe.LockProbe(Path(folder), hit["ok"], str(hit.get("detail", "")))
+    probe = fsprobe.probe_locks(folder)
+    cache[key] = {"ok": probe.ok, "detail": probe.detail, "at": now}
+    try:
+        fsutil.ensure_dir(cache_file.parent)
+        fsutil.atomic_write_bytes(cache_file, json.dumps(cache, sort_keys=True).encode(), 0o600)
+    except OSError as exc:  # a cache we cannot write only costs the next run a probe
+        log.debug("cannot save the lock probe cache %s: %s", cache_file, exc)
+    return probe
+
+
+def _writable(folder: Path) -> bool:
+    """Can this user create files in ``folder`` (or, when it does not exist yet, make it in
+    its nearest existing parent)?"""
+    path = Path(folder)
+    while not path.exists() and path.parent != path:
+        path = path.parent
+    return os.access(path, os.W_OK | os.X_OK)
+
+
+def _load(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(fsutil.read_bytes_noatime(path))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def checked_for_writing(
+    settings: Settings, cli_values: Mapping[str, object], config_file: Path | None
+) -> Settings:
+    """The settings a writing CLI command may use: the same access and lock checks as
+    ``cachemgr serve`` (and its ``lock_fallback``), with the probe cached per mount.
+
+    A root on a read-only filesystem, or a kernel cache this user may not write, is left as
+    it is: nothing is written there (hits are served, compiles return their kernel outside
+    the cache: issue 12 item 6, issue 9 item 6c).
+
+    :raises LocksUnavailable: locks do not work and ``lock_fallback`` is ``"refuse"``.
+    :raises CachePermissionError: this user cannot write the local fallback cache.
+    :raises ConfigError: a bad ``[daemon]`` table.
+    """
+    kcache = settings.layout.kernel_cache_dir
+    if fsprobe.root_problem(kcache) or not _writable(kcache):
+        return settings  # nothing is written there: compiles go outside the cache, and gc
+        # and purge name the folder they may not change (SPEC §9)
+    where = f"config {config_file or os.environ.get('CACHEMGR_CONFIG', '')} [daemon]"
+    config = DaemonConfig.from_table(settings.sections.get("daemon"), where)
+
+    def resolve(values: Mapping[str, object]) -> Settings:
+        if values == cli_values:
+            return settings
+        return options.resolve(cli=values, config_file=config_file)
+
+    checked = rootcheck.check_root(
+        cli_values, resolve, config, probe_locks=cached_probe, access=False
+    )
+    if checked.fallback_note:
+        warning(checked.fallback_note)
+    return checked.settings

@@ -1,0 +1,255 @@
+"""Counters that belong to a kernel cache, not to a user or a daemon (SPEC §10; issue 12
+item 5).
+
+Design (ccache keeps one stats file per cache subfolder and sums them): one small JSON file
+per chip folder, ``<kernel cache>/cachemgr_stats_<soc>.json`` (counts not tied to a chip — a
+client's own hits — go to ``cachemgr_stats.json``). They sit beside ``op_cache.ini``, not in
+the chip folder, so they never count toward its used size [GE: the used size is every
+regular file of the chip folder]. Every process that works on the cache — each daemon, each
+in-process CLI run — adds its own increments in memory and merges them into the files now and
+then (:meth:`CacheCounters.flush`): under the fcntl lock ``cachemgr_stats.lock`` it reads a
+file, adds, and replaces it atomically (temp + rename). So two daemons on one cache add up,
+a restart loses nothing that was flushed, and a cache that does not exist has no counts.
+``stats --zero`` rewrites every file with zeros under the same lock. On a root that cannot be
+written (read-only, full) increments stay in memory and the next flush tries again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+
+from cachemgr import fsutil
+from cachemgr.errors import LockBusyError
+
+log = logging.getLogger(__name__)
+
+#: SPEC §10's counters, in the order ``stats`` shows them (same names in ``/metrics``).
+COUNTER_NAMES = (
+    "hits",
+    "misses",
+    "compiles",
+    "coalesced",
+    "binaries",
+    "debug_compiles",
+    "failures",
+    "uncached",
+    "evicted_entries",
+    "evicted_bytes",
+    "no_space",
+)
+LOCK_NAME = "cachemgr_stats.lock"
+PREFIX = "cachemgr_stats"
+_FILE_RE = re.compile(r"^cachemgr_stats(?:_([A-Za-z0-9_\-.]+))?\.json\Z")
+#: Largest stats file read (bytes): a few dozen counters; anything bigger is not ours.
+MAX_FILE_BYTES = 64 * 1024
+
+
+def stats_file(kernel_cache_dir: Path, soc: str = "") -> Path:
+    """``<kernel cache>/cachemgr_stats_<soc>.json`` (``cachemgr_stats.json`` without a soc)."""
+    return kernel_cache_dir / (f"{PREFIX}_{soc}.json" if soc else f"{PREFIX}.json")
+
+
+class CacheCounters:
+    """The counters of one kernel cache: files merged with this process's pending increments.
+
+    :param kernel_cache_dir: the kernel cache whose counters these are.
+    """
+
+    def __init__(self, kernel_cache_dir: Path) -> None:
+        self.kernel_cache_dir = Path(kernel_cache_dir)
+        self._lock = threading.Lock()
+        self._pending: dict[str, Counter[str]] = {}
+        self._failing = False
+
+    def add(self, name: str, amount: int = 1, soc: str = "") -> None:
+        """Add ``amount`` to counter ``name`` of chip folder ``soc`` (in memory until
+        :meth:`flush`)."""
+        if amount:
+            with self._lock:
+                self._pending.setdefault(soc, Counter())[name] += amount
+
+    def pending(self) -> bool:
+        """True while increments wait for a flush."""
+        with self._lock:
+            return any(self._pending.values())
+
+    def flush(self) -> bool:
+        """Merge the pending increments into the files (under the stats lock); False when the
+        cache cannot be written now (they stay pending, and one warning says why)."""
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        if not any(pending.values()):
+            return True
+        try:
+            with self._file_lock():
+                for soc, deltas in pending.items():
+                    if deltas:
+                        path = stats_file(self.kernel_cache_dir, soc)
+                        merged = Counter(_read(path))
+                        merged.update(deltas)
+                        _write(path, merged)
+        except (OSError, LockBusyError) as exc:
+            with self._lock:  # keep them for the next flush
+                for soc, deltas in pending.items():
+                    self._pending.setdefault(soc, Counter()).update(deltas)
+            if not self._failing:
+                log.warning(
+                    "cannot save the counters of %s (%s); keeping them in memory",
+                    self.kernel_cache_dir,
+                    getattr(exc, "strerror", None) or exc,
+                )
+            self._failing = True
+            return False
+        self._failing = False
+        return True
+
+    def per_chip(self) -> dict[str, dict[str, int]]:
+        """``{soc: {name: value}}`` from the files plus pending increments (``""``: counts
+        not tied to a chip folder)."""
+        out: dict[str, Counter[str]] = {}
+        for soc, path in self._files():
+            out[soc] = Counter(_read(path))
+        with self._lock:
+            for soc, deltas in self._pending.items():
+                out.setdefault(soc, Counter()).update(deltas)
+        return {soc: _full(c) for soc, c in sorted(out.items())}
+
+    def snapshot(self) -> dict[str, int]:
+        """Every counter summed over the chip folders (SPEC §10's names first)."""
+        total: Counter[str] = Counter()
+        for values in self.per_chip().values():
+            total.update(values)
+        return _full(total)
+
+    def zero(self) -> None:
+        """Reset every counter of this cache (``stats --zero``): pending increments are
+        dropped and each file rewritten with zeros, under the stats lock.
+
+        :raises OSError: the cache cannot be written.
+        """
+        with self._lock:
+            self._pending = {}
+        with self._file_lock():
+            for _, path in self._files():
+                _write(path, Counter())
+
+    def _files(self) -> list[tuple[str, Path]]:
+        try:
+            names = os.listdir(self.kernel_cache_dir)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        except OSError as exc:
+            if exc.errno in fsutil.GONE_ERRNOS:
+                return []
+            raise
+        found = []
+        for name in names:
+            match = _FILE_RE.match(name)
+            if match:
+                found.append((match.group(1) or "", self.kernel_cache_dir / name))
+        return sorted(found)
+
+    @contextlib.contextmanager
+    def _file_lock(self) -> Iterator[None]:
+        """Hold ``cachemgr_stats.lock`` (fcntl: other processes and hosts) for a merge.
+
+        :raises OSError: the lock file cannot be made (read-only root) or locked.
+        :raises LockBusyError: it stayed held for 30 s.
+        """
+        lock = fsutil.FcntlLock(self.kernel_cache_dir / LOCK_NAME)
+        lock.acquire(timeout_s=30)
+        try:
+            yield
+        finally:
+            lock.release()
+
+
+def _full(values: Mapping[str, int]) -> dict[str, int]:
+    out = dict.fromkeys(COUNTER_NAMES, 0)
+    out.update({k: int(v) for k, v in values.items()})
+    return out
+
+
+def _read(path: Path) -> dict[str, int]:
+    """A stats file's counters; a damaged, foreign or oversized file counts as empty (it is
+    untrusted input: SPEC §9) and is replaced at the next flush."""
+    try:
+        raw = fsutil.read_bytes_noatime(path)
+    except OSError as exc:
+        if exc.errno not in fsutil.GONE_ERRNOS:
+            log.warning("ignoring unreadable counters file %s: %s", path, exc.strerror or exc)
+        return {}
+    if len(raw) > MAX_FILE_BYTES:
+        log.warning("ignoring counters file %s: %d bytes is not a counters file", path, len(raw))
+        return {}
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        log.warning("ignoring damaged counters file %s: %s", path, exc)
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {
+        str(k): v
+        for k, v in data.items()
+        if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**63
+    }
+
+
+def _write(path: Path, values: Mapping[str, int]) -> None:
+    data = json.dumps(dict(sorted(values.items())), sort_keys=True).encode()
+    fsutil.atomic_write_bytes(path, data, mode=0o664)
+
+
+class CounterBook:
+    """The counters of every kernel cache a process works on (a reload may move the cache;
+    a CLI run may compile for several): :class:`CacheCounters` by kernel cache folder.
+
+    :param default: the current kernel cache (counts given no chip folder go there).
+    """
+
+    def __init__(self, default: Callable[[], Path]) -> None:
+        self._default = default
+        self._lock = threading.Lock()
+        self._caches: dict[Path, CacheCounters] = {}
+
+    def cache(self, kernel_cache_dir: Path | None = None) -> CacheCounters:
+        """The counters of ``kernel_cache_dir`` (default: the current kernel cache)."""
+        path = Path(kernel_cache_dir) if kernel_cache_dir is not None else self._default()
+        with self._lock:
+            found = self._caches.get(path)
+            if found is None:
+                found = self._caches[path] = CacheCounters(path)
+            return found
+
+    def add(self, name: str, amount: int = 1, chip_dir: Path | None = None) -> None:
+        """Count ``amount`` of ``name`` for ``chip_dir`` (``<kernel cache>/<soc>``), or for
+        the current kernel cache as a whole when None."""
+        if chip_dir is None:
+            self.cache().add(name, amount)
+        else:
+            chip_dir = Path(chip_dir)
+            self.cache(chip_dir.parent).add(name, amount, chip_dir.name)
+
+    def tally(self, chip_dir: Path | None, name: str, amount: int) -> None:
+        """:meth:`add` in the argument order of :class:`cachemgr.queue.CompileQueue`'s
+        ``tally`` hook."""
+        self.add(name, amount, chip_dir)
+
+    def snapshot(self) -> dict[str, int]:
+        """The current kernel cache's counters."""
+        return self.cache().snapshot()
+
+    def save(self) -> bool:
+        """Flush every cache's pending increments; False if one could not be written."""
+        with self._lock:
+            caches = list(self._caches.values())
+        return all([c.flush() for c in caches])
