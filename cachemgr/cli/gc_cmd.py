@@ -321,6 +321,15 @@ def _print_stats(data: dict[str, Any]) -> None:
     ]
     for key in sorted(k for k, v in data.items() if k not in _NOT_COUNTERS and _is_count(v)):
         lines.append((key.replace("_", " ").capitalize(), str(data[key])))
+    queue = data.get("queue")
+    if isinstance(queue, dict):  # from a daemon: its queue now (issue 13 item 3)
+        lines.append(
+            (
+                "Queue",
+                f"{queue.get('queued', 0)} queued, {queue.get('running', 0)} running, "
+                f"{queue.get('waited', 0)} waited for another request's compile",
+            )
+        )
     lim = data["limits"]
     max_mb, ratio = lim["max_op_cache_size"]["value"], lim["remain_cache_size_ratio"]["value"]
     lines.append(
