@@ -209,7 +209,9 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
             if found.hit:  # another process published it while we waited for the lock
                 lock.release()
                 hold.release()
-                return CompileOutcome(p.kernel, HIT, found.files, request=p.request.origin)
+                return CompileOutcome(
+                    p.kernel, HIT, found.files, request=p.request.origin, coalesced=True
+                )
         build_dir = ctx.build_dir()
         job = compile_job(p, build_dir)
         if inputs.may_read_in_place(p.inputs, os.environ):
