@@ -30,6 +30,7 @@ from typing import Any
 from cachemgr import chiplock, fsutil, inputs, kernel_meta, keys, manifest, policy, precompiled
 from cachemgr.compilers import CompileJob, CompilerBackend
 from cachemgr.errors import ConfigError, InvalidInputError
+from cachemgr.events import Events
 from cachemgr.options import Settings
 from cachemgr.request import CompileRequest, RequestOptions, resolve_options
 from cachemgr.store import Store
@@ -321,6 +322,8 @@ class RunContext:
     build_dirs: list[Path] = field(default_factory=list)
     #: the config file's tables (its ``[toolkit]`` stamps a new ``op_cache.ini``)
     config_sections: dict[str, Any] = field(default_factory=dict)
+    #: where tier events go (a publish on a full disk: the daemon evicts; issue 15 item 1)
+    events: Events | None = None
 
     def build_dir(self) -> Path:
         """This thread's private, empty build folder (outside any cache folder)."""

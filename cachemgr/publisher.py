@@ -34,40 +34,10 @@ from cachemgr.build import COMPILED, HIT, CompileOutcome, Prepared, RunContext, 
 from cachemgr.chiplock import Hold
 from cachemgr.compilers import CompileResult
 from cachemgr.errors import CachePermissionError, ConfigError, LockBusyError, NoSpaceError
-from cachemgr.store import Store
+from cachemgr.events import Events
+from cachemgr.store import EntryHold, Store
 
 log = logging.getLogger(__name__)
-
-
-class _Held:
-    """The entry lock the caller already holds: taking it again is a no-op."""
-
-    held = True
-
-    def acquire(self, blocking: bool = True, timeout_s: float | None = None) -> bool:
-        return True
-
-    def release(self, unlink: bool = False) -> None:
-        return None
-
-    def __enter__(self) -> _Held:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-class _HeldStore(Store):
-    """A store whose lock of ``held`` is already taken by the caller (a POSIX lock must not be
-    taken twice: closing the second descriptor would drop the first)."""
-
-    def __init__(self, chip_dir: Path, held: str, lock_timeout_s: float) -> None:
-        super().__init__(chip_dir, lock_timeout_s)
-        self._held = held
-
-    def entry_lock(self, kernel: str) -> Any:
-        """The held no-op lock for ``held``, a real :class:`~cachemgr.fsutil.FcntlLock` else."""
-        return _Held() if kernel == self._held else super().entry_lock(kernel)
 
 
 @dataclass
@@ -77,10 +47,12 @@ class Pending:
     prepared: Prepared
     files: dict[str, bytes]
     main_json: dict[str, Any]
-    entry_lock: fsutil.FcntlLock
+    entry_lock: EntryHold
     chip_hold: Hold
     lock_timeout_s: float
     config_sections: dict[str, Any] = field(default_factory=dict)
+    #: told of a publish that hit a full filesystem (the daemon's governance evicts)
+    events: Events | None = None
 
     def finish(self, uncached_dir: Callable[[], Path] | None = None) -> CompileOutcome:
         """Publish (json last), then release the locks — from any thread.
@@ -93,10 +65,10 @@ class Pending:
         """
         p = self.prepared
         try:
-            store = _HeldStore(p.chip_dir, p.kernel, self.lock_timeout_s)
+            store = Store(p.chip_dir, self.lock_timeout_s, self.events)
             if p.decision.cache.replace:
-                store.remove(p.kernel)
-            published = store.publish(p.kernel, self.files, self.main_json)
+                store.remove(p.kernel, held=self.entry_lock)
+            published = store.publish(p.kernel, self.files, self.main_json, held=self.entry_lock)
             _record_manifest(p)
             _ensure_ini(p.chip_dir.parent, self.config_sections)  # logs its own failure
         except (NoSpaceError, OSError) as exc:
@@ -168,8 +140,7 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
         return _compile_outside(p, ctx, _why(p.chip_dir, exc))
     try:
         fsutil.ensure_dir(p.chip_dir)
-        lock = Store(p.chip_dir).entry_lock(p.kernel)
-        lock.acquire(timeout_s=ctx.lock_timeout_s)
+        lock = Store(p.chip_dir, ctx.lock_timeout_s, ctx.events).hold(p.kernel)
     except LockBusyError:
         hold.release()
         return _compile_alone(p, ctx)
@@ -189,7 +160,7 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
         raise
     try:
         if p.decision.cache.read:
-            found = _HeldStore(p.chip_dir, p.kernel, ctx.lock_timeout_s).lookup(p.kernel)
+            found = Store(p.chip_dir, ctx.lock_timeout_s).lookup(p.kernel, held=lock)
             if found.hit:  # another process published it while we waited for the lock
                 lock.release()
                 hold.release()
@@ -200,7 +171,7 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
         lock.release()
         hold.release()
         raise
-    return Pending(p, files, main, lock, hold, ctx.lock_timeout_s, ctx.config_sections)
+    return Pending(p, files, main, lock, hold, ctx.lock_timeout_s, ctx.config_sections, ctx.events)
 
 
 def _ensure_ini(kernel_cache_dir: Path, sections: dict[str, Any]) -> None:

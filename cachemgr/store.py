@@ -15,11 +15,11 @@ Readers take no lock: the json-last publish order is what keeps them from partia
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
 import os
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +33,7 @@ from cachemgr.errors import (
     InvalidInputError,
     NoSpaceError,
 )
+from cachemgr.events import Events, NoSpaceEvent
 
 log = logging.getLogger(__name__)
 
@@ -47,28 +48,12 @@ DEFAULT_LOCK_TIMEOUT_S = 120.0
 #: errno values of a full filesystem: no space (``ENOSPC``) or quota spent (``EDQUOT``).
 NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
-#: ``listener(chip_dir, bytes_needed)``: called when a publish ran out of space.
-NoSpaceListener = Callable[[Path, int], None]
-_no_space_listeners: list[NoSpaceListener] = []
-_listeners_lock = threading.Lock()
 
-
-def add_no_space_listener(listener: NoSpaceListener) -> None:
-    """Call ``listener(chip_dir, bytes_needed)`` whenever a publish in this process fails on a
-    full filesystem (the daemon schedules eviction of that chip folder; SPEC §5, §9)."""
-    with _listeners_lock:
-        _no_space_listeners.append(listener)
-
-
-def remove_no_space_listener(listener: NoSpaceListener) -> None:
-    """Stop calling ``listener`` (no error when it was not added)."""
-    with _listeners_lock:
-        if listener in _no_space_listeners:
-            _no_space_listeners.remove(listener)
-
-
-def _no_space(chip_dir: Path, kernel: str, needed: int, exc: OSError) -> NoSpaceError:
-    """The one-line error for a publish that hit a full filesystem; tells the listeners."""
+def _no_space(
+    chip_dir: Path, kernel: str, needed: int, exc: OSError, sink: Events | None
+) -> NoSpaceError:
+    """The one-line error for a publish that hit a full filesystem; a :class:`NoSpaceEvent`
+    goes to ``sink`` (issue 15 item 1: events are objects, not module-level listeners)."""
     try:
         vfs = os.statvfs(chip_dir)
         free = f"{vfs.f_bavail * vfs.f_frsize} bytes free"
@@ -81,13 +66,8 @@ def _no_space(chip_dir: Path, kernel: str, needed: int, exc: OSError) -> NoSpace
         str(chip_dir),
         needed,
     )
-    with _listeners_lock:
-        listeners = list(_no_space_listeners)
-    for listener in listeners:
-        try:
-            listener(chip_dir, needed)
-        except Exception:  # a listener must not turn the publish error into another one
-            log.exception("no-space listener failed")
+    if sink is not None:
+        sink.emit(NoSpaceEvent(chip_dir, needed))
     return err
 
 
@@ -169,16 +149,65 @@ def _warn_read_only(chip_dir: Path, what: str) -> None:
         log.warning("%s is on a read-only filesystem: hits are served, %s", chip_dir, what)
 
 
+@dataclass
+class EntryHold:
+    """An entry lock (``<chip>/<kernel>.lock``, fcntl) that the caller holds: the explicit
+    handle that :meth:`Store.publish`, :meth:`Store.remove` and :meth:`Store.lookup` take as
+    ``held=`` instead of locking again (a POSIX lock must not be taken twice in a process:
+    closing the second descriptor would drop the first). Issue 15 item 1."""
+
+    chip_dir: Path
+    kernel: str
+    lock: fsutil.FcntlLock
+
+    def release(self) -> None:
+        """Drop the lock (idempotent)."""
+        self.lock.release()
+
+    def __enter__(self) -> EntryHold:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
 class Store:
     """Verified lookup, atomic publish and removal in one chip folder.
 
     :param chip_dir: ``<kernel cache>/<soc_version>``; created on first publish.
     :param lock_timeout_s: how long publish/removal wait for an entry's lock (seconds).
+    :param events: the sink told of a publish that hit a full filesystem (a
+        :class:`~cachemgr.events.NoSpaceEvent`); None tells nobody.
     """
 
-    def __init__(self, chip_dir: Path, lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        chip_dir: Path,
+        lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S,
+        events: Events | None = None,
+    ) -> None:
         self.chip_dir = Path(chip_dir)
         self.lock_timeout_s = lock_timeout_s
+        self.events = events
+
+    def hold(self, kernel: str, timeout_s: float | None = None) -> EntryHold:
+        """Take ``kernel``'s entry lock and return its handle (release it, or use ``with``).
+
+        :param timeout_s: how long to wait (seconds); None waits ``lock_timeout_s``.
+        :raises LockBusyError: the lock stayed held for ``timeout_s``.
+        :raises OSError: the lock file cannot be created or locked.
+        """
+        lock = self.entry_lock(kernel)
+        lock.acquire(timeout_s=self.lock_timeout_s if timeout_s is None else timeout_s)
+        return EntryHold(self.chip_dir, kernel, lock)
+
+    def _locked(self, kernel: str, held: EntryHold | None) -> Any:
+        """The lock to enter for ``kernel``: nothing when the caller's ``held`` is it."""
+        if held is not None:
+            if held.kernel != kernel or held.chip_dir != self.chip_dir:
+                raise ValueError(f"held lock is {held.kernel}'s, not {kernel}'s")
+            return contextlib.nullcontext()
+        return self.entry_lock(kernel)
 
     def lock_path(self, kernel: str) -> Path:
         """``<chip>/<kernel>.lock``: the entry's fcntl lock file (SPEC §3.1)."""
@@ -190,11 +219,14 @@ class Store:
 
     # --- lookup -------------------------------------------------------------------------
 
-    def lookup(self, kernel: str, touch: bool = True) -> LookupResult:
+    def lookup(
+        self, kernel: str, touch: bool = True, held: EntryHold | None = None
+    ) -> LookupResult:
         """Verified lookup of ``kernel`` (SPEC §3.3).
 
         A hit sets the json's and binaries' atime to now when ``touch`` (mtime kept). A bad
-        entry is removed (under its lock, after re-checking) and reported as a miss.
+        entry is removed (under its lock — ``held`` when the caller holds it — after
+        re-checking) and reported as a miss.
 
         :raises InvalidInputError: for an invalid kernel name.
         """
@@ -206,7 +238,7 @@ class Store:
         if not problems and desc is not None:
             return self._hit(kernel, desc, touch)
         try:
-            removed = self.remove_if_bad(kernel)
+            removed = self.remove_if_bad(kernel, held)
         except OSError as exc:
             if exc.errno != errno.EROFS:
                 raise
@@ -268,13 +300,14 @@ class Store:
 
     # --- removal ------------------------------------------------------------------------
 
-    def remove_if_bad(self, kernel: str) -> bool:
-        """Under the entry lock, re-check ``kernel`` and remove it if it is still bad.
+    def remove_if_bad(self, kernel: str, held: EntryHold | None = None) -> bool:
+        """Under the entry lock (``held``, or taken here), re-check ``kernel`` and remove it
+        if it is still bad.
 
         :returns: True if it was removed.
         """
-        lock = self.entry_lock(kernel)
-        if not lock.acquire(timeout_s=self.lock_timeout_s):
+        lock = self._locked(kernel, held)
+        if held is None and not lock.acquire(timeout_s=self.lock_timeout_s):
             return False
         try:
             try:
@@ -293,7 +326,8 @@ class Store:
             self._remove_files(self._names_for_removal(kernel, desc))
             return True
         finally:
-            lock.release()
+            if held is None:
+                lock.release()
 
     def _names_for_removal(self, kernel: str, desc: entry.EntryDesc | None) -> list[str]:
         if desc is not None:
@@ -313,13 +347,19 @@ class Store:
             names += sorted(n for n in group.files if n != kernel + ".json")
         return names
 
-    def remove(self, kernel: str, desc: entry.EntryDesc | None = None) -> list[str]:
-        """Remove an entry's files — json first — under its lock. Returns the names removed.
+    def remove(
+        self,
+        kernel: str,
+        desc: entry.EntryDesc | None = None,
+        held: EntryHold | None = None,
+    ) -> list[str]:
+        """Remove an entry's files — json first — under its lock (``held``, or taken here).
+        Returns the names removed.
 
         ``desc`` (if known) names the parts; otherwise the json is parsed, and name grouping
         is the fallback for an unparsable json.
         """
-        with self.entry_lock(kernel):
+        with self._locked(kernel, held):
             if desc is None:
                 try:
                     desc = entry.parse_entry(self.chip_dir, kernel)
@@ -363,7 +403,11 @@ class Store:
     # --- publish ------------------------------------------------------------------------
 
     def publish(
-        self, kernel: str, files: Mapping[str, bytes], main_json: Mapping[str, Any]
+        self,
+        kernel: str,
+        files: Mapping[str, bytes],
+        main_json: Mapping[str, Any],
+        held: EntryHold | None = None,
     ) -> PublishResult:
         """Publish an entry atomically (SPEC §3.3).
 
@@ -372,9 +416,10 @@ class Store:
         :param main_json: the kernel description; must name the given binaries with their
             correct ``sha256`` (checked before anything is written).
         :raises InvalidInputError: bad names, a json that does not match the files.
+        :param held: the entry lock when the caller holds it (else it is taken here).
         :raises NoSpaceError: the filesystem is full (``ENOSPC``/``EDQUOT``): one line naming
-            the chip folder and the bytes needed; the no-space listeners are told; no partial
-            entry is left (SPEC §3.3).
+            the chip folder and the bytes needed; ``events`` is told; no partial entry is
+            left (SPEC §3.3).
         :raises CachePermissionError: the chip folder or the entry's lock file is not
             writable by this user (names the path, user, group and the fix; SPEC §9).
         :raises OSError: any other write failure; no partial entry is left.
@@ -385,7 +430,7 @@ class Store:
         self._check_payload(kernel, payload)
         try:
             fsutil.ensure_dir(self.chip_dir)
-            with self.entry_lock(kernel):
+            with self._locked(kernel, held):
                 existing = self._existing_good(kernel)
                 if existing is not None:
                     return existing
@@ -400,7 +445,7 @@ class Store:
             if exc.errno not in NO_SPACE_ERRNOS:
                 raise
             needed = sum(len(b) for b in payload.values())
-            raise _no_space(self.chip_dir, kernel, needed, exc) from exc
+            raise _no_space(self.chip_dir, kernel, needed, exc, self.events) from exc
         log.info("published %s/%s (%d bytes)", self.chip_dir.name, kernel, written)
         paths = tuple(self.chip_dir / n for n in payload)
         return PublishResult(PUBLISHED, kernel, paths, written)

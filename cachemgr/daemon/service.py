@@ -25,6 +25,7 @@ from cachemgr.daemon.governance import Governance, release_memory
 from cachemgr.daemon.heartbeat import GOVERNANCE, POOL, Heartbeats
 from cachemgr.daemon.metrics import Gauge, Metrics
 from cachemgr.errors import CacheMgrError, InvalidInputError
+from cachemgr.events import Events
 from cachemgr.peer import user_name
 from cachemgr.queue import CompileQueue
 
@@ -56,12 +57,14 @@ class Service:
         self.accepting = True
         self.tcp_address: tuple[str, int] | None = None
         self.counters = CounterBook(lambda: self._settings.layout.kernel_cache_dir)
+        self.events = Events()  # tier events: a full disk on publish → eviction (issue 15)
         self.queue = CompileQueue(
             self._settings,
             workers=config.workers or os.cpu_count() or 1,
             lock_timeout_s=config.lock_wait_s or None,
             tally=self.counters.tally,
             max_queued_per_caller=config.max_queued_per_caller or None,
+            events=self.events,
         )
         self.heartbeats = Heartbeats(
             config.heartbeat_timeout_s, {POOL: lambda: self.queue.stalled_s() > self._stall_s}
@@ -74,6 +77,7 @@ class Service:
             self.counters,
             lambda: self.heartbeats.beat(GOVERNANCE),
             follow_ini=self._follow_ini,
+            events=self.events,
         )
         self._metrics = Metrics(
             self.counters,
