@@ -32,6 +32,7 @@ from cachemgr.compilers import CompileJob, CompilerBackend
 from cachemgr.errors import ConfigError, InvalidInputError
 from cachemgr.events import Events
 from cachemgr.options import Settings
+from cachemgr.remote.tierset import RemoteTiers
 from cachemgr.request import CompileRequest, RequestOptions, resolve_options
 from cachemgr.store import Store
 
@@ -61,6 +62,8 @@ class CompileOutcome:
     cached: bool | None = None
     #: one line for the caller: why a compiled kernel was not cached
     warning: str | None = None
+    #: for a ``hit`` served from a remote tier: ``remote:<name>`` (issue 15 item 5)
+    tier: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -82,6 +85,8 @@ class CompileOutcome:
             doc["cached"] = self.cached
         if self.warning is not None:
             doc["warning"] = self.warning
+        if self.tier is not None:
+            doc["tier"] = self.tier
         return doc
 
 
@@ -324,6 +329,8 @@ class RunContext:
     config_sections: dict[str, Any] = field(default_factory=dict)
     #: where tier events go (a publish on a full disk: the daemon evicts; issue 15 item 1)
     events: Events | None = None
+    #: the remote tiers (``cachemgr.remote.tierset.RemoteTiers``), None without remotes
+    remotes: RemoteTiers | None = None
 
     def build_dir(self) -> Path:
         """This thread's private, empty build folder (outside any cache folder)."""

@@ -33,9 +33,17 @@ from cachemgr import entry, fsutil, manifest, precompiled, versions
 from cachemgr.build import COMPILED, HIT, CompileOutcome, Prepared, RunContext, compile_job
 from cachemgr.chiplock import Hold
 from cachemgr.compilers import CompileResult
-from cachemgr.errors import CachePermissionError, ConfigError, LockBusyError, NoSpaceError
+from cachemgr.errors import (
+    CachePermissionError,
+    ConfigError,
+    InvalidInputError,
+    LockBusyError,
+    NoSpaceError,
+)
 from cachemgr.events import Events
+from cachemgr.remote.tierset import RemoteTiers
 from cachemgr.store import EntryHold, Store
+from cachemgr.tiers import LocalTier
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +61,8 @@ class Pending:
     config_sections: dict[str, Any] = field(default_factory=dict)
     #: told of a publish that hit a full filesystem (the daemon's governance evicts)
     events: Events | None = None
+    #: the remote tiers: a published entry is queued for upload (never waited for)
+    remotes: RemoteTiers | None = None
 
     def finish(self, uncached_dir: Callable[[], Path] | None = None) -> CompileOutcome:
         """Publish (json last), then release the locks — from any thread.
@@ -71,6 +81,8 @@ class Pending:
             published = store.publish(p.kernel, self.files, self.main_json, held=self.entry_lock)
             _record_manifest(p)
             _ensure_ini(p.chip_dir.parent, self.config_sections)  # logs its own failure
+            if self.remotes is not None:  # after the compile, in the background (item 5)
+                self.remotes.upload_later(p.chip_dir.parent, p.chip_dir.name, p.kernel)
         except (NoSpaceError, OSError) as exc:
             if uncached_dir is None or not _cannot_store(exc):
                 raise
@@ -165,13 +177,58 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
                 lock.release()
                 hold.release()
                 return CompileOutcome(p.kernel, HIT, found.files, request=p.request.origin)
+            remote = _remote_hit(p, ctx, lock)
+            if remote is not None:
+                lock.release()
+                hold.release()
+                return remote
         result = p.backend.compile(compile_job(p, ctx.build_dir()))
         files, main = _payload(p, result)
     except BaseException:
         lock.release()
         hold.release()
         raise
-    return Pending(p, files, main, lock, hold, ctx.lock_timeout_s, ctx.config_sections, ctx.events)
+    return Pending(
+        p,
+        files,
+        main,
+        lock,
+        hold,
+        ctx.lock_timeout_s,
+        ctx.config_sections,
+        ctx.events,
+        ctx.remotes,
+    )
+
+
+def _remote_hit(p: Prepared, ctx: RunContext, lock: EntryHold) -> CompileOutcome | None:
+    """Issue 15 item 5: on a local miss, ask the remote tiers (under the entry lock we hold,
+    so one fetch per kernel per host). A hit arrives verified (blob digest, every part's
+    sha256, caps, names: :mod:`cachemgr.remote.blob`), is published into the chip folder
+    the way every entry is (json last; each binary checked against its json, SPEC §3.3),
+    then served from there. Any failure is a miss: the kernel compiles."""
+    if ctx.remotes is None:
+        return None
+    got = ctx.remotes.fetch(p.chip_dir.name, p.kernel)
+    if got is None:
+        return None
+    item, name = got
+    local = LocalTier(p.chip_dir.parent, ctx.lock_timeout_s, ctx.events)
+    try:
+        local.put(item, held=lock)
+    except InvalidInputError as exc:
+        ctx.remotes.reject(name, p.chip_dir.name, p.kernel, str(exc))
+        return None
+    except (OSError, CachePermissionError, NoSpaceError) as exc:
+        log.warning("%s: remote hit from %s not stored locally: %s", p.kernel, name, exc)
+        return None
+    found = local.check(p.chip_dir.name, p.kernel, held=lock)
+    if not found.hit:
+        return None
+    log.info("%s: remote hit from %s", p.kernel, name)
+    return CompileOutcome(
+        p.kernel, HIT, found.files, request=p.request.origin, tier=f"remote:{name}"
+    )
 
 
 def _ensure_ini(kernel_cache_dir: Path, sections: dict[str, Any]) -> None:

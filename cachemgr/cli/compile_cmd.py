@@ -336,6 +336,7 @@ def _outcome_of(answer: dict[str, Any]) -> CompileOutcome:
         answer.get("request", ""),
         answer.get("cached"),
         answer.get("warning"),
+        answer.get("tier"),
     )
 
 

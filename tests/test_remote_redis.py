@@ -1,0 +1,227 @@
+"""The Redis tier against a real ``redis-server`` (issue 15 items 3, 5, 7, 8a, 8c, 8d)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from cachemgr.remote import blob
+from cachemgr.remote.config import RemoteConfig, parse_spec
+from cachemgr.remote.redis_tier import RedisTier
+from cachemgr.remote.tierset import FAILING, OK, RemoteTiers
+from cachemgr.tiers import EntryFiles, LocalTier
+from tests.compile_util import calls, counting_cc, request_data
+from tests.conftest import SOC, kernel_json, publish
+from tests.daemon_util import Daemon, daemon_env, start_daemon, wait_for
+from tests.remote_util import RedisServer
+
+# --- the blob format ---------------------------------------------------------------------
+
+
+def _entry(kernel: str = "te_blob", size: int = 3000) -> EntryFiles:
+    data = os.urandom(size)
+    doc = json.dumps(kernel_json(kernel, data)).encode()
+    return EntryFiles(SOC, kernel, {kernel + ".json": doc, kernel + ".o": data})
+
+
+def _reframe(raw: bytes) -> bytes:
+    """``raw`` with a fresh trailing digest (a tamperer who knows the format)."""
+    body = raw[: -blob.DIGEST_BYTES]
+    return body + hashlib.sha256(body).digest()
+
+
+def test_blob_round_trip_and_every_check() -> None:
+    item = _entry()
+    raw = blob.encode(item)
+    assert blob.decode(raw, SOC, "te_blob").files == item.files
+    flipped = bytearray(raw)
+    flipped[-100] ^= 1  # a byte of the binary
+    header_at = blob._HEAD.size
+    hlen = int.from_bytes(raw[10:14], "big")
+    header = json.loads(raw[header_at : header_at + hlen])
+    renamed = dict(header, files=[dict(f) for f in header["files"]])
+    renamed["files"][0]["name"] = "../evil.o"
+    raw_renamed = json.dumps(renamed, separators=(",", ":")).encode()
+    bad_name = _reframe(
+        raw[:10] + len(raw_renamed).to_bytes(4, "big") + raw_renamed + raw[header_at + hlen :]
+    )
+    cases = {
+        "digest": bytes(flipped),
+        "sha256 does not match": _reframe(bytes(flipped)),  # digest fixed, part still wrong
+        "bad file": bad_name,
+        "not te_other": raw,  # another kernel's blob under this key
+        "magic": b"X" * len(raw),
+        "too short": raw[:10],
+    }
+    for why, data in cases.items():
+        kernel = "te_other" if why == "not te_other" else "te_blob"
+        with pytest.raises(blob.BadBlob, match=why.replace("not te_other", "not ")):
+            blob.decode(data, SOC, kernel)
+    with pytest.raises(blob.BadBlob, match="part cap"):
+        blob.decode(raw, SOC, "te_blob", max_part_bytes=1000)
+    with pytest.raises(blob.BadBlob, match="over the"):
+        blob.decode(raw, SOC, "te_blob", max_blob_bytes=1000)
+
+
+# --- the tier and its breaker against a real server -----------------------------------
+
+
+def _tiers(server: RedisServer, open_s: float = 0.5) -> RemoteTiers:
+    spec = parse_spec(server.url + "|operation-timeout=500|connect-timeout=200|name=r1", "test")
+    config = RemoteConfig((spec,), "test", upload_queue=4, failures_before_open=2, open_s=open_s)
+    tiers = RemoteTiers.from_config(config)
+    assert tiers is not None
+    return tiers
+
+
+def test_redis_tier_put_fetch_index_and_tamper(redis_server: RedisServer, tmp_path: Path) -> None:
+    tiers = _tiers(redis_server)
+    tier = tiers.tiers[0]
+    assert isinstance(tier, RedisTier)
+    chip = tmp_path / "kernel_cache" / SOC
+    chip.mkdir(parents=True)
+    publish(chip, "te_r1", os.urandom(2048))
+    assert tiers.upload_now(tmp_path / "kernel_cache", SOC, "te_r1") == 1
+    key = f"cachemgr:1:{SOC}:te_r1"
+    assert redis_server.client().exists(key) and tier.recent(SOC, 10) == ["te_r1"]
+    got = tiers.fetch(SOC, "te_r1")
+    assert got is not None and got[1] == "r1"
+    assert got[0].files == LocalTier(tmp_path / "kernel_cache").fetch(SOC, "te_r1").files
+    assert tiers.fetch(SOC, "te_absent") is None
+    redis_server.client().setrange(key, 60, b"\xff")  # a flipped byte on the server
+    assert tiers.fetch(SOC, "te_r1") is None
+    row = tiers.stats()["r1"]
+    assert (row["hits"], row["misses"], row["rejected"], row["errors"]) == (1, 1, 1, 0)
+    assert row["bytes_in"] == got[0].size and row["bytes_out"] == got[0].size
+    assert (
+        row["state"] == OK
+        and row["url"] == redis_server.url + "|operation-timeout=500|connect-timeout=200|name=r1"
+    )
+    assert tier.remove(SOC, "te_r1") and tier.recent(SOC, 10) == []
+    tiers.close()
+
+
+def test_breaker_opens_when_redis_dies_and_closes_when_it_is_back(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Proof (c) at the tier level: a dead server costs a timeout until the breaker opens,
+    then (almost) nothing; one warning per state change; it resumes by itself."""
+    tiers = _tiers(redis_server, open_s=1.0)
+    tier = tiers.tiers[0]
+    tier.put(_entry("te_c"))
+    redis_server.stop()
+    caplog.set_level(logging.WARNING, "cachemgr.remote.tierset")
+    for _ in range(2):
+        assert tiers.fetch(SOC, "te_c") is None
+    assert tiers.stats()["r1"]["state"] == FAILING and tiers.stats()["r1"]["errors"] == 2
+    started = time.perf_counter()
+    for _ in range(200):
+        assert tiers.fetch(SOC, "te_c") is None
+    per_miss_s = (time.perf_counter() - started) / 200
+    assert per_miss_s < 0.001, f"an open breaker costs {per_miss_s * 1e3:.3f} ms per miss"
+    assert tiers.stats()["r1"]["errors"] == 2  # skipped, not tried
+    failing = [r for r in caplog.records if "failing" in r.getMessage()]
+    assert len(failing) == 1, [r.getMessage() for r in caplog.records]
+    redis_server.start()  # same port, empty (no persistence)
+    tier.put(_entry("te_c"))
+    wait_for(lambda: tiers.fetch(SOC, "te_c") is not None, 30, "the tier to resume")
+    assert tiers.stats()["r1"]["state"] == OK
+    assert len([r for r in caplog.records if "is back" in r.getMessage()]) == 1
+    tiers.close()
+
+
+# --- through two daemons: two sites, one Redis -------------------------------------------
+
+
+def _site(tmp: Path, name: str, cc: Path, remote: str) -> tuple[Daemon, Path]:
+    folder = tmp / name
+    folder.mkdir()
+    cfg = folder / "c.toml"
+    cfg.write_text(f'[compilers]\ncc = "{cc}"\n[remote]\nstorage = ["{remote}"]\n')
+    root = folder / "cache"
+    d = start_daemon(folder, "--cache-dir", str(root), "--config", str(cfg), env=daemon_env(folder))
+    return d, root
+
+
+def test_two_sites_share_a_kernel_through_redis(redis_server: RedisServer, tmp_path: Path) -> None:
+    """Proof (a): compiled at site A, a remote hit at site B, then a local hit at B; the
+    compiler ran once in total; the two cache roots share no folder."""
+    cc = counting_cc(tmp_path / "cc")
+    remote = redis_server.url + "|name=shared"
+    a, _ = _site(tmp_path, "a", cc, remote)
+    b, root_b = _site(tmp_path, "b", cc, remote)
+    try:
+        data = request_data(defines={"N": 1515, "B_N": 1})
+        first = a.client.compile(data)
+        assert first["status"] == "compiled", first
+        kernel = first["kernel_name"]
+        soc = Path(first["files"][0]).parent.name
+        key = f"cachemgr:1:{soc}:{kernel}"
+        wait_for(lambda: redis_server.client().exists(key), 30, "the upload from site A")
+        second = b.client.compile(data)
+        assert second["status"] == "hit" and second["tier"] == "remote:shared", second
+        assert all(f.startswith(str(root_b)) for f in second["files"])
+        assert (root_b / "kernel_cache" / soc / f"{kernel}.json").is_file()
+        third = b.client.compile(data)
+        assert third["status"] == "hit" and "tier" not in third, third
+        assert len(calls(tmp_path / "cc")) == 1, "the compiler ran once in total"
+        row = b.client.stats()["remotes"]["shared"]
+        assert row["hits"] == 1 and row["bytes_in"] > 0 and row["state"] == "ok"
+        assert a.client.stats()["remotes"]["shared"]["uploads"] == 1
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_a_tampered_blob_is_rejected_and_the_kernel_compiles(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """Proof (d): a flipped byte on the server → rejected, counted, compiled locally."""
+    cc = counting_cc(tmp_path / "cc")
+    a, _ = _site(tmp_path, "a", cc, redis_server.url + "|name=r")
+    b, root_b = _site(tmp_path, "b", cc, redis_server.url + "|name=r")
+    try:
+        data = request_data(defines={"N": 1616, "B_N": 1})
+        first = a.client.compile(data)
+        kernel, soc = first["kernel_name"], Path(first["files"][0]).parent.name
+        key = f"cachemgr:1:{soc}:{kernel}"
+        wait_for(lambda: redis_server.client().exists(key), 30, "the upload from site A")
+        size = redis_server.client().strlen(key)
+        redis_server.client().setrange(key, size - 40, b"\x00")
+        second = b.client.compile(data)
+        assert second["status"] == "compiled" and "tier" not in second, second
+        assert len(calls(tmp_path / "cc")) == 2
+        row = b.client.stats()["remotes"]["r"]
+        assert row["rejected"] == 1 and row["hits"] == 0 and row["state"] == "ok"
+        assert (root_b / "kernel_cache" / soc / f"{kernel}.json").is_file()
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_debug_and_disable_never_touch_the_remote(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """Item 5: ``disable`` and debug compiles neither ask nor fill the remote."""
+    cc = counting_cc(tmp_path / "cc")
+    d, _ = _site(tmp_path, "a", cc, redis_server.url + "|name=r")
+    try:
+        off = {"op_compiler_cache_mode": "disable"}
+        data = request_data(defines={"N": 1717, "B_N": 1}, options=off)
+        out = d.client.compile(data, base_dir=str(tmp_path))
+        assert out["status"] == "compiled", out
+        debug = request_data(defines={"N": 1717, "B_N": 1}, options={"op_debug_level": 1})
+        out = d.client.compile(debug, base_dir=str(tmp_path))
+        assert out["status"] == "debug", out
+        assert len(calls(tmp_path / "cc")) == 2
+        row = d.client.stats()["remotes"]["r"]
+        assert row["hits"] + row["misses"] + row["uploads"] + row["errors"] == 0, row
+        assert redis_server.client().dbsize() == 0
+    finally:
+        d.stop()
