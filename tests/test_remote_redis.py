@@ -214,7 +214,7 @@ def test_debug_and_disable_never_touch_the_remote(
     try:
         off = {"op_compiler_cache_mode": "disable"}
         data = request_data(defines={"N": 1717, "B_N": 1}, options=off)
-        out = d.client.compile(data, base_dir=str(tmp_path))
+        out = d.client.compile(data, base_dir=str(tmp_path), out_dir=tmp_path / "out")
         assert out["status"] == "compiled", out
         debug = request_data(defines={"N": 1717, "B_N": 1}, options={"op_debug_level": 1})
         out = d.client.compile(debug, base_dir=str(tmp_path))
