@@ -6,12 +6,14 @@ real sockets, real users (``users``/``other_runtime``, root only), real gcc.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import resource
 import shutil
 import socket
 import subprocess
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -22,6 +24,7 @@ from cachemgr.client import Client, DaemonError
 from cachemgr.queue import CompileQueue
 from cachemgr.request import parse_request
 from tests.compile_util import counting_cc, make_settings
+from tests.conftest import SOC, publish
 from tests.daemon_util import Daemon, start_daemon, wait_for
 from tests.shared_util import kernel_request
 from tests.users_util import Runtime, Users, run_as
@@ -353,3 +356,51 @@ def test_priority_is_capped_for_other_users_and_callers_are_logged(
     finally:
         d.proc.kill()  # bob's queued jobs need not finish
         d.proc.wait(10)
+
+
+# --- item 10: binaries are hashed in chunks, never read whole ---------------------------------
+
+RSS_OF_CHILD = textwrap.dedent(
+    """
+    import resource, subprocess, sys
+    proc = subprocess.run(sys.argv[1:], capture_output=True, text=True)
+    sys.stderr.write(proc.stdout + proc.stderr)
+    print(proc.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+    """
+)
+
+
+def test_verifying_a_large_binary_does_not_read_it_whole(
+    tmp_path: Path, clean_env: dict[str, str]
+) -> None:
+    chip = tmp_path / "cache" / "kernel_cache" / SOC
+    publish(chip, "te_big", b"\x7fELF small")
+    size = 192 << 20
+    digest = hashlib.sha256()
+    block = bytes(range(256)) * 4096  # 1 MiB
+    with open(chip / "te_big.o", "wb") as out:
+        for _ in range(size // len(block)):
+            out.write(block)
+            digest.update(block)
+    doc = json.loads((chip / "te_big.json").read_text())
+    doc["sha256"] = digest.hexdigest()
+    (chip / "te_big.json").write_text(json.dumps(doc))
+    cmd = [
+        sys.executable,
+        "-m",
+        "cachemgr",
+        "verify",
+        "--json",
+        "--cache-dir",
+        str(tmp_path / "cache"),
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-c", RSS_OF_CHILD, *cmd],
+        env=clean_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    code, max_rss_kib = (int(v) for v in proc.stdout.split())
+    assert code == 0, proc.stderr  # the 192 MiB entry verifies
+    assert max_rss_kib * 1024 < size * 3 // 4, f"verify peaked at {max_rss_kib} KiB"
