@@ -258,6 +258,10 @@ def make_tier(spec: RemoteSpec) -> Any:
         from cachemgr.remote.redis_tier import RedisTier
 
         return RedisTier(spec)
+    if spec.kind == "http":
+        from cachemgr.remote.http_tier import HttpTier
+
+        return HttpTier(spec)
     raise ConfigError(f"remote storage {spec.display}: {spec.scheme}:// is not supported yet")
 
 
