@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import redis
 
 from cachemgr.remote import blob
 from cachemgr.remote.config import RemoteConfig, parse_spec
@@ -17,7 +18,7 @@ from cachemgr.remote.redis_tier import RedisTier
 from cachemgr.remote.tierset import FAILING, OK, RemoteTiers
 from cachemgr.tiers import EntryFiles, LocalTier
 from tests.compile_util import calls, counting_cc, request_data
-from tests.conftest import SOC, kernel_json, publish
+from tests.conftest import SOC, kernel_json, publish, run_cli
 from tests.daemon_util import Daemon, daemon_env, start_daemon, wait_for
 from tests.remote_util import RedisServer
 
@@ -225,3 +226,43 @@ def test_debug_and_disable_never_touch_the_remote(
         assert redis_server.client().dbsize() == 0
     finally:
         d.stop()
+
+
+def _redis_stat(probe: redis.Redis, name: str) -> int:
+    return int(probe.info("stats")[name])  # type: ignore[index]
+
+
+def test_gc_never_touches_a_remote_and_verify_reports_its_state(
+    redis_server: RedisServer, tmp_path: Path, clean_env: dict[str, str]
+) -> None:
+    """Proof (e): ``gc`` opens no connection to a remote (its size is the server's
+    business); ``verify`` reports each remote's state with one cheap request, reading no
+    entry."""
+    tiers = _tiers(redis_server)
+    for i in range(3):
+        tiers.tiers[0].put(_entry(f"te_e{i}"))
+    tiers.close()
+    root = tmp_path / "cache"
+    (root / "kernel_cache" / SOC).mkdir(parents=True)
+    publish(root / "kernel_cache" / SOC, "te_local", os.urandom(1000), atime_s=1.0)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'min_age_s = 0\n[remote]\nstorage = ["{redis_server.url}|name=r"]\n')
+    base = ("--cache-dir", str(root), "--config", str(cfg))
+    probe = redis_server.client()  # one connection for the test's own counting
+    keys_before = probe.dbsize()
+    conns = _redis_stat(probe, "total_connections_received")
+    out = run_cli("gc", "--ratio", "0", "--min-age", "0", *base, env=clean_env)
+    assert out.returncode == 0, out.stderr
+    assert not (root / "kernel_cache" / SOC / "te_local.json").exists()  # gc did run
+    assert _redis_stat(probe, "total_connections_received") == conns
+    assert probe.dbsize() == keys_before == 4  # 3 entries and the index
+    reads = _redis_stat(probe, "keyspace_hits") + _redis_stat(probe, "keyspace_misses")
+    out = run_cli("verify", "--json", *base, env=clean_env)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["remotes"] == [{"name": "r", "state": "ok", "entries": 4}]
+    after = _redis_stat(probe, "keyspace_hits") + _redis_stat(probe, "keyspace_misses")
+    assert after == reads, "verify read no entry of the remote"
+    redis_server.stop()
+    out = run_cli("verify", *base, env=clean_env)
+    assert out.returncode == 0, out.stderr
+    assert "remote r: failing" in out.stdout and "Error" in out.stdout, out.stdout
