@@ -266,3 +266,45 @@ def test_gc_never_touches_a_remote_and_verify_reports_its_state(
     out = run_cli("verify", *base, env=clean_env)
     assert out.returncode == 0, out.stderr
     assert "remote r: failing" in out.stdout and "Error" in out.stdout, out.stdout
+
+
+def test_redis_killed_mid_run_compiles_go_on_and_the_tier_resumes(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """Proof (c) through a daemon: Redis killed → every compile still succeeds locally, one
+    warning line, the breaker opens; Redis restarted → the tier resumes by itself."""
+    cc = counting_cc(tmp_path / "cc")
+    folder = tmp_path / "site"
+    folder.mkdir()
+    cfg = folder / "c.toml"
+    cfg.write_text(
+        f'[compilers]\ncc = "{cc}"\n[remote]\n'
+        f'storage = ["{redis_server.url}|name=r|operation-timeout=300|connect-timeout=300"]\n'
+        "failures_before_open = 2\nopen_s = 1.0\n"
+    )
+    d = start_daemon(
+        folder, "--cache-dir", str(folder / "cache"), "--config", str(cfg), env=daemon_env(folder)
+    )
+    try:
+        first = d.client.compile(request_data(defines={"N": 1900, "B_N": 1}))
+        assert first["status"] == "compiled", first
+        wait_for(lambda: redis_server.client().dbsize() == 2, 30, "the first upload")
+        redis_server.stop()
+        for n in range(1901, 1905):
+            out = d.client.compile(request_data(defines={"N": n, "B_N": 1}))
+            assert out["status"] == "compiled" and out.get("cached", True), out
+        row = d.client.stats()["remotes"]["r"]
+        assert row["state"] == "failing" and row["errors"] >= 2, row
+        assert d.log().count("remote r failing") == 1, d.log()
+        redis_server.start()  # empty, same port
+
+        def resumed() -> bool:
+            n = 1905 + int(time.monotonic() * 1000) % 10_000
+            d.client.compile(request_data(defines={"N": n, "B_N": 1}))
+            return d.client.stats()["remotes"]["r"]["state"] == "ok"
+
+        wait_for(resumed, 60, "the tier to resume")
+        assert d.log().count("remote r is back") == 1
+        wait_for(lambda: redis_server.client().dbsize() >= 2, 30, "an upload after the restart")
+    finally:
+        d.stop()
