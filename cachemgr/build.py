@@ -23,7 +23,7 @@ import stat
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,11 +35,19 @@ from cachemgr.events import Events
 from cachemgr.options import Settings
 from cachemgr.remote.tierset import RemoteTiers
 from cachemgr.request import CompileRequest, RequestOptions, resolve_options
+from cachemgr.results import Policy, Status
 from cachemgr.store import Store
 
 log = logging.getLogger(__name__)
 
-HIT, COMPILED, BINARY, DEBUG, FAILED = "hit", "compiled", "binary", "debug", "failed"
+#: The statuses of :class:`cachemgr.results.Status`, by their old names.
+HIT, COMPILED, BINARY, DEBUG, FAILED = (
+    Status.HIT,
+    Status.COMPILED,
+    Status.BINARY,
+    Status.DEBUG,
+    Status.FAILED,
+)
 
 
 @dataclass(frozen=True)
@@ -63,6 +71,12 @@ class CompileOutcome:
     cached: bool | None = None
     #: one line for the caller: why a compiled kernel was not cached
     warning: str | None = None
+    #: True when another process or host compiled this kernel while this request waited for
+    #: its entry lock: counted as ``coalesced`` (and a miss), not as a hit (issue 13 item 3)
+    coalesced: bool = False
+    #: the policy that produced it (issue 13 item 2); None only for a request that failed
+    #: before its options were resolved
+    policy: Policy | None = None
     #: for a ``hit`` served from a remote tier: ``remote:<name>`` (issue 15 item 5)
     tier: str | None = None
 
@@ -86,9 +100,34 @@ class CompileOutcome:
             doc["cached"] = self.cached
         if self.warning is not None:
             doc["warning"] = self.warning
+        if self.coalesced:
+            doc["coalesced"] = True
+        if self.policy is not None:
+            doc["policy"] = self.policy.to_json()
         if self.tier is not None:
             doc["tier"] = self.tier
         return doc
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> CompileOutcome:
+        """The inverse of :meth:`to_json` (a daemon's answer read by the CLI).
+
+        :raises ValueError: an unknown ``status``.
+        """
+        policy = data.get("policy")
+        return cls(
+            str(data.get("kernel_name", "")),
+            Status(data.get("status", FAILED)),
+            tuple(Path(f) for f in data.get("files", [])),
+            float(data.get("seconds", 0.0)),
+            data.get("error"),
+            str(data.get("request", "")),
+            data.get("cached"),
+            data.get("warning"),
+            bool(data.get("coalesced", False)),
+            Policy.from_json(policy) if isinstance(policy, Mapping) else None,
+            data.get("tier"),
+        )
 
 
 @dataclass(frozen=True)
@@ -461,6 +500,29 @@ def failed(kernel: str, error: BaseException | str, origin: str = "") -> Compile
     """A ``failed`` outcome with the error's one-line message."""
     text = str(error) if str(error) else type(error).__name__
     return CompileOutcome(kernel, FAILED, (), error=text, request=origin)
+
+
+def with_policy(outcome: CompileOutcome, p: Prepared) -> CompileOutcome:
+    """``outcome`` with the policy that produced it recorded (issue 13 item 2): the jit mode
+    and cache mode applied, whether the kernel is in the cache and, if not, why."""
+    d, opts = p.decision, p.opts
+    why: str | None = None
+    if outcome.status == FAILED:
+        why = "the compile failed"
+    elif outcome.status == DEBUG:
+        why = (
+            f"op_debug_config={opts.op_debug_config} bypasses the cache"
+            if opts.op_debug_config and not opts.op_debug_level
+            else f"op_debug_level={opts.op_debug_level} bypasses the cache"
+        )
+    elif outcome.status == BINARY:
+        why = f"a precompiled binary answered (jit_compile={opts.jit_compile})"
+    elif outcome.status == COMPILED and not d.cache.write:
+        why = f"op_compiler_cache_mode={opts.op_compiler_cache_mode}"
+    elif outcome.cached is False:
+        why = outcome.warning or "not stored in the cache"
+    policy = Policy(opts.jit_compile, d.binary_first, opts.op_compiler_cache_mode, why is None, why)
+    return dataclasses.replace(outcome, policy=policy)
 
 
 def elapsed(outcome: CompileOutcome, start: float) -> CompileOutcome:

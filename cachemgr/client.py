@@ -468,7 +468,7 @@ class _LocalHits:
         with self._lock:
             self._pending += 1
         self.flush()
-        answer = outcome.to_json()
+        answer = build.with_policy(outcome, prepared).to_json()
         answer["seconds"] = round(time.perf_counter() - start, 6)
         answer["via"] = "client"
         return answer

@@ -37,6 +37,9 @@ def limits_json(settings: Settings) -> dict[str, Any]:
     for name in ("max_op_cache_size", "remain_cache_size_ratio", "min_age_s"):
         res = settings[name]
         out[name] = {"value": res.value, "origin": res.origin, "source": res.source}
+    limits = settings.limits
+    out["never_evict"] = limits.never_evict
+    out["max_bytes"] = limits.max_bytes
     out["problems"] = list(settings.problems)
     return out
 

@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import os
 import socket
-import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from cachemgr import layout, socs
+from cachemgr import configfile, layout, socs
 from cachemgr.errors import ConfigError
-from cachemgr.ini import OpCacheIni
+from cachemgr.ini import NEVER_EVICT, OpCacheIni
 
 ORIGIN_OPTION = "option"
 ORIGIN_INI = "op_cache.ini"
@@ -144,6 +144,49 @@ class Resolved:
     source: str = ""
 
 
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class CacheLimits:
+    """The limits in force for one kernel cache, built once per :class:`Settings` (SPEC §5,
+    GE's ``te_cache_space_manager.cc``): ``max_op_cache_size`` in MB (MiB) per chip folder,
+    ``-1`` = never evict; the remain ratio in %; the aging guard in seconds. Every reader
+    (``stats``, ``gc``, ``/metrics``, ``--json``) says "never evict" the same way:
+    :attr:`never_evict` true and :attr:`max_bytes` None (issue 13 item 1)."""
+
+    max_op_cache_size: int
+    remain_cache_size_ratio: int
+    min_age_s: float
+
+    @property
+    def never_evict(self) -> bool:
+        """``max_op_cache_size = -1``: size eviction is off."""
+        return self.max_op_cache_size == NEVER_EVICT
+
+    @property
+    def max_bytes(self) -> int | None:
+        """The limit in bytes, None when eviction is off."""
+        return None if self.never_evict else self.max_op_cache_size * MIB
+
+    @property
+    def target_bytes(self) -> int | None:
+        """What an eviction leaves (ratio % of the limit) in bytes, None when it is off."""
+        top = self.max_bytes
+        return None if top is None else top * self.remain_cache_size_ratio // 100
+
+    def to_json(self) -> dict[str, Any]:
+        """The limits as JSON: the three values, ``never_evict`` and the byte figures."""
+        return {
+            "max_op_cache_size": self.max_op_cache_size,
+            "remain_cache_size_ratio": self.remain_cache_size_ratio,
+            "min_age_s": self.min_age_s,
+            "never_evict": self.never_evict,
+            "max_bytes": self.max_bytes,
+            "target_bytes": self.target_bytes,
+        }
+
+
 @dataclass(frozen=True)
 class Settings:
     """The resolved configuration: ``values[name]`` → :class:`Resolved`; ``problems`` are
@@ -153,6 +196,8 @@ class Settings:
     values: Mapping[str, Resolved]
     problems: tuple[str, ...] = ()
     sections: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: the checked config file: every table typed, with defaults (issue 13 item 1)
+    config: configfile.ConfigFile = field(default_factory=configfile.empty)
 
     def __getitem__(self, name: str) -> Resolved:
         return self.values[name]
@@ -160,6 +205,15 @@ class Settings:
     def value(self, name: str) -> Any:
         """The value of ``name`` (raises ``KeyError`` for an unknown name)."""
         return self.values[name].value
+
+    @cached_property
+    def limits(self) -> CacheLimits:
+        """The limits of this kernel cache, as one value (built once)."""
+        return CacheLimits(
+            int(self.value("max_op_cache_size")),
+            int(self.value("remain_cache_size_ratio")),
+            float(self.value("min_age_s")),
+        )
 
     @property
     def layout(self) -> layout.CacheLayout:
@@ -197,39 +251,40 @@ class Settings:
         return out
 
 
-def load_config_file(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Read a TOML config file; return (top-level option values, tables).
+def _file_parser(spec: OptionSpec) -> Callable[[Any], Any]:
+    """``spec.parse`` for a config file's value: a text option takes a TOML string only."""
+    if spec.parse is not _parse_text:
+        return spec.parse
 
-    :raises ConfigError: unreadable file, TOML syntax error (with its line), unknown key.
+    def parse(raw: Any) -> Any:
+        if not isinstance(raw, str):
+            raise ValueError("accepted: a string")
+        return raw
+
+    return parse
+
+
+#: The top-level options' parsers for the config file's schema.
+TOP_PARSERS = {spec.name: _file_parser(spec) for spec in OPTIONS}
+
+
+def load_config_file(path: Path) -> configfile.ConfigFile:
+    """Read a TOML config file and check it whole against the schema (``configfile``).
+
+    :raises ConfigError: unreadable file, TOML syntax error, unknown table or key, a wrong
+        type or range — naming file, line, key, value and what is accepted.
     """
-    try:
-        with open(path, "rb") as fh:
-            data = tomllib.load(fh)
-    except OSError as exc:
-        raise ConfigError(f"config file {path}: {exc.strerror}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {path}: {exc}") from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"config file {path}: not UTF-8 text (byte {exc.start})") from exc
-    values = {k: v for k, v in data.items() if not isinstance(v, dict)}
-    tables = {k: v for k, v in data.items() if isinstance(v, dict)}
-    for key in values:
-        if key not in _SPECS:
-            known = ", ".join(sorted(_SPECS))
-            raise ConfigError(f"config file {path}: unknown option {key!r} (known: {known})")
-    return values, tables
+    return configfile.load(path, TOP_PARSERS)
 
 
 #: How the CLI spells the options whose flag differs from ``--<name>``.
 CLI_FLAGS = {"op_compiler_cache_dir": "--cache-dir", "soc_version": "--soc"}
 
 
-def _from_options(
-    cli: Mapping[str, Any], file_values: Mapping[str, Any], config_path: Path | None
-) -> dict[str, Resolved]:
+def _from_options(cli: Mapping[str, Any], config: configfile.ConfigFile) -> dict[str, Resolved]:
     found: dict[str, Resolved] = {}
-    for name, raw in file_values.items():
-        found[name] = Resolved(raw, ORIGIN_OPTION, f"config {config_path}")
+    for name, raw in config.top.items():
+        found[name] = Resolved(raw, ORIGIN_OPTION, config.where("", name))
     for name, raw in cli.items():
         if raw is not None:
             if name not in _SPECS:
@@ -314,7 +369,9 @@ def settings_for(settings: Settings, kernel_cache_dir: Path, env: Mapping[str, s
     vals["ini_path"] = Resolved(ini_path, base.origin, base.source)
     vals["max_op_cache_size"] = max_res
     vals["remain_cache_size_ratio"] = ratio_res
-    return Settings(values=vals, problems=tuple(problems), sections=settings.sections)
+    return Settings(
+        values=vals, problems=tuple(problems), sections=settings.sections, config=settings.config
+    )
 
 
 def _no_check(path: Path, name: str, origin: str) -> None:
@@ -402,8 +459,8 @@ def resolve(
     env = dict(os.environ if env is None else env)
     if config_file is None and env.get("CACHEMGR_CONFIG"):
         config_file = Path(env["CACHEMGR_CONFIG"])
-    file_values, tables = load_config_file(config_file) if config_file else ({}, {})
-    vals = _parse_all(_from_options(cli or {}, file_values, config_file), env)
+    config = load_config_file(config_file) if config_file else configfile.empty()
+    vals = _parse_all(_from_options(cli or {}, config), env)
     if vals["host_id"].value is None:
         vals["host_id"] = Resolved(_short_host(), ORIGIN_DEFAULT, "short host name")
     if vals["soc_version"].value:
@@ -427,4 +484,6 @@ def resolve(
     vals["max_op_cache_size"] = max_res
     vals["remain_cache_size_ratio"] = ratio_res
     vals["kernel_meta_dir"] = _resolve_kernel_meta(vals, env, cwd or Path.cwd())
-    return Settings(values=vals, problems=tuple(problems), sections=tables)
+    return Settings(
+        values=vals, problems=tuple(problems), sections=dict(config.tables), config=config
+    )

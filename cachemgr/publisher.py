@@ -186,7 +186,9 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
             if found.hit:  # another process published it while we waited for the lock
                 lock.release()
                 hold.release()
-                return CompileOutcome(p.kernel, HIT, found.files, request=p.request.origin)
+                return CompileOutcome(
+                    p.kernel, HIT, found.files, request=p.request.origin, coalesced=True
+                )
             remote = _remote_hit(p, ctx, lock)
             if remote is not None:
                 lock.release()

@@ -208,6 +208,7 @@ class CompileQueue:
             for _ in range(3):
                 quick = self._fast_path(prepared)
                 if quick is not None:
+                    quick = build.with_policy(quick, prepared)
                     return self._answered(quick, start, prepared.chip_dir)
                 frozen = build.freeze(prepared)
                 if frozen is not None:
@@ -405,6 +406,7 @@ class CompileQueue:
         self._done(job, outcome)
 
     def _done(self, job: _Job, outcome: CompileOutcome) -> None:
+        outcome = build.with_policy(outcome, job.prepared)
         with self._cond:
             job.state = _DONE
             self._progress_at = time.monotonic()
@@ -423,6 +425,10 @@ class CompileQueue:
         ``compiles`` (and ``uncached`` when its kernel was not stored in the chip folder);
         requests that shared another's compile are ``coalesced``."""
         if self._tally is None:
+            return
+        if outcome.coalesced:  # another daemon's (or host's) compile answered it
+            self._tally(chip_dir, "misses", requests)
+            self._tally(chip_dir, "coalesced", requests)
             return
         status = outcome.status
         per_request = {
@@ -457,6 +463,19 @@ class CompileQueue:
         """Jobs queued or running."""
         with self._lock:
             return len(self._flights)
+
+    def figures(self) -> dict[str, int]:
+        """The queue's own figures (issue 13 item 3): ``queued`` jobs waiting for a worker,
+        ``running`` jobs a worker is compiling, and ``waited``: requests so far that joined a
+        job already queued or running for the same kernel instead of starting their own."""
+        with self._lock:
+            states = [job.state for job in self._flights.values()]
+            waited = self.counters["joined"]
+        return {
+            "queued": states.count(_PENDING),
+            "running": states.count(_RUNNING),
+            "waited": waited,
+        }
 
     def stalled_s(self) -> float:
         """Seconds since a job last started or finished, while jobs wait for a worker (0

@@ -24,7 +24,17 @@ def test_compile_json_then_hit(tmp_path: Path, clean_env) -> None:
     rows = _lines(first.stdout)
     assert [r["status"] for r in rows] == ["compiled", "compiled"]
     for row in rows:
-        keys = {"request", "kernel_name", "status", "files", "seconds", "via", "route", "cached"}
+        keys = {
+            "request",
+            "kernel_name",
+            "status",
+            "files",
+            "seconds",
+            "via",
+            "route",
+            "cached",
+            "policy",
+        }
         assert set(row) == keys and row["cached"] is True  # stored in the cache
         assert row["via"] == "local"  # no daemon serves this cache
         assert row["seconds"] > 0 and all(Path(f).is_file() for f in row["files"])

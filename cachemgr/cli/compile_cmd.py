@@ -327,17 +327,7 @@ def _compile_via_daemon(
 
 
 def _outcome_of(answer: dict[str, Any]) -> CompileOutcome:
-    return CompileOutcome(
-        answer.get("kernel_name", ""),
-        answer.get("status", "failed"),
-        tuple(Path(f) for f in answer.get("files", [])),
-        float(answer.get("seconds", 0.0)),
-        answer.get("error"),
-        answer.get("request", ""),
-        answer.get("cached"),
-        answer.get("warning"),
-        answer.get("tier"),
-    )
+    return CompileOutcome.from_json(answer)
 
 
 def _report(outcome: CompileOutcome, as_json: bool, where: Route, via: str = "") -> None:

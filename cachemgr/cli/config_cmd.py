@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -62,8 +63,22 @@ def _remote_row(settings: Settings) -> dict[str, Any]:
     return {"value": remotes.display, "origin": origin, "source": source}
 
 
+def _shown(value: Any) -> str:
+    """A value as the config file would spell it (lists and tables as JSON), unset empty."""
+    if value is None:
+        return ""
+    if isinstance(value, list | dict):
+        return json.dumps(value)
+    return str(value)
+
+
 @click.command("config")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object: {name: {value, origin}}.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="One JSON object: {name: {value, origin, source}}; table settings as table.key.",
+)
 @settings_options
 def config_cmd(
     as_json: bool,
@@ -72,9 +87,12 @@ def config_cmd(
     soc_version: str | None,
     config_file: Path | None,
 ) -> None:
-    """Show every setting, its value and where it came from.
+    """Show every setting of every table, its value and where it came from.
 
-    Exits 2 when a value was invalid and a fallback was used (each is named on stderr).
+    The options first, then each table of the config file ([daemon], [sandbox], [compilers],
+    [precompiled], [toolkit]) as table.key, set or default. Exits 2 when a value was invalid
+    and a fallback was used (each is named on stderr), or when the config file has an unknown
+    table or key or a bad value (one line naming file, line, key, value and what is accepted).
     """
     settings = load_settings(op_compiler_cache_dir, host_id, soc_version, config_file)
     data = settings.to_json()
@@ -83,12 +101,16 @@ def config_cmd(
     names += ["installed_adk_version", "installed_ops_version"]
     data["remote_storage"] = _remote_row(settings)
     names.append("remote_storage")
+
+    tables = settings.config.rows()
+    data.update(tables)
+    names += list(tables)
     if as_json:
         emit_json({n: data[n] for n in names})
     else:
         for name in names:
             item = data[name]
-            value = "" if item["value"] is None else item["value"]
+            value = _shown(item["value"])
             origin = item["origin"] + (f": {item['source']}" if item["source"] else "")
             click.echo(f"({origin}) {name} = {value}")
     if settings.problems:

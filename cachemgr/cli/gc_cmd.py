@@ -34,7 +34,6 @@ from cachemgr.counters import COUNTER_NAMES, CacheCounters
 from cachemgr.errors import ConfigError
 from cachemgr.eviction import DryRun, chip_row, purge_chip
 from cachemgr.gc import limits_json
-from cachemgr.ini import NEVER_EVICT
 from cachemgr.options import Settings
 
 
@@ -322,13 +321,22 @@ def _print_stats(data: dict[str, Any]) -> None:
     ]
     for key in sorted(k for k, v in data.items() if k not in _NOT_COUNTERS and _is_count(v)):
         lines.append((key.replace("_", " ").capitalize(), str(data[key])))
+    queue = data.get("queue")
+    if isinstance(queue, dict):  # from a daemon: its queue now (issue 13 item 3)
+        lines.append(
+            (
+                "Queue",
+                f"{queue.get('queued', 0)} queued, {queue.get('running', 0)} running, "
+                f"{queue.get('waited', 0)} waited for another request's compile",
+            )
+        )
     lim = data["limits"]
     max_mb, ratio = lim["max_op_cache_size"]["value"], lim["remain_cache_size_ratio"]["value"]
     lines.append(
         (
             "Limit",
             "never evict (max_op_cache_size=-1)"
-            if max_mb == NEVER_EVICT
+            if lim["never_evict"]
             else f"{max_mb} MB per chip folder, {ratio} % kept after an eviction "
             f"(from {lim['max_op_cache_size']['origin']})",
         )

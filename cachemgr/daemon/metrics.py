@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from cachemgr.counters import CounterBook
@@ -12,6 +12,15 @@ from cachemgr.daemon.usage import UsageIndex
 
 #: ``(name, help, labels, value)`` of one gauge sample: the daemon's degraded states.
 Gauge = tuple[str, str, dict[str, str], float]
+#: Buckets (seconds) of the compile duration and of the hit latency histograms.
+COMPILE_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+HIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
+
+
+def hit_rate(counters: Mapping[str, int]) -> float:
+    """hits / (hits + misses), as ccache shows it; 0 before the first lookup."""
+    lookups = counters.get("hits", 0) + counters.get("misses", 0)
+    return counters.get("hits", 0) / lookups if lookups else 0.0
 
 
 class _Collector:
@@ -19,20 +28,38 @@ class _Collector:
         self,
         counters: CounterBook,
         index: Callable[[], UsageIndex],
-        limit_bytes: Callable[[], int],
+        limit_bytes: Callable[[], int | None],
         queue_depth: Callable[[], int],
         gauges: Callable[[], Sequence[Gauge]] = lambda: (),
+        queue_figures: Callable[[], Mapping[str, int]] = dict,
     ) -> None:
         self.counters = counters
         self.index = index
         self.limit_bytes = limit_bytes
         self.queue_depth = queue_depth
         self.gauges = gauges
+        self.queue_figures = queue_figures
 
     def collect(self) -> Iterator[Metric]:
-        for name, value in sorted(self.counters.snapshot().items()):
+        snapshot = self.counters.snapshot()
+        for name, value in sorted(snapshot.items()):  # the names of ``stats`` (README)
             yield CounterMetricFamily(
-                f"cachemgr_{name}", f"cachemgr {name} since first start", value=value
+                f"cachemgr_{name}", f"cachemgr {name} of this kernel cache", value=value
+            )
+        yield GaugeMetricFamily(
+            "cachemgr_hit_rate", "hits / (hits + misses); 0 before any", value=hit_rate(snapshot)
+        )
+        figures = self.queue_figures()
+        for name in ("queued", "running"):
+            if name in figures:
+                yield GaugeMetricFamily(
+                    f"cachemgr_queue_{name}", f"compile jobs {name} now", value=figures[name]
+                )
+        if "waited" in figures:
+            yield CounterMetricFamily(
+                "cachemgr_queue_waited",
+                "requests that joined a job already queued or running for their kernel",
+                value=figures["waited"],
             )
         index = self.index()
         used = GaugeMetricFamily(
@@ -46,11 +73,18 @@ class _Collector:
             entries.add_metric([soc], index.entries(soc))
         yield used
         yield entries
+        limit = self.limit_bytes()  # None: never evict (max_op_cache_size = -1)
         yield GaugeMetricFamily(
-            "cachemgr_chip_limit_bytes",
-            "max_op_cache_size in bytes (-1: never evict)",
-            value=self.limit_bytes(),
+            "cachemgr_never_evict",
+            "1: max_op_cache_size = -1, size eviction off",
+            value=limit is None,
         )
+        if limit is not None:
+            yield GaugeMetricFamily(
+                "cachemgr_chip_limit_bytes",
+                "max_op_cache_size per chip folder in bytes",
+                value=limit,
+            )
         yield GaugeMetricFamily(
             "cachemgr_queue_jobs", "compile jobs queued or running", value=self.queue_depth()
         )
@@ -70,13 +104,36 @@ class Metrics:
         self,
         counters: CounterBook,
         index: Callable[[], UsageIndex],
-        limit_bytes: Callable[[], int],
+        limit_bytes: Callable[[], int | None],
         queue_depth: Callable[[], int],
         gauges: Callable[[], Sequence[Gauge]] = lambda: (),
+        queue_figures: Callable[[], Mapping[str, int]] = dict,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        collector = _Collector(counters, index, limit_bytes, queue_depth, gauges)
+        collector = _Collector(counters, index, limit_bytes, queue_depth, gauges, queue_figures)
         self.registry.register(collector)  # type: ignore[arg-type]
+        self.compile_seconds = Histogram(
+            "cachemgr_compile_seconds",
+            "seconds from submit to answer of requests answered compiled",
+            buckets=COMPILE_BUCKETS,
+            registry=self.registry,
+        )
+        self.hit_seconds = Histogram(
+            "cachemgr_hit_seconds",
+            "seconds from submit to answer of requests answered from the cache (hits)",
+            buckets=HIT_BUCKETS,
+            registry=self.registry,
+        )
+
+    def observe(self, status: str, seconds: float, coalesced: bool = False) -> None:
+        """One answered compile request: a ``compiled`` one's duration, a hit's latency
+        (a request answered by another daemon's compile is neither)."""
+        if coalesced:
+            return
+        if status == "compiled":
+            self.compile_seconds.observe(seconds)
+        elif status == "hit":
+            self.hit_seconds.observe(seconds)
 
     def render(self) -> bytes:
         """The text exposition of every metric."""

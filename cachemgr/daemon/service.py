@@ -32,7 +32,6 @@ from cachemgr.remote import config as remote_config
 from cachemgr.remote.tierset import RemoteTiers
 
 log = logging.getLogger(__name__)
-MIB = 1 << 20
 VERSION = "0.1.0"
 #: How long finished async jobs stay pollable (seconds).
 JOB_TTL_S = 3600.0
@@ -90,6 +89,7 @@ class Service:
             self._limit_bytes,
             self.queue.depth,
             self._gauges,
+            self.queue.figures,
         )
         self._jobs: dict[str, dict[str, Any]] = {}
         self._jobs_lock = threading.Lock()
@@ -103,9 +103,9 @@ class Service:
     def settings(self) -> options.Settings:
         return self._settings
 
-    def _limit_bytes(self) -> int:
-        max_mb = int(self._settings.value("max_op_cache_size"))
-        return -1 if max_mb == -1 else max_mb * MIB
+    def _limit_bytes(self) -> int | None:
+        """The limit in bytes, None = never evict (one reading: ``Settings.limits``)."""
+        return self._settings.limits.max_bytes
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -289,6 +289,7 @@ class Service:
             row["stuck_over_limit"] = bool(last.get("stuck_over_limit"))
             row["future_atimes"] = last.get("future_atimes", 0)
         data["queue_jobs"] = self.queue.depth()
+        data["queue"] = self.queue.figures()
         # per remote: hits, misses, errors, rejected, bytes in/out, state (issue 15 item 7)
         data["remotes"] = self.remotes.stats() if self.remotes is not None else {}
         data["remote_uploads_dropped"] = self.remotes.dropped if self.remotes is not None else 0
@@ -365,6 +366,7 @@ class Service:
             caller=_caller_key(caller),
         )
         future.add_done_callback(lambda f: _log_compile(f, req.op_type, req.soc_version, caller))
+        future.add_done_callback(self._observe)
         if body.get("wait", True) is False:
             job_id = uuid.uuid4().hex
             with self._jobs_lock:
@@ -424,6 +426,12 @@ class Service:
             "compile %s for %s (%d files sent)", req.op_type, who.describe(), len(snap.data or {})
         )
         return dataclasses.replace(req, kernel_source=snap.source), snap
+
+    def _observe(self, future: Future) -> None:
+        """Compile duration and hit latency into the ``/metrics`` histograms."""
+        if not future.cancelled() and future.exception() is None:
+            out = future.result()
+            self._metrics.observe(out.status, out.seconds, out.coalesced)
 
     def _count(self, future: Future) -> None:
         """Outcomes are counted by the queue (per request and per compiler run, in the
@@ -500,13 +508,14 @@ def _log_compile(future: Future, op_type: str, soc: str, caller: peer.Peer | Non
         return
     out = future.result()
     log.info(
-        "compile %s %s/%s for %s: %s in %.3f s",
+        "compile %s %s/%s for %s: %s in %.3f s (%s)",
         out.kernel_name,
         soc,
         op_type,
         who,
         out.status,
         out.seconds,
+        out.policy.describe() if out.policy is not None else "policy unknown",
     )
 
 

@@ -27,7 +27,6 @@ from cachemgr.eviction.files import (
     remove_group,
     unlink_quiet,
 )
-from cachemgr.eviction.plan import MIB, NEVER_EVICT
 from cachemgr.eviction.reclaim import TEMP_MAX_AGE_S
 from cachemgr.options import Settings
 
@@ -242,16 +241,17 @@ def chip_stats(chip_dir: Path, settings: Settings) -> dict[str, Any]:
     :raises OSError: when the folder cannot be listed.
     """
     usage = chip_usage(chip_dir)
-    max_mb = int(settings.value("max_op_cache_size"))
-    max_bytes = None if max_mb == NEVER_EVICT else max_mb * MIB
+    limits = settings.limits
+    max_bytes = limits.max_bytes
     return {
         "chip_dir": str(chip_dir),
         "exists": usage.exists,
         "entries": usage.entries,
         "bytes": usage.bytes,
-        "limit_mb": max_mb,
+        "limit_mb": limits.max_op_cache_size,
         "limit_bytes": max_bytes,
-        "ratio_pct": int(settings.value("remain_cache_size_ratio")),
+        "never_evict": limits.never_evict,
+        "ratio_pct": limits.remain_cache_size_ratio,
         "fill_pct": None if max_bytes is None else round(100 * usage.bytes / max_bytes, 1),
         "oldest_access": _iso(usage.oldest_atime_ns),
         "newest_access": _iso(usage.newest_atime_ns),

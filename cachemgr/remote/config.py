@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import SplitResult, unquote, urlsplit
 
+from cachemgr.configfile import redact_url
 from cachemgr.errors import ConfigError
 
 #: The environment variable naming the remotes (space-separated URLs).
@@ -118,18 +119,6 @@ class RemoteConfig:
     def display(self) -> str:
         """The remotes as ``config`` shows them (space-separated, redacted)."""
         return " ".join(r.display for r in self.remotes)
-
-
-def redact_url(text: str) -> str:
-    """``text`` with the password of a ``scheme://user:password@host`` URL replaced: for a
-    string that failed to parse, so that not even a broken spec leaks its password."""
-    head, sep, rest = text.partition("://")
-    if not sep or "@" not in rest.split("/", 1)[0].split("|", 1)[0]:
-        return text
-    cred, _, after = rest.partition("@")
-    user = cred.split(":", 1)[0]
-    shown = f"{user}:{REDACTED}" if ":" in cred else cred
-    return f"{head}://{shown}@{after}"
 
 
 def parse_spec(text: str, origin: str) -> RemoteSpec:
