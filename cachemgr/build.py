@@ -31,7 +31,9 @@ from typing import Any
 from cachemgr import chiplock, fsutil, inputs, kernel_meta, keys, manifest, policy, precompiled
 from cachemgr.compilers import CompileJob, CompilerBackend
 from cachemgr.errors import ConfigError, InvalidInputError
+from cachemgr.events import Events
 from cachemgr.options import Settings
+from cachemgr.remote.tierset import RemoteTiers
 from cachemgr.request import CompileRequest, RequestOptions, resolve_options
 from cachemgr.results import Policy, Status
 from cachemgr.store import Store
@@ -75,6 +77,8 @@ class CompileOutcome:
     #: the policy that produced it (issue 13 item 2); None only for a request that failed
     #: before its options were resolved
     policy: Policy | None = None
+    #: for a ``hit`` served from a remote tier: ``remote:<name>`` (issue 15 item 5)
+    tier: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -100,6 +104,8 @@ class CompileOutcome:
             doc["coalesced"] = True
         if self.policy is not None:
             doc["policy"] = self.policy.to_json()
+        if self.tier is not None:
+            doc["tier"] = self.tier
         return doc
 
     @classmethod
@@ -120,6 +126,7 @@ class CompileOutcome:
             data.get("warning"),
             bool(data.get("coalesced", False)),
             Policy.from_json(policy) if isinstance(policy, Mapping) else None,
+            data.get("tier"),
         )
 
 
@@ -366,6 +373,10 @@ class RunContext:
     build_dirs: list[Path] = field(default_factory=list)
     #: the config file's tables (its ``[toolkit]`` stamps a new ``op_cache.ini``)
     config_sections: dict[str, Any] = field(default_factory=dict)
+    #: where tier events go (a publish on a full disk: the daemon evicts; issue 15 item 1)
+    events: Events | None = None
+    #: the remote tiers (``cachemgr.remote.tierset.RemoteTiers``), None without remotes
+    remotes: RemoteTiers | None = None
 
     def build_dir(self) -> Path:
         """This thread's private, empty build folder (outside any cache folder)."""

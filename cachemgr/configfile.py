@@ -235,6 +235,32 @@ class ToolkitTable:
     ops_version: str | None = _opt_str("a non-empty one-line string")
 
 
+@dataclass(frozen=True)
+class RemoteTable:
+    """``[remote]``: remote storage tiers (issue 15; parsed by ``cachemgr.remote.config``,
+    which also reads ``CACHEMGR_REMOTE_STORAGE``). Passwords in ``storage`` are redacted
+    wherever the table is shown (:meth:`ConfigFile.rows`)."""
+
+    storage: tuple[str, ...] = field(
+        default=(), metadata=rule("list_str", text="a list of URLs like 'redis://host:6379/0'")
+    )
+    upload_queue: int = field(default=256, metadata=rule("int", 1))
+    failures_before_open: int = field(default=3, metadata=rule("int", 1))
+    open_s: float = field(default=30.0, metadata=rule("float", 0.001))
+
+
+def redact_url(text: str) -> str:
+    """``text`` with the password of a ``scheme://user:password@host`` URL replaced by
+    ``********`` (issue 15 item 2: never shown by ``config``, logs or errors)."""
+    head, sep, rest = text.partition("://")
+    if not sep or "@" not in rest.split("/", 1)[0].split("|", 1)[0]:
+        return text
+    cred, _, after = rest.partition("@")
+    user = cred.split(":", 1)[0]
+    shown = f"{user}:********" if ":" in cred else cred
+    return f"{head}://{shown}@{after}"
+
+
 #: Every table of the config file and its model.
 TABLES: dict[str, type] = {
     "daemon": DaemonConfig,
@@ -242,6 +268,7 @@ TABLES: dict[str, type] = {
     "compilers": CompilersTable,
     "precompiled": PrecompiledTable,
     "toolkit": ToolkitTable,
+    "remote": RemoteTable,
 }
 
 
@@ -301,6 +328,8 @@ class ConfigFile:
             for f in dataclasses.fields(cls):
                 value = getattr(model, f.name)
                 value = list(value) if isinstance(value, tuple) else value
+                if name == "remote" and f.name == "storage":
+                    value = [redact_url(v) for v in value]
                 if f.name in given:
                     row = {"value": value, "origin": "option", "source": self.where(name, f.name)}
                 else:

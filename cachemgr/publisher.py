@@ -46,44 +46,17 @@ from cachemgr.errors import (
     CachePermissionError,
     CompileError,
     ConfigError,
+    InvalidInputError,
     LockBusyError,
     NoSpaceError,
 )
+from cachemgr.events import Events
+from cachemgr.remote.tierset import RemoteTiers
 from cachemgr.safedir import SafeDir
-from cachemgr.store import Store
+from cachemgr.store import EntryHold, Store
+from cachemgr.tiers import LocalTier
 
 log = logging.getLogger(__name__)
-
-
-class _Held:
-    """The entry lock the caller already holds: taking it again is a no-op."""
-
-    held = True
-
-    def acquire(self, blocking: bool = True, timeout_s: float | None = None) -> bool:
-        return True
-
-    def release(self, unlink: bool = False) -> None:
-        return None
-
-    def __enter__(self) -> _Held:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-class _HeldStore(Store):
-    """A store whose lock of ``held`` is already taken by the caller (a POSIX lock must not be
-    taken twice: closing the second descriptor would drop the first)."""
-
-    def __init__(self, chip_dir: Path, held: str, lock_timeout_s: float) -> None:
-        super().__init__(chip_dir, lock_timeout_s)
-        self._held = held
-
-    def entry_lock(self, kernel: str) -> Any:
-        """The held no-op lock for ``held``, a real :class:`~cachemgr.fsutil.FcntlLock` else."""
-        return _Held() if kernel == self._held else super().entry_lock(kernel)
 
 
 @dataclass
@@ -93,10 +66,14 @@ class Pending:
     prepared: Prepared
     files: dict[str, bytes]
     main_json: dict[str, Any]
-    entry_lock: fsutil.FcntlLock
+    entry_lock: EntryHold
     chip_hold: Hold
     lock_timeout_s: float
     config_sections: dict[str, Any] = field(default_factory=dict)
+    #: told of a publish that hit a full filesystem (the daemon's governance evicts)
+    events: Events | None = None
+    #: the remote tiers: a published entry is queued for upload (never waited for)
+    remotes: RemoteTiers | None = None
 
     def finish(self, uncached_dir: Callable[[], Path] | None = None) -> CompileOutcome:
         """Publish (json last), then release the locks — from any thread.
@@ -109,12 +86,14 @@ class Pending:
         """
         p = self.prepared
         try:
-            store = _HeldStore(p.chip_dir, p.kernel, self.lock_timeout_s)
+            store = Store(p.chip_dir, self.lock_timeout_s, self.events)
             if p.decision.cache.replace:
-                store.remove(p.kernel)
-            published = store.publish(p.kernel, self.files, self.main_json)
+                store.remove(p.kernel, held=self.entry_lock)
+            published = store.publish(p.kernel, self.files, self.main_json, held=self.entry_lock)
             _record_manifest(p)
             _ensure_ini(p.chip_dir.parent, self.config_sections)  # logs its own failure
+            if self.remotes is not None:  # after the compile, in the background (item 5)
+                self.remotes.upload_later(p.chip_dir.parent, p.chip_dir.name, p.kernel)
         except (NoSpaceError, OSError) as exc:
             if uncached_dir is None or not _cannot_store(exc):
                 raise
@@ -184,8 +163,7 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
         return _compile_outside(p, ctx, _why(p.chip_dir, exc))
     try:
         SafeDir.open_chip(p.chip_dir, create=True).close()  # no link followed (security.md)
-        lock = Store(p.chip_dir).entry_lock(p.kernel)
-        lock.acquire(timeout_s=ctx.lock_timeout_s)
+        lock = Store(p.chip_dir, ctx.lock_timeout_s, ctx.events).hold(p.kernel)
     except LockBusyError:
         hold.release()
         return _compile_alone(p, ctx)
@@ -205,13 +183,18 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
         raise
     try:
         if p.decision.cache.read:
-            found = _HeldStore(p.chip_dir, p.kernel, ctx.lock_timeout_s).lookup(p.kernel)
+            found = Store(p.chip_dir, ctx.lock_timeout_s).lookup(p.kernel, held=lock)
             if found.hit:  # another process published it while we waited for the lock
                 lock.release()
                 hold.release()
                 return CompileOutcome(
                     p.kernel, HIT, found.files, request=p.request.origin, coalesced=True
                 )
+            remote = _remote_hit(p, ctx, lock)
+            if remote is not None:
+                lock.release()
+                hold.release()
+                return remote
         build_dir = ctx.build_dir()
         job = compile_job(p, build_dir)
         if inputs.may_read_in_place(p.inputs, os.environ):
@@ -235,7 +218,47 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
         lock.release()
         hold.release()
         raise
-    return Pending(p, files, main, lock, hold, ctx.lock_timeout_s, ctx.config_sections)
+    return Pending(
+        p,
+        files,
+        main,
+        lock,
+        hold,
+        ctx.lock_timeout_s,
+        ctx.config_sections,
+        ctx.events,
+        ctx.remotes,
+    )
+
+
+def _remote_hit(p: Prepared, ctx: RunContext, lock: EntryHold) -> CompileOutcome | None:
+    """Issue 15 item 5: on a local miss, ask the remote tiers (under the entry lock we hold,
+    so one fetch per kernel per host). A hit arrives verified (blob digest, every part's
+    sha256, caps, names: :mod:`cachemgr.remote.blob`), is published into the chip folder
+    the way every entry is (json last; each binary checked against its json, SPEC §3.3),
+    then served from there. Any failure is a miss: the kernel compiles."""
+    if ctx.remotes is None:
+        return None
+    got = ctx.remotes.fetch(p.chip_dir.name, p.kernel)
+    if got is None:
+        return None
+    item, name = got
+    local = LocalTier(p.chip_dir.parent, ctx.lock_timeout_s, ctx.events)
+    try:
+        local.put(item, held=lock)
+    except InvalidInputError as exc:
+        ctx.remotes.reject(name, p.chip_dir.name, p.kernel, str(exc))
+        return None
+    except (OSError, CachePermissionError, NoSpaceError) as exc:
+        log.warning("%s: remote hit from %s not stored locally: %s", p.kernel, name, exc)
+        return None
+    found = local.check(p.chip_dir.name, p.kernel, held=lock)
+    if not found.hit:
+        return None
+    log.info("%s: remote hit from %s", p.kernel, name)
+    return CompileOutcome(
+        p.kernel, HIT, found.files, request=p.request.origin, tier=f"remote:{name}"
+    )
 
 
 def _uncached(
@@ -397,7 +420,7 @@ def clear_chip(chip_dir: Path, lock_timeout_s: float, noted: Noted | None = None
     except FileNotFoundError:
         return 0
     with folder:
-        store = Store(chip_dir, lock_timeout_s, folder.fd)
+        store = Store(chip_dir, lock_timeout_s, dir_fd=folder.fd)
         scan = entry.scan_chip(chip_dir, folder.fd)
         removed = 0
         for kernel in sorted(scan.entries):

@@ -52,8 +52,10 @@ from pathlib import Path
 from cachemgr import build, kernel_meta, keys, precompiled, publisher
 from cachemgr.build import CompileOutcome, Prepared
 from cachemgr.errors import CacheMgrError, CompileError, InvalidInputError
+from cachemgr.events import Events
 from cachemgr.inputs import Snapshot
 from cachemgr.options import Settings
+from cachemgr.remote.tierset import RemoteTiers
 from cachemgr.request import CompileRequest
 
 log = logging.getLogger(__name__)
@@ -116,6 +118,8 @@ class CompileQueue:
         lock_timeout_s: float | None = None,
         tally: Tally | None = None,
         max_queued_per_caller: int | None = None,
+        events: Events | None = None,
+        remotes: RemoteTiers | None = None,
     ) -> None:
         self.settings = settings
         self.max_queued_per_caller = max_queued_per_caller
@@ -132,6 +136,8 @@ class CompileQueue:
             Path(output_dir).absolute() if output_dir else None,
             lock_timeout_s if lock_timeout_s else 2 * self.timeout_s + 60,
             config_sections=dict(settings.sections),
+            events=events,
+            remotes=remotes,
         )
         self._compilers = keys.Compilers(settings.sections.get("compilers", {}))
         self._lock = threading.Lock()

@@ -15,13 +15,13 @@ Readers take no lock: the json-last publish order is what keeps them from partia
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import errno
 import json
 import logging
 import os
 import stat
-import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -36,6 +36,7 @@ from cachemgr.errors import (
     InvalidInputError,
     NoSpaceError,
 )
+from cachemgr.events import Events, NoSpaceEvent
 from cachemgr.safedir import DirLock, SafeDir
 
 log = logging.getLogger(__name__)
@@ -51,28 +52,12 @@ DEFAULT_LOCK_TIMEOUT_S = 120.0
 #: errno values of a full filesystem: no space (``ENOSPC``) or quota spent (``EDQUOT``).
 NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
-#: ``listener(chip_dir, bytes_needed)``: called when a publish ran out of space.
-NoSpaceListener = Callable[[Path, int], None]
-_no_space_listeners: list[NoSpaceListener] = []
-_listeners_lock = threading.Lock()
 
-
-def add_no_space_listener(listener: NoSpaceListener) -> None:
-    """Call ``listener(chip_dir, bytes_needed)`` whenever a publish in this process fails on a
-    full filesystem (the daemon schedules eviction of that chip folder; SPEC §5, §9)."""
-    with _listeners_lock:
-        _no_space_listeners.append(listener)
-
-
-def remove_no_space_listener(listener: NoSpaceListener) -> None:
-    """Stop calling ``listener`` (no error when it was not added)."""
-    with _listeners_lock:
-        if listener in _no_space_listeners:
-            _no_space_listeners.remove(listener)
-
-
-def _no_space(chip_dir: Path, kernel: str, needed: int, exc: OSError) -> NoSpaceError:
-    """The one-line error for a publish that hit a full filesystem; tells the listeners."""
+def _no_space(
+    chip_dir: Path, kernel: str, needed: int, exc: OSError, sink: Events | None
+) -> NoSpaceError:
+    """The one-line error for a publish that hit a full filesystem; a :class:`NoSpaceEvent`
+    goes to ``sink`` (issue 15 item 1: events are objects, not module-level listeners)."""
     try:
         vfs = os.statvfs(chip_dir)
         free = f"{vfs.f_bavail * vfs.f_frsize} bytes free"
@@ -85,13 +70,8 @@ def _no_space(chip_dir: Path, kernel: str, needed: int, exc: OSError) -> NoSpace
         str(chip_dir),
         needed,
     )
-    with _listeners_lock:
-        listeners = list(_no_space_listeners)
-    for listener in listeners:
-        try:
-            listener(chip_dir, needed)
-        except Exception:  # a listener must not turn the publish error into another one
-            log.exception("no-space listener failed")
+    if sink is not None:
+        sink.emit(NoSpaceEvent(chip_dir, needed))
     return err
 
 
@@ -173,6 +153,28 @@ def _warn_read_only(chip_dir: Path, what: str) -> None:
         log.warning("%s is on a read-only filesystem: hits are served, %s", chip_dir, what)
 
 
+@dataclass
+class EntryHold:
+    """An entry lock (``<chip>/<kernel>.lock``, fcntl) that the caller holds: the explicit
+    handle that :meth:`Store.publish`, :meth:`Store.remove` and :meth:`Store.lookup` take as
+    ``held=`` instead of locking again (a POSIX lock must not be taken twice in a process:
+    closing the second descriptor would drop the first). Issue 15 item 1."""
+
+    chip_dir: Path
+    kernel: str
+    lock: fsutil.FcntlLock
+
+    def release(self) -> None:
+        """Drop the lock (idempotent)."""
+        self.lock.release()
+
+    def __enter__(self) -> EntryHold:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
 class Store:
     """Verified lookup, atomic publish and removal in one chip folder.
 
@@ -182,6 +184,8 @@ class Store:
 
     :param chip_dir: ``<kernel cache>/<soc_version>``; created on first publish.
     :param lock_timeout_s: how long publish/removal wait for an entry's lock (seconds).
+    :param events: the sink told of a publish that hit a full filesystem (a
+        :class:`~cachemgr.events.NoSpaceEvent`); None tells nobody.
     :param dir_fd: the chip folder, already open (e.g. by gc); it must stay open while the
         store is used. Without it each operation opens the folder itself.
     """
@@ -190,10 +194,13 @@ class Store:
         self,
         chip_dir: Path,
         lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S,
+        events: Events | None = None,
+        *,
         dir_fd: int | None = None,
     ) -> None:
         self.chip_dir = Path(chip_dir)
         self.lock_timeout_s = lock_timeout_s
+        self.events = events
         self.dir_fd = dir_fd
 
     @contextmanager
@@ -203,10 +210,32 @@ class Store:
         :raises FileNotFoundError: the chip folder is missing (and ``create`` is off).
         :raises UnsafePathError: ``kernel_cache`` or the chip folder is a symbolic link.
         """
+        if self.dir_fd is not None:
+            yield self
+            return
         with SafeDir.open_chip(self.chip_dir, create=create) as folder:
             bound = copy.copy(self)
             bound.dir_fd = folder.fd
             yield bound
+
+    def hold(self, kernel: str, timeout_s: float | None = None) -> EntryHold:
+        """Take ``kernel``'s entry lock and return its handle (release it, or use ``with``).
+
+        :param timeout_s: how long to wait (seconds); None waits ``lock_timeout_s``.
+        :raises LockBusyError: the lock stayed held for ``timeout_s``.
+        :raises OSError: the lock file cannot be created or locked.
+        """
+        lock = self.entry_lock(kernel)
+        lock.acquire(timeout_s=self.lock_timeout_s if timeout_s is None else timeout_s)
+        return EntryHold(self.chip_dir, kernel, lock)
+
+    def _locked(self, kernel: str, held: EntryHold | None) -> Any:
+        """The lock to enter for ``kernel``: nothing when the caller's ``held`` is it."""
+        if held is not None:
+            if held.kernel != kernel or held.chip_dir != self.chip_dir:
+                raise ValueError(f"held lock is {held.kernel}'s, not {kernel}'s")
+            return contextlib.nullcontext()
+        return self.entry_lock(kernel)
 
     def lock_path(self, kernel: str) -> Path:
         """``<chip>/<kernel>.lock``: the entry's fcntl lock file (SPEC §3.1)."""
@@ -221,11 +250,14 @@ class Store:
 
     # --- lookup -------------------------------------------------------------------------
 
-    def lookup(self, kernel: str, touch: bool = True) -> LookupResult:
+    def lookup(
+        self, kernel: str, touch: bool = True, held: EntryHold | None = None
+    ) -> LookupResult:
         """Verified lookup of ``kernel`` (SPEC §3.3).
 
         A hit sets the json's and binaries' atime to now when ``touch`` (mtime kept). A bad
-        entry is removed (under its lock, after re-checking) and reported as a miss.
+        entry is removed (under its lock — ``held`` when the caller holds it — after
+        re-checking) and reported as a miss.
 
         :raises InvalidInputError: for an invalid kernel name.
         :raises UnsafePathError: ``kernel_cache`` or the chip folder is a symbolic link.
@@ -234,7 +266,7 @@ class Store:
         if self.dir_fd is None:
             try:
                 with self._opened() as bound:
-                    return bound.lookup(kernel, touch)
+                    return bound.lookup(kernel, touch, held)
             except FileNotFoundError:
                 return LookupResult(MISS, kernel, ABSENT)
         try:
@@ -244,7 +276,7 @@ class Store:
         if not problems and desc is not None:
             return self._hit(kernel, desc, touch)
         try:
-            removed = self.remove_if_bad(kernel)
+            removed = self.remove_if_bad(kernel, held)
         except OSError as exc:
             if exc.errno != errno.EROFS:
                 raise
@@ -307,19 +339,20 @@ class Store:
 
     # --- removal ------------------------------------------------------------------------
 
-    def remove_if_bad(self, kernel: str) -> bool:
-        """Under the entry lock, re-check ``kernel`` and remove it if it is still bad.
+    def remove_if_bad(self, kernel: str, held: EntryHold | None = None) -> bool:
+        """Under the entry lock (``held``, or taken here), re-check ``kernel`` and remove it
+        if it is still bad.
 
         :returns: True if it was removed.
         """
         if self.dir_fd is None:
             try:
                 with self._opened() as bound:
-                    return bound.remove_if_bad(kernel)
+                    return bound.remove_if_bad(kernel, held)
             except FileNotFoundError:
                 return False
-        lock = self.entry_lock(kernel)
-        if not lock.acquire(timeout_s=self.lock_timeout_s):
+        lock = self._locked(kernel, held)
+        if held is None and not lock.acquire(timeout_s=self.lock_timeout_s):
             return False
         try:
             try:
@@ -338,7 +371,8 @@ class Store:
             self._remove_files(self._names_for_removal(kernel, desc))
             return True
         finally:
-            lock.release()
+            if held is None:
+                lock.release()
 
     def _names_for_removal(self, kernel: str, desc: entry.EntryDesc | None) -> list[str]:
         if desc is not None:
@@ -358,8 +392,14 @@ class Store:
             names += sorted(n for n in group.files if n != kernel + ".json")
         return names
 
-    def remove(self, kernel: str, desc: entry.EntryDesc | None = None) -> list[str]:
-        """Remove an entry's files — json first — under its lock. Returns the names removed.
+    def remove(
+        self,
+        kernel: str,
+        desc: entry.EntryDesc | None = None,
+        held: EntryHold | None = None,
+    ) -> list[str]:
+        """Remove an entry's files — json first — under its lock (``held``, or taken here).
+        Returns the names removed.
 
         ``desc`` (if known) names the parts; otherwise the json is parsed, and name grouping
         is the fallback for an unparsable json.
@@ -367,10 +407,10 @@ class Store:
         if self.dir_fd is None:
             try:
                 with self._opened() as bound:
-                    return bound.remove(kernel, desc)
+                    return bound.remove(kernel, desc, held)
             except FileNotFoundError:
                 return []
-        with self.entry_lock(kernel):
+        with self._locked(kernel, held):
             if desc is None:
                 try:
                     desc = entry.parse_entry(self.chip_dir, kernel, dir_fd=self.dir_fd)
@@ -420,7 +460,11 @@ class Store:
     # --- publish ------------------------------------------------------------------------
 
     def publish(
-        self, kernel: str, files: Mapping[str, bytes], main_json: Mapping[str, Any]
+        self,
+        kernel: str,
+        files: Mapping[str, bytes],
+        main_json: Mapping[str, Any],
+        held: EntryHold | None = None,
     ) -> PublishResult:
         """Publish an entry atomically (SPEC §3.3).
 
@@ -429,9 +473,10 @@ class Store:
         :param main_json: the kernel description; must name the given binaries with their
             correct ``sha256`` (checked before anything is written).
         :raises InvalidInputError: bad names, a json that does not match the files.
+        :param held: the entry lock when the caller holds it (else it is taken here).
         :raises NoSpaceError: the filesystem is full (``ENOSPC``/``EDQUOT``): one line naming
-            the chip folder and the bytes needed; the no-space listeners are told; no partial
-            entry is left (SPEC §3.3).
+            the chip folder and the bytes needed; ``events`` is told; no partial entry is
+            left (SPEC §3.3).
         :raises CachePermissionError: the chip folder or the entry's lock file is not
             writable by this user (names the path, user, group and the fix; SPEC §9).
         :raises OSError: any other write failure; no partial entry is left.
@@ -441,8 +486,7 @@ class Store:
         payload[kernel + ".json"] = _dump_json(main_json)
         self._check_payload(kernel, payload)
         try:
-            opened = self._opened(create=True) if self.dir_fd is None else _same(self)
-            with opened as bound, bound.entry_lock(kernel):
+            with self._opened(create=True) as bound, bound._locked(kernel, held):
                 existing = bound._existing_good(kernel)
                 if existing is not None:
                     return existing
@@ -457,7 +501,7 @@ class Store:
             if exc.errno not in NO_SPACE_ERRNOS:
                 raise
             needed = sum(len(b) for b in payload.values())
-            raise _no_space(self.chip_dir, kernel, needed, exc) from exc
+            raise _no_space(self.chip_dir, kernel, needed, exc, self.events) from exc
         log.info("published %s/%s (%d bytes)", self.chip_dir.name, kernel, written)
         paths = tuple(self.chip_dir / n for n in payload)
         return PublishResult(PUBLISHED, kernel, paths, written)
@@ -530,8 +574,6 @@ class Store:
         :raises UnsafePathError: ``kernel_cache`` or the chip folder is a symbolic link.
         """
         with fsutil.reads_keep_atime():
-            if self.dir_fd is not None:
-                return self._verify_all(repair)
             try:
                 with self._opened() as bound:
                     return bound._verify_all(repair)
@@ -619,12 +661,6 @@ class Store:
             if repair:
                 finding.repaired = self._repair(finding, self.remove_if_bad, kernel)
             report.findings.append(finding)
-
-
-@contextmanager
-def _same(store: Store) -> Iterator[Store]:
-    """``store`` itself as a context (already bound to its folder)."""
-    yield store
 
 
 def _dump_json(data: Mapping[str, Any]) -> bytes:

@@ -13,6 +13,7 @@ import pytest
 
 from cachemgr import entry
 from cachemgr.store import Store
+from tests.remote_util import redis_server, webdav_server  # noqa: F401 - fixtures
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from cachemgr import entry, eviction, fsprobe, fsutil, options, store
+from cachemgr import entry, eviction, fsprobe, fsutil, options
 from cachemgr.chiplock import ChipLock
 from cachemgr.daemon import rootcheck
 from cachemgr.daemon.config import DaemonConfig
 from cachemgr.errors import ConfigError, NoSpaceError
+from cachemgr.events import Events, NoSpaceEvent
 from cachemgr.ini import OpCacheIni
 from cachemgr.store import Store
 from tests.conftest import kernel_json, publish
@@ -271,13 +272,15 @@ def small_fs(tmp_path: Path):
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
-def _fill_until_full(chip: Path) -> list[str]:
+def _fill_until_full(chip: Path, sink: Events | None = None) -> list[str]:
     kernels, i = [], 0
     while True:
         kernel = f"te_fill_{i:03d}"
         data = os.urandom(24 * 1024)
         try:
-            Store(chip).publish(kernel, {kernel + ".o": data}, kernel_json(kernel, data))
+            Store(chip, events=sink).publish(
+                kernel, {kernel + ".o": data}, kernel_json(kernel, data)
+            )
         except NoSpaceError as exc:
             assert str(chip) in str(exc) and f"{kernel} needs" in str(exc), exc
             assert "\n" not in str(exc)
@@ -286,18 +289,12 @@ def _fill_until_full(chip: Path) -> list[str]:
         i += 1
 
 
-def test_enospc_in_publish_leaves_nothing_and_tells_the_listeners(small_fs: Path) -> None:
+def test_enospc_in_publish_leaves_nothing_and_tells_the_sink(small_fs: Path) -> None:
     chip = small_fs / "cache" / "kernel_cache" / SOC
     told: list[tuple[Path, int]] = []
-
-    def listener(folder: Path, needed: int) -> None:
-        told.append((folder, needed))
-
-    store.add_no_space_listener(listener)
-    try:
-        kept = _fill_until_full(chip)
-    finally:
-        store.remove_no_space_listener(listener)
+    sink = Events()  # an object passed in, not a module-level listener (issue 15 item 1)
+    sink.subscribe(NoSpaceEvent, lambda e: told.append((e.chip_dir, e.bytes_needed)))
+    kept = _fill_until_full(chip, sink)
     assert kept and told and told[0][0] == chip and told[0][1] > 24 * 1024
     names = os.listdir(chip)
     assert not [n for n in names if n.endswith(".temp")]

@@ -12,7 +12,9 @@ import click
 
 from cachemgr import versions
 from cachemgr.cli.common import emit_json, load_settings, settings_options
+from cachemgr.errors import ConfigError
 from cachemgr.options import Settings
+from cachemgr.remote import config as remote_config
 
 #: The order ``config`` prints in (SPEC §1, §2, §5, §7), then anything else.
 SHOWN = (
@@ -44,6 +46,21 @@ def _toolkit_rows(settings: Settings) -> dict[str, dict[str, Any]]:
             origin = "option"
         rows[f"installed_{name}"] = {"value": found.value, "origin": origin, "source": found.source}
     return rows
+
+
+def _remote_row(settings: Settings) -> dict[str, Any]:
+    """The remote tiers (issue 15 item 2), passwords redacted; a bad spec is one line, exit 2.
+
+    :raises click.ClickException: never; a bad spec exits 2 with its (redacted) message.
+    """
+    try:
+        remotes = remote_config.from_settings(settings)
+    except ConfigError as exc:
+        click.echo(f"cachemgr: {exc}", err=True)
+        sys.exit(2)
+    source = "" if remotes.origin == "default" else remotes.origin
+    origin = "default" if not source else ("env" if source == remote_config.ENV_VAR else "file")
+    return {"value": remotes.display, "origin": origin, "source": source}
 
 
 def _shown(value: Any) -> str:
@@ -82,6 +99,9 @@ def config_cmd(
     names = [n for n in SHOWN if n in data] + sorted(set(data) - set(SHOWN))
     data.update(_toolkit_rows(settings))
     names += ["installed_adk_version", "installed_ops_version"]
+    data["remote_storage"] = _remote_row(settings)
+    names.append("remote_storage")
+
     tables = settings.config.rows()
     data.update(tables)
     names += list(tables)

@@ -13,6 +13,8 @@ from cachemgr import entry, fsutil
 from cachemgr.cli import human
 from cachemgr.cli.common import VERBOSITY, chip_dirs, emit_json, load_settings, settings_options
 from cachemgr.cli.lockcheck import checked_for_writing
+from cachemgr.remote import config as remote_config
+from cachemgr.remote.tierset import RemoteTiers
 from cachemgr.store import Store, VerifyReport
 
 
@@ -105,6 +107,21 @@ def _report_json(report: VerifyReport) -> dict[str, Any]:
     }
 
 
+def _remote_rows(settings: Any) -> list[dict[str, Any]]:
+    """Each remote's state (issue 15 item 8e): one cheap request each (Redis ``DBSIZE``,
+    HTTP ``HEAD``), never a download; the remotes' contents are verified when fetched."""
+    tiers = RemoteTiers.from_config(remote_config.from_settings(settings))  # ConfigError: exit 2
+    if tiers is None:
+        return []
+    try:
+        return [
+            {"name": s.name, "state": s.state, "entries": s.entries, **s.detail}
+            for s in tiers.stat_all()
+        ]
+    finally:
+        tiers.close()
+
+
 @click.command("verify")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object keyed by soc_version.")
 @click.option("--repair", is_flag=True, help="Remove bad entries and orphans.")
@@ -117,15 +134,21 @@ def verify_cmd(as_json: bool, repair: bool, **kw: Any) -> None:
         settings = checked_for_writing(settings, values, kw.get("config_file"))
     reports = [Store(chip).verify_all(repair=repair) for chip in chip_dirs(settings)]
     bad = sum(len(r.bad) for r in reports)
+    remotes = _remote_rows(settings)
     if as_json:
         emit_json(
             {
                 "chip_folders": {r.chip_dir.name: _report_json(r) for r in reports},
                 "bad": bad,
                 "repaired": sum(len(r.findings) - len(r.bad) for r in reports),
+                "remotes": remotes,
             }
         )
     else:
+        for row in remotes:
+            held = "" if row["entries"] is None else f", {row['entries']} keys"
+            why = f": {row['error']}" if row.get("error") else ""
+            click.echo(f"remote {row['name']}: {row['state']}{held}{why}")
         for report in reports:
             for f in report.findings:
                 state = "REPAIRED" if f.repaired else "BAD"

@@ -341,6 +341,15 @@ def _print_stats(data: dict[str, Any]) -> None:
             f"(from {lim['max_op_cache_size']['origin']})",
         )
     )
+    for name, rem in data.get("remotes", {}).items():  # issue 15 item 7
+        lines.append(
+            (
+                f"Remote {name}",
+                f"{rem['state']}: {rem['hits']} hits, {rem['misses']} misses, "
+                f"{rem['errors']} errors, {rem['rejected']} rejected, "
+                f"{human.size(rem['bytes_in'])} in, {human.size(rem['bytes_out'])} out",
+            )
+        )
     for soc, row in data["chip_folders"].items():
         if row.get("error"):
             lines.append((soc, f"cannot be read: {row['error']}"))

@@ -50,13 +50,14 @@ from watchdog.events import (
     FileSystemEventHandler,
 )
 
-from cachemgr import eviction, fsprobe, fsutil, kernel_meta, options, store
+from cachemgr import eviction, fsprobe, fsutil, kernel_meta, options
 from cachemgr import gc as cache_gc
 from cachemgr.counters import CounterBook
 from cachemgr.daemon.config import DaemonConfig
 from cachemgr.daemon.usage import UsageIndex
 from cachemgr.daemon.watch import Watcher
 from cachemgr.errors import CacheMgrError
+from cachemgr.events import Events, NoSpaceEvent
 from cachemgr.options import Settings
 from cachemgr.safedir import SafeDir
 
@@ -178,8 +179,11 @@ class Governance:
         counters: CounterBook,
         beat: Callable[[], None] = lambda: None,
         follow_ini: Callable[[], None] | None = None,
+        events: Events | None = None,
     ) -> None:
         self._settings = get_settings
+        #: the sink the compile path tells of a full filesystem (issue 15 item 1)
+        self.events = events if events is not None else Events()
         self._follow_ini = follow_ini
         self.config = config
         self.counters = counters
@@ -214,7 +218,7 @@ class Governance:
         cache — runs in the background (issue 12 item 10: serving never waits for it). A
         publish that hits a full filesystem schedules eviction."""
         fsutil.ensure_dir(self.index.kernel_cache_dir)
-        store.add_no_space_listener(self._on_no_space)
+        self.events.subscribe(NoSpaceEvent, self._on_no_space)
         self._start_watcher()
         cfg = self.config
         self.scheduler.add_job(
@@ -269,7 +273,7 @@ class Governance:
 
     def stop(self) -> None:
         """Stop the watcher and the scheduler (waits for a running job to finish)."""
-        store.remove_no_space_listener(self._on_no_space)
+        self.events.unsubscribe(NoSpaceEvent, self._on_no_space)
         if self.watcher is not None:
             self.watcher.stop()
             self.watcher = None
@@ -367,12 +371,13 @@ class Governance:
             _, ratio, target = self._due.pop(soc, (0.0, None, None))
         self.evict(soc, ratio, target)
 
-    def _on_no_space(self, chip_dir: Path, bytes_needed: int) -> None:
+    def _on_no_space(self, event: NoSpaceEvent) -> None:
         """A publish hit a full filesystem (``ENOSPC``): the disk, not the limit, is full, so
         the chip folder's current usage acts as its limit — evict down to ``ratio`` % of
         ``min(limit, used)`` bytes now, in the scheduler's thread (a target in bytes: issue 12
         item 8 — never rounded to "0 % of the limit"). ``max_op_cache_size=-1`` (never evict)
         is honoured: only the error is reported."""
+        chip_dir, bytes_needed = event.chip_dir, event.bytes_needed
         if chip_dir.parent != self.index.kernel_cache_dir:
             return
         settings = self._settings()

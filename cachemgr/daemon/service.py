@@ -25,8 +25,11 @@ from cachemgr.daemon.governance import Governance, release_memory
 from cachemgr.daemon.heartbeat import GOVERNANCE, POOL, Heartbeats
 from cachemgr.daemon.metrics import Gauge, Metrics
 from cachemgr.errors import CacheMgrError, InvalidInputError
+from cachemgr.events import Events
 from cachemgr.peer import user_name
 from cachemgr.queue import CompileQueue
+from cachemgr.remote import config as remote_config
+from cachemgr.remote.tierset import RemoteTiers
 
 log = logging.getLogger(__name__)
 VERSION = "0.1.0"
@@ -55,12 +58,17 @@ class Service:
         self.accepting = True
         self.tcp_address: tuple[str, int] | None = None
         self.counters = CounterBook(lambda: self._settings.layout.kernel_cache_dir)
+        self.events = Events()  # tier events: a full disk on publish → eviction (issue 15)
+        #: the remote tiers of ``[remote] storage`` / ``CACHEMGR_REMOTE_STORAGE`` (issue 15)
+        self.remotes = RemoteTiers.from_config(remote_config.from_settings(self._settings))
         self.queue = CompileQueue(
             self._settings,
             workers=config.workers or os.cpu_count() or 1,
             lock_timeout_s=config.lock_wait_s or None,
             tally=self.counters.tally,
             max_queued_per_caller=config.max_queued_per_caller or None,
+            events=self.events,
+            remotes=self.remotes,
         )
         self.heartbeats = Heartbeats(
             config.heartbeat_timeout_s, {POOL: lambda: self.queue.stalled_s() > self._stall_s}
@@ -73,6 +81,7 @@ class Service:
             self.counters,
             lambda: self.heartbeats.beat(GOVERNANCE),
             follow_ini=self._follow_ini,
+            events=self.events,
         )
         self._metrics = Metrics(
             self.counters,
@@ -108,6 +117,8 @@ class Service:
         """Stop taking work, let running compiles finish (up to ``timeout_s``), save state."""
         self.accepting = False
         self.queue.close(timeout_s=timeout_s)
+        if self.remotes is not None:
+            self.remotes.close()
         self.governance.stop()
         self.counters.save()
 
@@ -279,6 +290,9 @@ class Service:
             row["future_atimes"] = last.get("future_atimes", 0)
         data["queue_jobs"] = self.queue.depth()
         data["queue"] = self.queue.figures()
+        # per remote: hits, misses, errors, rejected, bytes in/out, state (issue 15 item 7)
+        data["remotes"] = self.remotes.stats() if self.remotes is not None else {}
+        data["remote_uploads_dropped"] = self.remotes.dropped if self.remotes is not None else 0
         data.update(self.governance.status())
         release_memory()  # the folder scans above held a per-file object each
         return data

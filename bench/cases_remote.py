@@ -1,0 +1,210 @@
+"""Remote tier (issue 15 item 9): a remote hit's latency against the compile it saves, and
+what a remote adds to a local miss when it is healthy, slow and down (breaker open).
+
+Real servers on loopback: ``redis-server`` and wsgidav (HTTP, ``bazel`` layout). A remote hit
+is fetch + verify (blob digest, every part's sha256) + publish into the local chip folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from bench import cases_compile
+from bench.harness import Row, ratio_of
+from cachemgr.remote.config import RemoteConfig, parse_spec
+from cachemgr.remote.tierset import RemoteTiers
+from cachemgr.tiers import EntryFiles, LocalTier
+from tests.conftest import kernel_json
+from tests.remote_util import RedisServer, WebDavServer, free_port
+
+NAME = "remote"
+SOC = "Ascend910B1"
+BINARY_BYTES = 256 * 1024
+
+
+def _tiers(url: str, open_s: float = 60.0, timeout_ms: int = 500) -> RemoteTiers:
+    spec = parse_spec(f"{url}|operation-timeout={timeout_ms}|connect-timeout={timeout_ms}", "b")
+    tiers = RemoteTiers.from_config(RemoteConfig((spec,), "bench", 64, 3, open_s))
+    assert tiers is not None
+    return tiers
+
+
+def _entry(i: int) -> EntryFiles:
+    kernel = f"te_remote_{i:04d}"
+    data = os.urandom(BINARY_BYTES)
+    doc = json.dumps(kernel_json(kernel, data)).encode()
+    return EntryFiles(SOC, kernel, {kernel + ".json": doc, kernel + ".o": data})
+
+
+def _hit_ms(tiers: RemoteTiers, work: Path, n: int) -> list[float]:
+    """Remote hit: fetch + verify + publish locally, per distinct kernel (seconds)."""
+    entries = [_entry(i) for i in range(n)]
+    for item in entries:
+        tiers.tiers[0].put(item)
+    local = LocalTier(work / "kernel_cache")
+    times = []
+    for item in entries:
+        start = time.perf_counter()
+        got = tiers.fetch(SOC, item.kernel)
+        assert got is not None
+        local.put(got[0])
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def _compile_s(work: Path, n: int) -> list[float]:
+    """The compile a hit saves: gcc -c of the example softmax kernel (seconds)."""
+    src = cases_compile.REQUESTS.parent / "kernels" / "c" / "softmax.c"
+    times = []
+    for i in range(n):
+        start = time.perf_counter()
+        subprocess.run(
+            ["gcc", "-O2", "-c", str(src), "-o", str(work / f"k{i}.o")],
+            check=True,
+            capture_output=True,
+        )
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def _miss_ms(tiers: RemoteTiers, n: int) -> list[float]:
+    times = []
+    for i in range(n):
+        start = time.perf_counter()
+        assert tiers.fetch(SOC, f"te_absent_{i}") is None
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def _silent_server() -> tuple[socket.socket, int]:
+    """A listener that accepts and never answers: a remote too slow for its timeout."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(64)
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                held.append(srv.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    return srv, int(srv.getsockname()[1])
+
+
+def run(workdir: Path, quick: bool) -> list[Row]:
+    n = 20 if quick else 200
+    ms = cases_compile._ms
+    rows: list[Row] = []
+    compile_ms = ms(_compile_s(workdir, 5 if quick else 15))
+    redis_dir, dav_dir = workdir / "redis", workdir / "dav"
+    redis_dir.mkdir()
+    redis = RedisServer(redis_dir, free_port())
+    dav = WebDavServer(dav_dir / "root", free_port())
+    dav.root.mkdir(parents=True)
+    redis.start()
+    dav.start()
+    try:
+        for label, url in (
+            ("Redis", redis.url),
+            ("HTTP bazel layout (wsgidav)", dav.url + "|layout=bazel"),
+        ):
+            tiers = _tiers(url)
+            sub = workdir / label.split()[0]
+            hits = _hit_ms(tiers, sub, n)
+            h50 = ms(hits)
+            rows.append(
+                Row(
+                    f"remote hit, {label}",
+                    "p50 latency (fetch, verify, publish)",
+                    h50,
+                    "ms",
+                    "gcc -O2 -c it saves",
+                    compile_ms,
+                    ratio_of(h50, compile_ms),
+                    "",
+                    None,
+                    f"{n} distinct kernels, {BINARY_BYTES // 1024} KiB binary; p99 "
+                    f"{ms(hits, 0.99):.2f} ms",
+                )
+            )
+            healthy = ms(_miss_ms(tiers, n))
+            rows.append(
+                Row(
+                    f"local miss + healthy remote, {label}",
+                    "p50 added to the miss",
+                    healthy,
+                    "ms",
+                    "gcc -O2 -c",
+                    compile_ms,
+                    ratio_of(healthy, compile_ms),
+                    "",
+                    None,
+                    "remote miss: one GET",
+                )
+            )
+            tiers.close()
+    finally:
+        redis.stop()
+        dav.stop()
+        shutil.rmtree(dav_dir, ignore_errors=True)
+    srv, port = _silent_server()
+    slow = _tiers(f"redis://127.0.0.1:{port}/0", timeout_ms=200)
+    before_open = _miss_ms(slow, 3)  # each costs the timeout; the third opens the breaker
+    after_open = _miss_ms(slow, n * 10)
+    srv.close()
+    rows.append(
+        Row(
+            "local miss + slow remote (never answers)",
+            "added per miss until the breaker opens",
+            ms(before_open),
+            "ms",
+            "operation-timeout",
+            200.0,
+            ratio_of(ms(before_open), 200.0),
+            "≤ timeout",
+            ms(before_open) <= 200.0 * 1.5,
+            "3 failures open the breaker",
+        )
+    )
+    rows.append(
+        Row(
+            "local miss + slow remote, breaker open",
+            "p99 added per miss",
+            ms(after_open, 0.99),
+            "ms",
+            "",
+            None,
+            None,
+            "≤ 1 ms",
+            ms(after_open, 0.99) <= 1.0,
+            f"{len(after_open)} misses; p50 {ms(after_open) * 1e3:.1f} µs",
+        )
+    )
+    down = _tiers(f"redis://127.0.0.1:{free_port()}/0")
+    _miss_ms(down, 3)  # connection refused ×3: the breaker opens
+    down_open = _miss_ms(down, n * 10)
+    rows.append(
+        Row(
+            "local miss + remote down, breaker open",
+            "p99 added per miss",
+            ms(down_open, 0.99),
+            "ms",
+            "",
+            None,
+            None,
+            "≤ 1 ms",
+            ms(down_open, 0.99) <= 1.0,
+            f"{len(down_open)} misses; p50 {ms(down_open) * 1e3:.1f} µs",
+        )
+    )
+    return rows

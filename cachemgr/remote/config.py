@@ -1,0 +1,281 @@
+"""Remote storage configuration, ccache's way (issue 15 item 2; ccache ``remote_storage``).
+
+A remote is one URL with optional ``|``-separated attributes, as ccache writes them::
+
+    redis://:secret@cache.example:6379/0|read-only|operation-timeout=2000
+    http://cache.example:8080/cache|layout=bazel|bearer-token-file=/etc/cachemgr/token
+
+Sources, the first one set wins (like every cachemgr setting, SPEC §1): ``--remote`` on the
+CLI, the environment variable ``CACHEMGR_REMOTE_STORAGE`` (space-separated), the config
+file's ``[remote] storage`` (a TOML list, or one space-separated string).
+
+Attributes (timeouts in milliseconds, as ccache's):
+
+* ``name=`` — how the tier is named in results (``"tier": "remote:<name>"``), stats and logs;
+  default ``<scheme>://<host>:<port><path>`` without credentials.
+* ``read-only`` — look up, never upload.
+* ``connect-timeout=`` (default 100 ms) and ``operation-timeout=`` (default 10000 ms).
+* ``layout=flat|subdirs|bazel`` — HTTP only (ccache's layouts; ``bazel`` is ``/ac/<sha256>``).
+* ``password-file=`` — the password (Redis ``AUTH``, HTTP basic auth) read from a file instead
+  of the URL; ``bearer-token-file=`` — an HTTP bearer token from a file.
+
+Passwords and tokens are never shown: :attr:`RemoteSpec.display` (used by ``config``, logs
+and every error message) puts ``********`` in their place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import SplitResult, unquote, urlsplit
+
+from cachemgr.configfile import redact_url
+from cachemgr.errors import ConfigError
+
+#: The environment variable naming the remotes (space-separated URLs).
+ENV_VAR = "CACHEMGR_REMOTE_STORAGE"
+SCHEMES = ("redis", "rediss", "http", "https")
+LAYOUTS = ("subdirs", "flat", "bazel")
+#: ccache's defaults (``doc/MANUAL.adoc``, "Remote storage backends"), milliseconds.
+DEFAULT_CONNECT_TIMEOUT_MS = 100
+DEFAULT_OPERATION_TIMEOUT_MS = 10_000
+#: What replaces a password or token wherever a spec is shown.
+REDACTED = "********"
+#: The biggest secret file read (bytes): a password or token, not a blob.
+MAX_SECRET_BYTES = 4096
+#: ``[remote]`` keys besides ``storage`` and their defaults.
+TABLE_DEFAULTS: Mapping[str, int | float] = {
+    "upload_queue": 256,  # entries waiting for upload; more are dropped and counted
+    "failures_before_open": 3,  # consecutive failures that open a remote's breaker
+    "open_s": 30.0,  # seconds a tripped remote is skipped before one probe
+}
+
+
+@dataclass(frozen=True)
+class RemoteSpec:
+    """One configured remote: its URL (credentials split off), attributes and secrets."""
+
+    scheme: str
+    host: str
+    port: int | None
+    path: str
+    name: str
+    origin: str
+    read_only: bool = False
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_MS / 1000
+    operation_timeout_s: float = DEFAULT_OPERATION_TIMEOUT_MS / 1000
+    layout: str = "subdirs"
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    bearer_token: str | None = field(default=None, repr=False)
+    #: the attributes as written, secrets' values redacted (for :attr:`display`)
+    attributes: tuple[str, ...] = ()
+
+    @property
+    def kind(self) -> str:
+        """``redis`` or ``http`` (TLS variants included)."""
+        return "redis" if self.scheme.startswith("redis") else "http"
+
+    @property
+    def base_url(self) -> str:
+        """The URL without credentials: ``scheme://host[:port]path``."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        port = f":{self.port}" if self.port is not None else ""
+        return f"{self.scheme}://{host}{port}{self.path}"
+
+    @property
+    def display(self) -> str:
+        """The spec as written, password redacted: safe for ``config``, logs and errors."""
+        user = self.username or ""
+        cred = ""
+        if self.password is not None and not any(
+            a.startswith("password-file=") for a in self.attributes
+        ):
+            cred = f"{user}:{REDACTED}@"
+        elif user:
+            cred = f"{user}@"
+        base = self.base_url.replace("://", "://" + cred, 1)
+        return "|".join((base, *self.attributes))
+
+    def __str__(self) -> str:
+        return self.display
+
+
+@dataclass(frozen=True)
+class RemoteConfig:
+    """Every remote in lookup order, and the ``[remote]`` table's tunables."""
+
+    remotes: tuple[RemoteSpec, ...] = ()
+    origin: str = "default"
+    upload_queue: int = int(TABLE_DEFAULTS["upload_queue"])
+    failures_before_open: int = int(TABLE_DEFAULTS["failures_before_open"])
+    open_s: float = float(TABLE_DEFAULTS["open_s"])
+
+    @property
+    def display(self) -> str:
+        """The remotes as ``config`` shows them (space-separated, redacted)."""
+        return " ".join(r.display for r in self.remotes)
+
+
+def parse_spec(text: str, origin: str) -> RemoteSpec:
+    """One remote spec (see the module docstring).
+
+    :param origin: where it came from, for error messages (``--remote``, the env var, a file).
+    :raises ConfigError: one line naming the (redacted) value and ``origin``.
+    """
+    shown = redact_url(text)
+    url, *attrs = text.strip().split("|")
+
+    def bad(why: str) -> ConfigError:
+        return ConfigError(f"remote storage {shown!r} from {origin}: {why}")
+
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise bad(str(exc).replace(url, shown)) from exc
+    if parts.scheme not in SCHEMES:
+        raise bad(f"scheme must be one of {', '.join(SCHEMES)}")
+    if not parts.hostname:
+        raise bad("no host")
+    if parts.query or parts.fragment:
+        raise bad("a query or fragment is not allowed; attributes go after '|'")
+    values = _attributes(attrs, parts, bad)
+    given_name = values.pop("name", "")
+    url_password = unquote(parts.password) if parts.password is not None else None
+    if url_password is not None and "password" in values:
+        raise bad("a password in the URL and a password-file: give one")
+    values.setdefault("password", url_password)
+    spec = RemoteSpec(
+        scheme=parts.scheme,
+        host=parts.hostname,
+        port=port,
+        path=parts.path.rstrip("/"),
+        name="",
+        origin=origin,
+        username=unquote(parts.username) if parts.username else None,
+        attributes=tuple(_shown_attr(a) for a in attrs if a),
+        **values,
+    )
+    if spec.kind == "redis":
+        _check_redis_path(spec, bad)
+    return dataclasses.replace(spec, name=given_name or spec.base_url)
+
+
+def _shown_attr(attr: str) -> str:
+    key, _, _ = attr.partition("=")
+    return attr if key != "password" else f"password={REDACTED}"
+
+
+def _check_redis_path(spec: RemoteSpec, bad: Any) -> None:
+    db = spec.path.lstrip("/")
+    if db and not db.isdigit():
+        raise bad(f"the Redis database must be a number, not {db!r}")
+
+
+def _attributes(attrs: Sequence[str], parts: SplitResult, bad: Any) -> dict[str, Any]:
+    """The ``|key=value`` attributes as :class:`RemoteSpec` fields."""
+    out: dict[str, Any] = {}
+    http = parts.scheme in ("http", "https")
+    for attr in attrs:
+        if not attr:
+            continue
+        key, eq, value = attr.partition("=")
+        if key == "read-only" and not eq:
+            out["read_only"] = True
+        elif key in ("connect-timeout", "operation-timeout") and eq:
+            if not value.isdigit() or int(value) == 0:
+                raise bad(f"{key} must be a positive number of milliseconds, not {value!r}")
+            out[key.replace("-", "_") + "_s"] = int(value) / 1000
+        elif key == "layout" and eq and http:
+            if value not in LAYOUTS:
+                raise bad(f"layout must be one of {', '.join(LAYOUTS)}, not {value!r}")
+            out["layout"] = value
+        elif key == "name" and eq and value and "/" not in value and not value.isspace():
+            out["name"] = value
+        elif key == "password-file" and eq:
+            out["password"] = _read_secret(Path(value), key, bad)
+        elif key == "bearer-token-file" and eq and http:
+            out["bearer_token"] = _read_secret(Path(value), key, bad)
+        else:
+            raise bad(f"unknown or malformed attribute {_shown_attr(attr)!r}")
+    return out
+
+
+def _read_secret(path: Path, key: str, bad: Any) -> str:
+    """A password or token file's first line (the file's content is never shown)."""
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_SECRET_BYTES + 1)
+    except OSError as exc:
+        raise bad(f"{key} {path}: {exc.strerror}") from exc
+    if len(raw) > MAX_SECRET_BYTES:
+        raise bad(f"{key} {path}: longer than {MAX_SECRET_BYTES} bytes")
+    try:
+        text = raw.decode("utf-8").splitlines()[0] if raw.strip() else ""
+    except UnicodeDecodeError as exc:
+        raise bad(f"{key} {path}: not UTF-8 text") from exc
+    if not text:
+        raise bad(f"{key} {path}: empty")
+    return text
+
+
+def resolve(
+    cli: Sequence[str] | None,
+    env: Mapping[str, str],
+    table: Mapping[str, Any] | None,
+    where: str = "config file",
+) -> RemoteConfig:
+    """The remotes from ``--remote`` (``cli``), else ``CACHEMGR_REMOTE_STORAGE``, else the
+    ``[remote]`` table's ``storage``; the table's tunables always apply.
+
+    :raises ConfigError: a bad spec, an unknown ``[remote]`` key, a bad tunable.
+    """
+    table = dict(table or {})
+    unknown = set(table) - {"storage", *TABLE_DEFAULTS}
+    if unknown:
+        known = ", ".join(["storage", *TABLE_DEFAULTS])
+        raise ConfigError(f"{where} [remote]: unknown key {sorted(unknown)[0]!r} (known: {known})")
+    tunables = {k: _tunable(table, k, where) for k in TABLE_DEFAULTS}
+    if cli:
+        texts, origin = [t for item in cli for t in item.split()], "--remote"
+    elif env.get(ENV_VAR, "").strip():
+        texts, origin = env[ENV_VAR].split(), ENV_VAR
+    else:
+        texts, origin = _table_storage(table, where), f"{where} [remote] storage"
+    remotes = tuple(parse_spec(t, origin) for t in texts)
+    names = [r.name for r in remotes]
+    for n in names:
+        if names.count(n) > 1:
+            raise ConfigError(f"remote storage from {origin}: two remotes named {n!r}")
+    return RemoteConfig(remotes, origin if remotes else "default", **tunables)
+
+
+def _table_storage(table: Mapping[str, Any], where: str) -> list[str]:
+    raw = table.get("storage", [])
+    if isinstance(raw, str):
+        return raw.split()
+    if isinstance(raw, list) and all(isinstance(x, str) for x in raw):
+        return [t for x in raw for t in x.split()]
+    raise ConfigError(f"{where} [remote] storage: a list of URL strings expected")
+
+
+def _tunable(table: Mapping[str, Any], key: str, where: str) -> Any:
+    default = TABLE_DEFAULTS[key]
+    raw = table.get(key, default)
+    kind = type(default)
+    if isinstance(raw, bool) or not isinstance(raw, int | float) or raw <= 0:
+        raise ConfigError(f"{where} [remote] {key}: a positive number expected, not {raw!r}")
+    if kind is int and not isinstance(raw, int):
+        raise ConfigError(f"{where} [remote] {key}: a whole number expected, not {raw!r}")
+    return kind(raw)
+
+
+def from_settings(settings: Any, cli: Sequence[str] | None = None) -> RemoteConfig:
+    """:func:`resolve` for a :class:`~cachemgr.options.Settings` (its ``[remote]`` table) and
+    this process's environment."""
+    return resolve(cli, os.environ, settings.sections.get("remote"))

@@ -1,0 +1,128 @@
+"""The Redis tier (issue 15 item 3), with redis-py.
+
+One key per entry, ``cachemgr:<blob format>:<soc_version>:<kernel>``; its value is the entry
+blob of :mod:`cachemgr.remote.blob`. Each chip has an index, the sorted set
+``cachemgr:<blob format>:index:<soc_version>`` (member: kernel name, score: last upload time
+in seconds), for listing the entries most recently used (``warm``, item 6).
+
+Size is the server's business: run it with ``maxmemory <bytes>`` and
+``maxmemory-policy allkeys-lru`` so old entries go first (``gc`` never touches a remote).
+Timeouts are the spec's ``connect-timeout``/``operation-timeout``; redis-py's own retries are
+off (the breaker of :mod:`cachemgr.remote.tierset` decides when to try again).
+"""
+
+from __future__ import annotations
+
+import time
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from cachemgr.remote import blob
+from cachemgr.remote.config import RemoteSpec
+from cachemgr.tiers import EntryFiles, TierStat
+
+#: The errors of an unreachable, slow or failing server (the breaker counts them).
+ERRORS: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
+
+
+class RedisTier:
+    """A Redis server as a storage tier (see the module docstring).
+
+    :param spec: the configured remote (``redis://`` or ``rediss://`` with system CAs).
+    """
+
+    def __init__(self, spec: RemoteSpec, max_part_bytes: int = blob.DEFAULT_MAX_PART_BYTES):
+        self.spec = spec
+        self.name = spec.name
+        self.read_only = spec.read_only
+        self.max_part_bytes = max_part_bytes
+        db = spec.path.lstrip("/")
+        self._client = redis.Redis(
+            host=spec.host,
+            port=spec.port or 6379,
+            db=int(db) if db else 0,
+            username=spec.username or None,
+            password=spec.password,
+            ssl=spec.scheme == "rediss",
+            socket_connect_timeout=spec.connect_timeout_s,
+            socket_timeout=spec.operation_timeout_s,
+            retry=Retry(NoBackoff(), 0),
+        )
+
+    @staticmethod
+    def key(soc_version: str, kernel: str) -> str:
+        """``cachemgr:<blob format>:<soc_version>:<kernel>``."""
+        return f"cachemgr:{blob.FORMAT_VERSION}:{soc_version}:{kernel}"
+
+    @staticmethod
+    def index_key(soc_version: str) -> str:
+        """The chip's sorted set of kernel names by last upload (seconds since the epoch)."""
+        return f"cachemgr:{blob.FORMAT_VERSION}:index:{soc_version}"
+
+    def lookup(self, soc_version: str, kernel: str) -> bool:
+        """True when the key exists (the blob is not read: see :meth:`fetch`).
+
+        :raises redis.RedisError, OSError: the server failed.
+        """
+        return bool(self._client.exists(self.key(soc_version, kernel)))
+
+    def fetch_blob(self, soc_version: str, kernel: str) -> bytes | None:
+        """The raw blob, or None when absent.
+
+        :raises redis.RedisError, OSError: the server failed.
+        """
+        raw = self._client.get(self.key(soc_version, kernel))
+        return bytes(raw) if raw is not None else None  # type: ignore[arg-type]
+
+    def fetch(self, soc_version: str, kernel: str) -> EntryFiles | None:
+        """The verified entry, or None when absent.
+
+        :raises blob.BadBlob: the value fails a check (tampered, truncated, another entry's).
+        :raises redis.RedisError, OSError: the server failed.
+        """
+        raw = self.fetch_blob(soc_version, kernel)
+        if raw is None:
+            return None
+        return blob.decode(raw, soc_version, kernel, self.max_part_bytes)
+
+    def put(self, entry_files: EntryFiles) -> bool:
+        """Store the entry's blob and note it in the chip's index.
+
+        :raises redis.RedisError, OSError: the server failed.
+        """
+        pipe = self._client.pipeline(transaction=False)
+        pipe.set(self.key(entry_files.soc_version, entry_files.kernel), blob.encode(entry_files))
+        pipe.zadd(self.index_key(entry_files.soc_version), {entry_files.kernel: time.time()})
+        pipe.execute()
+        return True
+
+    def remove(self, soc_version: str, kernel: str) -> bool:
+        """Delete the entry and its index row.
+
+        :raises redis.RedisError, OSError: the server failed.
+        """
+        pipe = self._client.pipeline(transaction=False)
+        pipe.delete(self.key(soc_version, kernel))
+        pipe.zrem(self.index_key(soc_version), kernel)
+        return bool(pipe.execute()[0])
+
+    def recent(self, soc_version: str, limit: int) -> list[str]:
+        """The chip's kernel names, most recently uploaded first (at most ``limit``).
+
+        :raises redis.RedisError, OSError: the server failed.
+        """
+        names = self._client.zrevrange(self.index_key(soc_version), 0, max(0, limit - 1))
+        return [n.decode() if isinstance(n, bytes) else str(n) for n in names]  # type: ignore[union-attr]
+
+    def stat(self) -> TierStat:
+        """The server's key count (``DBSIZE``; no value is read).
+
+        :raises redis.RedisError, OSError: the server failed.
+        """
+        return TierStat(self.name, entries=int(self._client.dbsize()))  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._client.close()

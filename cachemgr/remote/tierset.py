@@ -1,0 +1,270 @@
+"""The remote tiers in order, each behind a circuit breaker, with a bounded upload queue
+(issue 15 items 5 and 7).
+
+* :meth:`RemoteTiers.fetch` asks each remote in order; the first verified hit wins. A remote
+  that fails (down, slow past its timeout, an error) counts a failure; after
+  ``failures_before_open`` in a row its breaker opens and the remote is skipped for
+  ``open_s`` seconds, then one request probes it (half-open); a success closes it. One
+  warning line per state change, never one per request.
+* A blob that fails verification is ``rejected`` (counted, one warning line naming the check)
+  and the lookup goes on: remote data is untrusted, it never fails a compile.
+* :meth:`RemoteTiers.upload_later` queues an entry for upload and returns at once; the queue
+  holds at most ``upload_queue`` entries, more are dropped and counted. One thread uploads.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cachemgr.remote import blob
+from cachemgr.remote.config import RemoteConfig, RemoteSpec
+from cachemgr.tiers import EntryFiles, LocalTier, TierStat
+
+log = logging.getLogger(__name__)
+
+OK, FAILING, DISABLED = "ok", "failing", "disabled"
+COUNTERS = ("hits", "misses", "errors", "rejected", "bytes_in", "bytes_out", "uploads")
+
+
+@dataclass
+class Breaker:
+    """A circuit breaker for one remote (issue 15 item 7).
+
+    ``ok`` → (``failures_before_open`` failures in a row) → ``failing`` for ``open_s``
+    seconds, then one probe at a time; a success → ``ok``.
+    """
+
+    name: str
+    failures_before_open: int
+    open_s: float
+    clock: Callable[[], float] = time.monotonic
+    state: str = OK
+    failures: int = 0
+    open_until: float = 0.0
+    _probing: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def allow(self) -> bool:
+        """True when a request may go to the remote now (closed, or the one probe)."""
+        with self._lock:
+            if self.state == OK:
+                return True
+            if self.clock() < self.open_until or self._probing:
+                return False
+            self._probing = True
+            return True
+
+    def success(self) -> None:
+        """A request succeeded: close the breaker (one info line if it was open)."""
+        with self._lock:
+            was, self.state, self.failures, self._probing = self.state, OK, 0, False
+        if was != OK:
+            log.warning("remote %s is back: using it again", self.name)
+
+    def failure(self, why: str) -> None:
+        """A request failed: open the breaker after too many in a row (one warning line)."""
+        with self._lock:
+            self.failures += 1
+            self._probing = False
+            opening = self.state == OK and self.failures >= self.failures_before_open
+            if self.state == FAILING or opening:
+                self.open_until = self.clock() + self.open_s
+            if opening:
+                self.state = FAILING
+        if opening:
+            log.warning(
+                "remote %s failing (%s): skipped for %g s, then probed", self.name, why, self.open_s
+            )
+
+
+class RemoteTiers:
+    """The configured remotes (see the module docstring).
+
+    :param tiers: the remote tier objects in lookup order (each has ``name``, ``spec``,
+        ``read_only``, ``fetch``, ``put``, ``stat``, ``close``).
+    :param config: the breaker and queue tunables.
+    """
+
+    def __init__(self, tiers: Sequence[Any], config: RemoteConfig) -> None:
+        self.tiers = list(tiers)
+        self.breakers = {
+            t.name: Breaker(t.name, config.failures_before_open, config.open_s) for t in tiers
+        }
+        self.counts: dict[str, dict[str, int]] = {t.name: dict.fromkeys(COUNTERS, 0) for t in tiers}
+        self.dropped = 0
+        self._lock = threading.Lock()
+        self._queue: queue.Queue[tuple[Path, str, str] | None] = queue.Queue(config.upload_queue)
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def from_config(cls, config: RemoteConfig) -> RemoteTiers | None:
+        """The tiers of ``config``, or None when no remote is configured."""
+        if not config.remotes:
+            return None
+        return cls([make_tier(s) for s in config.remotes], config)
+
+    def _count(self, name: str, key: str, n: int = 1) -> None:
+        with self._lock:
+            self.counts[name][key] += n
+
+    def fetch(self, soc_version: str, kernel: str) -> tuple[EntryFiles, str] | None:
+        """The first verified hit and its remote's name, or None. Never raises for a remote's
+        failure or garbage (counted and logged instead)."""
+        for tier in self.tiers:
+            breaker = self.breakers[tier.name]
+            if not breaker.allow():
+                continue
+            try:
+                got = tier.fetch(soc_version, kernel)
+            except blob.BadBlob as exc:
+                breaker.success()  # the server answered: garbage is not an outage
+                self._count(tier.name, "rejected")
+                log.warning("remote %s: %s/%s rejected: %s", tier.name, soc_version, kernel, exc)
+                continue
+            except Exception as exc:  # any failure of a remote is isolated (item 7)
+                self._count(tier.name, "errors")
+                breaker.failure(_one_line(exc))
+                continue
+            breaker.success()
+            if got is None:
+                self._count(tier.name, "misses")
+                continue
+            self._count(tier.name, "hits")
+            self._count(tier.name, "bytes_in", got.size)
+            return got, tier.name
+        return None
+
+    def reject(self, name: str, soc_version: str, kernel: str, why: str) -> None:
+        """A fetched entry that the local store refused (its json does not match its
+        binaries): counted as ``rejected`` with one warning line."""
+        self._count(name, "rejected")
+        log.warning("remote %s: %s/%s rejected: %s", name, soc_version, kernel, why)
+
+    def upload_later(self, kernel_cache_dir: Path, soc_version: str, kernel: str) -> bool:
+        """Queue the local entry for upload to every writable remote; never blocks.
+
+        :returns: False when the queue was full (the entry is dropped and counted).
+        """
+        if not any(not t.read_only for t in self.tiers):
+            return False
+        self._start()
+        try:
+            self._queue.put_nowait((kernel_cache_dir, soc_version, kernel))
+        except queue.Full:
+            with self._lock:
+                self.dropped += 1
+            return False
+        return True
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._upload_loop, name="cachemgr-upload", daemon=True
+                )
+                self._thread.start()
+
+    def _upload_loop(self) -> None:
+        while (job := self._queue.get()) is not None:
+            try:
+                self.upload_now(*job)
+            except Exception:  # the uploader must outlive any one entry
+                log.exception("upload of %s/%s failed", job[1], job[2])
+            finally:
+                self._queue.task_done()
+        self._queue.task_done()
+
+    def upload_now(self, kernel_cache_dir: Path, soc_version: str, kernel: str) -> int:
+        """Upload one verified local entry to every writable remote whose breaker allows.
+
+        :returns: how many remotes took it.
+        """
+        item = LocalTier(kernel_cache_dir).fetch(soc_version, kernel)
+        if item is None:
+            return 0
+        done = 0
+        for tier in self.tiers:
+            breaker = self.breakers[tier.name]
+            if tier.read_only or not breaker.allow():
+                continue
+            try:
+                tier.put(item)
+            except Exception as exc:
+                self._count(tier.name, "errors")
+                breaker.failure(_one_line(exc))
+                continue
+            breaker.success()
+            self._count(tier.name, "uploads")
+            self._count(tier.name, "bytes_out", item.size)
+            done += 1
+        return done
+
+    def drain(self, timeout_s: float = 30.0) -> bool:
+        """Wait until the upload queue is empty (tests, shutdown). True when it emptied."""
+        deadline = time.monotonic() + timeout_s
+        while self._queue.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return not self._queue.unfinished_tasks
+
+    def stats(self) -> dict[str, dict[str, Any]]:
+        """Per remote: the counters, ``state`` (ok / failing / disabled) and its URL
+        (redacted); plus ``upload_dropped``."""
+        out: dict[str, dict[str, Any]] = {}
+        with self._lock:
+            for tier in self.tiers:
+                row: dict[str, Any] = dict(self.counts[tier.name])
+                row["state"] = self.breakers[tier.name].state
+                row["url"] = tier.spec.display
+                row["read_only"] = tier.read_only
+                out[tier.name] = row
+        return out
+
+    def stat_all(self) -> list[TierStat]:
+        """Each remote's own :meth:`stat` (cheap: no blob is read); a failing one says so."""
+        rows = []
+        for tier in self.tiers:
+            try:
+                row = tier.stat()
+                row.state = self.breakers[tier.name].state
+            except Exception as exc:
+                row = TierStat(tier.name, state=FAILING, detail={"error": _one_line(exc)})
+            rows.append(row)
+        return rows
+
+    def close(self) -> None:
+        """Stop the uploader (after the queued uploads) and close the connections."""
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(timeout=30)
+        for tier in self.tiers:
+            tier.close()
+
+
+def make_tier(spec: RemoteSpec) -> Any:
+    """The tier object for one spec.
+
+    :raises ConfigError: a kind not built yet.
+    """
+    from cachemgr.errors import ConfigError
+
+    if spec.kind == "redis":
+        from cachemgr.remote.redis_tier import RedisTier
+
+        return RedisTier(spec)
+    if spec.kind == "http":
+        from cachemgr.remote.http_tier import HttpTier
+
+        return HttpTier(spec)
+    raise ConfigError(f"remote storage {spec.display}: {spec.scheme}:// is not supported yet")
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return f"{type(exc).__name__}: {text}"

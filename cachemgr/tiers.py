@@ -1,0 +1,200 @@
+"""Storage tiers: one small interface over where entries live (issue 15 item 1).
+
+A tier answers five questions about an entry of one chip folder (``soc_version``) and one
+kernel name: :meth:`Tier.lookup` (verified: is it there and whole?), :meth:`Tier.fetch` (its
+files, as bytes by file name — the main json included), :meth:`Tier.put` (publish it),
+:meth:`Tier.remove` and :meth:`Tier.stat` (what the tier holds). Tiers are composed in order:
+the local CANN-format store (:class:`LocalTier`, this module) first, then each remote tier
+(``cachemgr.remote``, later) in the order configured.
+
+Remote data is untrusted: every tier's :meth:`~Tier.put` goes through the local store's
+checks (names flat, every binary's ``sha256`` against its json) before anything is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from cachemgr import entry, fsutil
+from cachemgr.errors import InvalidEntryError, InvalidInputError
+from cachemgr.events import Events
+from cachemgr.safedir import SafeDir
+from cachemgr.store import (
+    DEFAULT_LOCK_TIMEOUT_S,
+    EntryHold,
+    LookupResult,
+    PublishResult,
+    Store,
+    check_kernel_name,
+)
+
+
+@dataclass(frozen=True)
+class EntryFiles:
+    """Every file of one entry, by flat file name (bytes); ``kernel + ".json"`` is the main
+    json. The unit that tiers move."""
+
+    soc_version: str
+    kernel: str
+    files: Mapping[str, bytes]
+
+    @property
+    def main_json(self) -> str:
+        """The main json's file name, ``<kernel>.json`` (SPEC §3.1)."""
+        return self.kernel + ".json"
+
+    @property
+    def size(self) -> int:
+        """Bytes of all files together."""
+        return sum(len(b) for b in self.files.values())
+
+
+@dataclass
+class TierStat:
+    """What :meth:`Tier.stat` reports: ``entries`` and ``bytes`` held (None when the tier
+    cannot tell cheaply), and ``state`` (``ok`` / ``failing`` / ``disabled``)."""
+
+    name: str
+    state: str = "ok"
+    entries: int | None = None
+    bytes: int | None = None
+    detail: dict[str, object] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Tier(Protocol):
+    """One storage tier (issue 15 item 1)."""
+
+    name: str
+
+    def lookup(self, soc_version: str, kernel: str) -> bool:
+        """True when a whole, verified entry is there."""
+        ...
+
+    def fetch(self, soc_version: str, kernel: str) -> EntryFiles | None:
+        """The entry's files, or None on a miss."""
+        ...
+
+    def put(self, entry_files: EntryFiles) -> bool:
+        """Store the entry; True when written (False: a good one was there already)."""
+        ...
+
+    def remove(self, soc_version: str, kernel: str) -> bool:
+        """Remove the entry; True when something was removed."""
+        ...
+
+    def stat(self) -> TierStat:
+        """What the tier holds and its state."""
+        ...
+
+
+class LocalTier:
+    """The local CANN-format kernel cache (``<kernel_cache>/<soc_version>/``) as a tier: a
+    :class:`~cachemgr.store.Store` per chip folder, all sharing one event sink.
+
+    :param kernel_cache_dir: the kernel cache folder holding the chip folders.
+    :param lock_timeout_s: how long publish/removal wait for an entry's lock (seconds).
+    :param events: where a full filesystem is reported (:class:`~cachemgr.events.NoSpaceEvent`).
+    """
+
+    name = "local"
+
+    def __init__(
+        self,
+        kernel_cache_dir: Path,
+        lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S,
+        events: Events | None = None,
+    ) -> None:
+        self.kernel_cache_dir = Path(kernel_cache_dir)
+        self.lock_timeout_s = lock_timeout_s
+        self.events = events
+
+    def store(self, soc_version: str) -> Store:
+        """The store of one chip folder.
+
+        :raises InvalidInputError: ``soc_version`` is not a flat folder name.
+        """
+        check_kernel_name(soc_version)  # same rule: one flat name, no ``..``
+        return Store(self.kernel_cache_dir / soc_version, self.lock_timeout_s, self.events)
+
+    def hold(self, soc_version: str, kernel: str, timeout_s: float | None = None) -> EntryHold:
+        """Take the entry's lock (``<kernel>.lock``, the lock CANN takes) and return its
+        explicit handle, to pass as ``held=`` (:class:`~cachemgr.store.EntryHold`).
+
+        :raises LockBusyError: still held after ``timeout_s`` (default ``lock_timeout_s``).
+        """
+        store = self.store(soc_version)
+        SafeDir.open_chip(store.chip_dir, create=True).close()  # no link followed (security.md)
+        return store.hold(kernel, timeout_s)
+
+    def check(
+        self, soc_version: str, kernel: str, held: EntryHold | None = None, touch: bool = True
+    ) -> LookupResult:
+        """The store's verified lookup with its reason (a bad entry is removed)."""
+        return self.store(soc_version).lookup(kernel, touch=touch, held=held)
+
+    def lookup(self, soc_version: str, kernel: str) -> bool:
+        """True on a verified hit (access times set to now, as for any hit; SPEC §3.3)."""
+        return self.check(soc_version, kernel).hit
+
+    def fetch(self, soc_version: str, kernel: str) -> EntryFiles | None:
+        """The verified entry's files read into memory, or None on a miss. The bytes read
+        are checked once more against the json's ``sha256`` (a file replaced between the
+        lookup and the read is a miss, not a wrong entry)."""
+        found = self.check(soc_version, kernel, touch=False)
+        if not found.hit or found.desc is None:
+            return None
+        files: dict[str, bytes] = {}
+        for path in found.files:
+            try:
+                files[path.name] = fsutil.read_bytes_noatime(path)
+            except FileNotFoundError:
+                return None
+        for ref in found.desc.binaries:
+            if entry.sha256_hex(files.get(ref.bin_name, b"")) != ref.sha256:
+                return None
+        return EntryFiles(soc_version, kernel, files)
+
+    def put(self, entry_files: EntryFiles, held: EntryHold | None = None) -> bool:
+        """Publish the entry (json last, under its lock; SPEC §3.3) after checking it.
+
+        :raises InvalidInputError: bad names, no or bad main json, a ``sha256`` mismatch.
+        :raises NoSpaceError: the filesystem is full (the sink is told).
+        """
+        files = dict(entry_files.files)
+        raw = files.pop(entry_files.main_json, None)
+        if raw is None:
+            raise InvalidInputError(f"entry {entry_files.kernel}: no {entry_files.main_json}")
+        try:
+            main = entry.load_json_object(raw, entry_files.main_json)
+        except InvalidEntryError as exc:
+            raise InvalidInputError(f"entry {entry_files.kernel}: {exc}") from exc
+        result: PublishResult = self.store(entry_files.soc_version).publish(
+            entry_files.kernel, files, main, held=held
+        )
+        return result.status == "published"
+
+    def remove(self, soc_version: str, kernel: str, held: EntryHold | None = None) -> bool:
+        """Remove the entry, json first, under its lock (SPEC §5)."""
+        return bool(self.store(soc_version).remove(kernel, held=held))
+
+    def stat(self) -> TierStat:
+        """Entries and bytes of every chip folder (a scan; no access time changes)."""
+        entries = size = 0
+        with fsutil.reads_keep_atime():
+            for chip in sorted(self.kernel_cache_dir.iterdir()) if self._exists() else ():
+                if not chip.is_dir() or chip.is_symlink():
+                    continue
+                scan = entry.scan_chip(chip)
+                entries += len(scan.entries)
+                for group in scan.entries.values():
+                    for name in group.files:
+                        st = fsutil.lstat_or_none(chip / name)
+                        size += st.st_size if st is not None else 0
+        return TierStat(self.name, entries=entries, bytes=size)
+
+    def _exists(self) -> bool:
+        return fsutil.lstat_or_none(self.kernel_cache_dir) is not None

@@ -1,0 +1,131 @@
+"""Real remote servers for the remote-tier tests (issue 15 item 8): ``redis-server`` on a
+random loopback port, in a tmp folder, persistence off."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.daemon_util import wait_for
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class RedisServer:
+    """A running ``redis-server``; :meth:`stop` and :meth:`start` keep its port."""
+
+    folder: Path
+    port: int
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5)
+
+    def start(self) -> None:
+        exe = shutil.which("redis-server")
+        if exe is None:  # scripts/test and .ci/run install it (Debian package redis-server)
+            pytest.fail("redis-server is not installed: apt-get install -y redis-server")
+        args = [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
+        args += ["--appendonly", "no", "--dir", str(self.folder), "--protected-mode", "yes"]
+        log = open(self.folder / "redis.log", "ab")  # noqa: SIM115 - kept by the process
+        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+
+        def up() -> bool:
+            try:
+                return bool(self.client().ping())
+            except redis.RedisError:
+                return False
+
+        wait_for(up, 30, f"redis-server on port {self.port}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(30)
+        self.proc = None
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A real Redis server on a random loopback port, stopped after the test."""
+    folder = tmp_path / "redis"
+    folder.mkdir()
+    server = RedisServer(folder, free_port())
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@dataclass
+class WebDavServer:
+    """A running ``wsgidav`` (cheroot) serving ``root`` with anonymous read/write."""
+
+    root: Path
+    port: int
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/cache"
+
+    def files(self) -> list[Path]:
+        """Every file stored under the served folder."""
+        return sorted(p for p in self.root.rglob("*") if p.is_file())
+
+    def start(self) -> None:
+        (self.root / "cache").mkdir(parents=True, exist_ok=True)
+        args = [sys.executable, "-m", "wsgidav.server.server_cli", "--host", "127.0.0.1"]
+        args += ["--port", str(self.port), "--root", str(self.root), "--auth", "anonymous"]
+        args += ["--no-config", "--server", "cheroot", "-q"]
+        log = open(self.root.parent / "wsgidav.log", "ab")  # noqa: SIM115 - kept by the process
+        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+
+        def up() -> bool:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return True
+            except OSError:
+                return self.proc is not None and self.proc.poll() is not None
+
+        wait_for(up, 60, f"wsgidav on port {self.port}")
+        assert self.proc.poll() is None, (self.root.parent / "wsgidav.log").read_text()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(30)
+        self.proc = None
+
+
+@pytest.fixture
+def webdav_server(tmp_path: Path) -> Iterator[WebDavServer]:
+    """A real WebDAV server (wsgidav from PyPI) accepting PUT, on a random loopback port."""
+    server = WebDavServer(tmp_path / "dav" / "root", free_port())
+    server.root.mkdir(parents=True)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -1,0 +1,88 @@
+"""The HTTP tier against a real WebDAV server (wsgidav) accepting PUT (issue 15 items 4,
+8b): ccache's three layouts, verification of what comes back, two sites through ``bazel``."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from cachemgr.remote import blob
+from cachemgr.remote.config import RemoteConfig, parse_spec
+from cachemgr.remote.http_tier import HttpTier
+from cachemgr.remote.tierset import RemoteTiers
+from cachemgr.tiers import EntryFiles
+from tests.compile_util import calls, counting_cc, request_data
+from tests.conftest import SOC, kernel_json
+from tests.daemon_util import daemon_env, start_daemon, wait_for
+from tests.remote_util import WebDavServer
+
+
+def _entry(kernel: str) -> EntryFiles:
+    data = os.urandom(2000)
+    doc = json.dumps(kernel_json(kernel, data)).encode()
+    return EntryFiles(SOC, kernel, {kernel + ".json": doc, kernel + ".o": data})
+
+
+@pytest.mark.parametrize(
+    ("layout", "shape"),
+    [("flat", ["{h}"]), ("subdirs", ["{h2}", "{rest}"]), ("bazel", ["ac", "{h}"])],
+)
+def test_layouts_put_get_head_delete(
+    webdav_server: WebDavServer, layout: str, shape: list[str]
+) -> None:
+    spec = parse_spec(f"{webdav_server.url}|layout={layout}|name=dav", "test")
+    tiers = RemoteTiers.from_config(RemoteConfig((spec,), "test"))
+    assert tiers is not None
+    tier = tiers.tiers[0]
+    assert isinstance(tier, HttpTier)
+    item = _entry("te_http")
+    assert not tier.lookup(SOC, "te_http") and tiers.fetch(SOC, "te_http") is None
+    tier.put(item)
+    h = HttpTier.digest(SOC, "te_http")
+    parts = [p.format(h=h, h2=h[:2], rest=h[2:]) for p in shape]
+    stored = webdav_server.root / "cache" / Path(*parts)
+    assert webdav_server.files() == [stored]
+    assert blob.decode(stored.read_bytes(), SOC, "te_http").files == item.files
+    assert tier.lookup(SOC, "te_http")
+    got = tiers.fetch(SOC, "te_http")
+    assert got is not None and got[0].files == item.files and got[1] == "dav"
+    stored.write_bytes(stored.read_bytes()[:-1] + b"\x00")  # tampered on the server
+    assert tiers.fetch(SOC, "te_http") is None
+    assert tiers.stats()["dav"]["rejected"] == 1
+    assert tier.remove(SOC, "te_http") and not tier.lookup(SOC, "te_http")
+    tiers.close()
+
+
+def test_two_sites_share_a_kernel_over_http_bazel_layout(
+    webdav_server: WebDavServer, tmp_path: Path
+) -> None:
+    """Proof (b): as proof (a), over HTTP with the ``bazel`` layout."""
+    cc = counting_cc(tmp_path / "cc")
+    remote = webdav_server.url + "|layout=bazel|name=bazel"
+    daemons = []
+    for site in ("a", "b"):
+        folder = tmp_path / site
+        folder.mkdir()
+        cfg = folder / "c.toml"
+        cfg.write_text(f'[compilers]\ncc = "{cc}"\n[remote]\nstorage = ["{remote}"]\n')
+        args = ("--cache-dir", str(folder / "cache"), "--config", str(cfg))
+        daemons.append(start_daemon(folder, *args, env=daemon_env(folder)))
+    a, b = daemons
+    try:
+        data = request_data(defines={"N": 1818, "B_N": 1})
+        first = a.client.compile(data)
+        assert first["status"] == "compiled", first
+        kernel, soc = first["kernel_name"], Path(first["files"][0]).parent.name
+        slot = webdav_server.root / "cache" / "ac" / HttpTier.digest(soc, kernel)
+        wait_for(slot.is_file, 30, "the upload from site A")
+        second = b.client.compile(data)
+        assert second["status"] == "hit" and second["tier"] == "remote:bazel", second
+        third = b.client.compile(data)
+        assert third["status"] == "hit" and "tier" not in third, third
+        assert len(calls(tmp_path / "cc")) == 1, "the compiler ran once in total"
+    finally:
+        a.stop()
+        b.stop()
