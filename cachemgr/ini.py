@@ -68,6 +68,10 @@ _STAMPS = (ADK_KEY, OPS_KEY)
 _MAX_RANGE = f"-1 or 1..{MAX_MB_LIMIT} (MB; -1 = never evict)"
 _RATIO_RANGE = f"{RATIO_MIN_PCT}..{RATIO_MAX_PCT}"
 _BOM = b"\xef\xbb\xbf"
+#: Largest ``op_cache.ini`` read (bytes). GE's own file is five short lines; any member may
+#: plant a huge (or sparse, terabyte-sized) one, which must not hold every command reading
+#: the limits (docs/security.md item 3): a larger file is an unreadable ini.
+MAX_INI_BYTES = 1 << 20
 _BLANKS = " \t"
 _INT = re.compile(r"-?[0-9]+")
 _STOI = re.compile(r"[ \t\n\v\f\r]*([+-]?[0-9]+)")
@@ -401,9 +405,13 @@ def _read(path: Path, dir_fd: int | None = None) -> bytes | None:
             )
         if not stat.S_ISREG(st.st_mode):
             raise UnreadableIniError(f"{INI_NAME} {path} is not a regular file")
-        return fsutil.read_bytes_noatime(path, dir_fd)
+        return fsutil.read_bytes_noatime(path, dir_fd, max_bytes=MAX_INI_BYTES)
     except FileNotFoundError:
         return None
+    except fsutil.FileTooLargeError as exc:
+        raise UnreadableIniError(
+            f"{INI_NAME} {path} {exc.strerror} (GE's is a few lines); not read"
+        ) from exc
     except PermissionError as exc:
         raise _unreadable(path, exc) from exc
     except OSError as exc:

@@ -153,6 +153,8 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
     """
     try:
         hold = p.chip_lock.hold_shared(timeout_s=ctx.lock_timeout_s)
+    except (IsADirectoryError, fsutil.NotRegularFileError) as exc:
+        return _compile_alone(p, ctx, _unusable_lock(exc))
     except PermissionError as exc:
         # a kernel cache folder CANN GE created 0750: compile outside the cache (item 6c)
         where = Path(exc.filename) if exc.filename else p.chip_dir.parent
@@ -167,6 +169,9 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
     except LockBusyError:
         hold.release()
         return _compile_alone(p, ctx)
+    except (IsADirectoryError, fsutil.NotRegularFileError) as exc:
+        hold.release()
+        return _compile_alone(p, ctx, _unusable_lock(exc))
     except PermissionError:
         # e.g. a chip folder CANN GE created 0750, or its 0640 lock file in a folder we may
         # not write: compile anyway, outside the cache, and say why in one line (item 6c)
@@ -353,6 +358,14 @@ def _compile_outside(
 #: errno of a cache that cannot take an entry now: read-only, full, over quota, or a root
 #: that vanished (an NFS export gone: ESTALE).
 CANNOT_STORE_ERRNOS = frozenset({errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ESTALE})
+
+
+def _unusable_lock(exc: OSError) -> str:
+    """Why a lock file could not be used: a member planted a folder (with something in it)
+    under its name, or keeps replacing it (docs/security.md item 2). The kernel still
+    compiles, outside the cache."""
+    what = "is a folder" if isinstance(exc, IsADirectoryError) else "keeps being replaced"
+    return f"{exc.filename} {what} where a lock file belongs; remove it"
 
 
 def _cannot_store(exc: BaseException) -> bool:

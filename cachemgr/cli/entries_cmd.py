@@ -11,7 +11,14 @@ import click
 
 from cachemgr import entry, fsutil
 from cachemgr.cli import human
-from cachemgr.cli.common import VERBOSITY, chip_dirs, emit_json, load_settings, settings_options
+from cachemgr.cli.common import (
+    VERBOSITY,
+    chip_dirs,
+    emit_json,
+    load_settings,
+    printable,
+    settings_options,
+)
 from cachemgr.cli.lockcheck import checked_for_writing
 from cachemgr.remote import config as remote_config
 from cachemgr.remote.tierset import RemoteTiers
@@ -153,7 +160,7 @@ def verify_cmd(as_json: bool, repair: bool, **kw: Any) -> None:
             for f in report.findings:
                 state = "REPAIRED" if f.repaired else "BAD"
                 why = "; ".join(f"{p.kind}: {p.detail}" for p in f.problems)
-                click.echo(f"{state} {report.chip_dir.name}/{f.name}: {why}")
+                click.echo(printable(f"{state} {report.chip_dir.name}/{f.name}: {why}"))
         checked = sum(r.checked for r in reports)
         click.echo(
             f"checked {human.plural(checked, 'entry', 'entries')} in "

@@ -24,6 +24,7 @@ from cachemgr.cli.common import (
     chip_dirs,
     emit_json,
     load_settings,
+    printable,
     route,
     settings_options,
     socket_option,
@@ -95,6 +96,8 @@ def _gc_line(soc: str, report: dict[str, Any]) -> str:
         return f"{soc}: skipped: another evictor holds op_cache_file_del.lock (busy, not an error)"
     if report["skipped"] == "missing":
         return f"{soc}: no chip folder at {report['chip_dir']}; nothing to do"
+    if report["skipped"]:
+        return f"{soc}: skipped: {'; '.join(report.get('denied', [])) or report['skipped']}"
     rec = report["reclaimed"]
     verb = "would evict" if report["dry_run"] else "evicted"
     limit = (
@@ -239,11 +242,13 @@ def _print_gc_one(report: dict[str, Any]) -> None:
         if VERBOSITY.level > 0:  # -v: every entry that goes (or would go), by name
             verb = "would evict" if folder.get("dry_run") else "evicted"
             for name in folder.get("evicted", []):
-                click.echo(f"  {verb} {soc}/{name}")
+                click.echo(printable(f"  {verb} {soc}/{name}"))
             for name in folder.get("reclaimed", {}).get("bad", []):
                 click.echo(
-                    f"  {'would reclaim' if folder.get('dry_run') else 'reclaimed'} "
-                    f"{soc}/{name} (bad entry)"
+                    printable(
+                        f"  {'would reclaim' if folder.get('dry_run') else 'reclaimed'} "
+                        f"{soc}/{name} (bad entry)"
+                    )
                 )
     if not folders:
         click.echo(f"no chip folders under {report['kernel_cache_dir']}; nothing to do")
@@ -427,6 +432,9 @@ def purge_cmd(purge_all: bool, yes: bool, as_json: bool, **kw: Any) -> None:
         for r in reports:
             if r.missing:
                 click.echo(f"{r.chip_dir.name}: no chip folder at {r.chip_dir}; nothing to do")
+                continue
+            if r.skipped:
+                click.echo(f"{r.chip_dir.name}: skipped: {r.skipped}")
                 continue
             click.echo(
                 f"{r.chip_dir.name}: removed {human.plural(r.entries, 'entry', 'entries')}, "

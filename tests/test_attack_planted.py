@@ -1,0 +1,291 @@
+"""Outside review (attacker's view): what a hostile member of the cache's group plants in a
+shared kernel cache, and what a careless operator types. Each test failed before its fix:
+a command that hung for minutes, a kernel that failed forever, an internal error, or an
+operator's terminal rewritten by a file name (docs/security.md items 2, 3, 4, 11)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, SOC, run_cli
+
+REQUEST = ROOT / "examples" / "requests" / "add_c.json"
+#: Far beyond any cap; sparse, so it costs no disk (reading it would take hours).
+HUGE = 100 << 30
+#: A command that reads a planted giant would run for minutes; every one here ends well
+#: within this (seconds, also on a loaded machine).
+QUICK_S = 60
+
+
+def _request(tmp_path: Path) -> Path:
+    data = json.loads(REQUEST.read_text())
+    data["kernel_source"] = str((REQUEST.parent / data["kernel_source"]).resolve())
+    path = tmp_path / "add.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _compiled(tmp_path: Path, env: dict[str, str]) -> tuple[Path, Path, str]:
+    """A cache at ``tmp_path/root`` with one compiled kernel: (root, chip folder, kernel)."""
+    root = tmp_path / "root"
+    proc = run_cli(
+        "compile", "--local", "--json", "--cache-dir", str(root), str(_request(tmp_path)), env=env
+    )
+    assert proc.returncode == 0, proc.stderr
+    kernel = json.loads(proc.stdout.splitlines()[0])["kernel_name"]
+    return root, root / "kernel_cache" / SOC, kernel
+
+
+def _one_line_no_traceback(proc: subprocess.CompletedProcess[str]) -> None:
+    assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("planted", ["op_cache.ini", f"cachemgr_stats_{SOC}.json"])
+def test_a_huge_sparse_ini_or_counters_file_holds_no_command(
+    clean_env: dict[str, str], tmp_path: Path, planted: str
+) -> None:
+    """A member truncates ``op_cache.ini`` (or the counters file) to 100 GiB, sparse: every
+    compile, gc, stats and purge of every user read it whole — minutes, then memory. Now it
+    is not read: an oversized ini is an invalid one (env/default limits, never a purge), an
+    oversized counters file counts as empty."""
+    root, chip, kernel = _compiled(tmp_path, clean_env)
+    with open(root / "kernel_cache" / planted, "wb") as giant:
+        giant.truncate(HUGE)
+    req = str(_request(tmp_path))
+    for args in (
+        ("compile", "--local", "--replace", req),
+        ("stats", "--local"),
+        ("gc", "--local"),
+        ("ls",),
+    ):
+        proc = run_cli(*args, "--cache-dir", str(root), env=clean_env, timeout=QUICK_S)
+        assert proc.returncode == 0, (args, proc.stderr)
+        _one_line_no_traceback(proc)
+        if planted == "op_cache.ini" and args[0] != "ls":
+            assert "more than 1048576" in proc.stderr and "env or defaults" in proc.stderr
+    assert (chip / f"{kernel}.json").exists()  # never a purge for an unreadable ini
+    proc = run_cli(
+        "purge", "--all", "--yes", "--cache-dir", str(root), env=clean_env, timeout=QUICK_S
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert not (chip / f"{kernel}.json").exists()
+
+
+def test_a_huge_sparse_binary_is_a_bad_entry_never_hashed(
+    clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A member replaces a popular kernel's ``.o`` by a 100 GiB sparse file: each lookup of
+    that kernel (every user's compile, the daemon's workers) and ``verify`` hashed it for
+    hours. Now a binary over ``entry.MAX_BINARY_BYTES`` is a bad entry (``too_large``):
+    verify says so at once and the next compile replaces it."""
+    root, chip, kernel = _compiled(tmp_path, clean_env)
+    binary = chip / f"{kernel}.o"
+    good = binary.read_bytes()
+    binary.unlink()
+    with open(binary, "wb") as giant:
+        giant.truncate(HUGE)
+    proc = run_cli("verify", "--json", "--cache-dir", str(root), env=clean_env, timeout=QUICK_S)
+    assert proc.returncode == 1, proc.stderr
+    kinds = [
+        p["kind"]
+        for f in json.loads(proc.stdout)["chip_folders"][SOC]["findings"]
+        for p in f["problems"]
+    ]
+    assert kinds == ["too_large"], proc.stdout
+    proc = run_cli(
+        "compile",
+        "--local",
+        "--json",
+        "--cache-dir",
+        str(root),
+        str(_request(tmp_path)),
+        env=clean_env,
+        timeout=QUICK_S,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.splitlines()[0])["status"] == "compiled"
+    assert binary.read_bytes() == good
+
+
+@pytest.mark.parametrize("with_content", [False, True], ids=["empty", "not_empty"])
+@pytest.mark.parametrize("lock", ["chip", "entry"])
+def test_a_folder_planted_as_a_lock_file_never_fails_the_compile(
+    clean_env: dict[str, str], tmp_path: Path, lock: str, with_content: bool
+) -> None:
+    """``mkdir <kernel>.lock`` (or ``<soc>.chip.lock``) made every compile of that kernel
+    (of that chip) fail with ``[Errno 21] Is a directory`` — forever, for every user. Now an
+    empty folder there is removed (its name only) and the kernel is cached; a folder with
+    something in it stays, and the kernel is compiled outside the cache with one warning
+    naming it."""
+    root, chip, kernel = _compiled(tmp_path, clean_env)
+    planted = (
+        chip / f"{kernel}.lock" if lock == "entry" else root / "kernel_cache" / f"{SOC}.chip.lock"
+    )
+    planted.unlink()
+    planted.mkdir()
+    if with_content:
+        (planted / "notes").write_text("a member's")
+    proc = run_cli(
+        "compile",
+        "--local",
+        "--replace",
+        "--json",
+        "--cache-dir",
+        str(root),
+        str(_request(tmp_path)),
+        env=clean_env,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    _one_line_no_traceback(proc)
+    outcome = json.loads(proc.stdout.splitlines()[0])
+    assert outcome["status"] == "compiled"
+    if with_content:
+        assert outcome["policy"]["cached"] is False
+        assert f"{planted} is a folder where a lock file belongs" in proc.stderr
+        assert (planted / "notes").read_text() == "a member's"
+    else:
+        assert outcome["policy"]["cached"] is True
+        assert planted.is_file()
+
+
+def test_a_folder_planted_as_ges_eviction_lock_skips_only_that_chip_folder(
+    clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A non-empty folder named ``op_cache_file_del.lock`` stopped the whole ``gc`` and
+    ``purge`` (every chip folder) with ``error: Is a directory``. Now that one chip folder
+    is skipped with one line (exit 1: something was not done) and the others are processed."""
+    root, chip, kernel = _compiled(tmp_path, clean_env)
+    other = root / "kernel_cache" / "Ascend310P3"
+    other.mkdir()
+    (other / "te_x_1.o").write_bytes(b"orphan")
+    os.utime(other / "te_x_1.o", (1, 1))  # an old orphan binary: gc reclaims it
+    planted = chip / "op_cache_file_del.lock"
+    planted.mkdir()
+    (planted / "keep").write_text("x")
+    proc = run_cli(
+        "gc",
+        "--local",
+        "--ratio",
+        "0",
+        "--min-age",
+        "0",
+        "--cache-dir",
+        str(root),
+        env=clean_env,
+        timeout=QUICK_S,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    _one_line_no_traceback(proc)
+    assert f"{SOC}: skipped: op_cache_file_del.lock: is a folder" in proc.stdout
+    assert not (other / "te_x_1.o").exists()  # the other chip folder was processed
+    assert (chip / f"{kernel}.json").exists()  # nothing evicted without GE's lock
+    proc = run_cli("purge", "--all", "--yes", "--cache-dir", str(root), env=clean_env)
+    assert proc.returncode == 1 and f"{SOC}: skipped" in proc.stdout, proc.stdout + proc.stderr
+    _one_line_no_traceback(proc)
+    assert (chip / f"{kernel}.json").exists() and (planted / "keep").exists()
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "reconcile_interval_s = 1e308",
+        "reconcile_jitter_s = 1e308",
+        "idle_timeout_s = inf",
+        "idle_timeout_s = 0",
+        "heartbeat_timeout_s = inf",
+        "workers = 99999999999999999999999999",
+        "max_body_bytes = 99999999999999999999",
+    ],
+)
+def test_config_values_that_overflow_are_one_line_exit_2(tmp_path: Path, line: str) -> None:
+    """A careless ``[daemon]`` value: ``reconcile_interval_s = 1e308`` stopped ``serve`` with
+    ``internal error: OverflowError``; ``idle_timeout_s = inf`` or ``0`` started a daemon
+    whose every connection failed (``hung up``); ``workers = 10**26`` made ``serve``
+    allocate until the OOM killer came. Now ``config`` and ``serve`` say which value is
+    wrong and what is accepted, exit 2, before anything starts."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f"[daemon]\n{line}\n")
+    key = line.split(" = ")[0]
+    proc = run_cli("config", "--config", str(cfg), timeout=QUICK_S)
+    assert proc.returncode == 2, proc.stderr
+    where = re.escape(f"cachemgr: error: config file {cfg}:2: [daemon] {key} = ")
+    assert re.fullmatch(rf"{where}.* is invalid; accepted: .+\n", proc.stderr), proc.stderr
+    sock = tmp_path / "s" / "cachemgr.sock"
+    sock.parent.mkdir()
+    proc = run_cli(
+        "serve",
+        "--allow-root",
+        "--config",
+        str(cfg),
+        "--cache-dir",
+        str(tmp_path / "root"),
+        "--socket",
+        str(sock),
+        timeout=QUICK_S,
+    )
+    assert proc.returncode == 2 and f"[daemon] {key} = " in proc.stderr, proc.stderr
+    _one_line_no_traceback(proc)
+    assert not sock.exists()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("compile", "--local", "--timeout", "nan"),
+        ("compile", "--local", "--timeout", "inf"),
+        ("compile", "--local", "--timeout", "1e300"),
+        ("status", "--wait", "nan"),
+        ("stop", "--wait", "inf"),
+    ],
+)
+def test_seconds_on_the_command_line_are_finite(
+    clean_env: dict[str, str], tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    """``compile --timeout nan`` compiled nothing and ended with ``cannot convert float NaN
+    to integer`` (exit 1, after reading the request); ``status --wait nan`` never returned.
+    Now each is one usage line, exit 2."""
+    extra = (
+        [str(_request(tmp_path)), "--cache-dir", str(tmp_path / "root")]
+        if args[0] == "compile"
+        else ["--socket", str(tmp_path / "none.sock")]
+    )
+    proc = run_cli(*args, *extra, env=clean_env, timeout=QUICK_S)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "is not a number of seconds" in proc.stderr, proc.stderr
+    assert not (tmp_path / "root").exists()
+
+
+def test_names_a_member_chooses_cannot_forge_lines_or_drive_the_terminal(
+    clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    """File names are a member's to choose: ``te_x<ESC>]0;title<BEL><ESC>[2J_...json`` and a
+    name with a newline went raw to the operator's terminal through ``ls``, ``verify`` and
+    ``gc -v`` (ESC sequences retitle or clear it; a newline forges a ``verify`` line) and to
+    the daemon's log. Now they are escaped in text output and logs; ``--json`` keeps the
+    exact name."""
+    root, chip, _kernel = _compiled(tmp_path, clean_env)
+    evil = [b"te_x\x1b]0;pwned\x07\x1b[2J_1", b"te_n\nBAD forged_2", b"te_u\xff\xfe_3"]
+    for name in evil:
+        with open(os.path.join(os.fsencode(chip), name + b".json"), "wb") as f:
+            f.write(b"{}")
+        os.utime(os.path.join(os.fsencode(chip), name + b".json"), (1, 1))
+    for args in (("ls",), ("verify",), ("-v", "gc", "--local", "--min-age", "0", "--ratio", "0")):
+        proc = subprocess.run(
+            [sys.executable, "-m", "cachemgr", *args, "--cache-dir", str(root)],
+            env=clean_env,
+            capture_output=True,
+            timeout=QUICK_S,
+        )
+        out = proc.stdout + proc.stderr
+        assert b"\x1b" not in out and b"\x07" not in out and b"\xff" not in out, (args, out)
+        assert not re.search(rb"^BAD forged", out, re.M), (args, out)
+        assert b"te_x\\x1b]0;pwned\\x07\\x1b[2J_1" in out, (args, out)
+        assert b"te_u\\xff\\xfe_3" in out and b"te_n\\nBAD forged_2" in out, (args, out)
