@@ -130,11 +130,23 @@ class VerifyReport:
         return [f for f in self.findings if not f.repaired]
 
 
+#: Longest kernel name (bytes): ``<kernel>.json`` must fit a file name (255 bytes). A longer
+#: one in ``/lookup`` was an ``ENAMETOOLONG`` internal error (500, a traceback in the log
+#: for every such request).
+MAX_KERNEL_NAME_BYTES = 255 - len(".json")
+
+
 def check_kernel_name(kernel: str) -> str:
-    """A kernel name is one flat file stem: ``[A-Za-z0-9_.-]+``, no ``..``.
+    """A kernel name is one flat file stem: ``[A-Za-z0-9_.-]+``, no ``..``, at most
+    :data:`MAX_KERNEL_NAME_BYTES`.
 
     :raises InvalidInputError: naming the value.
     """
+    if len(kernel.encode("utf-8", "surrogateescape")) > MAX_KERNEL_NAME_BYTES:
+        raise InvalidInputError(
+            f"kernel name {kernel[:40]!r}… is invalid: {len(kernel)} characters, more than "
+            f"{MAX_KERNEL_NAME_BYTES} bytes (a file name holds 255 with .json)"
+        )
     try:
         layout.safe_file_name(kernel, "kernel")
         layout.validate_name(kernel, "kernel", "request")
