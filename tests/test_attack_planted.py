@@ -289,3 +289,35 @@ def test_names_a_member_chooses_cannot_forge_lines_or_drive_the_terminal(
         assert not re.search(rb"^BAD forged", out, re.M), (args, out)
         assert b"te_x\\x1b]0;pwned\\x07\\x1b[2J_1" in out, (args, out)
         assert b"te_u\\xff\\xfe_3" in out and b"te_n\\nBAD forged_2" in out, (args, out)
+
+
+def test_a_read_only_root_is_one_clear_line_for_purge_zero_and_a_dry_run(
+    clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A careless operator on a root remounted read-only (after an I/O error): ``gc
+    --dry-run`` (which only reads) failed with ``error: Read-only file system:
+    …/op_cache_file_del.lock``, and ``purge`` and ``stats --zero`` with the same raw line.
+    Now the dry run shows its plan (exit 0) and the others say what gc says, exit 1;
+    nothing changes."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)], check=True)
+    try:
+        root, chip, kernel = _compiled(mnt, clean_env)
+        subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
+        dry = run_cli("gc", "--local", "--dry-run", "--cache-dir", str(root), env=clean_env)
+        assert dry.returncode == 0, dry.stderr
+        assert f"{SOC}: " in dry.stdout and "would evict 0 entries" in dry.stdout
+        for args, tail in (
+            (("purge", "--all", "--yes"), "purge: {} nothing was removed"),
+            (("stats", "--local", "--zero"), "stats --zero: {} counters unchanged"),
+        ):
+            proc = run_cli(*args, "--cache-dir", str(root), env=clean_env)
+            assert proc.returncode == 1, proc.stderr
+            why = f"the cache root {root / 'kernel_cache'} is on a read-only filesystem;"
+            assert proc.stderr == f"cachemgr: error: {tail.format(why)}\n", proc.stderr
+        assert (chip / f"{kernel}.json").exists()
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)

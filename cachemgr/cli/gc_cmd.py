@@ -35,6 +35,7 @@ from cachemgr.config.options import Settings
 from cachemgr.errors import ConfigError
 from cachemgr.eviction import DryRun, chip_row, gc, purge_chip
 from cachemgr.eviction.gc import limits_json
+from cachemgr.storage import fsprobe
 from cachemgr.storage.counters import COUNTER_NAMES, CacheCounters
 
 
@@ -286,6 +287,9 @@ def stats_cmd(
         if client is not None:
             client.request("POST", "/stats/zero", {})
         else:
+            problem = fsprobe.root_problem(kcache)
+            if problem:
+                raise gc.CacheNotWritableError(f"stats --zero: {problem}; counters unchanged")
             CacheCounters(kcache).zero()
         click.echo(f"counters of {kcache} set to zero")
         return
@@ -413,6 +417,9 @@ def purge_cmd(purge_all: bool, yes: bool, as_json: bool, **kw: Any) -> None:
     if bool(soc) == purge_all:
         raise ConfigError("purge needs exactly one of --soc SOC or --all (from option)")
     settings = _writable(load_settings(**kw), kw)
+    problem = fsprobe.root_problem(settings.layout.kernel_cache_dir)
+    if problem:  # one line like gc's, not the lock file's EROFS (nothing is removed)
+        raise gc.CacheNotWritableError(f"purge: {problem}; nothing was removed")
     chips = chip_dirs(settings)
     if not yes:
         if not sys.stdin.isatty():

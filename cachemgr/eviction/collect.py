@@ -20,6 +20,7 @@ than the whole name scan.
 
 from __future__ import annotations
 
+import errno
 import gc
 import logging
 import os
@@ -223,6 +224,12 @@ def gc_chip(
             )
             log.warning("%s: eviction skipped: %s", chip_dir, report.denied[-1])
             return report
+        except OSError as exc:
+            if exc.errno != errno.EROFS or not report.dry_run:
+                raise
+            # a dry run on a read-only root: nothing can change under us, and nothing is
+            # removed; the plan is still worth showing (it failed on the lock file before)
+            taken = True
         if not taken:
             log.info("%s: another evictor holds %s; skipped", chip_dir, layout.EVICT_LOCK_NAME)
             report.skipped = SKIP_BUSY
