@@ -12,7 +12,7 @@ import pytest
 
 from cachemgr.client import DaemonError
 from tests.conftest import SOC, kernel_json
-from tests.daemon_util import daemon_env, start_daemon, wait_for
+from tests.daemon_util import daemon_env, start_daemon, wait_first_scan, wait_for
 
 
 def test_a_kernel_name_too_long_for_a_file_is_400_not_500(tmp_path: Path) -> None:
@@ -76,3 +76,40 @@ def test_the_daemons_log_escapes_names_a_member_chose(tmp_path: Path) -> None:
     assert b"\x1b" not in log and b"\x07" not in log and b"\xff" not in log, log[-2000:]
     assert not any(line.startswith(b"ERROR cachemgr: forged") for line in log.splitlines())
     assert b"te_x\\nERROR cachemgr: forged_1" in log and b"te_z\\xff_3" in log
+
+
+def _peak_rss_bytes(pid: int) -> int:
+    """The process's peak resident memory (``VmHWM``), bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+def test_a_giant_ini_planted_under_a_running_daemon_is_not_read(tmp_path: Path) -> None:
+    """The daemon re-reads ``op_cache.ini`` at each reconciliation (an edited limit takes
+    effect without a reload). A member truncating it to a sparse giant made it read the whole
+    file into memory each time (100 GiB: the OOM killer). Now the file is read up to 1 MiB:
+    the daemon warns once per change, keeps serving with env/default limits, and its memory
+    stays small."""
+    root = tmp_path / "root"
+    (root / "kernel_cache" / SOC).mkdir(parents=True)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[daemon]\nreconcile_interval_s = 1\nreconcile_jitter_s = 0\n")
+    ini = root / "kernel_cache" / "op_cache.ini"
+    ini.write_text(
+        "[op_compiler_cache]\nmax_op_cache_size=100\nremain_cache_size_ratio=50\n"
+        "adk_version=1\nops_version=1\n"
+    )
+    daemon = start_daemon(tmp_path, "--config", str(cfg), "--cache-dir", str(root))
+    try:
+        wait_first_scan(daemon)
+        ini.unlink()
+        with open(ini, "wb") as giant:
+            giant.truncate(1 << 30)
+        wait_for(lambda: "more than 1048576" in daemon.log(), 60, "the daemon to refuse the giant")
+        assert daemon.client.request("GET", "/health")["status"] in ("ok", "degraded")
+        assert _peak_rss_bytes(daemon.proc.pid) < 512 << 20
+        assert "Traceback" not in daemon.log()
+    finally:
+        daemon.stop()

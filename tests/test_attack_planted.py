@@ -321,3 +321,29 @@ def test_a_read_only_root_is_one_clear_line_for_purge_zero_and_a_dry_run(
         assert (chip / f"{kernel}.json").exists()
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev_zero", "giant"])
+def test_a_config_file_that_never_ends_is_one_line_exit_2(tmp_path: Path, kind: str) -> None:
+    """``--config`` (or ``CACHEMGR_CONFIG``) naming a FIFO hung every command, ``/dev/zero``
+    or a sparse giant read until memory ran out. Now the file must be a regular file of at
+    most 1 MiB (a link to one is fine): one line naming it, exit 2."""
+    path = tmp_path / "c.toml"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "dev_zero":
+        path.symlink_to("/dev/zero")
+    else:
+        with open(path, "wb") as giant:
+            giant.truncate(HUGE)
+    for args in (("config",), ("stats", "--local", "--cache-dir", str(tmp_path / "r"))):
+        proc = run_cli(*args, "--config", str(path), timeout=QUICK_S)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.startswith(f"cachemgr: error: config file {path}: ")
+        assert proc.stderr.count("\n") == 1, proc.stderr
+    good = tmp_path / "real.toml"
+    good.write_text("[daemon]\nworkers = 2\n")
+    link = tmp_path / "link.toml"
+    link.symlink_to(good)
+    proc = run_cli("config", "--config", str(link), timeout=QUICK_S)
+    assert proc.returncode == 0 and "daemon.workers = 2" in proc.stdout, proc.stderr

@@ -26,9 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from cachemgr.errors import ConfigError
+from cachemgr.storage import safeio
 
 #: ``[daemon] lock_fallback`` values (SPEC §9).
 LOCK_FALLBACKS = ("refuse", "local")
+#: Largest config file read (bytes): ``--config /dev/zero``, a FIFO or a sparse giant (a
+#: careless ``CACHEMGR_CONFIG``) hung every command reading it, and ate memory.
+MAX_CONFIG_BYTES = 1 << 20
 #: Largest number of seconds any key takes (about 31 years): beyond it timers, deadlines and
 #: ``time_t`` overflow (``reconcile_interval_s = 1e308`` stopped ``serve`` with an internal
 #: error; ``inf`` made socket timeouts fail) — a careless value is one line, exit 2.
@@ -404,8 +408,8 @@ def load(path: Path, top_parsers: Mapping[str, Callable[[Any], Any]]) -> ConfigF
         and what is accepted.
     """
     try:
-        with open(path, "rb") as fh:
-            raw = fh.read()
+        # never blocks on a FIFO, never reads /dev/zero or a sparse giant for ever
+        raw = safeio.read_regular(path, MAX_CONFIG_BYTES, follow=True)
         text = raw.decode("utf-8")
         data = tomllib.loads(text)
     except OSError as exc:

@@ -20,7 +20,7 @@ from typing import Any
 from cachemgr import eviction
 from cachemgr.compile import build, inputs, request
 from cachemgr.compile.queue import CompileQueue
-from cachemgr.config import options
+from cachemgr.config import ini, options
 from cachemgr.daemon import peer
 from cachemgr.daemon.config import DaemonConfig
 from cachemgr.daemon.governance import Governance, release_memory
@@ -150,7 +150,9 @@ class Service:
     def _ini_bytes(self) -> bytes | None:
         """The ini's bytes (no symlink followed, no FIFO opened, atime kept), or None."""
         try:
-            return fsutil.read_bytes_noatime(self._settings.layout.ini_path)
+            return fsutil.read_bytes_noatime(
+                self._settings.layout.ini_path, max_bytes=ini.MAX_INI_BYTES
+            )
         except OSError:
             return None
 
