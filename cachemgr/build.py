@@ -15,6 +15,7 @@ Compiles through the cache (``enable``/``force``) are :mod:`cachemgr.publisher`'
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import os
 import shutil
@@ -263,6 +264,12 @@ def _find_headers(
         found = manifest.match(where, inputs.current_digest)
         if found is not None:
             return dataclasses.replace(snap, headers=dict(found.files)), False
+    source = inputs.read_input(request.kernel_source, "kernel_source")
+    if (
+        inputs.reads_only_system_headers(source, request.language, request.include_dirs, os.environ)
+        and hashlib.sha256(source).hexdigest() == snap.source_sha256
+    ):
+        return dataclasses.replace(snap, headers={}), True
     job = CompileJob(
         source=request.kernel_source,
         language=request.language,

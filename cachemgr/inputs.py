@@ -24,6 +24,7 @@ import base64
 import errno
 import hashlib
 import os
+import re
 import stat
 import tempfile
 import threading
@@ -63,6 +64,7 @@ class Snapshot:
         system headers excepted; None while unknown (no manifest matched, no scan yet).
     :ivar debug_config: the ``op_debug_config`` file's bytes, read by the caller, or None.
     :ivar data: path → bytes of the source and every header once :meth:`frozen`, else None.
+    :ivar sent: it came with a request (:func:`from_wire`): the daemon never reads its paths.
     """
 
     source: Path
@@ -70,6 +72,7 @@ class Snapshot:
     headers: Mapping[str, str] | None = None
     debug_config: bytes | None = None
     data: Mapping[str, bytes] | None = None
+    sent: bool = False
 
     def key_fields(self) -> dict[str, Any]:
         """What of the snapshot goes into the key (SPEC §3.2): the source's digest and each
@@ -216,6 +219,89 @@ def scan_headers(
     return out
 
 
+#: An ``#include <...>`` line in its plain form (nothing else on it but a ``//`` comment).
+_SYSTEM_INCLUDE = re.compile(
+    rb"^[ \t]*#[ \t]*(?:include|include_next|import)[ \t]*<[^>\n]*>[ \t]*(?://[^\n]*)?$",
+    re.MULTILINE,
+)
+#: Environment variables that add folders to every compile's include path.
+INCLUDE_ENV = (
+    "CPATH",
+    "C_INCLUDE_PATH",
+    "CPLUS_INCLUDE_PATH",
+    "OBJC_INCLUDE_PATH",
+    "NVCC_PREPEND_FLAGS",
+    "NVCC_APPEND_FLAGS",
+)
+
+
+def reads_only_system_headers(
+    source: bytes, language: str, include_dirs: tuple[Path, ...], env: Mapping[str, str]
+) -> bool:
+    """True when a C, C++ or CUDA source can read no header outside the system folders: no
+    include folder, no include-path variable in ``env``, and — once its plain
+    ``#include <...>`` lines are taken out (without ``-I`` they resolve in the system
+    folders only) — no ``include`` or ``import`` left anywhere in it, nor a digraph or
+    trigraph that could spell a ``#``. Conservative: a comment saying "include" means a
+    listing. Then a miss needs no dependency listing (its header set is empty)."""
+    if language not in ("c", "cpp", "cuda") or include_dirs:
+        return False
+    if any(env.get(name) for name in INCLUDE_ENV):
+        return False
+    rest = _SYSTEM_INCLUDE.sub(b"", source.replace(b"\\\n", b""))
+    return not any(word in rest for word in (b"include", b"import", b"%:", b"??="))
+
+
+#: An include that may be read in place rather than from the mirror: an absolute name, or a
+#: computed one (a macro), or a spelling of ``#`` this check does not follow.
+_IN_PLACE_INCLUDE = re.compile(
+    rb'#[ \t]*(?:include|include_next|import)[ \t]*(?:["<][ \t]*/|[^"< \t])|%:|\?\?=',
+)
+
+
+def may_read_in_place(snap: Snapshot, env: Mapping[str, str]) -> bool:
+    """True when a compile from the mirror of ``snap`` may read a file in place instead (an
+    absolute or computed ``#include`` in one of its files, or an include-path variable in
+    ``env``): then the compile writes the files it read and :func:`reads_not_hashed` checks
+    them. Otherwise every file it can read outside the system folders is in the mirror."""
+    if any(env.get(name) for name in INCLUDE_ENV):
+        return True
+    blobs = (snap.data or {}).values()
+    return any(_IN_PLACE_INCLUDE.search(b.replace(b"\\\n", b"")) for b in blobs)
+
+
+def reads_not_hashed(
+    snap: Snapshot,
+    backend: CompilerBackend,
+    identity: CompilerIdentity,
+    job: CompileJob,
+    mirror_root: Path,
+) -> list[str]:
+    """After a compile of ``job`` (from the mirror of ``snap`` under ``mirror_root``, with
+    ``job.depfile`` written): the files it read that are not the bytes hashed — neither in
+    the mirror nor system headers, or a header read in place (an absolute ``#include``, a
+    ``CPATH`` folder) whose digest changed since. Empty when everything matches; [] too when
+    the compiler wrote no dependency file (nothing to check).
+
+    :raises CompileError: the system-header probe failed.
+    """
+    if job.depfile is None or not job.depfile.is_file():
+        return []
+    names = parse_depfile(job.depfile.read_text(encoding="utf-8", errors="surrogateescape"))
+    root = str(mirror_root).rstrip("/") + "/"
+    prefixes = system_prefixes(backend, identity, job)
+    known = snap.headers or {}
+    out = []
+    for name in names:
+        path = os.path.normpath(os.path.join(str(job.out_dir), name))
+        if path.startswith(root) or is_system(path, prefixes):
+            continue
+        if path in known and not snap.sent and current_digest(path) == known[path]:
+            continue  # (a sent snapshot's paths are the caller's: never read here)
+        out.append(path)
+    return out
+
+
 def freeze(snap: Snapshot) -> Snapshot | None:
     """``snap`` with the bytes of its source and headers, or None when one of them no longer
     has the digest the key was computed from (the caller computes the key again).
@@ -316,6 +402,7 @@ def from_wire(doc: Any, origin: str) -> Snapshot:
         headers={p: d for p, d in digests.items() if p != src},
         debug_config=cfg_bytes,
         data=data,
+        sent=True,
     )
 
 

@@ -168,7 +168,28 @@ def record(path: Path, kernel: str, files: Mapping[str, str]) -> None:
         ],
     }
     data = json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
-    fsutil.atomic_write_bytes(path, data)
+    _write_unsynced(path, data)
+
+
+def _write_unsynced(dest: Path, data: bytes) -> None:
+    """temp + rename like :func:`fsutil.atomic_write_bytes`, without its fsync: a manifest
+    lost in a crash costs one header listing, never a wrong hit (the miss path pays no
+    extra disk flush for it).
+
+    :raises OSError: on failure; nothing is left behind.
+    """
+    tmp = fsutil.temp_path(dest)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            os.write(fd, data)
+            os.fchmod(fd, fsutil.FILE_MODE)
+        finally:
+            os.close(fd)
+        os.rename(tmp, dest)
+    except BaseException:
+        fsutil.safe_unlink(tmp)
+        raise
 
 
 def kernels(path: Path) -> set[str] | None:

@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import logging
@@ -29,11 +30,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cachemgr import entry, fsutil, manifest, precompiled, versions
-from cachemgr.build import COMPILED, HIT, CompileOutcome, Prepared, RunContext, compile_job
+from cachemgr import entry, fsutil, inputs, manifest, precompiled, versions
+from cachemgr.build import (
+    COMPILED,
+    HIT,
+    SOURCES_DIR,
+    CompileOutcome,
+    Prepared,
+    RunContext,
+    compile_job,
+)
 from cachemgr.chiplock import Hold
 from cachemgr.compilers import CompileResult
-from cachemgr.errors import CachePermissionError, ConfigError, LockBusyError, NoSpaceError
+from cachemgr.errors import (
+    CachePermissionError,
+    CompileError,
+    ConfigError,
+    LockBusyError,
+    NoSpaceError,
+)
 from cachemgr.store import Store
 
 log = logging.getLogger(__name__)
@@ -194,13 +209,54 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
                 lock.release()
                 hold.release()
                 return CompileOutcome(p.kernel, HIT, found.files, request=p.request.origin)
-        result = p.backend.compile(compile_job(p, ctx.build_dir()))
+        build_dir = ctx.build_dir()
+        job = compile_job(p, build_dir)
+        if inputs.may_read_in_place(p.inputs, os.environ):
+            job = dataclasses.replace(job, depfile=build_dir / ".deps.d")
+        result = p.backend.compile(job)
+        stale = inputs.reads_not_hashed(
+            p.inputs, p.backend, p.backend.identity(), job, build_dir / SOURCES_DIR
+        )
+        if stale:  # the bytes compiled are not all the bytes hashed: never cache them
+            lock.release()
+            hold.release()
+            if p.inputs.sent:
+                raise CompileError(
+                    f"{p.request.origin}: the compile read {stale[0]}, which is not among the "
+                    "files sent with the request (an absolute #include or a CPATH folder); "
+                    "include it by a relative name or through include_dirs"
+                )
+            return _uncached(p, ctx, result, stale)
         files, main = _payload(p, result)
     except BaseException:
         lock.release()
         hold.release()
         raise
     return Pending(p, files, main, lock, hold, ctx.lock_timeout_s, ctx.config_sections)
+
+
+def _uncached(
+    p: Prepared, ctx: RunContext, result: CompileResult, stale: list[str]
+) -> CompileOutcome:
+    """A kernel compiled from files that changed or were not hashed: returned to the caller
+    from the private output folder, not cached (issue 11 item 1), with one warning line."""
+    warning = (
+        f"{p.kernel} compiled but not cached: {stale[0]} changed while it compiled (or was "
+        "read without being hashed)"
+    )
+    log.warning("%s", warning)
+    out = fsutil.ensure_dir(ctx.uncached_dir())
+    binary, doc = out / result.binary.name, out / result.json_path.name
+    os.replace(result.binary, binary)
+    os.replace(result.json_path, doc)  # json last: a visible json means a whole kernel
+    return CompileOutcome(
+        p.kernel,
+        COMPILED,
+        (doc, binary),
+        request=p.request.origin,
+        cached=False,
+        warning=warning,
+    )
 
 
 def _ensure_ini(kernel_cache_dir: Path, sections: dict[str, Any]) -> None:

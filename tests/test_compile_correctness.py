@@ -387,3 +387,102 @@ def test_manifest_is_counted_verified_and_evicted_with_its_last_entry(tmp_path, 
     assert gc.returncode == 0, gc.stderr
     assert not (chip / f"{built.kernel_name}.json").exists()
     assert not found.exists(), "the manifest goes with its last entry"
+
+
+@pytest.mark.parametrize(
+    ("source", "system_only"),
+    [
+        (b"#include <math.h>\nint x;", True),
+        (b"#include <a.h> // c\n  #  include<b.h>\n", True),
+        (b"int x;", True),
+        (b'#include "k.h"\n', False),
+        (b'#define I "x"\n#include I\n', False),
+        (b"/* include */ int x;", False),
+        (b'#/**/include "x"', False),
+        (b'%:include "x"', False),
+        (b"#include <x.h> /* c */", False),
+        (b'#inc\\\nlude "x"', False),
+        (b"#if __has_include(<x.h>)\n#endif", False),
+    ],
+)
+def test_which_sources_need_no_header_listing(source: bytes, system_only: bool) -> None:
+    """A miss skips the dependency listing only for a source that cannot name a header
+    outside the system folders (conservative: any other 'include' means a listing)."""
+    from cachemgr.inputs import reads_only_system_headers
+
+    assert reads_only_system_headers(source, "c", (), {}) is system_only
+    assert not reads_only_system_headers(source, "c", (Path("/inc"),), {})
+    assert not reads_only_system_headers(source, "c", (), {"CPATH": "/inc"})
+    assert not reads_only_system_headers(source, "cce", (), {})
+
+
+def test_an_angle_include_found_through_cpath_is_keyed(tmp_path, clean_env, monkeypatch) -> None:
+    """``#include <k.h>`` resolves to a user header through CPATH: it is listed and keyed."""
+    _write(tmp_path / "k.c", "#include <k.h>\nvoid scale_kernel(float *x) { x[0] *= F; }\n", 10)
+    header = _write(tmp_path / "inc" / "k.h", "#define F 2\n", 10)
+    req = _request(tmp_path, "req", "k.c")
+    monkeypatch.setenv("CPATH", str(tmp_path / "inc"))
+    with CompileQueue(make_settings(tmp_path, dict(os.environ)), workers=1) as q:
+        _edit_revert_cycle(lambda: q.compile(load_request(req)), header, "#define F 3\n")
+
+
+def test_a_header_read_in_place_that_changes_during_the_compile_is_not_cached(
+    tmp_path, clean_env
+) -> None:
+    """An absolute #include is read where it is, not from the snapshot: the compile writes
+    the files it read (-MD) and a changed one means the kernel is returned uncached."""
+    header = _write(tmp_path / "abs" / "v.h", 'const char tag[] = "TAG-one";\n', 10)
+    _write(
+        tmp_path / "k.c", f'#include "{header}"\nvoid scale_kernel(float *x) {{ x[0] *= 2; }}\n', 10
+    )
+    req = _request(tmp_path, "req", "k.c")
+    edited, two = tmp_path / "edited", 'const char tag[] = \\"TAG-two\\";'
+    once = f'[ -f {edited} ] || {{ echo "{two}" > {header}; touch {edited}; }}'
+    edit = f'case "$*" in *-MD*) {once};; esac'
+    cc = counting_cc(tmp_path / "w", body=edit)
+    out_dir = tmp_path / "out"
+    settings = make_settings(tmp_path, clean_env, compilers={"cc": str(cc)})
+    with CompileQueue(settings, workers=1, output_dir=out_dir) as q:
+        raced = q.compile(load_request(req))
+        assert raced.status == "compiled" and all(f.parent == out_dir for f in raced.files)
+        chip = tmp_path / "cache" / "kernel_cache" / SOC
+        assert not (chip / f"{raced.kernel_name}.json").exists(), "never cached"
+        steady = q.compile(load_request(req))  # nothing changes now: cached
+        assert steady.status == "compiled" and (chip / f"{steady.kernel_name}.json").exists()
+        assert b"TAG-two" in _binary(steady)
+
+
+def test_an_absolute_include_through_the_daemon_is_one_clear_line(tmp_path, clean_env) -> None:
+    header = _write(tmp_path / "abs" / "v.h", "#define V 1\n", 10)
+    _write(
+        tmp_path / "k.c", f'#include "{header}"\nvoid scale_kernel(float *x) {{ x[0] *= V; }}\n', 10
+    )
+    req = _request(tmp_path, "req", "k.c")
+    daemon = start_daemon(
+        tmp_path, "--cache-dir", str(tmp_path / "cache"), env=daemon_env(tmp_path)
+    )
+    try:
+        out = Client(daemon.socket_path, timeout_s=120).compile_file(req)
+        assert out["status"] == "failed" and str(header) in out["error"], out
+        assert "include_dirs" in out["error"] and "\n" not in out["error"]
+    finally:
+        daemon.stop()
+
+
+@pytest.mark.parametrize(
+    ("text", "in_place"),
+    [
+        (b'#include "/abs/x.h"', True),
+        (b"#include </abs/x.h>", True),
+        (b"#define M <x.h>\n#include M", True),
+        (b'%:include "a.h"', True),
+        (b'#include "k.h"\n#include <math.h>\n#include "../x/y.h"', False),
+    ],
+)
+def test_when_a_compile_must_report_what_it_read(text: bytes, in_place: bool) -> None:
+    """Only a compile that may read a file in place (not from the mirror) writes -MD."""
+    from cachemgr.inputs import Snapshot, may_read_in_place
+
+    snap = Snapshot(Path("/p/k.c"), "0" * 64, {}, None, {"/p/k.c": text})
+    assert may_read_in_place(snap, {}) is in_place
+    assert may_read_in_place(snap, {"CPATH": "/inc"})

@@ -247,8 +247,8 @@ class StoreMachine(RuleBasedStateMachine):
         if not main.exists():
             return
         if damage == "flip" and bins:
-            raw = bins[0].read_bytes()
-            bins[0].write_bytes(bytes([raw[0] ^ 1]) + raw[1:])
+            raw = bins[0].read_bytes()  # empty after an earlier truncate: flipping adds a byte
+            bins[0].write_bytes(bytes([raw[0] ^ 1]) + raw[1:] if raw else b"\x01")
         elif damage == "truncate_bin" and bins:
             bins[0].write_bytes(bins[0].read_bytes()[:-1])
         elif damage == "drop_bin" and bins:

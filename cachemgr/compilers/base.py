@@ -74,6 +74,7 @@ class CompileJob:
     timeout_s: float = 600.0
     include_dirs: tuple[Path, ...] = ()
     extra_flags: tuple[str, ...] = ()
+    depfile: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -166,6 +167,13 @@ class CompilerBackend(ABC):
     def include_args(self, job: CompileJob) -> list[str]:
         """``-I<dir>`` for each include folder, then the extra flags, as given."""
         return [*(f"-I{d}" for d in job.include_dirs), *job.extra_flags]
+
+    #: The compile command writes ``job.depfile`` when set (gcc, clang, nvcc).
+    writes_depfile: ClassVar[bool] = False
+
+    def depfile_args(self, job: CompileJob) -> list[str]:
+        """``-MD -MF <depfile>`` when the job asks for it and the compiler writes one."""
+        return ["-MD", "-MF", str(job.depfile)] if job.depfile and self.writes_depfile else []
 
     def unsupported_debug_flags(self, job: CompileJob) -> frozenset[str]:
         """Debug flags of ``job`` this compiler has no equivalent for (logged, then skipped)."""

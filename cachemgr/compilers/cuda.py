@@ -77,9 +77,11 @@ class CudaBackend(CompilerBackend):
         """``oom``, ``instrument``, ``check_flag``: no nvcc equivalent."""
         return job.debug_flags - _DEBUG_MAP.keys()
 
+    writes_depfile = True
+
     def command(self, job: CompileJob) -> list[str]:
         """``nvcc -cubin -arch=<arch> <flags> <defines> -x cu <source> -o <out>.cubin``."""
-        return self._argv(job, "-cubin", self.binary_path(job))
+        return [*self._argv(job, "-cubin", self.binary_path(job)), *self.depfile_args(job)]
 
     def preprocess_command(self, job: CompileJob, output: Path) -> list[str]:
         """The same argv with ``-E`` instead of ``-cubin``."""

@@ -57,9 +57,11 @@ class HostBackend(CompilerBackend):
         """``check_flag``: gcc/clang have no equivalent."""
         return job.debug_flags - {"O0"} - _DEBUG_MAP.keys()
 
+    writes_depfile = True
+
     def command(self, job: CompileJob) -> list[str]:
         """``<cc> -x <lang> -c -fPIC <flags> <defines> <source> -o <out_dir>/<out_name>.o``."""
-        return self._argv(job, "-c", self.binary_path(job))
+        return [*self._argv(job, "-c", self.binary_path(job)), *self.depfile_args(job)]
 
     def preprocess_command(self, job: CompileJob, output: Path) -> list[str]:
         """The same argv with ``-E`` (flags kept: ``-O`` levels change predefined macros)."""
