@@ -186,10 +186,17 @@ def test_the_daemon_gives_ge_files_back_to_the_group(
     cfg.write_text("[daemon]\nreconcile_interval_s = 1\nreconcile_jitter_s = 0\n")
     daemon = start_daemon(tmp_path, "--cache-dir", str(root), "--config", str(cfg))  # root:
     try:  # CAP_FOWNER, as AmbientCapabilities=CAP_FOWNER in systemd/cachemgr.service gives
-        for folder in (root / "kernel_cache", chip):
-            assert stat.S_IMODE(folder.stat().st_mode) & 0o2070 == 0o2070, folder
-        for path in chip.iterdir():
-            assert stat.S_IMODE(path.stat().st_mode) & 0o060 == 0o060, path
+
+        def shared() -> bool:  # in the first scan, right after READY=1 (issue 12 item 10)
+            folders = all(
+                stat.S_IMODE(f.stat().st_mode) & 0o2070 == 0o2070
+                for f in (root / "kernel_cache", chip)
+            )
+            return folders and all(
+                stat.S_IMODE(p.stat().st_mode) & 0o060 == 0o060 for p in chip.iterdir()
+            )
+
+        wait_for(shared, 60, "GE's files given back to the group")
         assert twin_as(users, rt, users.alice, "write", str(chip), "te_ge_9").returncode == 0
         late = chip / "te_ge_9.json"
         wait_for(lambda: stat.S_IMODE(late.stat().st_mode) & 0o060 == 0o060, 60, "g+rw again")

@@ -20,14 +20,18 @@ from pathlib import Path
 import pytest
 
 from cachemgr import options
+from cachemgr.chiplock import ChipLock, chip_lock_path
 from cachemgr.daemon import main as daemon_main
 from cachemgr.daemon.api import Api
 from cachemgr.daemon.config import DaemonConfig
+from cachemgr.daemon.heartbeat import POOL, Heartbeats
 from cachemgr.daemon.notify import Notifier
 from cachemgr.daemon.server import HttpServer
 from cachemgr.daemon.service import Service
 from cachemgr.entry import scan_chip
 from cachemgr.eviction import gc_chip, plan_eviction
+from cachemgr.queue import CompileQueue
+from tests.compile_util import request
 from tests.conftest import SOC, publish
 from tests.daemon_util import AS_ROOT, Daemon, daemon_env, start_daemon, wait_for
 from tests.shared_util import chip_bytes
@@ -221,9 +225,12 @@ def test_watch_is_rearmed_after_rm_rf_of_the_kernel_cache(tmp_path: Path) -> Non
         (kc / SOC).mkdir(parents=True)
         for i in range(3):
             publish(kc / SOC, f"te_after_{i}", os.urandom(MIB))
-        wait_for(lambda: _used(d) >= 3 * MIB, 15, "the new folder indexed")
-        publish(kc / SOC, "te_later", os.urandom(MIB))  # an event, not a rescan
-        wait_for(lambda: _used(d) >= 4 * MIB, 15, "events of the re-armed watch")
+        try:
+            wait_for(lambda: _used(d) >= 3 * MIB, 30, "the new folder indexed")
+            publish(kc / SOC, "te_later", os.urandom(MIB))  # an event, not a rescan
+            wait_for(lambda: _used(d) >= 4 * MIB, 30, "events of the re-armed watch")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; used {_used(d)}\n{d.log()[-6000:]}") from None
     finally:
         d.stop()
 
@@ -383,3 +390,23 @@ def test_watchdog_pings_stop_when_a_part_is_stuck(tmp_path: Path, clean_env: dic
         wake.close()
         writer.close()
         notifier.close()
+
+
+def test_a_stalled_compile_pool_counts_as_stuck(tmp_path: Path, clean_env: dict) -> None:
+    """One worker waits on a chip lock another holder never gives back (a wedged ``force``,
+    a hung NFS lock) while another job waits behind it: once nothing has started or finished
+    for longer than allowed, the pool is a stuck part (no WATCHDOG=1); it recovers after."""
+    root = tmp_path / "cache"
+    settings = options.resolve(cli={"op_compiler_cache_dir": str(root)})
+    queue = CompileQueue(settings, workers=1, timeout_s=60.0, lock_timeout_s=120.0)
+    beats = Heartbeats(60.0, {POOL: lambda: queue.stalled_s() > 2.0})
+    lock = ChipLock(chip_lock_path(settings.layout.kernel_cache_dir, SOC))
+    try:
+        with lock.exclusive(timeout_s=10):
+            first = queue.submit(request(tmp_path, "a", defines={"N": 8101, "B_N": 1}))
+            second = queue.submit(request(tmp_path, "b", defines={"N": 8102, "B_N": 1}))
+            wait_for(lambda: POOL in beats.stale(), 20, "the pool reported stuck")
+        assert first.result(120).status == "compiled" and second.result(120).status == "compiled"
+        assert POOL not in beats.stale()
+    finally:
+        queue.close(cancel_pending=True, timeout_s=60)

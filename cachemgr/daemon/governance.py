@@ -458,9 +458,7 @@ class Governance:
         present = set(watcher.modes())
         for soc in set(self.index.chips()) - present:
             self.index.forget(soc)
-        if not self.scan.done:
-            return rescan  # the first scan indexes every folder
-        for soc in sorted(rescan):
+        for soc in sorted(rescan):  # also while the first scan runs: it may have passed it
             self._rescan(soc)
         return rescan
 
@@ -486,7 +484,7 @@ class Governance:
     def poll(self) -> None:
         """Rescan the chip folders that have no inotify watch (issue 12 item 2)."""
         watcher = self.watcher
-        if watcher is None or not self.scan.done:
+        if watcher is None:
             return
         for soc in watcher.polled():
             self._rescan(soc)
