@@ -5,6 +5,7 @@ operator's terminal rewritten by a file name (docs/security.md items 2, 3, 4, 11
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -347,3 +348,49 @@ def test_a_config_file_that_never_ends_is_one_line_exit_2(tmp_path: Path, kind: 
     link.symlink_to(good)
     proc = run_cli("config", "--config", str(link), timeout=QUICK_S)
     assert proc.returncode == 0 and "daemon.workers = 2" in proc.stdout, proc.stderr
+
+
+def test_a_kernel_compiled_outside_the_cache_reaches_another_filesystem(
+    clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A root remounted read-only (or a lock never released) makes a compile run outside the
+    cache and hand its kernel to the current directory — which is usually on another
+    filesystem than ``$TMPDIR`` (work in ``/home``, ``/tmp`` a tmpfs). The hand-over was an
+    ``os.replace``: ``[Errno 18] Invalid cross-device link``, exit 1, the kernel lost. Now it
+    is copied across (json last), and the compile succeeds as issue 10 item 12 says."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    root_mnt, out_mnt = tmp_path / "root", tmp_path / "work"
+    mounted = []
+    try:
+        for mnt in (root_mnt, out_mnt):
+            mnt.mkdir()
+            subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)], check=True
+            )
+            mounted.append(mnt)
+        (root_mnt / "kernel_cache").mkdir()
+        subprocess.run(["mount", "-o", "remount,ro", str(root_mnt)], check=True)
+        proc = run_cli(
+            "compile",
+            "--local",
+            "--json",
+            "--cache-dir",
+            str(root_mnt),
+            str(_request(tmp_path)),
+            env=clean_env,
+            cwd=out_mnt,
+            timeout=QUICK_S,
+        )
+        assert proc.returncode == 0, proc.stderr
+        _one_line_no_traceback(proc)
+        outcome = json.loads(proc.stdout.splitlines()[0])
+        assert outcome["status"] == "compiled" and outcome["policy"]["cached"] is False
+        kernel = outcome["kernel_name"]
+        doc = json.loads((out_mnt / f"{kernel}.json").read_text())
+        binary = (out_mnt / f"{kernel}.o").read_bytes()
+        assert hashlib.sha256(binary).hexdigest() == doc["sha256"]
+        assert sorted(p.name for p in out_mnt.iterdir()) == [f"{kernel}.json", f"{kernel}.o"]
+    finally:
+        for mnt in mounted:
+            subprocess.run(["umount", "-l", str(mnt)], check=False)

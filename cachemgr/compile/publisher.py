@@ -20,11 +20,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import json
 import logging
 import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -280,8 +282,8 @@ def _uncached(
     log.warning("%s", warning)
     out = fsutil.ensure_dir(ctx.uncached_dir())
     binary, doc = out / result.binary.name, out / result.json_path.name
-    os.replace(result.binary, binary)
-    os.replace(result.json_path, doc)  # json last: a visible json means a whole kernel
+    _move(result.binary, binary)
+    _move(result.json_path, doc)  # json last: a visible json means a whole kernel
     return CompileOutcome(
         p.kernel,
         COMPILED,
@@ -342,8 +344,8 @@ def _compile_outside(
     result = p.backend.compile(compile_job(p, ctx.build_dir()))
     out = fsutil.ensure_dir(ctx.uncached_dir())
     binary, doc = out / result.binary.name, out / result.json_path.name
-    os.replace(result.binary, binary)
-    os.replace(result.json_path, doc)  # json last: a visible json means a whole kernel
+    _move(result.binary, binary)
+    _move(result.json_path, doc)  # json last: a visible json means a whole kernel
     warning = f"{p.kernel} compiled but not cached: {reason}"
     if warn:
         log.warning("%s", warning)
@@ -355,6 +357,35 @@ def _compile_outside(
         cached=False,
         warning=warning,
     )
+
+
+def _move(src: Path, dest: Path) -> None:
+    """Move a compiled file from the private build folder to ``dest`` — also across
+    filesystems: the build folder is under ``$TMPDIR`` and ``dest`` in the caller's output
+    folder (the current directory by default), usually another filesystem (``/tmp`` a tmpfs,
+    the work in ``/home``). ``os.replace`` alone failed there with ``EXDEV``, and every
+    compile outside the cache (a read-only or full root, a lock never released) with it.
+    Across filesystems: a copy to a temp name beside ``dest``, then a rename (``dest`` is
+    whole or absent).
+
+    :raises OSError: ``dest``'s folder cannot be written.
+    """
+    try:
+        os.replace(src, dest)
+        return
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+    tmp = fsutil.temp_path(dest)
+    try:
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, dest)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    with contextlib.suppress(OSError):
+        os.unlink(src)
 
 
 #: errno of a cache that cannot take an entry now: read-only, full, over quota, or a root
