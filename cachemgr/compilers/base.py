@@ -384,29 +384,6 @@ class CompilerBackend(ABC):
         return dest
 
 
-def get_backend(language: str, config: Mapping[str, object] | None = None) -> CompilerBackend:
-    """The backend that compiles ``language``: c/cpp → host, cuda → cuda, cce → template.
-
-    :raises InvalidInputError: naming an unknown language.
-    :raises ConfigError: when the template backend's ``cce_command`` is missing or malformed.
-    """
-    from cachemgr.compilers import cuda, host, template  # lazy: they import this module
-
-    registry: dict[str, type[CompilerBackend]] = {
-        "c": host.HostBackend,
-        "cpp": host.HostBackend,
-        "cuda": cuda.CudaBackend,
-        "cce": template.TemplateBackend,
-    }
-    try:
-        cls = registry[language]
-    except (KeyError, TypeError):
-        raise InvalidInputError(
-            f"unknown kernel language {language!r} (known: {sorted(registry)})"
-        ) from None
-    return cls(config)
-
-
 def find_executable(candidates: list[str], what: str, config_key: str | None = None) -> str:
     """First of ``candidates`` found (a path or a name on PATH), as an absolute path.
 
