@@ -37,6 +37,7 @@ from cachemgr.compile.request import CompileRequest
 from cachemgr.compilers import CompileResult
 from cachemgr.constants import short_host
 from cachemgr.errors import InvalidInputError
+from cachemgr.memo import Memo
 from cachemgr.storage import fsutil
 from cachemgr.storage.safedir import SafeDir, UnsafePathError
 
@@ -44,7 +45,8 @@ log = logging.getLogger(__name__)
 
 OWNER_FILE = ".owner"
 _FOLDER = re.compile(r"^(?P<host>[A-Za-z0-9_.\-]+)_(?P<pid>[0-9]+)$")
-_dirs: dict[tuple[str, int], Path] = {}
+#: This process's folder per ``kernel_meta`` base (the lock serialises their creation).
+_dirs: Memo[tuple[str, int], Path] = Memo("kernel_meta process folders", 1024)
 _dirs_lock = threading.Lock()
 
 
@@ -81,7 +83,7 @@ def process_dir(kernel_meta_dir: Path) -> Path:
         path = fsutil.ensure_dir(Path(kernel_meta_dir) / folder_name(pid=pid))
         owner = {"host": short_host(), "pid": pid, "start": process_start_time(pid)}
         fsutil.atomic_write_bytes(path / OWNER_FILE, json.dumps(owner).encode())
-        _dirs[ident] = path
+        _dirs.put(ident, path)
         return path
 
 
