@@ -103,7 +103,7 @@ class GcReport:
     odd: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
     #: entries whose access time lies beyond the clock-skew tolerance in the future, and
-    #: the largest such skew (seconds): issue 12 item 1
+    #: the largest such skew (seconds), at this run's scan, before eviction (issue 12 item 1)
     future_atimes: int = 0
     max_skew_s: float = 0.0
 
