@@ -394,3 +394,33 @@ def test_a_kernel_compiled_outside_the_cache_reaches_another_filesystem(
     finally:
         for mnt in mounted:
             subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.mark.parametrize(
+    ("var", "raw", "value"),
+    [
+        ("ASCEND_MAX_OP_CACHE_SIZE", "300MB", 300),
+        ("ASCEND_MAX_OP_CACHE_SIZE", "1.5", 1),
+        ("ASCEND_MAX_OP_CACHE_SIZE", "٣٠٠", 500),  # Arabic-Indic digits: not std::stoi's
+        ("ASCEND_MAX_OP_CACHE_SIZE", "2147483647", 500),  # GE: [1, INT_MAX) or -1
+        ("ASCEND_REMAIN_CACHE_SIZE_RATIO", "x", 0),
+        ("ASCEND_REMAIN_CACHE_SIZE_RATIO", "50%", 50),
+    ],
+)
+def test_env_limits_are_read_as_ge_reads_them(
+    clean_env: dict[str, str], tmp_path: Path, var: str, raw: str, value: int
+) -> None:
+    """A careless ``export ASCEND_MAX_OP_CACHE_SIZE=300MB``: GE reads it with ``std::stoi``
+    (300; ``te_cache_space_manager.cc`` ``GetCacheSpaceMaxSizeCfg``) while cachemgr used
+    Python's ``int()`` — 500 for ``300MB`` or ``1.5``, but 300 for Arabic-Indic digits that
+    GE refuses — and the ratio GE reads with ``std::atoi`` (``x`` is 0). Two evictors on one
+    folder then disagreed on its limit. Now cachemgr applies GE's value, and says so in one
+    warning line (``config`` exits 2)."""
+    proc = run_cli(
+        "config", "--json", "--cache-dir", str(tmp_path / "r"), env={**clean_env, var: raw}
+    )
+    assert proc.returncode == 2, proc.stderr
+    key = "max_op_cache_size" if "MAX" in var else "remain_cache_size_ratio"
+    assert json.loads(proc.stdout)[key]["value"] == value
+    lines = [line for line in proc.stderr.splitlines() if var in line]
+    assert len(lines) == 1 and f"{var}={raw!r}" in lines[0], proc.stderr

@@ -127,6 +127,20 @@ def ge_stoi(text: str) -> int | None:
     return value if -(2**31) <= value <= MAX_MB_LIMIT else None
 
 
+def ge_atoi(text: str) -> int:
+    """``std::atoi(text)`` as glibc computes it (``(int) strtol``): like :func:`ge_stoi`, but
+    no digit gives 0 (never an error), and a value beyond ``long`` is clamped, then cut to
+    32 bits. GE reads ``ASCEND_REMAIN_CACHE_SIZE_RATIO`` with it
+    (``te_cache_space_manager.cc`` ``GetCacheRemainSizeRadio``)."""
+    match = _STOI.match(text)
+    if match is None:
+        return 0
+    digits = match.group(1)
+    value = int(digits) if len(digits) <= 21 else (-(2**63) if digits[0] == "-" else 2**63 - 1)
+    value = max(-(2**63), min(2**63 - 1, value))
+    return ((value + 2**31) % 2**32) - 2**31
+
+
 def _ge_sections(text: str) -> dict[str, list[tuple[str, str]]]:
     """``TeCacheSpaceManager::LoadIniFile`` (``cache/te_cache_space_manager.cc``): lines from
     ``std::getline`` (LF only; a CR stays in the line), ``#`` in column 1 is a comment, a
