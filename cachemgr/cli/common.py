@@ -11,14 +11,15 @@ import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 import click
 
-from cachemgr.client import Client, UntrustedDaemon, default_socket_path
+from cachemgr.client import Client, default_socket_path
 from cachemgr.config import configfile, options
 from cachemgr.config.options import Settings
 from cachemgr.errors import CacheMgrError, ConfigError
+from cachemgr.sockcheck import UntrustedDaemon
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -79,7 +80,13 @@ class SafeFormatter(logging.Formatter):
         return super().formatMessage(record)
 
 
-class Seconds(click.ParamType):
+if TYPE_CHECKING:  # click ≥ 8.2 makes ParamType generic; 8.1 (allowed) cannot subscript it
+    _ParamType: TypeAlias = click.ParamType[float, Any]
+else:
+    _ParamType = click.ParamType
+
+
+class Seconds(_ParamType):
     """A finite number of seconds within ``lo``..``MAX_SECONDS`` (``lo`` excluded when
     ``lo_open``): ``--timeout nan`` or ``inf`` was a raw Python error after the request was
     read (exit 1), ``status --wait nan`` waited forever; now one line, exit 2."""
