@@ -424,3 +424,42 @@ def test_env_limits_are_read_as_ge_reads_them(
     assert json.loads(proc.stdout)[key]["value"] == value
     lines = [line for line in proc.stderr.splitlines() if var in line]
     assert len(lines) == 1 and f"{var}={raw!r}" in lines[0], proc.stderr
+
+
+def _request_with_attrs(tmp_path: Path, attrs_json: str, name: str) -> Path:
+    text = _request(tmp_path).read_text()
+    path = tmp_path / f"{name}.json"
+    path.write_text(text.replace('"attrs": {}', f'"attrs": {attrs_json}'))
+    assert path.read_text() != text
+    return path
+
+
+@pytest.mark.parametrize(
+    ("attrs", "message"),
+    [
+        ('{"a": ' * 40 + "1" + "}" * 40, "attrs nested deeper than 32 levels"),
+        ('{"x": [1, 1e999]}', "attrs.x[1]=inf is not a finite number"),
+    ],
+    ids=["deep", "nested_inf"],
+)
+def test_attrs_a_kernel_json_cannot_hold_are_refused_before_compiling(
+    clean_env: dict[str, str], tmp_path: Path, attrs: str, message: str
+) -> None:
+    """``attrs`` nested 40 deep compiled, then failed to publish (the entry json is nested
+    deeper than ``entry.MAX_JSON_DEPTH``): a compile for nothing, exit 1. An ``inf`` inside a
+    list ended in ``cannot serialise the key material``, naming neither file nor field. Now
+    both are exit 2 before anything compiles, naming the attribute; 30 levels still compile
+    into a valid entry."""
+    root = tmp_path / "root"
+    bad = _request_with_attrs(tmp_path, attrs, "bad")
+    proc = run_cli("compile", "--local", "--cache-dir", str(root), str(bad), env=clean_env)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == f"cachemgr: error: {bad}: {message}\n" or (
+        proc.stderr.startswith(f"cachemgr: error: {bad}: attrs.a.a") and message in proc.stderr
+    ), proc.stderr
+    assert not list(root.glob(f"kernel_cache/{SOC}/*"))  # nothing compiled, nothing stored
+    ok = _request_with_attrs(tmp_path, '{"a": ' * 30 + "1" + "}" * 30, "ok")
+    proc = run_cli("compile", "--local", "--json", "--cache-dir", str(root), str(ok), env=clean_env)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.splitlines()[0])["policy"]["cached"] is True
+    assert run_cli("verify", "--cache-dir", str(root), env=clean_env).returncode == 0
