@@ -23,13 +23,9 @@ from dataclasses import dataclass
 from operator import attrgetter
 from pathlib import Path
 
+from cachemgr.constants import MIB, NEVER_EVICT
 from cachemgr.errors import InvalidInputError
 from cachemgr.storage.entry import ChipScan, EntryGroup
-
-#: MB in GE's limits is MiB (``SIZE_MB_UNIT = 1048576``) [GE].
-MIB = 2**20
-#: ``max_op_cache_size`` that turns size eviction off [GE].
-NEVER_EVICT = -1
 
 _KERNEL = attrgetter("kernel")
 _ATIME = attrgetter("atime_ns")
