@@ -441,6 +441,9 @@ def test_a_header_read_in_place_that_changes_during_the_compile_is_not_cached(
     with CompileQueue(settings, workers=1, output_dir=out_dir) as q:
         raced = q.compile(load_request(req))
         assert raced.status == "compiled" and all(f.parent == out_dir for f in raced.files)
+        assert raced.cached is False and f"{header} changed while it compiled" in str(
+            raced.warning
+        ), raced.warning
         chip = tmp_path / "cache" / "kernel_cache" / SOC
         assert not (chip / f"{raced.kernel_name}.json").exists(), "never cached"
         steady = q.compile(load_request(req))  # nothing changes now: cached

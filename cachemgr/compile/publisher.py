@@ -273,7 +273,7 @@ def _uncached(
         "read without being hashed)"
     )
     log.warning("%s", warning)
-    return _uncached(p, ctx, result, warning)
+    return _outside_the_cache(p, ctx, result, warning)
 
 
 def _ensure_ini(kernel_cache_dir: Path, sections: dict[str, Any]) -> None:
@@ -327,10 +327,12 @@ def _compile_outside(
     warning = f"{p.kernel} compiled but not cached: {reason}"
     if warn:
         log.warning("%s", warning)
-    return _uncached(p, ctx, result, warning)
+    return _outside_the_cache(p, ctx, result, warning)
 
 
-def _uncached(p: Prepared, ctx: RunContext, result: CompileResult, warning: str) -> CompileOutcome:
+def _outside_the_cache(
+    p: Prepared, ctx: RunContext, result: CompileResult, warning: str
+) -> CompileOutcome:
     """Move a compiled kernel from its build folder into the private output folder (binary
     first, json last: a visible json means a whole kernel): ``compiled``, not cached.
 

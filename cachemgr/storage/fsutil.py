@@ -32,7 +32,8 @@ from typing import ClassVar
 
 from cachemgr.constants import short_host
 from cachemgr.errors import LockBusyError
-from cachemgr.peer import group_name, user_name  # uid/gid → names: one definition
+from cachemgr.peer import group_name as group_name  # uid/gid → names: one definition
+from cachemgr.peer import user_name as user_name
 
 log = logging.getLogger(__name__)
 
