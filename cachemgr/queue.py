@@ -216,8 +216,9 @@ class CompileQueue:
                 log.info("%s changed while it was read; hashing it again", request.kernel_source)
                 again = build.prepare(request, settings, compilers, self.timeout_s, replace)
                 prepared = dataclasses.replace(again, deliver=prepared.deliver)
-        except CompileError as exc:
-            return self._answered(build.failed("", exc, request.origin), start)
+        except CompileError as exc:  # before the policy was decided (a missing header...)
+            early = build.failed_before_prepared(request, settings, exc, replace, inputs)
+            return self._answered(early, start)
         raise InvalidInputError(
             f"{request.origin}: {request.kernel_source} (or a header) kept changing while it "
             "was read; try again once it is saved"

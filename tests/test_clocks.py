@@ -58,7 +58,7 @@ def test_daemon_orders_future_times_by_first_sight_and_evicts(tmp_path: Path) ->
     try:
         _future(chip, 12)
         wait_for(lambda: chip_bytes(chip) <= 512 * 1024, 30, "eviction despite future times")
-        row = d.client.stats()["chip_folders"][SOC]
+        row = d.client.stats().to_json()["chip_folders"][SOC]
         assert row["future_atimes"] >= 6 and row["stuck_over_limit"] is False
         metrics = d.client.request("GET", "/metrics")
         assert f'cachemgr_chip_future_atimes{{soc_version="{SOC}"}}' in metrics

@@ -9,6 +9,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from cachemgr.counters import CounterBook
 from cachemgr.daemon.usage import UsageIndex
+from cachemgr.results import Status
 
 #: ``(name, help, labels, value)`` of one gauge sample: the daemon's degraded states.
 Gauge = tuple[str, str, dict[str, str], float]
@@ -130,9 +131,9 @@ class Metrics:
         (a request answered by another daemon's compile is neither)."""
         if coalesced:
             return
-        if status == "compiled":
+        if status == Status.COMPILED:
             self.compile_seconds.observe(seconds)
-        elif status == "hit":
+        elif status == Status.HIT:
             self.hit_seconds.observe(seconds)
 
     def render(self) -> bytes:
