@@ -155,9 +155,11 @@ def test_header_edit_through_the_daemon(tmp_path, clean_env) -> None:
             "#define FACTOR 9\n",
         )
         remote = Client(daemon.socket_path, timeout_s=120, local_hits=False)
-        assert remote.compile_file(req)["status"] == "hit"
+        assert remote.compile_file(req).to_json()["status"] == "hit"
         _write(tmp_path / "proj" / "src" / "k.h", "#define FACTOR 11\n", 5)
-        assert remote.compile_file(req)["status"] == "compiled", "the daemon keys headers too"
+        assert remote.compile_file(req).to_json()["status"] == "compiled", (
+            "the daemon keys headers too"
+        )
     finally:
         daemon.stop()
 
