@@ -8,8 +8,8 @@ import ast
 import json
 from pathlib import Path
 
-from cachemgr import build
-from cachemgr.results import (
+from cachemgr.compile import build
+from cachemgr.compile.results import (
     ChipGc,
     ChipStats,
     CompileOutcome,
@@ -291,7 +291,7 @@ def test_no_status_string_outside_results(tmp_path: Path) -> None:
     """The package spells no status outside ``results.py``; the check is not vacuous: a
     comparison with ``"compiled"`` is found, a docstring mentioning it is not."""
     assert status_literals(PACKAGE) == []
-    from cachemgr import store
+    from cachemgr.storage import store
 
     assert store.HIT == Status.HIT  # the one allowed spelling is the enum's
     (tmp_path / "mod.py").write_text(

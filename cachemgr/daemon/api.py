@@ -29,10 +29,10 @@ import signal
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from cachemgr.compile.results import GcResult, StatsResult
 from cachemgr.daemon import peer
 from cachemgr.daemon.server import Response, error
 from cachemgr.errors import CacheMgrError
-from cachemgr.results import GcResult, StatsResult
 
 Alive = Callable[[], bool]
 
