@@ -26,17 +26,19 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cachemgr import chiplock, fsutil, inputs, kernel_meta, keys, manifest, policy, precompiled
 from cachemgr.compilers import CompileJob, CompilerBackend
 from cachemgr.errors import ConfigError, InvalidInputError
-from cachemgr.events import Events
 from cachemgr.options import Settings
-from cachemgr.remote.tierset import RemoteTiers
 from cachemgr.request import CompileRequest, RequestOptions, resolve_options
 from cachemgr.results import Policy, Status
 from cachemgr.store import Store
+
+if TYPE_CHECKING:  # not imported on the hit path (issue 14 item 1)
+    from cachemgr.events import Events
+    from cachemgr.remote.tierset import RemoteTiers
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,6 @@ Example::
 from __future__ import annotations
 
 import base64
-import http.client
 import json
 import logging
 import os
@@ -40,13 +39,21 @@ import socket
 import threading
 import time
 from collections.abc import Mapping
+from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cachemgr import build, fsutil, inputs, kernel_meta, keys, layout, options, safeio, sockcheck
+from cachemgr import sockcheck
 from cachemgr.errors import CacheMgrError, CompileError, InvalidInputError
-from cachemgr.request import ParsedRequests
 from cachemgr.sockcheck import UntrustedDaemon
+
+if TYPE_CHECKING:
+    import http.client
+
+    from cachemgr import build, keys, options
+
+# The hit path's modules (build, keys, inputs, kernel_meta, http.client...) are imported where
+# they are used, so a CLI command that finds no daemon never pays for them (issue 14 item 1).
 
 log = logging.getLogger(__name__)
 
@@ -93,26 +100,32 @@ def default_socket_path(env: Mapping[str, str] | None = None) -> Path:
     return runtime_dir(env) / SOCKET_NAME
 
 
-class _UnixConnection(http.client.HTTPConnection):
-    """HTTP over a Unix socket whose folder, file and serving process belong to a trusted
-    user (:mod:`cachemgr.sockcheck`; issue 10, item 7)."""
+@cache
+def _unix_connection_class() -> type[http.client.HTTPConnection]:
+    """:class:`http.client.HTTPConnection` over a Unix socket whose folder, file and serving
+    process belong to a trusted user (:mod:`cachemgr.sockcheck`; issue 10, item 7). Made on
+    first use: ``http.client`` pulls in ``email`` and ``ssl`` (issue 14 item 1)."""
+    import http.client
 
-    def __init__(self, path: str, timeout: float, trusted: set[int]) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self._path = path
-        self._trusted = trusted
+    class _UnixConnection(http.client.HTTPConnection):
+        def __init__(self, path: str, timeout: float, trusted: set[int]) -> None:
+            super().__init__("localhost", timeout=timeout)
+            self._path = path
+            self._trusted = trusted
 
-    def connect(self) -> None:
-        sockcheck.check_path(Path(self._path), self._trusted)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(self._path)
-            sockcheck.check_peer(sock, Path(self._path), self._trusted)
-        except BaseException:
-            sock.close()
-            raise
-        self.sock = sock
+        def connect(self) -> None:
+            sockcheck.check_path(Path(self._path), self._trusted)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(self.timeout)
+            try:
+                sock.connect(self._path)
+                sockcheck.check_peer(sock, Path(self._path), self._trusted)
+            except BaseException:
+                sock.close()
+                raise
+            self.sock = sock
+
+    return _UnixConnection
 
 
 class Client:
@@ -151,10 +164,12 @@ class Client:
         conn = getattr(self._local, "conn", None)
         if conn is None:
             if self.tcp:
+                import http.client
+
                 conn = http.client.HTTPConnection(*self.tcp, timeout=self.timeout_s)
             else:
                 trusted = sockcheck.trusted_uids(self.daemon_user)
-                conn = _UnixConnection(str(self.socket_path), self.timeout_s, trusted)
+                conn = _unix_connection_class()(str(self.socket_path), self.timeout_s, trusted)
             self._local.conn = conn
         return conn
 
@@ -176,6 +191,8 @@ class Client:
         :raises DaemonUnavailable: nothing listens on the socket/port.
         :raises DaemonError: the daemon answered 4xx/5xx (its one-line message).
         """
+        import http.client
+
         payload = None if body is None else json.dumps(body).encode()
         headers = {"Content-Type": "application/json"} if payload is not None else {}
         headers.update(self._auth)
@@ -319,6 +336,8 @@ class Client:
 
         :raises DaemonError: 400 when the folder cannot be written (one line).
         """
+        from cachemgr import kernel_meta, layout
+
         decision = prepared.decision
         try:
             if decision.debug.on:
@@ -343,6 +362,8 @@ class Client:
 
         :raises CacheMgrError: unreadable file or malformed JSON (one line naming the file).
         """
+        from cachemgr import safeio
+
         path = Path(path)
         try:
             # non-blocking, regular files only, capped (issue 10, item 8)
@@ -372,6 +393,8 @@ class _LocalHits:
     """The hit path run in the caller's process (see the module docstring)."""
 
     def __init__(self, client: Client) -> None:
+        from cachemgr.request import ParsedRequests
+
         self.client = client
         self._lock = threading.Lock()
         self._settings: options.Settings | None = None
@@ -383,6 +406,8 @@ class _LocalHits:
         self.disabled = False
 
     def _state(self) -> tuple[options.Settings, keys.Compilers]:
+        from cachemgr import keys, options
+
         now = time.monotonic()
         with self._lock:
             if self._settings is not None and now - self._fetched < LOCAL_CONFIG_TTL_S:
@@ -404,6 +429,8 @@ class _LocalHits:
         :raises InvalidInputError: a bad request (the same one line the daemon would give).
         :raises CompileError: the dependency listing failed (a missing header...).
         """
+        from cachemgr import build
+
         try:
             settings, compilers = self._state()
         except (CacheMgrError, OSError, KeyError, TypeError, ValueError) as exc:
@@ -426,6 +453,8 @@ class _LocalHits:
 
         :raises InvalidInputError: an input that cannot be read, or one that keeps changing.
         """
+        from cachemgr import build, inputs
+
         for _ in range(3):
             frozen = build.freeze(prepared)
             if frozen is not None:
@@ -451,6 +480,8 @@ class _LocalHits:
 
     def lookup_prepared(self, prepared: build.Prepared, start: float) -> dict[str, Any] | None:
         """A verified hit for ``prepared`` served here, or None."""
+        from cachemgr import build
+
         if self.disabled:
             return None
         try:
@@ -492,6 +523,8 @@ def _write_outputs(answer: dict[str, Any], target: tuple[str, Path]) -> None:
     local run: debug artefacts into ``<kernel_meta>/<host>_<pid>/``, ``disable`` kernels into
     the output folder (the json last: a visible json means a whole kernel). ``files`` then
     names them."""
+    from cachemgr import fsutil, kernel_meta, layout
+
     outputs = answer.pop("outputs", None)
     if not isinstance(outputs, list):
         return

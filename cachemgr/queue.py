@@ -42,21 +42,24 @@ import logging
 import os
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from cachemgr import build, kernel_meta, keys, precompiled, publisher
+from cachemgr import build, kernel_meta, keys, precompiled
 from cachemgr.build import CompileOutcome, Prepared
 from cachemgr.errors import CacheMgrError, CompileError, InvalidInputError
-from cachemgr.events import Events
 from cachemgr.inputs import Snapshot
 from cachemgr.options import Settings
-from cachemgr.remote.tierset import RemoteTiers
 from cachemgr.request import CompileRequest
+
+if TYPE_CHECKING:  # publishing is a miss's work: not imported on the hit path (issue 14)
+    from cachemgr import publisher
+    from cachemgr.events import Events
+    from cachemgr.remote.tierset import RemoteTiers
 
 log = logging.getLogger(__name__)
 
@@ -202,6 +205,8 @@ class CompileQueue:
                 self._force_once(prepared, session)
             outputs = prepared.decision.debug.on or not prepared.decision.cache.write
             if deliver and outputs:
+                import uuid  # here: it imports platform (issue 14 item 1)
+
                 prepared = dataclasses.replace(prepared, deliver=uuid.uuid4().hex)
             elif prepared.decision.debug.on:
                 kernel_meta.check_base(prepared.opts.kernel_meta_dir)
@@ -330,6 +335,8 @@ class CompileQueue:
         :returns: entries removed.
         :raises LockBusyError: the chip lock was not obtained within the lock timeout.
         """
+        from cachemgr import publisher
+
         gate = self._gate(p.chip_dir)
         gate.clear()
         try:
@@ -368,6 +375,8 @@ class CompileQueue:
             if job is None:
                 return
             result = self._run(job.prepared)
+            from cachemgr import publisher  # a job ran: a miss (not on the hit path)
+
             self._ctx.after_job()
             if isinstance(result, publisher.Pending) and self._work_waiting():
                 try:
@@ -385,6 +394,8 @@ class CompileQueue:
             return any(job.state == _PENDING for _, _, _, job in self._heap)
 
     def _run(self, p: Prepared) -> CompileOutcome | publisher.Pending:
+        from cachemgr import publisher
+
         try:
             self._gate(p.chip_dir).wait()
             if p.decision.debug.on or not p.decision.cache.write:

@@ -25,12 +25,12 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import xxhash
 
+import cachemgr
 from cachemgr import extraflags, layout, options, safeio, socs
 from cachemgr.errors import ConfigError, InvalidInputError
 from cachemgr.options import Settings
@@ -137,7 +137,9 @@ class RequestOptions:
 @cache
 def schema() -> dict[str, Any]:
     """The request JSON Schema (``cachemgr/schemas/compile_request.schema.json``)."""
-    text = resources.files("cachemgr").joinpath("schemas/compile_request.schema.json")
+    # beside the package's __init__ (importlib.resources would import zipfile and tempfile
+    # on the hit path, issue 14 item 1)
+    text = Path(cachemgr.__file__).parent / "schemas" / "compile_request.schema.json"
     return json.loads(text.read_text(encoding="utf-8"))
 
 

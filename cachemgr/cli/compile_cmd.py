@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import json
 import sys
-import uuid
-from concurrent.futures import Future, ThreadPoolExecutor, as_completed
-from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from click.core import ParameterSource
 
-from cachemgr import entry, precompiled
+import cachemgr
 from cachemgr.cli import human
 from cachemgr.cli.common import (
     Route,
@@ -26,11 +23,15 @@ from cachemgr.cli.common import (
     warning,
 )
 from cachemgr.cli.lockcheck import checked_for_writing
-from cachemgr.client import Client
 from cachemgr.counters import CounterBook
 from cachemgr.errors import CacheMgrError, InvalidInputError
 from cachemgr.queue import DEFAULT_TIMEOUT_S, CompileOutcome, CompileQueue
 from cachemgr.request import load_request
+
+if TYPE_CHECKING:  # the hit path imports only what a hit needs (issue 14 item 1)
+    from concurrent.futures import Future
+
+    from cachemgr.client import Client
 
 
 def _setting_flags(func: Any) -> Any:
@@ -125,7 +126,7 @@ A request is one JSON object (relative paths are relative to its file):
     "options": {{"jit_compile": "auto"}}  any option below; these win
   }}
 A shape dim of -1 is dynamic; the shape [-2] is an unknown rank.
-Schema: {resources.files("cachemgr").joinpath("schemas/compile_request.schema.json")}
+Schema: {Path(cachemgr.__file__).parent / "schemas" / "compile_request.schema.json"}
 Examples: examples/requests/ in the source tree.
 
 \b
@@ -283,6 +284,9 @@ def _compile_via_daemon(
     for name in ("op_debug_config", "debug_dir"):
         if overrides.get(name):
             overrides[name] = str(Path(overrides[name]).absolute())
+    import uuid
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
     session = uuid.uuid4().hex  # force clears once per run, as in-process (issue 11 item 5)
 
     def one(path: Path) -> dict[str, Any] | CacheMgrError:
@@ -376,6 +380,8 @@ def pack_cmd(
     KERNELS are entry names as cachemgr ls shows them; --all takes every entry that carries
     its operator description (compiled by cachemgr's queue).
     """
+    from cachemgr import precompiled
+
     settings = load_settings(writable=False, **kw)
     chips = chip_dirs(settings)
     chosen: dict[Path, list[str]] = {}
@@ -410,6 +416,8 @@ def pack_cmd(
 
 
 def _packable(chip: Path) -> list[str]:
+    from cachemgr import entry, precompiled
+
     names = []
     for kernel in sorted(entry.scan_chip(chip).entries):
         try:
