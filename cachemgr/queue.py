@@ -377,10 +377,10 @@ class CompileQueue:
             result = self._run(job.prepared)
             from cachemgr import publisher  # a job ran: a miss (not on the hit path)
 
-            self._ctx.after_job()
             if isinstance(result, publisher.Pending) and self._work_waiting():
                 try:
                     self._finishers.submit(self._finish, job, result)
+                    self._ctx.after_job()  # the pending publish holds its bytes in memory
                     continue
                 except RuntimeError:  # finishers shut down (close timed out): finish here
                     pass
@@ -388,6 +388,7 @@ class CompileQueue:
                 self._finish(job, result)  # nothing else waits: no thread hop
             else:
                 self._done(job, result)
+            self._ctx.after_job()  # the caller has its answer: not on a miss's path (item 3)
 
     def _work_waiting(self) -> bool:
         with self._lock:

@@ -30,7 +30,6 @@ from typing import Any
 
 import xxhash
 
-import cachemgr
 from cachemgr import extraflags, layout, options, safeio, socs
 from cachemgr.errors import ConfigError, InvalidInputError
 from cachemgr.options import Settings
@@ -139,7 +138,8 @@ def schema() -> dict[str, Any]:
     """The request JSON Schema (``cachemgr/schemas/compile_request.schema.json``)."""
     # beside the package's __init__ (importlib.resources would import zipfile and tempfile
     # on the hit path, issue 14 item 1)
-    text = Path(cachemgr.__file__).parent / "schemas" / "compile_request.schema.json"
+    package = Path(__file__).parents[__name__.count(".") - 1]  # cachemgr/, wherever this is
+    text = package / "schemas" / "compile_request.schema.json"
     return json.loads(text.read_text(encoding="utf-8"))
 
 

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 import click
 from click.core import ParameterSource
 
-import cachemgr
 from cachemgr.cli import human
 from cachemgr.cli.common import (
     Route,
@@ -126,7 +125,7 @@ A request is one JSON object (relative paths are relative to its file):
     "options": {{"jit_compile": "auto"}}  any option below; these win
   }}
 A shape dim of -1 is dynamic; the shape [-2] is an unknown rank.
-Schema: {Path(cachemgr.__file__).parent / "schemas" / "compile_request.schema.json"}
+Schema: {Path(__file__).parents[1] / "schemas" / "compile_request.schema.json"}
 Examples: examples/requests/ in the source tree.
 
 \b

@@ -380,7 +380,7 @@ class CompilerBackend(ABC):
         }
         doc.update(self.json_fields(job, elf, kernel_name))
         dest = job.out_dir / f"{job.out_name}.json"
-        fsutil.atomic_write_bytes(dest, _dumps(doc))
+        fsutil.atomic_write_bytes(dest, _dumps(doc), sync=False)  # a build output (issue 14)
         return dest
 
 
