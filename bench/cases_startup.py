@@ -30,8 +30,17 @@ ROUNDS = 21
 
 
 def _env(work: Path, runtime: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ASCEND_", "CACHEMGR_"))}
+    """The commands' environment: their own HOME and runtime folder, and byte code cached as
+    an installed package has it (``pip install`` compiles it; ``PYTHONDONTWRITEBYTECODE``,
+    set on some hosts, would recompile every module of an editable install on every run):
+    in a folder of the work tree, for the floor and cachemgr alike."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("ASCEND_", "CACHEMGR_")) and k != "PYTHONDONTWRITEBYTECODE"
+    }
     env.update(HOME=str(work), XDG_RUNTIME_DIR=str(runtime), XDG_STATE_HOME=str(work / "st"))
+    env["PYTHONPYCACHEPREFIX"] = str(work / "pycache")
     return env
 
 

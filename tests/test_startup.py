@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -153,3 +154,25 @@ def test_no_daemon_socket_means_no_http_client(tmp_path: Path) -> None:
     names, _ = imported(["config", "--cache-dir", str(tmp_path / "c")], env, tmp_path)
     assert not os.path.exists(Path(env["XDG_RUNTIME_DIR"]) / "cachemgr" / "cachemgr.sock")
     assert "http.client" not in names
+
+
+def test_hit_runs_no_process(hit_setup: tuple[list[str], dict[str, str]], tmp_path: Path) -> None:
+    """The compiler's version line is remembered across processes (keyed by the executable's
+    inode, size and mtime, like ccache's ``compiler_check = mtime``): a CLI hit execs
+    nothing, not even ``gcc --version``."""
+    argv, env = hit_setup
+    strace = shutil.which("strace")
+    assert strace, "strace is needed (scripts/test installs it)"
+    log = tmp_path / "exec.strace"
+    traced = [strace, "-f", "-qq", "-e", "trace=execve", "-o", str(log)]
+    proc = subprocess.run(
+        [*traced, sys.executable, "-m", "cachemgr", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)["status"] == "hit"
+    execs = [line for line in log.read_text().splitlines() if "execve(" in line]
+    assert len(execs) == 1, execs  # the interpreter itself
