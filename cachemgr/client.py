@@ -17,7 +17,7 @@ once a second and on :meth:`Client.close`. ``Client(local_hits=False)`` sends ev
 **The caller's files travel with the request** (issue 10 item 5, issue 11 item 1). The client
 runs as the caller: it reads the kernel source, the headers the compiler reads (from the
 header manifest, or the compiler's dependency listing on a miss) and the ``op_debug_config``
-file, and sends their bytes (:func:`cachemgr.inputs.to_wire`). The daemon computes the key
+file, and sends their bytes (:func:`cachemgr.compile.inputs.to_wire`). The daemon computes the key
 from exactly those bytes and compiles them in a private folder; it never opens a path a
 caller named. A request without them is accepted only from the daemon's own user.
 
@@ -50,7 +50,8 @@ from cachemgr.sockcheck import UntrustedDaemon
 if TYPE_CHECKING:
     import http.client
 
-    from cachemgr import build, keys, options
+    from cachemgr.compile import build, keys
+    from cachemgr.config import options
 
 # The hit path's modules (build, keys, inputs, kernel_meta, http.client...) are imported where
 # they are used, so a CLI command that finds no daemon never pays for them (issue 14 item 1).
@@ -336,7 +337,8 @@ class Client:
 
         :raises DaemonError: 400 when the folder cannot be written (one line).
         """
-        from cachemgr import kernel_meta, layout
+        from cachemgr.compile import kernel_meta
+        from cachemgr.config import layout
 
         decision = prepared.decision
         try:
@@ -362,7 +364,7 @@ class Client:
 
         :raises CacheMgrError: unreadable file or malformed JSON (one line naming the file).
         """
-        from cachemgr import safeio
+        from cachemgr.storage import safeio
 
         path = Path(path)
         try:
@@ -393,7 +395,7 @@ class _LocalHits:
     """The hit path run in the caller's process (see the module docstring)."""
 
     def __init__(self, client: Client) -> None:
-        from cachemgr.request import ParsedRequests
+        from cachemgr.compile.request import ParsedRequests
 
         self.client = client
         self._lock = threading.Lock()
@@ -406,7 +408,8 @@ class _LocalHits:
         self.disabled = False
 
     def _state(self) -> tuple[options.Settings, keys.Compilers]:
-        from cachemgr import keys, options
+        from cachemgr.compile import keys
+        from cachemgr.config import options
 
         now = time.monotonic()
         with self._lock:
@@ -429,7 +432,7 @@ class _LocalHits:
         :raises InvalidInputError: a bad request (the same one line the daemon would give).
         :raises CompileError: the dependency listing failed (a missing header...).
         """
-        from cachemgr import build
+        from cachemgr.compile import build
 
         try:
             settings, compilers = self._state()
@@ -453,7 +456,7 @@ class _LocalHits:
 
         :raises InvalidInputError: an input that cannot be read, or one that keeps changing.
         """
-        from cachemgr import build, inputs
+        from cachemgr.compile import build, inputs
 
         for _ in range(3):
             frozen = build.freeze(prepared)
@@ -480,7 +483,7 @@ class _LocalHits:
 
     def lookup_prepared(self, prepared: build.Prepared, start: float) -> dict[str, Any] | None:
         """A verified hit for ``prepared`` served here, or None."""
-        from cachemgr import build
+        from cachemgr.compile import build
 
         if self.disabled:
             return None
@@ -523,7 +526,9 @@ def _write_outputs(answer: dict[str, Any], target: tuple[str, Path]) -> None:
     local run: debug artefacts into ``<kernel_meta>/<host>_<pid>/``, ``disable`` kernels into
     the output folder (the json last: a visible json means a whole kernel). ``files`` then
     names them."""
-    from cachemgr import fsutil, kernel_meta, layout
+    from cachemgr.compile import kernel_meta
+    from cachemgr.config import layout
+    from cachemgr.storage import fsutil
 
     outputs = answer.pop("outputs", None)
     if not isinstance(outputs, list):

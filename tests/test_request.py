@@ -10,16 +10,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cachemgr import request as request_mod
-from cachemgr.compilers import LANGUAGES
-from cachemgr.errors import InvalidInputError
-from cachemgr.request import (
+from cachemgr.compile import request as request_mod
+from cachemgr.compile.request import (
     MAX_ELEMENTS,
     load_request,
     parse_request,
     resolve_options,
     schema,
 )
+from cachemgr.compilers import LANGUAGES
+from cachemgr.errors import InvalidInputError
 from tests.compile_util import REQUESTS, make_settings, request_data
 
 

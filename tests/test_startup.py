@@ -33,7 +33,7 @@ DENIED = (
     "urllib3",
     "cachemgr.daemon.service",
     "cachemgr.daemon.server",
-    "cachemgr.publisher",
+    "cachemgr.compile.publisher",
     "cachemgr.remote.tierset",
     "cachemgr.eviction",
 )
@@ -92,7 +92,7 @@ def test_local_hit_imports_only_what_a_hit_needs(
     answer = json.loads(out)
     assert answer["status"] == "hit"
     assert answer["route"]["via"] == "local"
-    assert "cachemgr.queue" in names, "the hit ran in this process"
+    assert "cachemgr.compile.queue" in names, "the hit ran in this process"
     assert denied(names, DENIED_LOCAL) == []
 
 
@@ -116,8 +116,8 @@ def test_hit_through_daemon_imports_only_what_a_hit_needs(
 @pytest.mark.parametrize(
     ("argv", "unneeded"),
     [
-        (["--help"], ("cachemgr.options", "cachemgr.versions", "cachemgr.client")),
-        (["config"], ("cachemgr.queue", "cachemgr.build", "cachemgr.client")),
+        (["--help"], ("cachemgr.config.options", "cachemgr.config.versions", "cachemgr.client")),
+        (["config"], ("cachemgr.compile.queue", "cachemgr.compile.build", "cachemgr.client")),
     ],
     ids=["help", "config"],
 )
@@ -176,3 +176,11 @@ def test_hit_runs_no_process(hit_setup: tuple[list[str], dict[str, str]], tmp_pa
     assert json.loads(proc.stdout)["status"] == "hit"
     execs = [line for line in log.read_text().splitlines() if "execve(" in line]
     assert len(execs) == 1, execs  # the interpreter itself
+
+
+def test_deny_list_names_real_modules() -> None:
+    """A renamed module would make the deny-list pass without checking anything."""
+    import importlib.util
+
+    for name in (*DENIED_LOCAL, "cachemgr.compile.queue", "cachemgr.config.options"):
+        assert importlib.util.find_spec(name) is not None, name

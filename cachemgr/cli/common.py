@@ -17,7 +17,7 @@ from cachemgr.errors import CacheMgrError, ConfigError
 
 if TYPE_CHECKING:  # imported where used: `cachemgr --help` needs neither (issue 14 item 1)
     from cachemgr.client import Client
-    from cachemgr.options import Settings
+    from cachemgr.config.options import Settings
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -87,7 +87,7 @@ def load_settings(
         "soc_version": soc_version,
         **extra,
     }
-    from cachemgr import options
+    from cachemgr.config import options
 
     settings = options.resolve(cli=cli, config_file=config_file, writable=writable)
     if warn:

@@ -22,10 +22,10 @@ from cachemgr.cli.common import (
     warning,
 )
 from cachemgr.cli.lockcheck import checked_for_writing
-from cachemgr.counters import CounterBook
+from cachemgr.compile.queue import DEFAULT_TIMEOUT_S, CompileOutcome, CompileQueue
+from cachemgr.compile.request import load_request
 from cachemgr.errors import CacheMgrError, InvalidInputError
-from cachemgr.queue import DEFAULT_TIMEOUT_S, CompileOutcome, CompileQueue
-from cachemgr.request import load_request
+from cachemgr.storage.counters import CounterBook
 
 if TYPE_CHECKING:  # the hit path imports only what a hit needs (issue 14 item 1)
     from concurrent.futures import Future
@@ -379,7 +379,7 @@ def pack_cmd(
     KERNELS are entry names as cachemgr ls shows them; --all takes every entry that carries
     its operator description (compiled by cachemgr's queue).
     """
-    from cachemgr import precompiled
+    from cachemgr.compile import precompiled
 
     settings = load_settings(writable=False, **kw)
     chips = chip_dirs(settings)
@@ -415,7 +415,8 @@ def pack_cmd(
 
 
 def _packable(chip: Path) -> list[str]:
-    from cachemgr import entry, precompiled
+    from cachemgr.compile import precompiled
+    from cachemgr.storage import entry
 
     names = []
     for kernel in sorted(entry.scan_chip(chip).entries):
