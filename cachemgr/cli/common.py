@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from cachemgr.errors import CacheMgrError, ConfigError
+from cachemgr.sockcheck import UntrustedDaemon
 
 if TYPE_CHECKING:  # imported where used: `cachemgr --help` needs neither (issue 14 item 1)
     from cachemgr.client import Client
@@ -222,7 +223,7 @@ def route(
         )
     if local_only:
         return Route("local", None, None, f"{local_only} runs the command in this process")
-    from cachemgr.client import Client, UntrustedDaemon, default_socket_path
+    from cachemgr.client import Client, default_socket_path
 
     path = named[1] if named else default_socket_path()
     if named is None and not os.path.lexists(path):  # no daemon: no HTTP client to import

@@ -142,7 +142,8 @@ def schema() -> dict[str, Any]:
     # on the hit path, issue 14 item 1)
     package = Path(__file__).parents[__name__.count(".") - 1]  # cachemgr/, wherever this is
     text = package / "schemas" / "compile_request.schema.json"
-    return json.loads(text.read_text(encoding="utf-8"))
+    loaded: dict[str, Any] = json.loads(text.read_text(encoding="utf-8"))
+    return loaded
 
 
 @cache
@@ -257,7 +258,7 @@ def _object_checks(node: dict[str, Any], root: dict[str, Any]) -> list[Callable[
             if own is not None:
                 if not own(value):
                     return False
-            elif other is False or (other is not True and not other(value)):  # type: ignore[operator]
+            elif other is False or (other is not True and not other(value)):
                 return False
         return True
 
