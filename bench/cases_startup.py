@@ -94,6 +94,7 @@ def run(workdir: Path, quick: bool) -> list[Row]:
             raise RuntimeError(f"expected a hit through the daemon, got {check.stdout}")
         commands = {
             "pass": ([py, "-c", "pass"], no_daemon),
+            "click": ([py, "-c", "import click, json, logging, pathlib, dataclasses"], no_daemon),
             "hit": (hit, no_daemon),
             "hit-daemon": (hit, via),
             "help": ([*cm, "--help"], no_daemon),
@@ -129,4 +130,19 @@ def run(workdir: Path, quick: bool) -> list[Row]:
                 f"median of {rounds} interleaved runs; {mods[name]} modules imported; {load}",
             )
         )
+    click_ms = med["click"] * 1e3
+    rows.append(
+        Row(
+            "CLI start-up",
+            "floor of any click CLI: `import click, json, logging, pathlib, dataclasses`",
+            click_ms,
+            "ms",
+            "python -c pass",
+            base,
+            ratio_of(click_ms, base),
+            "",
+            None,
+            f"the modules every command needs before cachemgr's own; {load}",
+        )
+    )
     return rows
