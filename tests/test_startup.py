@@ -35,7 +35,6 @@ DENIED = (
     "cachemgr.daemon.server",
     "cachemgr.compile.publisher",
     "cachemgr.remote.tierset",
-    "cachemgr.eviction",
 )
 #: Without a daemon nothing speaks HTTP, so its client is not imported either.
 DENIED_LOCAL = (*DENIED, "http.client", "email", "ssl")
