@@ -15,11 +15,13 @@ from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 import click
 
-from cachemgr.client import Client, default_socket_path
-from cachemgr.config import configfile, options
-from cachemgr.config.options import Settings
+from cachemgr.constants import MAX_SECONDS
 from cachemgr.errors import CacheMgrError, ConfigError
 from cachemgr.sockcheck import UntrustedDaemon
+
+if TYPE_CHECKING:  # imported where used: `cachemgr --help` needs neither (issue 14 item 1)
+    from cachemgr.client import Client
+    from cachemgr.config.options import Settings
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -103,8 +105,8 @@ class Seconds(_ParamType):
         except (TypeError, ValueError):
             seconds = math.nan
         low_ok = seconds > self.lo if self.lo_open else seconds >= self.lo
-        if not (math.isfinite(seconds) and low_ok and seconds <= configfile.MAX_SECONDS):
-            top = configfile.MAX_SECONDS
+        if not (math.isfinite(seconds) and low_ok and seconds <= MAX_SECONDS):
+            top = MAX_SECONDS
             span = f"over {self.lo:g}, at most {top:g}" if self.lo_open else f"{self.lo:g}..{top:g}"
             self.fail(f"{value!r} is not a number of seconds {span}", param, ctx)
         return seconds
@@ -169,6 +171,8 @@ def load_settings(
         "soc_version": soc_version,
         **extra,
     }
+    from cachemgr.config import options
+
     settings = options.resolve(cli=cli, config_file=config_file, writable=writable)
     if warn:
         for problem in settings.problems:
@@ -302,7 +306,11 @@ def route(
         )
     if local_only:
         return Route("local", None, None, f"{local_only} runs the command in this process")
+    from cachemgr.client import Client, default_socket_path
+
     path = named[1] if named else default_socket_path()
+    if named is None and not os.path.lexists(path):  # no daemon: no HTTP client to import
+        return Route("local", None, None, f"no daemon answers at the default socket {path}")
     daemon_user = settings.sections.get("daemon", {}).get("user") or None
     client = Client(
         path,

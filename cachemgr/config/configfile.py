@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from cachemgr.constants import MAX_SECONDS
 from cachemgr.errors import ConfigError
 from cachemgr.storage import safeio
 
@@ -36,10 +37,6 @@ LOCK_FALLBACKS = ("refuse", "local")
 #: Largest config file read (bytes): ``--config /dev/zero``, a FIFO or a sparse giant (a
 #: careless ``CACHEMGR_CONFIG``) hung every command reading it, and ate memory.
 MAX_CONFIG_BYTES = 1 << 20
-#: Largest number of seconds any key takes (about 31 years): beyond it timers, deadlines and
-#: ``time_t`` overflow (``reconcile_interval_s = 1e308`` stopped ``serve`` with an internal
-#: error; ``inf`` made socket timeouts fail) — a careless value is one line, exit 2.
-MAX_SECONDS = 1e9
 #: Largest integer a key takes unless its rule says otherwise (C ``int``).
 MAX_INT = 2**31 - 1
 #: Most compile workers: a thread each (``workers = 10**26`` made ``serve`` allocate until
