@@ -303,7 +303,7 @@ def _run(
             after_eviction(scan, chip_fd, report.reclaimed)
     # measured, not computed: reclaim, other writers and files gone meanwhile (issue 12 item 8)
     report.bytes_after = (
-        scan.used_bytes - report.evicted_bytes if report.dry_run else _used_bytes(chip_fd)
+        scan.used_bytes - report.evicted_bytes if report.dry_run else _bytes_after(chip_fd, scan)
     )
     log.debug(
         "%s: %d -> %d bytes; evicted %d entries (%d bytes); reclaimed %d bytes",
@@ -346,17 +346,34 @@ def _note_skew(
     )
 
 
-def _used_bytes(chip_fd: int) -> int:
-    """Apparent bytes of the regular files in the folder open as ``chip_fd`` (SPEC §5)."""
-    total = 0
-    with os.scandir(chip_fd) as it:
-        for de in it:
-            try:
-                st = de.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            if stat.S_ISREG(st.st_mode):
-                total += st.st_size
+def _bytes_after(chip_fd: int, scan: ChipScan) -> int:
+    """Apparent bytes of the regular files in the folder open as ``chip_fd`` now (SPEC §5),
+    measured by listing it again: a name the scan knew is counted with the size the scan saw,
+    a name it did not know is ``lstat``-ed, a known name no longer listed is not counted.
+
+    One listing instead of a second ``lstat`` of every file (issue 14 item 2: that pass cost as
+    much as the scan's own ``stat`` calls). Entry files are published by ``rename`` and never
+    rewritten in place, so a name keeps its size while it is listed; the daemon's periodic
+    reconciliation ``lstat``-s everything anyway (SPEC §9).
+
+    :param scan: the scan of this gc, as reclaim left it (its tables drop what reclaim
+        removed; evicted entries are still in it and are simply no longer listed).
+    """
+    known: dict[str, entry.FileStat] = {}
+    for group in scan.entries.values():
+        known.update(group.files)
+    for table in (scan.orphans, scan.temps, scan.locks, scan.silly, scan.manifests):
+        known.update(table)
+    listed = set(os.listdir(chip_fd))
+    listed.discard(layout.EVICT_LOCK_NAME)  # counted by the scan, held by us: not re-read
+    total = scan.used_bytes - sum(known[name][0] for name in known.keys() - listed)
+    for name in listed - known.keys():
+        try:
+            st = os.lstat(name, dir_fd=chip_fd)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            total += st.st_size
     return total
 
 

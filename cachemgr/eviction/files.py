@@ -42,6 +42,8 @@ def deletion_order(group: EntryGroup) -> list[str]:
     means a complete entry, so it must go first), then binaries and header, then the
     sub-jsons and ``_pre.json``."""
     main = group.json_name
+    if len(group.files) == 2:  # the common entry, json + binary: no sort (issue 14 item 2)
+        return [main, *(n for n in group.files if n != main)]
     rest = sorted(n for n in group.files if n != main)
     return [
         main,
