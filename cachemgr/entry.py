@@ -195,15 +195,12 @@ class _Listing(NamedTuple):
 
     ``by_stem``: ``<stem>`` → ``{"<stem>.<ext>": FileStat}`` for every file whose last
     extension is not one of :data:`_NOT_PARTS` (a main json's bucket becomes its entry's
-    ``files`` as it is); ``loose``: every other file (locks, temps, names without a dot);
-    ``json_stems``: stems of the ``*.json`` files; ``binary_stems``: stems with a file other
-    than ``.json``/``.h`` (their entry is resolved by name).
+    ``files`` as it is, and its key the entry's name: one string per entry is kept);
+    ``loose``: every other file (locks, temps, names without a dot).
     """
 
     by_stem: dict[str, dict[str, FileStat]]
     loose: dict[str, FileStat]
-    json_stems: list[str]
-    binary_stems: set[str]
 
 
 def _lstat_all(chip_dir: Path, scan: ChipScan, dir_fd: int | None) -> _Listing:
@@ -221,8 +218,8 @@ def _lstat_fd(dir_fd: int, scan: ChipScan) -> _Listing:
     """List and ``lstat`` the folder, bucketing each file by its name's stem on the way: one
     pass over the names, no second dictionary of every file (issue 14 item 2: the grouping
     cost as much as the listing)."""
-    out = _Listing({}, {}, [], set())
-    by_stem, loose, json_stems, binary_stems = out
+    out = _Listing({}, {})
+    by_stem, loose = out
     get = by_stem.get
     not_parts = _NOT_PARTS
     used = 0
@@ -257,10 +254,6 @@ def _lstat_fd(dir_fd: int, scan: ChipScan) -> _Listing:
                 by_stem[stem] = {name: fst}
             else:
                 bucket[name] = fst
-            if ext == "json":
-                json_stems.append(stem)
-            elif ext != "h":
-                binary_stems.add(stem)
     scan.used_bytes += used
     return out
 
@@ -289,19 +282,20 @@ def scan_chip(chip_dir: Path, dir_fd: int | None = None) -> ChipScan:
         if exc.errno in fsutil.GONE_ERRNOS:
             return scan
         raise
-    by_stem, loose, json_list, binary_stems = listing
-    json_stems = set(json_list)
+    by_stem, loose = listing
+    json_stems = {stem for stem, files in by_stem.items() if stem + ".json" in files}
     entries = scan.entries
-    for stem in json_list:
+    for stem in json_stems:
         if _is_main_json(stem, json_stems):
-            files = by_stem.pop(stem)
-            # a pre-build entry is its json alone: nothing to resolve (rule R7)
-            resolved = stem in binary_stems or is_pre_entry(stem)
-            atime = files[stem + ".json"][1]
-            entries[stem] = EntryGroup(stem, files, resolved, atime)
-    for files in by_stem.values():  # stems without a main json: parts, orphans
-        for name, fst in files.items():
-            _place(scan, name, fst)
+            files = by_stem[stem]
+            # a bucket holds "<stem>.json", maybe "<stem>.h", and otherwise binaries; a
+            # pre-build entry is its json alone: nothing to resolve (rule R7)
+            resolved = len(files) > (2 if stem + ".h" in files else 1) or is_pre_entry(stem)
+            entries[stem] = EntryGroup(stem, files, resolved, files[stem + ".json"][1])
+    for stem, files in by_stem.items():  # stems without a main json: parts, orphans
+        if stem not in entries:
+            for name, fst in files.items():
+                _place(scan, name, fst)
     for name, fst in loose.items():
         _place(scan, name, fst)
     return scan

@@ -348,33 +348,45 @@ def _note_skew(
 
 def _bytes_after(chip_fd: int, scan: ChipScan) -> int:
     """Apparent bytes of the regular files in the folder open as ``chip_fd`` now (SPEC §5),
-    measured by listing it again: a name the scan knew is counted with the size the scan saw,
-    a name it did not know is ``lstat``-ed, a known name no longer listed is not counted.
+    measured by listing it again: a name the scan knew is counted with the size the scan
+    saw, a name it did not know is ``lstat``-ed (regular files only), a name no longer
+    listed is not counted.
 
-    One listing instead of a second ``lstat`` of every file (issue 14 item 2: that pass cost as
-    much as the scan's own ``stat`` calls). Entry files are published by ``rename`` and never
-    rewritten in place, so a name keeps its size while it is listed; the daemon's periodic
-    reconciliation ``lstat``-s everything anyway (SPEC §9).
-
-    :param scan: the scan of this gc, as reclaim left it (its tables drop what reclaim
-        removed; evicted entries are still in it and are simply no longer listed).
+    One listing instead of a second ``lstat`` of every file (issue 14 item 2: that pass cost
+    as much as the scan's own ``stat`` calls), streamed (no list of every name: gc's peak
+    memory stays the scan's). Entry files are published by ``rename`` and never rewritten in
+    place, so a name keeps its size while it is listed; the daemon's periodic reconciliation
+    ``lstat``-s everything anyway (SPEC §9).
     """
-    known: dict[str, entry.FileStat] = {}
-    for group in scan.entries.values():
-        known.update(group.files)
-    for table in (scan.orphans, scan.temps, scan.locks, scan.silly, scan.manifests):
-        known.update(table)
-    listed = set(os.listdir(chip_fd))
-    listed.discard(layout.EVICT_LOCK_NAME)  # counted by the scan, held by us: not re-read
-    total = scan.used_bytes - sum(known[name][0] for name in known.keys() - listed)
-    for name in listed - known.keys():
-        try:
-            st = os.lstat(name, dir_fd=chip_fd)
-        except OSError:
-            continue
-        if stat.S_ISREG(st.st_mode):
-            total += st.st_size
+    entries = scan.entries
+    tables = (scan.orphans, scan.temps, scan.locks, scan.silly, scan.manifests)
+    total = 0
+    with os.scandir(chip_fd) as it:
+        for de in it:
+            name = de.name
+            group = entries.get(name.rpartition(".")[0])
+            fst = None if group is None else group.files.get(name)
+            if fst is None:
+                fst = _known(tables, name)
+            if fst is not None:
+                total += fst[0]
+                continue
+            try:
+                st = de.stat(follow_symlinks=False)
+            except OSError:
+                continue  # gone meanwhile
+            if stat.S_ISREG(st.st_mode):
+                total += st.st_size
     return total
+
+
+def _known(tables: tuple[dict[str, entry.FileStat], ...], name: str) -> entry.FileStat | None:
+    """The scan's record of a file that is not an entry's by its stem (parts, leftovers)."""
+    for table in tables:
+        fst = table.get(name)
+        if fst is not None:
+            return fst
+    return None
 
 
 def _batches(plan: EvictionPlan, freed: Callable[[], int]) -> Iterator[list[EntryGroup]]:
