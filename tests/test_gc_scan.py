@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from cachemgr.entry import scan_chip
 from cachemgr.eviction import gc_chip
+from cachemgr.storage.entry import scan_chip
 from tests.conftest import publish, publish_mix
 from tests.shared_util import chip_bytes
 

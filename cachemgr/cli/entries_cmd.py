@@ -9,13 +9,13 @@ from typing import Any
 
 import click
 
-from cachemgr import entry, fsutil
 from cachemgr.cli import human
 from cachemgr.cli.common import VERBOSITY, chip_dirs, emit_json, load_settings, settings_options
 from cachemgr.cli.lockcheck import checked_for_writing
 from cachemgr.remote import config as remote_config
 from cachemgr.remote.tierset import RemoteTiers
-from cachemgr.store import Store, VerifyReport
+from cachemgr.storage import entry, fsutil
+from cachemgr.storage.store import Store, VerifyReport
 
 
 def op_type_of(kernel: str) -> str:

@@ -10,9 +10,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cachemgr import fsutil
-from cachemgr.entry import EntryGroup
-from cachemgr.safedir import SafeDir
+from cachemgr.storage import fsutil
+from cachemgr.storage.entry import EntryGroup
+from cachemgr.storage.safedir import SafeDir
 
 log = logging.getLogger(__name__)
 

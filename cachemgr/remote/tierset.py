@@ -25,7 +25,7 @@ from typing import Any
 
 from cachemgr.remote import blob
 from cachemgr.remote.config import RemoteConfig, RemoteSpec
-from cachemgr.tiers import EntryFiles, LocalTier, TierStat
+from cachemgr.storage.tiers import EntryFiles, LocalTier, TierStat
 
 log = logging.getLogger(__name__)
 
