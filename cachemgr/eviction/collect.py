@@ -11,7 +11,12 @@ Steps, as ccache's cleanup and GE's ``CacheSpaceInitialize`` do them:
    (busy → skip), re-check the main json's access time (changed → a concurrent hit saved it),
    remove the files json first. Candidates saved or gone are replaced from the plan's reserve
    so the target is still met. Removals run on several threads: ``unlink`` waits on the
-   filesystem and dominates the run's cost.
+   filesystem and dominates the run's cost;
+5. measure what is left with one name listing (sizes of known names from the scan, an
+   ``lstat`` only for names it did not see): one ``lstat`` per file in the whole run.
+
+Cost (issue 14 item 2, ``scripts/bench --only eviction``): the scan groups while it lists,
+so a gc is one ``scandir`` + ``lstat`` pass, the plan, and the unlinks.
 
 Entries are removed here by name rather than through ``Store.remove``, which parses the json
 and waits for the entry lock (creating a lock file): on 20,000 evictions that alone costs more
