@@ -254,18 +254,12 @@ def _scan_batches(chip_dir: Path) -> Iterator[tuple[list[tuple[int, int]], int]]
     batch: list[tuple[int, int]] = []
     mains = 0
     try:
-        with os.scandir(chip_dir) as it:
-            for de in it:
-                try:
-                    st = de.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                if stat.S_ISREG(st.st_mode):
-                    batch.append((_key(de.name), st.st_size))
-                    mains += _is_main_json(de.name)
-                    if len(batch) >= BATCH_ROWS:
-                        yield batch, mains
-                        batch, mains = [], 0
+        for name, st in fsutil.regular_files(chip_dir):
+            batch.append((_key(name), st.st_size))
+            mains += _is_main_json(name)
+            if len(batch) >= BATCH_ROWS:
+                yield batch, mains
+                batch, mains = [], 0
     except OSError as exc:  # gone, also removed by another NFS host (ESTALE): empty
         if not isinstance(exc, NotADirectoryError) and exc.errno not in fsutil.GONE_ERRNOS:
             raise
