@@ -255,6 +255,7 @@ def _remote_hit(p: Prepared, ctx: RunContext, lock: EntryHold) -> CompileOutcome
     found = local.check(p.chip_dir.name, p.kernel, held=lock)
     if not found.hit:
         return None
+    ctx.remotes.note_local(p.chip_dir.parent, p.chip_dir.name, p.kernel)  # not sent back
     log.info("%s: remote hit from %s", p.kernel, name)
     return CompileOutcome(
         p.kernel, HIT, found.files, request=p.request.origin, tier=f"remote:{name}"

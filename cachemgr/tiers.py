@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from cachemgr import entry, fsutil
-from cachemgr.errors import InvalidEntryError, InvalidInputError
+from cachemgr.errors import CacheMgrError, InvalidEntryError, InvalidInputError
 from cachemgr.events import Events
 from cachemgr.safedir import SafeDir
 from cachemgr.store import (
@@ -154,6 +154,35 @@ class LocalTier:
             except FileNotFoundError:
                 return None
         for ref in found.desc.binaries:
+            if entry.sha256_hex(files.get(ref.bin_name, b"")) != ref.sha256:
+                return None
+        return EntryFiles(soc_version, kernel, files)
+
+    def read(self, soc_version: str, kernel: str) -> EntryFiles | None:
+        """The entry's files if it is complete and verifies (entry.py's rules: the json
+        parses, every binary and sub-part named is there and matches its ``sha256``), else
+        None — without side effects: a bad entry is left for the reaper (it may be a CANN
+        process's write in progress on another host), and no access time changes (an upload
+        is not a use: it must not reorder eviction, SPEC §5). The bytes read are checked once
+        more against the json (a file replaced meanwhile is not uploaded)."""
+        try:
+            check_kernel_name(soc_version)
+            check_kernel_name(kernel)
+            chip = self.kernel_cache_dir / soc_version
+            with fsutil.reads_keep_atime(), SafeDir.open_chip(chip) as folder:
+                desc, problems = entry.check_entry(chip, kernel, folder.fd)
+                if problems or desc is None:
+                    return None
+                names = [desc.json_name, *desc.sub_jsons, *(b.bin_name for b in desc.binaries)]
+                if desc.header and fsutil.lstat_or_none(chip / desc.header, folder.fd):
+                    names.append(desc.header)
+                files = {
+                    n: fsutil.read_bytes_noatime(chip / n, folder.fd, single_link=True)
+                    for n in names
+                }
+        except (OSError, CacheMgrError):
+            return None
+        for ref in desc.binaries:
             if entry.sha256_hex(files.get(ref.bin_name, b"")) != ref.sha256:
                 return None
         return EntryFiles(soc_version, kernel, files)

@@ -156,6 +156,7 @@ COMMANDS = {
     "status": "cachemgr.cli.serve_cmd:status_cmd",
     "stop": "cachemgr.cli.serve_cmd:stop_cmd",
     "limits": "cachemgr.cli.limits_cmd:limits_group",
+    "warm": "cachemgr.cli.warm_cmd:warm_cmd",
     "completion": "cachemgr.cli.completion_cmd:completion_cmd",
 }
 

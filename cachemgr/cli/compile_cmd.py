@@ -20,6 +20,7 @@ from cachemgr.cli.common import (
     chip_dirs,
     emit_json,
     load_settings,
+    remote_option,
     route,
     settings_options,
     socket_option,
@@ -30,6 +31,8 @@ from cachemgr.client import Client
 from cachemgr.counters import CounterBook
 from cachemgr.errors import CacheMgrError, InvalidInputError
 from cachemgr.queue import DEFAULT_TIMEOUT_S, CompileOutcome, CompileQueue
+from cachemgr.remote import config as remote_config
+from cachemgr.remote.tierset import RemoteTiers
 from cachemgr.request import load_request
 
 
@@ -178,6 +181,7 @@ is refused before compiling.
     ),
 )
 @click.option("--replace", is_flag=True, help="Recompile and replace these entries.")
+@remote_option
 @socket_option
 def compile_cmd(
     requests: tuple[Path, ...],
@@ -189,6 +193,7 @@ def compile_cmd(
     out_dir: Path,
     binaries: tuple[Path, ...],
     replace: bool,
+    remotes: tuple[str, ...],
     op_compiler_cache_dir: str | None,
     host_id: str | None,
     config_file: Path | None,
@@ -209,6 +214,7 @@ def compile_cmd(
     }
     settings = checked_for_writing(settings, cli_values, config_file)  # as the daemon
     counters = CounterBook(lambda: settings.layout.kernel_cache_dir)  # SPEC §10: in the cache
+    tiers = RemoteTiers.from_config(remote_config.from_settings(settings, list(remotes)))
     queue = CompileQueue(
         settings,
         workers,
@@ -216,11 +222,14 @@ def compile_cmd(
         output_dir=out_dir,
         binary_dirs=binaries,
         tally=counters.tally,
+        remotes=tiers,
     )
     try:
         sys.exit(_compile_here(queue, requests, replace, as_json, where))
     finally:
         queue.close()
+        if tiers is not None:  # the uploads queued by this run go before it exits
+            tiers.close()
         counters.save()
 
 
@@ -252,7 +261,7 @@ def _compile_here(
 
 #: Options that only an in-process queue honours: given on the command line, they route
 #: the compile here (with an explicit ``--socket`` they are an error).
-LOCAL_ONLY = ("workers", "timeout_s", "out_dir", "binaries")
+LOCAL_ONLY = ("workers", "timeout_s", "out_dir", "binaries", "remotes")
 
 
 def _local_only_option(ctx: click.Context) -> str | None:

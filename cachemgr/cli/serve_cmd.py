@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from cachemgr.cli.common import daemon_socket_option, emit_json
+from cachemgr.cli.common import daemon_socket_option, emit_json, remote_option
 from cachemgr.client import Client, DaemonUnavailable, default_socket_path
 from cachemgr.daemon import main as daemon_main
 from cachemgr.errors import CacheMgrError
@@ -64,6 +64,7 @@ def _under_journald() -> bool:
     is_flag=True,
     help="Run even as root (refused otherwise: use a dedicated user).",
 )
+@remote_option
 def serve_cmd(
     config_file: Path | None,
     op_compiler_cache_dir: str | None,
@@ -71,6 +72,7 @@ def serve_cmd(
     socket_path: Path | None,
     tcp_port: int | None,
     allow_root: bool,
+    remotes: tuple[str, ...],
 ) -> None:
     """Run the cache daemon until SIGTERM (exit 0 after running compiles finish)."""
     root = logging.getLogger()
@@ -80,7 +82,7 @@ def serve_cmd(
         for handler in root.handlers:
             handler.setFormatter(logging.Formatter(TIMESTAMPED))
     cli_values = {"op_compiler_cache_dir": op_compiler_cache_dir, "host_id": host_id}
-    sys.exit(daemon_main.serve(cli_values, config_file, socket_path, tcp_port, allow_root))
+    sys.exit(daemon_main.serve(cli_values, config_file, socket_path, tcp_port, allow_root, remotes))
 
 
 @click.command("status")

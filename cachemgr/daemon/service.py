@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import datetime as dt
 import logging
 import os
 import shutil
@@ -12,10 +13,12 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
+
+from apscheduler.triggers.interval import IntervalTrigger
 
 from cachemgr import build, eviction, fsutil, gc, inputs, options, request, store
 from cachemgr.counters import COUNTER_NAMES, CounterBook
@@ -29,6 +32,7 @@ from cachemgr.events import Events
 from cachemgr.peer import user_name
 from cachemgr.queue import CompileQueue
 from cachemgr.remote import config as remote_config
+from cachemgr.remote import warm
 from cachemgr.remote.tierset import RemoteTiers
 
 log = logging.getLogger(__name__)
@@ -49,7 +53,11 @@ class Service:
     """
 
     def __init__(
-        self, resolve: Callable[[], options.Settings], config: DaemonConfig, state_path: Path
+        self,
+        resolve: Callable[[], options.Settings],
+        config: DaemonConfig,
+        state_path: Path,
+        remote_cli: Sequence[str] = (),
     ) -> None:
         self._resolve = resolve
         self._settings = resolve()
@@ -59,8 +67,10 @@ class Service:
         self.tcp_address: tuple[str, int] | None = None
         self.counters = CounterBook(lambda: self._settings.layout.kernel_cache_dir)
         self.events = Events()  # tier events: a full disk on publish → eviction (issue 15)
-        #: the remote tiers of ``[remote] storage`` / ``CACHEMGR_REMOTE_STORAGE`` (issue 15)
-        self.remotes = RemoteTiers.from_config(remote_config.from_settings(self._settings))
+        #: the remote tiers of ``--remote`` / ``CACHEMGR_REMOTE_STORAGE`` / ``[remote]
+        #: storage`` (issue 15)
+        self.remote_config = remote_config.from_settings(self._settings, list(remote_cli))
+        self.remotes = RemoteTiers.from_config(self.remote_config)
         self.queue = CompileQueue(
             self._settings,
             workers=config.workers or os.cpu_count() or 1,
@@ -82,6 +92,7 @@ class Service:
             lambda: self.heartbeats.beat(GOVERNANCE),
             follow_ini=self._follow_ini,
             events=self.events,
+            on_entry=self._entry_seen if self.remotes and self.remotes.writable else None,
         )
         self._metrics = Metrics(
             self.counters,
@@ -110,8 +121,57 @@ class Service:
     # --- lifecycle ------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Index the cache and start governance."""
+        """Index the cache and start governance (and ``[remote] prefetch``: at once, then
+        at every reconciliation interval)."""
         self.governance.start()
+        if self.remotes is not None and self.remote_config.prefetch > 0:
+            self.governance.scheduler.add_job(
+                self.prefetch,
+                IntervalTrigger(seconds=self.daemon_config.reconcile_interval_s),
+                id="prefetch",
+                next_run_time=dt.datetime.now(dt.UTC),
+            )
+
+    def _entry_seen(self, soc_version: str, kernel: str) -> None:
+        """An entry appeared in the kernel cache (a CANN process's write, another host's,
+        or our own publish): queue it for upload; the uploader reads it only if it is
+        complete and verified, and skips it when the remote has it (issue 15 item 6)."""
+        if self.remotes is not None:
+            kcd = self._settings.layout.kernel_cache_dir
+            self.remotes.upload_later(kcd, soc_version, kernel, seen=True)
+
+    def prefetch_socs(self) -> list[str]:
+        """This host's chips for ``[remote] prefetch``: ``prefetch_socs``, else the chip
+        folders present and ``soc_version``."""
+        if self.remote_config.prefetch_socs:
+            return list(self.remote_config.prefetch_socs)
+        socs = [c.name for c in self._settings.layout.chip_dirs()]
+        own = self._settings.value("soc_version")
+        return sorted({*socs, *([own] if own else [])})
+
+    def prefetch(self) -> list[dict[str, Any]]:
+        """``[remote] prefetch``: warm each of this host's chip folders with the entries most
+        recently used anywhere (:mod:`cachemgr.remote.warm`)."""
+        if self.remotes is None or self.governance.root_problem:
+            return []
+        settings = self._settings
+        reports = []
+        for soc in self.prefetch_socs():
+            try:
+                report = warm.warm_chip(
+                    self.remotes,
+                    settings.layout.kernel_cache_dir,
+                    soc,
+                    None,
+                    self.remote_config.prefetch,
+                    settings.limits.target_bytes,
+                    settings.sections,
+                )
+            except CacheMgrError as exc:
+                log.warning("prefetch of %s: %s", soc, exc)
+                continue
+            reports.append(report.to_json())
+        return reports
 
     def stop(self, timeout_s: float) -> None:
         """Stop taking work, let running compiles finish (up to ``timeout_s``), save state."""
