@@ -136,6 +136,13 @@ def status_lines(health: dict[str, Any]) -> list[str]:
     stuck = health.get("stuck")
     if stuck:
         lines.append(f"no progress in: {', '.join(stuck)} (systemd's watchdog will restart it)")
+    remotes = health.get("remotes")
+    for name, row in sorted(remotes.items()) if isinstance(remotes, dict) else ():
+        lines.append(
+            f"remote {name}: {row.get('state')}, {row.get('hits', 0)} hits, "
+            f"{row.get('misses', 0)} misses, {row.get('errors', 0)} errors, "
+            f"{row.get('bytes_in', 0)} bytes in, {row.get('bytes_out', 0)} bytes out"
+        )
     return lines
 
 

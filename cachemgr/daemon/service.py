@@ -101,6 +101,7 @@ class Service:
             self.queue.depth,
             self._gauges,
             self.queue.figures,
+            self.remote_stats,
         )
         self._jobs: dict[str, dict[str, Any]] = {}
         self._jobs_lock = threading.Lock()
@@ -222,6 +223,12 @@ class Service:
 
     # --- read-only operations -------------------------------------------------------------
 
+    def remote_stats(self) -> dict[str, dict[str, Any]]:
+        """Per remote: hits, misses, errors, rejected, bytes in/out, uploads, present,
+        state (ok / failing / disabled), its URL (redacted) — ``stats``, ``/metrics`` and
+        ``status`` show the same figures (issue 15 item 7)."""
+        return self.remotes.stats() if self.remotes is not None else {}
+
     def health(self) -> dict[str, Any]:
         degraded = self.degraded()
         status = "degraded" if degraded else "ok"
@@ -235,6 +242,7 @@ class Service:
             "tcp": list(self.tcp_address) if self.tcp_address else None,
             "scan": self.governance.scan.to_json(),
             "stuck": self.heartbeats.stale(),
+            "remotes": self.remote_stats(),
         }
 
     def degraded(self) -> list[str]:
@@ -256,6 +264,9 @@ class Service:
         stuck = self.heartbeats.stale()
         if stuck:
             out.append(f"no progress in: {', '.join(stuck)}")
+        for name, row in sorted(self.remote_stats().items()):
+            if row["state"] != "ok":  # compiles go on locally (issue 15 item 7)
+                out.append(f"remote {name} {row['state']}: compiles go on without it")
         return out
 
     def _gauges(self) -> list[Gauge]:
@@ -351,7 +362,7 @@ class Service:
         data["queue_jobs"] = self.queue.depth()
         data["queue"] = self.queue.figures()
         # per remote: hits, misses, errors, rejected, bytes in/out, state (issue 15 item 7)
-        data["remotes"] = self.remotes.stats() if self.remotes is not None else {}
+        data["remotes"] = self.remote_stats()
         data["remote_uploads_dropped"] = self.remotes.dropped if self.remotes is not None else 0
         data.update(self.governance.status())
         release_memory()  # the folder scans above held a per-file object each
