@@ -79,6 +79,9 @@ class CompileOutcome:
     policy: Policy | None = None
     #: for a ``hit`` served from a remote tier: ``remote:<name>`` (issue 15 item 5)
     tier: str | None = None
+    #: one line for the caller about what the request did besides its kernel, e.g. the
+    #: ``force`` that cleared the local chip folder only (issue 15: remote tiers untouched)
+    note: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -106,6 +109,8 @@ class CompileOutcome:
             doc["policy"] = self.policy.to_json()
         if self.tier is not None:
             doc["tier"] = self.tier
+        if self.note is not None:
+            doc["note"] = self.note
         return doc
 
     @classmethod
@@ -127,6 +132,7 @@ class CompileOutcome:
             bool(data.get("coalesced", False)),
             Policy.from_json(policy) if isinstance(policy, Mapping) else None,
             data.get("tier"),
+            data.get("note"),
         )
 
 
@@ -150,6 +156,8 @@ class Prepared:
     #: set when the outputs (debug artefacts, ``disable`` kernels) are handed back to a caller
     #: who writes them itself (issue 11 item 6): they go to a private folder of this job
     deliver: str | None = None
+    #: :attr:`CompileOutcome.note` of the answer
+    note: str | None = None
 
     @property
     def variant(self) -> str:
@@ -522,7 +530,8 @@ def with_policy(outcome: CompileOutcome, p: Prepared) -> CompileOutcome:
     elif outcome.cached is False:
         why = outcome.warning or "not stored in the cache"
     policy = Policy(opts.jit_compile, d.binary_first, opts.op_compiler_cache_mode, why is None, why)
-    return dataclasses.replace(outcome, policy=policy)
+    note = outcome.note or p.note
+    return dataclasses.replace(outcome, policy=policy, note=note)
 
 
 def elapsed(outcome: CompileOutcome, start: float) -> CompileOutcome:

@@ -236,8 +236,10 @@ def _remote_hit(p: Prepared, ctx: RunContext, lock: EntryHold) -> CompileOutcome
     so one fetch per kernel per host). A hit arrives verified (blob digest, every part's
     sha256, caps, names: :mod:`cachemgr.remote.blob`), is published into the chip folder
     the way every entry is (json last; each binary checked against its json, SPEC §3.3),
-    then served from there. Any failure is a miss: the kernel compiles."""
-    if ctx.remotes is None:
+    then served from there. Any failure is a miss: the kernel compiles. A ``force`` request
+    is not answered from a remote (it asks for a fresh compile; the remote's entry is
+    replaced by its upload — ``force`` clears the local chip folder only)."""
+    if ctx.remotes is None or p.decision.cache.clear_first:
         return None
     got = ctx.remotes.fetch(p.chip_dir.name, p.kernel)
     if got is None:

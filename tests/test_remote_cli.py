@@ -102,3 +102,40 @@ def test_remote_flag_on_compile_config_and_verify(
     bad = run_cli("verify", "--cache-dir", str(tmp_path / "a"), "--remote", "ftp://x/y", env=env)
     assert bad.returncode == 2 and "from --remote" in bad.stderr, bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_force_clears_local_only_and_says_so(redis_server: RedisServer, tmp_path: Path) -> None:
+    """Item 3: ``force`` clears the local chip folder, compiles afresh (not answered from a
+    remote), says "remote tiers untouched", and the remote keeps every entry."""
+    cc = counting_cc(tmp_path / "cc")
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[compilers]\ncc = "{cc}"\n[remote]\nstorage = ["{redis_server.url}|name=r"]\n')
+    env = daemon_env(tmp_path)
+    d = start_daemon(
+        tmp_path, "--cache-dir", str(tmp_path / "cache"), "--config", str(cfg), env=env
+    )
+    probe = redis_server.client()
+    try:
+        reqs = []
+        for n in (2301, 2302):
+            req = tmp_path / f"r{n}.json"
+            req.write_text(json.dumps(request_data(defines={"N": n, "B_N": 1})))
+            reqs.append(req)
+            assert d.client.compile(json.loads(req.read_text()))["status"] == "compiled"
+        wait_for(lambda: probe.dbsize() == 3, 30, "two uploads and the chip's index")
+        keys = sorted(probe.keys())
+        base = ("--socket", str(d.socket_path), "--cache-dir", str(tmp_path / "cache"))
+        out = run_cli(
+            "compile", "--mode", "force", *base, "--config", str(cfg), str(reqs[0]), env=env
+        )
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.startswith("compiled"), out.stdout  # a fresh compile, no remote hit
+        assert "cachemgr: note: force cleared 2 entries of the local chip folder" in out.stderr
+        assert "remote tiers untouched" in out.stderr, out.stderr
+        assert len(calls(tmp_path / "cc")) == 3
+        assert sorted(probe.keys()) == keys, "the remote kept every entry"
+        again = d.client.compile(json.loads(reqs[1].read_text()))
+        assert again["status"] == "hit" and again["tier"] == "remote:r", again
+        assert "remote tiers untouched" in d.log()
+    finally:
+        d.stop()

@@ -342,6 +342,8 @@ def _outcome_of(answer: dict[str, Any]) -> CompileOutcome:
 def _report(outcome: CompileOutcome, as_json: bool, where: Route, via: str = "") -> None:
     if outcome.warning:  # e.g. compiled but not cached: a read-only root (issue 10 item 12)
         click.echo(f"cachemgr: warning: {outcome.warning}", err=True)
+    if outcome.note and not as_json:  # e.g. force: local only, remote tiers untouched
+        click.echo(f"cachemgr: note: {outcome.note}", err=True)
     if as_json:
         doc = {**outcome.to_json(), "via": via or where.via, "route": where.to_json()}
         click.echo(json.dumps(doc, ensure_ascii=False))
