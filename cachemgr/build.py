@@ -36,7 +36,7 @@ from cachemgr.options import Settings
 from cachemgr.remote.tierset import RemoteTiers
 from cachemgr.request import CompileRequest, RequestOptions, resolve_options
 from cachemgr.results import Policy, Status
-from cachemgr.store import Store
+from cachemgr.tiers import chip_store
 
 log = logging.getLogger(__name__)
 
@@ -359,7 +359,7 @@ def find_binary(p: Prepared, roots: Sequence[Path]) -> CompileOutcome | None:
 
 def find_cached(p: Prepared) -> CompileOutcome | None:
     """SPEC §3.3: a verified hit (atime set to now), or None (a bad entry is removed)."""
-    result = Store(p.chip_dir).lookup(p.kernel)
+    result = chip_store(p.chip_dir).lookup(p.kernel)
     if not result.hit:
         return None
     if p.scanned:  # found by listing the headers: remember them, so the next hit needs no scan

@@ -53,8 +53,8 @@ from cachemgr.errors import (
 from cachemgr.events import Events
 from cachemgr.remote.tierset import RemoteTiers
 from cachemgr.safedir import SafeDir
-from cachemgr.store import EntryHold, Store
-from cachemgr.tiers import LocalTier
+from cachemgr.store import EntryHold
+from cachemgr.tiers import LocalTier, chip_store
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ class Pending:
         """
         p = self.prepared
         try:
-            store = Store(p.chip_dir, self.lock_timeout_s, self.events)
+            store = chip_store(p.chip_dir, self.lock_timeout_s, self.events)
             if p.decision.cache.replace:
                 store.remove(p.kernel, held=self.entry_lock)
             published = store.publish(p.kernel, self.files, self.main_json, held=self.entry_lock)
@@ -163,7 +163,7 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
         return _compile_outside(p, ctx, _why(p.chip_dir, exc))
     try:
         SafeDir.open_chip(p.chip_dir, create=True).close()  # no link followed (security.md)
-        lock = Store(p.chip_dir, ctx.lock_timeout_s, ctx.events).hold(p.kernel)
+        lock = chip_store(p.chip_dir, ctx.lock_timeout_s, ctx.events).hold(p.kernel)
     except LockBusyError:
         hold.release()
         return _compile_alone(p, ctx)
@@ -171,7 +171,7 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
         # e.g. a chip folder CANN GE created 0750, or its 0640 lock file in a folder we may
         # not write: compile anyway, outside the cache, and say why in one line (item 6c)
         hold.release()
-        why = fsutil.lock_access_hint(Store(p.chip_dir).lock_path(p.kernel))
+        why = fsutil.lock_access_hint(chip_store(p.chip_dir).lock_path(p.kernel))
         return _compile_alone(p, ctx, why)
     except OSError as exc:  # a read-only or full root (issue 12 item 6)
         hold.release()
@@ -183,7 +183,7 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
         raise
     try:
         if p.decision.cache.read:
-            found = Store(p.chip_dir, ctx.lock_timeout_s).lookup(p.kernel, held=lock)
+            found = chip_store(p.chip_dir, ctx.lock_timeout_s).lookup(p.kernel, held=lock)
             if found.hit:  # another process published it while we waited for the lock
                 lock.release()
                 hold.release()
@@ -313,10 +313,10 @@ def _compile_alone(p: Prepared, ctx: RunContext, why: str = "") -> CompileOutcom
             "%s: %s stayed locked for %g s (another process compiling it?); compiling it "
             "here, outside the cache",
             p.kernel,
-            Store(p.chip_dir).lock_path(p.kernel),
+            chip_store(p.chip_dir).lock_path(p.kernel),
             ctx.lock_timeout_s,
         )
-    reason = why or f"{Store(p.chip_dir).lock_path(p.kernel)} stayed locked"
+    reason = why or f"{chip_store(p.chip_dir).lock_path(p.kernel)} stayed locked"
     return _compile_outside(p, ctx, reason, warn=False)
 
 
@@ -330,7 +330,7 @@ def _compile_outside(
     :raises CompileError: the compile failed.
     """
     try:
-        found = Store(p.chip_dir).lookup(p.kernel) if p.decision.cache.read else None
+        found = chip_store(p.chip_dir).lookup(p.kernel) if p.decision.cache.read else None
     except (OSError, CachePermissionError):
         found = None  # a folder we may not use: compile
     if found is not None and found.hit:
@@ -423,7 +423,7 @@ def clear_chip(chip_dir: Path, lock_timeout_s: float, noted: Noted | None = None
     except FileNotFoundError:
         return 0
     with folder:
-        store = Store(chip_dir, lock_timeout_s, dir_fd=folder.fd)
+        store = chip_store(chip_dir, lock_timeout_s, dir_fd=folder.fd)
         scan = entry.scan_chip(chip_dir, folder.fd)
         removed = 0
         for kernel in sorted(scan.entries):

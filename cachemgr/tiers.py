@@ -32,6 +32,24 @@ from cachemgr.store import (
 )
 
 
+def chip_store(
+    chip_dir: Path,
+    lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S,
+    events: Events | None = None,
+    *,
+    dir_fd: int | None = None,
+) -> Store:
+    """The store of one chip folder: the one place a :class:`~cachemgr.store.Store` is made
+    (issue 15 item 1: the compile path, eviction, the daemon and the CLI all come here, or
+    through :meth:`LocalTier.store`).
+
+    :param lock_timeout_s: how long publish/removal wait for an entry's lock (seconds).
+    :param events: told of a publish that hit a full filesystem.
+    :param dir_fd: the chip folder, already open (it must stay open while the store is used).
+    """
+    return Store(chip_dir, lock_timeout_s, events, dir_fd=dir_fd)
+
+
 @dataclass(frozen=True)
 class EntryFiles:
     """Every file of one entry, by flat file name (bytes); ``kernel + ".json"`` is the main
@@ -118,7 +136,7 @@ class LocalTier:
         :raises InvalidInputError: ``soc_version`` is not a flat folder name.
         """
         check_kernel_name(soc_version)  # same rule: one flat name, no ``..``
-        return Store(self.kernel_cache_dir / soc_version, self.lock_timeout_s, self.events)
+        return chip_store(self.kernel_cache_dir / soc_version, self.lock_timeout_s, self.events)
 
     def hold(self, soc_version: str, kernel: str, timeout_s: float | None = None) -> EntryHold:
         """Take the entry's lock (``<kernel>.lock``, the lock CANN takes) and return its

@@ -22,7 +22,8 @@ from cachemgr.cli.common import (
 from cachemgr.cli.lockcheck import checked_for_writing
 from cachemgr.remote import config as remote_config
 from cachemgr.remote.tierset import RemoteTiers
-from cachemgr.store import Store, VerifyReport
+from cachemgr.store import VerifyReport
+from cachemgr.tiers import chip_store
 
 
 def op_type_of(kernel: str) -> str:
@@ -141,7 +142,7 @@ def verify_cmd(as_json: bool, repair: bool, remotes: tuple[str, ...], **kw: Any)
     if repair:  # it removes files: the daemon's lock checks first (issue 12 item 11)
         values = {k: kw.get(k) for k in ("op_compiler_cache_dir", "host_id", "soc_version")}
         settings = checked_for_writing(settings, values, kw.get("config_file"))
-    reports = [Store(chip).verify_all(repair=repair) for chip in chip_dirs(settings)]
+    reports = [chip_store(chip).verify_all(repair=repair) for chip in chip_dirs(settings)]
     bad = sum(len(r.bad) for r in reports)
     remote_rows = _remote_rows(settings, remotes)
     if as_json:

@@ -20,7 +20,7 @@ from typing import Any
 
 from apscheduler.triggers.interval import IntervalTrigger
 
-from cachemgr import build, eviction, fsutil, gc, inputs, options, request, store
+from cachemgr import build, eviction, fsutil, gc, inputs, options, request
 from cachemgr.counters import COUNTER_NAMES, CounterBook
 from cachemgr.daemon import peer
 from cachemgr.daemon.config import DaemonConfig
@@ -34,6 +34,7 @@ from cachemgr.queue import CompileQueue
 from cachemgr.remote import config as remote_config
 from cachemgr.remote import warm
 from cachemgr.remote.tierset import RemoteTiers
+from cachemgr.tiers import chip_store
 
 log = logging.getLogger(__name__)
 VERSION = "0.1.0"
@@ -371,7 +372,7 @@ class Service:
     def lookup(self, soc_version: str, kernel_name: str) -> dict[str, Any]:
         """A verified lookup (SPEC §3.3) counted as a hit or a miss."""
         chip = self._settings.layout.chip_dir(soc_version)
-        result = store.Store(chip).lookup(kernel_name)
+        result = chip_store(chip).lookup(kernel_name)
         self.counters.add("hits" if result.hit else "misses", chip_dir=chip)
         return {
             "status": result.status,
