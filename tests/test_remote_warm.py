@@ -260,3 +260,28 @@ def test_prefetch_config_is_checked(soc: str) -> None:
     for bad in ({"prefetch": -1}, {"prefetch": "x"}, {"prefetch_socs": ["a/b"]}):
         with pytest.raises(ConfigError, match="prefetch"):
             resolve(None, {}, bad)
+
+
+def test_readme_and_benchmarks_describe_sharing_across_sites() -> None:
+    """Item 5: README's "Sharing across sites" gives both servers' command lines with the
+    flags they need, the composition with an NFS root and warming; BENCHMARKS.md has the
+    warm rows (entries per second) measured by ``scripts/bench --only remote``."""
+    readme = (REPO / "README.md").read_text()
+    part = readme.split("## Sharing across sites", 1)[1].split("\n## ", 1)[0]
+    for needle in (
+        "docker run",
+        "buchgr/bazel-remote-cache",
+        "--disable_http_ac_validation",
+        "layout=bazel",
+        "--maxmemory-policy allkeys-lru",
+        "With a shared NFS root",
+        "cachemgr warm --soc",
+        "prefetch = ",
+        "one shard per writer",
+        "remote tiers untouched",
+    ):
+        assert needle in part, needle
+    bench = (REPO / "BENCHMARKS.md").read_text()
+    remote = bench.split("<!-- bench:remote -->", 1)[1].split("<!-- /bench:remote -->")[0]
+    rows = [ln for ln in remote.splitlines() if ln.startswith("| warm, ")]
+    assert len(rows) == 2 and all("entries/s" in r for r in rows), rows

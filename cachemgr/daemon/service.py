@@ -198,6 +198,8 @@ class Service:
                 log.error("reload refused, keeping the old configuration: %s", exc)
                 return {"reloaded": False, "error": str(exc)}
             self._settings = new
+            if self.remotes is not None:  # fixed credentials are tried again (issue 15)
+                self.remotes.enable_all()
             self.queue.update_settings(new)
             self.governance.retarget()
         for problem in new.problems:

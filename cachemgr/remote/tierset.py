@@ -355,6 +355,13 @@ class RemoteTiers:
                 out[tier.name] = row
         return out
 
+    def enable_all(self) -> None:
+        """After a reload: remotes disabled for refused credentials are tried again."""
+        for breaker in self.breakers.values():
+            with breaker._lock:
+                if breaker.state == DISABLED:
+                    breaker.state, breaker.failures = OK, 0
+
     def stat_all(self) -> list[TierStat]:
         """Each remote's own :meth:`stat` (cheap: no blob is read); a failing one says so."""
         rows = []
