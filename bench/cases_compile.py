@@ -29,10 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import ROOT, Row, ratio_of
-from cachemgr import entry, options
+from cachemgr.compile.queue import CompileQueue
+from cachemgr.compile.request import CompileRequest, load_request, parse_request
 from cachemgr.compilers import CompileJob, get_backend, process
-from cachemgr.queue import CompileQueue
-from cachemgr.request import CompileRequest, load_request, parse_request
+from cachemgr.config import options
+from cachemgr.storage import entry
 
 NAME = "compile"
 REQUESTS = ROOT / "examples" / "requests"

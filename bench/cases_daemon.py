@@ -29,8 +29,8 @@ from pathlib import Path
 from bench import cases_compile, cases_eviction
 from bench.harness import Row, ratio_of
 from cachemgr.client import Client
-from cachemgr.queue import CompileQueue
-from cachemgr.request import parse_request
+from cachemgr.compile.queue import CompileQueue
+from cachemgr.compile.request import parse_request
 
 NAME = "daemon"
 CLIENTS = 32

@@ -21,7 +21,7 @@ from bench.harness import Row, ratio_of
 from cachemgr.remote import warm
 from cachemgr.remote.config import RemoteConfig, parse_spec
 from cachemgr.remote.tierset import RemoteTiers
-from cachemgr.tiers import EntryFiles, LocalTier
+from cachemgr.storage.tiers import EntryFiles, LocalTier
 from tests.conftest import kernel_json
 from tests.remote_util import RedisServer, WebDavServer, free_port
 

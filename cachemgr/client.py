@@ -17,7 +17,7 @@ once a second and on :meth:`Client.close`. ``Client(local_hits=False)`` sends ev
 **The caller's files travel with the request** (issue 10 item 5, issue 11 item 1). The client
 runs as the caller: it reads the kernel source, the headers the compiler reads (from the
 header manifest, or the compiler's dependency listing on a miss) and the ``op_debug_config``
-file, and sends their bytes (:func:`cachemgr.inputs.to_wire`). The daemon computes the key
+file, and sends their bytes (:func:`cachemgr.compile.inputs.to_wire`). The daemon computes the key
 from exactly those bytes and compiles them in a private folder; it never opens a path a
 caller named. A request without them is accepted only from the daemon's own user.
 
@@ -43,10 +43,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from cachemgr import build, fsutil, inputs, kernel_meta, keys, layout, options, safeio, sockcheck
+from cachemgr import sockcheck
+from cachemgr.compile import build, inputs, kernel_meta, keys
+from cachemgr.compile.request import ParsedRequests
+from cachemgr.config import layout, options
 from cachemgr.errors import CacheMgrError, CompileError, InvalidInputError
-from cachemgr.request import ParsedRequests
 from cachemgr.sockcheck import UntrustedDaemon
+from cachemgr.storage import fsutil, safeio
 
 log = logging.getLogger(__name__)
 

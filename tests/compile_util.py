@@ -9,11 +9,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from cachemgr import options
+from cachemgr.compile.request import CompileRequest, load_request
 from cachemgr.compilers import get_backend
+from cachemgr.config import options
+from cachemgr.config.options import Settings
 from cachemgr.errors import CompileError
-from cachemgr.options import Settings
-from cachemgr.request import CompileRequest, load_request
 from tests.daemon_util import wait_for  # noqa: F401 (one helper for every test)
 
 ROOT = Path(__file__).resolve().parents[1]

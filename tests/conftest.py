@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from cachemgr import entry
-from cachemgr.store import Store
+from cachemgr.storage import entry
+from cachemgr.storage.store import Store
 from tests.remote_util import redis_server, webdav_server  # noqa: F401 - fixtures
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -72,7 +72,7 @@ def test_a_hit_stamps_the_filesystem_time_and_keeps_mtime(tmp_path: Path) -> Non
     chip.mkdir(parents=True)
     doc = publish(chip, "te_hit_0", b"x" * 100, atime_s=time.time() + AHEAD_S)
     mtime = doc.stat().st_mtime_ns
-    from cachemgr.store import Store
+    from cachemgr.storage.store import Store
 
     assert Store(chip).lookup("te_hit_0").hit
     st = doc.stat()

@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
-from cachemgr import manifest, precompiled
 from cachemgr.client import Client
-from cachemgr.queue import CompileQueue
-from cachemgr.request import load_request
+from cachemgr.compile import precompiled
+from cachemgr.compile.queue import CompileQueue
+from cachemgr.compile.request import load_request
+from cachemgr.storage import manifest
 from tests.compile_util import SOC, counting_cc, make_settings, nvcc_missing, wait_for
 from tests.conftest import run_cli
 from tests.daemon_util import daemon_env, start_daemon
@@ -408,7 +409,7 @@ def test_manifest_is_counted_verified_and_evicted_with_its_last_entry(tmp_path, 
 def test_which_sources_need_no_header_listing(source: bytes, system_only: bool) -> None:
     """A miss skips the dependency listing only for a source that cannot name a header
     outside the system folders (conservative: any other 'include' means a listing)."""
-    from cachemgr.inputs import reads_only_system_headers
+    from cachemgr.compile.inputs import reads_only_system_headers
 
     assert reads_only_system_headers(source, "c", (), {}) is system_only
     assert not reads_only_system_headers(source, "c", (Path("/inc"),), {})
@@ -481,7 +482,7 @@ def test_an_absolute_include_through_the_daemon_is_one_clear_line(tmp_path, clea
 )
 def test_when_a_compile_must_report_what_it_read(text: bytes, in_place: bool) -> None:
     """Only a compile that may read a file in place (not from the mirror) writes -MD."""
-    from cachemgr.inputs import Snapshot, may_read_in_place
+    from cachemgr.compile.inputs import Snapshot, may_read_in_place
 
     snap = Snapshot(Path("/p/k.c"), "0" * 64, {}, None, {"/p/k.c": text})
     assert may_read_in_place(snap, {}) is in_place

@@ -6,10 +6,10 @@ import dataclasses
 import re
 from pathlib import Path
 
-from cachemgr import options
 from cachemgr.compilers import sandbox
+from cachemgr.config import options
+from cachemgr.config.ini import OpCacheIni
 from cachemgr.daemon.config import DaemonConfig
-from cachemgr.ini import OpCacheIni
 from tests.conftest import ROOT
 
 TOML = ROOT / "config" / "cachemgr.toml"

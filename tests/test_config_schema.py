@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cachemgr import configfile, options
+from cachemgr.config import configfile, options
 from cachemgr.errors import ConfigError
 from tests.conftest import run_cli
 from tests.daemon_util import AS_ROOT, daemon_env, start_daemon, wait_for

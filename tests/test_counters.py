@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 
 from cachemgr.client import Client
-from cachemgr.counters import CacheCounters, stats_file
+from cachemgr.storage.counters import CacheCounters, stats_file
 from tests.compile_util import counting_cc, request_data, write_request
 from tests.conftest import SOC, run_cli
 from tests.daemon_util import daemon_env, start_daemon

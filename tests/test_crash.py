@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from cachemgr import entry, fsutil
 from cachemgr.client import Client
-from cachemgr.store import Store
+from cachemgr.storage import entry, fsutil
+from cachemgr.storage.store import Store
 from tests.conftest import kernel_json, run_cli
 from tests.daemon_util import Daemon, daemon_env, start_daemon, wait_first_scan, wait_for
 from tests.shared_util import SOC, compiles, kernel_request, timed_cc

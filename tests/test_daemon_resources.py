@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from cachemgr.client import Client, DaemonError
-from cachemgr.queue import CompileQueue
-from cachemgr.request import parse_request
+from cachemgr.compile.queue import CompileQueue
+from cachemgr.compile.request import parse_request
 from tests.compile_util import counting_cc, make_settings
 from tests.conftest import SOC, publish
 from tests.daemon_util import Daemon, start_daemon, wait_for

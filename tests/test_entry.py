@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from cachemgr import entry
 from cachemgr.errors import InvalidEntryError
+from cachemgr.storage import entry
 from tests.conftest import SOC, kernel_json, publish, publish_mix
 
 CF8B = "te_Mul_cf8bca71d603c5a259847f46639e214579ce2d71b2b25f0b45680b0ec3680a79"

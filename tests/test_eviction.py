@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from cachemgr import entry, fsutil
 from cachemgr.errors import InvalidInputError, LockBusyError
 from cachemgr.eviction import (
     MIB,
@@ -28,6 +27,7 @@ from cachemgr.eviction import (
     plan_eviction,
     purge_chip,
 )
+from cachemgr.storage import entry, fsutil
 from tests.conftest import ROOT, kernel_json, publish_mix
 
 NOW_S = 2_000_000_000  # a fixed clock for the pure plans

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from cachemgr import fsutil
 from cachemgr.errors import LockBusyError
+from cachemgr.storage import fsutil
 
 
 def _hold(path: str, ready: multiprocessing.Event, done: multiprocessing.Event) -> None:

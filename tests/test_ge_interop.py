@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from cachemgr import entry, fsutil, layout
+from cachemgr.config import layout
+from cachemgr.config.ini import IniLimits, OpCacheIni
+from cachemgr.config.versions import VersionStatus, installed_versions, sync_toolkit
 from cachemgr.eviction import files, gc_chip, purge_chip
-from cachemgr.ini import IniLimits, OpCacheIni
-from cachemgr.store import Store
-from cachemgr.versions import VersionStatus, installed_versions, sync_toolkit
+from cachemgr.storage import entry, fsutil
+from cachemgr.storage.store import Store
 from tests import ge_twin
 from tests.conftest import ROOT, SOC, run_cli
 

@@ -12,8 +12,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from cachemgr import entry, fsutil
-from cachemgr.ini import OpCacheIni
+from cachemgr.config.ini import OpCacheIni
+from cachemgr.storage import entry, fsutil
 from tests import ge_twin
 from tests.conftest import ROOT, SOC, run_cli
 from tests.daemon_util import daemon_env, start_daemon, wait_first_scan, wait_for
@@ -103,7 +103,7 @@ def test_a_ge_eviction_lock_file_is_respected_by_a_group_member(
     # while bob's cachemgr holds it (a read lock + its own companion lock), GE cannot evict
     # and another cachemgr process cannot take it either
     hold = (
-        "import sys, time; from pathlib import Path; from cachemgr import fsutil; "
+        "import sys, time; from pathlib import Path; from cachemgr.storage import fsutil; "
         "lock = fsutil.FcntlLock(Path(sys.argv[1])); "
         "print(lock.acquire(blocking=False), flush=True); time.sleep(float(sys.argv[2]))"
     )

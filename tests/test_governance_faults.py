@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from cachemgr import options
-from cachemgr.chiplock import ChipLock, chip_lock_path
+from cachemgr.compile.queue import CompileQueue
+from cachemgr.config import options
 from cachemgr.daemon import main as daemon_main
 from cachemgr.daemon.api import Api
 from cachemgr.daemon.config import DaemonConfig
@@ -28,9 +28,9 @@ from cachemgr.daemon.heartbeat import POOL, Heartbeats
 from cachemgr.daemon.notify import Notifier
 from cachemgr.daemon.server import HttpServer
 from cachemgr.daemon.service import Service
-from cachemgr.entry import scan_chip
 from cachemgr.eviction import gc_chip, plan_eviction
-from cachemgr.queue import CompileQueue
+from cachemgr.storage.chiplock import ChipLock, chip_lock_path
+from cachemgr.storage.entry import scan_chip
 from tests.compile_util import request
 from tests.conftest import SOC, publish
 from tests.daemon_util import AS_ROOT, Daemon, daemon_env, start_daemon, wait_for

@@ -1,4 +1,4 @@
-"""Tests of cachemgr.ini: CANN's op_cache.ini (SPEC §5, [GE]). Real files in tmp_path."""
+"""Tests of cachemgr.config.ini: CANN's op_cache.ini (SPEC §5, [GE]). Real files in tmp_path."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cachemgr import ini
+from cachemgr.config import ini
+from cachemgr.config.ini import INI_NAME, SECTION, IniLimits, OpCacheIni
 from cachemgr.errors import ConfigError
-from cachemgr.ini import INI_NAME, SECTION, IniLimits, OpCacheIni
 from tests import ge_twin
 
 GOOD = (
@@ -562,7 +562,7 @@ def test_failed_write_leaves_original_unchanged(tmp_path: Path) -> None:
         f"""
         import resource, signal, sys
         from pathlib import Path
-        from cachemgr.ini import OpCacheIni
+        from cachemgr.config.ini import OpCacheIni
         cfg = OpCacheIni.load(Path({str(path)!r}))
         cfg.set("padding", "x" * 100_000)
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)

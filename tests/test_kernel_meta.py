@@ -9,8 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from cachemgr import kernel_meta
-from cachemgr.request import load_request
+from cachemgr.compile import kernel_meta
+from cachemgr.compile.request import load_request
 from tests.compile_util import write_request
 
 
@@ -41,7 +41,8 @@ def test_process_dir_is_per_process(tmp_path: Path) -> None:
     }
     assert kernel_meta.process_dir(meta) == folder
     code = (
-        "import sys; from cachemgr import kernel_meta; print(kernel_meta.process_dir(sys.argv[1]))"
+        "import sys; from cachemgr.compile import kernel_meta; "
+        "print(kernel_meta.process_dir(sys.argv[1]))"
     )
     other = subprocess.run(
         [sys.executable, "-c", code, str(meta)], capture_output=True, text=True, check=True

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from cachemgr import build, keys
+from cachemgr.compile import build, keys
+from cachemgr.compile.request import parse_request, resolve_options
 from cachemgr.compilers import CompilerIdentity
-from cachemgr.request import parse_request, resolve_options
 from tests.compile_util import counting_cc, make_settings, request_data
 
 IDENT = CompilerIdentity("gcc", "/usr/bin/gcc", "gcc (Debian 12.2.0-14) 12.2.0")

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from cachemgr import options
+from cachemgr.config import options
+from cachemgr.config.ini import OpCacheIni
 from cachemgr.errors import ConfigError
-from cachemgr.ini import OpCacheIni
 
 
 def test_defaults_and_home(clean_env: dict[str, str]) -> None:

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cachemgr.compilers import DEBUG_FLAGS, EMITS
-from cachemgr.errors import InvalidInputError
-from cachemgr.policy import (
+from cachemgr.compile.policy import (
     ARTEFACTS,
     CFG_ROWS,
     LEVEL_ROWS,
@@ -17,6 +15,8 @@ from cachemgr.policy import (
     decide,
     parse_debug_config,
 )
+from cachemgr.compilers import DEBUG_FLAGS, EMITS
+from cachemgr.errors import InvalidInputError
 
 OJ = {"o", "json"}
 

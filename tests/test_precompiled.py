@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from cachemgr import precompiled
+from cachemgr.compile import precompiled
+from cachemgr.compile.queue import CompileQueue
 from cachemgr.errors import InvalidInputError
-from cachemgr.queue import CompileQueue
 from tests.compile_util import SOC, make_settings, request
 from tests.conftest import publish, run_cli
 

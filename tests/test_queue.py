@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from cachemgr import entry
-from cachemgr.chiplock import ChipLock, chip_lock_path
+from cachemgr.compile.queue import CompileQueue
 from cachemgr.errors import InvalidInputError
-from cachemgr.queue import CompileQueue
-from cachemgr.store import Store
+from cachemgr.storage import entry
+from cachemgr.storage.chiplock import ChipLock, chip_lock_path
+from cachemgr.storage.store import Store
 from tests.compile_util import (
     REQUESTS,
     SOC,
@@ -61,7 +61,7 @@ def queue(tmp_path: Path, clean_env):
 
 
 def test_every_c_example_compiles_then_hits(queue: CompileQueue, tmp_path: Path) -> None:
-    from cachemgr.request import load_request
+    from cachemgr.compile.request import load_request
 
     reqs = [load_request(p) for p in sorted(REQUESTS.glob("*_c.json"))]
     first = [f.result(timeout=120) for f in [queue.submit(r) for r in reqs]]
@@ -369,7 +369,7 @@ def test_force_waits_for_another_process(tmp_path: Path, clean_env) -> None:
         [
             sys.executable,
             "-c",
-            "import sys, time\nfrom cachemgr.chiplock import ChipLock\n"
+            "import sys, time\nfrom cachemgr.storage.chiplock import ChipLock\n"
             f"with ChipLock({str(lock)!r}).shared():\n"
             "    print('held', flush=True)\n    time.sleep(1.0)\n",
         ],

@@ -13,7 +13,7 @@ from cachemgr.remote import blob
 from cachemgr.remote.config import RemoteConfig, parse_spec
 from cachemgr.remote.http_tier import HttpTier
 from cachemgr.remote.tierset import RemoteTiers
-from cachemgr.tiers import EntryFiles
+from cachemgr.storage.tiers import EntryFiles
 from tests.compile_util import calls, counting_cc, request_data
 from tests.conftest import SOC, kernel_json
 from tests.daemon_util import daemon_env, start_daemon, wait_for

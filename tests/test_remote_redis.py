@@ -17,7 +17,7 @@ from cachemgr.remote import blob
 from cachemgr.remote.config import RemoteConfig, parse_spec
 from cachemgr.remote.redis_tier import RedisTier
 from cachemgr.remote.tierset import FAILING, OK, RemoteTiers
-from cachemgr.tiers import EntryFiles, LocalTier
+from cachemgr.storage.tiers import EntryFiles, LocalTier
 from tests.compile_util import calls, counting_cc, request_data
 from tests.conftest import SOC, kernel_json, publish, run_cli
 from tests.daemon_util import Daemon, daemon_env, start_daemon, wait_for

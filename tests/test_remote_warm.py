@@ -18,7 +18,7 @@ import requests
 from cachemgr.remote.config import RemoteConfig, parse_spec
 from cachemgr.remote.http_tier import HttpTier
 from cachemgr.remote.redis_tier import RedisTier
-from cachemgr.tiers import EntryFiles
+from cachemgr.storage.tiers import EntryFiles
 from tests import ge_twin
 from tests.conftest import SOC, kernel_json, run_cli
 from tests.daemon_util import Daemon, daemon_env, start_daemon, wait_for

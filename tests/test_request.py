@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from cachemgr.compilers import LANGUAGES
-from cachemgr.errors import InvalidInputError
-from cachemgr.request import (
+from cachemgr.compile.request import (
     MAX_ELEMENTS,
     load_request,
     parse_request,
     resolve_options,
     schema,
 )
+from cachemgr.compilers import LANGUAGES
+from cachemgr.errors import InvalidInputError
 from tests.compile_util import REQUESTS, make_settings, request_data
 
 

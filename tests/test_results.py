@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from cachemgr import build
-from cachemgr.results import Policy, Status
+from cachemgr.compile import build
+from cachemgr.compile.results import Policy, Status
 from tests.compile_util import request_data, write_request
 from tests.conftest import run_cli
 from tests.daemon_util import daemon_env, start_daemon, wait_for

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from cachemgr import kernel_meta
 from cachemgr.client import Client
+from cachemgr.compile import kernel_meta
 from tests.conftest import ROOT, SOC, publish, run_cli
 from tests.daemon_util import daemon_env, start_daemon, wait_for
 from tests.shared_util import kernel_request

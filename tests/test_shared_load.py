@@ -29,9 +29,9 @@ from typing import Any
 
 import pytest
 
-from cachemgr import fsutil
 from cachemgr.client import Client, DaemonError
-from cachemgr.store import Store
+from cachemgr.storage import fsutil
+from cachemgr.storage.store import Store
 from tests.conftest import kernel_json
 from tests.daemon_util import Daemon, daemon_env, start_daemon
 from tests.shared_util import (

@@ -13,14 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from cachemgr import entry, eviction, fsprobe, fsutil, options
-from cachemgr.chiplock import ChipLock
+from cachemgr import eviction
+from cachemgr.config import options
+from cachemgr.config.ini import OpCacheIni
 from cachemgr.daemon import rootcheck
 from cachemgr.daemon.config import DaemonConfig
 from cachemgr.errors import ConfigError, NoSpaceError
-from cachemgr.events import Events, NoSpaceEvent
-from cachemgr.ini import OpCacheIni
-from cachemgr.store import Store
+from cachemgr.storage import entry, fsprobe, fsutil
+from cachemgr.storage.chiplock import ChipLock
+from cachemgr.storage.events import Events, NoSpaceEvent
+from cachemgr.storage.store import Store
 from tests.conftest import kernel_json, publish
 from tests.daemon_util import daemon_env, start_daemon, wait_first_scan, wait_for
 from tests.shared_util import SOC, compiles, kernel_request, timed_cc

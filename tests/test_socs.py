@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from cachemgr import socs
 from cachemgr.client import Client
+from cachemgr.config import socs
 from cachemgr.errors import CacheMgrError
 from tests.compile_util import write_request
 from tests.conftest import SOC, publish, run_cli

@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from cachemgr import entry
 from cachemgr.errors import InvalidInputError
-from cachemgr.store import ABSENT, EXISTS, PUBLISHED, Store
+from cachemgr.storage import entry
+from cachemgr.storage.store import ABSENT, EXISTS, PUBLISHED, Store
 from tests.conftest import kernel_json, publish, publish_mix
 
 

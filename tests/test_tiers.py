@@ -11,17 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from cachemgr import entry
 from cachemgr.errors import InvalidInputError, NoSpaceError
-from cachemgr.events import Events, NoSpaceEvent
-from cachemgr.store import Store
-from cachemgr.tiers import EntryFiles, LocalTier, Tier
+from cachemgr.storage import entry
+from cachemgr.storage.events import Events, NoSpaceEvent
+from cachemgr.storage.store import Store
+from cachemgr.storage.tiers import EntryFiles, LocalTier, Tier
 from tests.conftest import SOC, kernel_json, publish
 
 PROBE = """
 import sys
 from pathlib import Path
-from cachemgr.fsutil import FcntlLock
+from cachemgr.storage.fsutil import FcntlLock
 lock = FcntlLock(Path(sys.argv[1]))
 got = lock.acquire(blocking=False)
 print("free" if got else "held")
@@ -198,4 +198,4 @@ def test_stores_are_made_in_one_place() -> None:
                 name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
                 if name == "Store":
                     builders.append(f"{path.relative_to(package)}:{node.lineno}")
-    assert len(builders) == 1 and builders[0].startswith("tiers.py:"), builders
+    assert len(builders) == 1 and builders[0].startswith("storage/tiers.py:"), builders

@@ -6,11 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from cachemgr import layout
-from cachemgr.errors import ConfigError
-from cachemgr.eviction import purge_chip
-from cachemgr.ini import OpCacheIni
-from cachemgr.versions import (
+from cachemgr.config import layout
+from cachemgr.config.ini import OpCacheIni
+from cachemgr.config.versions import (
     Found,
     Installed,
     VersionStatus,
@@ -18,6 +16,8 @@ from cachemgr.versions import (
     read_version_info,
     sync_toolkit,
 )
+from cachemgr.errors import ConfigError
+from cachemgr.eviction import purge_chip
 from tests.test_eviction import kernels, make_entry
 
 CHIPS = ("Ascend310P3", "Ascend910B1")

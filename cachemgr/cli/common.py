@@ -13,10 +13,10 @@ from typing import Any, TypeVar
 
 import click
 
-from cachemgr import options
 from cachemgr.client import Client, UntrustedDaemon, default_socket_path
+from cachemgr.config import options
+from cachemgr.config.options import Settings
 from cachemgr.errors import CacheMgrError, ConfigError
-from cachemgr.options import Settings
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -13,7 +13,6 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from cachemgr import entry, precompiled
 from cachemgr.cli import human
 from cachemgr.cli.common import (
     Route,
@@ -28,12 +27,14 @@ from cachemgr.cli.common import (
 )
 from cachemgr.cli.lockcheck import checked_for_writing
 from cachemgr.client import Client
-from cachemgr.counters import CounterBook
+from cachemgr.compile import precompiled
+from cachemgr.compile.queue import DEFAULT_TIMEOUT_S, CompileOutcome, CompileQueue
+from cachemgr.compile.request import load_request
 from cachemgr.errors import CacheMgrError, InvalidInputError
-from cachemgr.queue import DEFAULT_TIMEOUT_S, CompileOutcome, CompileQueue
 from cachemgr.remote import config as remote_config
 from cachemgr.remote.tierset import RemoteTiers
-from cachemgr.request import load_request
+from cachemgr.storage import entry
+from cachemgr.storage.counters import CounterBook
 
 
 def _setting_flags(func: Any) -> Any:

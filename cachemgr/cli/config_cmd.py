@@ -10,10 +10,10 @@ from typing import Any
 
 import click
 
-from cachemgr import versions
 from cachemgr.cli.common import emit_json, load_settings, remote_option, settings_options
+from cachemgr.config import versions
+from cachemgr.config.options import Settings
 from cachemgr.errors import ConfigError
-from cachemgr.options import Settings
 from cachemgr.remote import config as remote_config
 
 #: The order ``config`` prints in (SPEC §1, §2, §5, §7), then anything else.

@@ -9,7 +9,6 @@ from typing import Any
 
 import click
 
-from cachemgr import entry, fsutil
 from cachemgr.cli import human
 from cachemgr.cli.common import (
     VERBOSITY,
@@ -22,8 +21,9 @@ from cachemgr.cli.common import (
 from cachemgr.cli.lockcheck import checked_for_writing
 from cachemgr.remote import config as remote_config
 from cachemgr.remote.tierset import RemoteTiers
-from cachemgr.store import VerifyReport
-from cachemgr.tiers import chip_store
+from cachemgr.storage import entry, fsutil
+from cachemgr.storage.store import VerifyReport
+from cachemgr.storage.tiers import chip_store
 
 
 def op_type_of(kernel: str) -> str:

@@ -17,7 +17,6 @@ from typing import Any
 
 import click
 
-from cachemgr import gc, options
 from cachemgr.cli import human
 from cachemgr.cli.common import (
     VERBOSITY,
@@ -30,11 +29,12 @@ from cachemgr.cli.common import (
     warning,
 )
 from cachemgr.cli.lockcheck import checked_for_writing
-from cachemgr.counters import COUNTER_NAMES, CacheCounters
+from cachemgr.config import options
+from cachemgr.config.options import Settings
 from cachemgr.errors import ConfigError
-from cachemgr.eviction import DryRun, chip_row, purge_chip
-from cachemgr.gc import limits_json
-from cachemgr.options import Settings
+from cachemgr.eviction import DryRun, chip_row, gc, purge_chip
+from cachemgr.eviction.gc import limits_json
+from cachemgr.storage.counters import COUNTER_NAMES, CacheCounters
 
 
 def _parse_ratio(raw: str | None) -> int | None:

@@ -3,7 +3,7 @@
 
 ``limits set`` writes GE's file exactly as GE reads it (section ``[op_compiler_cache]``,
 keys ``max_op_cache_size`` and ``remain_cache_size_ratio``) and always with the installed
-toolkit's ``adk_version``/``ops_version`` stamps, found by :mod:`cachemgr.versions`: GE
+toolkit's ``adk_version``/``ops_version`` stamps, found by :mod:`cachemgr.config.versions`: GE
 ignores an ini without them (``te_cache_space_manager.cc``), so an unstamped file would
 silently change nothing.
 """
@@ -17,10 +17,11 @@ from typing import Any
 
 import click
 
-from cachemgr import fsutil, ini, versions
 from cachemgr.cli.common import emit_json, load_settings, route, socket_option
+from cachemgr.config import ini, versions
+from cachemgr.config.options import Settings
 from cachemgr.errors import CacheMgrError, ConfigError
-from cachemgr.options import Settings
+from cachemgr.storage import fsutil
 
 _MAX_ACCEPTED = f"-1 or 1..{ini.MAX_MB_LIMIT} (MB = MiB per chip folder; -1 = never evict)"
 _RATIO_ACCEPTED = f"{ini.RATIO_MIN_PCT}..{ini.RATIO_MAX_PCT} (percent of the limit)"

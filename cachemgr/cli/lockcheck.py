@@ -20,11 +20,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from cachemgr import fsprobe, fsutil, options
 from cachemgr.cli.common import warning
+from cachemgr.config import options
+from cachemgr.config.options import Settings
 from cachemgr.daemon import rootcheck
 from cachemgr.daemon.config import DaemonConfig
-from cachemgr.options import Settings
+from cachemgr.storage import fsprobe, fsutil
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ def mount_key(folder: Path, mountinfo: Path = Path("/proc/self/mountinfo")) -> s
 
 
 def cached_probe(folder: Path, cache_file: Path | None = None) -> fsprobe.LockProbe:
-    """:func:`cachemgr.fsprobe.probe_locks`, answered from the per-mount cache when fresh."""
+    """:func:`cachemgr.storage.fsprobe.probe_locks`, answered from the per-mount cache if fresh."""
     cache_file = cache_file or probe_cache_file()
     key = mount_key(folder)
     cache = _load(cache_file)

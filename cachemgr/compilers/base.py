@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from cachemgr import fsutil
 from cachemgr.compilers import lineinfo, process
 from cachemgr.compilers.elf import ElfFile, find_entry_symbol
 from cachemgr.compilers.process import Outcome
 from cachemgr.errors import CompileError, ConfigError, InvalidInputError
+from cachemgr.storage import fsutil
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ class CompileJob:
     ``debug_flags`` ⊆ :data:`DEBUG_FLAGS`; ``emit`` ⊆ :data:`EMITS`; ``timeout_s`` bounds the
     wall time of each compiler process (compile, then preprocess for ``cce``) in seconds.
     ``out_dir`` must exist and be private to this compile. ``include_dirs`` become ``-I<dir>``
-    (in order) and ``extra_flags`` (checked by :mod:`cachemgr.extraflags`) follow the debug
+    (in order) and ``extra_flags`` (checked by :mod:`cachemgr.compile.extraflags`) follow the debug
     flags, both before the defines (issue 11 item 3).
     """
 

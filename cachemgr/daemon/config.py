@@ -1,9 +1,9 @@
 """The daemon's own settings: the ``[daemon]`` table of the config file (see
 ``config/cachemgr.toml``). The model lives with the other tables' in
-:mod:`cachemgr.configfile` (one schema for the whole file, issue 13 item 1)."""
+:mod:`cachemgr.config.configfile` (one schema for the whole file, issue 13 item 1)."""
 
 from __future__ import annotations
 
-from cachemgr.configfile import LOCK_FALLBACKS, DaemonConfig
+from cachemgr.config.configfile import LOCK_FALLBACKS, DaemonConfig
 
 __all__ = ["LOCK_FALLBACKS", "DaemonConfig"]

@@ -50,16 +50,19 @@ from watchdog.events import (
     FileSystemEventHandler,
 )
 
-from cachemgr import entry, eviction, fsprobe, fsutil, kernel_meta, options
-from cachemgr import gc as cache_gc
-from cachemgr.counters import CounterBook
+from cachemgr import eviction
+from cachemgr.compile import kernel_meta
+from cachemgr.config import options
+from cachemgr.config.options import Settings
 from cachemgr.daemon.config import DaemonConfig
 from cachemgr.daemon.usage import UsageIndex
 from cachemgr.daemon.watch import Watcher
 from cachemgr.errors import CacheMgrError
-from cachemgr.events import Events, NoSpaceEvent
-from cachemgr.options import Settings
-from cachemgr.safedir import SafeDir
+from cachemgr.eviction import gc as cache_gc
+from cachemgr.storage import entry, fsprobe, fsutil
+from cachemgr.storage.counters import CounterBook
+from cachemgr.storage.events import Events, NoSpaceEvent
+from cachemgr.storage.safedir import SafeDir
 
 log = logging.getLogger(__name__)
 MIB = 1 << 20

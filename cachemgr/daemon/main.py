@@ -24,9 +24,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from cachemgr import fsutil, options
 from cachemgr.client import Client, default_socket_path
 from cachemgr.compilers import process, sandbox
+from cachemgr.config import options
 from cachemgr.daemon import httpauth, rootcheck
 from cachemgr.daemon.api import Api
 from cachemgr.daemon.config import DaemonConfig
@@ -38,6 +38,7 @@ from cachemgr.daemon.service import Service
 from cachemgr.daemon.state import state_dir
 from cachemgr.errors import CacheMgrError, ConfigError
 from cachemgr.remote import config as remote_config
+from cachemgr.storage import fsutil
 
 log = logging.getLogger(__name__)
 

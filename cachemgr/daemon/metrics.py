@@ -8,8 +8,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from cachemgr.counters import CounterBook
 from cachemgr.daemon.usage import UsageIndex
+from cachemgr.storage.counters import CounterBook
 
 #: ``(name, help, labels, value)`` of one gauge sample: the daemon's degraded states.
 Gauge = tuple[str, str, dict[str, str], float]

@@ -2,7 +2,7 @@
 
 Before it serves, the daemon checks that this user can write the kernel cache (a user outside
 the sharing group gets one line naming the folder, the user, the group and the fix) and that
-fcntl locks work there (:func:`cachemgr.fsprobe.probe_locks`). When they do not, ``[daemon]
+fcntl locks work there (:func:`cachemgr.storage.fsprobe.probe_locks`). When they do not, ``[daemon]
 lock_fallback`` decides: ``"refuse"`` (the default) exits with a one-line error; ``"local"``
 serves a cache on local disk instead and says so in the log and in systemd's ``STATUS=``.
 """
@@ -16,10 +16,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from cachemgr import fsprobe, options
+from cachemgr.config import options
 from cachemgr.daemon.config import DaemonConfig
 from cachemgr.errors import CacheMgrError, CachePermissionError
-from cachemgr.safedir import SafeDir
+from cachemgr.storage import fsprobe
+from cachemgr.storage.safedir import SafeDir
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +84,7 @@ def check_root(
 ) -> CheckedRoot:
     """Access check, then lock probe, then the fallback policy (module docstring).
 
-    ``probe_locks`` is :func:`cachemgr.fsprobe.probe_locks` (tests give it another
+    ``probe_locks`` is :func:`cachemgr.storage.fsprobe.probe_locks` (tests give it another
     ``mountinfo`` file to read). ``access`` False skips the access check of the cache (a
     CLI command handles a folder it may not write itself: compiles go outside the cache).
 

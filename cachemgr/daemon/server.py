@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from cachemgr import fsutil
 from cachemgr.daemon import peer
 from cachemgr.daemon.connections import BoundedServerMixin, Bounds
+from cachemgr.storage import fsutil
 
 log = logging.getLogger(__name__)
 

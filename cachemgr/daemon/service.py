@@ -20,21 +20,25 @@ from typing import Any
 
 from apscheduler.triggers.interval import IntervalTrigger
 
-from cachemgr import build, eviction, fsutil, gc, inputs, options, request
-from cachemgr.counters import COUNTER_NAMES, CounterBook
+from cachemgr import eviction
+from cachemgr.compile import build, inputs, request
+from cachemgr.compile.queue import CompileQueue
+from cachemgr.config import options
 from cachemgr.daemon import peer
 from cachemgr.daemon.config import DaemonConfig
 from cachemgr.daemon.governance import Governance, release_memory
 from cachemgr.daemon.heartbeat import GOVERNANCE, POOL, Heartbeats
 from cachemgr.daemon.metrics import Gauge, Metrics
 from cachemgr.errors import CacheMgrError, InvalidInputError
-from cachemgr.events import Events
+from cachemgr.eviction import gc
 from cachemgr.peer import user_name
-from cachemgr.queue import CompileQueue
 from cachemgr.remote import config as remote_config
 from cachemgr.remote import warm
 from cachemgr.remote.tierset import RemoteTiers
-from cachemgr.tiers import chip_store
+from cachemgr.storage import fsutil
+from cachemgr.storage.counters import COUNTER_NAMES, CounterBook
+from cachemgr.storage.events import Events
+from cachemgr.storage.tiers import chip_store
 
 log = logging.getLogger(__name__)
 VERSION = "0.1.0"
@@ -49,7 +53,7 @@ class Service:
 
     :param resolve: builds fresh settings (called at start and on every reload); raises
         :class:`ConfigError` for a bad configuration.
-    :param state_path: unused (counters live in the kernel cache: :mod:`cachemgr.counters`);
+    :param state_path: unused (counters live in the kernel cache: :mod:`cachemgr.storage.counters`);
         kept for callers that still pass the old per-user file.
     """
 

@@ -1,5 +1,5 @@
 """The daemon's state folder: ``$STATE_DIRECTORY`` (systemd ``StateDirectory=``) or the user
-state dir. Counters are no longer kept here but in the kernel cache (:mod:`cachemgr.counters`,
+state dir. Counters are not kept here but in the kernel cache (:mod:`cachemgr.storage.counters`,
 issue 12 item 5); the socket's place is in :mod:`cachemgr.client`.
 """
 

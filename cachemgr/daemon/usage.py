@@ -19,7 +19,7 @@ from pathlib import Path
 
 import xxhash
 
-from cachemgr import fsutil
+from cachemgr.storage import fsutil
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ def _key(name: str) -> int:
 
 def _is_main_json(name: str) -> bool:
     """Cheap by-name test used for the entry count (sub-jsons excluded; GE's ``_pre.json``
-    pre-build entries count: they are entries, ``cachemgr.entry`` rule R7)."""
+    pre-build entries count: they are entries, ``cachemgr.storage.entry`` rule R7)."""
     return name.endswith(".json") and "_mix_" not in name
 
 

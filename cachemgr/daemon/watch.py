@@ -33,7 +33,7 @@ from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 from watchdog.observers.api import ObservedWatch
 
-from cachemgr import fsutil
+from cachemgr.storage import fsutil
 
 log = logging.getLogger(__name__)
 

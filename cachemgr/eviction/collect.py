@@ -34,12 +34,13 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from cachemgr import entry, fsutil, layout
-from cachemgr.entry import ChipScan, EntryGroup
+from cachemgr.config import layout
 from cachemgr.errors import CachePermissionError
 from cachemgr.eviction.files import DENIED_ERRNOS, denied_line, open_dir, remove_group
 from cachemgr.eviction.plan import EvictionPlan, check_limits, plan_eviction
 from cachemgr.eviction.reclaim import ReclaimResult, after_eviction, reclaim
+from cachemgr.storage import entry, fsutil
+from cachemgr.storage.entry import ChipScan, EntryGroup
 
 log = logging.getLogger(__name__)
 

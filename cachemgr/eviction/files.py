@@ -8,9 +8,9 @@ import os
 import time
 from pathlib import Path
 
-from cachemgr import fsutil, store
-from cachemgr.entry import EntryGroup
-from cachemgr.safedir import SafeDir
+from cachemgr.storage import fsutil, store
+from cachemgr.storage.entry import EntryGroup
+from cachemgr.storage.safedir import SafeDir
 
 log = logging.getLogger(__name__)
 
@@ -18,13 +18,13 @@ log = logging.getLogger(__name__)
 DENIED_ERRNOS = store.DENIED_ERRNOS
 #: Names NFS clients give to removed files still open somewhere; they go by themselves.
 NFS_SILLY_PREFIX = ".nfs"
-#: What one removal did (:class:`cachemgr.store.Removal`).
+#: What one removal did (:class:`cachemgr.storage.store.Removal`).
 Removal = store.Removal
 
 
 def deletion_order(group: EntryGroup) -> list[str]:
-    """An entry's file names in SPEC §5's deletion order (:func:`cachemgr.store.removal_order`,
-    the one definition of it)."""
+    """An entry's file names in SPEC §5's deletion order
+    (:func:`cachemgr.storage.store.removal_order`, the one definition of it)."""
     return store.removal_order(group.files, group.json_name)
 
 
@@ -49,7 +49,7 @@ def unlink_quiet(chip_fd: int, name: str) -> bool:
 
 
 def remove_group(chip_fd: int, group: EntryGroup) -> Removal:
-    """Remove an entry's files json first — :func:`cachemgr.store.remove_entry_files`, the
+    """Remove an entry's files json first — :func:`cachemgr.storage.store.remove_entry_files`, the
     one removal routine: a refused json stops the entry (nothing else is removed, so the
     entry stays whole); a refused part is reported and the rest goes on.
 

@@ -11,7 +11,7 @@ Rules, as GE's ``TeCacheSpaceManager`` applies them and SPEC §5 states them:
   ends the eviction, as in GE;
 * ``max_op_cache_size == -1`` turns size eviction off.
 
-Nothing here touches the disk: tests build a :class:`~cachemgr.entry.ChipScan` and assert
+Nothing here touches the disk: tests build a :class:`~cachemgr.storage.entry.ChipScan` and assert
 exactly which entries go.
 """
 
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from operator import attrgetter
 from pathlib import Path
 
-from cachemgr.entry import ChipScan, EntryGroup
 from cachemgr.errors import InvalidInputError
+from cachemgr.storage.entry import ChipScan, EntryGroup
 
 #: MB in GE's limits is MiB (``SIZE_MB_UNIT = 1048576``) [GE].
 MIB = 2**20

@@ -17,7 +17,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from cachemgr import entry, fsutil, layout
+from cachemgr.config import layout
+from cachemgr.config.options import Settings
 from cachemgr.errors import CachePermissionError, LockBusyError
 from cachemgr.eviction.files import (
     DENIED_ERRNOS,
@@ -28,7 +29,7 @@ from cachemgr.eviction.files import (
     unlink_quiet,
 )
 from cachemgr.eviction.reclaim import TEMP_MAX_AGE_S
-from cachemgr.options import Settings
+from cachemgr.storage import entry, fsutil
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@
   before the json), through ``Store.remove_orphan`` (under the kernel's lock, without waiting);
 * **``*.temp``** files older than :data:`TEMP_MAX_AGE_S` (one hour, SPEC §5), and at once
   those whose name says a process of this host made them that no longer runs (a ``kill -9``
-  mid-publish; :func:`cachemgr.fsutil.temp_writer_dead`);
+  mid-publish; :func:`cachemgr.storage.fsutil.temp_writer_dead`);
 * **``.lock`` files of entries that no longer exist**, older than an hour: taken without
   waiting, checked again while held, then unlinked (``files.reap_lock``; a lock file that a
   GE process may have open is never unlinked).
@@ -24,8 +24,6 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from cachemgr import entry, fsutil, manifest
-from cachemgr.entry import ChipScan, EntryGroup
 from cachemgr.errors import LockBusyError
 from cachemgr.eviction import files
 from cachemgr.eviction.files import (
@@ -36,8 +34,10 @@ from cachemgr.eviction.files import (
     remove_group,
     unlink_quiet,
 )
-from cachemgr.store import Store
-from cachemgr.tiers import chip_store
+from cachemgr.storage import entry, fsutil, manifest
+from cachemgr.storage.entry import ChipScan, EntryGroup
+from cachemgr.storage.store import Store
+from cachemgr.storage.tiers import chip_store
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ The main json (``<kernel>.json``) is one of the files. A reader checks, before a
 written locally: the magic and version, the trailing digest, the sizes (each part at most
 ``max_part_bytes``, the whole blob at most ``max_blob_bytes``, the lengths adding up exactly),
 every part's sha256, that ``soc_version`` and ``kernel`` are the ones asked for, and that every
-name is a flat file name owned by the kernel (``cachemgr.entry.owned_by``, SPEC §3.1). The
+name is a flat file name owned by the kernel (``cachemgr.storage.entry.owned_by``, SPEC §3.1). The
 local store then checks each binary against the sha256 in its json (SPEC §3.3). Remote data
 is untrusted input.
 """
@@ -26,9 +26,10 @@ import json
 import struct
 from collections.abc import Mapping
 
-from cachemgr import entry, layout
+from cachemgr.config import layout
 from cachemgr.errors import InvalidEntryError
-from cachemgr.tiers import EntryFiles
+from cachemgr.storage import entry
+from cachemgr.storage.tiers import EntryFiles
 
 MAGIC = b"CMGRENT\x00"
 FORMAT_VERSION = 1

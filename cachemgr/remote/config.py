@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import SplitResult, unquote, urlsplit
 
-from cachemgr.configfile import redact_url
+from cachemgr.config.configfile import redact_url
 from cachemgr.errors import ConfigError
 
 #: The environment variable naming the remotes (space-separated URLs).
@@ -311,6 +311,6 @@ def _tunable(table: Mapping[str, Any], key: str, where: str) -> Any:
 
 
 def from_settings(settings: Any, cli: Sequence[str] | None = None) -> RemoteConfig:
-    """:func:`resolve` for a :class:`~cachemgr.options.Settings` (its ``[remote]`` table) and
+    """:func:`resolve` for a :class:`~cachemgr.config.options.Settings` (its ``[remote]`` table) and
     this process's environment."""
     return resolve(cli, os.environ, settings.sections.get("remote"))

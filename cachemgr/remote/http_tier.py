@@ -54,7 +54,7 @@ import requests
 
 from cachemgr.remote import blob
 from cachemgr.remote.config import RemoteSpec
-from cachemgr.tiers import EntryFiles, TierStat
+from cachemgr.storage.tiers import EntryFiles, TierStat
 
 #: The errors of an unreachable, slow or failing server (the breaker counts them).
 ERRORS: tuple[type[BaseException], ...] = (requests.RequestException, OSError)

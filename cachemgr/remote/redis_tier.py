@@ -23,7 +23,7 @@ from redis.retry import Retry
 
 from cachemgr.remote import blob
 from cachemgr.remote.config import RemoteSpec
-from cachemgr.tiers import EntryFiles, TierStat
+from cachemgr.storage.tiers import EntryFiles, TierStat
 
 #: The errors of an unreachable, slow or failing server (the breaker counts them).
 ERRORS: tuple[type[BaseException], ...] = (redis.RedisError, OSError)

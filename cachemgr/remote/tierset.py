@@ -10,7 +10,7 @@
   and the lookup goes on: remote data is untrusted, it never fails a compile.
 * :meth:`RemoteTiers.upload_later` queues an entry for upload and returns at once; the queue
   holds at most ``upload_queue`` entries, more are dropped and counted. One thread uploads.
-  Only complete, verified entries go (:meth:`~cachemgr.tiers.LocalTier.read`: entry.py's
+  Only complete, verified entries go (:meth:`~cachemgr.storage.tiers.LocalTier.read`: entry.py's
   rules, no access time changed, nothing removed). Entries the daemon *saw* (written by a
   CANN process: issue 15 item 6) are first asked for (``EXISTS``/``HEAD``) and not sent when
   the remote has them; an entry whose main json is unchanged since its last upload is not
@@ -34,7 +34,7 @@ from typing import Any
 
 from cachemgr.remote import blob
 from cachemgr.remote.config import RemoteConfig, RemoteSpec
-from cachemgr.tiers import EntryFiles, LocalTier, TierStat
+from cachemgr.storage.tiers import EntryFiles, LocalTier, TierStat
 
 log = logging.getLogger(__name__)
 

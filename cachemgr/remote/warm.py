@@ -37,12 +37,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cachemgr import entry, fsutil, versions
+from cachemgr.config import versions
 from cachemgr.errors import CacheMgrError, InvalidInputError, LockBusyError
 from cachemgr.remote.tierset import RemoteTiers
-from cachemgr.safedir import SafeDir
-from cachemgr.store import EntryHold, check_kernel_name
-from cachemgr.tiers import LocalTier
+from cachemgr.storage import entry, fsutil
+from cachemgr.storage.safedir import SafeDir
+from cachemgr.storage.store import EntryHold, check_kernel_name
+from cachemgr.storage.tiers import LocalTier
 
 log = logging.getLogger(__name__)
 

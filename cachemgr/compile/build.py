@@ -1,7 +1,7 @@
 """One compile request, from decision to artefacts (layer 7½, below the queue; issue 4).
 
 :func:`prepare` turns a request into a :class:`Prepared` job: options resolved (SPEC §1), the
-``.cfg`` read, the rules applied (:func:`cachemgr.policy.decide`), the compiler identified and
+``.cfg`` read, rules applied (:func:`cachemgr.compile.policy.decide`), the compiler identified and
 the key computed (SPEC §3.2). The fast paths — :func:`find_binary` (SPEC §6) and
 :func:`find_cached` (a verified hit, SPEC §3.3) — run in the caller's thread. :func:`run` is the
 slow path of a job that leaves the cache alone:
@@ -10,7 +10,7 @@ slow path of a job that leaves the cache alone:
 * **debug** (SPEC §7): compile with the debug flags in ``kernel_meta/<host>_<pid>/`` and keep
   the artefacts of SPEC §7's table there; no cache access.
 
-Compiles through the cache (``enable``/``force``) are :mod:`cachemgr.publisher`'s."""
+Compiles through the cache (``enable``/``force``) are :mod:`cachemgr.compile.publisher`'s."""
 
 from __future__ import annotations
 
@@ -28,19 +28,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cachemgr import chiplock, fsutil, inputs, kernel_meta, keys, manifest, policy, precompiled
+from cachemgr.compile import inputs, kernel_meta, keys, policy, precompiled
+from cachemgr.compile.request import CompileRequest, RequestOptions, resolve_options
+from cachemgr.compile.results import Policy, Status
 from cachemgr.compilers import CompileJob, CompilerBackend
+from cachemgr.config.options import Settings
 from cachemgr.errors import ConfigError, InvalidInputError
-from cachemgr.events import Events
-from cachemgr.options import Settings
 from cachemgr.remote.tierset import RemoteTiers
-from cachemgr.request import CompileRequest, RequestOptions, resolve_options
-from cachemgr.results import Policy, Status
-from cachemgr.tiers import chip_store
+from cachemgr.storage import chiplock, fsutil, manifest
+from cachemgr.storage.events import Events
+from cachemgr.storage.tiers import chip_store
 
 log = logging.getLogger(__name__)
 
-#: The statuses of :class:`cachemgr.results.Status`, by their old names.
+#: The statuses of :class:`cachemgr.compile.results.Status`, by their old names.
 HIT, COMPILED, BINARY, DEBUG, FAILED = (
     Status.HIT,
     Status.COMPILED,
@@ -180,7 +181,7 @@ def read_debug_config(path: Path) -> policy.DebugConfig:
     """Read and parse an ``op_debug_config`` ``.cfg`` file (SPEC §7).
 
     :raises InvalidInputError: unreadable file (named), or any error of
-        :func:`cachemgr.policy.parse_debug_config`.
+        :func:`cachemgr.compile.policy.parse_debug_config`.
     """
     return parse_debug_config(read_debug_config_bytes(path), path)
 
@@ -218,7 +219,7 @@ def _debug_config(
 ) -> tuple[policy.DebugConfig | None, bytes | None]:
     """The ``.cfg`` of a compile and its bytes: those the caller sent, else read here — by
     the caller's own process, or by the daemon for the ``.cfg`` of its own configuration
-    (never a path a remote caller named: :func:`cachemgr.inputs.from_wire`)."""
+    (never a path a remote caller named: :func:`cachemgr.compile.inputs.from_wire`)."""
     path = opts.op_debug_config
     if given is not None and given.debug_config is not None:
         return parse_debug_config(given.debug_config, path or "(sent)"), given.debug_config
@@ -246,7 +247,7 @@ def prepare(
     The key covers the source and every header (SPEC §3.2): with ``given`` (the frozen
     snapshot a caller sent) from those bytes; otherwise the source is hashed here and the
     headers come from the manifest (no preprocessor run) or, when none matches, from the
-    compiler's dependency listing (:func:`cachemgr.inputs.scan_headers`).
+    compiler's dependency listing (:func:`cachemgr.compile.inputs.scan_headers`).
 
     :raises InvalidInputError: a bad ``.cfg``, a malformed define, an invalid soc_version,
         an unreadable source or header.
@@ -427,7 +428,7 @@ def _empty(folder: Path) -> None:
 def run(p: Prepared, ctx: RunContext) -> CompileOutcome:
     """The slow path of a job that does not touch the cache: debug (into kernel_meta) or
     ``disable`` (into ``output_dir``). Compiles through the cache are
-    :func:`cachemgr.publisher.compile_through_cache`.
+    :func:`cachemgr.compile.publisher.compile_through_cache`.
 
     :raises CompileError: the compile failed (the queue makes it a ``failed`` outcome).
     :raises ValueError: for a job that would use the cache.
@@ -445,7 +446,7 @@ SOURCES_DIR = ".src"
 
 def compile_job(p: Prepared, out_dir: Path) -> CompileJob:
     """The backend job of ``p``: its frozen inputs written into ``out_dir/.src`` (a mirror
-    of their absolute paths, :func:`cachemgr.inputs.materialise`), compiled from there with
+    of their absolute paths, :func:`cachemgr.compile.inputs.materialise`), compiled from there with
     its defines, flags and include folders into ``out_dir``, named by the kernel, limited to
     ``p.timeout_s`` seconds. The compiler reads exactly the bytes that were hashed.
 

@@ -33,9 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cachemgr import fsutil, layout
+from cachemgr.config import layout
 from cachemgr.errors import InvalidEntryError
-from cachemgr.safedir import SafeDir
+from cachemgr.storage import fsutil
+from cachemgr.storage.safedir import SafeDir
 
 log = logging.getLogger(__name__)
 

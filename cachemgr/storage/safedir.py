@@ -30,8 +30,8 @@ import stat
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from cachemgr import fsutil
 from cachemgr.errors import ConfigError
+from cachemgr.storage import fsutil
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
@@ -198,7 +198,7 @@ class SafeDir:
 
 
 class DirLock(fsutil.FcntlLock):
-    """An :class:`~cachemgr.fsutil.FcntlLock` on a lock file of a cache folder that it opens
+    """An :class:`~cachemgr.storage.fsutil.FcntlLock` on a lock file of a cache folder that it opens
     itself (``open_folder()``, e.g. ``lambda: SafeDir.open_chip(chip)``) for exactly as long
     as the lock is held: the lock file is opened, checked and unlinked relative to that
     descriptor, never through a link (docs/security.md item 1).

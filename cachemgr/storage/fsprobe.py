@@ -2,12 +2,12 @@
 
 * :func:`probe_locks` — do fcntl locks work on the root? A lock is taken on a probe file and
   a child process, through its own open file description, must see it as held (POSIX record
-  locks, and the open-file-description locks :mod:`cachemgr.chiplock` uses). A filesystem
+  locks, and the open-file-description locks :mod:`cachemgr.storage.chiplock` uses). A filesystem
   that refuses locks (``ENOLCK``), ignores them, or is an NFS mount whose locks stay local to
   the host (``local_lock=all|posix``, ``nolock``: other hosts would not see them) fails.
 * :func:`access_problems` — can this user write the kernel cache and its chip folders? Each
   problem is one line naming the folder, the user, its owner, group and mode and the fix
-  (:func:`cachemgr.fsutil.access_hint`), instead of CANN's silent skip.
+  (:func:`cachemgr.storage.fsutil.access_hint`), instead of CANN's silent skip.
 
 The daemon runs both before it serves (``cachemgr serve``; ``[daemon] lock_fallback``).
 """
@@ -26,7 +26,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from cachemgr import fsutil
+from cachemgr.storage import fsutil
 
 log = logging.getLogger(__name__)
 
@@ -226,7 +226,7 @@ def access_problems(kernel_cache_dir: Path) -> list[str]:
 
     Checks the kernel cache folder (or its first existing parent) and every existing chip
     folder. Each line names the path, the user, the owner, group and mode and what to do
-    (:func:`cachemgr.fsutil.access_hint`). Missing folders are fine: they will be created
+    (:func:`cachemgr.storage.fsutil.access_hint`). Missing folders are fine: they will be created
     group-shareable. An unreadable ``op_cache.ini`` is not one of them: it is warned about
     and treated as an invalid ini (docs/security.md item 3), so one member's ``0600`` ini
     cannot stop the daemon.

@@ -23,11 +23,11 @@ Problems are warnings: the limits and stamps that count are the ones **GE comput
 same bytes (:func:`ge_reading`, a copy of GE's parser), so that GE and cachemgr never fight
 over one folder. When GE does not use the ini (no stamps, another section first, a value
 ``std::stoi`` rejects) the caller falls back to ``ASCEND_MAX_OP_CACHE_SIZE`` /
-``ASCEND_REMAIN_CACHE_SIZE_RATIO`` and the defaults (``cachemgr.options``), as GE does.
+``ASCEND_REMAIN_CACHE_SIZE_RATIO`` and the defaults (``cachemgr.config.options``), as GE does.
 
 Rewrites keep every line that was not changed byte for byte (comments, other sections, blank
 lines, key order, a BOM, CRLF ends, bytes that are not UTF-8) and go through a temp file and
-``rename()`` (:func:`cachemgr.fsutil.atomic_write_bytes`).
+``rename()`` (:func:`cachemgr.storage.fsutil.atomic_write_bytes`).
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from cachemgr import fsutil
 from cachemgr.errors import CachePermissionError, ConfigError
+from cachemgr.storage import fsutil
 
 log = logging.getLogger(__name__)
 
@@ -514,7 +514,7 @@ class OpCacheIni:
         :meth:`set` are applied to the current content instead, so nothing is lost. Nothing is
         written when the content is already on disk.
 
-        :param dir_fd: the kernel cache folder, open (:mod:`cachemgr.safedir`): the ini is
+        :param dir_fd: the kernel cache folder, open (:mod:`cachemgr.storage.safedir`): the ini is
             read, written and renamed relative to it, never through a link.
         :raises ConfigError: the path became a folder, a symlink or unreadable.
         :raises CachePermissionError: the folder is not writable for this user.

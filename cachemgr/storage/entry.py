@@ -56,9 +56,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from cachemgr import fsutil, layout
+from cachemgr.config import layout
 from cachemgr.errors import InvalidEntryError
-from cachemgr.safedir import SafeDir
+from cachemgr.storage import fsutil
+from cachemgr.storage.safedir import SafeDir
 
 REQUIRED_FIELDS = ("binFileName", "binFileSuffix", "kernelName", "sha256")
 #: Suffixes (before ``.json``) of files that belong to the kernel named before them. ``_pre``
@@ -151,7 +152,7 @@ class ChipScan:
     odd: dict[str, str] = field(default_factory=dict)  # name → why (symlink, folder...)
     manifests: dict[str, FileStat] = field(default_factory=dict)  # cachemgr's header lists
     used_bytes: int = 0
-    #: the open chip folder the scan was made through (see :mod:`cachemgr.safedir`): later
+    #: the open chip folder the scan was made through (see :mod:`cachemgr.storage.safedir`): later
     #: reads of the scan's files go through it; None = open one per read
     dir_fd: int | None = None
 
@@ -234,7 +235,7 @@ def scan_chip(chip_dir: Path, dir_fd: int | None = None) -> ChipScan:
     A missing chip folder gives an empty scan, also when another NFS host removed it
     (``ESTALE``, SPEC §9).
 
-    :param dir_fd: the chip folder, open (:class:`~cachemgr.safedir.SafeDir`); it must stay
+    :param dir_fd: the chip folder, open (:class:`~cachemgr.storage.safedir.SafeDir`); it must stay
         open while the scan is used. Without it the folder is opened for the scan only.
     :raises UnsafePathError: the chip folder (or ``kernel_cache``) is a symbolic link.
     :raises OSError: when the folder cannot be listed (e.g. ``EACCES``).

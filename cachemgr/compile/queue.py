@@ -1,7 +1,7 @@
 """The compile queue: a worker pool with priorities, timeouts, single-flight, cancel and a safe
 ``force`` (layer 7; SPEC §4, §6, §7; issue 4).
 
-``submit(request)`` decides everything up front (:func:`cachemgr.build.prepare`), answers in
+``submit(request)`` decides everything up front (:func:`cachemgr.compile.build.prepare`), answers in
 the caller's thread when it can — a precompiled binary (SPEC §6) or a verified cache hit (SPEC
 §3.3) — and otherwise hands a job to the pool. It returns a
 :class:`concurrent.futures.Future` that resolves to a :class:`CompileOutcome`:
@@ -24,12 +24,12 @@ the caller's thread when it can — a precompiled binary (SPEC §6) or a verifie
   clears it — a session is one ``cachemgr compile`` run (all its requests), one daemon
   ``/compile`` call unless the caller names a session, one queue when none is given. It
   notes the entries present, takes the chip folder's exclusive lock
-  (:mod:`cachemgr.chiplock`): new work for that chip waits, in-flight compiles (which hold
+  (:mod:`cachemgr.storage.chiplock`): new work for that chip waits, in-flight compiles (which hold
   the lock shared) finish and publish, then only the entries noted are removed — a kernel an
   in-flight compile has just published and reported is kept — then work resumes.
   ``replace=True`` is the per-request "recompile and replace this one entry".
 * **snapshots** (issue 11 item 1): a job holds the bytes of its source and headers taken
-  when it was submitted (:func:`cachemgr.build.freeze`); the compile reads those bytes, so an
+  when submitted (:func:`cachemgr.compile.build.freeze`); the compile reads those bytes, so an
   edit made while the job waits changes nothing it builds or the key it is stored under.
 """
 
@@ -49,14 +49,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cachemgr import build, kernel_meta, keys, precompiled, publisher
-from cachemgr.build import CompileOutcome, Prepared
+from cachemgr.compile import build, kernel_meta, keys, precompiled, publisher
+from cachemgr.compile.build import CompileOutcome, Prepared
+from cachemgr.compile.inputs import Snapshot
+from cachemgr.compile.request import CompileRequest
+from cachemgr.config.options import Settings
 from cachemgr.errors import CacheMgrError, CompileError, InvalidInputError
-from cachemgr.events import Events
-from cachemgr.inputs import Snapshot
-from cachemgr.options import Settings
 from cachemgr.remote.tierset import RemoteTiers
-from cachemgr.request import CompileRequest
+from cachemgr.storage.events import Events
 
 log = logging.getLogger(__name__)
 

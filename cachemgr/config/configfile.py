@@ -8,7 +8,7 @@ default's type) says what is accepted. :func:`load` reads a TOML file and checks
 an unknown table or key, a value of the wrong type or out of range is a
 :class:`~cachemgr.errors.ConfigError` naming the file, the line, the key, the value and what
 is accepted — never a silent default. The top-level options (``op_compiler_cache_mode``...)
-are checked by :mod:`cachemgr.options`, which passes their parsers in.
+are checked by :mod:`cachemgr.config.options`, which passes their parsers in.
 
 The consumers keep reading the tables as mappings (``Settings.sections``: the compilers'
 registry, the sandbox, the toolkit's versions); every mapping they get has passed this schema.
@@ -310,7 +310,7 @@ def _checked(r: Rule, raw: Any) -> Any:
 @dataclass(frozen=True)
 class ConfigFile:
     """A checked config file: ``top`` holds its top-level option values (raw, parsed by
-    :mod:`cachemgr.options`), ``tables`` the raw tables, ``models`` the typed tables (every
+    :mod:`cachemgr.config.options`), ``tables`` the raw tables, ``models`` the typed tables (every
     table, defaults where absent) and ``lines`` the line of each ``(table, key)`` set."""
 
     path: Path | None = None
@@ -382,7 +382,7 @@ def _fail(path: Path, line: int | None, what: str) -> ConfigError:
 def load(path: Path, top_parsers: Mapping[str, Callable[[Any], Any]]) -> ConfigFile:
     """Read and check a TOML config file against the schema.
 
-    :param top_parsers: the top-level options' parsers (``cachemgr.options.OPTIONS``); each
+    :param top_parsers: the top-level options' parsers (``cachemgr.config.options.OPTIONS``); each
         raises ``ValueError("accepted: …")`` for a bad value.
     :raises ConfigError: unreadable file, TOML syntax error (with its line), an unknown table
         or key, a wrong type or an out-of-range value — one line naming file, line, key, value

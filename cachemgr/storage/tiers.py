@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from cachemgr import entry, fsutil
 from cachemgr.errors import CacheMgrError, InvalidEntryError, InvalidInputError
-from cachemgr.events import Events
-from cachemgr.safedir import SafeDir
-from cachemgr.store import (
+from cachemgr.storage import entry, fsutil
+from cachemgr.storage.events import Events
+from cachemgr.storage.safedir import SafeDir
+from cachemgr.storage.store import (
     DEFAULT_LOCK_TIMEOUT_S,
     EntryHold,
     LookupResult,
@@ -39,7 +39,7 @@ def chip_store(
     *,
     dir_fd: int | None = None,
 ) -> Store:
-    """The store of one chip folder: the one place a :class:`~cachemgr.store.Store` is made
+    """The store of one chip folder: the one place a :class:`~cachemgr.storage.store.Store` is made
     (issue 15 item 1: the compile path, eviction, the daemon and the CLI all come here, or
     through :meth:`LocalTier.store`).
 
@@ -111,11 +111,11 @@ class Tier(Protocol):
 
 class LocalTier:
     """The local CANN-format kernel cache (``<kernel_cache>/<soc_version>/``) as a tier: a
-    :class:`~cachemgr.store.Store` per chip folder, all sharing one event sink.
+    :class:`~cachemgr.storage.store.Store` per chip folder, all sharing one event sink.
 
     :param kernel_cache_dir: the kernel cache folder holding the chip folders.
     :param lock_timeout_s: how long publish/removal wait for an entry's lock (seconds).
-    :param events: where a full filesystem is reported (:class:`~cachemgr.events.NoSpaceEvent`).
+    :param events: where a full disk is reported (:class:`~cachemgr.storage.events.NoSpaceEvent`).
     """
 
     name = "local"
@@ -140,7 +140,7 @@ class LocalTier:
 
     def hold(self, soc_version: str, kernel: str, timeout_s: float | None = None) -> EntryHold:
         """Take the entry's lock (``<kernel>.lock``, the lock CANN takes) and return its
-        explicit handle, to pass as ``held=`` (:class:`~cachemgr.store.EntryHold`).
+        explicit handle, to pass as ``held=`` (:class:`~cachemgr.storage.store.EntryHold`).
 
         :raises LockBusyError: still held after ``timeout_s`` (default ``lock_timeout_s``).
         """

@@ -104,7 +104,7 @@ def pid_alive(pid: int) -> bool:
 
 def at(path: Path, dir_fd: int | None) -> str | Path:
     """What to hand an ``*at()`` call: ``path``'s last name relative to ``dir_fd`` (the open
-    folder of the cache it lies in, see :mod:`cachemgr.safedir`), or ``path`` itself without
+    folder of the cache it lies in, see :mod:`cachemgr.storage.safedir`), or ``path`` itself without
     one. ``path`` stays the full name for messages."""
     return path if dir_fd is None else path.name
 
@@ -159,7 +159,7 @@ def atomic_write_bytes(
 ) -> None:
     """Write ``data`` to ``dest`` atomically (temp file in the same folder, then rename).
 
-    :param dir_fd: the open folder of ``dest`` (see :mod:`cachemgr.safedir`).
+    :param dir_fd: the open folder of ``dest`` (see :mod:`cachemgr.storage.safedir`).
     :raises OSError: on failure; ``dest`` is unchanged and no temp file is left.
     """
     publish_temp(write_temp(dest, data, mode, dir_fd), dest, dir_fd)
@@ -286,7 +286,7 @@ def _open_noatime(
     normally and puts the previous atime back when done. Symlinks are refused (SPEC §3.3);
     the open never blocks (``O_NONBLOCK``) and the type is checked on the descriptor.
 
-    :param dir_fd: the open folder of ``path`` (see :mod:`cachemgr.safedir`).
+    :param dir_fd: the open folder of ``path`` (see :mod:`cachemgr.storage.safedir`).
     :param single_link: refuse a file with more than one name (cache entries, security.md
         item 2).
     :param max_bytes: refuse a larger file (size in bytes).
@@ -483,7 +483,7 @@ def open_lock_file(path: Path, dir_fd: int | None = None) -> int:
     a planted ``<kernel>.lock`` must not block its kernel forever (docs/security.md item 2).
     The open never blocks (``O_NONBLOCK``).
 
-    :param dir_fd: the open folder of ``path`` (see :mod:`cachemgr.safedir`).
+    :param dir_fd: the open folder of ``path`` (see :mod:`cachemgr.storage.safedir`).
     :raises OSError: e.g. ``EACCES`` for another user's lock file that is not group-writable,
         ``EISDIR`` for a folder of that name, :class:`NotRegularFileError` when the name keeps
         being replaced by something else.
@@ -621,7 +621,7 @@ def share_modes(folder: Path, fowner: bool | None = None, dir_fd: int | None = N
     ``CAP_FOWNER``; never through a symlink (each file is opened ``O_NOFOLLOW`` and changed by
     descriptor). Returns the names changed; errors on one file are skipped.
 
-    :param dir_fd: ``folder``, open (:class:`~cachemgr.safedir.SafeDir`: reached without
+    :param dir_fd: ``folder``, open (:class:`~cachemgr.storage.safedir.SafeDir`: reached without
         following a link at any step, docs/security.md item 1); it stays open.
     """
     fowner = has_cap_fowner() if fowner is None else fowner
@@ -707,7 +707,7 @@ class FcntlLock:
     _registry_lock = threading.Lock()
 
     def __init__(self, path: Path, dir_fd: int | None = None) -> None:
-        """:param dir_fd: the open folder of ``path`` (see :mod:`cachemgr.safedir`); every
+        """:param dir_fd: the open folder of ``path`` (see :mod:`cachemgr.storage.safedir`); every
         call is then relative to it, and it must stay open until :meth:`release`."""
         self.path = Path(path)
         self._dir_fd = dir_fd

@@ -21,9 +21,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from cachemgr import configfile, layout, socs
+from cachemgr.config import configfile, layout, socs
+from cachemgr.config.ini import NEVER_EVICT, OpCacheIni, UnreadableIniError
 from cachemgr.errors import ConfigError
-from cachemgr.ini import NEVER_EVICT, OpCacheIni, UnreadableIniError
 
 ORIGIN_OPTION = "option"
 ORIGIN_INI = "op_cache.ini"

@@ -14,10 +14,11 @@ from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
-from cachemgr import fsprobe, options, versions
+from cachemgr.config import options, versions
+from cachemgr.config.options import Settings
 from cachemgr.errors import CacheMgrError
 from cachemgr.eviction import DryRun, gc_chip, purge_chip
-from cachemgr.options import Settings
+from cachemgr.storage import fsprobe
 
 
 class CacheNotWritableError(CacheMgrError):

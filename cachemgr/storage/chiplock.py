@@ -29,9 +29,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from cachemgr import fsutil
 from cachemgr.errors import LockBusyError
-from cachemgr.safedir import SafeDir
+from cachemgr.storage import fsutil
+from cachemgr.storage.safedir import SafeDir
 
 _TURNSTILE, _CHIP = 0, 1
 _BUSY = (errno.EACCES, errno.EAGAIN)

@@ -1,5 +1,5 @@
 """Reading the request files a caller names safely (issue 10, item 8); the kernel source and
-its headers are read the same way by :func:`cachemgr.inputs.read_input`.
+its headers are read the same way by :func:`cachemgr.compile.inputs.read_input`.
 
 A caller may name, or swap in behind a cached check, a FIFO (blocks a reader forever), a
 device (never ends), a symbolic link to something else, or a huge file. So such files are

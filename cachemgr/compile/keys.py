@@ -7,7 +7,7 @@ UTF-8) of everything that changes the binary:
   folded: ``float`` = ``float32``), ``attrs``, ``soc_version``;
 * the kernel: ``language``, ``kernel_entry``, ``defines``, ``include_dirs``, ``extra_flags``,
   the source's path and SHA-256 and the path and SHA-256 of every header the compiler reads
-  (:mod:`cachemgr.inputs`; system headers are represented by the compiler's identity);
+  (:mod:`cachemgr.compile.inputs`; system headers are represented by the compiler's identity);
 * the options: ``deterministic``, ``precision_mode``, ``op_debug_level`` and the other
   compile options a request may carry (``aicore_num``, ``deterministic_level``, ...);
 * the compiler: its name and version line and the exact flags of the command it runs
@@ -16,7 +16,7 @@ UTF-8) of everything that changes the binary:
 Faults seen in the field came from keys that missed one of these (``deterministic_level`` in
 GE, a model hash in vLLM-Ascend); :data:`KEY_FIELDS` lists them and the tests change each one.
 The *base key* is the key of everything but the headers: it names the header manifest
-(:mod:`cachemgr.manifest`) that tells, without running the preprocessor, which headers to hash.
+(:mod:`cachemgr.storage.manifest`) telling, without running the preprocessor, which headers to hash.
 
 The kernel name is ``te_<op_type lower-cased>_<key>`` (GE's shape of name, SPEC §3.1).
 """
@@ -32,11 +32,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from cachemgr import inputs as inputs_mod
+from cachemgr.compile import inputs as inputs_mod
+from cachemgr.compile.inputs import Snapshot
+from cachemgr.compile.request import CompileRequest, RequestOptions
 from cachemgr.compilers import CompileJob, CompilerBackend, CompilerIdentity, get_backend
 from cachemgr.errors import InvalidInputError
-from cachemgr.inputs import Snapshot
-from cachemgr.request import CompileRequest, RequestOptions
 
 #: Bump when the key material changes shape, so old and new keys never collide.
 KEY_VERSION = 2
@@ -87,7 +87,7 @@ def canonical(material: Mapping[str, Any]) -> bytes:
 
 
 def source_sha256(path: Path) -> str:
-    """Hex SHA-256 of the file ``path`` (see :func:`cachemgr.inputs.file_digest`).
+    """Hex SHA-256 of the file ``path`` (see :func:`cachemgr.compile.inputs.file_digest`).
 
     The file is opened non-blocking without following a link and must be a regular file of
     at most ``max_bytes`` (issue 10, item 8: a source swapped for a FIFO behind the

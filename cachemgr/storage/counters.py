@@ -26,8 +26,8 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
-from cachemgr import fsutil
 from cachemgr.errors import LockBusyError
+from cachemgr.storage import fsutil
 
 log = logging.getLogger(__name__)
 
@@ -240,7 +240,7 @@ class CounterBook:
             self.cache(chip_dir.parent).add(name, amount, chip_dir.name)
 
     def tally(self, chip_dir: Path | None, name: str, amount: int) -> None:
-        """:meth:`add` in the argument order of :class:`cachemgr.queue.CompileQueue`'s
+        """:meth:`add` in the argument order of :class:`cachemgr.compile.queue.CompileQueue`'s
         ``tally`` hook."""
         self.add(name, amount, chip_dir)
 

@@ -42,9 +42,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cachemgr import entry, fsutil, layout
+from cachemgr.compile.request import CompileRequest, TensorDesc
+from cachemgr.config import layout
 from cachemgr.errors import InvalidEntryError, InvalidInputError
-from cachemgr.request import CompileRequest, TensorDesc
+from cachemgr.storage import entry, fsutil
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ Headers are "every file the compiler reads" (SPEC §3.2) found through the compi
 dependency output (``-MM -MF``, :meth:`CompilerBackend.list_dependencies`), minus the
 compiler's own and the system's headers (:func:`system_prefixes`): those are represented by
 the compiler's identity in the key, as ccache's ``system_headers = false``. A hit does not run
-the preprocessor: the header list comes from the manifest (:mod:`cachemgr.manifest`).
+the preprocessor: the header list comes from the manifest (:mod:`cachemgr.storage.manifest`).
 """
 
 from __future__ import annotations

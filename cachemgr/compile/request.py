@@ -30,9 +30,11 @@ from typing import Any
 
 import xxhash
 
-from cachemgr import extraflags, layout, options, safeio, socs
+from cachemgr.compile import extraflags
+from cachemgr.config import layout, options, socs
+from cachemgr.config.options import Settings
 from cachemgr.errors import ConfigError, InvalidInputError
-from cachemgr.options import Settings
+from cachemgr.storage import safeio
 
 #: The largest number of elements a tensor may have (issue 4: "more than 2^31 elements").
 MAX_ELEMENTS = 2**31
@@ -42,7 +44,7 @@ DYNAMIC_DIM = -1
 UNKNOWN_RANK = -2
 #: Spellings of one dtype that are the same type (CANN accepts both); the key uses the first.
 DTYPE_ALIASES = {"float": "float32", "bf16": "bfloat16", "float64": "double"}
-#: Compile options a request may carry, beyond the ones of :data:`cachemgr.options.OPTIONS`.
+#: Compile options a request may carry, beyond the ones of :data:`cachemgr.config.options.OPTIONS`.
 KEY_OPTIONS = (
     "deterministic",
     "precision_mode",
@@ -88,7 +90,7 @@ class CompileRequest:
     :ivar origin: where it came from (the request file, or ``"request"``), for messages.
     :ivar include_dirs: absolute include folders (``include_dirs`` then the ``-I`` of
         ``extra_flags``), in order (issue 11 item 3).
-    :ivar extra_flags: allowed compiler arguments (:mod:`cachemgr.extraflags`), ``-I`` moved
+    :ivar extra_flags: allowed compiler arguments (:mod:`cachemgr.compile.extraflags`), ``-I`` moved
         to ``include_dirs``.
     """
 
@@ -193,7 +195,7 @@ def parse_request(
         now (SPEC §1); otherwise :func:`resolve_options` does it when the request is compiled.
     :param origin: where ``data`` came from, for messages (the request file).
     :param check_exists: check that ``kernel_source`` is a file; False when the request
-        carries the source's bytes (:mod:`cachemgr.inputs`: the daemon opens no path a caller
+        carries the source bytes (:mod:`cachemgr.compile.inputs`: the daemon opens no path a caller
         names).
     :raises InvalidInputError: one line naming ``origin``, the field and the value: a schema
         violation (unknown dtype/format/language, missing field, wrong type), a negative dim

@@ -34,11 +34,11 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from cachemgr import fsutil
+from cachemgr.compile.request import CompileRequest
 from cachemgr.compilers import CompileResult
 from cachemgr.errors import InvalidInputError
-from cachemgr.request import CompileRequest
-from cachemgr.safedir import SafeDir, UnsafePathError
+from cachemgr.storage import fsutil
+from cachemgr.storage.safedir import SafeDir, UnsafePathError
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cachemgr import entry, fsutil, layout, manifest
+from cachemgr.config import layout
 from cachemgr.errors import (
     CachePermissionError,
     ConfigError,
@@ -36,8 +36,9 @@ from cachemgr.errors import (
     InvalidInputError,
     NoSpaceError,
 )
-from cachemgr.events import Events, NoSpaceEvent
-from cachemgr.safedir import DirLock, SafeDir
+from cachemgr.storage import entry, fsutil, manifest
+from cachemgr.storage.events import Events, NoSpaceEvent
+from cachemgr.storage.safedir import DirLock, SafeDir
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ def _no_space(
 @dataclass(frozen=True)
 class LookupResult:
     """Outcome of :meth:`Store.lookup`. ``reason`` is ``""`` on a hit, else ``absent`` or a
-    problem kind from :mod:`cachemgr.entry`; ``removed`` tells that a bad entry was removed."""
+    problem kind from :mod:`cachemgr.storage.entry`; ``removed`` tells a bad entry was removed."""
 
     status: str
     kernel: str
@@ -252,12 +253,12 @@ class Store:
 
     Every operation reaches the chip folder once, without following a link, and does all its
     reads, locks, writes, renames and removals relative to that descriptor
-    (docs/security.md item 1; :mod:`cachemgr.safedir`).
+    (docs/security.md item 1; :mod:`cachemgr.storage.safedir`).
 
     :param chip_dir: ``<kernel cache>/<soc_version>``; created on first publish.
     :param lock_timeout_s: how long publish/removal wait for an entry's lock (seconds).
     :param events: the sink told of a publish that hit a full filesystem (a
-        :class:`~cachemgr.events.NoSpaceEvent`); None tells nobody.
+        :class:`~cachemgr.storage.events.NoSpaceEvent`); None tells nobody.
     :param dir_fd: the chip folder, already open (e.g. by gc); it must stay open while the
         store is used. Without it each operation opens the folder itself.
     """
@@ -643,7 +644,7 @@ class Store:
 
         Reads without changing access times. With ``repair``, bad entries and orphans are
         removed (under their locks). Orphans are binaries with no json; GE's ``_pre.json``
-        files are entries (``cachemgr.entry`` rule R7), never orphans.
+        files are entries (``cachemgr.storage.entry`` rule R7), never orphans.
 
         :raises UnsafePathError: ``kernel_cache`` or the chip folder is a symbolic link.
         """

@@ -11,14 +11,14 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from cachemgr import fsutil
 from cachemgr.errors import ConfigError, InvalidEntryError
-from cachemgr.safedir import SafeDir
+from cachemgr.storage import fsutil
+from cachemgr.storage.safedir import SafeDir
 
 #: The eviction lock's file name in every chip folder (CANN GE's own name, SPEC §5).
 EVICT_LOCK_NAME = "op_cache_file_del.lock"
 #: Suffix of cachemgr's header manifests beside the entries (issue 11 item 2; GE never reads
-#: them): ``<op>_<base key>.manifest`` (see :mod:`cachemgr.manifest`).
+#: them): ``<op>_<base key>.manifest`` (see :mod:`cachemgr.storage.manifest`).
 MANIFEST_SUFFIX = ".manifest"
 #: CANN's limits file, in the kernel cache folder (SPEC §5).
 INI_NAME = "op_cache.ini"

@@ -3,7 +3,7 @@
 
 :func:`compile_through_cache` is what a queue worker runs for an ``enable``/``force`` job:
 
-1. hold the chip lock shared (:mod:`cachemgr.chiplock`: ``force`` waits for this publish and no
+1. hold the chip lock shared (:mod:`cachemgr.storage.chiplock`: ``force`` awaits this publish and no
    new publisher starts while ``force`` waits);
 2. take the entry's fcntl lock (``<kernel>.lock``, the lock CANN takes too) and look up again —
    another process may have published the entry while we waited: cross-process single-flight.
@@ -12,7 +12,7 @@
 3. compile in the worker's private build folder (never in the chip folder);
 4. hand back a :class:`Pending` publish. Its :meth:`Pending.finish` (run on another thread, so
    the compiler slot is free for the next job at once) publishes through
-   :meth:`cachemgr.store.Store.publish` — every file to a temp name, renamed, the json last — and
+   :meth:`cachemgr.storage.store.Store.publish` — each file to a temp name, renamed, json last — and
    releases both locks. ``replace`` removes the old entry just before the new one goes in.
 
 :func:`clear_chip` is ``force``'s clear, run under the chip lock held exclusive.
@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cachemgr import entry, fsutil, inputs, manifest, precompiled, versions
-from cachemgr.build import (
+from cachemgr.compile import inputs, precompiled
+from cachemgr.compile.build import (
     COMPILED,
     HIT,
     SOURCES_DIR,
@@ -40,8 +40,8 @@ from cachemgr.build import (
     RunContext,
     compile_job,
 )
-from cachemgr.chiplock import Hold
 from cachemgr.compilers import CompileResult
+from cachemgr.config import versions
 from cachemgr.errors import (
     CachePermissionError,
     CompileError,
@@ -50,11 +50,13 @@ from cachemgr.errors import (
     LockBusyError,
     NoSpaceError,
 )
-from cachemgr.events import Events
 from cachemgr.remote.tierset import RemoteTiers
-from cachemgr.safedir import SafeDir
-from cachemgr.store import EntryHold
-from cachemgr.tiers import LocalTier, chip_store
+from cachemgr.storage import entry, fsutil, manifest
+from cachemgr.storage.chiplock import Hold
+from cachemgr.storage.events import Events
+from cachemgr.storage.safedir import SafeDir
+from cachemgr.storage.store import EntryHold
+from cachemgr.storage.tiers import LocalTier, chip_store
 
 log = logging.getLogger(__name__)
 

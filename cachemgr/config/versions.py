@@ -48,10 +48,11 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Protocol
 
-from cachemgr import fsutil, layout
+from cachemgr.config import layout
+from cachemgr.config.ini import ADK_KEY, OPS_KEY, OpCacheIni, UnreadableIniError
 from cachemgr.errors import ConfigError
-from cachemgr.ini import ADK_KEY, OPS_KEY, OpCacheIni, UnreadableIniError
-from cachemgr.safedir import SafeDir
+from cachemgr.storage import fsutil
+from cachemgr.storage.safedir import SafeDir
 
 log = logging.getLogger(__name__)
 
