@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__version__ = "0.1.0"
+from cachemgr.constants import VERSION as __version__
+
 __all__ = ["Client", "__version__"]
 
 

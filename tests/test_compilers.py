@@ -15,6 +15,7 @@ import math
 import re
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -366,6 +367,28 @@ def test_c_kernels_compute_the_right_numbers(tmp_path):
 
 
 # ----- backend specifics -------------------------------------------------------------------------
+
+
+def test_registry_maps_every_language_and_base_imports_no_backend() -> None:
+    """Issue 13 item 9: the registry is its own module; base.py never imports a backend (not
+    even lazily inside a function, as get_backend once did), so there is no cycle."""
+    import grimp
+
+    from cachemgr.compilers import BACKENDS, LANGUAGES
+
+    assert set(BACKENDS) == LANGUAGES
+    assert all(issubclass(cls, CompilerBackend) for cls in BACKENDS.values())
+    graph = grimp.build_graph("cachemgr")
+    backends = {"cachemgr.compilers." + name for name in ("host", "cuda", "template")}
+    assert not graph.find_modules_directly_imported_by("cachemgr.compilers.base") & backends
+    importers = set()
+    for backend in backends:
+        importers |= graph.find_modules_that_directly_import(backend)
+    assert importers == {"cachemgr.compilers.registry"}
+    # importing a backend first (a fresh interpreter) must not meet a half-initialised base
+    code = "import cachemgr.compilers.cuda as c; from cachemgr.compilers import get_backend as g"
+    code += "; assert isinstance(g('cuda'), c.CudaBackend)"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
 def test_get_backend_rejects_unknown_language_and_missing_template():

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from cachemgr.compile import kernel_meta
 from cachemgr.compile.request import load_request
+from cachemgr.constants import short_host
 from tests.compile_util import write_request
 
 
@@ -32,10 +33,10 @@ def _dead_pid() -> int:
 def test_process_dir_is_per_process(tmp_path: Path) -> None:
     meta = tmp_path / "kernel_meta"
     folder = kernel_meta.process_dir(meta)
-    assert folder == meta / f"{kernel_meta.host_name()}_{os.getpid()}"
+    assert folder == meta / f"{short_host()}_{os.getpid()}"
     owner = json.loads((folder / kernel_meta.OWNER_FILE).read_text())
     assert owner == {
-        "host": kernel_meta.host_name(),
+        "host": short_host(),
         "pid": os.getpid(),
         "start": kernel_meta.process_start_time(os.getpid()),
     }
@@ -55,7 +56,7 @@ def test_reap_orphans_removes_only_leftovers_of_dead_processes_of_this_host(tmp_
     build folders and temp files of dead processes of this host (and a folder with nothing
     else left) are."""
     meta = tmp_path / "kernel_meta"
-    host = kernel_meta.host_name()
+    host = short_host()
     mine = kernel_meta.process_dir(meta)
     dead_pid = _dead_pid()
     dead = _folder(meta, f"{host}_{dead_pid}", {"host": host, "pid": dead_pid, "start": "1"})

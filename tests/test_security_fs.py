@@ -20,6 +20,7 @@ import pytest
 
 from cachemgr.client import Client
 from cachemgr.compile import kernel_meta
+from cachemgr.constants import short_host
 from tests.conftest import ROOT, SOC, publish, run_cli
 from tests.daemon_util import daemon_env, start_daemon, wait_for
 from tests.shared_util import kernel_request
@@ -304,7 +305,7 @@ def test_kernel_meta_reaping_never_follows_a_link(tmp_path: Path) -> None:
     elsewhere = tmp_path / "elsewhere"
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    host = kernel_meta.host_name()
+    host = short_host()
     folder = elsewhere / f"{host}_{dead.pid}"
     folder.mkdir(parents=True)
     owner = {"host": host, "pid": dead.pid, "start": "1"}

@@ -16,6 +16,7 @@ import pytest
 from cachemgr import eviction
 from cachemgr.config import options
 from cachemgr.config.ini import OpCacheIni
+from cachemgr.constants import short_host
 from cachemgr.daemon import rootcheck
 from cachemgr.daemon.config import DaemonConfig
 from cachemgr.errors import ConfigError, NoSpaceError
@@ -99,7 +100,7 @@ def test_temps_of_dead_writers_go_at_once_others_stay(chip: Path) -> None:
 def test_lock_probe_works_here_and_cleans_dead_probes(tmp_path: Path) -> None:
     folder = tmp_path / "kc"
     folder.mkdir()
-    stale = folder / f"{fsprobe.PROBE_PREFIX}.{fsutil.short_host()}.{_dead_pid()}"
+    stale = folder / f"{fsprobe.PROBE_PREFIX}.{short_host()}.{_dead_pid()}"
     stale.write_bytes(b"")
     probe = fsprobe.probe_locks(folder)
     assert probe.ok, probe.detail
@@ -162,7 +163,7 @@ def test_daemon_start_reclaims_what_a_killed_publish_left(tmp_path: Path) -> Non
     chip = root / "kernel_cache" / SOC
     publish(chip, "te_good_1", os.urandom(300))
     dead = _dead_pid()
-    temp = chip / f"te_half_1.o.{fsutil.short_host()}.{dead}.0123abcd.temp"
+    temp = chip / f"te_half_1.o.{short_host()}.{dead}.0123abcd.temp"
     temp.write_bytes(b"half")
     (chip / "te_half_1.lock").write_bytes(b"")
     (chip / NFS_NAME).write_bytes(b"x")

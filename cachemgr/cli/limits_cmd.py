@@ -20,6 +20,7 @@ import click
 from cachemgr.cli.common import emit_json, load_settings, route, socket_option
 from cachemgr.config import ini, versions
 from cachemgr.config.options import Settings
+from cachemgr.constants import NEVER_EVICT
 from cachemgr.errors import CacheMgrError, ConfigError
 from cachemgr.storage import fsutil
 
@@ -88,7 +89,7 @@ def show_cmd(as_json: bool, **kw: Any) -> None:
         emit_json(data)
         return
     mx, ratio = data["max_op_cache_size"], data["remain_cache_size_ratio"]
-    size = "never evict (-1)" if mx["value"] == ini.NEVER_EVICT else f"{mx['value']} MB"
+    size = "never evict (-1)" if mx["value"] == NEVER_EVICT else f"{mx['value']} MB"
     click.echo(f"max_op_cache_size       {size}  ({mx['origin']})")
     click.echo(f"remain_cache_size_ratio {ratio['value']} %  ({ratio['origin']})")
     stamps = data["ini_stamps"]
@@ -143,7 +144,7 @@ def set_cmd(
     \b
     Example:  cachemgr limits set --max-size 2000 --ratio 80
     """
-    max_mb = _parse(max_size, "--max-size", ini.NEVER_EVICT, ini.MAX_MB_LIMIT, _MAX_ACCEPTED)
+    max_mb = _parse(max_size, "--max-size", NEVER_EVICT, ini.MAX_MB_LIMIT, _MAX_ACCEPTED)
     ratio_pct = _parse(ratio, "--ratio", ini.RATIO_MIN_PCT, ini.RATIO_MAX_PCT, _RATIO_ACCEPTED)
     if max_mb is None and ratio_pct is None:
         raise ConfigError("limits set needs --max-size MB, --ratio PCT or both (from option)")
@@ -188,7 +189,7 @@ def set_cmd(
     if as_json:
         emit_json(data)
     else:
-        size = "never evict" if max_mb == ini.NEVER_EVICT else f"{max_mb} MB"
+        size = "never evict" if max_mb == NEVER_EVICT else f"{max_mb} MB"
         click.echo(
             f"wrote {written.path}: max_op_cache_size={size}, remain_cache_size_ratio="
             f"{ratio_pct} %, adk_version={written.adk_version}, "

@@ -27,7 +27,6 @@ import os
 import re
 import stat
 import tempfile
-import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -37,6 +36,7 @@ from typing import Any
 from cachemgr.compilers import CompileJob, CompilerBackend, CompilerIdentity, process
 from cachemgr.compilers.base import parse_depfile
 from cachemgr.errors import CompileError, InvalidInputError
+from cachemgr.memo import Memo
 
 #: The largest input file read (bytes): a source or header above it is refused.
 MAX_INPUT_BYTES = 64 << 20
@@ -50,8 +50,8 @@ RACY_S = 2.0
 #: Folders whose headers belong to the system or the compiler (``system_headers = false``).
 SYSTEM_DIRS = ("/usr/include/", "/usr/lib/gcc/", "/usr/local/include/", "/usr/lib/llvm")
 
-_digests: dict[tuple[str, int, int, int, int, int], str] = {}
-_digest_lock = threading.Lock()
+#: SHA-256 of input files by (path, device, inode, size, mtime, ctime).
+_digests: Memo[tuple[str, int, int, int, int, int], str] = Memo("file digests", 16384)
 
 
 @dataclass(frozen=True)
@@ -127,16 +127,12 @@ def file_digest(path: Path | str, what: str = "input") -> str:
     except OSError as exc:
         raise InvalidInputError(f"{what} {path}: {exc.strerror}") from None
     ident = (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-    with _digest_lock:
-        known = _digests.get(ident)
+    known = _digests.get(ident)
     if known is not None:
         return known
     digest = hashlib.sha256(read_input(path, what)).hexdigest()
     if time.time() - max(st.st_mtime, st.st_ctime) > RACY_S:
-        with _digest_lock:
-            if len(_digests) > 16384:
-                _digests.clear()
-            _digests[ident] = digest
+        _digests.put(ident, digest)
     return digest
 
 
@@ -148,8 +144,8 @@ def current_digest(path: str) -> str | None:
         return None
 
 
-_probed: dict[tuple[CompilerIdentity, str], tuple[str, ...]] = {}
-_probe_lock = threading.Lock()
+#: System header folders by (compiler identity, language): one probe per compiler.
+_probed: Memo[tuple[CompilerIdentity, str], tuple[str, ...]] = Memo("system prefixes", 256)
 
 
 def system_prefixes(
@@ -163,8 +159,7 @@ def system_prefixes(
     :raises CompileError: the probe failed.
     """
     memo = (identity, job.language)
-    with _probe_lock:
-        known = _probed.get(memo)
+    known = _probed.get(memo)
     if known is not None:
         return known
     with tempfile.TemporaryDirectory(prefix="cachemgr-probe-") as tmp:
@@ -183,8 +178,7 @@ def system_prefixes(
     }
     found = {f for f in found if not f.startswith(tmp) and f.count("/") > 2}
     prefixes = (*SYSTEM_DIRS, *sorted(found))
-    with _probe_lock:
-        _probed[memo] = prefixes
+    _probed.put(memo, prefixes)
     return prefixes
 
 

@@ -25,7 +25,6 @@ import logging
 import os
 import re
 import shutil
-import socket
 import stat
 import tempfile
 import threading
@@ -36,7 +35,9 @@ from typing import Any
 
 from cachemgr.compile.request import CompileRequest
 from cachemgr.compilers import CompileResult
+from cachemgr.constants import short_host
 from cachemgr.errors import InvalidInputError
+from cachemgr.memo import Memo
 from cachemgr.storage import fsutil
 from cachemgr.storage.safedir import SafeDir, UnsafePathError
 
@@ -44,13 +45,9 @@ log = logging.getLogger(__name__)
 
 OWNER_FILE = ".owner"
 _FOLDER = re.compile(r"^(?P<host>[A-Za-z0-9_.\-]+)_(?P<pid>[0-9]+)$")
-_dirs: dict[tuple[str, int], Path] = {}
+#: This process's folder per ``kernel_meta`` base (the lock serialises their creation).
+_dirs: Memo[tuple[str, int], Path] = Memo("kernel_meta process folders", 1024)
 _dirs_lock = threading.Lock()
-
-
-def host_name() -> str:
-    """This host's short name (the ``<host>`` of ``<host>_<pid>``)."""
-    return socket.gethostname().split(".")[0] or "host"
 
 
 def process_start_time(pid: int) -> str | None:
@@ -68,7 +65,7 @@ def process_start_time(pid: int) -> str | None:
 
 def folder_name(host: str | None = None, pid: int | None = None) -> str:
     """``<host>_<pid>`` of this (or the given) process."""
-    return f"{host or host_name()}_{os.getpid() if pid is None else pid}"
+    return f"{host or short_host()}_{os.getpid() if pid is None else pid}"
 
 
 def process_dir(kernel_meta_dir: Path) -> Path:
@@ -84,9 +81,9 @@ def process_dir(kernel_meta_dir: Path) -> Path:
         if known is not None and known.is_dir():
             return known
         path = fsutil.ensure_dir(Path(kernel_meta_dir) / folder_name(pid=pid))
-        owner = {"host": host_name(), "pid": pid, "start": process_start_time(pid)}
+        owner = {"host": short_host(), "pid": pid, "start": process_start_time(pid)}
         fsutil.atomic_write_bytes(path / OWNER_FILE, json.dumps(owner).encode())
-        _dirs[ident] = path
+        _dirs.put(ident, path)
         return path
 
 
@@ -216,7 +213,7 @@ def _orphan(
     name: str, owner_of: Callable[[], dict[str, Any] | None], host: str | None = None
 ) -> bool:
     match = _FOLDER.match(name)
-    host = host or host_name()
+    host = host or short_host()
     if match is None or match["host"] != host:
         return False
     owner = owner_of()

@@ -68,9 +68,6 @@ COMPILER_REFRESH_S = 2.0
 #: ticked since a change: git's "racy" rule).
 RACY_S = 2.0
 
-_digests: dict[tuple[int, ...], str] = {}
-_digest_lock = threading.Lock()
-
 
 def canonical(material: Mapping[str, Any]) -> bytes:
     """The canonical serialisation: JSON with sorted keys, no whitespace, UTF-8 (SPEC §3.2).

@@ -36,7 +36,6 @@ import json
 import logging
 import os
 import re
-import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +44,7 @@ from typing import Any
 from cachemgr.compile.request import CompileRequest, TensorDesc
 from cachemgr.config import layout
 from cachemgr.errors import InvalidEntryError, InvalidInputError
+from cachemgr.memo import Memo
 from cachemgr.storage import entry, fsutil
 
 log = logging.getLogger(__name__)
@@ -56,8 +56,8 @@ SUPPORT_INFO = "supportInfo"
 #: Package files are read-only (SPEC §6).
 PACKAGE_FILE_MODE = 0o444
 _SHORT_SOC = re.compile(r"^(ascend\d+[a-z]?)\d*$")
-_configs: dict[tuple[int, ...], list[dict[str, Any]]] = {}
-_configs_lock = threading.Lock()
+#: Parsed precompiled-package configs by file identity (device, inode, size, mtime).
+_configs: Memo[tuple[int, ...], list[dict[str, Any]]] = Memo("precompiled configs", 1024)
 
 
 @dataclass(frozen=True)
@@ -175,8 +175,7 @@ def _load_config(path: Path) -> list[dict[str, Any]]:
     if st is None:
         return []
     ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-    with _configs_lock:
-        known = _configs.get(ident)
+    known = _configs.get(ident)
     if known is not None:
         return known
     try:
@@ -185,8 +184,7 @@ def _load_config(path: Path) -> list[dict[str, Any]]:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         log.warning("precompiled config %s is unreadable: %s", path, exc)
         return []
-    with _configs_lock:
-        _configs[ident] = items
+    _configs.put(ident, items)
     return items
 
 

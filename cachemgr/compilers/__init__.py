@@ -2,7 +2,7 @@
 
 ``get_backend(language, config)`` picks the backend: ``c``/``cpp`` → :mod:`.host` (gcc/clang),
 ``cuda`` → :mod:`.cuda` (nvcc → cubin), ``cce`` → :mod:`.template` (CANN ``ccec``/``bisheng``
-through a command template). See :mod:`.base` for the contract.
+through a command template; the table is :mod:`.registry`). See :mod:`.base` for the contract.
 """
 
 from cachemgr.compilers.base import (
@@ -13,10 +13,11 @@ from cachemgr.compilers.base import (
     CompilerBackend,
     CompileResult,
     CompilerIdentity,
-    get_backend,
 )
+from cachemgr.compilers.registry import BACKENDS, get_backend
 
 __all__ = [
+    "BACKENDS",
     "DEBUG_FLAGS",
     "EMITS",
     "LANGUAGES",

@@ -20,7 +20,6 @@ import logging
 import os
 import re
 import shutil
-import threading
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from cachemgr.compilers import lineinfo, process
 from cachemgr.compilers.elf import ElfFile, find_entry_symbol
 from cachemgr.compilers.process import Outcome
 from cachemgr.errors import CompileError, ConfigError, InvalidInputError
+from cachemgr.memo import Memo
 from cachemgr.storage import fsutil
 
 log = logging.getLogger(__name__)
@@ -107,8 +107,8 @@ class CompileResult:
     seconds: float
 
 
-_identity_cache: dict[tuple[object, ...], CompilerIdentity] = {}
-_identity_lock = threading.Lock()
+#: Compiler identities by (backend, executable, inode, size, mtime): one per compiler.
+_identity_cache: Memo[tuple[object, ...], CompilerIdentity] = Memo("compiler identities", 256)
 
 
 class CompilerBackend(ABC):
@@ -200,8 +200,7 @@ class CompilerBackend(ABC):
         except OSError as exc:
             raise CompileError(f"{self.name} compiler {path} cannot be read: {exc}") from exc
         key = (self.name, path, st.st_ino, st.st_size, st.st_mtime_ns)
-        with _identity_lock:
-            cached = _identity_cache.get(key)
+        cached = _identity_cache.get(key)
         if cached is not None:
             return cached
         out = self._run([path, "--version"], _IDENTITY_TIMEOUT_S, None, "version query")
@@ -209,8 +208,7 @@ class CompilerBackend(ABC):
         if out.returncode != 0 or not text.strip():
             raise CompileError(f"{path} --version failed (exit {out.returncode}): {out.message()}")
         ident = CompilerIdentity(os.path.basename(path), path, self.version_line(text))
-        with _identity_lock:
-            _identity_cache[key] = ident
+        _identity_cache.put(key, ident)
         return ident
 
     def binary_path(self, job: CompileJob) -> Path:
@@ -382,29 +380,6 @@ class CompilerBackend(ABC):
         dest = job.out_dir / f"{job.out_name}.json"
         fsutil.atomic_write_bytes(dest, _dumps(doc))
         return dest
-
-
-def get_backend(language: str, config: Mapping[str, object] | None = None) -> CompilerBackend:
-    """The backend that compiles ``language``: c/cpp → host, cuda → cuda, cce → template.
-
-    :raises InvalidInputError: naming an unknown language.
-    :raises ConfigError: when the template backend's ``cce_command`` is missing or malformed.
-    """
-    from cachemgr.compilers import cuda, host, template  # lazy: they import this module
-
-    registry: dict[str, type[CompilerBackend]] = {
-        "c": host.HostBackend,
-        "cpp": host.HostBackend,
-        "cuda": cuda.CudaBackend,
-        "cce": template.TemplateBackend,
-    }
-    try:
-        cls = registry[language]
-    except (KeyError, TypeError):
-        raise InvalidInputError(
-            f"unknown kernel language {language!r} (known: {sorted(registry)})"
-        ) from None
-    return cls(config)
 
 
 def find_executable(candidates: list[str], what: str, config_key: str | None = None) -> str:

@@ -37,11 +37,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cachemgr.constants import MIB
 from cachemgr.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-MIB = 1 << 20
 #: The shell step that runs inside the namespaces: mount an empty tmpfs on each folder up to
 #: ``--``, then become the compiler (``exec``: the process group and the pipes stay the same).
 _MOUNT_SCRIPT = (

@@ -39,6 +39,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from cachemgr.constants import NEVER_EVICT
 from cachemgr.errors import CachePermissionError, ConfigError
 from cachemgr.storage import fsutil
 
@@ -56,8 +57,6 @@ RATIO_KEY = "remain_cache_size_ratio"
 #: Version stamps GE writes and compares with the installed toolkit [GE].
 ADK_KEY = "adk_version"
 OPS_KEY = "ops_version"
-#: ``max_op_cache_size`` value that turns eviction off [GE].
-NEVER_EVICT = -1
 #: Largest ``max_op_cache_size`` in MB GE accepts (``INT_MAX``) [GE].
 MAX_MB_LIMIT = 2**31 - 1
 RATIO_MIN_PCT = 1

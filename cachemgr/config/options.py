@@ -14,7 +14,6 @@ warning is recorded in ``Settings.problems``.
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -22,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from cachemgr.config import configfile, layout, socs
-from cachemgr.config.ini import NEVER_EVICT, OpCacheIni, UnreadableIniError
+from cachemgr.config.ini import OpCacheIni, UnreadableIniError
+from cachemgr.constants import MIB, NEVER_EVICT, short_host
 from cachemgr.errors import ConfigError
 
 ORIGIN_OPTION = "option"
@@ -142,9 +142,6 @@ class Resolved:
     value: Any
     origin: str
     source: str = ""
-
-
-MIB = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -312,10 +309,6 @@ def _parse_all(explicit: Mapping[str, Resolved], env: Mapping[str, str]) -> dict
     return out
 
 
-def _short_host() -> str:
-    return socket.gethostname().split(".")[0]
-
-
 def _resolve_kernel_cache(
     vals: dict[str, Resolved], env: Mapping[str, str], writable: bool
 ) -> Resolved:
@@ -466,7 +459,7 @@ def resolve(
     config = load_config_file(config_file) if config_file else configfile.empty()
     vals = _parse_all(_from_options(cli or {}, config), env)
     if vals["host_id"].value is None:
-        vals["host_id"] = Resolved(_short_host(), ORIGIN_DEFAULT, "short host name")
+        vals["host_id"] = Resolved(short_host(), ORIGIN_DEFAULT, "short host name")
     if vals["soc_version"].value:
         res = vals["soc_version"]
         layout.validate_name(str(res.value), "soc_version", f"{res.origin} {res.source}".strip())

@@ -54,6 +54,7 @@ from cachemgr import eviction
 from cachemgr.compile import kernel_meta
 from cachemgr.config import options
 from cachemgr.config.options import Settings
+from cachemgr.constants import MIB
 from cachemgr.daemon.config import DaemonConfig
 from cachemgr.daemon.usage import UsageIndex
 from cachemgr.daemon.watch import Watcher
@@ -65,7 +66,6 @@ from cachemgr.storage.events import Events, NoSpaceEvent
 from cachemgr.storage.safedir import SafeDir
 
 log = logging.getLogger(__name__)
-MIB = 1 << 20
 #: The inotify events that change usage. Opens, reads and atime updates (every hit makes
 #: several) are not subscribed at all, so hits cost the daemon no event work.
 WATCHED_EVENTS = [

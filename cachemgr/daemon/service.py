@@ -24,6 +24,7 @@ from cachemgr import eviction
 from cachemgr.compile import build, inputs, request
 from cachemgr.compile.queue import CompileQueue
 from cachemgr.config import options
+from cachemgr.constants import VERSION
 from cachemgr.daemon import peer
 from cachemgr.daemon.config import DaemonConfig
 from cachemgr.daemon.governance import Governance, release_memory
@@ -41,7 +42,6 @@ from cachemgr.storage.events import Events
 from cachemgr.storage.tiers import chip_store
 
 log = logging.getLogger(__name__)
-VERSION = "0.1.0"
 #: How long finished async jobs stay pollable (seconds).
 JOB_TTL_S = 3600.0
 #: Parsed compile requests remembered (entries; each a few KB).

@@ -9,6 +9,7 @@
 Sizes are apparent bytes; limits are in MB = MiB (2**20), as GE computes them.
 """
 
+from cachemgr.constants import MIB, NEVER_EVICT
 from cachemgr.eviction.collect import (
     DEFAULT_CLOCK_SKEW_S,
     DEFAULT_MIN_AGE_S,
@@ -16,7 +17,7 @@ from cachemgr.eviction.collect import (
     GcReport,
     gc_chip,
 )
-from cachemgr.eviction.plan import MIB, NEVER_EVICT, EvictionPlan, check_limits, plan_eviction
+from cachemgr.eviction.plan import EvictionPlan, check_limits, plan_eviction
 from cachemgr.eviction.purge import (
     ChipUsage,
     PurgeReport,

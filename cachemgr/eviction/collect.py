@@ -39,6 +39,7 @@ from cachemgr.errors import CachePermissionError
 from cachemgr.eviction.files import DENIED_ERRNOS, denied_line, open_dir, remove_group
 from cachemgr.eviction.plan import EvictionPlan, check_limits, plan_eviction
 from cachemgr.eviction.reclaim import ReclaimResult, after_eviction, reclaim
+from cachemgr.memo import OnceSet
 from cachemgr.storage import entry, fsutil
 from cachemgr.storage.entry import ChipScan, EntryGroup
 
@@ -102,7 +103,7 @@ class GcReport:
     odd: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
     #: entries whose access time lies beyond the clock-skew tolerance in the future, and
-    #: the largest such skew (seconds): issue 12 item 1
+    #: the largest such skew (seconds), at this run's scan, before eviction (issue 12 item 1)
     future_atimes: int = 0
     max_skew_s: float = 0.0
 
@@ -317,8 +318,9 @@ def _run(
     )
 
 
-#: Chip folders already warned about for future access times (once per folder).
-_skew_warned: set[Path] = set()
+#: Chip folders already warned about for future access times (once per folder; bounded:
+#: a folder pushed out by 4096 others may be warned about once more).
+_skew_warned: OnceSet[Path] = OnceSet("future access times warned", 4096)
 
 
 def _note_skew(
@@ -331,9 +333,8 @@ def _note_skew(
     worst = max(suspect, key=lambda g: g.atime_ns)
     report.future_atimes = len(suspect)
     report.max_skew_s = (worst.atime_ns - now_ns) / 1e9
-    if report.chip_dir in _skew_warned:
+    if not _skew_warned.first(report.chip_dir):
         return
-    _skew_warned.add(report.chip_dir)
     st = fsutil.lstat_or_none(report.chip_dir / worst.json_name)
     owner = fsutil.user_name(st.st_uid) if st is not None else "?"
     log.warning(

@@ -23,13 +23,9 @@ from dataclasses import dataclass
 from operator import attrgetter
 from pathlib import Path
 
+from cachemgr.constants import MIB, NEVER_EVICT
 from cachemgr.errors import InvalidInputError
 from cachemgr.storage.entry import ChipScan, EntryGroup
-
-#: MB in GE's limits is MiB (``SIZE_MB_UNIT = 1048576``) [GE].
-MIB = 2**20
-#: ``max_op_cache_size`` that turns size eviction off [GE].
-NEVER_EVICT = -1
 
 _KERNEL = attrgetter("kernel")
 _ATIME = attrgetter("atime_ns")
@@ -59,7 +55,8 @@ class EvictionPlan:
     reserve: tuple[EntryGroup, ...] = ()
     kept_by_age: tuple[EntryGroup, ...] = ()
     #: entries whose access time lies more than the clock-skew tolerance in the future
-    #: (a host whose clock runs ahead): ordered by when cachemgr first saw them instead
+    #: (a host whose clock runs ahead): ordered by when cachemgr first saw them instead;
+    #: found whether or not the plan evicts (a folder under its limit reports them too)
     suspect: tuple[EntryGroup, ...] = ()
 
     @property
@@ -136,12 +133,16 @@ def plan_eviction(
     if target_bytes is not None and target_bytes < target:
         target = max(0, target_bytes)
         triggered = triggered or used > target
+    groups = list(scan.entries.values())
+    # suspects are counted on every run, not only when it evicts: a run with nothing to do
+    # must not report "0 in the future" for a folder that holds them (stats, the gauge)
+    times, suspect = _effective_times(groups, now_ns, clock_skew_s, first_seen or {})
     if not triggered:
-        return EvictionPlan(scan.chip_dir, used, max_bytes, target, triggered=False)
+        return EvictionPlan(
+            scan.chip_dir, used, max_bytes, target, triggered=False, suspect=suspect
+        )
     need = used - target
     cutoff_ns = now_ns - int(min_age_s * 1e9)
-    groups = list(scan.entries.values())
-    times, suspect = _effective_times(groups, now_ns, clock_skew_s, first_seen or {})
     order, atimes = _lru_order(groups, times)
     candidates: list[EntryGroup] = []
     kept: list[EntryGroup] = []

@@ -26,6 +26,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from cachemgr.constants import short_host
 from cachemgr.storage import fsutil
 
 log = logging.getLogger(__name__)
@@ -162,7 +163,7 @@ def probe_locks(
         reason = None  # no mountinfo (not Linux /proc): the lock test below still runs
     if reason is not None:
         return LockProbe(folder, False, reason)
-    path = folder / f"{PROBE_PREFIX}.{fsutil.short_host()}.{os.getpid()}"
+    path = folder / f"{PROBE_PREFIX}.{short_host()}.{os.getpid()}"
     fd = fsutil.open_lock_file(path)
     try:
         return _probe_fd(folder, path, fd, timeout_s)
@@ -209,7 +210,7 @@ def _ofd_struct(kind: int) -> bytes:
 
 def _remove_dead_probes(folder: Path) -> None:
     """Probe files of this host's dead processes (a daemon killed mid-probe)."""
-    prefix = f"{PROBE_PREFIX}.{fsutil.short_host()}."
+    prefix = f"{PROBE_PREFIX}.{short_host()}."
     try:
         names = os.listdir(folder)
     except OSError:

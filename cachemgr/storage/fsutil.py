@@ -24,7 +24,6 @@ import logging
 import os
 import pwd
 import secrets
-import socket
 import stat
 import threading
 import time
@@ -33,6 +32,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import ClassVar
 
+from cachemgr.constants import short_host
 from cachemgr.errors import LockBusyError
 
 log = logging.getLogger(__name__)
@@ -49,13 +49,6 @@ DIR_MODE = 0o2775
 #: remove or report; they go when the last descriptor closes.
 NFS_SILLY_PREFIX = ".nfs"
 
-_HOST = socket.gethostname().split(".")[0] or "host"
-
-
-def short_host() -> str:
-    """This host's short name, as temp file names carry it (attributes leftovers)."""
-    return _HOST
-
 
 def temp_path(dest: Path) -> Path:
     """Return a unique temp name beside ``dest``: ``<dest name>.<host>.<pid>.<random>.temp``.
@@ -64,7 +57,7 @@ def temp_path(dest: Path) -> Path:
     in one process distinct.
     """
     token = secrets.token_hex(4)
-    return dest.with_name(f"{dest.name}.{_HOST}.{os.getpid()}.{token}{TEMP_SUFFIX}")
+    return dest.with_name(f"{dest.name}.{short_host()}.{os.getpid()}.{token}{TEMP_SUFFIX}")
 
 
 def temp_writer(name: str) -> tuple[str, int] | None:
@@ -84,7 +77,7 @@ def temp_writer_dead(name: str) -> bool:
     its age. Temps of other hosts, of live pids, or of unknown shape give False (SPEC §5's
     one-hour rule applies to them)."""
     writer = temp_writer(name)
-    if writer is None or writer[0] != _HOST:
+    if writer is None or writer[0] != short_host():
         return False
     return not pid_alive(writer[1])
 

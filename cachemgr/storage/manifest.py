@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +34,7 @@ from typing import Any
 
 from cachemgr.config import layout
 from cachemgr.errors import InvalidEntryError
+from cachemgr.memo import Memo
 from cachemgr.storage import fsutil
 from cachemgr.storage.safedir import SafeDir
 
@@ -46,8 +46,8 @@ MAX_BYTES = 1 << 20
 MAX_VARIANTS = 16
 _SHA = frozenset("0123456789abcdef")
 
-_parsed: dict[tuple[int, ...], tuple[Variant, ...]] = {}
-_parsed_lock = threading.Lock()
+#: Parsed manifests by file identity (device, inode, size, mtime, ctime).
+_parsed: Memo[tuple[int, ...], tuple[Variant, ...]] = Memo("parsed manifests", 4096)
 
 
 @dataclass(frozen=True)
@@ -127,8 +127,7 @@ def read(path: Path, dir_fd: int | None = None) -> tuple[Variant, ...]:
     except OSError:
         return ()
     ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-    with _parsed_lock:
-        known = _parsed.get(ident)
+    known = _parsed.get(ident)
     if known is not None:
         return known
     try:
@@ -138,10 +137,7 @@ def read(path: Path, dir_fd: int | None = None) -> tuple[Variant, ...]:
             return ()
         raise InvalidEntryError(f"manifest {path}: {exc.strerror}", "bad_manifest") from None
     variants = parse(data, str(path))
-    with _parsed_lock:
-        if len(_parsed) > 4096:
-            _parsed.clear()
-        _parsed[ident] = variants
+    _parsed.put(ident, variants)
     return variants
 
 

@@ -36,6 +36,7 @@ from cachemgr.errors import (
     InvalidInputError,
     NoSpaceError,
 )
+from cachemgr.memo import OnceSet
 from cachemgr.storage import entry, fsutil, manifest
 from cachemgr.storage.events import Events, NoSpaceEvent
 from cachemgr.storage.safedir import DirLock, SafeDir
@@ -216,13 +217,12 @@ def check_kernel_name(kernel: str) -> str:
 
 
 #: Chip folders already warned about as read-only (one warning per folder until it is
-#: writable again: issue 10 item 12, issue 12 item 6).
-_read_only_warned: set[Path] = set()
+#: writable again: issue 10 item 12, issue 12 item 6); bounded like every memo.
+_read_only_warned: OnceSet[Path] = OnceSet("read-only folders warned", 4096)
 
 
 def _warn_read_only(chip_dir: Path, what: str) -> None:
-    if chip_dir not in _read_only_warned:
-        _read_only_warned.add(chip_dir)
+    if _read_only_warned.first(chip_dir):
         log.warning("%s is on a read-only filesystem: hits are served, %s", chip_dir, what)
 
 
@@ -408,7 +408,7 @@ class Store:
                     return
                 if exc.errno not in fsutil.GONE_ERRNOS:
                     raise
-        _read_only_warned.discard(self.chip_dir)
+        _read_only_warned.forget(self.chip_dir)
 
     # --- removal ------------------------------------------------------------------------
 

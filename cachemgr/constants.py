@@ -1,0 +1,33 @@
+"""Values defined once for the whole package (issue 13 item 9).
+
+A leaf module (it imports nothing of cachemgr): every layer may read it. ``pyproject.toml``
+takes the package's version from :data:`VERSION` (``[tool.setuptools.dynamic]``), so the
+version is written in this one place.
+"""
+
+from __future__ import annotations
+
+import functools
+import socket
+from typing import Final
+
+#: The package's version: ``cachemgr --version``, the daemon's ``GET /status``, the wheel.
+VERSION: Final = "0.1.0"
+
+#: One MB as GE counts a cache limit: MiB, in bytes (``SIZE_MB_UNIT = 1048576`` in GE's
+#: ``compiler/opcompiler/op_compile_adapter/source/cache/te_cache_space_manager.cc``).
+MIB: Final = 1 << 20
+
+#: ``max_op_cache_size`` that turns size eviction off (GE's ``te_cache_space_manager.cc``;
+#: SPEC §5).
+NEVER_EVICT: Final = -1
+
+
+@functools.cache
+def short_host() -> str:
+    """This host's short name: ``gethostname()`` up to the first dot, ``host`` when empty.
+
+    It names ``kernel_meta/<host>_<pid>`` folders, temp files (``<name>.<host>.<pid>...``),
+    lock probes and the default ``host_id``. Read once per process (one entry cached).
+    """
+    return socket.gethostname().split(".")[0] or "host"
