@@ -44,7 +44,6 @@ import logging
 import os
 import random
 import re
-import socket
 import ssl
 import threading
 import time
@@ -52,6 +51,7 @@ from pathlib import Path
 
 import requests
 
+from cachemgr.constants import short_host
 from cachemgr.remote import blob
 from cachemgr.remote.config import RemoteSpec
 from cachemgr.storage.tiers import EntryFiles, TierStat
@@ -72,9 +72,9 @@ _WRITER = re.compile(r"[0-9a-f]{16}")
 
 
 def default_writer() -> str:
-    """This writer's id: 16 hex digits of sha256(host name, uid) — stable across restarts,
-    so a restarted daemon goes on with its own shard."""
-    raw = f"{socket.gethostname()}:{os.getuid()}".encode()
+    """This writer's id: 16 hex digits of sha256(short host name, uid) — stable across
+    restarts, so a restarted daemon goes on with its own shard."""
+    raw = f"{short_host()}:{os.getuid()}".encode()
     return hashlib.sha256(raw).hexdigest()[:16]
 
 

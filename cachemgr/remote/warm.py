@@ -148,8 +148,9 @@ def warm_chip(
     for kernel in names:
         try:
             check_kernel_name(kernel)
-        except InvalidInputError:
-            report.failed.append(kernel)
+        except InvalidInputError as exc:  # an index is untrusted: a bad name is skipped
+            log.warning("warm %s: the remote index names %s", soc_version, exc)
+            report.missing.append(kernel)
             continue
         if local.check(soc_version, kernel, touch=False).hit:
             report.present.append(kernel)
