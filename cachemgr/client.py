@@ -204,6 +204,18 @@ class Client:
                 raise DaemonUnavailable(f"no daemon at {self._where()}: {exc}") from exc
         return _decode(resp.status, raw, resp.getheader("Content-Type", ""))
 
+    def _object(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
+        """:meth:`request` for an endpoint that answers a JSON object.
+
+        :raises DaemonError: the answer is something else (named, with the endpoint).
+        """
+        answer = self.request(method, path, body)
+        if not isinstance(answer, dict):
+            raise DaemonError(
+                f"{method} {path}: the daemon answered {answer!r:.80}, not an object", 502
+            )
+        return answer
+
     def _where(self) -> str:
         return f"{self.tcp[0]}:{self.tcp[1]}" if self.tcp else str(self.socket_path)
 
@@ -211,7 +223,7 @@ class Client:
 
     def health(self) -> dict[str, Any]:
         """``GET /health``: ``{"status": "ok", "pid": …, "version": …, "uptime_s": …}``."""
-        return self.request("GET", "/health")
+        return self._object("GET", "/health")
 
     def available(self) -> bool:
         """True when a cachemgr daemon answers ``/health``.
@@ -227,22 +239,22 @@ class Client:
 
     def config(self) -> dict[str, Any]:
         """``GET /config``: the daemon's settings with origins."""
-        return self.request("GET", "/config")
+        return self._object("GET", "/config")
 
     def stats(self, soc_version: str | None = None) -> dict[str, Any]:
         """``GET /stats``: counters (``hits``, ``misses``, ``compiles``…) and chip folders
         (this client's pending local hits are reported first)."""
         if self._hits is not None:
             self._hits.flush(force=True)
-        return self.request("GET", "/stats" + (f"?soc={soc_version}" if soc_version else ""))
+        return self._object("GET", "/stats" + (f"?soc={soc_version}" if soc_version else ""))
 
     def gc(self, **params: Any) -> dict[str, Any]:
         """``POST /gc`` with ``ratio``, ``soc``, ``min_age_s``, ``dry_run``."""
-        return self.request("POST", "/gc", {k: v for k, v in params.items() if v is not None})
+        return self._object("POST", "/gc", {k: v for k, v in params.items() if v is not None})
 
     def lookup(self, soc_version: str, kernel_name: str) -> dict[str, Any]:
         """``POST /lookup``: a verified lookup; ``{"status": "hit"|"miss", …}``."""
-        return self.request(
+        return self._object(
             "POST", "/lookup", {"soc_version": soc_version, "kernel_name": kernel_name}
         )
 
@@ -304,7 +316,7 @@ class Client:
                 body["inputs"] = self._side.wire_inputs(prepared, request, base)
             except InvalidInputError as exc:
                 raise DaemonError(str(exc), 400) from exc
-        answer = self.request("POST", "/compile", body)
+        answer = self._object("POST", "/compile", body)
         if isinstance(answer, dict) and "status" in answer:
             answer["via"] = "daemon"
         if isinstance(answer, dict) and target is not None:
@@ -359,7 +371,7 @@ class Client:
     def job(self, job_id: str) -> dict[str, Any]:
         """``GET /jobs/<id>``: ``{"state": "queued"|"running"|"done"|"failed", …}`` (handed
         back outputs written as :meth:`compile` writes them)."""
-        answer = self.request("GET", f"/jobs/{job_id}")
+        answer = self._object("GET", f"/jobs/{job_id}")
         target = self._targets.get(job_id)
         if target is not None and isinstance(answer, dict) and "outputs" in answer:
             _write_outputs(answer, target)
@@ -368,7 +380,7 @@ class Client:
 
     def reload(self) -> dict[str, Any]:
         """``POST /reload``: reload the config and op_cache.ini (same path as SIGHUP)."""
-        return self.request("POST", "/reload", {})
+        return self._object("POST", "/reload", {})
 
 
 class _LocalHits:

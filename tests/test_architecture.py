@@ -17,6 +17,14 @@ def test_import_layers_kept() -> None:
     assert "0 broken" in proc.stdout
 
 
+def test_library_type_checks_strict() -> None:
+    """mypy --strict over cachemgr/ ([tool.mypy] in pyproject.toml; scripts/test runs it too)."""
+    exe = shutil.which("mypy") or str(Path(sys.executable).parent / "mypy")
+    proc = subprocess.run([exe], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "Success: no issues found" in proc.stdout
+
+
 def test_every_lazy_subcommand_loads() -> None:
     import click
 

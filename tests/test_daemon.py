@@ -92,6 +92,9 @@ def test_compile_cold_then_warm_and_stats(daemon, cache_root: Path) -> None:
     assert client.lookup(SOC, "te_none_1")["status"] == "miss"
     metrics = client.request("GET", "/metrics")
     assert "cachemgr_hits_total" in metrics and "cachemgr_chip_used_bytes" in metrics
+    # the typed endpoints expect a JSON object: a text answer is a clear error, not a str
+    with pytest.raises(DaemonError, match=r"GET /metrics: the daemon answered .*not an object"):
+        client._object("GET", "/metrics")
 
 
 def test_async_compile_job(daemon) -> None:

@@ -141,6 +141,23 @@ def test_signature_match_and_misses(tmp_path, clean_env, package) -> None:
     assert deterministic.status == "compiled"
 
 
+def test_a_package_item_with_a_non_string_dtype_is_no_match(tmp_path, clean_env, package) -> None:
+    """A package's config is untrusted input: ``"dtype": ["float32"]`` (a list: unhashable)
+    made the signature match raise TypeError; it is an item that matches nothing."""
+    root, _ = package
+    for config in (root / "config").rglob("*.json"):
+        config.chmod(0o644)
+        doc = json.loads(config.read_text())
+        for item in doc["binList"]:
+            item.pop("staticKey")
+            item["inputs"][0]["dtype"] = ["float32"]
+        config.write_text(json.dumps(doc))
+    settings = make_settings(tmp_path / "fresh", clean_env, jit_compile="false")
+    with CompileQueue(settings, workers=1, binary_dirs=[root]) as q:
+        outcome = q.compile(_dynamic(tmp_path, "k"))
+    assert outcome.status == "compiled", outcome.error
+
+
 def test_a_corrupt_package_binary_is_not_served(tmp_path, clean_env, package) -> None:
     root, _ = package
     for binary in root.rglob("*.o"):

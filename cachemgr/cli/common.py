@@ -13,10 +13,11 @@ from typing import Any, TypeVar
 
 import click
 
-from cachemgr.client import Client, UntrustedDaemon, default_socket_path
+from cachemgr.client import Client, default_socket_path
 from cachemgr.config import options
 from cachemgr.config.options import Settings
 from cachemgr.errors import CacheMgrError, ConfigError
+from cachemgr.sockcheck import UntrustedDaemon
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -81,7 +81,10 @@ def serve_cmd(
     if not _under_journald():  # journald stamps each line itself
         for handler in root.handlers:
             handler.setFormatter(logging.Formatter(TIMESTAMPED))
-    cli_values = {"op_compiler_cache_dir": op_compiler_cache_dir, "host_id": host_id}
+    cli_values: dict[str, object] = {
+        "op_compiler_cache_dir": op_compiler_cache_dir,
+        "host_id": host_id,
+    }
     sys.exit(daemon_main.serve(cli_values, config_file, socket_path, tcp_port, allow_root, remotes))
 
 

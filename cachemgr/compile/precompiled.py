@@ -142,7 +142,9 @@ def _tensors_match(items: Any, tensors: Sequence[TensorDesc]) -> bool:
     for item, t in zip(items, tensors, strict=True):
         if not isinstance(item, dict):
             return False
-        dtype = {"float": "float32", "bf16": "bfloat16"}.get(item.get("dtype"), item.get("dtype"))
+        dtype = item.get("dtype")
+        if isinstance(dtype, str):  # CANN's short names (a list or number is no dtype)
+            dtype = {"float": "float32", "bf16": "bfloat16"}.get(dtype, dtype)
         if dtype != t.dtype or item.get("format", "ND") != t.format:
             return False
         if not shape_matches(item.get("shape", [-2]), t.shape):

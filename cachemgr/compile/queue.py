@@ -36,6 +36,7 @@ the caller's thread when it can — a precompiled binary (SPEC §6) or a verifie
 from __future__ import annotations
 
 import dataclasses
+import functools
 import heapq
 import itertools
 import logging
@@ -275,7 +276,7 @@ class CompileQueue:
                 self._flights[job.flight] = job
                 heapq.heappush(self._heap, (-priority, turn, next(self._seq), job))
                 self._cond.notify()
-        fut.add_done_callback(lambda f, job=job: self._left(job, f))
+        fut.add_done_callback(functools.partial(self._left, job))
         fut.add_done_callback(lambda f: self._uncount_caller(caller))
         return fut
 
@@ -444,12 +445,13 @@ class CompileQueue:
             self._tally(chip_dir, "coalesced", requests)
             return
         status = outcome.status
-        per_request = {
+        per_request_names: dict[str, str] = {
             build.HIT: "hits",
             build.BINARY: "binaries",
             build.DEBUG: "debug_compiles",
             build.FAILED: "failures",
-        }.get(status)
+        }
+        per_request = per_request_names.get(status)
         if per_request:
             self._tally(chip_dir, per_request, requests)
         if status in (build.COMPILED, build.BINARY):

@@ -139,7 +139,8 @@ class RequestOptions:
 def schema() -> dict[str, Any]:
     """The request JSON Schema (``cachemgr/schemas/compile_request.schema.json``)."""
     text = resources.files("cachemgr").joinpath("schemas/compile_request.schema.json")
-    return json.loads(text.read_text(encoding="utf-8"))
+    loaded: dict[str, Any] = json.loads(text.read_text(encoding="utf-8"))
+    return loaded
 
 
 @cache

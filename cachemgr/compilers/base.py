@@ -66,7 +66,7 @@ class CompileJob:
     source: Path
     language: str
     entry: str
-    defines: Mapping[str, str | int]
+    defines: Mapping[str, str | int | float | bool]
     out_dir: Path
     out_name: str
     debug_flags: frozenset[str] = frozenset()

@@ -136,7 +136,7 @@ def kernel_param_count(elf: ElfFile, kernel_name: str) -> int | None:
 
 def _fallback_nvccs() -> list[str]:
     """nvcc of the PyPI wheels if installed, then the usual toolkit folders."""
-    out = []
+    out: list[str] = []
     spec = importlib.util.find_spec("nvidia")
     for root in (spec.submodule_search_locations or []) if spec else []:
         out.extend(os.path.join(root, rel) for rel in _WHEEL_BINS)

@@ -75,7 +75,8 @@ class ElfFile:
     @property
     def machine(self) -> int:
         """``e_machine`` (62 = x86-64, 183 = AArch64, 190 = NVIDIA CUDA)."""
-        return struct.unpack_from(self._end + "H", self.data, 18)[0]
+        machine: int = struct.unpack_from(self._end + "H", self.data, 18)[0]
+        return machine
 
     def _read_sections(self) -> list[Section]:
         if self._is64:
@@ -94,7 +95,7 @@ class ElfFile:
             for r in raw
         ]
 
-    def _unpack(self, off_fmt: str, off_pos: int, rest_fmt: str, rest_pos: int) -> tuple:
+    def _unpack(self, off_fmt: str, off_pos: int, rest_fmt: str, rest_pos: int) -> tuple[int, ...]:
         (shoff,) = struct.unpack_from(self._end + off_fmt, self.data, off_pos)
         return (shoff, *struct.unpack_from(self._end + rest_fmt, self.data, rest_pos))
 

@@ -22,9 +22,12 @@ import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from cachemgr.errors import ConfigError
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 #: ``[daemon] lock_fallback`` values (SPEC §9).
 LOCK_FALLBACKS = ("refuse", "local")
@@ -278,7 +281,11 @@ TABLES: dict[str, type] = {
 }
 
 
-def build(cls: type, table: Mapping[str, Any] | None, where: str) -> Any:
+#: A table model (a dataclass of this module) that :func:`build` makes.
+_Model = TypeVar("_Model", bound="DataclassInstance")
+
+
+def build(cls: type[_Model], table: Mapping[str, Any] | None, where: str) -> _Model:
     """An instance of the table model ``cls`` from ``table``.
 
     :raises ConfigError: ``where: unknown setting …`` or ``where: key=value is invalid;

@@ -96,7 +96,8 @@ class BoundedServerMixin:
 
     def get_request(self) -> tuple[socket.socket, Any]:
         try:
-            return super().get_request()  # type: ignore[misc]
+            accepted: tuple[socket.socket, Any] = super().get_request()  # type: ignore[misc]
+            return accepted
         except OSError as exc:
             if exc.errno in (errno.EMFILE, errno.ENFILE):
                 self._shed_without_descriptors()
@@ -123,7 +124,11 @@ class BoundedServerMixin:
             "descriptors", "no file descriptors left (EMFILE): new connections are refused"
         )
 
-    def process_request(self, request: socket.socket, client_address: Any) -> None:
+    def process_request(
+        self, request: socket.socket | tuple[bytes, socket.socket], client_address: Any
+    ) -> None:
+        if isinstance(request, tuple):  # a datagram server's request: never ours
+            raise TypeError("BoundedServerMixin serves stream sockets only")
         caller = peer_credentials(request)
         key: Any = caller.uid if caller.uid is not None else "tcp"
         refusal = self._admit(key, caller)

@@ -309,7 +309,7 @@ class Governance:
         )
         self.watcher.start()
 
-    def status(self) -> dict[str, object]:
+    def status(self) -> dict[str, Any]:
         """The first scan's progress and each chip folder's watch mode, for ``stats``,
         ``/health`` and ``/metrics``."""
         watcher = self.watcher

@@ -130,7 +130,7 @@ def _holder(socket_path: Path) -> str:
 
 def _pid_of(socket_path: Path) -> str:
     try:
-        return Client(socket_path, timeout_s=2).health().get("pid", "?")
+        return str(Client(socket_path, timeout_s=2).health().get("pid", "?"))
     except CacheMgrError:
         pid_file = socket_path.with_name(socket_path.name + ".pid")
         try:

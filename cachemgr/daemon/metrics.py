@@ -93,11 +93,11 @@ class _Collector:
         )
         yield from remote_metrics(self.remotes())
         families: dict[str, GaugeMetricFamily] = {}
-        for name, text, labels, value in self.gauges():
+        for name, text, labels, gauge_value in self.gauges():
             family = families.get(name)
             if family is None:
                 family = families[name] = GaugeMetricFamily(name, text, labels=sorted(labels))
-            family.add_metric([labels[k] for k in sorted(labels)], value)
+            family.add_metric([labels[k] for k in sorted(labels)], gauge_value)
         yield from families.values()
 
 
@@ -150,7 +150,7 @@ class Metrics:
         collector = _Collector(
             counters, index, limit_bytes, queue_depth, gauges, queue_figures, remotes
         )
-        self.registry.register(collector)  # type: ignore[arg-type]
+        self.registry.register(collector)
         self.compile_seconds = Histogram(
             "cachemgr_compile_seconds",
             "seconds from submit to answer of requests answered compiled",

@@ -150,7 +150,7 @@ class _Handler(BaseHTTPRequestHandler):
         if length > limit:
             self.close_connection = True  # do not read a body we refuse
             return error(413, f"request body of {length} bytes is over the {limit}-byte limit")
-        guard = getattr(self.server, "guard", None)
+        guard: Guard | None = getattr(self.server, "guard", None)
         if guard is not None:
             refusal = guard(self.command, self.headers)
             if refusal is not None:
@@ -234,9 +234,11 @@ class HttpServer:
             srv = _TCPServer(tcp, _Handler)
             srv.app = app  # type: ignore[attr-defined]
             srv.bound(bounds or Bounds())
-            srv.guard = tcp_guard(srv.server_address[:2])  # type: ignore[attr-defined]
+            host, port = srv.server_address[:2]  # typed str | bytes: a TCP host is a str
+            address = (host if isinstance(host, str) else bytes(host).decode(), port)
+            srv.guard = tcp_guard(address)  # type: ignore[attr-defined]
             srv.max_body_bytes = max_body_bytes  # type: ignore[attr-defined]
-            self.tcp_address = srv.server_address[:2]
+            self.tcp_address = address
             self._servers.append(srv)
         self._threads: list[threading.Thread] = []
 

@@ -22,7 +22,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 
 from cachemgr import eviction
 from cachemgr.compile import build, inputs, request
-from cachemgr.compile.queue import CompileQueue
+from cachemgr.compile.queue import CompileOutcome, CompileQueue
 from cachemgr.config import options
 from cachemgr.constants import VERSION
 from cachemgr.daemon import peer
@@ -416,7 +416,9 @@ class Service:
 
     # --- compile --------------------------------------------------------------------------
 
-    def compile(self, body: Mapping[str, Any], alive: Callable[[], bool]) -> tuple[int, dict]:
+    def compile(
+        self, body: Mapping[str, Any], alive: Callable[[], bool]
+    ) -> tuple[int, dict[str, Any]]:
         """Compile (or hit) one request. ``wait`` false → 202 and a job id to poll.
 
         While waiting, a caller that hangs up stops waiting; the queue drops the job once
@@ -505,13 +507,13 @@ class Service:
         )
         return dataclasses.replace(req, kernel_source=snap.source), snap
 
-    def _observe(self, future: Future) -> None:
+    def _observe(self, future: Future[CompileOutcome]) -> None:
         """Compile duration and hit latency into the ``/metrics`` histograms."""
         if not future.cancelled() and future.exception() is None:
             out = future.result()
             self._metrics.observe(out.status, out.seconds, out.coalesced)
 
-    def _count(self, future: Future) -> None:
+    def _count(self, future: Future[CompileOutcome]) -> None:
         """Outcomes are counted by the queue (per request and per compiler run, in the
         cache's counters); here only requests that ended without one."""
         if future.cancelled() or future.exception() is not None:
@@ -522,7 +524,7 @@ class Service:
             record = self._jobs.get(job_id)
         if record is None:
             return None
-        future: Future = record["future"]
+        future: Future[CompileOutcome] = record["future"]
         if not future.done():
             return {"job_id": job_id, "state": "running" if future.running() else "queued"}
         with self._jobs_lock:  # hand-back outputs are read (and their folder removed) once
@@ -571,7 +573,9 @@ def _check_params(body: Mapping[str, Any]) -> int:
     return priority
 
 
-def _log_compile(future: Future, op_type: str, soc: str, caller: peer.Peer | None) -> None:
+def _log_compile(
+    future: Future[CompileOutcome], op_type: str, soc: str, caller: peer.Peer | None
+) -> None:
     """One line per finished compile request: the kernel, its outcome and who asked
     (SO_PEERCRED pid, uid, gid; "tcp" for the token-guarded TCP listener) — issue 10, item 5."""
     who = caller.describe() if caller is not None else "tcp (no credentials)"
@@ -597,7 +601,7 @@ def _log_compile(future: Future, op_type: str, soc: str, caller: peer.Peer | Non
     )
 
 
-def _outcome(future: Future) -> tuple[int, dict[str, Any]]:
+def _outcome(future: Future[CompileOutcome]) -> tuple[int, dict[str, Any]]:
     if future.cancelled():
         return 500, {"error": "compile was cancelled"}
     exc = future.exception()

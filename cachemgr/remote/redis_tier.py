@@ -120,7 +120,7 @@ class RedisTier:
         :raises redis.RedisError, OSError: the server failed.
         """
         names = self._client.zrevrange(self.index_key(soc_version), 0, max(0, limit - 1))
-        return [n.decode() if isinstance(n, bytes) else str(n) for n in names]  # type: ignore[union-attr]
+        return [n.decode() if isinstance(n, bytes) else str(n) for n in names]
 
     @staticmethod
     def fatal(exc: BaseException) -> bool:
@@ -133,7 +133,7 @@ class RedisTier:
 
         :raises redis.RedisError, OSError: the server failed.
         """
-        return TierStat(self.name, entries=int(self._client.dbsize()))  # type: ignore[arg-type]
+        return TierStat(self.name, entries=int(self._client.dbsize()))
 
     def close(self) -> None:
         """Close the connection pool."""

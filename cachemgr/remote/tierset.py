@@ -271,7 +271,7 @@ class RemoteTiers:
     def _upload_loop(self) -> None:
         while (job := self._queue.get()) is not None:
             try:
-                if job != FLUSH:
+                if not isinstance(job, str):  # else FLUSH
                     kernel_cache_dir, soc_version, kernel, seen = job
                     self.upload_now(kernel_cache_dir, soc_version, kernel, seen)
                 if self._queue.empty():  # a burst is over: write the remotes' indexes once

@@ -403,12 +403,14 @@ def _binary_ref(data: dict[str, Any], json_name: str, is_sub: bool) -> BinaryRef
 
 def _read(chip_dir: Path, name: str, dir_fd: int | None, max_bytes: int | None = None) -> bytes:
     """Read one file of an entry (at most ``max_bytes``)."""
-    return _reading(fsutil.read_bytes_noatime, chip_dir, name, dir_fd, max_bytes=max_bytes)
+    data: bytes = _reading(fsutil.read_bytes_noatime, chip_dir, name, dir_fd, max_bytes=max_bytes)
+    return data
 
 
 def _digest(chip_dir: Path, name: str, dir_fd: int | None) -> tuple[str, int]:
     """SHA-256 and size of a binary, streamed (a hit never holds a binary in memory)."""
-    return _reading(fsutil.sha256_noatime, chip_dir, name, dir_fd)
+    digest: tuple[str, int] = _reading(fsutil.sha256_noatime, chip_dir, name, dir_fd)
+    return digest
 
 
 def _reading(

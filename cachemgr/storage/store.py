@@ -392,7 +392,7 @@ class Store:
         names = [desc.json_name, *desc.sub_jsons, *(b.bin_name for b in desc.binaries)]
         header = desc.header
         if header and fsutil.lstat_or_none(self.chip_dir / header, self.dir_fd) is not None:
-            names.append(desc.header)  # optional (entry rule R6): served only when present
+            names.append(header)  # optional (entry rule R6): served only when present
         return names
 
     def _touch(self, files: tuple[Path, ...]) -> None:
