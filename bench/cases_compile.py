@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import ROOT, Row, ratio_of
+from cachemgr.compile.build import CompileOutcome
 from cachemgr.compile.queue import CompileQueue
 from cachemgr.compile.request import CompileRequest, load_request, parse_request
 from cachemgr.compilers import CompileJob, get_backend, process
@@ -109,15 +110,19 @@ def big_request(work: Path) -> dict[str, Any]:
     }
 
 
-def _hit_rows(work: Path, quick: bool) -> list[Row]:
-    work.mkdir(parents=True)
-    req = parse_request(big_request(work), work)
+def _compile_then_hits(
+    work: Path, data: dict[str, Any], what: str, quick: bool
+) -> tuple[CompileOutcome, list[float]]:
+    """Compile ``data`` once in an in-process queue (it must compile), then ask for it again
+    200 (quick) or 3000 times: the first outcome and each hit's latency in seconds.
+
+    :raises RuntimeError: the first request did not compile, or a later one was no hit.
+    """
+    req = parse_request(data, work)
     with CompileQueue(_settings(work), workers=1) as queue:
         first = queue.compile(req)
         if first.status != "compiled":
-            raise RuntimeError(f"big kernel did not compile: {first.error}")
-        binary = next(f for f in first.files if f.suffix == ".o")
-        size_kib = binary.stat().st_size / 1024
+            raise RuntimeError(f"{what} did not compile: {first.error}")
         hits = []
         for _ in range(200 if quick else 3000):
             start = time.perf_counter()
@@ -125,6 +130,14 @@ def _hit_rows(work: Path, quick: bool) -> list[Row]:
             hits.append(time.perf_counter() - start)
             if outcome.status != "hit":
                 raise RuntimeError(f"expected a hit, got {outcome.status}")
+    return first, hits
+
+
+def _hit_rows(work: Path, quick: bool) -> list[Row]:
+    work.mkdir(parents=True)
+    first, hits = _compile_then_hits(work, big_request(work), "big kernel", quick)
+    binary = next(f for f in first.files if f.suffix == ".o")
+    size_kib = binary.stat().st_size / 1024
     floor = []
     for _ in range(200 if quick else 3000):
         start = time.perf_counter()
@@ -173,18 +186,7 @@ def _manifest_hit_rows(work: Path, quick: bool) -> list[Row]:
     """Hit latency with a 20-header manifest: no preprocessor run, 21 digests (remembered per
     file identity) and the verified lookup."""
     work.mkdir(parents=True)
-    req = parse_request(manifest_request(work), work)
-    with CompileQueue(_settings(work), workers=1) as queue:
-        first = queue.compile(req)
-        if first.status != "compiled":
-            raise RuntimeError(f"manifest kernel did not compile: {first.error}")
-        hits = []
-        for _ in range(200 if quick else 3000):
-            start = time.perf_counter()
-            outcome = queue.compile(req)
-            hits.append(time.perf_counter() - start)
-            if outcome.status != "hit":
-                raise RuntimeError(f"expected a hit, got {outcome.status}")
+    _, hits = _compile_then_hits(work, manifest_request(work), "manifest kernel", quick)
     p50, p99 = _ms(hits), _ms(hits, 0.99)
     note = f"{MANIFEST_HEADERS} headers in the manifest; {len(hits)} hits"
     return [

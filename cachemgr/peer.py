@@ -3,12 +3,15 @@ recorded it when the peer called ``connect``/``listen`` (issue 10, items 5 and 7
 
 The daemon identifies every caller this way (logged with each compile, used for per-caller
 limits); the client checks that the process serving a socket is the user it expects. The
-values cannot be forged by the peer (see unix(7), ``SO_PEERCRED``).
+values cannot be forged by the peer (see unix(7), ``SO_PEERCRED``). The one place they are
+read (the daemon's per-request caller, :mod:`cachemgr.daemon.peer`, is built from
+:func:`of_socket`), and the one place uids and gids become names.
 """
 
 from __future__ import annotations
 
 import grp
+import os
 import pwd
 import socket
 import struct
@@ -44,8 +47,10 @@ def of_socket(sock: socket.socket) -> Peer | None:
     return Peer(*_UCRED.unpack(raw))
 
 
-def user_name(uid: int) -> str:
-    """The user name of ``uid``, or the number as text when it has none."""
+def user_name(uid: int | None = None) -> str:
+    """The user name of ``uid`` (default: this process's effective user), or the number as
+    text when it has none."""
+    uid = os.geteuid() if uid is None else uid
     try:
         return pwd.getpwuid(uid).pw_name
     except KeyError:

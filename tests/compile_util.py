@@ -62,6 +62,25 @@ def request_data(example: str = "add_c", **over: Any) -> dict[str, Any]:
     return data
 
 
+#: The tensor of the hand-written ``scale_kernel`` requests: 16 float32, ND.
+TENSOR = {"shape": [16], "dtype": "float32", "format": "ND"}
+
+
+def scale_request(source: str, **over: Any) -> dict[str, Any]:
+    """A request for ``scale_kernel`` (op ``Scale``, C) in ``source``, with the fields in
+    ``over`` added or replaced."""
+    return {
+        "op_type": "Scale",
+        "soc_version": SOC,
+        "language": "c",
+        "kernel_source": source,
+        "kernel_entry": "scale_kernel",
+        "inputs": [TENSOR],
+        "outputs": [TENSOR],
+        **over,
+    }
+
+
 def write_request(folder: Path, name: str = "req", **over: Any) -> Path:
     """Write a request file into ``folder`` and return its path."""
     folder.mkdir(parents=True, exist_ok=True)

@@ -13,6 +13,7 @@ import pytest
 
 from cachemgr.storage import entry
 from cachemgr.storage.store import Store
+from tests.daemon_util import Daemon, start_daemon
 from tests.remote_util import redis_server, webdav_server  # noqa: F401 - fixtures
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,6 +55,20 @@ def clean_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.chdir(tmp_path)
     return dict(os.environ)
+
+
+@pytest.fixture
+def cache_root(tmp_path: Path) -> Path:
+    """The cache root ``<tmp>/cache`` (not made: the daemon or the test makes it)."""
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def daemon(tmp_path: Path, cache_root: Path) -> Iterator[Daemon]:
+    """A real ``cachemgr serve`` on ``cache_root`` (ready), stopped after the test."""
+    d = start_daemon(tmp_path, "--cache-dir", str(cache_root))
+    yield d
+    d.stop()
 
 
 @pytest.fixture

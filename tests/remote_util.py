@@ -24,8 +24,26 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class _ServerProcess:
+    """A server subprocess (``proc``) with its output in a log file; :meth:`stop` kills it
+    and the subclass's ``start`` starts it again on the same port."""
+
+    proc: subprocess.Popen[bytes] | None
+
+    def _spawn(self, args: list[str], log_path: Path) -> None:
+        log = open(log_path, "ab")  # noqa: SIM115 - kept by the process
+        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(30)
+        self.proc = None
+
+
 @dataclass
-class RedisServer:
+class RedisServer(_ServerProcess):
     """A running ``redis-server``; :meth:`stop` and :meth:`start` keep its port."""
 
     folder: Path
@@ -45,9 +63,7 @@ class RedisServer:
             pytest.fail("redis-server is not installed: apt-get install -y redis-server")
         args = [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
         args += ["--appendonly", "no", "--dir", str(self.folder), "--protected-mode", "yes"]
-        log = open(self.folder / "redis.log", "ab")  # noqa: SIM115 - kept by the process
-        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
+        self._spawn(args, self.folder / "redis.log")
 
         def up() -> bool:
             try:
@@ -56,12 +72,6 @@ class RedisServer:
                 return False
 
         wait_for(up, 30, f"redis-server on port {self.port}")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(30)
-        self.proc = None
 
 
 @pytest.fixture
@@ -78,7 +88,7 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
 
 
 @dataclass
-class WebDavServer:
+class WebDavServer(_ServerProcess):
     """A running ``wsgidav`` (cheroot) serving ``root`` with anonymous read/write."""
 
     root: Path
@@ -98,9 +108,7 @@ class WebDavServer:
         args = [sys.executable, "-m", "wsgidav.server.server_cli", "--host", "127.0.0.1"]
         args += ["--port", str(self.port), "--root", str(self.root), "--auth", "anonymous"]
         args += ["--no-config", "--server", "cheroot", "-q"]
-        log = open(self.root.parent / "wsgidav.log", "ab")  # noqa: SIM115 - kept by the process
-        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
+        self._spawn(args, self.root.parent / "wsgidav.log")
 
         def up() -> bool:
             try:
@@ -111,12 +119,6 @@ class WebDavServer:
 
         wait_for(up, 60, f"wsgidav on port {self.port}")
         assert self.proc.poll() is None, (self.root.parent / "wsgidav.log").read_text()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(30)
-        self.proc = None
 
 
 @pytest.fixture

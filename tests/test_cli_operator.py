@@ -21,18 +21,6 @@ from tests.users_util import Runtime, Users, run_as, user_home
 REQUEST = str(ROOT / "examples" / "requests" / "add_c.json")
 
 
-@pytest.fixture
-def cache_root(tmp_path: Path) -> Path:
-    return tmp_path / "cache"
-
-
-@pytest.fixture
-def daemon(tmp_path: Path, cache_root: Path):
-    d = start_daemon(tmp_path, "--cache-dir", str(cache_root))
-    yield d
-    d.stop()
-
-
 def _env(d: Daemon) -> dict[str, str]:
     """The daemon's environment (its XDG_RUNTIME_DIR: its socket is the default one)."""
     env = dict(d.env)

@@ -17,11 +17,16 @@ from cachemgr.compile import precompiled
 from cachemgr.compile.queue import CompileQueue
 from cachemgr.compile.request import load_request
 from cachemgr.storage import manifest
-from tests.compile_util import SOC, counting_cc, make_settings, nvcc_missing, wait_for
+from tests.compile_util import (
+    SOC,
+    counting_cc,
+    make_settings,
+    nvcc_missing,
+    scale_request,
+    wait_for,
+)
 from tests.conftest import run_cli
 from tests.daemon_util import daemon_env, start_daemon
-
-TENSOR = {"shape": [16], "dtype": "float32", "format": "ND"}
 
 
 def _write(path: Path, text: str, age_s: float = 0.0) -> Path:
@@ -34,17 +39,7 @@ def _write(path: Path, text: str, age_s: float = 0.0) -> Path:
 
 
 def _request(folder: Path, name: str, source: str, **over: Any) -> Path:
-    data = {
-        "op_type": "Scale",
-        "soc_version": SOC,
-        "language": "c",
-        "kernel_source": source,
-        "kernel_entry": "scale_kernel",
-        "inputs": [TENSOR],
-        "outputs": [TENSOR],
-        **over,
-    }
-    return _write(folder / f"{name}.json", json.dumps(data))
+    return _write(folder / f"{name}.json", json.dumps(scale_request(source, **over)))
 
 
 def _c_project(root: Path, factor: int = 2) -> Path:
@@ -446,6 +441,9 @@ def test_a_header_read_in_place_that_changes_during_the_compile_is_not_cached(
     with CompileQueue(settings, workers=1, output_dir=out_dir) as q:
         raced = q.compile(load_request(req))
         assert raced.status == "compiled" and all(f.parent == out_dir for f in raced.files)
+        assert raced.cached is False and f"{header} changed while it compiled" in str(
+            raced.warning
+        ), raced.warning
         chip = tmp_path / "cache" / "kernel_cache" / SOC
         assert not (chip / f"{raced.kernel_name}.json").exists(), "never cached"
         steady = q.compile(load_request(req))  # nothing changes now: cached

@@ -21,18 +21,6 @@ from tests.shared_util import chip_bytes
 REQUESTS = ROOT / "examples" / "requests"
 
 
-@pytest.fixture
-def cache_root(tmp_path: Path) -> Path:
-    return tmp_path / "cache"
-
-
-@pytest.fixture
-def daemon(tmp_path: Path, cache_root: Path):
-    d = start_daemon(tmp_path, "--cache-dir", str(cache_root))
-    yield d
-    d.stop()
-
-
 def _raw_http(sock_path: Path, data: bytes, read: bool = True) -> bytes:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(30)

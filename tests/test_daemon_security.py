@@ -34,6 +34,23 @@ def _serve_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "cachemgr", "serve", *args]
 
 
+def _serve_refused(*args: str, env: dict[str, str], started: str) -> tuple[int, str]:
+    """Run ``cachemgr serve ARGS``, which must refuse to start: its exit code and stderr.
+
+    :raises AssertionError: with ``started`` when it still runs after 60 s.
+    """
+    proc = subprocess.Popen(
+        _serve_cmd(*args), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise AssertionError(started) from None
+    return proc.returncode, err
+
+
 def _raw(
     sock_path: Path, method: str, path: str, body: bytes, headers: str = ""
 ) -> tuple[int, dict]:
@@ -59,20 +76,13 @@ def _raw(
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the refusal concerns root")
 def test_serve_refuses_root_without_the_flag(tmp_path: Path) -> None:
-    proc = subprocess.Popen(
-        _serve_cmd("--cache-dir", str(tmp_path / "c")),
+    code, err = _serve_refused(
+        "--cache-dir",
+        str(tmp_path / "c"),
         env=daemon_env(tmp_path),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+        started="serve ran as root without --allow-root",
     )
-    try:
-        _, err = proc.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
-        raise AssertionError("serve ran as root without --allow-root") from None
-    assert proc.returncode == 2, err
+    assert code == 2, err
     assert err.count("\n") == 1 and "refusing to run the daemon as root" in err
     assert "--allow-root" in err and "Traceback" not in err
     assert not (tmp_path / "c").exists()  # nothing was started or created
@@ -221,24 +231,18 @@ def test_tcp_listener_refuses_to_start_without_a_private_token(tmp_path: Path) -
             link.symlink_to(_token_file(tmp_path))
             lines += f"tcp_token_file = '{link}'\n"
         cfg.write_text(lines)
-        proc = subprocess.Popen(
-            [
-                *_serve_cmd(*AS_ROOT, "--tcp-port", "0", "--cache-dir", str(tmp_path / "c")),
-                "--config",
-                str(cfg),
-            ],
+        code, err = _serve_refused(
+            *AS_ROOT,
+            "--tcp-port",
+            "0",
+            "--cache-dir",
+            str(tmp_path / "c"),
+            "--config",
+            str(cfg),
             env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
+            started=f"the TCP listener started ({case or 'no token'})",
         )
-        try:
-            _, err = proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-            raise AssertionError(f"the TCP listener started ({case or 'no token'})") from None
-        assert proc.returncode == 2 and needle in err, (case, err)
+        assert code == 2 and needle in err, (case, err)
         errors = [ln for ln in err.splitlines() if ln.startswith("cachemgr: error:")]
         assert len(errors) == 1 and "Traceback" not in err, err
         assert not (tmp_path / "c").exists()  # refused before anything was made

@@ -21,12 +21,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.compile_util import scale_request as _request
 from tests.daemon_util import AS_ROOT, Daemon, daemon_env, start_daemon
 from tests.users_util import Runtime, Users, run_as, user_home
 
 SECRET = "TOPSECRET_4c1d9"
 SOC = "Ascend910B1"
-TENSOR = {"shape": [16], "dtype": "float32", "format": "ND"}
 
 
 def _setup(users: Users, rt: Runtime, config: str = "") -> tuple[Daemon, Path, Path, Path]:
@@ -110,19 +110,6 @@ c.request("POST", "/compile", body=sys.argv[2], headers={"Content-Type": "applic
 r = c.getresponse()
 print(json.dumps({"code": r.status, "body": r.read().decode(errors="replace")}))
 """
-
-
-def _request(source: str, **over: object) -> dict:
-    return {
-        "op_type": "Scale",
-        "soc_version": SOC,
-        "language": "c",
-        "kernel_source": source,
-        "kernel_entry": "scale_kernel",
-        "inputs": [TENSOR],
-        "outputs": [TENSOR],
-        **over,
-    }
 
 
 def _crafted(path: str, text: str, **over: object) -> str:

@@ -57,23 +57,22 @@ def as_user(
     users: Users, rt: Runtime, name: str, *args: str, timeout: float = 180
 ) -> subprocess.CompletedProcess[str]:
     """``cachemgr ARGS`` run as ``name`` (umask 022, a careless one on purpose)."""
-    return subprocess.run(
-        [rt.python, "-m", "cachemgr", *args],
-        env=_env(users, rt, name),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        **run_as(name, users),  # type: ignore[arg-type]
-    )
+    return _run_as(users, rt, name, ["-m", "cachemgr", *args], timeout)
 
 
 def twin_as(
     users: Users, rt: Runtime, name: str, *args: str, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
     """The GE twin run as ``name``, as a CANN process of that user would run."""
+    return _run_as(users, rt, name, [str(_twin(users)), *args], timeout)
+
+
+def _run_as(
+    users: Users, rt: Runtime, name: str, argv: list[str], timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """``python ARGV`` of the other runtime, run as ``name`` in that user's environment."""
     return subprocess.run(
-        [rt.python, str(_twin(users)), *args],
+        [rt.python, *argv],
         env=_env(users, rt, name),
         capture_output=True,
         text=True,

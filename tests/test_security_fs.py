@@ -125,6 +125,16 @@ def _victim(users: Users, owner: str) -> Path:
     return work
 
 
+def _planted_kernel_cache_link(users: Users) -> tuple[Path, Path, Path]:
+    """The shared root, alice's private folder, and ``kernel_cache``: bob, a member, has
+    replaced it (the root is group-writable) by a link to that folder."""
+    root = _shared_root(users)
+    victim = _victim(users, users.alice)
+    link = root / "kernel_cache"
+    _as_shell(users, users.bob, f"ln -s {victim} {link}")
+    return root, victim, link
+
+
 def _request_file(folder: Path, rt: Runtime, n: int, **options: Any) -> Path:
     data = kernel_request(n, **options)
     data["kernel_source"] = str(rt.kernels / "c" / "add.c")
@@ -147,13 +157,9 @@ def _one_line_naming(stderr: str, *needles: str) -> None:
 def test_gc_purge_verify_and_compile_never_reach_through_a_planted_kernel_cache_link(
     users: Users, other_runtime: Runtime
 ) -> None:
-    root = _shared_root(users)
-    victim = _victim(users, users.alice)
+    root, victim, link = _planted_kernel_cache_link(users)
     before = _snapshot(victim)
-    # bob, a member, replaces kernel_cache (the root is group-writable) by a link to alice's
-    # private folder; alice's own commands then run against it
-    link = root / "kernel_cache"
-    _as_shell(users, users.bob, f"ln -s {victim} {link}")
+    # alice's own commands run against the link bob planted
     home = users.base / users.alice
     env = _env(other_runtime, home, _toolkit(users.base))
     request = _request_file(users.base, other_runtime, 1)
@@ -176,11 +182,8 @@ def test_gc_purge_verify_and_compile_never_reach_through_a_planted_kernel_cache_
 def test_the_daemon_start_reclaims_nothing_through_a_planted_kernel_cache_link(
     users: Users, other_runtime: Runtime
 ) -> None:
-    root = _shared_root(users)
-    victim = _victim(users, users.alice)
+    root, victim, link = _planted_kernel_cache_link(users)
     before = _snapshot(victim)
-    link = root / "kernel_cache"
-    _as_shell(users, users.bob, f"ln -s {victim} {link}")
     home = users.base / users.alice
     env = daemon_env(home)
     for sub in ("home", "run", "state"):

@@ -45,6 +45,16 @@ VERBOSITY = Verbosity()
 
 def settings_options(func: F) -> F:
     """Add ``--cache-dir``, ``--host-id``, ``--soc`` and ``--config`` to a command."""
+    return _with_settings_options(func, soc=True)
+
+
+def cache_options(func: F) -> F:
+    """Add ``--cache-dir``, ``--host-id`` and ``--config``: which kernel cache, for a command
+    that acts on all its chip folders (no ``--soc``; e.g. ``limits``)."""
+    return _with_settings_options(func, soc=False)
+
+
+def _with_settings_options(func: F, soc: bool) -> F:
     decorators = [
         click.option(
             "--cache-dir",
@@ -57,14 +67,19 @@ def settings_options(func: F) -> F:
             metavar="ID",
             help="Host id for ASCEND_CACHE_PATH/kernel_cache_<ID> (env CACHEMGR_HOST_ID).",
         ),
-        click.option("--soc", "soc_version", metavar="SOC", help="Only this chip folder."),
+    ]
+    if soc:
+        decorators.append(
+            click.option("--soc", "soc_version", metavar="SOC", help="Only this chip folder.")
+        )
+    decorators.append(
         click.option(
             "--config",
             "config_file",
             type=click.Path(dir_okay=False, path_type=Path),
             help="TOML config file (env CACHEMGR_CONFIG).",
-        ),
-    ]
+        )
+    )
     for deco in reversed(decorators):
         func = deco(func)
     return func

@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from cachemgr.cli.common import emit_json, load_settings, route, socket_option
+from cachemgr.cli.common import cache_options, emit_json, load_settings, route, socket_option
 from cachemgr.config import ini, versions
 from cachemgr.config.options import Settings
 from cachemgr.constants import NEVER_EVICT
@@ -26,34 +26,6 @@ from cachemgr.storage import fsutil
 
 _MAX_ACCEPTED = f"-1 or 1..{ini.MAX_MB_LIMIT} (MB = MiB per chip folder; -1 = never evict)"
 _RATIO_ACCEPTED = f"{ini.RATIO_MIN_PCT}..{ini.RATIO_MAX_PCT} (percent of the limit)"
-
-
-def _cache_options(func: Any) -> Any:
-    """``--cache-dir``, ``--host-id``, ``--config``: which kernel cache (limits are per
-    kernel cache, applied to each chip folder)."""
-    for deco in reversed(
-        [
-            click.option(
-                "--cache-dir",
-                "op_compiler_cache_dir",
-                metavar="DIR",
-                help="op_compiler_cache_dir: cache root (kernel cache at DIR/kernel_cache).",
-            ),
-            click.option(
-                "--host-id",
-                metavar="ID",
-                help="Host id for ASCEND_CACHE_PATH/kernel_cache_<ID> (env CACHEMGR_HOST_ID).",
-            ),
-            click.option(
-                "--config",
-                "config_file",
-                type=click.Path(dir_okay=False, path_type=Path),
-                help="TOML config file (env CACHEMGR_CONFIG).",
-            ),
-        ]
-    ):
-        func = deco(func)
-    return func
 
 
 def _parse(raw: str | None, option: str, low: int, high: int, accepted: str) -> int | None:
@@ -80,7 +52,7 @@ def limits_group() -> None:
 
 @limits_group.command("show")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object.")
-@_cache_options
+@cache_options
 def show_cmd(as_json: bool, **kw: Any) -> None:
     """The limits in force, where they come from, and the ini's version stamps."""
     settings = load_settings(soc_version=None, writable=False, **kw)
@@ -122,7 +94,7 @@ def _limits_json(settings: Settings) -> dict[str, Any]:
     help=f"remain_cache_size_ratio: what eviction keeps, {_RATIO_ACCEPTED}.",
 )
 @click.option("--json", "as_json", is_flag=True, help="One JSON object.")
-@_cache_options
+@cache_options
 @socket_option
 def set_cmd(
     max_size: str | None,

@@ -16,6 +16,7 @@ from cachemgr.cli.common import daemon_socket_option, emit_json, remote_option
 from cachemgr.client import Client, DaemonUnavailable, default_socket_path
 from cachemgr.daemon import main as daemon_main
 from cachemgr.errors import CacheMgrError
+from cachemgr.storage import fsutil
 
 #: The daemon's log line outside journald: every line carries its time (issue 12 item 7).
 TIMESTAMPED = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -190,14 +191,8 @@ def stop_cmd(socket_path: Path | None, wait_s: float) -> None:
 
 def _alive(pid: object) -> bool:
     """True while process ``pid`` (the daemon, same host) exists."""
-    if not isinstance(pid, int) or pid <= 0:
+    if not isinstance(pid, int) or not fsutil.pid_alive(pid):
         return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
     try:  # an exited child its parent has not reaped yet is a zombie: it has stopped
         stat = Path(f"/proc/{pid}/stat").read_text()
         return stat.rpartition(")")[2].split()[0] != "Z"

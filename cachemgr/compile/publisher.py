@@ -276,18 +276,7 @@ def _uncached(
         "read without being hashed)"
     )
     log.warning("%s", warning)
-    out = fsutil.ensure_dir(ctx.uncached_dir())
-    binary, doc = out / result.binary.name, out / result.json_path.name
-    os.replace(result.binary, binary)
-    os.replace(result.json_path, doc)  # json last: a visible json means a whole kernel
-    return CompileOutcome(
-        p.kernel,
-        COMPILED,
-        (doc, binary),
-        request=p.request.origin,
-        cached=False,
-        warning=warning,
-    )
+    return _outside_the_cache(p, ctx, result, warning)
 
 
 def _ensure_ini(kernel_cache_dir: Path, sections: dict[str, Any]) -> None:
@@ -338,13 +327,24 @@ def _compile_outside(
     if found is not None and found.hit:
         return CompileOutcome(p.kernel, HIT, found.files, request=p.request.origin)
     result = p.backend.compile(compile_job(p, ctx.build_dir()))
-    out = fsutil.ensure_dir(ctx.uncached_dir())
-    binary, doc = out / result.binary.name, out / result.json_path.name
-    os.replace(result.binary, binary)
-    os.replace(result.json_path, doc)  # json last: a visible json means a whole kernel
     warning = f"{p.kernel} compiled but not cached: {reason}"
     if warn:
         log.warning("%s", warning)
+    return _outside_the_cache(p, ctx, result, warning)
+
+
+def _outside_the_cache(
+    p: Prepared, ctx: RunContext, result: CompileResult, warning: str
+) -> CompileOutcome:
+    """Move a compiled kernel from its build folder into the private output folder (binary
+    first, json last: a visible json means a whole kernel): ``compiled``, not cached.
+
+    :raises OSError: the output folder cannot be made or written.
+    """
+    out = fsutil.ensure_dir(ctx.uncached_dir())
+    binary, doc = out / result.binary.name, out / result.json_path.name
+    os.replace(result.binary, binary)
+    os.replace(result.json_path, doc)
     return CompileOutcome(
         p.kernel,
         COMPILED,

@@ -9,10 +9,11 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import struct
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+
+from cachemgr.peer import of_socket
 
 
 @dataclass(frozen=True)
@@ -41,15 +42,13 @@ _local = threading.local()
 
 
 def peer_credentials(sock: socket.socket) -> Peer:
-    """``SO_PEERCRED`` of a connected Unix socket; an unknown peer for any other socket."""
-    if sock.family != socket.AF_UNIX:
-        return _UNKNOWN
+    """``SO_PEERCRED`` of a connected Unix socket (:func:`cachemgr.peer.of_socket`); an
+    unknown peer for any other socket, or one already closed."""
     try:
-        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        cred = of_socket(sock)
     except OSError:
         return _UNKNOWN
-    pid, uid, gid = struct.unpack("3i", raw)
-    return Peer(pid, uid, gid)
+    return _UNKNOWN if cred is None else Peer(cred.pid, cred.uid, cred.gid)
 
 
 @contextlib.contextmanager

@@ -147,15 +147,9 @@ def _scan_sizes(chip_dir: Path) -> tuple[dict[int, int], int]:
     sizes: dict[int, int] = {}
     entries = 0
     try:
-        with os.scandir(chip_dir) as it:
-            for de in it:
-                try:
-                    st = de.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                if stat.S_ISREG(st.st_mode):
-                    sizes[_key(de.name)] = st.st_size
-                    entries += _is_main_json(de.name)
+        for name, st in fsutil.regular_files(chip_dir):
+            sizes[_key(name)] = st.st_size
+            entries += _is_main_json(name)
     except OSError as exc:  # gone, also removed by another NFS host (ESTALE): empty
         if not isinstance(exc, NotADirectoryError) and exc.errno not in fsutil.GONE_ERRNOS:
             raise

@@ -23,7 +23,6 @@ from __future__ import annotations
 import gc
 import logging
 import os
-import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -350,16 +349,7 @@ def _note_skew(
 
 def _used_bytes(chip_fd: int) -> int:
     """Apparent bytes of the regular files in the folder open as ``chip_fd`` (SPEC §5)."""
-    total = 0
-    with os.scandir(chip_fd) as it:
-        for de in it:
-            try:
-                st = de.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            if stat.S_ISREG(st.st_mode):
-                total += st.st_size
-    return total
+    return sum(st.st_size for _, st in fsutil.regular_files(chip_fd))
 
 
 def _batches(plan: EvictionPlan, freed: Callable[[], int]) -> Iterator[list[EntryGroup]]:

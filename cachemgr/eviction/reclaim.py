@@ -124,16 +124,26 @@ def _reclaim_manifest(
     kernels = manifest.kernels(scan.chip_dir / name, chip_fd)
     if kernels is not None and any(present(scan, chip_fd, k) for k in kernels):
         return
-    if not dry_run:
-        try:
-            unlink_quiet(chip_fd, name)
-        except OSError as exc:
-            if exc.errno not in DENIED_ERRNOS:
-                raise
-            out.denied.append(denied_line(name, exc))
-            return
+    if not dry_run and not _unlink_or_deny(chip_fd, name, out):
+        return
     out.manifests += 1
     out.bytes += _forget(scan, scan.manifests, name)
+
+
+def _unlink_or_deny(chip_fd: int, name: str, out: ReclaimResult) -> bool:
+    """Remove ``name`` from the chip folder open as ``chip_fd``: True when it is gone (now or
+    already), False when permission was refused (a line in ``out.denied``, SPEC §9).
+
+    :raises OSError: anything but a permission problem (``DENIED_ERRNOS``).
+    """
+    try:
+        unlink_quiet(chip_fd, name)
+    except OSError as exc:
+        if exc.errno not in DENIED_ERRNOS:
+            raise
+        out.denied.append(denied_line(name, exc))
+        return False
+    return True
 
 
 def _suspects(scan: ChipScan) -> list[EntryGroup]:
@@ -228,14 +238,8 @@ def _reclaim_temp(
     young = now_ns - scan.temps[name].mtime_ns < TEMP_MAX_AGE_S * 1_000_000_000
     if young and not fsutil.temp_writer_dead(name):
         return  # a write in progress (a dead writer of this host's temp goes at once)
-    if not dry_run:
-        try:
-            unlink_quiet(chip_fd, name)
-        except OSError as exc:
-            if exc.errno not in DENIED_ERRNOS:
-                raise
-            out.denied.append(denied_line(name, exc))
-            return
+    if not dry_run and not _unlink_or_deny(chip_fd, name, out):
+        return
     out.temps += 1
     out.bytes += _forget(scan, scan.temps, name)
 

@@ -18,11 +18,9 @@ import ctypes
 import errno
 import fcntl
 import functools
-import grp
 import hashlib
 import logging
 import os
-import pwd
 import secrets
 import stat
 import threading
@@ -34,6 +32,8 @@ from typing import ClassVar
 
 from cachemgr.constants import short_host
 from cachemgr.errors import LockBusyError
+from cachemgr.peer import group_name as group_name  # uid/gid → names: one definition
+from cachemgr.peer import user_name as user_name
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +93,22 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def regular_files(folder: Path | int) -> Iterator[tuple[str, os.stat_result]]:
+    """Name and ``lstat`` of each regular file directly in ``folder`` (a path, or a folder's
+    open descriptor); links are not followed, and a file gone meanwhile is skipped.
+
+    :raises OSError: the folder cannot be listed.
+    """
+    with os.scandir(folder) as it:
+        for de in it:
+            try:
+                st = de.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                yield de.name, st
 
 
 def at(path: Path, dir_fd: int | None) -> str | Path:
@@ -529,23 +545,6 @@ def kind_of(st: os.stat_result) -> str:
         if test(mode):
             return name
     return "special file"
-
-
-def user_name(uid: int | None = None) -> str:
-    """The login name of ``uid`` (default: this process's effective user), else the number."""
-    uid = os.geteuid() if uid is None else uid
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
-
-
-def group_name(gid: int) -> str:
-    """The name of group ``gid``, else the number."""
-    try:
-        return grp.getgrgid(gid).gr_name
-    except KeyError:
-        return str(gid)
 
 
 def access_hint(path: Path, want: str = "writable") -> str:
