@@ -80,7 +80,7 @@ def _session(
     time.sleep(rng.uniform(0, think_s))  # sessions do not start in lockstep
     for _ in range(n):
         start = time.perf_counter()
-        answer = client.compile(request, base_dir="/")
+        answer = client.compile(request, base_dir="/").to_json()
         times.append(time.perf_counter() - start)
         if answer["status"] != "hit":
             raise RuntimeError(f"expected a hit, got {answer}")
@@ -232,7 +232,7 @@ def _rss_rows(work: Path, quick: bool) -> list[Row]:
     )
     proc, sock = _start(work, cache)
     try:
-        stats = Client(sock).stats()
+        stats = Client(sock).stats().to_json()
         indexed = stats["chip_folders"]["Ascend910B1"]["entries"]
         rss_mb = _rss_kb(proc.pid) / 1024
     finally:

@@ -25,13 +25,15 @@ Example::
 
     from cachemgr import Client
     client = Client()                       # $CACHEMGR_SOCKET or the default socket
-    out = client.compile_file("examples/requests/c_add.json")
-    print(out["kernel_name"], out["status"])   # "hit" | "compiled" | "binary" | "debug"
+    out = client.compile_file("examples/requests/c_add.json")   # a CompileOutcome
+    print(out.kernel_name, out.status, out.policy.describe())
+    out.to_json()                           # the same as a dict (compile --json's object)
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import http.client
 import json
 import logging
@@ -41,11 +43,12 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, NamedTuple, TypeVar, overload
 
 from cachemgr import sockcheck
 from cachemgr.compile import build, inputs, kernel_meta, keys
 from cachemgr.compile.request import ParsedRequests
+from cachemgr.compile.results import CompileOutcome, GcResult, StatsResult
 from cachemgr.config import layout, options
 from cachemgr.errors import CacheMgrError, CompileError, InvalidInputError
 from cachemgr.sockcheck import UntrustedDaemon
@@ -148,7 +151,7 @@ class Client:
         self._local = threading.local()
         self._side = _LocalHits(self)
         self._hits = self._side if local_hits else None
-        self._targets: dict[str, tuple[str, Path]] = {}
+        self._targets: dict[str, _Target] = {}
 
     def _conn(self) -> http.client.HTTPConnection:
         conn = getattr(self._local, "conn", None)
@@ -241,22 +244,55 @@ class Client:
         """``GET /config``: the daemon's settings with origins."""
         return self._object("GET", "/config")
 
-    def stats(self, soc_version: str | None = None) -> dict[str, Any]:
+    def stats(self, soc_version: str | None = None) -> StatsResult:
         """``GET /stats``: counters (``hits``, ``misses``, ``compiles``…) and chip folders
-        (this client's pending local hits are reported first)."""
+        (this client's pending local hits are reported first).
+
+        :raises DaemonError: the daemon's error, or an answer that is not a stats object.
+        """
         if self._hits is not None:
             self._hits.flush(force=True)
-        return self._object("GET", "/stats" + (f"?soc={soc_version}" if soc_version else ""))
+        answer = self._object("GET", "/stats" + (f"?soc={soc_version}" if soc_version else ""))
+        return _typed(StatsResult, answer, "/stats")
 
-    def gc(self, **params: Any) -> dict[str, Any]:
-        """``POST /gc`` with ``ratio``, ``soc``, ``min_age_s``, ``dry_run``."""
-        return self._object("POST", "/gc", {k: v for k, v in params.items() if v is not None})
+    def gc(self, **params: Any) -> GcResult:
+        """``POST /gc`` with ``ratio``, ``soc``, ``min_age_s``, ``dry_run``.
+
+        :raises DaemonError: the daemon's error, or an answer that is not a gc report.
+        """
+        answer = self._object("POST", "/gc", {k: v for k, v in params.items() if v is not None})
+        return _typed(GcResult, answer, "/gc")
 
     def lookup(self, soc_version: str, kernel_name: str) -> dict[str, Any]:
         """``POST /lookup``: a verified lookup; ``{"status": "hit"|"miss", …}``."""
         return self._object(
             "POST", "/lookup", {"soc_version": soc_version, "kernel_name": kernel_name}
         )
+
+    @overload
+    def compile(
+        self,
+        request: Mapping[str, Any],
+        base_dir: Path | str | None = None,
+        wait: Literal[True] = True,
+        priority: int = 0,
+        replace: bool = False,
+        session: str | None = None,
+        out_dir: Path | str | None = None,
+    ) -> CompileOutcome: ...
+
+    @overload
+    def compile(
+        self,
+        request: Mapping[str, Any],
+        base_dir: Path | str | None = None,
+        *,
+        wait: Literal[False],
+        priority: int = 0,
+        replace: bool = False,
+        session: str | None = None,
+        out_dir: Path | str | None = None,
+    ) -> dict[str, Any]: ...
 
     def compile(
         self,
@@ -267,9 +303,10 @@ class Client:
         replace: bool = False,
         session: str | None = None,
         out_dir: Path | str | None = None,
-    ) -> dict[str, Any]:
-        """Compile (or hit) one request: ``{"kernel_name", "status", "files", "seconds",
-        "via"}`` with ``via`` ``"client"`` for a hit served in this process, ``"daemon"``
+    ) -> CompileOutcome | dict[str, Any]:
+        """Compile (or hit) one request: its :class:`~cachemgr.results.CompileOutcome`
+        (``status``, ``files``, ``seconds``, the ``policy`` applied…; ``.to_json()`` for a
+        dict), with ``via`` ``"client"`` for a hit served in this process, ``"daemon"``
         otherwise. With ``wait=False`` returns ``{"job_id": …}`` to poll with :meth:`job`.
         Relative paths in the request are relative to ``base_dir`` (default: the current
         directory). ``replace`` recompiles and replaces this one entry (SPEC §4).
@@ -293,7 +330,7 @@ class Client:
         except InvalidInputError as exc:
             raise DaemonError(str(exc), 400) from exc
         except CompileError as exc:  # e.g. the dependency listing names a missing header
-            return _failed(str(exc), start)
+            return self._side.failed(request, base, exc, start)
         if prepared is not None and wait and not replace and self._hits is not None:
             found = self._hits.lookup_prepared(prepared, start)
             if found is not None:
@@ -317,20 +354,23 @@ class Client:
             except InvalidInputError as exc:
                 raise DaemonError(str(exc), 400) from exc
         answer = self._object("POST", "/compile", body)
-        if isinstance(answer, dict) and "status" in answer:
+        if "status" in answer:
             answer["via"] = "daemon"
-        if isinstance(answer, dict) and target is not None:
+        if target is not None:
             if "job_id" in answer and "status" not in answer:
                 self._targets[answer["job_id"]] = target
             else:
                 _write_outputs(answer, target)
-        return answer
+        if "status" not in answer:
+            return answer  # wait=False: the job to poll
+        return _typed(CompileOutcome, answer, "/compile")
 
     def _output_target(
         self, prepared: build.Prepared, out_dir: Path | str | None
-    ) -> tuple[str, Path] | None:
-        """Where this caller wants the outputs of ``prepared`` (``("debug", kernel_meta
-        folder)`` or ``("disable", folder)``), checked writable; None when it has none.
+    ) -> _Target | None:
+        """Where this caller wants the outputs of ``prepared`` (debug artefacts: its
+        kernel_meta folder; ``disable`` kernels: ``out_dir``), checked writable; None when it
+        has none.
 
         :raises DaemonError: 400 when the folder cannot be written (one line).
         """
@@ -342,18 +382,28 @@ class Client:
                 )
                 folder = layout.kernel_meta_dir(base)
                 kernel_meta.check_base(folder, origin)
-                return "debug", folder
+                return _Target(True, folder)
             if not decision.cache.write:
                 folder = Path(out_dir or Path.cwd()).absolute()
                 kernel_meta.check_base(folder, "output folder (out_dir)")
-                return "disable", folder
+                return _Target(False, folder)
         except InvalidInputError as exc:
             raise DaemonError(str(exc), 400) from exc
         return None
 
+    @overload
+    def compile_file(
+        self, path: Path | str, wait: Literal[True] = True, priority: int = 0
+    ) -> CompileOutcome: ...
+
+    @overload
+    def compile_file(
+        self, path: Path | str, wait: Literal[False], priority: int = 0
+    ) -> dict[str, Any]: ...
+
     def compile_file(
         self, path: Path | str, wait: bool = True, priority: int = 0
-    ) -> dict[str, Any]:
+    ) -> CompileOutcome | dict[str, Any]:
         """Compile the request in JSON file ``path`` (its folder is the base of relative paths).
 
         :raises CacheMgrError: unreadable file or malformed JSON (one line naming the file).
@@ -366,7 +416,10 @@ class Client:
             raise DaemonError(f"request file {exc}", 400) from exc
         except (OSError, ValueError) as exc:
             raise DaemonError(f"request file {path}: {exc}", 400) from exc
-        return self.compile(data, base_dir=path.resolve().parent, wait=wait, priority=priority)
+        base = path.resolve().parent
+        if not wait:
+            return self.compile(data, base_dir=base, wait=False, priority=priority)
+        return self.compile(data, base_dir=base, priority=priority)
 
     def job(self, job_id: str) -> dict[str, Any]:
         """``GET /jobs/<id>``: ``{"state": "queued"|"running"|"done"|"failed", …}`` (handed
@@ -452,7 +505,22 @@ class _LocalHits:
             f"{prepared.request.kernel_source} (or a header) kept changing while it was read"
         )
 
-    def lookup(self, data: Mapping[str, Any], base: str) -> dict[str, Any] | None:
+    def failed(
+        self, data: Mapping[str, Any], base: str, error: CompileError, start: float
+    ) -> CompileOutcome:
+        """The answer for a request that failed here, before the daemon was asked (a header
+        missing from the dependency listing): ``failed``, with the policy decided for it
+        (:func:`cachemgr.build.failed_before_prepared`), or an unresolved one."""
+        try:
+            settings, _ = self._state()
+            request = self._parsed.get(data, base, origin="compile request")
+            out = build.failed_before_prepared(request, settings, error)
+        except (CacheMgrError, OSError, KeyError, TypeError, ValueError):
+            out = CompileOutcome.failed_early(build.error_text(error))
+        seconds = time.perf_counter() - start
+        return dataclasses.replace(out, request="", seconds=seconds, via="client")
+
+    def lookup(self, data: Mapping[str, Any], base: str) -> CompileOutcome | None:
         """A verified hit served here, or None (then the daemon answers). Any error — bad
         input, a daemon that cannot be asked — also gives None: the daemon's answer, or
         its error, is the one the caller sees."""
@@ -464,7 +532,7 @@ class _LocalHits:
             return None
         return None if prepared is None else self.lookup_prepared(prepared, start)
 
-    def lookup_prepared(self, prepared: build.Prepared, start: float) -> dict[str, Any] | None:
+    def lookup_prepared(self, prepared: build.Prepared, start: float) -> CompileOutcome | None:
         """A verified hit for ``prepared`` served here, or None."""
         if self.disabled:
             return None
@@ -483,10 +551,9 @@ class _LocalHits:
         with self._lock:
             self._pending += 1
         self.flush()
-        answer = build.with_policy(outcome, prepared).to_json()
-        answer["seconds"] = round(time.perf_counter() - start, 6)
-        answer["via"] = "client"
-        return answer
+        seconds = time.perf_counter() - start
+        outcome = build.with_policy(outcome, prepared)
+        return dataclasses.replace(outcome, seconds=seconds, via="client")
 
     def flush(self, force: bool = False) -> None:
         """Report pending hits (at most once per :data:`HIT_REPORT_INTERVAL_S`)."""
@@ -502,7 +569,28 @@ class _LocalHits:
             log.debug("could not report %d hits: %s", pending, exc)
 
 
-def _write_outputs(answer: dict[str, Any], target: tuple[str, Path]) -> None:
+class _Target(NamedTuple):
+    """Where a caller writes the outputs the daemon hands back."""
+
+    kernel_meta: bool  # debug artefacts: into <folder>/<host>_<pid>/; else into folder
+    folder: Path
+
+
+_Result = TypeVar("_Result", CompileOutcome, GcResult, StatsResult)
+
+
+def _typed(kind: type[_Result], answer: Mapping[str, Any], endpoint: str) -> _Result:
+    """``kind.from_json(answer)`` (``CompileOutcome``, ``GcResult``, ``StatsResult``).
+
+    :raises DaemonError: an answer that is not of that shape (502: a bad gateway).
+    """
+    try:
+        return kind.from_json(answer)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise DaemonError(f"{endpoint}: the daemon's answer is malformed ({exc!r})", 502) from exc
+
+
+def _write_outputs(answer: dict[str, Any], target: _Target) -> None:
     """Write the outputs the daemon handed back, as this process's user, with the names of a
     local run: debug artefacts into ``<kernel_meta>/<host>_<pid>/``, ``disable`` kernels into
     the output folder (the json last: a visible json means a whole kernel). ``files`` then
@@ -510,8 +598,11 @@ def _write_outputs(answer: dict[str, Any], target: tuple[str, Path]) -> None:
     outputs = answer.pop("outputs", None)
     if not isinstance(outputs, list):
         return
-    kind, folder = target
-    folder = kernel_meta.process_dir(folder) if kind == "debug" else fsutil.ensure_dir(folder)
+    folder = (
+        kernel_meta.process_dir(target.folder)
+        if target.kernel_meta
+        else fsutil.ensure_dir(target.folder)
+    )
     order = sorted(outputs, key=lambda o: str(o.get("name", "")).endswith(".json"))
     written = []
     for item in order:
@@ -520,18 +611,6 @@ def _write_outputs(answer: dict[str, Any], target: tuple[str, Path]) -> None:
         written.append(folder / name)
     names = {p.name: p for p in written}
     answer["files"] = [str(names[n]) for n in (o["name"] for o in outputs) if n in names]
-
-
-def _failed(message: str, start: float) -> dict[str, Any]:
-    """The answer for a request that failed on the caller's side (e.g. a missing header)."""
-    return {
-        "kernel_name": "",
-        "status": "failed",
-        "files": [],
-        "seconds": round(time.perf_counter() - start, 6),
-        "error": message,
-        "via": "client",
-    }
 
 
 def _decode(status: int, raw: bytes, ctype: str) -> Any:

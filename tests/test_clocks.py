@@ -76,7 +76,7 @@ def test_daemon_orders_future_times_by_first_sight_and_evicts(tmp_path: Path) ->
 
 def _row_counting(d: Daemon, left: int) -> dict[str, object] | None:
     """The chip folder's stats row once it counts at least ``left`` future access times."""
-    row = d.client.stats()["chip_folders"][SOC]
+    row = d.client.stats().to_json()["chip_folders"][SOC]
     return row if row["future_atimes"] >= left else None
 
 

@@ -146,14 +146,16 @@ def test_header_edit_through_the_daemon(tmp_path, clean_env) -> None:
     try:
         client = Client(daemon.socket_path, timeout_s=120)
         _edit_revert_cycle(
-            lambda: client.compile_file(req),
+            lambda: client.compile_file(req).to_json(),
             tmp_path / "proj" / "src" / "k.h",
             "#define FACTOR 9\n",
         )
         remote = Client(daemon.socket_path, timeout_s=120, local_hits=False)
-        assert remote.compile_file(req)["status"] == "hit"
+        assert remote.compile_file(req).to_json()["status"] == "hit"
         _write(tmp_path / "proj" / "src" / "k.h", "#define FACTOR 11\n", 5)
-        assert remote.compile_file(req)["status"] == "compiled", "the daemon keys headers too"
+        assert remote.compile_file(req).to_json()["status"] == "compiled", (
+            "the daemon keys headers too"
+        )
     finally:
         daemon.stop()
 
@@ -265,7 +267,7 @@ def test_source_edited_while_queued_through_the_daemon(tmp_path, clean_env) -> N
         assert out["status"] == "compiled", out
         assert b"TAG-two" in _binary(out) and b"TAG-five" not in _binary(out)
         wait_for(lambda: client.job(job_slow)["state"] == "done", 60, "the slow job")
-        five = client.compile_file(raced)
+        five = client.compile_file(raced).to_json()
         assert five["status"] == "compiled" and b"TAG-five" in _binary(five)
     finally:
         daemon.stop()
@@ -343,11 +345,11 @@ def test_force_through_the_daemon_clears_every_time(tmp_path, clean_env) -> None
     try:
         client = Client(daemon.socket_path, timeout_s=120)
         for round_ in (1, 2):  # today the second force acts as enable
-            out = client.compile_file(between)
+            out = client.compile_file(between).to_json()
             assert out["status"] == "compiled", out
             files = [Path(f) for f in out["files"]]
             assert all(f.is_file() for f in files)
-            first = client.compile_file(forced)
+            first = client.compile_file(forced).to_json()
             assert first["status"] == "compiled", "force recompiles"
             assert not any(f.exists() for f in files), f"round {round_}: force cleared the chip"
     finally:
@@ -461,7 +463,7 @@ def test_an_absolute_include_through_the_daemon_is_one_clear_line(tmp_path, clea
         tmp_path, "--cache-dir", str(tmp_path / "cache"), env=daemon_env(tmp_path)
     )
     try:
-        out = Client(daemon.socket_path, timeout_s=120).compile_file(req)
+        out = Client(daemon.socket_path, timeout_s=120).compile_file(req).to_json()
         assert out["status"] == "failed" and str(header) in out["error"], out
         assert "include_dirs" in out["error"] and "\n" not in out["error"]
     finally:

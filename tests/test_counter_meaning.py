@@ -45,7 +45,7 @@ def test_two_daemons_on_one_root_count_compiler_runs(tmp_path: Path) -> None:
         same = request_data(defines={"N": 7171, "B_N": 1})
 
         def ask(sock: Path, data: dict) -> None:
-            answers.append(Client(sock, local_hits=False).compile(data))
+            answers.append(Client(sock, local_hits=False).compile(data).to_json())
 
         # the same kernel asked of both daemons at once (twice of A), 4 kernels in all
         threads = [
@@ -67,14 +67,14 @@ def test_two_daemons_on_one_root_count_compiler_runs(tmp_path: Path) -> None:
         want = {"compiles": runs, "coalesced": 2, "hits": 1, "misses": 4}
 
         def both_counted() -> bool:
-            stats = a.client.stats()  # the cache's counters: both daemons' once merged
+            stats = a.client.stats().to_json()  # the cache's counters: both daemons' once merged
             return {k: stats[k] for k in want} == want
 
         try:
             wait_for(both_counted, 30, "both daemons' counts in the cache's counters")
         except AssertionError:
-            raise AssertionError((a.client.stats(), b.client.stats())) from None
-        stats = a.client.stats()
+            raise AssertionError((a.client.stats().to_json(), b.client.stats().to_json())) from None
+        stats = a.client.stats().to_json()
         metrics = a.client.request("GET", "/metrics")
         assert _metric(metrics, "cachemgr_compiles_total") == runs
         assert _metric(metrics, "cachemgr_coalesced_total") == 2

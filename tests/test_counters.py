@@ -43,7 +43,7 @@ def test_two_daemons_of_one_user_add_up(tmp_path: Path) -> None:
     assert stats_file(root / "kernel_cache", SOC).is_file()
     c = start_daemon(tmp_path, "--cache-dir", str(root), env=env)  # a restart keeps them
     try:
-        assert c.client.stats()["compiles"] == 2
+        assert c.client.stats().to_json()["compiles"] == 2
     finally:
         c.stop()
 
@@ -75,7 +75,9 @@ def test_compiles_count_compiler_runs_and_zero_through_the_daemon(tmp_path: Path
         answers: list[dict] = []
         threads = [
             threading.Thread(
-                target=lambda: answers.append(Client(d.socket_path, local_hits=False).compile(data))
+                target=lambda: answers.append(
+                    Client(d.socket_path, local_hits=False).compile(data).to_json()
+                )
             )
             for _ in range(3)
         ]
@@ -84,13 +86,13 @@ def test_compiles_count_compiler_runs_and_zero_through_the_daemon(tmp_path: Path
         for t in threads:
             t.join()
         assert [a["status"] for a in answers] == ["compiled"] * 3
-        stats = d.client.stats()
+        stats = d.client.stats().to_json()
         assert stats["compiles"] == 1 and stats["coalesced"] == 2 and stats["misses"] == 3
         out = run_cli(
             "stats", "--zero", "--cache-dir", str(root), "--socket", str(d.socket_path), env=env
         )
         assert out.returncode == 0, out.stderr
-        assert d.client.stats()["compiles"] == 0
+        assert d.client.stats().to_json()["compiles"] == 0
     finally:
         d.stop()
     assert CacheCounters(root / "kernel_cache").snapshot()["compiles"] == 0

@@ -114,7 +114,7 @@ def run_trials(tmp_path: Path, trials: int) -> None:
                 with contextlib.suppress(ProcessLookupError):  # it may have finished first
                     os.kill(int(line.split()[1]), signal.SIGKILL)
                 client = daemon.client
-                wait_for(lambda c=client: c.stats()["queue_jobs"] == 0, 30, "the job to end")
+                wait_for(lambda c=client: c.stats().daemon["queue_jobs"] == 0, 30, "the job to end")
                 assert daemon.proc.poll() is None, "killing a compiler must not kill the daemon"
                 checked += _check(chip, None, label)
                 continue

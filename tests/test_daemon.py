@@ -66,13 +66,13 @@ def test_health_via_client_and_curl(daemon) -> None:
 
 def test_compile_cold_then_warm_and_stats(daemon, cache_root: Path) -> None:
     client = daemon.client
-    cold = client.compile_file(REQUESTS / "add_c.json")
+    cold = client.compile_file(REQUESTS / "add_c.json").to_json()
     assert cold["status"] == "compiled", cold
-    warm = client.compile_file(REQUESTS / "add_c.json")
+    warm = client.compile_file(REQUESTS / "add_c.json").to_json()
     assert warm["status"] == "hit" and warm["kernel_name"] == cold["kernel_name"]
     chip = cache_root / "kernel_cache" / SOC
     assert (chip / (cold["kernel_name"] + ".json")).exists()
-    stats = client.stats()
+    stats = client.stats().to_json()
     assert stats["hits"] >= 1 and stats["compiles"] >= 1 and stats["misses"] >= 1
     assert SOC in stats["chip_folders"]
     found = client.lookup(SOC, cold["kernel_name"])
@@ -108,7 +108,7 @@ def test_config_and_gc(daemon, cache_root: Path) -> None:
     chip = cache_root / "kernel_cache" / SOC
     for i in range(4):
         publish(chip, f"te_old_{i}", os.urandom(1000), atime_s=1_000_000 + i)
-    report = client.gc(ratio=0, soc=SOC)
+    report = client.gc(ratio=0, soc=SOC).to_json()
     assert report["chip_folders"][SOC]["evicted_entries"] == 4
     with pytest.raises(DaemonError) as info:
         client.gc(ratio=101)
@@ -164,10 +164,10 @@ def test_client_disconnect_drops_the_queued_job(tmp_path: Path, cache_root: Path
             b"POST /compile HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
         )
-        wait_for(lambda: d.client.stats()["queue_jobs"] == 2, 30, "mul to be queued")
+        wait_for(lambda: d.client.stats().to_json()["queue_jobs"] == 2, 30, "mul to be queued")
         s.close()  # the only caller of mul goes away while it waits
         first.join(60)
-        wait_for(lambda: d.client.stats()["queue_jobs"] == 0, 30, "the queue to empty")
+        wait_for(lambda: d.client.stats().to_json()["queue_jobs"] == 0, 30, "the queue to empty")
         assert "mul.c" not in log.read_text()  # dropped, never compiled
     finally:
         d.stop()
@@ -267,7 +267,7 @@ def test_sigterm_finishes_running_compile(tmp_path: Path, cache_root: Path) -> N
 
     def compile_it() -> None:
         try:
-            result["out"] = d.client.compile_file(REQUESTS / "add_c.json")
+            result["out"] = d.client.compile_file(REQUESTS / "add_c.json").to_json()
         except Exception as exc:  # reported by the assertion below
             result["err"] = exc
 
@@ -301,11 +301,11 @@ def test_counters_survive_restart(tmp_path: Path, cache_root: Path) -> None:
     d = start_daemon(tmp_path, "--cache-dir", str(cache_root), env=env)
     d.client.compile_file(REQUESTS / "add_c.json")
     d.client.compile_file(REQUESTS / "add_c.json")
-    before = d.client.stats()
+    before = d.client.stats().to_json()
     assert d.stop() == 0
     d2 = start_daemon(tmp_path, "--cache-dir", str(cache_root), env=env)
     try:
-        after = d2.client.stats()
+        after = d2.client.stats().to_json()
         assert after["hits"] == before["hits"] and after["compiles"] == before["compiles"]
     finally:
         d2.stop()
@@ -332,7 +332,9 @@ def test_crossing_the_limit_evicts_in_background(tmp_path: Path, cache_root: Pat
         )
         assert (chip / "te_fill_11.json").exists() and not (chip / "te_fill_00.json").exists()
         client = d.client  # counted once the eviction run returns, just after its removals
-        wait_for(lambda: client.stats()["evicted_entries"] >= 6, 30, "the eviction counted")
+        wait_for(
+            lambda: client.stats().to_json()["evicted_entries"] >= 6, 30, "the eviction counted"
+        )
     finally:
         d.stop()
 
@@ -346,16 +348,18 @@ def test_client_without_daemon(tmp_path: Path) -> None:
 
 def test_hits_served_in_the_client_are_verified_and_counted(daemon, cache_root: Path) -> None:
     client = daemon.client
-    cold = client.compile_file(REQUESTS / "add_c.json")
+    cold = client.compile_file(REQUESTS / "add_c.json").to_json()
     assert (cold["status"], cold["via"]) == ("compiled", "daemon")
-    warm = client.compile_file(REQUESTS / "add_c.json")
+    warm = client.compile_file(REQUESTS / "add_c.json").to_json()
     assert (warm["status"], warm["via"]) == ("hit", "client")
-    assert client.stats()["hits"] == 1  # reported to the daemon's counters
-    remote = Client(daemon.socket_path, local_hits=False).compile_file(REQUESTS / "add_c.json")
+    assert client.stats().to_json()["hits"] == 1  # reported to the daemon's counters
+    remote = (
+        Client(daemon.socket_path, local_hits=False).compile_file(REQUESTS / "add_c.json").to_json()
+    )
     assert (remote["status"], remote["via"]) == ("hit", "daemon")
     binary = next(Path(f) for f in warm["files"] if f.endswith(".o"))
     binary.write_bytes(b"corrupted on disk")
-    again = client.compile_file(REQUESTS / "add_c.json")
+    again = client.compile_file(REQUESTS / "add_c.json").to_json()
     assert (again["status"], again["via"]) == ("compiled", "daemon")  # never a corrupt hit
     assert binary.read_bytes() != b"corrupted on disk"
 

@@ -289,7 +289,9 @@ def test_over_the_per_caller_bound_is_429(tmp_path: Path) -> None:
         assert "\n" not in message
         for job in ids:  # the accepted ones still finish
             wait_for(lambda job=job: client.job(job)["state"] == "done", 120, f"job {job}")
-        assert client.compile(kernel_request(3), "/")["status"] == "compiled"  # room again
+        assert (
+            client.compile(kernel_request(3), "/").to_json()["status"] == "compiled"
+        )  # room again
     finally:
         d.stop()
 
@@ -338,7 +340,7 @@ def test_priority_is_capped_for_other_users_and_callers_are_logged(
         mine = kernel_request(50)
         mine["kernel_source"] = str(other_runtime.kernels / "c" / "add.c")
         client = d.client
-        answer = client.compile(mine, "/", priority=1)  # the test runs as root: an owner
+        answer = client.compile(mine, "/", priority=1).to_json()  # the test runs as root: an owner
         assert answer["status"] == "compiled"
         states = [client.job(j)["state"] for j in bob_jobs]
         assert states.count("done") <= 2, states  # bob's priority 100 was capped to 0

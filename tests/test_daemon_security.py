@@ -91,7 +91,9 @@ def test_serve_refuses_root_without_the_flag(tmp_path: Path) -> None:
 def test_each_compile_is_logged_with_the_callers_credentials(tmp_path: Path) -> None:
     d = start_daemon(tmp_path, "--cache-dir", str(tmp_path / "c"))
     try:
-        out = Client(d.socket_path, local_hits=False).compile(request_data(), base_dir="/")
+        out = (
+            Client(d.socket_path, local_hits=False).compile(request_data(), base_dir="/").to_json()
+        )
         assert out["status"] == "compiled"
         line = wait_for(
             lambda: [
@@ -160,7 +162,7 @@ def test_a_source_swapped_for_a_fifo_behind_the_parsed_cache_is_refused(tmp_path
     try:
         client = Client(d.socket_path, timeout_s=20, local_hits=False)
         data, src = _source_request(tmp_path / "src")
-        assert client.compile(data, base_dir="/")["status"] == "compiled"
+        assert client.compile(data, base_dir="/").to_json()["status"] == "compiled"
         src.unlink()
         os.mkfifo(src)  # the same request again: the daemon's parsed-request cache knows it
         start = time.monotonic()
@@ -179,7 +181,7 @@ def test_a_huge_source_is_refused_unread(tmp_path: Path) -> None:
     try:
         client = Client(d.socket_path, timeout_s=20, local_hits=False)
         data, src = _source_request(tmp_path / "src")
-        assert client.compile(data, base_dir="/")["status"] == "compiled"
+        assert client.compile(data, base_dir="/").to_json()["status"] == "compiled"
         os.truncate(src, 65 << 20)  # a sparse 65 MiB file: over the 64 MiB cap, never read
         start = time.monotonic()
         with pytest.raises(CacheMgrError) as info:

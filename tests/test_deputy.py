@@ -95,7 +95,8 @@ import json, sys
 from cachemgr.client import Client, DaemonError
 req = json.loads(sys.argv[2])
 try:
-    print(json.dumps(Client(sys.argv[1], timeout_s=120).compile(req, base_dir=sys.argv[3])))
+    out = Client(sys.argv[1], timeout_s=120).compile(req, base_dir=sys.argv[3])
+    print(json.dumps(out.to_json()))
 except DaemonError as exc:
     print(json.dumps({"error": str(exc), "status_code": exc.status}))
 """
@@ -249,12 +250,15 @@ def test_compiler_resource_limits_from_the_config(tmp_path, clean_env) -> None:
     try:
         from cachemgr.client import Client
 
-        out = Client(daemon.socket_path, timeout_s=120).compile_file(req)
+        out = Client(daemon.socket_path, timeout_s=120).compile_file(req).to_json()
         assert out["status"] == "failed", out
         small = tmp_path / "small.c"
         small.write_text("void scale_kernel(float *x) { x[0] *= 2; }\n")
         req.write_text(json.dumps(_request(str(small))))
-        assert Client(daemon.socket_path, timeout_s=120).compile_file(req)["status"] == "compiled"
+        assert (
+            Client(daemon.socket_path, timeout_s=120).compile_file(req).to_json()["status"]
+            == "compiled"
+        )
     finally:
         daemon.stop()
 

@@ -65,7 +65,7 @@ def _fill(chip: Path, n: int, size: int = 100 * 1024, prefix: str = "te_fill") -
 
 
 def _evicted(d: Daemon) -> int:
-    return int(d.client.stats()["evicted_entries"])
+    return int(d.client.stats().to_json()["evicted_entries"])
 
 
 # --- item 3: a paused process still evicts ------------------------------------------------------
@@ -245,11 +245,11 @@ def test_watch_budget_polls_the_rest_and_still_evicts(tmp_path: Path) -> None:
     cfg = _config(tmp_path, inotify_watches=2, poll_interval_s=1.0, evict_debounce_s=0.2)
     d = start_daemon(tmp_path, "--cache-dir", str(root), "--config", str(cfg))
     try:
-        watch = d.client.stats()["watch"]
+        watch = d.client.stats().to_json()["watch"]
         assert watch["kernel_cache"] == "inotify"
         assert sorted(watch["chip_folders"].values()) == ["inotify", "polling"]
         polled = next(s for s, m in watch["chip_folders"].items() if m == "polling")
-        assert "budget" in d.client.stats()["watch"]["polled_because"][polled]
+        assert "budget" in d.client.stats().to_json()["watch"]["polled_because"][polled]
         metrics = d.client.request("GET", "/metrics")
         assert f'cachemgr_chip_polled{{soc_version="{polled}"}} 1.0' in str(metrics)
         _fill(kc / polled, 12)
@@ -288,7 +288,7 @@ def test_serve_starts_with_the_inotify_watch_limit_exhausted(tmp_path: Path) -> 
     python = _limited_python(tmp_path, watches=1)
     d = start_daemon(tmp_path, "--cache-dir", str(root), "--config", str(cfg), python=python)
     try:
-        watch = d.client.stats()["watch"]
+        watch = d.client.stats().to_json()["watch"]
         assert watch["kernel_cache"] == "inotify"
         assert set(watch["chip_folders"].values()) == {"polling"}
         _fill(kc / SOC, 12)
@@ -315,8 +315,10 @@ def test_serves_before_the_first_scan_ends(tmp_path: Path) -> None:
     try:
         health = d.client.health()
         assert {"state", "chip_folders_done", "files"} <= set(health["scan"])
-        wait_for(lambda: d.client.stats()["scan"]["state"] == "done", 60, "the first scan")
-        assert d.client.stats()["scan"]["files"] >= 15000
+        wait_for(
+            lambda: d.client.stats().to_json()["scan"]["state"] == "done", 60, "the first scan"
+        )
+        assert d.client.stats().to_json()["scan"]["files"] >= 15000
     finally:
         d.stop()
     log = d.log()

@@ -73,7 +73,7 @@ def _run_faults(tmp_path: Path, mnt: Path, seconds: float, n_clients: int) -> No
         client = Client(d.socket_path, timeout_s=120, local_hits=rng.random() < 0.5)
         while not stop.is_set():
             try:
-                answer = client.compile(kernel_request(rng.randrange(30)))
+                answer = client.compile(kernel_request(rng.randrange(30))).to_json()
             except (CacheMgrError, OSError):
                 with lock:
                     errors += 1  # the socket is gone or the daemon paused: a clear error

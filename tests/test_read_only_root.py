@@ -60,14 +60,14 @@ def test_daemon_serves_a_root_turned_read_only_and_recovers(tmpfs: Path, tmp_pat
         request_data(defines={"N": 7002, "B_N": 1}),
     )
     try:
-        assert client.compile(first)["status"] == "compiled"
+        assert client.compile(first).to_json()["status"] == "compiled"
         _remount(tmpfs, "ro")
         wait_for(lambda: client.health()["status"] == "degraded", 20, "the degraded state")
         assert "read-only" in client.health()["degraded"][0]
         for _ in range(3):  # hits are served; the access time is not updated (one warning)
-            hit = client.compile(first)
+            hit = client.compile(first).to_json()
             assert hit["status"] == "hit" and _good(hit["files"])
-        answer = client.compile(second)
+        answer = client.compile(second).to_json()
         assert answer["status"] == "compiled" and answer["cached"] is False, answer
         assert "read-only" in answer["warning"] and _good(answer["files"])
         assert not str(answer["files"][0]).startswith(str(tmpfs))
@@ -81,7 +81,7 @@ def test_daemon_serves_a_root_turned_read_only_and_recovers(tmpfs: Path, tmp_pat
         d.wait_notify("STATUS=degraded")
         _remount(tmpfs, "rw")
         wait_for(lambda: client.health()["status"] == "ok", 20, "the recovery")
-        again = client.compile(second)
+        again = client.compile(second).to_json()
         assert again["status"] == "compiled" and again["cached"] is True
     finally:
         _remount(tmpfs, "rw")

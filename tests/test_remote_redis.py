@@ -160,22 +160,22 @@ def test_two_sites_share_a_kernel_through_redis(redis_server: RedisServer, tmp_p
     b, root_b = _site(tmp_path, "b", cc, remote)
     try:
         data = request_data(defines={"N": 1515, "B_N": 1})
-        first = a.client.compile(data)
+        first = a.client.compile(data).to_json()
         assert first["status"] == "compiled", first
         kernel = first["kernel_name"]
         soc = Path(first["files"][0]).parent.name
         key = f"cachemgr:1:{soc}:{kernel}"
         wait_for(lambda: redis_server.client().exists(key), 30, "the upload from site A")
-        second = b.client.compile(data)
+        second = b.client.compile(data).to_json()
         assert second["status"] == "hit" and second["tier"] == "remote:shared", second
         assert all(f.startswith(str(root_b)) for f in second["files"])
         assert (root_b / "kernel_cache" / soc / f"{kernel}.json").is_file()
-        third = b.client.compile(data)
+        third = b.client.compile(data).to_json()
         assert third["status"] == "hit" and "tier" not in third, third
         assert len(calls(tmp_path / "cc")) == 1, "the compiler ran once in total"
-        row = b.client.stats()["remotes"]["shared"]
+        row = b.client.stats().to_json()["remotes"]["shared"]
         assert row["hits"] == 1 and row["bytes_in"] > 0 and row["state"] == "ok"
-        assert a.client.stats()["remotes"]["shared"]["uploads"] == 1
+        assert a.client.stats().to_json()["remotes"]["shared"]["uploads"] == 1
         text = run_cli(
             "stats", "--cache-dir", str(root_b), "--socket", str(b.socket_path), env=b.env
         )
@@ -195,16 +195,16 @@ def test_a_tampered_blob_is_rejected_and_the_kernel_compiles(
     b, root_b = _site(tmp_path, "b", cc, redis_server.url + "|name=r")
     try:
         data = request_data(defines={"N": 1616, "B_N": 1})
-        first = a.client.compile(data)
+        first = a.client.compile(data).to_json()
         kernel, soc = first["kernel_name"], Path(first["files"][0]).parent.name
         key = f"cachemgr:1:{soc}:{kernel}"
         wait_for(lambda: redis_server.client().exists(key), 30, "the upload from site A")
         size = redis_server.client().strlen(key)
         redis_server.client().setrange(key, size - 40, b"\x00")
-        second = b.client.compile(data)
+        second = b.client.compile(data).to_json()
         assert second["status"] == "compiled" and "tier" not in second, second
         assert len(calls(tmp_path / "cc")) == 2
-        row = b.client.stats()["remotes"]["r"]
+        row = b.client.stats().to_json()["remotes"]["r"]
         assert row["rejected"] == 1 and row["hits"] == 0 and row["state"] == "ok"
         assert (root_b / "kernel_cache" / soc / f"{kernel}.json").is_file()
     finally:
@@ -221,13 +221,13 @@ def test_debug_and_disable_never_touch_the_remote(
     try:
         off = {"op_compiler_cache_mode": "disable"}
         data = request_data(defines={"N": 1717, "B_N": 1}, options=off)
-        out = d.client.compile(data, base_dir=str(tmp_path), out_dir=tmp_path / "out")
+        out = d.client.compile(data, base_dir=str(tmp_path), out_dir=tmp_path / "out").to_json()
         assert out["status"] == "compiled", out
         debug = request_data(defines={"N": 1717, "B_N": 1}, options={"op_debug_level": 1})
-        out = d.client.compile(debug, base_dir=str(tmp_path))
+        out = d.client.compile(debug, base_dir=str(tmp_path)).to_json()
         assert out["status"] == "debug", out
         assert len(calls(tmp_path / "cc")) == 2
-        row = d.client.stats()["remotes"]["r"]
+        row = d.client.stats().to_json()["remotes"]["r"]
         assert row["hits"] + row["misses"] + row["uploads"] + row["errors"] == 0, row
         assert redis_server.client().dbsize() == 0
     finally:
@@ -292,14 +292,14 @@ def test_redis_killed_mid_run_compiles_go_on_and_the_tier_resumes(
         folder, "--cache-dir", str(folder / "cache"), "--config", str(cfg), env=daemon_env(folder)
     )
     try:
-        first = d.client.compile(request_data(defines={"N": 1900, "B_N": 1}))
+        first = d.client.compile(request_data(defines={"N": 1900, "B_N": 1})).to_json()
         assert first["status"] == "compiled", first
         wait_for(lambda: redis_server.client().dbsize() == 2, 30, "the first upload")
         redis_server.stop()
         for n in range(1901, 1905):
-            out = d.client.compile(request_data(defines={"N": n, "B_N": 1}))
+            out = d.client.compile(request_data(defines={"N": n, "B_N": 1})).to_json()
             assert out["status"] == "compiled" and out.get("cached", True), out
-        row = d.client.stats()["remotes"]["r"]
+        row = d.client.stats().to_json()["remotes"]["r"]
         assert row["state"] == "failing" and row["errors"] >= 2, row
         assert d.log().count("remote r failing") == 1, d.log()
         redis_server.start()  # empty, same port
@@ -307,7 +307,7 @@ def test_redis_killed_mid_run_compiles_go_on_and_the_tier_resumes(
         def resumed() -> bool:
             n = 1905 + int(time.monotonic() * 1000) % 10_000
             d.client.compile(request_data(defines={"N": n, "B_N": 1}))
-            return d.client.stats()["remotes"]["r"]["state"] == "ok"
+            return d.client.stats().to_json()["remotes"]["r"]["state"] == "ok"
 
         wait_for(resumed, 60, "the tier to resume")
         assert d.log().count("remote r is back") == 1
@@ -325,13 +325,13 @@ def test_one_remote_fetch_per_kernel_per_host(redis_server: RedisServer, tmp_pat
     probe = redis_server.client()
     try:
         data = request_data(defines={"N": 2020, "B_N": 1})
-        first = a.client.compile(data)
+        first = a.client.compile(data).to_json()
         kernel, soc = first["kernel_name"], Path(first["files"][0]).parent.name
         wait_for(lambda: probe.exists(f"cachemgr:1:{soc}:{kernel}"), 30, "the upload")
         gets = int(probe.info("commandstats").get("cmdstat_get", {}).get("calls", 0))
         answers: list[dict] = []
         threads = [
-            threading.Thread(target=lambda: answers.append(b.client.compile(data)))
+            threading.Thread(target=lambda: answers.append(b.client.compile(data).to_json()))
             for _ in range(4)
         ]
         for t in threads:

@@ -498,7 +498,7 @@ def test_an_unreadable_ini_is_warned_about_once_and_never_stops_or_purges(
             daemon.socket_path, timeout_s=120, local_hits=False, daemon_user=users.alice
         )
         for _ in range(3):
-            assert client.compile_file(str(request))["status"] in ("hit", "compiled")
+            assert client.compile_file(str(request)).to_json()["status"] in ("hit", "compiled")
         client.gc()
         client.stats()
     finally:
@@ -603,7 +603,7 @@ def test_unbounded_values_make_an_entry_bad_never_an_internal_error(
     try:
         found = daemon.client.lookup(SOC, kernel)
         assert found["status"] == "miss" and found["removed_bad_entry"], found
-        assert daemon.client.compile_file(str(req))["status"] == "compiled"
+        assert daemon.client.compile_file(str(req)).to_json()["status"] == "compiled"
     finally:
         daemon.stop()
     _write_hostile(entry_json, kind)

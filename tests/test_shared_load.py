@@ -113,7 +113,7 @@ def _client_loop(
             n = rng.randrange(pool)
             if roll < 0.75:
                 try:
-                    answer = client.compile(kernel_request(n))
+                    answer = client.compile(kernel_request(n)).to_json()
                 except DaemonError as exc:
                     with ledger.lock:
                         ledger.failed.append(f"compile {n}: {exc}")
@@ -136,7 +136,7 @@ def _client_loop(
                         ledger.ops["lookup:miss"] += 1
             else:
                 began = time.time()
-                report = client.gc(ratio=rng.randrange(20, 95), soc=SOC)
+                report = client.gc(ratio=rng.randrange(20, 95), soc=SOC).to_json()
                 ledger.evicted(report["chip_folders"].get(SOC, {}).get("evicted", []), began)
                 with ledger.lock:
                     ledger.ops["gc"] += 1
@@ -170,7 +170,9 @@ def _chaos(
         began = time.time()
         if what == "force":
             client = Client(daemons[1].socket_path, timeout_s=300)
-            answer = client.compile(kernel_request(10_000, op_compiler_cache_mode="force"))
+            answer = client.compile(
+                kernel_request(10_000, op_compiler_cache_mode="force")
+            ).to_json()
             client.close()
             assert answer["status"] == "compiled", answer
         else:
@@ -276,7 +278,7 @@ def run_load(tmp_path: Path, n_daemons: int, n_clients: int, seconds: float, poo
 
         # a final gc through one daemon (limits applied as configured), then usage
         began = time.time()
-        final = daemons[0].client.gc(soc=SOC)["chip_folders"][SOC]
+        final = daemons[0].client.gc(soc=SOC).to_json()["chip_folders"][SOC]
         ledger.evicted(final["evicted"], began)
         used = chip_bytes(chip)
         monitor_stop.set()

@@ -216,7 +216,7 @@ def test_single_flight_across_daemons(tmp_path: Path) -> None:
         answers: list[dict] = []
 
         def ask(i: int) -> None:
-            answers.append(daemons[i % 2].client.compile(kernel_request(7)))
+            answers.append(daemons[i % 2].client.compile(kernel_request(7)).to_json())
 
         threads = [threading.Thread(target=ask, args=(i,)) for i in range(4)]
         for t in threads:
@@ -237,20 +237,20 @@ def test_a_stuck_holder_makes_the_other_host_compile_itself(tmp_path: Path) -> N
     daemons, root, _ = _two_daemons(tmp_path, "[daemon]\nlock_wait_s = 1.5\n")
     chip = root / "kernel_cache" / SOC
     try:
-        first = daemons[0].client.compile(kernel_request(8))
+        first = daemons[0].client.compile(kernel_request(8)).to_json()
         kernel = first["kernel_name"]
         Store(chip).remove(kernel)
         holder = fsutil.FcntlLock(chip / f"{kernel}.lock")  # a host stuck mid-compile
         holder.acquire()
         try:
-            alone = daemons[1].client.compile(kernel_request(8))
+            alone = daemons[1].client.compile(kernel_request(8)).to_json()
         finally:
             holder.release()
         assert alone["status"] == "compiled" and alone["seconds"] >= 1.5
         assert all(not f.startswith(str(chip)) for f in alone["files"])
         assert not (chip / f"{kernel}.json").exists()  # the cache was not written unlocked
         assert "stayed locked" in daemons[1].log()
-        again = daemons[1].client.compile(kernel_request(8))
+        again = daemons[1].client.compile(kernel_request(8)).to_json()
         assert again["status"] == "compiled" and (chip / f"{kernel}.json").exists()
     finally:
         for d in daemons:
@@ -319,7 +319,9 @@ def test_enospc_through_the_daemon_evicts_then_compiles(small_fs: Path, tmp_path
     cfg.write_text("min_age_s = 0\n[daemon]\nevict_debounce_s = 0.1\n")
     d = start_daemon(tmp_path, "--cache-dir", str(root), "--config", str(cfg))
     try:
-        full = d.client.compile(kernel_request(9))  # issue 10 item 12: the kernel, uncached
+        full = d.client.compile(
+            kernel_request(9)
+        ).to_json()  # issue 10 item 12: the kernel, uncached
         assert full["status"] == "compiled" and full["cached"] is False, full
         assert str(chip) in full["warning"] and "needs" in full["warning"], full["warning"]
         assert "\n" not in full["warning"]
@@ -333,8 +335,8 @@ def test_enospc_through_the_daemon_evicts_then_compiles(small_fs: Path, tmp_path
             "eviction after ENOSPC",
         )
         assert "no space left in" in d.log()
-        wait_for(lambda: d.client.stats()["no_space"] >= 1, 10, "the no_space counter")
-        again = d.client.compile(kernel_request(9))
+        wait_for(lambda: d.client.stats().to_json()["no_space"] >= 1, 10, "the no_space counter")
+        again = d.client.compile(kernel_request(9)).to_json()
         assert again["status"] == "compiled", again
         assert json.loads((chip / f"{kernel}.json").read_text())["sha256"]
     finally:

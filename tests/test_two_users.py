@@ -53,7 +53,7 @@ def test_two_users_share_one_root_and_a_third_is_told_why_not(
     bob = None
     try:
         a = Client(alice.socket_path, timeout_s=120, local_hits=False, daemon_user=users.alice)
-        first = a.compile(_request(other_runtime, 1))
+        first = a.compile(_request(other_runtime, 1)).to_json()
         assert first["status"] == "compiled", first
         kernel = first["kernel_name"]
         json_path = chip / f"{kernel}.json"
@@ -62,12 +62,14 @@ def test_two_users_share_one_root_and_a_third_is_told_why_not(
 
         bob = _daemon(users, other_runtime, users.bob, root)
         b = Client(bob.socket_path, timeout_s=120, local_hits=False, daemon_user=users.bob)
-        hit = b.compile(_request(other_runtime, 1))
+        hit = b.compile(_request(other_runtime, 1)).to_json()
         assert (hit["status"], hit["kernel_name"]) == ("hit", kernel)  # bob reads alice's
         assert json_path.stat().st_atime_ns > atime_before  # and his hit counts for LRU
-        added = b.compile(_request(other_runtime, 2))
+        added = b.compile(_request(other_runtime, 2)).to_json()
         assert added["status"] == "compiled"  # bob adds beside alice's
-        assert a.compile(_request(other_runtime, 2))["status"] == "hit"  # alice reads bob's
+        assert (
+            a.compile(_request(other_runtime, 2)).to_json()["status"] == "hit"
+        )  # alice reads bob's
 
         for path in chip.iterdir():
             mode = stat.S_IMODE(path.stat().st_mode)
@@ -75,11 +77,11 @@ def test_two_users_share_one_root_and_a_third_is_told_why_not(
             assert path.stat().st_gid == root.stat().st_gid, path
         assert stat.S_IMODE(chip.stat().st_mode) == 0o2775
 
-        report = b.gc(ratio=0, min_age_s=0, soc=SOC)["chip_folders"][SOC]
+        report = b.gc(ratio=0, min_age_s=0, soc=SOC).to_json()["chip_folders"][SOC]
         assert set(report["evicted"]) >= {kernel, added["kernel_name"]}  # bob evicts alice's
         assert report["denied"] == []
         assert not json_path.exists()
-        assert a.compile(_request(other_runtime, 1))["status"] == "compiled"
+        assert a.compile(_request(other_runtime, 1)).to_json()["status"] == "compiled"
 
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),

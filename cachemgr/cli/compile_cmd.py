@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import uuid
@@ -295,7 +296,7 @@ def _compile_via_daemon(
             overrides[name] = str(Path(overrides[name]).absolute())
     session = uuid.uuid4().hex  # force clears once per run, as in-process (issue 11 item 5)
 
-    def one(path: Path) -> dict[str, Any] | CacheMgrError:
+    def one(path: Path) -> CompileOutcome | CacheMgrError:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
             if not isinstance(data, dict):
@@ -330,23 +331,18 @@ def _compile_via_daemon(
                 message = f"request {path}: {message}"
             _report_error(path, message, as_json, where)
             continue
-        answer["request"] = str(path)
-        failed += answer.get("status") == "failed"
-        _report(_outcome_of(answer), as_json, where, via=answer.get("via", "daemon"))
+        failed += not answer.ok
+        _report(dataclasses.replace(answer, request=str(path)), as_json, where)
     return 1 if failed else 2 if bad_input else 0
 
 
-def _outcome_of(answer: dict[str, Any]) -> CompileOutcome:
-    return CompileOutcome.from_json(answer)
-
-
-def _report(outcome: CompileOutcome, as_json: bool, where: Route, via: str = "") -> None:
+def _report(outcome: CompileOutcome, as_json: bool, where: Route) -> None:
     if outcome.warning:  # e.g. compiled but not cached: a read-only root (issue 10 item 12)
         click.echo(f"cachemgr: warning: {outcome.warning}", err=True)
     if outcome.note and not as_json:  # e.g. force: local only, remote tiers untouched
         click.echo(f"cachemgr: note: {outcome.note}", err=True)
     if as_json:
-        doc = {**outcome.to_json(), "via": via or where.via, "route": where.to_json()}
+        doc = {**outcome.to_json(), "via": outcome.via or where.via, "route": where.to_json()}
         click.echo(json.dumps(doc, ensure_ascii=False))
         return
     if not outcome.ok:
@@ -360,10 +356,9 @@ def _report(outcome: CompileOutcome, as_json: bool, where: Route, via: str = "")
 
 
 def _report_error(path: Path, message: str, as_json: bool, where: Route) -> None:
+    """A request that failed before its policy was decided: ``failed``, policy unresolved."""
     if as_json:
-        doc: dict[str, Any] = {"request": str(path), "kernel_name": "", "status": "failed"}
-        doc.update(files=[], via=where.via, route=where.to_json())
-        click.echo(json.dumps({**doc, "seconds": 0.0, "error": message}, ensure_ascii=False))
+        _report(CompileOutcome.failed_early(message, str(path)), as_json, where)
     else:
         click.echo(f"cachemgr: error: {message}", err=True)
 

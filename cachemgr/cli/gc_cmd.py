@@ -8,6 +8,7 @@ from, so nothing is evicted against a misconfigured ini without saying so.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from collections.abc import Iterator
@@ -29,6 +30,7 @@ from cachemgr.cli.common import (
     warning,
 )
 from cachemgr.cli.lockcheck import checked_for_writing
+from cachemgr.compile.results import ChipGc, ChipStats, GcResult, StatsResult
 from cachemgr.config import options
 from cachemgr.config.options import Settings
 from cachemgr.errors import ConfigError
@@ -89,29 +91,29 @@ def _progress_bar(enabled: bool, label: str) -> Iterator[Any]:
         bar.close()
 
 
-def _gc_line(soc: str, report: dict[str, Any]) -> str:
-    """One line per chip folder from a gc report (``GcReport.to_json()``, local or daemon)."""
-    if report["skipped"] == "busy":
+def _gc_line(soc: str, report: ChipGc) -> str:
+    """One line per chip folder of a gc run (local or daemon)."""
+    if report.skipped == "busy":
         return f"{soc}: skipped: another evictor holds op_cache_file_del.lock (busy, not an error)"
-    if report["skipped"] == "missing":
-        return f"{soc}: no chip folder at {report['chip_dir']}; nothing to do"
-    rec = report["reclaimed"]
-    verb = "would evict" if report["dry_run"] else "evicted"
+    if report.skipped == "missing":
+        return f"{soc}: no chip folder at {report.chip_dir}; nothing to do"
+    rec = report.reclaimed
+    verb = "would evict" if report.dry_run else "evicted"
     limit = (
         "size eviction off (max_op_cache_size=-1)"
-        if report["max_bytes"] is None
-        else f"limit {_mib(report['max_bytes'])}, target {_mib(report['target_bytes'])}"
+        if report.max_bytes is None
+        else f"limit {_mib(report.max_bytes)}, target {_mib(report.target_bytes)}"
     )
     plural = human.plural
     return (
-        f"{soc}: {_mib(report['bytes_before'])} -> {_mib(report['bytes_after'])} ({limit}); "
-        f"{verb} {plural(report['evicted_entries'], 'entry', 'entries')} "
-        f"({_mib(report['evicted_bytes'])}); "
-        f"kept by aging guard {report['kept_by_aging_guard']}; "
-        f"saved by a hit {len(report['saved_by_hit'])}; "
-        f"reclaimed {plural(rec['orphans'], 'orphan')}, {plural(rec['temps'], 'temp file')}, "
-        f"{plural(rec['locks'], 'lock file')}, "
-        f"{plural(rec['bad_entries'], 'bad entry', 'bad entries')} ({_mib(rec['bytes'])})"
+        f"{soc}: {_mib(report.bytes_before)} -> {_mib(report.bytes_after)} ({limit}); "
+        f"{verb} {plural(report.evicted_entries, 'entry', 'entries')} "
+        f"({_mib(report.evicted_bytes)}); "
+        f"kept by aging guard {report.kept_by_aging_guard}; "
+        f"saved by a hit {len(report.saved_by_hit)}; "
+        f"reclaimed {plural(rec.orphans, 'orphan')}, {plural(rec.temps, 'temp file')}, "
+        f"{plural(rec.locks, 'lock file')}, "
+        f"{plural(rec.bad_entries, 'bad entry', 'bad entries')} ({_mib(rec.bytes)})"
     )
 
 
@@ -165,7 +167,7 @@ def gc_cmd(
             dry_run=dry_run,
             soc=settings.value("soc_version"),
         )
-        report["via"] = "daemon"
+        via = "daemon"
     else:
         settings = _writable(settings, kw)
         enabled = human.bars_enabled(as_json)
@@ -187,9 +189,9 @@ def gc_cmd(
                 dry_run=mode,
                 progress_for=bars,
             )
-        report["via"] = "local"
+        via = "local"
         _count_evictions(settings.layout.kernel_cache_dir, report)
-    report["route"] = where.to_json()
+    report = dataclasses.replace(report, via=via, route=where.to_json())
     _print_gc(report, as_json)
     denied = list(gc.denied_lines(report))
     for line in denied:
@@ -207,52 +209,50 @@ def _writable(settings: Settings, kw: dict[str, Any]) -> Settings:
     return checked_for_writing(settings, values, kw.get("config_file"))
 
 
-def _count_evictions(kernel_cache_dir: Path, report: dict[str, Any]) -> None:
+def _count_evictions(kernel_cache_dir: Path, report: GcResult) -> None:
     """Add a local run's evictions to the cache's counters (SPEC §10; the daemon counts its
     own runs)."""
     counters = CacheCounters(kernel_cache_dir)
-    for soc, folder in report["chip_folders"].items():
-        if folder.get("dry_run") or folder.get("skipped"):
+    for soc, folder in report.chip_folders.items():
+        if folder.dry_run or folder.skipped:
             continue
-        counters.add("evicted_entries", int(folder.get("evicted_entries", 0)), soc)
-        counters.add("evicted_bytes", int(folder.get("evicted_bytes", 0)), soc)
+        counters.add("evicted_entries", folder.evicted_entries, soc)
+        counters.add("evicted_bytes", folder.evicted_bytes, soc)
     counters.flush()
 
 
-def _print_gc(report: dict[str, Any], as_json: bool) -> None:
+def _print_gc(report: GcResult, as_json: bool) -> None:
     if as_json:
-        emit_json(report)
+        emit_json(report.to_json())
         return
-    for one in [report, *report.get("other_kernel_caches", {}).values()]:
+    for one in [report, *(report.other_kernel_caches or {}).values()]:
         if one is not report:  # SPEC §2: the other kernel caches under ASCEND_CACHE_PATH
-            click.echo(f"== {one['kernel_cache_dir']}")
+            click.echo(f"== {one.kernel_cache_dir}")
         _print_gc_one(one)
 
 
-def _print_gc_one(report: dict[str, Any]) -> None:
+def _print_gc_one(report: GcResult) -> None:
     """The text report of one kernel cache folder."""
     for line in gc.toolkit_lines(report):
         click.echo(line)
-    folders = report["chip_folders"]
+    folders = report.chip_folders
     for soc, folder in folders.items():
         click.echo(_gc_line(soc, folder))
         if VERBOSITY.level > 0:  # -v: every entry that goes (or would go), by name
-            verb = "would evict" if folder.get("dry_run") else "evicted"
-            for name in folder.get("evicted", []):
+            verb = "would evict" if folder.dry_run else "evicted"
+            for name in folder.evicted:
                 click.echo(f"  {verb} {soc}/{name}")
-            for name in folder.get("reclaimed", {}).get("bad", []):
+            for name in folder.reclaimed.bad:
                 click.echo(
-                    f"  {'would reclaim' if folder.get('dry_run') else 'reclaimed'} "
+                    f"  {'would reclaim' if folder.dry_run else 'reclaimed'} "
                     f"{soc}/{name} (bad entry)"
                 )
     if not folders:
-        click.echo(f"no chip folders under {report['kernel_cache_dir']}; nothing to do")
+        click.echo(f"no chip folders under {report.kernel_cache_dir}; nothing to do")
         return
-    entries = sum(f.get("evicted_entries", 0) for f in folders.values())
-    freed = sum(
-        f.get("evicted_bytes", 0) + f.get("reclaimed", {}).get("bytes", 0) for f in folders.values()
-    )
-    verb = "would free" if any(f.get("dry_run") for f in folders.values()) else "freed"
+    entries = sum(f.evicted_entries for f in folders.values())
+    freed = sum(f.evicted_bytes + f.reclaimed.bytes for f in folders.values())
+    verb = "would free" if any(f.dry_run for f in folders.values()) else "freed"
     click.echo(
         f"total: {verb} {_mib(freed)} in {human.plural(len(folders), 'chip folder')}; "
         f"{'would evict' if verb == 'would free' else 'evicted'} "
@@ -286,39 +286,48 @@ def stats_cmd(
         return
     if client is not None:
         data = client.stats(settings.value("soc_version"))
-        data["via"] = "daemon"
+        via = "daemon"
     else:
         counters = CacheCounters(kcache)
-        data = dict(counters.snapshot())
         per_chip = counters.per_chip()
-        data["chip_folders"] = {}
-        for chip in chip_dirs(settings):
-            row = data["chip_folders"][chip.name] = chip_row(chip, settings)
-            row["counters"] = per_chip.get(chip.name, dict.fromkeys(COUNTER_NAMES, 0))
-        data["via"] = "local"
-    data["route"] = where.to_json()
-    data["other_kernel_caches"] = _other_stats(settings)
-    data["kernel_cache_dir"] = str(settings.layout.kernel_cache_dir)
-    data["limits"] = limits_json(settings)
+        rows = {
+            chip.name: dataclasses.replace(
+                ChipStats.from_json(chip_row(chip, settings)),
+                counters=per_chip.get(chip.name, dict.fromkeys(COUNTER_NAMES, 0)),
+            )
+            for chip in chip_dirs(settings)
+        }
+        data = StatsResult(dict(counters.snapshot()), rows)
+        via = "local"
+    data = dataclasses.replace(
+        data,
+        via=via,
+        route=where.to_json(),
+        other_kernel_caches=_other_stats(settings),
+        kernel_cache_dir=str(settings.layout.kernel_cache_dir),
+        limits=limits_json(settings),
+    )
     if as_json:
-        emit_json(data)
+        emit_json(data.to_json())
         return
     _print_stats(data)
 
 
-#: Keys of a stats answer that are not counters.
-_NOT_COUNTERS = {"hits", "misses", "chip_folders", "via", "route", "kernel_cache_dir", "limits"}
+#: Counters shown on their own lines before the others.
+_NOT_COUNTERS = {"hits", "misses"}
 
 
-def _print_stats(data: dict[str, Any]) -> None:
+def _print_stats(stats: StatsResult) -> None:
     """ccache-like: hit rate, every counter, the limits, each chip folder's fill."""
-    hits, misses = int(data.get("hits", 0)), int(data.get("misses", 0))
+    hits, misses = stats.hits, stats.misses
     lookups = hits + misses
     lines = [
-        ("Kernel cache", f"{data['kernel_cache_dir']} (via {data['via']})"),
+        ("Kernel cache", f"{stats.kernel_cache_dir} (via {stats.via})"),
         ("Hits", f"{hits} / {lookups} ({human.percent(hits, lookups)})"),
         ("Misses", f"{misses} / {lookups} ({human.percent(misses, lookups)})"),
     ]
+    # the counters, then a daemon's other whole numbers (queue_jobs, remote_uploads_dropped)
+    data = {**stats.counters, **stats.daemon}
     for key in sorted(k for k, v in data.items() if k not in _NOT_COUNTERS and _is_count(v)):
         lines.append((key.replace("_", " ").capitalize(), str(data[key])))
     queue = data.get("queue")
@@ -330,7 +339,7 @@ def _print_stats(data: dict[str, Any]) -> None:
                 f"{queue.get('waited', 0)} waited for another request's compile",
             )
         )
-    lim = data["limits"]
+    lim = stats.limits or {}
     max_mb, ratio = lim["max_op_cache_size"]["value"], lim["remain_cache_size_ratio"]["value"]
     lines.append(
         (
@@ -350,33 +359,32 @@ def _print_stats(data: dict[str, Any]) -> None:
                 f"{human.size(rem['bytes_in'])} in, {human.size(rem['bytes_out'])} out",
             )
         )
-    for soc, row in data["chip_folders"].items():
-        if row.get("error"):
-            lines.append((soc, f"cannot be read: {row['error']}"))
+    for soc, row in stats.chip_folders.items():
+        if row.error:
+            lines.append((soc, f"cannot be read: {row.error}"))
             continue
-        fill = "" if row["fill_pct"] is None else f" ({row['fill_pct']:.1f} % full)"
-        of = "" if row["limit_bytes"] is None else f" of {human.size(row['limit_bytes'])}"
+        fill = "" if row.fill_pct is None else f" ({row.fill_pct:.1f} % full)"
+        of = "" if row.limit_bytes is None else f" of {human.size(row.limit_bytes)}"
         lines.append(
             (
                 soc,
-                f"{human.plural(row['entries'], 'entry', 'entries')}, "
-                f"{human.size(row['bytes'])}{of}{fill}; oldest access "
-                f"{row['oldest_access'] or '-'}, newest {row['newest_access'] or '-'}",
+                f"{human.plural(row.entries, 'entry', 'entries')}, "
+                f"{human.size(row.bytes)}{of}{fill}; oldest access "
+                f"{row.oldest_access or '-'}, newest {row.newest_access or '-'}",
             )
         )
-    if not data["chip_folders"]:
+    if not stats.chip_folders:
         lines.append(("Chip folders", "none yet"))
-    for kc, folders in data.get("other_kernel_caches", {}).items():
+    for kc, folders in (stats.other_kernel_caches or {}).items():
         for soc, row in folders.items():  # SPEC §2: every kernel cache under ASCEND_CACHE_PATH
-            if row.get("error"):
-                lines.append((f"{kc}/{soc}", f"cannot be read: {row['error']}"))
+            if row.error:
+                lines.append((f"{kc}/{soc}", f"cannot be read: {row.error}"))
                 continue
-            of = "" if row["limit_bytes"] is None else f" of {human.size(row['limit_bytes'])}"
+            of = "" if row.limit_bytes is None else f" of {human.size(row.limit_bytes)}"
             lines.append(
                 (
                     f"{kc}/{soc}",
-                    f"{human.plural(row['entries'], 'entry', 'entries')}, "
-                    f"{human.size(row['bytes'])}{of}",
+                    f"{human.plural(row.entries, 'entry', 'entries')}, {human.size(row.bytes)}{of}",
                 )
             )
     width = max(len(label) for label, _ in lines)
@@ -384,12 +392,12 @@ def _print_stats(data: dict[str, Any]) -> None:
         click.echo(f"{label + ':':<{width + 1}}  {text}")
 
 
-def _other_stats(settings: Any) -> dict[str, dict[str, Any]]:
+def _other_stats(settings: Any) -> dict[str, dict[str, ChipStats]]:
     """Per chip folder figures of the other governed kernel caches (SPEC §2), by path."""
     out = {}
     for kc in settings.other_kernel_caches():
         other = options.settings_for(settings, kc, os.environ)
-        out[str(kc)] = {c.name: chip_row(c, other) for c in chip_dirs(other)}
+        out[str(kc)] = {c.name: ChipStats.from_json(chip_row(c, other)) for c in chip_dirs(other)}
     return out
 
 

@@ -23,17 +23,17 @@ import stat
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cachemgr.compile import inputs, kernel_meta, keys, policy, precompiled
 from cachemgr.compile.request import CompileRequest, RequestOptions, resolve_options
-from cachemgr.compile.results import Policy, Status
+from cachemgr.compile.results import CompileOutcome, Policy, Status
 from cachemgr.compilers import CompileJob, CompilerBackend
 from cachemgr.config.options import Settings
-from cachemgr.errors import ConfigError, InvalidInputError
+from cachemgr.errors import CacheMgrError, ConfigError, InvalidInputError
 from cachemgr.remote.tierset import RemoteTiers
 from cachemgr.storage import chiplock, fsutil, manifest
 from cachemgr.storage.events import Events
@@ -49,92 +49,6 @@ HIT, COMPILED, BINARY, DEBUG, FAILED = (
     Status.DEBUG,
     Status.FAILED,
 )
-
-
-@dataclass(frozen=True)
-class CompileOutcome:
-    """The answer to one request.
-
-    :ivar status: ``hit`` | ``compiled`` | ``binary`` (precompiled) | ``debug`` | ``failed``.
-    :ivar files: the kernel's files (json and binary; in kernel_meta: every artefact kept).
-    :ivar seconds: wall time from submit to answer.
-    :ivar error: one line (the compiler's message) when ``failed``.
-    """
-
-    kernel_name: str
-    status: str
-    files: tuple[Path, ...] = ()
-    seconds: float = 0.0
-    error: str | None = None
-    request: str = ""
-    #: for ``compiled``: True when the kernel was stored in the cache, False when it was
-    #: compiled outside it (a read-only or full root, a lock never released: issue 10 item 12)
-    cached: bool | None = None
-    #: one line for the caller: why a compiled kernel was not cached
-    warning: str | None = None
-    #: True when another process or host compiled this kernel while this request waited for
-    #: its entry lock: counted as ``coalesced`` (and a miss), not as a hit (issue 13 item 3)
-    coalesced: bool = False
-    #: the policy that produced it (issue 13 item 2); None only for a request that failed
-    #: before its options were resolved
-    policy: Policy | None = None
-    #: for a ``hit`` served from a remote tier: ``remote:<name>`` (issue 15 item 5)
-    tier: str | None = None
-    #: one line for the caller about what the request did besides its kernel, e.g. the
-    #: ``force`` that cleared the local chip folder only (issue 15: remote tiers untouched)
-    note: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        """False only for ``failed``."""
-        return self.status != FAILED
-
-    def to_json(self) -> dict[str, Any]:
-        """``{kernel_name, status, files, seconds[, error]}`` as the CLI prints it."""
-        doc: dict[str, Any] = {
-            "request": self.request,
-            "kernel_name": self.kernel_name,
-            "status": self.status,
-            "files": [str(f) for f in self.files],
-            "seconds": round(self.seconds, 6),
-        }
-        if self.error is not None:
-            doc["error"] = self.error
-        if self.cached is not None:
-            doc["cached"] = self.cached
-        if self.warning is not None:
-            doc["warning"] = self.warning
-        if self.coalesced:
-            doc["coalesced"] = True
-        if self.policy is not None:
-            doc["policy"] = self.policy.to_json()
-        if self.tier is not None:
-            doc["tier"] = self.tier
-        if self.note is not None:
-            doc["note"] = self.note
-        return doc
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> CompileOutcome:
-        """The inverse of :meth:`to_json` (a daemon's answer read by the CLI).
-
-        :raises ValueError: an unknown ``status``.
-        """
-        policy = data.get("policy")
-        return cls(
-            str(data.get("kernel_name", "")),
-            Status(data.get("status", FAILED)),
-            tuple(Path(f) for f in data.get("files", [])),
-            float(data.get("seconds", 0.0)),
-            data.get("error"),
-            str(data.get("request", "")),
-            data.get("cached"),
-            data.get("warning"),
-            bool(data.get("coalesced", False)),
-            Policy.from_json(policy) if isinstance(policy, Mapping) else None,
-            data.get("tier"),
-            data.get("note"),
-        )
 
 
 @dataclass(frozen=True)
@@ -167,7 +81,7 @@ class Prepared:
         if self.deliver:
             return f"deliver-{self.deliver}"
         if self.decision.debug.on:
-            return "debug"
+            return Status.DEBUG
         if self.decision.cache.replace:
             return "replace"
         return "cache" if self.decision.cache.write else "nocache"
@@ -507,8 +421,45 @@ def _run_uncached(p: Prepared, output_dir: Path) -> CompileOutcome:
 
 def failed(kernel: str, error: BaseException | str, origin: str = "") -> CompileOutcome:
     """A ``failed`` outcome with the error's one-line message."""
-    text = str(error) if str(error) else type(error).__name__
-    return CompileOutcome(kernel, FAILED, (), error=text, request=origin)
+    return CompileOutcome(kernel, FAILED, (), error=error_text(error), request=origin)
+
+
+def error_text(error: BaseException | str) -> str:
+    """The one-line message of ``error`` (its type's name when it has none)."""
+    return str(error) if str(error) else type(error).__name__
+
+
+def failed_before_prepared(
+    request: CompileRequest,
+    settings: Settings,
+    error: BaseException,
+    replace: bool = False,
+    given: inputs.Snapshot | None = None,
+) -> CompileOutcome:
+    """A ``failed`` outcome for a request whose preparation failed (:func:`prepare` raised
+    ``CompileError``: a compiler not installed, a header missing from the dependency
+    listing). Its policy is the one decided for it when its options and rules can be had
+    (``cached`` False: the compile failed); otherwise :meth:`Policy.unresolved` with the
+    error (issue 13 item 2: a policy on every result)."""
+    text = error_text(error)
+    try:
+        opts = resolve_options(request, settings)
+        cfg, _ = _debug_config(request, opts, given)
+        d = policy.decide(
+            mode=opts.op_compiler_cache_mode,
+            jit_compile=opts.jit_compile,
+            level=opts.op_debug_level,
+            cfg=cfg,
+            op_type=request.op_type,
+            op_name=request.op_name,
+            dynamic=request.dynamic,
+            replace=replace,
+        )
+        why = f"the request failed before its compile: {text}"
+        pol = Policy(opts.jit_compile, d.binary_first, opts.op_compiler_cache_mode, False, why)
+    except (CacheMgrError, OSError) as exc:
+        pol = Policy.unresolved(error_text(exc))
+    return CompileOutcome("", FAILED, (), error=text, request=request.origin, policy=pol)
 
 
 def with_policy(outcome: CompileOutcome, p: Prepared) -> CompileOutcome:

@@ -35,11 +35,11 @@ from cachemgr.compile.build import (
     COMPILED,
     HIT,
     SOURCES_DIR,
-    CompileOutcome,
     Prepared,
     RunContext,
     compile_job,
 )
+from cachemgr.compile.results import CompileOutcome
 from cachemgr.compilers import CompileResult
 from cachemgr.config import versions
 from cachemgr.errors import (

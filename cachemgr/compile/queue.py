@@ -51,9 +51,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cachemgr.compile import build, kernel_meta, keys, precompiled, publisher
-from cachemgr.compile.build import CompileOutcome, Prepared
+from cachemgr.compile.build import Prepared
 from cachemgr.compile.inputs import Snapshot
 from cachemgr.compile.request import CompileRequest
+from cachemgr.compile.results import CompileOutcome
 from cachemgr.config.options import Settings
 from cachemgr.errors import CacheMgrError, CompileError, InvalidInputError
 from cachemgr.remote.tierset import RemoteTiers
@@ -223,8 +224,9 @@ class CompileQueue:
                 log.info("%s changed while it was read; hashing it again", request.kernel_source)
                 again = build.prepare(request, settings, compilers, self.timeout_s, replace)
                 prepared = dataclasses.replace(again, deliver=prepared.deliver)
-        except CompileError as exc:
-            return self._answered(build.failed("", exc, request.origin), start)
+        except CompileError as exc:  # before the policy was decided (a missing header...)
+            early = build.failed_before_prepared(request, settings, exc, replace, inputs)
+            return self._answered(early, start)
         raise InvalidInputError(
             f"{request.origin}: {request.kernel_source} (or a header) kept changing while it "
             "was read; try again once it is saved"

@@ -52,6 +52,7 @@ from watchdog.events import (
 
 from cachemgr import eviction
 from cachemgr.compile import kernel_meta
+from cachemgr.compile.results import ScanState
 from cachemgr.config import options
 from cachemgr.config.options import Settings
 from cachemgr.constants import MIB
@@ -135,7 +136,7 @@ class ScanProgress:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.state = "pending"
+        self.state = ScanState.PENDING
         self.chips_total = 0
         self.chips_done = 0
         self.files = 0
@@ -150,7 +151,7 @@ class ScanProgress:
 
     @property
     def done(self) -> bool:
-        return self.state in ("done", "failed")
+        return self.state in (ScanState.DONE, ScanState.FAILED)
 
     def to_json(self) -> dict[str, object]:
         with self._lock:
@@ -258,14 +259,14 @@ class Governance:
             scan.update(state="reclaiming", started=time.monotonic())
             self.follow_cann()  # ini edits, toolkit upgrades, modes, other kernel caches
             self.reap()
-            scan.update(state="indexing")
+            scan.update(state=ScanState.INDEXING)
 
             def progress(done: int, total: int, files: int) -> None:
                 scan.update(chips_done=done, chips_total=total, files=files)
 
             self.index.reconcile(progress)
             release_memory()
-            scan.update(state="done", seconds=time.monotonic() - scan.started)
+            scan.update(state=ScanState.DONE, seconds=time.monotonic() - scan.started)
             log.info(
                 "first scan of %s done in %.1f s: %d chip folders, %d files",
                 self.index.kernel_cache_dir,
@@ -274,7 +275,9 @@ class Governance:
                 scan.files,
             )
         except (OSError, CacheMgrError) as exc:
-            scan.update(state="failed", error=str(exc), seconds=time.monotonic() - scan.started)
+            scan.update(
+                state=ScanState.FAILED, error=str(exc), seconds=time.monotonic() - scan.started
+            )
             log.warning("first scan of %s failed: %s", self.index.kernel_cache_dir, exc)
             return
         for soc in self.index.chips():

@@ -8,6 +8,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from cachemgr.compile.results import Status
 from cachemgr.daemon.usage import UsageIndex
 from cachemgr.storage.counters import CounterBook
 
@@ -169,9 +170,9 @@ class Metrics:
         (a request answered by another daemon's compile is neither)."""
         if coalesced:
             return
-        if status == "compiled":
+        if status == Status.COMPILED:
             self.compile_seconds.observe(seconds)
-        elif status == "hit":
+        elif status == Status.HIT:
             self.hit_seconds.observe(seconds)
 
     def render(self) -> bytes:

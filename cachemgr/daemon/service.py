@@ -23,6 +23,14 @@ from apscheduler.triggers.interval import IntervalTrigger
 from cachemgr import eviction
 from cachemgr.compile import build, inputs, request
 from cachemgr.compile.queue import CompileOutcome, CompileQueue
+from cachemgr.compile.results import (
+    ChipStats,
+    GcResult,
+    JobState,
+    ScanState,
+    StatsResult,
+    Status,
+)
 from cachemgr.config import options
 from cachemgr.constants import VERSION
 from cachemgr.daemon import peer
@@ -285,7 +293,7 @@ class Service:
                 "cachemgr_first_scan_done",
                 "1 once the first full scan of the cache finished",
                 {},
-                1.0 if scan["state"] == "done" else 0.0,
+                1.0 if scan["state"] == ScanState.DONE else 0.0,
             ),
             (
                 "cachemgr_root_not_writable",
@@ -353,27 +361,32 @@ class Service:
         self.counters.cache().zero()
         return {"zeroed": str(self._settings.layout.kernel_cache_dir)}
 
-    def stats(self, soc: str | None = None) -> dict[str, Any]:
-        """Counters at top level (``hits``, ``misses``, ``compiles``…) and per chip folder
-        figures (entries, bytes, limit, ratio, fill %) under ``chip_folders``."""
+    def stats(self, soc: str | None = None) -> StatsResult:
+        """Counters (``hits``, ``misses``, ``compiles``…), per chip folder figures (entries,
+        bytes, limit, ratio, fill %, its counters, its last eviction's state) and the
+        daemon's own figures (queue, remotes, first scan, watch modes)."""
         settings = self._settings
         chips = [settings.layout.chip_dir(soc)] if soc else settings.layout.chip_dirs()
-        data: dict[str, Any] = dict(self.counters.snapshot())
-        data["chip_folders"] = {c.name: eviction.chip_row(c, settings) for c in chips}
         per_chip = self.counters.cache().per_chip()
-        for soc, row in data["chip_folders"].items():
-            row["counters"] = per_chip.get(soc, dict.fromkeys(COUNTER_NAMES, 0))
-            last = self.governance.last_gc.get(soc, {})
-            row["stuck_over_limit"] = bool(last.get("stuck_over_limit"))
-            row["future_atimes"] = last.get("future_atimes", 0)
-        data["queue_jobs"] = self.queue.depth()
-        data["queue"] = self.queue.figures()
-        # per remote: hits, misses, errors, rejected, bytes in/out, state (issue 15 item 7)
-        data["remotes"] = self.remote_stats()
-        data["remote_uploads_dropped"] = self.remotes.dropped if self.remotes is not None else 0
-        data.update(self.governance.status())
+        rows = {}
+        for chip in chips:
+            last = self.governance.last_gc.get(chip.name, {})
+            rows[chip.name] = dataclasses.replace(
+                ChipStats.from_json(eviction.chip_row(chip, settings)),
+                counters=per_chip.get(chip.name, dict.fromkeys(COUNTER_NAMES, 0)),
+                stuck_over_limit=bool(last.get("stuck_over_limit")),
+                future_atimes=int(last.get("future_atimes", 0)),  # type: ignore[call-overload]
+            )
+        figures: dict[str, Any] = {
+            "queue_jobs": self.queue.depth(),
+            "queue": self.queue.figures(),
+            # per remote: hits, misses, errors, rejected, bytes in/out, state (issue 15 item 7)
+            "remotes": self.remote_stats(),
+            "remote_uploads_dropped": self.remotes.dropped if self.remotes is not None else 0,
+            **self.governance.status(),
+        }
         release_memory()  # the folder scans above held a per-file object each
-        return data
+        return StatsResult(dict(self.counters.snapshot()), rows, figures)
 
     def lookup(self, soc_version: str, kernel_name: str) -> dict[str, Any]:
         """A verified lookup (SPEC §3.3) counted as a hit or a miss."""
@@ -388,7 +401,7 @@ class Service:
             "removed_bad_entry": result.removed,
         }
 
-    def gc(self, params: Mapping[str, Any]) -> dict[str, Any]:
+    def gc(self, params: Mapping[str, Any]) -> GcResult:
         """``/gc``: the same run and report as ``cachemgr gc`` (toolkit check, then each
         chip folder); ``ratio`` forces a run to that target, ``min_age_s`` replaces the aging
         guard, ``dry_run`` removes nothing, ``soc`` limits it to one chip folder."""
@@ -409,8 +422,8 @@ class Service:
         report = gc.collect(
             self._settings, force_ratio=ratio, min_age_s=min_age, dry_run=dry, soc=soc
         )
-        for folder in report["chip_folders"].values():
-            self.governance.count_eviction(folder)
+        for folder in report.chip_folders.values():
+            self.governance.count_eviction(folder.to_json())
         self.governance.index.reconcile()
         return report
 
@@ -453,7 +466,7 @@ class Service:
                 self._prune_jobs()
                 self._jobs[job_id] = {"future": future, "created": time.monotonic()}
             future.add_done_callback(self._count)
-            return 202, {"job_id": job_id, "state": "queued"}
+            return 202, {"job_id": job_id, "state": JobState.QUEUED}
         while not future.done():
             try:
                 future.result(timeout=0.05)
@@ -526,13 +539,17 @@ class Service:
             return None
         future: Future[CompileOutcome] = record["future"]
         if not future.done():
-            return {"job_id": job_id, "state": "running" if future.running() else "queued"}
+            return {
+                "job_id": job_id,
+                "state": JobState.RUNNING if future.running() else JobState.QUEUED,
+            }
         with self._jobs_lock:  # hand-back outputs are read (and their folder removed) once
             answer = record.get("answer")
             if answer is None:
                 answer = record["answer"] = _outcome(future)
         status, data = answer
-        return {"job_id": job_id, "state": "done" if status == 200 else "failed", **data}
+        state = JobState.DONE if status == 200 else JobState.FAILED
+        return {"job_id": job_id, "state": state, **data}
 
     def _prune_jobs(self) -> None:
         now = time.monotonic()
@@ -638,7 +655,8 @@ def _handed_back(data: dict[str, Any]) -> dict[str, Any]:
                 raise InvalidInputError(f"outputs over {MAX_OUTPUT_BYTES} bytes")
             outputs.append({"name": path.name, "data": base64.b64encode(blob).decode("ascii")})
     except InvalidInputError as exc:
-        return {**data, "status": "failed", "files": [], "error": f"handing back outputs: {exc}"}
+        error = f"handing back outputs: {exc}"
+        return {**data, "status": Status.FAILED, "files": [], "error": error}
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return {**data, "files": [], "outputs": outputs}

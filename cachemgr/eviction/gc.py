@@ -1,13 +1,13 @@
 """Garbage collection of a whole kernel cache (SPEC §5): the toolkit-version check, then
 reclaim and eviction of each chip folder. One function serves ``cachemgr gc`` run locally
-and the daemon's ``/gc``, so both answer with the same JSON shape:
-
-``{"kernel_cache_dir", "limits": {name: {value, origin, source}, "problems"},
-"toolkit": {...}, "chip_folders": {soc: GcReport.to_json()}}``
+and the daemon's ``/gc``, so both answer with the same :class:`cachemgr.results.GcResult`
+(JSON: ``{"kernel_cache_dir", "limits": {name: {value, origin, source}, "problems"},
+"toolkit": {...}, "chip_folders": {soc: ChipGc}, "other_kernel_caches"}``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, nullcontext
@@ -18,6 +18,7 @@ from cachemgr.config import options, versions
 from cachemgr.config.options import Settings
 from cachemgr.errors import CacheMgrError
 from cachemgr.eviction import DryRun, gc_chip, purge_chip
+from cachemgr.eviction.report import ChipGc, GcResult
 from cachemgr.storage import fsprobe
 
 
@@ -53,9 +54,9 @@ def sync_toolkit(
     return versions.sync_toolkit(settings.layout, installed, purge_chip, dry_run=dry_run)
 
 
-def toolkit_lines(report: Mapping[str, Any]) -> Iterator[str]:
+def toolkit_lines(report: GcResult) -> Iterator[str]:
     """The toolkit check in words, and one line per purged chip folder (reason, entries)."""
-    toolkit = report["toolkit"]
+    toolkit = report.toolkit
     yield f"toolkit: {toolkit['detail']}"
     for purged in toolkit.get("purged", []):
         soc = Path(purged["chip_dir"]).name
@@ -85,7 +86,7 @@ def collect(
     soc: str | None = None,
     progress_for: ProgressFor | None = None,
     include_others: bool = True,
-) -> dict[str, Any]:
+) -> GcResult:
     """Run gc over the kernel cache of ``settings`` and return the JSON report; the other
     governed kernel caches (SPEC §2) are under ``other_kernel_caches``, by path, each with
     its own limits, toolkit check and chip folders.
@@ -108,8 +109,7 @@ def collect(
     for kc in settings.other_kernel_caches() if include_others else []:  # SPEC §2
         other = options.settings_for(settings, kc, os.environ)
         others[str(kc)] = _collect_one(other, force_ratio, min_age_s, dry_run, soc, progress_for)
-    report["other_kernel_caches"] = others
-    return report
+    return dataclasses.replace(report, other_kernel_caches=others)
 
 
 def _collect_one(
@@ -119,7 +119,7 @@ def _collect_one(
     dry_run: DryRun,
     soc: str | None,
     progress_for: ProgressFor | None,
-) -> dict[str, Any]:
+) -> GcResult:
     """gc of one kernel cache folder: its toolkit check, then each chip folder."""
     max_mb = int(settings.value("max_op_cache_size"))
     ratio = int(settings.value("remain_cache_size_ratio")) if force_ratio is None else force_ratio
@@ -139,42 +139,36 @@ def _collect_one(
                 progress=progress,
                 clock_skew_s=float(settings.value("clock_skew_s")),
             )
-        folders[chip.name] = report.to_json()
-    return {
-        "kernel_cache_dir": str(settings.layout.kernel_cache_dir),
-        "limits": limits_json(settings),
-        "toolkit": toolkit.to_json(),
-        "chip_folders": folders,
-    }
+        folders[chip.name] = ChipGc.from_json(report.to_json())
+    return GcResult(
+        str(settings.layout.kernel_cache_dir),
+        limits_json(settings),
+        toolkit.to_json(),
+        folders,
+    )
 
 
-def stuck_lines(report: Mapping[str, Any]) -> Iterator[str]:
+def stuck_lines(report: GcResult) -> Iterator[str]:
     """One line per chip folder left over its limit because everything left is young
     (issue 12 item 1: reported, never hidden)."""
-    for soc, folder in report["chip_folders"].items():
-        if folder.get("stuck_over_limit"):
-            future = folder.get("future_atimes", 0)
+    for soc, folder in report.all_chip_folders():
+        if folder.stuck_over_limit:
+            future = folder.future_atimes
             why = (
                 f"; {future} of them have access times in the future (clock skew, up to "
-                f"{folder.get('max_skew_s', 0):.0f} s)"
+                f"{folder.max_skew_s:.0f} s)"
                 if future
                 else ""
             )
             yield (
-                f"{soc}: still over its limit ({folder['bytes_after']} of "
-                f"{folder['max_bytes']} bytes): the aging guard kept "
-                f"{folder['kept_by_aging_guard']} entries accessed too recently{why}"
+                f"{soc}: still over its limit ({folder.bytes_after} of "
+                f"{folder.max_bytes} bytes): the aging guard kept "
+                f"{folder.kept_by_aging_guard} entries accessed too recently{why}"
             )
-    for kc, other in report.get("other_kernel_caches", {}).items():
-        for line in stuck_lines({"chip_folders": other["chip_folders"]}):
-            yield f"{kc}/{line}"
 
 
-def denied_lines(report: Mapping[str, Any]) -> Iterator[str]:
+def denied_lines(report: GcResult) -> Iterator[str]:
     """``soc/file: why`` for every file gc could not remove (permission)."""
-    for soc, folder in report["chip_folders"].items():
-        for line in folder.get("denied", []):
+    for soc, folder in report.all_chip_folders():
+        for line in folder.denied:
             yield f"{soc}/{line}"
-    for kc, other in report.get("other_kernel_caches", {}).items():
-        for line in denied_lines({"chip_folders": other["chip_folders"]}):
-            yield f"{kc}/{line}"
