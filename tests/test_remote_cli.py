@@ -34,11 +34,13 @@ def test_remote_flags_win_and_each_remote_is_shown_everywhere(
     d = start_daemon(tmp_path, *args, env=env)
     try:
         for n in (2101, 2102):
-            out = d.client.compile(request_data(defines={"N": n, "B_N": 1}))
+            out = d.client.compile(request_data(defines={"N": n, "B_N": 1})).to_json()
             assert out["status"] == "compiled", out
         assert len(calls(tmp_path / "cc")) == 2
-        wait_for(lambda: d.client.stats()["remotes"]["good"]["uploads"] == 2, 30, "uploads")
-        rows = d.client.stats()["remotes"]
+        wait_for(
+            lambda: d.client.stats().to_json()["remotes"]["good"]["uploads"] == 2, 30, "uploads"
+        )
+        rows = d.client.stats().to_json()["remotes"]
         assert sorted(rows) == ["down", "good", "locked"], "--remote replaced the env var"
         assert rows["good"]["state"] == "ok" and rows["good"]["misses"] == 2
         assert rows["good"]["bytes_out"] > 0 and rows["good"]["errors"] == 0
@@ -121,7 +123,7 @@ def test_force_clears_local_only_and_says_so(redis_server: RedisServer, tmp_path
             req = tmp_path / f"r{n}.json"
             req.write_text(json.dumps(request_data(defines={"N": n, "B_N": 1})))
             reqs.append(req)
-            assert d.client.compile(json.loads(req.read_text()))["status"] == "compiled"
+            assert d.client.compile(json.loads(req.read_text())).to_json()["status"] == "compiled"
         wait_for(lambda: probe.dbsize() == 3, 30, "two uploads and the chip's index")
         keys = sorted(probe.keys())
         base = ("--socket", str(d.socket_path), "--cache-dir", str(tmp_path / "cache"))
@@ -134,7 +136,7 @@ def test_force_clears_local_only_and_says_so(redis_server: RedisServer, tmp_path
         assert "remote tiers untouched" in out.stderr, out.stderr
         assert len(calls(tmp_path / "cc")) == 3
         assert sorted(probe.keys()) == keys, "the remote kept every entry"
-        again = d.client.compile(json.loads(reqs[1].read_text()))
+        again = d.client.compile(json.loads(reqs[1].read_text())).to_json()
         assert again["status"] == "hit" and again["tier"] == "remote:r", again
         assert "remote tiers untouched" in d.log()
     finally:

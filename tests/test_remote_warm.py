@@ -71,7 +71,7 @@ def test_ge_entry_written_at_a_is_warmed_at_b_and_hit_there_redis(
         assert (chip_a / "te_twin_bad.json").is_file(), "and the upload left it alone"
         index = {n.decode() for n in probe.zrange(f"cachemgr:1:index:{SOC}", 0, -1)}
         assert index == {"te_twin_hdr", "te_twin_plain"}
-        row = a.client.stats()["remotes"]["shared"]
+        row = a.client.stats().to_json()["remotes"]["shared"]
         assert row["uploads"] == 2 and row["errors"] == 0, row
 
         chip_b = root_b / "kernel_cache" / SOC
@@ -86,11 +86,11 @@ def test_ge_entry_written_at_a_is_warmed_at_b_and_hit_there_redis(
         assert (chip_b / "te_twin_hdr.h").read_bytes() == (chip_a / "te_twin_hdr.h").read_bytes()
         # B's daemon sees the warmed entries appear: it asks, finds them, sends nothing
         wait_for(
-            lambda: b.client.stats()["remotes"]["shared"]["present"] >= 2,
+            lambda: b.client.stats().to_json()["remotes"]["shared"]["present"] >= 2,
             60,
             "B's daemon to see the warmed entries",
         )
-        assert b.client.stats()["remotes"]["shared"]["uploads"] == 0
+        assert b.client.stats().to_json()["remotes"]["shared"]["uploads"] == 0
         again = run_cli("warm", "--soc", SOC, "--json", *base, env=clean_env)
         assert json.loads(again.stdout)["chip_folders"][0]["present"] == 2
     finally:
@@ -124,7 +124,7 @@ def test_ge_entry_travels_over_http_bazel_and_prefetch_fills_site_b(
             60,
             "B's prefetch to make GE hit the kernel",
         )
-        assert b.client.stats()["remotes"]["bazel"]["hits"] == 1
+        assert b.client.stats().to_json()["remotes"]["bazel"]["hits"] == 1
     finally:
         b.stop()
 
@@ -239,7 +239,9 @@ def test_a_full_upload_queue_drops_and_counts(tmp_path: Path) -> None:
         for i in range(12):
             ge_twin.write_entry(chip, f"te_flood{i}")
         wait_for(
-            lambda: d.client.stats()["remote_uploads_dropped"] >= 5, 60, "the queue to overflow"
+            lambda: d.client.stats().to_json()["remote_uploads_dropped"] >= 5,
+            60,
+            "the queue to overflow",
         )
         health = d.client.health()
         assert health["status"] in ("ok", "degraded")
