@@ -88,10 +88,10 @@ def warm_cmd(
                 f"{r.soc_version}: {len(r.fetched)} fetched ({human.size(r.bytes)}), "
                 f"{len(r.present)} present, {len(r.missing)} missing, "
                 f"{len(r.over_limit)} over the limit ({cap}), {len(r.busy)} busy, "
-                f"{len(r.failed)} failed; from {r.source} in {r.seconds:.1f} s"
+                f"{len(r.not_stored)} not stored; from {r.source} in {r.seconds:.1f} s"
             )
             click.echo(line + (f" — {r.error}" if r.error else ""))
-    if any(r.error or r.failed or (names is not None and r.missing) for r in reports):
+    if any(r.error or r.not_stored or (names is not None and r.missing) for r in reports):
         sys.exit(1)
 
 

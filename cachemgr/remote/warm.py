@@ -64,7 +64,7 @@ class WarmReport:
     missing: list[str] = field(default_factory=list)
     over_limit: list[str] = field(default_factory=list)
     busy: list[str] = field(default_factory=list)
-    failed: list[str] = field(default_factory=list)
+    not_stored: list[str] = field(default_factory=list)
     bytes: int = 0
     cap_bytes: int | None = None
     seconds: float = 0.0
@@ -82,7 +82,7 @@ class WarmReport:
             "missing": len(self.missing),
             "over_limit": len(self.over_limit),
             "busy": len(self.busy),
-            "failed": len(self.failed),
+            "not_stored": len(self.not_stored),
             "bytes": self.bytes,
             "cap_bytes": self.cap_bytes,
             "seconds": round(self.seconds, 3),
@@ -198,15 +198,15 @@ def _write_like_ge(remotes: RemoteTiers, local: LocalTier, item: Any, remote: st
         return "busy"
     except (OSError, CacheMgrError) as exc:
         log.warning("warm %s/%s: %s", item.soc_version, item.kernel, exc)
-        return "failed"
+        return "not_stored"
     try:
         local.put(item, held=EntryHold(store.chip_dir, item.kernel, lock))
     except InvalidInputError as exc:
         remotes.reject(remote, item.soc_version, item.kernel, str(exc))
-        return "failed"
+        return "not_stored"
     except (OSError, CacheMgrError) as exc:
         log.warning("warm %s/%s: not stored: %s", item.soc_version, item.kernel, exc)
-        return "failed"
+        return "not_stored"
     finally:
         lock.release()
     return "fetched"
