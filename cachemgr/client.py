@@ -34,25 +34,30 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import http.client
 import json
 import logging
 import os
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import cache
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeVar, overload
 
 from cachemgr import sockcheck
-from cachemgr.compile import build, inputs, kernel_meta, keys
-from cachemgr.compile.request import ParsedRequests
 from cachemgr.compile.results import CompileOutcome, GcResult, StatsResult
-from cachemgr.config import layout, options
 from cachemgr.errors import CacheMgrError, CompileError, InvalidInputError
 from cachemgr.sockcheck import UntrustedDaemon
-from cachemgr.storage import fsutil, safeio
+
+if TYPE_CHECKING:
+    import http.client
+
+    from cachemgr.compile import build, keys
+    from cachemgr.config import options
+
+# The hit path's modules (build, keys, inputs, kernel_meta, http.client...) are imported where
+# they are used, so a CLI command that finds no daemon never pays for them (issue 14 item 1).
 
 log = logging.getLogger(__name__)
 
@@ -99,26 +104,32 @@ def default_socket_path(env: Mapping[str, str] | None = None) -> Path:
     return runtime_dir(env) / SOCKET_NAME
 
 
-class _UnixConnection(http.client.HTTPConnection):
-    """HTTP over a Unix socket whose folder, file and serving process belong to a trusted
-    user (:mod:`cachemgr.sockcheck`; issue 10, item 7)."""
+@cache
+def _unix_connection_class() -> Callable[[str, float, set[int]], http.client.HTTPConnection]:
+    """:class:`http.client.HTTPConnection` over a Unix socket whose folder, file and serving
+    process belong to a trusted user (:mod:`cachemgr.sockcheck`; issue 10, item 7). Made on
+    first use: ``http.client`` pulls in ``email`` and ``ssl`` (issue 14 item 1)."""
+    import http.client
 
-    def __init__(self, path: str, timeout: float, trusted: set[int]) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self._path = path
-        self._trusted = trusted
+    class _UnixConnection(http.client.HTTPConnection):
+        def __init__(self, path: str, timeout: float, trusted: set[int]) -> None:
+            super().__init__("localhost", timeout=timeout)
+            self._path = path
+            self._trusted = trusted
 
-    def connect(self) -> None:
-        sockcheck.check_path(Path(self._path), self._trusted)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(self._path)
-            sockcheck.check_peer(sock, Path(self._path), self._trusted)
-        except BaseException:
-            sock.close()
-            raise
-        self.sock = sock
+        def connect(self) -> None:
+            sockcheck.check_path(Path(self._path), self._trusted)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(self.timeout)
+            try:
+                sock.connect(self._path)
+                sockcheck.check_peer(sock, Path(self._path), self._trusted)
+            except BaseException:
+                sock.close()
+                raise
+            self.sock = sock
+
+    return _UnixConnection
 
 
 class Client:
@@ -157,10 +168,12 @@ class Client:
         conn = getattr(self._local, "conn", None)
         if conn is None:
             if self.tcp:
+                import http.client
+
                 conn = http.client.HTTPConnection(*self.tcp, timeout=self.timeout_s)
             else:
                 trusted = sockcheck.trusted_uids(self.daemon_user)
-                conn = _UnixConnection(str(self.socket_path), self.timeout_s, trusted)
+                conn = _unix_connection_class()(str(self.socket_path), self.timeout_s, trusted)
             self._local.conn = conn
         return conn
 
@@ -182,6 +195,8 @@ class Client:
         :raises DaemonUnavailable: nothing listens on the socket/port.
         :raises DaemonError: the daemon answered 4xx/5xx (its one-line message).
         """
+        import http.client
+
         payload = None if body is None else json.dumps(body).encode()
         headers = {"Content-Type": "application/json"} if payload is not None else {}
         headers.update(self._auth)
@@ -374,6 +389,9 @@ class Client:
 
         :raises DaemonError: 400 when the folder cannot be written (one line).
         """
+        from cachemgr.compile import kernel_meta
+        from cachemgr.config import layout
+
         decision = prepared.decision
         try:
             if decision.debug.on:
@@ -408,6 +426,8 @@ class Client:
 
         :raises CacheMgrError: unreadable file or malformed JSON (one line naming the file).
         """
+        from cachemgr.storage import safeio
+
         path = Path(path)
         try:
             # non-blocking, regular files only, capped (issue 10, item 8)
@@ -440,6 +460,8 @@ class _LocalHits:
     """The hit path run in the caller's process (see the module docstring)."""
 
     def __init__(self, client: Client) -> None:
+        from cachemgr.compile.request import ParsedRequests
+
         self.client = client
         self._lock = threading.Lock()
         self._settings: options.Settings | None = None
@@ -451,6 +473,9 @@ class _LocalHits:
         self.disabled = False
 
     def _state(self) -> tuple[options.Settings, keys.Compilers]:
+        from cachemgr.compile import keys
+        from cachemgr.config import options
+
         now = time.monotonic()
         with self._lock:
             if self._settings is not None and now - self._fetched < LOCAL_CONFIG_TTL_S:
@@ -472,6 +497,8 @@ class _LocalHits:
         :raises InvalidInputError: a bad request (the same one line the daemon would give).
         :raises CompileError: the dependency listing failed (a missing header...).
         """
+        from cachemgr.compile import build
+
         try:
             settings, compilers = self._state()
         except (CacheMgrError, OSError, KeyError, TypeError, ValueError) as exc:
@@ -494,6 +521,8 @@ class _LocalHits:
 
         :raises InvalidInputError: an input that cannot be read, or one that keeps changing.
         """
+        from cachemgr.compile import build, inputs
+
         for _ in range(3):
             frozen = build.freeze(prepared)
             if frozen is not None:
@@ -511,6 +540,8 @@ class _LocalHits:
         """The answer for a request that failed here, before the daemon was asked (a header
         missing from the dependency listing): ``failed``, with the policy decided for it
         (:func:`cachemgr.build.failed_before_prepared`), or an unresolved one."""
+        from cachemgr.compile import build
+
         try:
             settings, _ = self._state()
             request = self._parsed.get(data, base, origin="compile request")
@@ -534,6 +565,8 @@ class _LocalHits:
 
     def lookup_prepared(self, prepared: build.Prepared, start: float) -> CompileOutcome | None:
         """A verified hit for ``prepared`` served here, or None."""
+        from cachemgr.compile import build
+
         if self.disabled:
             return None
         try:
@@ -595,6 +628,10 @@ def _write_outputs(answer: dict[str, Any], target: _Target) -> None:
     local run: debug artefacts into ``<kernel_meta>/<host>_<pid>/``, ``disable`` kernels into
     the output folder (the json last: a visible json means a whole kernel). ``files`` then
     names them."""
+    from cachemgr.compile import kernel_meta
+    from cachemgr.config import layout
+    from cachemgr.storage import fsutil
+
     outputs = answer.pop("outputs", None)
     if not isinstance(outputs, list):
         return

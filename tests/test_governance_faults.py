@@ -412,3 +412,36 @@ def test_a_stalled_compile_pool_counts_as_stuck(tmp_path: Path, clean_env: dict)
         assert POOL not in beats.stale()
     finally:
         queue.close(cancel_pending=True, timeout_s=60)
+
+
+def test_watch_rearmed_when_the_folder_comes_back_with_the_same_inode(tmp_path: Path) -> None:
+    """``rm -rf`` of a watched chip folder and a ``mkdir`` right away may give the new folder
+    the old one's inode (ext4 reuses freed inodes): the dead watch must still be re-armed."""
+    from watchdog.events import FileSystemEvent, FileSystemEventHandler
+
+    from cachemgr.daemon.governance import WATCHED_EVENTS
+    from cachemgr.daemon.watch import Watcher
+
+    seen: list[str] = []
+
+    class Handler(FileSystemEventHandler):
+        def on_any_event(self, event: FileSystemEvent) -> None:
+            seen.append(os.fsdecode(event.src_path))
+
+    kc = tmp_path / "kernel_cache"
+    (kc / SOC).mkdir(parents=True)
+    armed = os.stat(kc / SOC).st_ino
+    watcher = Watcher(kc, Handler(), WATCHED_EVENTS)
+    watcher.start()
+    try:
+        for _ in range(200):  # until the new folder has the old inode (ext4: within a few)
+            shutil.rmtree(kc / SOC)
+            (kc / SOC).mkdir()
+            if os.stat(kc / SOC).st_ino == armed:
+                break
+        assert os.stat(kc / SOC).st_ino == armed, "this filesystem never reused the inode"
+        wait_for(lambda: SOC in watcher.check(), 20, "the dead watch re-armed")
+        (kc / SOC / "te_new.json").write_text("{}")
+        wait_for(lambda: any(p.endswith("te_new.json") for p in seen), 20, "an event")
+    finally:
+        watcher.stop()

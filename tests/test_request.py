@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from cachemgr.compile import request as request_mod
 from cachemgr.compile.request import (
     MAX_ELEMENTS,
     load_request,
@@ -182,3 +186,96 @@ def test_debug_dir_of_the_request_beats_the_configuration(tmp_path: Path, clean_
 def test_bad_path_characters_in_options(tmp_path: Path) -> None:
     message = _error(tmp_path, request_data(options={"debug_dir": "a b"}))
     assert "debug_dir" in message and "' '" in message
+
+
+# --- the fast schema check (issue 14 item 1) --------------------------------------------------
+
+_JSON_SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-3, max_value=2**31),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.sampled_from(["", "ND", "float32", "float", "1", "true", "auto", "a b", "\x01", "Add"]),
+    st.text(max_size=8),
+)
+_JSON = st.recursive(
+    _JSON_SCALARS,
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+
+
+def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Every path into ``value`` (dict keys, list indexes), the root included."""
+    out = [prefix]
+    if isinstance(value, dict):
+        for k, v in value.items():
+            out += _paths(v, (*prefix, k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            out += _paths(v, (*prefix, i))
+    return out
+
+
+@st.composite
+def _mutated_requests(draw: st.DrawFn) -> Any:
+    """A valid request (every optional field set) with a few random changes: a value
+    replaced, a key dropped or added anywhere in it."""
+    data = request_data(
+        op_name="node_1",
+        attrs={"axis": -1},
+        defines={"N": 4, "F": 1.5, "B": True, "S": "x"},
+        include_dirs=["inc"],
+        extra_flags=["-O2"],
+        options={"jit_compile": "auto", "deterministic": 1, "op_debug_level": 0,
+                 "precision_mode": "force_fp16", "aicore_num": 2},
+    )  # fmt: skip
+    data["inputs"][0]["name"] = "x"
+    for _ in range(draw(st.integers(min_value=1, max_value=3))):
+        path = draw(st.sampled_from(_paths(data)))
+        parent: Any = data
+        for part in path[:-1]:
+            parent = parent[part]
+        action = draw(st.sampled_from(["replace", "drop", "add"]))
+        if not path:
+            if action == "replace":
+                return draw(_JSON)
+            continue
+        if action == "replace":
+            parent[path[-1]] = draw(_JSON)
+        elif action == "drop" and isinstance(parent, dict):
+            del parent[path[-1]]
+        elif action == "drop" and isinstance(parent, list):
+            parent.pop(path[-1])
+        elif isinstance(parent[path[-1]], dict):
+            parent[path[-1]][draw(st.text(max_size=6))] = draw(_JSON)
+        elif isinstance(parent[path[-1]], list):
+            parent[path[-1]].append(draw(_JSON))
+    return data
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=list(HealthCheck))
+@given(_mutated_requests())
+def test_fast_check_accepts_only_what_jsonschema_accepts(data: Any) -> None:
+    """The hit path's hand-compiled check never lets through a request the schema refuses,
+    and accepts every request the schema accepts (so jsonschema runs only on errors)."""
+    import jsonschema
+
+    fast = request_mod._fast_check()
+    assert fast is not None, "the request schema uses a keyword the fast check lacks"
+    valid = jsonschema.Draft202012Validator(schema()).is_valid(data)
+    assert fast(data) == valid, f"fast check says {fast(data)}, jsonschema {valid}: {data!r}"
+
+
+@pytest.mark.parametrize("path", sorted(REQUESTS.glob("*.json")), ids=lambda p: p.stem)
+def test_fast_check_accepts_the_examples(path: Path) -> None:
+    assert request_mod._schema_valid(json.loads(path.read_text()))
+
+
+def test_fast_check_refuses_a_schema_it_cannot_implement() -> None:
+    with pytest.raises(ValueError, match="oneOf"):
+        request_mod._compile_check({"type": "object", "oneOf": []}, {})
+    with pytest.raises(ValueError, match=r"\$ref"):
+        request_mod._compile_check({"$ref": "https://elsewhere/x.json"}, {})

@@ -24,6 +24,17 @@ class _Group(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)
 
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The commands and their one-line summaries (:data:`SUMMARIES`) without importing
+        a command's module: click's LazyGroup pattern, so ``--help`` starts fast (issue 14
+        item 1). ``tests/test_startup.py`` checks the summaries against the commands."""
+        commands = [(n, click.Command(n, help=SUMMARIES[n])) for n in self.list_commands(ctx)]
+        if commands:
+            limit = formatter.width - 6 - max(len(name) for name, _ in commands)
+            rows = [(name, cmd.get_short_help_str(limit)) for name, cmd in commands]
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         target = COMMANDS.get(cmd_name)
         if target is None:
@@ -158,6 +169,28 @@ COMMANDS = {
     "limits": "cachemgr.cli.limits_cmd:limits_group",
     "warm": "cachemgr.cli.warm_cmd:warm_cmd",
     "completion": "cachemgr.cli.completion_cmd:completion_cmd",
+}
+
+#: The first sentence of each command's help, for ``cachemgr --help`` (the modules stay
+#: unimported; ``tests/test_startup.py`` fails when one differs from its command's help).
+SUMMARIES = {
+    "compile": "Compile the kernels of REQUEST.json files, each once: a verified hit, a "
+    "precompiled binary, a compile, or a debug compile.",
+    "completion": "Print the completion script for SHELL (bash, zsh or fish).",
+    "config": "Show every setting of every table, its value and where it came from.",
+    "gc": "Reclaim leftovers and evict least recently used entries down to the limit.",
+    "limits": "Show or set the size limits (max_op_cache_size, remain_cache_size_ratio).",
+    "ls": "List entries: chip, kernel, op type, size, last access (UTC), parts.",
+    "pack": "Build a read-only package of precompiled kernels in CANN's layout from cache entries.",
+    "purge": "Clear chip folders under the eviction lock and each entry's lock (needs --soc "
+    "or --all).",
+    "serve": "Run the cache daemon until SIGTERM (exit 0 after running compiles finish).",
+    "stats": "Counters (hits, misses, compiles…) of this kernel cache — every daemon's and "
+    "every local run's, kept in the cache — and, per chip folder: entries, bytes, limit, "
+    "ratio, fill %, oldest and newest access.",
+    "status": "Is a daemon answering? Exit 0 with its pid and uptime, 1 when none answers.",
+    "stop": "Ask the daemon to stop (like sccache --stop-server); wait until it has exited.",
+    "verify": "Check every entry (sha256, binaries, sub-parts); exit 1 if anything bad remains.",
 }
 
 

@@ -9,15 +9,16 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from cachemgr.client import Client, default_socket_path
-from cachemgr.config import options
-from cachemgr.config.options import Settings
 from cachemgr.errors import CacheMgrError, ConfigError
 from cachemgr.sockcheck import UntrustedDaemon
+
+if TYPE_CHECKING:  # imported where used: `cachemgr --help` needs neither (issue 14 item 1)
+    from cachemgr.client import Client
+    from cachemgr.config.options import Settings
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -118,6 +119,8 @@ def load_settings(
         "soc_version": soc_version,
         **extra,
     }
+    from cachemgr.config import options
+
     settings = options.resolve(cli=cli, config_file=config_file, writable=writable)
     if warn:
         for problem in settings.problems:
@@ -251,7 +254,11 @@ def route(
         )
     if local_only:
         return Route("local", None, None, f"{local_only} runs the command in this process")
+    from cachemgr.client import Client, default_socket_path
+
     path = named[1] if named else default_socket_path()
+    if named is None and not os.path.lexists(path):  # no daemon: no HTTP client to import
+        return Route("local", None, None, f"no daemon answers at the default socket {path}")
     daemon_user = settings.sections.get("daemon", {}).get("user") or None
     client = Client(
         path,

@@ -5,11 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-import uuid
-from concurrent.futures import Future, ThreadPoolExecutor, as_completed
-from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from click.core import ParameterSource
@@ -27,15 +24,15 @@ from cachemgr.cli.common import (
     warning,
 )
 from cachemgr.cli.lockcheck import checked_for_writing
-from cachemgr.client import Client
-from cachemgr.compile import precompiled
 from cachemgr.compile.queue import DEFAULT_TIMEOUT_S, CompileOutcome, CompileQueue
 from cachemgr.compile.request import load_request
 from cachemgr.errors import CacheMgrError, InvalidInputError
-from cachemgr.remote import config as remote_config
-from cachemgr.remote.tierset import RemoteTiers
-from cachemgr.storage import entry
 from cachemgr.storage.counters import CounterBook
+
+if TYPE_CHECKING:  # the hit path imports only what a hit needs (issue 14 item 1)
+    from concurrent.futures import Future
+
+    from cachemgr.client import Client
 
 
 def _setting_flags(func: Any) -> Any:
@@ -130,7 +127,7 @@ A request is one JSON object (relative paths are relative to its file):
     "options": {{"jit_compile": "auto"}}  any option below; these win
   }}
 A shape dim of -1 is dynamic; the shape [-2] is an unknown rank.
-Schema: {resources.files("cachemgr").joinpath("schemas/compile_request.schema.json")}
+Schema: {Path(__file__).parents[1] / "schemas" / "compile_request.schema.json"}
 Examples: examples/requests/ in the source tree.
 
 \b
@@ -216,6 +213,9 @@ def compile_cmd(
     }
     settings = checked_for_writing(settings, cli_values, config_file)  # as the daemon
     counters = CounterBook(lambda: settings.layout.kernel_cache_dir)  # SPEC §10: in the cache
+    from cachemgr.remote import config as remote_config  # not on the hit path (issue 14)
+    from cachemgr.remote.tierset import RemoteTiers
+
     tiers = RemoteTiers.from_config(remote_config.from_settings(settings, list(remotes)))
     queue = CompileQueue(
         settings,
@@ -294,6 +294,9 @@ def _compile_via_daemon(
     for name in ("op_debug_config", "debug_dir"):
         if overrides.get(name):
             overrides[name] = str(Path(overrides[name]).absolute())
+    import uuid
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
     session = uuid.uuid4().hex  # force clears once per run, as in-process (issue 11 item 5)
 
     def one(path: Path) -> CompileOutcome | CacheMgrError:
@@ -383,6 +386,8 @@ def pack_cmd(
     KERNELS are entry names as cachemgr ls shows them; --all takes every entry that carries
     its operator description (compiled by cachemgr's queue).
     """
+    from cachemgr.compile import precompiled
+
     settings = load_settings(writable=False, **kw)
     chips = chip_dirs(settings)
     chosen: dict[Path, list[str]] = {}
@@ -417,6 +422,9 @@ def pack_cmd(
 
 
 def _packable(chip: Path) -> list[str]:
+    from cachemgr.compile import precompiled
+    from cachemgr.storage import entry
+
     names = []
     for kernel in sorted(entry.scan_chip(chip).entries):
         try:

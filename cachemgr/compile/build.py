@@ -26,7 +26,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cachemgr.compile import inputs, kernel_meta, keys, policy, precompiled
 from cachemgr.compile.request import CompileRequest, RequestOptions, resolve_options
@@ -34,10 +34,12 @@ from cachemgr.compile.results import CompileOutcome, Policy, Status
 from cachemgr.compilers import CompileJob, CompilerBackend
 from cachemgr.config.options import Settings
 from cachemgr.errors import CacheMgrError, ConfigError, InvalidInputError
-from cachemgr.remote.tierset import RemoteTiers
 from cachemgr.storage import chiplock, fsutil, manifest
-from cachemgr.storage.events import Events
 from cachemgr.storage.tiers import chip_store
+
+if TYPE_CHECKING:  # not imported on the hit path (issue 14 item 1)
+    from cachemgr.remote.tierset import RemoteTiers
+    from cachemgr.storage.events import Events
 
 log = logging.getLogger(__name__)
 

@@ -43,22 +43,25 @@ import logging
 import os
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from cachemgr.compile import build, kernel_meta, keys, precompiled, publisher
+from cachemgr.compile import build, kernel_meta, keys, precompiled
 from cachemgr.compile.build import Prepared
 from cachemgr.compile.inputs import Snapshot
 from cachemgr.compile.request import CompileRequest
 from cachemgr.compile.results import CompileOutcome
 from cachemgr.config.options import Settings
 from cachemgr.errors import CacheMgrError, CompileError, InvalidInputError
-from cachemgr.remote.tierset import RemoteTiers
-from cachemgr.storage.events import Events
+
+if TYPE_CHECKING:  # publishing is a miss's work: not imported on the hit path (issue 14)
+    from cachemgr.compile import publisher
+    from cachemgr.remote.tierset import RemoteTiers
+    from cachemgr.storage.events import Events
 
 log = logging.getLogger(__name__)
 
@@ -210,6 +213,8 @@ class CompileQueue:
                     prepared = dataclasses.replace(prepared, note=note)
             outputs = prepared.decision.debug.on or not prepared.decision.cache.write
             if deliver and outputs:
+                import uuid  # here: it imports platform (issue 14 item 1)
+
                 prepared = dataclasses.replace(prepared, deliver=uuid.uuid4().hex)
             elif prepared.decision.debug.on:
                 kernel_meta.check_base(prepared.opts.kernel_meta_dir)
@@ -341,6 +346,8 @@ class CompileQueue:
         :returns: entries removed.
         :raises LockBusyError: the chip lock was not obtained within the lock timeout.
         """
+        from cachemgr.compile import publisher
+
         gate = self._gate(p.chip_dir)
         gate.clear()
         try:
@@ -384,10 +391,12 @@ class CompileQueue:
             if job is None:
                 return
             result = self._run(job.prepared)
-            self._ctx.after_job()
+            from cachemgr.compile import publisher  # a job ran: a miss (not on the hit path)
+
             if isinstance(result, publisher.Pending) and self._work_waiting():
                 try:
                     self._finishers.submit(self._finish, job, result)
+                    self._ctx.after_job()  # the pending publish holds its bytes in memory
                     continue
                 except RuntimeError:  # finishers shut down (close timed out): finish here
                     pass
@@ -395,12 +404,15 @@ class CompileQueue:
                 self._finish(job, result)  # nothing else waits: no thread hop
             else:
                 self._done(job, result)
+            self._ctx.after_job()  # the caller has its answer: not on a miss's path (item 3)
 
     def _work_waiting(self) -> bool:
         with self._lock:
             return any(job.state == _PENDING for _, _, _, job in self._heap)
 
     def _run(self, p: Prepared) -> CompileOutcome | publisher.Pending:
+        from cachemgr.compile import publisher
+
         try:
             self._gate(p.chip_dir).wait()
             if p.decision.debug.on or not p.decision.cache.write:

@@ -18,13 +18,13 @@ import dataclasses
 import json
 import math
 import os
+import re
 import stat
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -138,17 +138,151 @@ class RequestOptions:
 @cache
 def schema() -> dict[str, Any]:
     """The request JSON Schema (``cachemgr/schemas/compile_request.schema.json``)."""
-    text = resources.files("cachemgr").joinpath("schemas/compile_request.schema.json")
+    # beside the package's __init__ (importlib.resources would import zipfile and tempfile
+    # on the hit path, issue 14 item 1)
+    package = Path(__file__).parents[__name__.count(".") - 1]  # cachemgr/, wherever this is
+    text = package / "schemas" / "compile_request.schema.json"
     loaded: dict[str, Any] = json.loads(text.read_text(encoding="utf-8"))
     return loaded
 
 
 @cache
 def _validator() -> Any:
-    import jsonschema  # here: ~0.1 s of imports that only compiling needs
+    import jsonschema  # ~50 ms of imports: only for a request the fast check refuses
 
     cls = jsonschema.validators.validator_for(schema())
     return cls(schema())
+
+
+#: The JSON Schema keywords :func:`_compile_check` implements (draft 2020-12 semantics, as
+#: ``jsonschema`` applies them); annotations are ignored. A schema using any other keyword
+#: gets no fast check: every request then goes through ``jsonschema`` (issue 14 item 1).
+_CHECKED = frozenset(
+    {"type", "enum", "required", "properties", "additionalProperties", "pattern", "minLength"}
+    | {"items", "maxItems", "minItems", "$ref", "propertyNames", "minimum"}
+)
+_ANNOTATIONS = frozenset(("$schema", "$id", "$defs", "title", "description"))
+_TYPES: dict[str, Callable[[Any], bool]] = {
+    "object": lambda v: isinstance(v, dict),
+    "array": lambda v: isinstance(v, list),
+    "string": lambda v: isinstance(v, str),
+    "boolean": lambda v: isinstance(v, bool),
+    "null": lambda v: v is None,
+    "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+    "integer": lambda v: (
+        (isinstance(v, int) and not isinstance(v, bool))
+        or (isinstance(v, float) and v.is_integer())
+    ),
+}
+
+
+def _json_equal(a: Any, b: Any) -> bool:
+    """JSON equality of scalars as ``jsonschema``'s ``enum`` has it: ``true`` is not ``1``."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return a == b
+    return type(a) is type(b) and isinstance(a, str) and a == b
+
+
+def _compile_check(node: dict[str, Any], root: dict[str, Any]) -> Callable[[Any], bool]:
+    """A predicate that is True only when ``node`` (a schema) accepts the value.
+
+    :raises ValueError: ``node`` uses a keyword outside :data:`_CHECKED` (or a remote ``$ref``).
+    """
+    unknown = set(node) - _CHECKED - _ANNOTATIONS
+    if unknown:
+        raise ValueError(f"no fast check for {sorted(unknown)}")
+    checks: list[Callable[[Any], bool]] = []
+    if "$ref" in node:
+        ref = node["$ref"]
+        if not ref.startswith("#/$defs/"):
+            raise ValueError(f"no fast check for $ref {ref}")
+        checks.append(_compile_check(root["$defs"][ref.removeprefix("#/$defs/")], root))
+    if "type" in node:
+        kinds = [node["type"]] if isinstance(node["type"], str) else node["type"]
+        tests = [_TYPES[k] for k in kinds]
+        checks.append(lambda v: any(t(v) for t in tests))
+    if "enum" in node:
+        accepted = node["enum"]
+        checks.append(lambda v: any(_json_equal(v, a) for a in accepted))
+    checks += _string_checks(node) + _array_checks(node, root) + _object_checks(node, root)
+    if "minimum" in node:
+        low = node["minimum"]
+        checks.append(lambda v: not _TYPES["number"](v) or v >= low)
+    return lambda v: all(c(v) for c in checks)
+
+
+def _string_checks(node: dict[str, Any]) -> list[Callable[[Any], bool]]:
+    checks: list[Callable[[Any], bool]] = []
+    if "pattern" in node:
+        search = re.compile(node["pattern"]).search  # jsonschema: re.search, unanchored
+        checks.append(lambda v: not isinstance(v, str) or search(v) is not None)
+    if "minLength" in node:
+        least = node["minLength"]
+        checks.append(lambda v: not isinstance(v, str) or len(v) >= least)
+    return checks
+
+
+def _array_checks(node: dict[str, Any], root: dict[str, Any]) -> list[Callable[[Any], bool]]:
+    checks: list[Callable[[Any], bool]] = []
+    if "items" in node:
+        item = _compile_check(node["items"], root)
+        checks.append(lambda v: not isinstance(v, list) or all(item(x) for x in v))
+    if "maxItems" in node:
+        most = node["maxItems"]
+        checks.append(lambda v: not isinstance(v, list) or len(v) <= most)
+    if "minItems" in node:
+        least = node["minItems"]
+        checks.append(lambda v: not isinstance(v, list) or len(v) >= least)
+    return checks
+
+
+def _object_checks(node: dict[str, Any], root: dict[str, Any]) -> list[Callable[[Any], bool]]:
+    checks: list[Callable[[Any], bool]] = []
+    required = node.get("required", [])
+    props = {k: _compile_check(s, root) for k, s in node.get("properties", {}).items()}
+    extra = node.get("additionalProperties", True)
+    other = extra if isinstance(extra, bool) else _compile_check(extra, root)
+    names = _compile_check(node["propertyNames"], root) if "propertyNames" in node else None
+
+    def check(v: Any) -> bool:
+        if not isinstance(v, dict):
+            return True
+        if any(k not in v for k in required):
+            return False
+        for key, value in v.items():
+            if names is not None and not names(key):
+                return False
+            own = props.get(key)
+            if own is not None:
+                if not own(value):
+                    return False
+            elif other is False or (other is not True and not other(value)):
+                return False
+        return True
+
+    checks.append(check)
+    return checks
+
+
+@cache
+def _fast_check() -> Callable[[Any], bool] | None:
+    """The request schema as a plain predicate (no ``jsonschema`` import: the hit path of
+    ``cachemgr compile`` must start fast, issue 14 item 1); None when the schema uses a
+    keyword it does not implement. True means ``jsonschema`` would accept the request too
+    (``tests/test_request.py`` checks that on generated requests); False sends the request to
+    ``jsonschema`` for its one-line message."""
+    try:
+        return _compile_check(schema(), schema())
+    except (ValueError, KeyError, re.error):
+        return None
+
+
+def _schema_valid(data: Any) -> bool:
+    """True when the fast check accepts ``data`` (then ``jsonschema`` is not imported)."""
+    check = _fast_check()
+    return check is not None and check(data)
 
 
 def load_request(path: Path, settings: Settings | None = None) -> CompileRequest:
@@ -203,9 +337,10 @@ def parse_request(
         other than -1 or the shape [-2], more than 2^31 elements, a missing source file, a bad
         option value.
     """
-    errors = sorted(_validator().iter_errors(data), key=_error_rank)
-    if errors:
-        raise InvalidInputError(f"{origin}: {_describe(errors[0])}")
+    if not _schema_valid(data):
+        errors = sorted(_validator().iter_errors(data), key=_error_rank)
+        if errors:
+            raise InvalidInputError(f"{origin}: {_describe(errors[0])}")
     if data["soc_version"] in (".", ".."):
         raise InvalidInputError(f"{origin}: soc_version={data['soc_version']!r} is not a chip")
     socs.check_soc_version(data["soc_version"], origin)  # it names the chip folder (issue 13)

@@ -109,6 +109,51 @@ class CompileResult:
 
 #: Compiler identities by (backend, executable, inode, size, mtime): one per compiler.
 _identity_cache: Memo[tuple[object, ...], CompilerIdentity] = Memo("compiler identities", 256)
+#: Version lines kept on disk between processes (entries), so a one-shot ``cachemgr compile``
+#: hit runs no ``--version`` (issue 14 item 1).
+_IDENTITY_FILE_ENTRIES = 64
+
+
+def identity_cache_file() -> Path:
+    """``$XDG_CACHE_HOME/cachemgr/compilers.json`` (default ``~/.cache/cachemgr/``): each
+    compiler's version line by executable path, inode, size and mtime — ccache's default
+    ``compiler_check = mtime``, which trusts a compiler whose file is unchanged."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "cachemgr" / "compilers.json"
+
+
+def _disk_key(key: tuple[object, ...]) -> str:
+    return json.dumps(list(key))
+
+
+def _remembered(key: tuple[object, ...]) -> CompilerIdentity | None:
+    """The identity another process found for ``key`` (None when unknown or unreadable)."""
+    try:
+        data = json.loads(identity_cache_file().read_bytes())
+        found = data.get(_disk_key(key)) if isinstance(data, dict) else None
+    except (OSError, ValueError):
+        return None
+    if isinstance(found, list) and len(found) == 3 and all(isinstance(x, str) for x in found):
+        return CompilerIdentity(*found)
+    return None
+
+
+def _remember(key: tuple[object, ...], ident: CompilerIdentity) -> None:
+    """Add ``ident`` to :func:`identity_cache_file` (best effort: a failure costs one
+    ``--version`` next time)."""
+    path = identity_cache_file()
+    try:
+        try:
+            data = json.loads(path.read_bytes())
+            data = data if isinstance(data, dict) else {}
+        except (OSError, ValueError):
+            data = {}
+        data[_disk_key(key)] = [ident.name, ident.path, ident.version]
+        kept = dict(list(data.items())[-_IDENTITY_FILE_ENTRIES:])
+        fsutil.ensure_dir(path.parent)
+        fsutil.atomic_write_bytes(path, json.dumps(kept).encode(), mode=0o600, sync=False)
+    except OSError as exc:
+        log.debug("cannot remember the identity of %s: %s", ident.path, exc)
 
 
 class CompilerBackend(ABC):
@@ -190,7 +235,8 @@ class CompilerBackend(ABC):
     # ----- shared machinery ------------------------------------------------------------------
 
     def identity(self) -> CompilerIdentity:
-        """Name, path and version of the compiler (cached per executable path, size and mtime).
+        """Name, path and version of the compiler (cached per executable path, inode, size and
+        mtime: in this process, and across processes in :func:`identity_cache_file`).
 
         :raises CompileError: naming the compiler when it is missing or ``--version`` fails.
         """
@@ -203,11 +249,15 @@ class CompilerBackend(ABC):
         cached = _identity_cache.get(key)
         if cached is not None:
             return cached
-        out = self._run([path, "--version"], _IDENTITY_TIMEOUT_S, None, "version query")
-        text = (out.stdout or out.stderr).decode("utf-8", "replace")
-        if out.returncode != 0 or not text.strip():
-            raise CompileError(f"{path} --version failed (exit {out.returncode}): {out.message()}")
-        ident = CompilerIdentity(os.path.basename(path), path, self.version_line(text))
+        ident = _remembered(key)
+        if ident is None:
+            out = self._run([path, "--version"], _IDENTITY_TIMEOUT_S, None, "version query")
+            text = (out.stdout or out.stderr).decode("utf-8", "replace")
+            if out.returncode != 0 or not text.strip():
+                msg = f"{path} --version failed (exit {out.returncode}): {out.message()}"
+                raise CompileError(msg)
+            ident = CompilerIdentity(os.path.basename(path), path, self.version_line(text))
+            _remember(key, ident)
         _identity_cache.put(key, ident)
         return ident
 
@@ -378,7 +428,7 @@ class CompilerBackend(ABC):
         }
         doc.update(self.json_fields(job, elf, kernel_name))
         dest = job.out_dir / f"{job.out_name}.json"
-        fsutil.atomic_write_bytes(dest, _dumps(doc))
+        fsutil.atomic_write_bytes(dest, _dumps(doc), sync=False)  # a build output (issue 14)
         return dest
 
 

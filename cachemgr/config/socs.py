@@ -25,7 +25,6 @@ Names are case-sensitive, as the chip folder names are.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable
 
 from cachemgr.errors import InvalidInputError
@@ -68,6 +67,8 @@ def check_soc_version(value: str, origin: str, existing: Iterable[str] = ()) -> 
     """
     if value in KNOWN_SOC_VERSIONS or value in set(existing):
         return value
+    import difflib  # only for a bad name's suggestion: not on the hit path (issue 14)
+
     by_lower = {name.lower(): name for name in KNOWN_SOC_VERSIONS}
     near = by_lower.get(value.lower()) or next(
         iter(difflib.get_close_matches(value, sorted(KNOWN_SOC_VERSIONS), n=1)), None

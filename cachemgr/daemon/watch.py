@@ -180,7 +180,7 @@ class Watcher:
         if (
             folder is not None
             and folder.ident == ident
-            and (folder.mode == INOTIFY or now < folder.retry_at)
+            and ((folder.mode == INOTIFY and self._alive(folder)) or now < folder.retry_at)
         ):
             return False
         if folder is not None and folder.ident is not None and folder.ident != ident:
@@ -188,6 +188,16 @@ class Watcher:
         self._drop(key)
         self._folders[key] = self._arm(key, path, ident, now)
         return True
+
+    def _alive(self, folder: _Folder) -> bool:
+        """Is the inotify watch of ``folder`` still delivering? Its folder removed, the kernel
+        drops the watch and watchdog stops its emitter: a folder made again at once may get
+        the same inode back (ext4 reuses freed inodes), so (device, inode) alone would keep a
+        dead watch (``tests/test_governance_faults.py``: the rm -rf test)."""
+        return any(
+            e.watch == folder.watch and e.is_alive() and not e.stopped_event.is_set()
+            for e in list(self._observer.emitters)
+        )
 
     def _arm(self, key: str, path: Path, ident: tuple[int, int], now: float) -> _Folder:
         watched = sum(f.mode == INOTIFY for f in self._folders.values())

@@ -66,6 +66,9 @@ class CacheCounters:
     def __init__(self, kernel_cache_dir: Path) -> None:
         self.kernel_cache_dir = Path(kernel_cache_dir)
         self._lock = threading.Lock()
+        # held through a whole flush and a whole read, so a read never sees increments taken
+        # out of ``_pending`` but not yet in the files (a snapshot then lacked them)
+        self._flushing = threading.Lock()
         self._pending: dict[str, Counter[str]] = {}
         self._failing = False
 
@@ -84,6 +87,10 @@ class CacheCounters:
     def flush(self) -> bool:
         """Merge the pending increments into the files (under the stats lock); False when the
         cache cannot be written now (they stay pending, and one warning says why)."""
+        with self._flushing:
+            return self._flush()
+
+    def _flush(self) -> bool:
         with self._lock:
             pending, self._pending = self._pending, {}
         if not any(pending.values()):
@@ -115,11 +122,12 @@ class CacheCounters:
         """``{soc: {name: value}}`` from the files plus pending increments (``""``: counts
         not tied to a chip folder)."""
         out: dict[str, Counter[str]] = {}
-        for soc, path in self._files():
-            out[soc] = Counter(_read(path))
-        with self._lock:
-            for soc, deltas in self._pending.items():
-                out.setdefault(soc, Counter()).update(deltas)
+        with self._flushing:
+            for soc, path in self._files():
+                out[soc] = Counter(_read(path))
+            with self._lock:
+                for soc, deltas in self._pending.items():
+                    out.setdefault(soc, Counter()).update(deltas)
         return {soc: _full(c) for soc, c in sorted(out.items())}
 
     def snapshot(self) -> dict[str, int]:
@@ -206,7 +214,8 @@ def _read(path: Path) -> dict[str, int]:
 
 def _write(path: Path, values: Mapping[str, int]) -> None:
     data = json.dumps(dict(sorted(values.items())), sort_keys=True).encode()
-    fsutil.atomic_write_bytes(path, data, mode=0o664)
+    # no fsync: counters are statistics, and a damaged file is read as empty (issue 14)
+    fsutil.atomic_write_bytes(path, data, mode=0o664, sync=False)
 
 
 class CounterBook:

@@ -118,13 +118,19 @@ def at(path: Path, dir_fd: int | None) -> str | Path:
     return path if dir_fd is None else path.name
 
 
-def write_temp(dest: Path, data: bytes, mode: int = FILE_MODE, dir_fd: int | None = None) -> Path:
-    """Write ``data`` to a fresh temp file beside ``dest``, fsync it, and return its path.
+def write_temp(
+    dest: Path, data: bytes, mode: int = FILE_MODE, dir_fd: int | None = None, sync: bool = True
+) -> Path:
+    """Write ``data`` to a fresh temp file beside ``dest``, fsync it (unless ``sync`` is
+    False), and return its path.
 
     The caller renames it into place (see :func:`publish_temp`). On any error the temp file
     is removed before the error propagates.
 
     :param dir_fd: the open folder of ``dest`` (every call is then relative to it).
+    :param sync: fsync before returning. Cache entries pass False: every hit verifies their
+        sha256, so a file a power loss left torn is a miss, never served (README
+        "Durability"; issue 14 item 3).
     :raises OSError: on write failure (e.g. ``ENOSPC``); nothing is left behind.
     """
     tmp = temp_path(dest)
@@ -141,7 +147,8 @@ def write_temp(dest: Path, data: bytes, mode: int = FILE_MODE, dir_fd: int | Non
                 written = os.write(fd, view)
                 view = view[written:]
             os.fchmod(fd, mode)  # umask 002 style whatever the caller's umask (SPEC §9)
-            os.fsync(fd)
+            if sync:
+                os.fsync(fd)
         finally:
             os.close(fd)
     except BaseException:
@@ -164,14 +171,15 @@ def publish_temp(tmp: Path, dest: Path, dir_fd: int | None = None) -> None:
 
 
 def atomic_write_bytes(
-    dest: Path, data: bytes, mode: int = FILE_MODE, dir_fd: int | None = None
+    dest: Path, data: bytes, mode: int = FILE_MODE, dir_fd: int | None = None, sync: bool = True
 ) -> None:
     """Write ``data`` to ``dest`` atomically (temp file in the same folder, then rename).
 
     :param dir_fd: the open folder of ``dest`` (see :mod:`cachemgr.storage.safedir`).
+    :param sync: fsync the data before the rename (see :func:`write_temp`).
     :raises OSError: on failure; ``dest`` is unchanged and no temp file is left.
     """
-    publish_temp(write_temp(dest, data, mode, dir_fd), dest, dir_fd)
+    publish_temp(write_temp(dest, data, mode, dir_fd, sync), dest, dir_fd)
 
 
 def safe_unlink(path: Path, dir_fd: int | None = None) -> bool:

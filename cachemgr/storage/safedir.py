@@ -72,11 +72,24 @@ class SafeDir:
     through a link, whatever happens to the path meanwhile.
     """
 
-    __slots__ = ("fd", "path")
+    __slots__ = ("_name", "_parent", "_path", "fd")
 
-    def __init__(self, fd: int, path: Path) -> None:
+    def __init__(
+        self, fd: int, path: Path | None, parent: SafeDir | None = None, name: str = ""
+    ) -> None:
         self.fd = fd
-        self.path = Path(path)
+        # the path is for messages: a child's is joined only when asked (each pathlib join
+        # re-parses; a hit opens two folders, issue 14 item 1's lookup profile)
+        self._path = path if path is None or isinstance(path, Path) else Path(path)
+        self._parent, self._name = parent, name
+
+    @property
+    def path(self) -> Path:
+        """The folder's path (for messages; calls go through :attr:`fd`)."""
+        if self._path is None:
+            assert self._parent is not None
+            self._path = self._parent.path / self._name
+        return self._path
 
     # --- opening ---------------------------------------------------------------------
 
@@ -90,7 +103,7 @@ class SafeDir:
         :raises FileNotFoundError: a part (or the anchor) is missing and ``create`` is off.
         :raises OSError: e.g. ``EACCES``.
         """
-        anchor = Path(anchor)
+        anchor = anchor if isinstance(anchor, Path) else Path(anchor)
         if create:
             fsutil.ensure_dir(anchor)  # the configured root: created as configured (SPEC §2)
         fd = os.open(anchor, os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC)
@@ -114,25 +127,24 @@ class SafeDir:
     @classmethod
     def open_chip(cls, chip_dir: Path, *, create: bool = False) -> SafeDir:
         """Open ``<root>/kernel_cache/<soc>`` (the root is the anchor)."""
-        chip_dir = Path(chip_dir)
-        parts = [chip_dir.parent.name, chip_dir.name]
-        return cls.open(chip_dir.parent.parent, parts, create=create)
+        chip_dir = chip_dir if isinstance(chip_dir, Path) else Path(chip_dir)
+        kernel_cache = chip_dir.parent
+        return cls.open(kernel_cache.parent, [kernel_cache.name, chip_dir.name], create=create)
 
     def child(self, name: str, *, create: bool = False, what: str = "folder") -> SafeDir:
         """Open the sub-folder ``name`` without following a link (see :meth:`open`).
 
         :raises UnsafePathError: ``name`` is a link or not a folder.
         """
-        path = self.path / name
         if create:
             self._mkdir(name)
         try:
             fd = os.open(name, _DIR_FLAGS, dir_fd=self.fd)
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                raise _refusal(path, what) from exc
+                raise _refusal(self.path / name, what) from exc
             raise
-        return SafeDir(fd, path)
+        return SafeDir(fd, None, self, name)
 
     def _mkdir(self, name: str) -> None:
         try:

@@ -623,7 +623,10 @@ class Store:
         try:
             for name in order:
                 dest = self.chip_dir / name
-                temps.append((fsutil.write_temp(dest, payload[name], dir_fd=self.dir_fd), dest))
+                # no fsync: a hit verifies every binary's sha256 and parses the json, so what
+                # a power loss tears is a miss, never served (README "Durability", issue 14)
+                tmp = fsutil.write_temp(dest, payload[name], dir_fd=self.dir_fd, sync=False)
+                temps.append((tmp, dest))
         except BaseException:
             for tmp, _ in temps:
                 fsutil.safe_unlink(tmp, self.dir_fd)
