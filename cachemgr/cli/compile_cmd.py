@@ -213,10 +213,14 @@ def compile_cmd(
     }
     settings = checked_for_writing(settings, cli_values, config_file)  # as the daemon
     counters = CounterBook(lambda: settings.layout.kernel_cache_dir)  # SPEC §10: in the cache
-    from cachemgr.remote import config as remote_config  # not on the hit path (issue 14)
-    from cachemgr.remote.tierset import RemoteTiers
+    from cachemgr.remote import config as remote_config
 
-    tiers = RemoteTiers.from_config(remote_config.from_settings(settings, list(remotes)))
+    remote_cfg = remote_config.from_settings(settings, list(remotes))
+    tiers = None
+    if remote_cfg.remotes:  # the tiers' clients only when configured (a lean hit: issue 14)
+        from cachemgr.remote.tierset import RemoteTiers
+
+        tiers = RemoteTiers.from_config(remote_cfg)
     queue = CompileQueue(
         settings,
         workers,
