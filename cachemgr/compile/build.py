@@ -130,6 +130,26 @@ def parse_debug_config(data: bytes, path: Path | str) -> policy.DebugConfig:
     return policy.parse_debug_config(text, f"op_debug_config {path}")
 
 
+def _decide(
+    request: CompileRequest,
+    opts: RequestOptions,
+    cfg: policy.DebugConfig | None,
+    replace: bool,
+) -> policy.Decision:
+    """Every rule for ``request`` with its resolved options (:func:`policy.decide`: debug
+    SPEC §7, jit §6, cache mode §4)."""
+    return policy.decide(
+        mode=opts.op_compiler_cache_mode,
+        jit_compile=opts.jit_compile,
+        level=opts.op_debug_level,
+        cfg=cfg,
+        op_type=request.op_type,
+        op_name=request.op_name,
+        dynamic=request.dynamic,
+        replace=replace,
+    )
+
+
 def _debug_config(
     request: CompileRequest, opts: RequestOptions, given: inputs.Snapshot | None
 ) -> tuple[policy.DebugConfig | None, bytes | None]:
@@ -173,16 +193,7 @@ def prepare(
     """
     opts = resolve_options(request, settings)
     cfg, cfg_bytes = _debug_config(request, opts, given)
-    decision = policy.decide(
-        mode=opts.op_compiler_cache_mode,
-        jit_compile=opts.jit_compile,
-        level=opts.op_debug_level,
-        cfg=cfg,
-        op_type=request.op_type,
-        op_name=request.op_name,
-        dynamic=request.dynamic,
-        replace=replace,
-    )
+    decision = _decide(request, opts, cfg, replace)
     identity = compilers.identity(request.language)
     backend = compilers.backend(request.language)
     flags = compilers.flags(request, identity, decision.debug.flags, decision.debug.emit)
@@ -447,16 +458,7 @@ def failed_before_prepared(
     try:
         opts = resolve_options(request, settings)
         cfg, _ = _debug_config(request, opts, given)
-        d = policy.decide(
-            mode=opts.op_compiler_cache_mode,
-            jit_compile=opts.jit_compile,
-            level=opts.op_debug_level,
-            cfg=cfg,
-            op_type=request.op_type,
-            op_name=request.op_name,
-            dynamic=request.dynamic,
-            replace=replace,
-        )
+        d = _decide(request, opts, cfg, replace)
         why = f"the request failed before its compile: {text}"
         pol = Policy(opts.jit_compile, d.binary_first, opts.op_compiler_cache_mode, False, why)
     except (CacheMgrError, OSError) as exc:
