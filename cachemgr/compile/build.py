@@ -35,7 +35,7 @@ from cachemgr.compilers import CompileJob, CompilerBackend
 from cachemgr.config.options import Settings
 from cachemgr.errors import CacheMgrError, ConfigError, InvalidInputError
 from cachemgr.storage import chiplock, fsutil, manifest
-from cachemgr.storage.store import Store
+from cachemgr.storage.tiers import chip_store
 
 if TYPE_CHECKING:  # not imported on the hit path (issue 14 item 1)
     from cachemgr.remote.tierset import RemoteTiers
@@ -73,6 +73,8 @@ class Prepared:
     #: set when the outputs (debug artefacts, ``disable`` kernels) are handed back to a caller
     #: who writes them itself (issue 11 item 6): they go to a private folder of this job
     deliver: str | None = None
+    #: :attr:`CompileOutcome.note` of the answer
+    note: str | None = None
 
     @property
     def variant(self) -> str:
@@ -285,7 +287,7 @@ def find_binary(p: Prepared, roots: Sequence[Path]) -> CompileOutcome | None:
 
 def find_cached(p: Prepared) -> CompileOutcome | None:
     """SPEC §3.3: a verified hit (atime set to now), or None (a bad entry is removed)."""
-    result = Store(p.chip_dir).lookup(p.kernel)
+    result = chip_store(p.chip_dir).lookup(p.kernel)
     if not result.hit:
         return None
     if p.scanned:  # found by listing the headers: remember them, so the next hit needs no scan
@@ -484,7 +486,8 @@ def with_policy(outcome: CompileOutcome, p: Prepared) -> CompileOutcome:
     elif outcome.cached is False:
         why = outcome.warning or "not stored in the cache"
     policy = Policy(opts.jit_compile, d.binary_first, opts.op_compiler_cache_mode, why is None, why)
-    return dataclasses.replace(outcome, policy=policy)
+    note = outcome.note or p.note
+    return dataclasses.replace(outcome, policy=policy, note=note)
 
 
 def elapsed(outcome: CompileOutcome, start: float) -> CompileOutcome:
