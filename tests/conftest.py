@@ -18,6 +18,21 @@ from tests.remote_util import redis_server, webdav_server  # noqa: F401 - fixtur
 
 ROOT = Path(__file__).resolve().parents[1]
 
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_user_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The suite's ``$XDG_CACHE_HOME``: a session tmp folder, inherited by every daemon and CLI
+    the tests start, so nothing the product remembers per user (compilers' version lines,
+    the lock probe, the local fallback cache) lands in the real ``~/.cache/cachemgr``."""
+    old = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
+    yield
+    if old is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = old
+
+
 #: Fixtures shared by many test modules: real Unix users (``users``, ``other_runtime``).
 pytest_plugins = ["tests.users_util"]
 
@@ -48,7 +63,7 @@ SOC = "Ascend910B1"
 def clean_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     """An environment without ASCEND_*/CACHEMGR_* variables and with HOME in tmp_path."""
     for key in list(os.environ):
-        if key.startswith(("ASCEND_", "CACHEMGR_")):
+        if key.startswith(("ASCEND_", "CACHEMGR_")) or key == "XDG_CACHE_HOME":
             monkeypatch.delenv(key)
     home = tmp_path / "home"
     home.mkdir()

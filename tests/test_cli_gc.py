@@ -128,10 +128,15 @@ def test_minus_one_in_ini_evicts_nothing_but_reclaims(
     )
     (chip / "te_gone.o").write_bytes(b"x")
     set_old(chip / "te_gone.o", 2 * HOUR)
+    dry = gc(root, clean_env, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "would reclaim 1 orphan, 0 temp files" in dry.stdout  # a dry run reclaims nothing
+    assert "te_gone.o" in names(chip)
     proc = gc(root, clean_env)
     assert proc.returncode == 0, proc.stderr
     assert "size eviction off (max_op_cache_size=-1)" in proc.stdout
     assert "reclaimed 1 orphan, 0 temp files" in proc.stdout  # plurals right (issue 13)
+    assert "would reclaim" not in proc.stdout
     assert len(kernels(chip)) == 12 and "te_gone.o" not in names(chip)
 
 

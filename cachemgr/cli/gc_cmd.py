@@ -115,7 +115,8 @@ def _gc_line(soc: str, report: ChipGc) -> str:
         f"({_mib(report.evicted_bytes)}); "
         f"kept by aging guard {report.kept_by_aging_guard}; "
         f"saved by a hit {len(report.saved_by_hit)}; "
-        f"reclaimed {plural(rec.orphans, 'orphan')}, {plural(rec.temps, 'temp file')}, "
+        f"{'would reclaim' if report.dry_run else 'reclaimed'} "
+        f"{plural(rec.orphans, 'orphan')}, {plural(rec.temps, 'temp file')}, "
         f"{plural(rec.locks, 'lock file')}, "
         f"{plural(rec.bad_entries, 'bad entry', 'bad entries')} ({_mib(rec.bytes)})"
     )
