@@ -206,3 +206,34 @@ def test_eviction_package_loads_its_names_on_use() -> None:
         assert getattr(eviction, name) is getattr(module, name), name
     with pytest.raises(AttributeError):
         _ = eviction.no_such_name  # type: ignore[attr-defined]
+
+
+def test_hit_through_daemon_asks_for_config_once(
+    hit_setup: tuple[list[str], dict[str, str]], tmp_path: Path
+) -> None:
+    """Routing checks which cache the daemon serves, then the compile prepares the request
+    with the daemon's settings: one ``GET /config`` serves both (the client remembers the
+    answer). Counted on the wire: every request the CLI writes to the daemon's socket."""
+    argv, env = hit_setup
+    strace = shutil.which("strace")
+    assert strace, "strace is needed (scripts/test installs it)"
+    cache = argv[argv.index("--cache-dir") + 1]
+    daemon = start_daemon(tmp_path, "--cache-dir", cache, env=env)
+    log = tmp_path / "send.strace"
+    traced = [strace, "-f", "-qq", "-s", "64", "-e", "trace=sendto,sendmsg,write", "-o", str(log)]
+    try:
+        proc = subprocess.run(
+            [*traced, sys.executable, "-m", "cachemgr", *argv],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        daemon.stop()
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    answer = json.loads(proc.stdout)
+    assert (answer["status"], answer["route"]["via"]) == ("hit", "daemon")
+    sent = [line for line in log.read_text().splitlines() if '"GET /' in line or '"POST /' in line]
+    assert sent, "the CLI's requests are in the trace"
+    assert len([line for line in sent if '"GET /config' in line]) == 1, sent
