@@ -37,6 +37,9 @@ DENIED = (
     "cachemgr.compile.publisher",
     "cachemgr.remote.tierset",
     "cachemgr.eviction",
+    # read only with a config file / for temp names: a hit without a config file needs none
+    "tomllib",
+    "secrets",
 )
 #: Without a daemon nothing speaks HTTP, so its client is not imported either.
 DENIED_LOCAL = (*DENIED, "http.client", "email", "ssl")
