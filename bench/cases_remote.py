@@ -18,6 +18,7 @@ from pathlib import Path
 
 from bench import cases_compile
 from bench.harness import Row, ratio_of
+from cachemgr.remote import warm
 from cachemgr.remote.config import RemoteConfig, parse_spec
 from cachemgr.remote.tierset import RemoteTiers
 from cachemgr.storage.tiers import EntryFiles, LocalTier
@@ -57,6 +58,23 @@ def _hit_ms(tiers: RemoteTiers, work: Path, n: int) -> list[float]:
         local.put(got[0])
         times.append(time.perf_counter() - start)
     return times
+
+
+def _warm_rate(tiers: RemoteTiers, work: Path, n: int, offset: int) -> tuple[float, int]:
+    """``warm`` of a fresh chip folder from the remote's index (list, fetch, verify, publish
+    GE's way): entries per second and entries fetched. The entries go up first, through the
+    upload path (so the index is the one a daemon writes)."""
+    source = work / "source" / "kernel_cache"
+    local = LocalTier(source)
+    for i in range(offset, offset + n):
+        local.put(_entry(i))
+        tiers.upload_now(source, SOC, f"te_remote_{i:04d}")
+    tiers.flush_indexes()
+    fresh = work / "fresh" / "kernel_cache"
+    start = time.perf_counter()
+    report = warm.warm_chip(tiers, fresh, SOC, None, n, None)
+    seconds = time.perf_counter() - start
+    return len(report.fetched) / seconds, len(report.fetched)
 
 
 def _compile_s(work: Path, n: int) -> list[float]:
@@ -135,6 +153,21 @@ def run(workdir: Path, quick: bool) -> list[Row]:
                     None,
                     f"{n} distinct kernels, {BINARY_BYTES // 1024} KiB binary; p99 "
                     f"{ms(hits, 0.99):.2f} ms",
+                )
+            )
+            rate, fetched = _warm_rate(tiers, sub, n, offset=10_000)
+            rows.append(
+                Row(
+                    f"warm, {label}",
+                    "entries per second (index, fetch, verify, publish GE's way)",
+                    rate,
+                    "entries/s",
+                    "gcc -O2 -c compiles per second",
+                    1000.0 / compile_ms,
+                    ratio_of(rate, 1000.0 / compile_ms),
+                    "",
+                    None,
+                    f"{fetched} entries of {BINARY_BYTES // 1024} KiB into an empty chip folder",
                 )
             )
             healthy = ms(_miss_ms(tiers, n))

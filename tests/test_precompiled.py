@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import shutil
 import stat
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -115,15 +117,20 @@ def test_jit_compile_and_packages(tmp_path, clean_env, package, jit, which, stat
         assert not (tmp_path / "fresh" / "cache" / "kernel_cache" / SOC).exists()
 
 
-def test_signature_match_and_misses(tmp_path, clean_env, package) -> None:
-    """Items without a staticKey (CANN's own packages) match by CANN's binList signature."""
-    root, _ = package
+def _edit_items(root: Path, edit: Callable[[dict[str, Any]], object]) -> None:
+    """Apply ``edit`` to every ``binList`` item of the package's configs under ``root``."""
     for config in (root / "config").rglob("*.json"):
         config.chmod(0o644)
         doc = json.loads(config.read_text())
         for item in doc["binList"]:
-            item.pop("staticKey")
+            edit(item)
         config.write_text(json.dumps(doc))
+
+
+def test_signature_match_and_misses(tmp_path, clean_env, package) -> None:
+    """Items without a staticKey (CANN's own packages) match by CANN's binList signature."""
+    root, _ = package
+    _edit_items(root, lambda item: item.pop("staticKey"))
     settings = make_settings(tmp_path / "fresh", clean_env, jit_compile="false")
     with CompileQueue(settings, workers=1, binary_dirs=[root]) as q:
         other_key = q.compile(_dynamic(tmp_path, "k", defines={"N": 4096, "B_N": 1, "X": 1}))
@@ -145,13 +152,12 @@ def test_a_package_item_with_a_non_string_dtype_is_no_match(tmp_path, clean_env,
     """A package's config is untrusted input: ``"dtype": ["float32"]`` (a list: unhashable)
     made the signature match raise TypeError; it is an item that matches nothing."""
     root, _ = package
-    for config in (root / "config").rglob("*.json"):
-        config.chmod(0o644)
-        doc = json.loads(config.read_text())
-        for item in doc["binList"]:
-            item.pop("staticKey")
-            item["inputs"][0]["dtype"] = ["float32"]
-        config.write_text(json.dumps(doc))
+
+    def list_dtype(item: dict[str, Any]) -> None:
+        item.pop("staticKey")
+        item["inputs"][0]["dtype"] = ["float32"]
+
+    _edit_items(root, list_dtype)
     settings = make_settings(tmp_path / "fresh", clean_env, jit_compile="false")
     with CompileQueue(settings, workers=1, binary_dirs=[root]) as q:
         outcome = q.compile(_dynamic(tmp_path, "k"))

@@ -122,3 +122,80 @@ def test_local_tier_put_rejects_a_tampered_entry_and_writes_nothing(tmp_path: Pa
     assert not (tmp_path / "x.o").exists() and not (tmp_path / "up").exists()
     assert entry.sha256_hex(data) == doc["sha256"]
     assert tier.put(EntryFiles(SOC, "te_bad", {"te_bad.json": raw, "te_bad.o": data}))
+
+
+# --- one removal routine, one factory (issue 15 item 4) ------------------------------------
+
+
+def _deletions(chip: Path, remove: object, expected: int) -> list[str]:
+    """The names removed from ``chip`` while ``remove()`` runs, in the order the kernel
+    reported them (a real inotify watch)."""
+    import threading
+
+    from watchdog.events import FileDeletedEvent, FileSystemEventHandler
+    from watchdog.observers import Observer
+
+    from tests.daemon_util import wait_for
+
+    seen: list[str] = []
+    lock = threading.Lock()
+
+    class Handler(FileSystemEventHandler):
+        def on_deleted(self, event: object) -> None:
+            name = Path(str(event.src_path)).name  # type: ignore[attr-defined]
+            if not name.endswith((".lock", ".temp")):
+                with lock:
+                    seen.append(name)
+
+    observer = Observer()
+    observer.schedule(Handler(), str(chip), event_filter=[FileDeletedEvent])
+    observer.start()
+    try:
+        remove()  # type: ignore[operator]
+        wait_for(lambda: len(seen) >= expected, 30, "the deletions to be reported")
+    finally:
+        observer.stop()
+        observer.join(10)
+    return seen
+
+
+def _entry_with_header(chip: Path, kernel: str) -> None:
+    binary = os.urandom(1000)
+    doc = kernel_json(kernel, binary, headerFileSuffix=".h")
+    Store(chip).publish(kernel, {f"{kernel}.o": binary, f"{kernel}.h": b"/* h */"}, doc)
+
+
+def test_store_and_eviction_remove_in_the_one_order(tmp_path: Path) -> None:
+    """The store's removal and eviction's go through one routine: the same entry (json,
+    binary, header) leaves in the same order — json first — whichever removes it."""
+    from cachemgr import eviction
+
+    chip = tmp_path / "kernel_cache" / SOC
+    _entry_with_header(chip, "te_ord_a")
+    _entry_with_header(chip, "te_ord_b")
+    by_store = _deletions(chip, lambda: Store(chip).remove("te_ord_a"), 3)
+    os.utime(chip / "te_ord_b.json", (1, 1))
+    by_eviction = _deletions(
+        chip, lambda: eviction.gc_chip(chip, 1, 0, 0.0, force_ratio=True, clock_skew_s=None), 3
+    )
+    assert by_store == ["te_ord_a.json", "te_ord_a.h", "te_ord_a.o"], by_store
+    assert [n.replace("_b", "_a") for n in by_eviction] == by_store, by_eviction
+
+
+def test_stores_are_made_in_one_place() -> None:
+    """Every :class:`Store` of the package comes from ``tiers.chip_store`` (the factory the
+    tier set uses): no module builds one itself."""
+    import ast
+
+    import cachemgr
+
+    package = Path(cachemgr.__file__).parent
+    builders = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call):
+                func = node.func
+                name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+                if name == "Store":
+                    builders.append(f"{path.relative_to(package)}:{node.lineno}")
+    assert len(builders) == 1 and builders[0].startswith("storage/tiers.py:"), builders

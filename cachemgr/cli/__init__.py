@@ -167,6 +167,7 @@ COMMANDS = {
     "status": "cachemgr.cli.serve_cmd:status_cmd",
     "stop": "cachemgr.cli.serve_cmd:stop_cmd",
     "limits": "cachemgr.cli.limits_cmd:limits_group",
+    "warm": "cachemgr.cli.warm_cmd:warm_cmd",
     "completion": "cachemgr.cli.completion_cmd:completion_cmd",
 }
 
@@ -189,6 +190,9 @@ SUMMARIES = {
     "ratio, fill %, oldest and newest access.",
     "status": "Is a daemon answering? Exit 0 with its pid and uptime, 1 when none answers.",
     "stop": "Ask the daemon to stop (like sccache --stop-server); wait until it has exited.",
+    "warm": "Download the entries most recently used anywhere for this host's chips from the "
+    "remote tiers into the local chip folders, verified and written the way CANN GE writes "
+    "them, so that CANN processes (ATC, torch_npu) hit them without any change.",
     "verify": "Check every entry (sha256, binaries, sub-parts); exit 1 if anything bad remains.",
 }
 

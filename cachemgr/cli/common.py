@@ -86,6 +86,22 @@ def _with_settings_options(func: F, soc: bool) -> F:
     return func
 
 
+def remote_option(func: F) -> F:
+    """Add ``--remote URL`` (repeatable): the remote tiers, in lookup order (issue 15 item 2).
+    Given, it replaces ``CACHEMGR_REMOTE_STORAGE`` and ``[remote] storage``."""
+    return click.option(
+        "--remote",
+        "remotes",
+        multiple=True,
+        metavar="URL",
+        help=(
+            "A remote tier, e.g. redis://host:6379/0 or 'http://host:8080/cache|layout=bazel' "
+            "(repeatable, asked in order; replaces CACHEMGR_REMOTE_STORAGE and [remote] "
+            "storage)."
+        ),
+    )(func)
+
+
 def load_settings(
     op_compiler_cache_dir: str | None,
     host_id: str | None,

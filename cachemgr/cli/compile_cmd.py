@@ -17,6 +17,7 @@ from cachemgr.cli.common import (
     chip_dirs,
     emit_json,
     load_settings,
+    remote_option,
     route,
     settings_options,
     socket_option,
@@ -179,6 +180,7 @@ is refused before compiling.
     ),
 )
 @click.option("--replace", is_flag=True, help="Recompile and replace these entries.")
+@remote_option
 @socket_option
 def compile_cmd(
     requests: tuple[Path, ...],
@@ -190,6 +192,7 @@ def compile_cmd(
     out_dir: Path,
     binaries: tuple[Path, ...],
     replace: bool,
+    remotes: tuple[str, ...],
     op_compiler_cache_dir: str | None,
     host_id: str | None,
     config_file: Path | None,
@@ -210,6 +213,14 @@ def compile_cmd(
     }
     settings = checked_for_writing(settings, cli_values, config_file)  # as the daemon
     counters = CounterBook(lambda: settings.layout.kernel_cache_dir)  # SPEC §10: in the cache
+    from cachemgr.remote import config as remote_config
+
+    remote_cfg = remote_config.from_settings(settings, list(remotes))
+    tiers = None
+    if remote_cfg.remotes:  # the tiers' clients only when configured (a lean hit: issue 14)
+        from cachemgr.remote.tierset import RemoteTiers
+
+        tiers = RemoteTiers.from_config(remote_cfg)
     queue = CompileQueue(
         settings,
         workers,
@@ -217,11 +228,14 @@ def compile_cmd(
         output_dir=out_dir,
         binary_dirs=binaries,
         tally=counters.tally,
+        remotes=tiers,
     )
     try:
         sys.exit(_compile_here(queue, requests, replace, as_json, where))
     finally:
         queue.close()
+        if tiers is not None:  # the uploads queued by this run go before it exits
+            tiers.close()
         counters.save()
 
 
@@ -253,7 +267,7 @@ def _compile_here(
 
 #: Options that only an in-process queue honours: given on the command line, they route
 #: the compile here (with an explicit ``--socket`` they are an error).
-LOCAL_ONLY = ("workers", "timeout_s", "out_dir", "binaries")
+LOCAL_ONLY = ("workers", "timeout_s", "out_dir", "binaries", "remotes")
 
 
 def _local_only_option(ctx: click.Context) -> str | None:
@@ -332,6 +346,8 @@ def _compile_via_daemon(
 def _report(outcome: CompileOutcome, as_json: bool, where: Route) -> None:
     if outcome.warning:  # e.g. compiled but not cached: a read-only root (issue 10 item 12)
         click.echo(f"cachemgr: warning: {outcome.warning}", err=True)
+    if outcome.note and not as_json:  # e.g. force: local only, remote tiers untouched
+        click.echo(f"cachemgr: note: {outcome.note}", err=True)
     if as_json:
         doc = {**outcome.to_json(), "via": outcome.via or where.via, "route": where.to_json()}
         click.echo(json.dumps(doc, ensure_ascii=False))

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from cachemgr.cli.common import emit_json, load_settings, settings_options
+from cachemgr.cli.common import emit_json, load_settings, remote_option, settings_options
 from cachemgr.config import versions
 from cachemgr.config.options import Settings
 from cachemgr.errors import ConfigError
@@ -48,18 +48,20 @@ def _toolkit_rows(settings: Settings) -> dict[str, dict[str, Any]]:
     return rows
 
 
-def _remote_row(settings: Settings) -> dict[str, Any]:
+def _remote_row(settings: Settings, cli: tuple[str, ...] = ()) -> dict[str, Any]:
     """The remote tiers (issue 15 item 2), passwords redacted; a bad spec is one line, exit 2.
 
     :raises click.ClickException: never; a bad spec exits 2 with its (redacted) message.
     """
     try:
-        remotes = remote_config.from_settings(settings)
+        remotes = remote_config.from_settings(settings, list(cli))
     except ConfigError as exc:
         click.echo(f"cachemgr: {exc}", err=True)
         sys.exit(2)
     source = "" if remotes.origin == "default" else remotes.origin
     origin = "default" if not source else ("env" if source == remote_config.ENV_VAR else "file")
+    if source == "--remote":
+        origin = "option"
     return {"value": remotes.display, "origin": origin, "source": source}
 
 
@@ -80,12 +82,14 @@ def _shown(value: Any) -> str:
     help="One JSON object: {name: {value, origin, source}}; table settings as table.key.",
 )
 @settings_options
+@remote_option
 def config_cmd(
     as_json: bool,
     op_compiler_cache_dir: str | None,
     host_id: str | None,
     soc_version: str | None,
     config_file: Path | None,
+    remotes: tuple[str, ...],
 ) -> None:
     """Show every setting of every table, its value and where it came from.
 
@@ -99,7 +103,7 @@ def config_cmd(
     names = [n for n in SHOWN if n in data] + sorted(set(data) - set(SHOWN))
     data.update(_toolkit_rows(settings))
     names += ["installed_adk_version", "installed_ops_version"]
-    data["remote_storage"] = _remote_row(settings)
+    data["remote_storage"] = _remote_row(settings, remotes)
     names.append("remote_storage")
 
     tables = settings.config.rows()

@@ -10,12 +10,20 @@ from typing import Any
 import click
 
 from cachemgr.cli import human
-from cachemgr.cli.common import VERBOSITY, chip_dirs, emit_json, load_settings, settings_options
+from cachemgr.cli.common import (
+    VERBOSITY,
+    chip_dirs,
+    emit_json,
+    load_settings,
+    remote_option,
+    settings_options,
+)
 from cachemgr.cli.lockcheck import checked_for_writing
 from cachemgr.remote import config as remote_config
 from cachemgr.remote.tierset import RemoteTiers
 from cachemgr.storage import entry, fsutil
-from cachemgr.storage.store import Store, VerifyReport
+from cachemgr.storage.store import VerifyReport
+from cachemgr.storage.tiers import chip_store
 
 
 def op_type_of(kernel: str) -> str:
@@ -107,10 +115,11 @@ def _report_json(report: VerifyReport) -> dict[str, Any]:
     }
 
 
-def _remote_rows(settings: Any) -> list[dict[str, Any]]:
+def _remote_rows(settings: Any, remotes: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """Each remote's state (issue 15 item 8e): one cheap request each (Redis ``DBSIZE``,
     HTTP ``HEAD``), never a download; the remotes' contents are verified when fetched."""
-    tiers = RemoteTiers.from_config(remote_config.from_settings(settings))  # ConfigError: exit 2
+    config = remote_config.from_settings(settings, list(remotes))  # ConfigError: exit 2
+    tiers = RemoteTiers.from_config(config)
     if tiers is None:
         return []
     try:
@@ -126,26 +135,27 @@ def _remote_rows(settings: Any) -> list[dict[str, Any]]:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object keyed by soc_version.")
 @click.option("--repair", is_flag=True, help="Remove bad entries and orphans.")
 @settings_options
-def verify_cmd(as_json: bool, repair: bool, **kw: Any) -> None:
+@remote_option
+def verify_cmd(as_json: bool, repair: bool, remotes: tuple[str, ...], **kw: Any) -> None:
     """Check every entry (sha256, binaries, sub-parts); exit 1 if anything bad remains."""
     settings = load_settings(writable=repair, **kw)
     if repair:  # it removes files: the daemon's lock checks first (issue 12 item 11)
         values = {k: kw.get(k) for k in ("op_compiler_cache_dir", "host_id", "soc_version")}
         settings = checked_for_writing(settings, values, kw.get("config_file"))
-    reports = [Store(chip).verify_all(repair=repair) for chip in chip_dirs(settings)]
+    reports = [chip_store(chip).verify_all(repair=repair) for chip in chip_dirs(settings)]
     bad = sum(len(r.bad) for r in reports)
-    remotes = _remote_rows(settings)
+    remote_rows = _remote_rows(settings, remotes)
     if as_json:
         emit_json(
             {
                 "chip_folders": {r.chip_dir.name: _report_json(r) for r in reports},
                 "bad": bad,
                 "repaired": sum(len(r.findings) - len(r.bad) for r in reports),
-                "remotes": remotes,
+                "remotes": remote_rows,
             }
         )
     else:
-        for row in remotes:
+        for row in remote_rows:
             held = "" if row["entries"] is None else f", {row['entries']} keys"
             why = f": {row['error']}" if row.get("error") else ""
             click.echo(f"remote {row['name']}: {row['state']}{held}{why}")

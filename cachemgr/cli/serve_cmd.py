@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from cachemgr.cli.common import daemon_socket_option, emit_json
+from cachemgr.cli.common import daemon_socket_option, emit_json, remote_option
 from cachemgr.client import Client, DaemonUnavailable, default_socket_path
 from cachemgr.daemon import main as daemon_main
 from cachemgr.errors import CacheMgrError
@@ -65,6 +65,7 @@ def _under_journald() -> bool:
     is_flag=True,
     help="Run even as root (refused otherwise: use a dedicated user).",
 )
+@remote_option
 def serve_cmd(
     config_file: Path | None,
     op_compiler_cache_dir: str | None,
@@ -72,6 +73,7 @@ def serve_cmd(
     socket_path: Path | None,
     tcp_port: int | None,
     allow_root: bool,
+    remotes: tuple[str, ...],
 ) -> None:
     """Run the cache daemon until SIGTERM (exit 0 after running compiles finish)."""
     root = logging.getLogger()
@@ -84,7 +86,7 @@ def serve_cmd(
         "op_compiler_cache_dir": op_compiler_cache_dir,
         "host_id": host_id,
     }
-    sys.exit(daemon_main.serve(cli_values, config_file, socket_path, tcp_port, allow_root))
+    sys.exit(daemon_main.serve(cli_values, config_file, socket_path, tcp_port, allow_root, remotes))
 
 
 @click.command("status")
@@ -138,6 +140,13 @@ def status_lines(health: dict[str, Any]) -> list[str]:
     stuck = health.get("stuck")
     if stuck:
         lines.append(f"no progress in: {', '.join(stuck)} (systemd's watchdog will restart it)")
+    remotes = health.get("remotes")
+    for name, row in sorted(remotes.items()) if isinstance(remotes, dict) else ():
+        lines.append(
+            f"remote {name}: {row.get('state')}, {row.get('hits', 0)} hits, "
+            f"{row.get('misses', 0)} misses, {row.get('errors', 0)} errors, "
+            f"{row.get('bytes_in', 0)} bytes in, {row.get('bytes_out', 0)} bytes out"
+        )
     return lines
 
 

@@ -35,7 +35,7 @@ from cachemgr.compilers import CompileJob, CompilerBackend
 from cachemgr.config.options import Settings
 from cachemgr.errors import CacheMgrError, ConfigError, InvalidInputError
 from cachemgr.storage import chiplock, fsutil, manifest
-from cachemgr.storage.store import Store
+from cachemgr.storage.tiers import chip_store
 
 if TYPE_CHECKING:  # not imported on the hit path (issue 14 item 1)
     from cachemgr.remote.tierset import RemoteTiers
@@ -73,6 +73,8 @@ class Prepared:
     #: set when the outputs (debug artefacts, ``disable`` kernels) are handed back to a caller
     #: who writes them itself (issue 11 item 6): they go to a private folder of this job
     deliver: str | None = None
+    #: :attr:`CompileOutcome.note` of the answer
+    note: str | None = None
 
     @property
     def variant(self) -> str:
@@ -128,6 +130,26 @@ def parse_debug_config(data: bytes, path: Path | str) -> policy.DebugConfig:
     return policy.parse_debug_config(text, f"op_debug_config {path}")
 
 
+def _decide(
+    request: CompileRequest,
+    opts: RequestOptions,
+    cfg: policy.DebugConfig | None,
+    replace: bool,
+) -> policy.Decision:
+    """Every rule for ``request`` with its resolved options (:func:`policy.decide`: debug
+    SPEC §7, jit §6, cache mode §4)."""
+    return policy.decide(
+        mode=opts.op_compiler_cache_mode,
+        jit_compile=opts.jit_compile,
+        level=opts.op_debug_level,
+        cfg=cfg,
+        op_type=request.op_type,
+        op_name=request.op_name,
+        dynamic=request.dynamic,
+        replace=replace,
+    )
+
+
 def _debug_config(
     request: CompileRequest, opts: RequestOptions, given: inputs.Snapshot | None
 ) -> tuple[policy.DebugConfig | None, bytes | None]:
@@ -171,16 +193,7 @@ def prepare(
     """
     opts = resolve_options(request, settings)
     cfg, cfg_bytes = _debug_config(request, opts, given)
-    decision = policy.decide(
-        mode=opts.op_compiler_cache_mode,
-        jit_compile=opts.jit_compile,
-        level=opts.op_debug_level,
-        cfg=cfg,
-        op_type=request.op_type,
-        op_name=request.op_name,
-        dynamic=request.dynamic,
-        replace=replace,
-    )
+    decision = _decide(request, opts, cfg, replace)
     identity = compilers.identity(request.language)
     backend = compilers.backend(request.language)
     flags = compilers.flags(request, identity, decision.debug.flags, decision.debug.emit)
@@ -274,7 +287,7 @@ def find_binary(p: Prepared, roots: Sequence[Path]) -> CompileOutcome | None:
 
 def find_cached(p: Prepared) -> CompileOutcome | None:
     """SPEC §3.3: a verified hit (atime set to now), or None (a bad entry is removed)."""
-    result = Store(p.chip_dir).lookup(p.kernel)
+    result = chip_store(p.chip_dir).lookup(p.kernel)
     if not result.hit:
         return None
     if p.scanned:  # found by listing the headers: remember them, so the next hit needs no scan
@@ -445,16 +458,7 @@ def failed_before_prepared(
     try:
         opts = resolve_options(request, settings)
         cfg, _ = _debug_config(request, opts, given)
-        d = policy.decide(
-            mode=opts.op_compiler_cache_mode,
-            jit_compile=opts.jit_compile,
-            level=opts.op_debug_level,
-            cfg=cfg,
-            op_type=request.op_type,
-            op_name=request.op_name,
-            dynamic=request.dynamic,
-            replace=replace,
-        )
+        d = _decide(request, opts, cfg, replace)
         why = f"the request failed before its compile: {text}"
         pol = Policy(opts.jit_compile, d.binary_first, opts.op_compiler_cache_mode, False, why)
     except (CacheMgrError, OSError) as exc:
@@ -482,7 +486,8 @@ def with_policy(outcome: CompileOutcome, p: Prepared) -> CompileOutcome:
     elif outcome.cached is False:
         why = outcome.warning or "not stored in the cache"
     policy = Policy(opts.jit_compile, d.binary_first, opts.op_compiler_cache_mode, why is None, why)
-    return dataclasses.replace(outcome, policy=policy)
+    note = outcome.note or p.note
+    return dataclasses.replace(outcome, policy=policy, note=note)
 
 
 def elapsed(outcome: CompileOutcome, start: float) -> CompileOutcome:

@@ -55,8 +55,8 @@ from cachemgr.storage import entry, fsutil, manifest
 from cachemgr.storage.chiplock import Hold
 from cachemgr.storage.events import Events
 from cachemgr.storage.safedir import SafeDir
-from cachemgr.storage.store import EntryHold, Store
-from cachemgr.storage.tiers import LocalTier
+from cachemgr.storage.store import EntryHold
+from cachemgr.storage.tiers import LocalTier, chip_store
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ class Pending:
         """
         p = self.prepared
         try:
-            store = Store(p.chip_dir, self.lock_timeout_s, self.events)
+            store = chip_store(p.chip_dir, self.lock_timeout_s, self.events)
             if p.decision.cache.replace:
                 store.remove(p.kernel, held=self.entry_lock)
             published = store.publish(p.kernel, self.files, self.main_json, held=self.entry_lock)
@@ -165,7 +165,7 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
         return _compile_outside(p, ctx, _why(p.chip_dir, exc))
     try:
         SafeDir.open_chip(p.chip_dir, create=True).close()  # no link followed (security.md)
-        lock = Store(p.chip_dir, ctx.lock_timeout_s, ctx.events).hold(p.kernel)
+        lock = chip_store(p.chip_dir, ctx.lock_timeout_s, ctx.events).hold(p.kernel)
     except LockBusyError:
         hold.release()
         return _compile_alone(p, ctx)
@@ -173,7 +173,7 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
         # e.g. a chip folder CANN GE created 0750, or its 0640 lock file in a folder we may
         # not write: compile anyway, outside the cache, and say why in one line (item 6c)
         hold.release()
-        why = fsutil.lock_access_hint(Store(p.chip_dir).lock_path(p.kernel))
+        why = fsutil.lock_access_hint(chip_store(p.chip_dir).lock_path(p.kernel))
         return _compile_alone(p, ctx, why)
     except OSError as exc:  # a read-only or full root (issue 12 item 6)
         hold.release()
@@ -185,7 +185,7 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
         raise
     try:
         if p.decision.cache.read:
-            found = Store(p.chip_dir, ctx.lock_timeout_s).lookup(p.kernel, held=lock)
+            found = chip_store(p.chip_dir, ctx.lock_timeout_s).lookup(p.kernel, held=lock)
             if found.hit:  # another process published it while we waited for the lock
                 lock.release()
                 hold.release()
@@ -238,8 +238,10 @@ def _remote_hit(p: Prepared, ctx: RunContext, lock: EntryHold) -> CompileOutcome
     so one fetch per kernel per host). A hit arrives verified (blob digest, every part's
     sha256, caps, names: :mod:`cachemgr.remote.blob`), is published into the chip folder
     the way every entry is (json last; each binary checked against its json, SPEC §3.3),
-    then served from there. Any failure is a miss: the kernel compiles."""
-    if ctx.remotes is None:
+    then served from there. Any failure is a miss: the kernel compiles. A ``force`` request
+    is not answered from a remote (it asks for a fresh compile; the remote's entry is
+    replaced by its upload — ``force`` clears the local chip folder only)."""
+    if ctx.remotes is None or p.decision.cache.clear_first:
         return None
     got = ctx.remotes.fetch(p.chip_dir.name, p.kernel)
     if got is None:
@@ -257,6 +259,7 @@ def _remote_hit(p: Prepared, ctx: RunContext, lock: EntryHold) -> CompileOutcome
     found = local.check(p.chip_dir.name, p.kernel, held=lock)
     if not found.hit:
         return None
+    ctx.remotes.note_local(p.chip_dir.parent, p.chip_dir.name, p.kernel)  # not sent back
     log.info("%s: remote hit from %s", p.kernel, name)
     return CompileOutcome(
         p.kernel, HIT, found.files, request=p.request.origin, tier=f"remote:{name}"
@@ -301,10 +304,10 @@ def _compile_alone(p: Prepared, ctx: RunContext, why: str = "") -> CompileOutcom
             "%s: %s stayed locked for %g s (another process compiling it?); compiling it "
             "here, outside the cache",
             p.kernel,
-            Store(p.chip_dir).lock_path(p.kernel),
+            chip_store(p.chip_dir).lock_path(p.kernel),
             ctx.lock_timeout_s,
         )
-    reason = why or f"{Store(p.chip_dir).lock_path(p.kernel)} stayed locked"
+    reason = why or f"{chip_store(p.chip_dir).lock_path(p.kernel)} stayed locked"
     return _compile_outside(p, ctx, reason, warn=False)
 
 
@@ -318,7 +321,7 @@ def _compile_outside(
     :raises CompileError: the compile failed.
     """
     try:
-        found = Store(p.chip_dir).lookup(p.kernel) if p.decision.cache.read else None
+        found = chip_store(p.chip_dir).lookup(p.kernel) if p.decision.cache.read else None
     except (OSError, CachePermissionError):
         found = None  # a folder we may not use: compile
     if found is not None and found.hit:
@@ -422,7 +425,7 @@ def clear_chip(chip_dir: Path, lock_timeout_s: float, noted: Noted | None = None
     except FileNotFoundError:
         return 0
     with folder:
-        store = Store(chip_dir, lock_timeout_s, dir_fd=folder.fd)
+        store = chip_store(chip_dir, lock_timeout_s, dir_fd=folder.fd)
         scan = entry.scan_chip(chip_dir, folder.fd)
         removed = 0
         for kernel in sorted(scan.entries):

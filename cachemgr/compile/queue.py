@@ -204,7 +204,13 @@ class CompileQueue:
                 request, settings, compilers, self.timeout_s, replace, given=inputs
             )
             if prepared.decision.cache.clear_first:
-                self._force_once(prepared, session)
+                removed = self._force_once(prepared, session)
+                if removed is not None and self._ctx.remotes is not None:
+                    note = (
+                        f"force cleared {removed} entries of the local chip folder "
+                        f"{prepared.chip_dir}; remote tiers untouched"
+                    )
+                    prepared = dataclasses.replace(prepared, note=note)
             outputs = prepared.decision.debug.on or not prepared.decision.cache.write
             if deliver and outputs:
                 import uuid  # here: it imports platform (issue 14 item 1)
@@ -325,11 +331,13 @@ class CompileQueue:
                 gate.set()
             return gate
 
-    def _force_once(self, p: Prepared, session: str | None) -> None:
+    def _force_once(self, p: Prepared, session: str | None) -> int | None:
+        """Clear ``p``'s chip folder once per session; the entries removed, or None when
+        this session had cleared it already."""
         with self._force_lock:
             if (p.chip_dir, session) in self._forced:
-                return
-            self.force_clear(p, session)
+                return None
+            return self.force_clear(p, session)
 
     def force_clear(self, p: Prepared, session: str | None = None) -> int:
         """SPEC §4's safe ``force`` for ``p``'s chip: close the gate for new work, take the
@@ -349,6 +357,11 @@ class CompileQueue:
             with self._lock:
                 self._forced.add((p.chip_dir, session))
                 self.counters["force_cleared"] += removed
+            if self._ctx.remotes is not None:
+                names = ", ".join(t.name for t in self._ctx.remotes.tiers)
+                log.info(
+                    "force cleared %s here only; remote tiers untouched (%s)", p.chip_dir, names
+                )
             return removed
         finally:
             gate.set()

@@ -169,6 +169,9 @@ class CompileOutcome:
     #: who answered, for ``Client.compile``: ``client`` (a hit served in the caller's
     #: process) or ``daemon``; None inside a daemon or an in-process queue
     via: str | None = None
+    #: one line for the caller about what the request did besides its kernel, e.g. the
+    #: ``force`` that cleared the local chip folder only (issue 15: remote tiers untouched)
+    note: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -177,7 +180,7 @@ class CompileOutcome:
 
     def to_json(self) -> dict[str, Any]:
         """``{request, kernel_name, status, files, seconds[, error, cached, warning,
-        coalesced], policy[, tier, via]}``: the object of ``compile --json`` and
+        coalesced], policy[, tier, via, note]}``: the object of ``compile --json`` and
         ``POST /compile``."""
         doc: dict[str, Any] = {
             "request": self.request,
@@ -200,6 +203,8 @@ class CompileOutcome:
             doc["tier"] = self.tier
         if self.via is not None:
             doc["via"] = self.via
+        if self.note is not None:
+            doc["note"] = self.note
         return doc
 
     @classmethod
@@ -222,6 +227,7 @@ class CompileOutcome:
             Policy.from_json(policy) if isinstance(policy, Mapping) else None,
             data.get("tier"),
             data.get("via"),
+            data.get("note"),
         )
 
     @classmethod

@@ -249,6 +249,12 @@ class RemoteTable:
     upload_queue: int = field(default=256, metadata=rule("int", 1))
     failures_before_open: int = field(default=3, metadata=rule("int", 1))
     open_s: float = field(default=30.0, metadata=rule("float", 0.001))
+    #: entries per chip the daemon downloads from the remotes' index (0 = off; issue 15
+    #: item 6), into ``prefetch_socs`` (default: the chip folders present, ``soc_version``)
+    prefetch: int = field(default=0, metadata=rule("int", 0))
+    prefetch_socs: tuple[str, ...] = field(
+        default=(), metadata=rule("list_str", text="a list of chip names like 'Ascend910B1'")
+    )
 
 
 def redact_url(text: str) -> str:

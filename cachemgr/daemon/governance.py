@@ -61,7 +61,7 @@ from cachemgr.daemon.usage import UsageIndex
 from cachemgr.daemon.watch import Watcher
 from cachemgr.errors import CacheMgrError
 from cachemgr.eviction import gc as cache_gc
-from cachemgr.storage import fsprobe, fsutil
+from cachemgr.storage import entry, fsprobe, fsutil
 from cachemgr.storage.counters import CounterBook
 from cachemgr.storage.events import Events, NoSpaceEvent
 from cachemgr.storage.safedir import SafeDir
@@ -184,8 +184,14 @@ class Governance:
         beat: Callable[[], None] = lambda: None,
         follow_ini: Callable[[], None] | None = None,
         events: Events | None = None,
+        on_entry: Callable[[str, str], None] | None = None,
     ) -> None:
         self._settings = get_settings
+        #: told ``(soc_version, kernel)`` of each entry seen appearing in the kernel cache —
+        #: by an inotify event, or at a reconciliation when its main json is newer than the
+        #: last pass (other hosts' writes: SPEC §9) — e.g. to upload it (issue 15 item 6)
+        self.on_entry = on_entry
+        self._entries_since = time.time() - config.reconcile_interval_s
         #: the sink the compile path tells of a full filesystem (issue 15 item 1)
         self.events = events if events is not None else Events()
         self._follow_ini = follow_ini
@@ -326,6 +332,60 @@ class Governance:
         soc = self.index.file_removed(path) if removed else self.index.file_changed(path)
         if soc is not None and not removed:
             self._check_limit(soc)
+        if not removed and self.on_entry is not None and path.name.endswith(".json"):
+            self._entry_seen(path.parent, path.name[: -len(".json")])
+
+    def _entry_seen(self, chip: Path, stem: str) -> None:
+        """Tell :attr:`on_entry` of a main json that appeared (a sub-part's json is not an
+        entry: ``<kernel>_mix_aic.json`` beside ``<kernel>.json``, SPEC §3.1)."""
+        if chip.parent != self.index.kernel_cache_dir or self.on_entry is None:
+            return
+        for suffix in entry.PART_STEM_SUFFIXES:
+            base = stem[: -len(suffix)]
+            if stem.endswith(suffix) and fsutil.lstat_or_none(chip / f"{base}.json"):
+                return
+        try:
+            self.on_entry(chip.name, stem)
+        except Exception:  # a listener must not stop governance
+            log.exception("handling the new entry %s/%s failed", chip.name, stem)
+
+    def entries_sweep(self, socs: set[str] | None = None) -> int:
+        """Reconciliation's share of :attr:`on_entry`: every main json whose mtime is newer
+        than the previous sweep (less the allowed clock skew: other hosts' clocks, SPEC §9)
+        — what inotify cannot see. With ``socs`` only those chip folders (armed anew: their
+        files were written before their watch) and the next sweep's start stays. Returns
+        how many were reported."""
+        if self.on_entry is None:
+            return 0
+        started = time.time()
+        since = self._entries_since - float(self._settings().value("clock_skew_s"))
+        seen = 0
+        try:
+            chips = self._settings().layout.chip_dirs()
+        except CacheMgrError as exc:  # a linked kernel_cache: nothing below it is read
+            log.debug("not sweeping for new entries: %s", exc)
+            return 0
+        if socs is not None:
+            chips = [c for c in chips if c.name in socs]
+        for chip in chips:
+            try:
+                with SafeDir.open_chip(chip) as folder, os.scandir(folder.fd) as it:
+                    stems = [
+                        d.name[: -len(".json")]
+                        for d in it
+                        if d.name.endswith(".json")
+                        and d.is_file(follow_symlinks=False)
+                        and d.stat(follow_symlinks=False).st_mtime >= since
+                    ]
+            except (OSError, CacheMgrError) as exc:
+                log.debug("sweeping %s for new entries failed: %s", chip, exc)
+                continue
+            for stem in stems:
+                self._entry_seen(chip, stem)
+                seen += 1
+        if socs is None:
+            self._entries_since = started
+        return seen
 
     def _check_limit(self, soc: str) -> None:
         max_mb = int(self._settings().value("max_op_cache_size"))
@@ -460,6 +520,7 @@ class Governance:
         for soc in used:
             self._check_limit(soc)
         log.debug("reconciled usage: %s", used)
+        self.entries_sweep()
         return used
 
     def watch_check(self) -> set[str]:
@@ -480,6 +541,8 @@ class Governance:
             self.index.forget(soc)
         for soc in sorted(rescan):  # also while the first scan runs: it may have passed it
             self._rescan(soc)
+        if rescan:
+            self.entries_sweep(rescan)
         return rescan
 
     def _check_root(self) -> None:

@@ -21,7 +21,7 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from cachemgr.client import Client, default_socket_path
@@ -37,6 +37,7 @@ from cachemgr.daemon.server import HttpServer
 from cachemgr.daemon.service import Service
 from cachemgr.daemon.state import state_dir
 from cachemgr.errors import CacheMgrError, ConfigError
+from cachemgr.remote import config as remote_config
 from cachemgr.storage import fsutil
 
 log = logging.getLogger(__name__)
@@ -174,6 +175,7 @@ def run(
     tcp_port: int | None = None,
     note: str = "",
     box: sandbox.Sandbox | None = None,
+    remotes: Sequence[str] = (),
 ) -> int:
     """Run the daemon until SIGTERM/SIGINT; return the exit code (0 on a clean stop).
 
@@ -194,7 +196,7 @@ def run(
     flags = _Flags()
     wake, wake_writer = _wakeup_pipe(flags)
     lock = _claim_socket(socket_path)
-    service = Service(resolve, config, state_dir() / "counters.json")
+    service = Service(resolve, config, state_dir() / "counters.json", remotes)
     service.sandbox = box
     server = None
     try:
@@ -335,6 +337,7 @@ def serve(
     socket_path: Path | None,
     tcp_port: int | None,
     allow_root: bool = False,
+    remotes: Sequence[str] = (),
 ) -> int:
     """Resolve settings and the ``[daemon]`` table, check the cache root (access, fcntl
     locks, ``lock_fallback``: :mod:`cachemgr.daemon.rootcheck`), then :func:`run`.
@@ -366,7 +369,8 @@ def serve(
 
     socket_path = socket_path or default_socket_path()
     box = _sandbox(settings, config_file, socket_path)
-    return run(resolve, config, socket_path, tcp_port, checked.fallback_note, box)
+    remote_config.from_settings(settings, list(remotes))  # a bad --remote: before anything
+    return run(resolve, config, socket_path, tcp_port, checked.fallback_note, box, remotes)
 
 
 def _sandbox(

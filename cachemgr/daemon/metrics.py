@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -33,7 +34,9 @@ class _Collector:
         queue_depth: Callable[[], int],
         gauges: Callable[[], Sequence[Gauge]] = lambda: (),
         queue_figures: Callable[[], Mapping[str, int]] = dict,
+        remotes: Callable[[], Mapping[str, Mapping[str, Any]]] = dict,
     ) -> None:
+        self.remotes = remotes
         self.counters = counters
         self.index = index
         self.limit_bytes = limit_bytes
@@ -89,6 +92,7 @@ class _Collector:
         yield GaugeMetricFamily(
             "cachemgr_queue_jobs", "compile jobs queued or running", value=self.queue_depth()
         )
+        yield from remote_metrics(self.remotes())
         families: dict[str, GaugeMetricFamily] = {}
         for name, text, labels, gauge_value in self.gauges():
             family = families.get(name)
@@ -96,6 +100,38 @@ class _Collector:
                 family = families[name] = GaugeMetricFamily(name, text, labels=sorted(labels))
             family.add_metric([labels[k] for k in sorted(labels)], gauge_value)
         yield from families.values()
+
+
+#: Each remote's counters in ``stats`` (``remotes.<name>.<counter>``) and their help texts;
+#: ``/metrics`` names them ``cachemgr_remote_<counter>{remote="<name>"}`` (issue 15 item 7).
+REMOTE_COUNTERS = {
+    "hits": "entries fetched from the remote and served",
+    "misses": "lookups the remote answered without the entry",
+    "errors": "requests that failed (down, slow past its timeout, an error answer)",
+    "rejected": "entries the remote sent that failed verification",
+    "bytes_in": "bytes of entries fetched",
+    "bytes_out": "bytes of entries uploaded",
+    "uploads": "entries uploaded",
+    "present": "entries seen locally that the remote had already (not sent)",
+}
+#: The states a remote can be in (``stats``' ``state``).
+REMOTE_STATES = ("ok", "failing", "disabled")
+
+
+def remote_metrics(rows: Mapping[str, Mapping[str, Any]]) -> Iterator[Metric]:
+    """Per remote: its counters and its state as a 0/1 gauge per state."""
+    for counter, text in REMOTE_COUNTERS.items():
+        family = CounterMetricFamily(f"cachemgr_remote_{counter}", text, labels=["remote"])
+        for name, row in sorted(rows.items()):
+            family.add_metric([name], float(row.get(counter, 0)))
+        yield family
+    state = GaugeMetricFamily(
+        "cachemgr_remote_state", "1 for the state each remote is in", labels=["remote", "state"]
+    )
+    for name, row in sorted(rows.items()):
+        for one in REMOTE_STATES:
+            state.add_metric([name, one], 1.0 if row.get("state") == one else 0.0)
+    yield state
 
 
 class Metrics:
@@ -109,9 +145,12 @@ class Metrics:
         queue_depth: Callable[[], int],
         gauges: Callable[[], Sequence[Gauge]] = lambda: (),
         queue_figures: Callable[[], Mapping[str, int]] = dict,
+        remotes: Callable[[], Mapping[str, Mapping[str, Any]]] = dict,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        collector = _Collector(counters, index, limit_bytes, queue_depth, gauges, queue_figures)
+        collector = _Collector(
+            counters, index, limit_bytes, queue_depth, gauges, queue_figures, remotes
+        )
         self.registry.register(collector)
         self.compile_seconds = Histogram(
             "cachemgr_compile_seconds",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import datetime as dt
 import logging
 import os
 import shutil
@@ -12,10 +13,12 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
+
+from apscheduler.triggers.interval import IntervalTrigger
 
 from cachemgr import eviction
 from cachemgr.compile import build, inputs, request
@@ -39,10 +42,12 @@ from cachemgr.errors import CacheMgrError, InvalidInputError
 from cachemgr.eviction import gc
 from cachemgr.peer import user_name
 from cachemgr.remote import config as remote_config
+from cachemgr.remote import warm
 from cachemgr.remote.tierset import RemoteTiers
-from cachemgr.storage import fsutil, store
+from cachemgr.storage import fsutil
 from cachemgr.storage.counters import COUNTER_NAMES, CounterBook
 from cachemgr.storage.events import Events
+from cachemgr.storage.tiers import chip_store
 
 log = logging.getLogger(__name__)
 #: How long finished async jobs stay pollable (seconds).
@@ -61,7 +66,11 @@ class Service:
     """
 
     def __init__(
-        self, resolve: Callable[[], options.Settings], config: DaemonConfig, state_path: Path
+        self,
+        resolve: Callable[[], options.Settings],
+        config: DaemonConfig,
+        state_path: Path,
+        remote_cli: Sequence[str] = (),
     ) -> None:
         self._resolve = resolve
         self._settings = resolve()
@@ -71,8 +80,10 @@ class Service:
         self.tcp_address: tuple[str, int] | None = None
         self.counters = CounterBook(lambda: self._settings.layout.kernel_cache_dir)
         self.events = Events()  # tier events: a full disk on publish → eviction (issue 15)
-        #: the remote tiers of ``[remote] storage`` / ``CACHEMGR_REMOTE_STORAGE`` (issue 15)
-        self.remotes = RemoteTiers.from_config(remote_config.from_settings(self._settings))
+        #: the remote tiers of ``--remote`` / ``CACHEMGR_REMOTE_STORAGE`` / ``[remote]
+        #: storage`` (issue 15)
+        self.remote_config = remote_config.from_settings(self._settings, list(remote_cli))
+        self.remotes = RemoteTiers.from_config(self.remote_config)
         self.queue = CompileQueue(
             self._settings,
             workers=config.workers or os.cpu_count() or 1,
@@ -94,6 +105,7 @@ class Service:
             lambda: self.heartbeats.beat(GOVERNANCE),
             follow_ini=self._follow_ini,
             events=self.events,
+            on_entry=self._entry_seen if self.remotes and self.remotes.writable else None,
         )
         self._metrics = Metrics(
             self.counters,
@@ -102,6 +114,7 @@ class Service:
             self.queue.depth,
             self._gauges,
             self.queue.figures,
+            self.remote_stats,
         )
         self._jobs: dict[str, dict[str, Any]] = {}
         self._jobs_lock = threading.Lock()
@@ -122,8 +135,57 @@ class Service:
     # --- lifecycle ------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Index the cache and start governance."""
+        """Index the cache and start governance (and ``[remote] prefetch``: at once, then
+        at every reconciliation interval)."""
         self.governance.start()
+        if self.remotes is not None and self.remote_config.prefetch > 0:
+            self.governance.scheduler.add_job(
+                self.prefetch,
+                IntervalTrigger(seconds=self.daemon_config.reconcile_interval_s),
+                id="prefetch",
+                next_run_time=dt.datetime.now(dt.UTC),
+            )
+
+    def _entry_seen(self, soc_version: str, kernel: str) -> None:
+        """An entry appeared in the kernel cache (a CANN process's write, another host's,
+        or our own publish): queue it for upload; the uploader reads it only if it is
+        complete and verified, and skips it when the remote has it (issue 15 item 6)."""
+        if self.remotes is not None:
+            kcd = self._settings.layout.kernel_cache_dir
+            self.remotes.upload_later(kcd, soc_version, kernel, seen=True)
+
+    def prefetch_socs(self) -> list[str]:
+        """This host's chips for ``[remote] prefetch``: ``prefetch_socs``, else the chip
+        folders present and ``soc_version``."""
+        if self.remote_config.prefetch_socs:
+            return list(self.remote_config.prefetch_socs)
+        socs = [c.name for c in self._settings.layout.chip_dirs()]
+        own = self._settings.value("soc_version")
+        return sorted({*socs, *([own] if own else [])})
+
+    def prefetch(self) -> list[dict[str, Any]]:
+        """``[remote] prefetch``: warm each of this host's chip folders with the entries most
+        recently used anywhere (:mod:`cachemgr.remote.warm`)."""
+        if self.remotes is None or self.governance.root_problem:
+            return []
+        settings = self._settings
+        reports = []
+        for soc in self.prefetch_socs():
+            try:
+                report = warm.warm_chip(
+                    self.remotes,
+                    settings.layout.kernel_cache_dir,
+                    soc,
+                    None,
+                    self.remote_config.prefetch,
+                    settings.limits.target_bytes,
+                    settings.sections,
+                )
+            except CacheMgrError as exc:
+                log.warning("prefetch of %s: %s", soc, exc)
+                continue
+            reports.append(report.to_json())
+        return reports
 
     def stop(self, timeout_s: float) -> None:
         """Stop taking work, let running compiles finish (up to ``timeout_s``), save state."""
@@ -148,6 +210,8 @@ class Service:
                 log.error("reload refused, keeping the old configuration: %s", exc)
                 return {"reloaded": False, "error": str(exc)}
             self._settings = new
+            if self.remotes is not None:  # fixed credentials are tried again (issue 15)
+                self.remotes.enable_all()
             self.queue.update_settings(new)
             self.governance.retarget()
         for problem in new.problems:
@@ -174,6 +238,12 @@ class Service:
 
     # --- read-only operations -------------------------------------------------------------
 
+    def remote_stats(self) -> dict[str, dict[str, Any]]:
+        """Per remote: hits, misses, errors, rejected, bytes in/out, uploads, present,
+        state (ok / failing / disabled), its URL (redacted) — ``stats``, ``/metrics`` and
+        ``status`` show the same figures (issue 15 item 7)."""
+        return self.remotes.stats() if self.remotes is not None else {}
+
     def health(self) -> dict[str, Any]:
         degraded = self.degraded()
         status = "degraded" if degraded else "ok"
@@ -187,6 +257,7 @@ class Service:
             "tcp": list(self.tcp_address) if self.tcp_address else None,
             "scan": self.governance.scan.to_json(),
             "stuck": self.heartbeats.stale(),
+            "remotes": self.remote_stats(),
         }
 
     def degraded(self) -> list[str]:
@@ -208,6 +279,9 @@ class Service:
         stuck = self.heartbeats.stale()
         if stuck:
             out.append(f"no progress in: {', '.join(stuck)}")
+        for name, row in sorted(self.remote_stats().items()):
+            if row["state"] != "ok":  # compiles go on locally (issue 15 item 7)
+                out.append(f"remote {name} {row['state']}: compiles go on without it")
         return out
 
     def _gauges(self) -> list[Gauge]:
@@ -307,7 +381,7 @@ class Service:
             "queue_jobs": self.queue.depth(),
             "queue": self.queue.figures(),
             # per remote: hits, misses, errors, rejected, bytes in/out, state (issue 15 item 7)
-            "remotes": self.remotes.stats() if self.remotes is not None else {},
+            "remotes": self.remote_stats(),
             "remote_uploads_dropped": self.remotes.dropped if self.remotes is not None else 0,
             **self.governance.status(),
         }
@@ -317,7 +391,7 @@ class Service:
     def lookup(self, soc_version: str, kernel_name: str) -> dict[str, Any]:
         """A verified lookup (SPEC §3.3) counted as a hit or a miss."""
         chip = self._settings.layout.chip_dir(soc_version)
-        result = store.Store(chip).lookup(kernel_name)
+        result = chip_store(chip).lookup(kernel_name)
         self.counters.add("hits" if result.hit else "misses", chip_dir=chip)
         return {
             "status": result.status,

@@ -3,51 +3,29 @@ are already gone are normal; a file we may not remove is reported and the run go
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from cachemgr.storage import fsutil
+from cachemgr.storage import fsutil, store
 from cachemgr.storage.entry import EntryGroup
 from cachemgr.storage.safedir import SafeDir
 
 log = logging.getLogger(__name__)
 
-#: errno values meaning "not ours to remove now": skip the file, report it, go on (EBUSY:
-#: an NFS server refusing to remove a file another host holds open, SPEC §9).
-DENIED_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.EBUSY})
+#: errno values meaning "not ours to remove now" (the store's: one removal routine).
+DENIED_ERRNOS = store.DENIED_ERRNOS
 #: Names NFS clients give to removed files still open somewhere; they go by themselves.
 NFS_SILLY_PREFIX = ".nfs"
-
-
-@dataclass
-class Removal:
-    """What one removal did: files and bytes removed by this call, files refused.
-
-    ``denied`` holds ``"<name>: <reason>"`` lines; ``json_gone`` tells whether the entry's
-    main json is gone afterwards (removed by us or by someone else).
-    """
-
-    files: int = 0
-    bytes: int = 0
-    denied: list[str] = field(default_factory=list)
-    json_gone: bool = True
+#: What one removal did (:class:`cachemgr.storage.store.Removal`).
+Removal = store.Removal
 
 
 def deletion_order(group: EntryGroup) -> list[str]:
-    """An entry's file names in SPEC §5's deletion order: the main json first (a visible json
-    means a complete entry, so it must go first), then binaries and header, then the
-    sub-jsons and ``_pre.json``."""
-    main = group.json_name
-    rest = sorted(n for n in group.files if n != main)
-    return [
-        main,
-        *(n for n in rest if not n.endswith(".json")),
-        *(n for n in rest if n.endswith(".json")),
-    ]
+    """An entry's file names in SPEC §5's deletion order
+    (:func:`cachemgr.storage.store.removal_order`, the one definition of it)."""
+    return store.removal_order(group.files, group.json_name)
 
 
 def denied_line(name: str, exc: OSError) -> str:
@@ -71,25 +49,14 @@ def unlink_quiet(chip_fd: int, name: str) -> bool:
 
 
 def remove_group(chip_fd: int, group: EntryGroup) -> Removal:
-    """Remove an entry's files json first. A refused json stops the entry (nothing else is
-    removed, so the entry stays whole); a refused part is reported and the rest goes on.
+    """Remove an entry's files json first — :func:`cachemgr.storage.store.remove_entry_files`, the
+    one removal routine: a refused json stops the entry (nothing else is removed, so the
+    entry stays whole); a refused part is reported and the rest goes on.
 
     The caller holds the entry's lock if it has one and re-checked the access time.
     """
-    out = Removal()
-    for name in deletion_order(group):
-        try:
-            if unlink_quiet(chip_fd, name):
-                out.files += 1
-                out.bytes += group.files[name].size
-        except OSError as exc:
-            if exc.errno not in DENIED_ERRNOS and exc.errno != errno.EISDIR:
-                raise
-            out.denied.append(denied_line(name, exc))
-            if name == group.json_name:
-                out.json_gone = False
-                return out
-    return out
+    sizes = {name: st.size for name, st in group.files.items()}
+    return store.remove_entry_files(Path("."), chip_fd, group.files, group.json_name, sizes)
 
 
 #: A ``<kernel>.lock`` is unlinked only when its ctime is at least this old (seconds). GE's

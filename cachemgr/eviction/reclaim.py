@@ -37,6 +37,7 @@ from cachemgr.eviction.files import (
 from cachemgr.storage import entry, fsutil, manifest
 from cachemgr.storage.entry import ChipScan, EntryGroup
 from cachemgr.storage.store import Store
+from cachemgr.storage.tiers import chip_store
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ def reclaim(scan: ChipScan, chip_fd: int, now_ns: int, dry_run: bool) -> Reclaim
     :raises OSError: for unexpected errors (permission problems are reported, not raised).
     """
     out = ReclaimResult()
-    store = Store(scan.chip_dir, lock_timeout_s=BAD_ENTRY_LOCK_WAIT_S, dir_fd=chip_fd)
+    store = chip_store(scan.chip_dir, BAD_ENTRY_LOCK_WAIT_S, dir_fd=chip_fd)
     for group in _suspects(scan):
         _reclaim_bad(store, scan, chip_fd, group, dry_run, out)
     for name in sorted(scan.orphans):

@@ -105,15 +105,26 @@ class RemoteSpec:
         return self.display
 
 
+#: ``[remote] prefetch``: entries per chip the daemon downloads (0 = off; issue 15 item 6).
+PREFETCH_DEFAULT = 0
+
+
 @dataclass(frozen=True)
 class RemoteConfig:
-    """Every remote in lookup order, and the ``[remote]`` table's tunables."""
+    """Every remote in lookup order, and the ``[remote]`` table's tunables.
+
+    ``prefetch``: how many of the entries most recently used anywhere the daemon downloads
+    into each of this host's chip folders, at start and at every reconciliation (0 = off);
+    ``prefetch_socs``: those chips (default: the chip folders present and ``soc_version``).
+    """
 
     remotes: tuple[RemoteSpec, ...] = ()
     origin: str = "default"
     upload_queue: int = int(TABLE_DEFAULTS["upload_queue"])
     failures_before_open: int = int(TABLE_DEFAULTS["failures_before_open"])
     open_s: float = float(TABLE_DEFAULTS["open_s"])
+    prefetch: int = PREFETCH_DEFAULT
+    prefetch_socs: tuple[str, ...] = ()
 
     @property
     def display(self) -> str:
@@ -236,11 +247,13 @@ def resolve(
     :raises ConfigError: a bad spec, an unknown ``[remote]`` key, a bad tunable.
     """
     table = dict(table or {})
-    unknown = set(table) - {"storage", *TABLE_DEFAULTS}
+    keys = ["storage", *TABLE_DEFAULTS, "prefetch", "prefetch_socs"]
+    unknown = set(table) - set(keys)
     if unknown:
-        known = ", ".join(["storage", *TABLE_DEFAULTS])
+        known = ", ".join(keys)
         raise ConfigError(f"{where} [remote]: unknown key {sorted(unknown)[0]!r} (known: {known})")
-    tunables = {k: _tunable(table, k, where) for k in TABLE_DEFAULTS}
+    tunables: dict[str, Any] = {k: _tunable(table, k, where) for k in TABLE_DEFAULTS}
+    tunables.update(_prefetch(table, where))
     if cli:
         texts, origin = [t for item in cli for t in item.split()], "--remote"
     elif env.get(ENV_VAR, "").strip():
@@ -262,6 +275,28 @@ def _table_storage(table: Mapping[str, Any], where: str) -> list[str]:
     if isinstance(raw, list) and all(isinstance(x, str) for x in raw):
         return [t for x in raw for t in x.split()]
     raise ConfigError(f"{where} [remote] storage: a list of URL strings expected")
+
+
+def _prefetch(table: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """``prefetch`` (a whole number ≥ 0) and ``prefetch_socs`` (a list of chip names)."""
+    count = table.get("prefetch", PREFETCH_DEFAULT)
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise ConfigError(
+            f"{where} [remote] prefetch: a whole number of entries per chip (0 = off) "
+            f"expected, not {count!r}"
+        )
+    socs = table.get("prefetch_socs", [])
+    if isinstance(socs, str):
+        socs = socs.split()
+    ok = isinstance(socs, list | tuple) and all(
+        isinstance(x, str) and x and x.replace("_", "").replace("-", "").isalnum() for x in socs
+    )
+    if not ok:
+        raise ConfigError(
+            f"{where} [remote] prefetch_socs: a list of chip names like 'Ascend910B1' "
+            f"expected, not {socs!r}"
+        )
+    return {"prefetch": count, "prefetch_socs": tuple(socs)}
 
 
 def _tunable(table: Mapping[str, Any], key: str, where: str) -> Any:

@@ -14,16 +14,44 @@ WebDAV server that answers ``409 Conflict`` to a ``PUT`` into a missing folder g
 folder made (``MKCOL``) and the ``PUT`` once more. Basic auth comes from the URL or a
 ``password-file``; a bearer token from ``bearer-token-file``. ``https://`` verifies against
 the system's CA bundle. The server owns its size (``gc`` never touches a remote).
+
+**The index per chip** (item 6: ``warm`` and ``[remote] prefetch`` list the entries most
+recently used anywhere). An HTTP cache cannot list its keys and most cannot update an object
+atomically (bazel-remote and nginx ignore ``If-Match`` on ``PUT``: the last writer wins), so
+one shared index object would lose concurrent writers' updates. Instead each writer (a host
+and user: :func:`default_writer`) owns one *shard* per chip, a JSON object at the key
+``cachemgr:<format>:index:<soc>:writer:<id>`` mapping kernel names to the time they were last
+uploaded or fetched there; nobody else writes it, so no update is lost. Readers merge every
+shard (the newest time wins). The shards are found through a small *registry* per chip
+(``cachemgr:<format>:index:<soc>:writers``): at every flush of its shard a writer reads the
+registry (one ``GET``) and, only when it is not listed, adds itself — ``PUT`` with
+``If-Match: <ETag>`` (or ``If-None-Match: *`` for a new registry) where the server gives an
+ETag (WebDAV servers honour it: a lost race answers ``412`` and is retried), then reads it
+back. Servers that ignore conditions (bazel-remote), or check them apart from the write
+(wsgidav), can still let a racing ``PUT`` drop a name; the writer adds itself again at its
+next flush, so a registry name is never lost for longer than one flush interval and a
+shard's content is never lost at all. All
+index objects live at the layout's URL of the sha256 of their key, like entries (so
+``bazel`` keeps its ``/ac/<64 hex>`` shape), and are untrusted input when read (size-capped,
+every name checked).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import logging
+import os
+import random
+import re
 import ssl
+import threading
+import time
 from pathlib import Path
 
 import requests
 
+from cachemgr.constants import short_host
 from cachemgr.remote import blob
 from cachemgr.remote.config import RemoteSpec
 from cachemgr.storage.tiers import EntryFiles, TierStat
@@ -31,6 +59,23 @@ from cachemgr.storage.tiers import EntryFiles, TierStat
 #: The errors of an unreachable, slow or failing server (the breaker counts them).
 ERRORS: tuple[type[BaseException], ...] = (requests.RequestException, OSError)
 CHUNK_BYTES = 1 << 20
+log = logging.getLogger(__name__)
+#: Format of the index objects (registry and shards).
+INDEX_FORMAT = 1
+#: The biggest index object read (bytes); a writer keeps at most INDEX_KEEP names per chip.
+MAX_INDEX_BYTES = 8 << 20
+INDEX_KEEP = 20_000
+#: Attempts to get a writer into a chip's registry (read, add, PUT, read back).
+REGISTER_ATTEMPTS = 8
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,200}")
+_WRITER = re.compile(r"[0-9a-f]{16}")
+
+
+def default_writer() -> str:
+    """This writer's id: 16 hex digits of sha256(short host name, uid) — stable across
+    restarts, so a restarted daemon goes on with its own shard."""
+    raw = f"{short_host()}:{os.getuid()}".encode()
+    return hashlib.sha256(raw).hexdigest()[:16]
 
 
 class HttpError(OSError):
@@ -46,8 +91,18 @@ def _system_cas() -> str | bool:
 class HttpTier:
     """An HTTP cache server as a storage tier (see the module docstring)."""
 
-    def __init__(self, spec: RemoteSpec, max_part_bytes: int = blob.DEFAULT_MAX_PART_BYTES):
+    def __init__(
+        self,
+        spec: RemoteSpec,
+        max_part_bytes: int = blob.DEFAULT_MAX_PART_BYTES,
+        writer: str | None = None,
+    ):
         self.spec = spec
+        self.writer = writer or default_writer()
+        self._index_lock = threading.Lock()
+        self._shards: dict[str, dict[str, float]] = {}  # soc → kernel → time (this writer's)
+        self._loaded: set[str] = set()  # chips whose shard was read back from the server
+        self._dirty: set[str] = set()
         self.name = spec.name
         self.read_only = spec.read_only
         self.max_part_bytes = max_part_bytes
@@ -71,7 +126,13 @@ class HttpTier:
 
     def url(self, soc_version: str, kernel: str) -> str:
         """The entry's URL in this remote's layout."""
-        h = self.digest(soc_version, kernel)
+        return self._url_of(self.digest(soc_version, kernel))
+
+    def key_url(self, key: str) -> str:
+        """The URL of any object named ``key`` (the index's), in this remote's layout."""
+        return self._url_of(hashlib.sha256(key.encode()).hexdigest())
+
+    def _url_of(self, h: str) -> str:
         if self.spec.layout == "flat":
             return f"{self.base}/{h}"
         if self.spec.layout == "bazel":
@@ -112,8 +173,9 @@ class HttpTier:
                 chunks.append(chunk)
         return b"".join(chunks)
 
-    def fetch(self, soc_version: str, kernel: str) -> EntryFiles | None:
-        """The verified entry, or None when absent.
+    def fetch(self, soc_version: str, kernel: str, use: bool = True) -> EntryFiles | None:
+        """The verified entry, or None when absent (a use is noted by the tier set:
+        :meth:`note_use`).
 
         :raises blob.BadBlob: the answer fails a check.
         :raises HttpError, requests.RequestException: the server failed.
@@ -135,6 +197,7 @@ class HttpTier:
             self._make_folders(url)
             resp = self._session.put(url, data=data, timeout=self._timeout)
         self._check(resp, "PUT")
+        self.note_use(entry_files.soc_version, entry_files.kernel)
         return True
 
     def _make_folders(self, url: str) -> None:
@@ -156,6 +219,150 @@ class HttpTier:
         self._check(resp, "DELETE")
         return True
 
+    @staticmethod
+    def fatal(exc: BaseException) -> bool:
+        """True when the server refused our credentials (HTTP 401 or 403)."""
+        return isinstance(exc, HttpError) and (": HTTP 401" in str(exc) or ": HTTP 403" in str(exc))
+
+    # --- the index per chip (see the module docstring) -------------------------------------
+
+    @staticmethod
+    def registry_key(soc_version: str) -> str:
+        """The key of the chip's registry of writers."""
+        return f"cachemgr:{blob.FORMAT_VERSION}:index:{soc_version}:writers"
+
+    @staticmethod
+    def shard_key(soc_version: str, writer: str) -> str:
+        """The key of one writer's index shard of the chip."""
+        return f"cachemgr:{blob.FORMAT_VERSION}:index:{soc_version}:writer:{writer}"
+
+    def note_use(self, soc_version: str, kernel: str) -> None:
+        """Record in this writer's shard (in memory; :meth:`flush_index` writes it) that
+        ``kernel`` was uploaded or fetched now."""
+        with self._index_lock:
+            self._shards.setdefault(soc_version, {})[kernel] = time.time()
+            self._dirty.add(soc_version)
+
+    def flush_index(self) -> None:
+        """Write this writer's changed shards (merged with what the server had, newest
+        ``INDEX_KEEP`` names) and make sure each chip's registry lists this writer.
+
+        :raises HttpError, requests.RequestException: the server failed (retried later).
+        """
+        with self._index_lock:
+            dirty = sorted(self._dirty)
+        for soc in dirty:
+            if soc not in self._loaded:  # a restart goes on with the shard it had
+                old = self._read_shard(soc, self.writer) or {}
+                with self._index_lock:
+                    mine = self._shards.setdefault(soc, {})
+                    for name, when in old.items():
+                        mine[name] = max(when, mine.get(name, 0.0))
+                self._loaded.add(soc)
+            with self._index_lock:
+                mine = self._shards.get(soc, {})
+                kept = dict(sorted(mine.items(), key=lambda kv: -kv[1])[:INDEX_KEEP])
+                self._shards[soc] = kept
+                self._dirty.discard(soc)
+            doc = {"format": INDEX_FORMAT, "soc_version": soc, "writer": self.writer}
+            doc["kernels"] = kept
+            try:
+                self._put_object(self.key_url(self.shard_key(soc, self.writer)), doc)
+                self._register(soc)
+            except BaseException:
+                with self._index_lock:
+                    self._dirty.add(soc)
+                raise
+
+    def recent(self, soc_version: str, limit: int) -> list[str]:
+        """The chip's kernel names, most recently uploaded or fetched by any writer first
+        (at most ``limit``): every writer's shard merged, the newest time winning.
+
+        :raises HttpError, requests.RequestException: the server failed.
+        """
+        merged: dict[str, float] = {}
+        writers, _ = self._read_registry(soc_version)
+        for writer in writers:
+            for name, when in (self._read_shard(soc_version, writer) or {}).items():
+                merged[name] = max(when, merged.get(name, 0.0))
+        ordered = sorted(merged.items(), key=lambda kv: (-kv[1], kv[0]))
+        return [name for name, _ in ordered[: max(0, limit)]]
+
+    def _register(self, soc: str) -> None:
+        """Get this writer into the chip's registry without losing another writer's entry
+        (read, add, conditional ``PUT``, read back; see the module docstring)."""
+        url = self.key_url(self.registry_key(soc))
+        for attempt in range(REGISTER_ATTEMPTS):
+            writers, etag = self._read_registry(soc)
+            if self.writer in writers:
+                return
+            doc = {"format": INDEX_FORMAT, "soc_version": soc}
+            doc["writers"] = sorted({*writers, self.writer})
+            headers = {"If-Match": etag} if etag else {"If-None-Match": "*"} if not writers else {}
+            # a server refusing a condition may answer before reading the body: a fresh
+            # connection keeps the unread body from being parsed as the next request
+            headers["Connection"] = "close"
+            if not self._put_object(url, doc, headers, conflict_ok=True):
+                time.sleep(random.uniform(0.01, 0.05) * (attempt + 1))  # lost a race: again
+        log.warning("remote %s: could not list this host in the %s index", self.name, soc)
+
+    def _read_registry(self, soc: str) -> tuple[list[str], str | None]:
+        raw, etag = self._get_object(self.key_url(self.registry_key(soc)))
+        doc = _json_object(raw, self.name, "index registry")
+        if doc is None or doc.get("soc_version") != soc:
+            return [], etag
+        writers = doc.get("writers")
+        if not isinstance(writers, list):
+            return [], etag
+        return [w for w in writers if isinstance(w, str) and _WRITER.fullmatch(w)], etag
+
+    def _read_shard(self, soc: str, writer: str) -> dict[str, float] | None:
+        raw, _ = self._get_object(self.key_url(self.shard_key(soc, writer)))
+        doc = _json_object(raw, self.name, "index shard")
+        if doc is None or doc.get("soc_version") != soc or doc.get("writer") != writer:
+            return None
+        kernels = doc.get("kernels")
+        if not isinstance(kernels, dict):
+            return None
+        return {
+            k: float(v)
+            for k, v in kernels.items()
+            if _NAME.fullmatch(k) and ".." not in k and isinstance(v, int | float)
+        }
+
+    def _get_object(self, url: str) -> tuple[bytes | None, str | None]:
+        """``GET`` a small object (at most ``MAX_INDEX_BYTES``): its bytes and ETag."""
+        with self._session.get(url, timeout=self._timeout, stream=True) as resp:
+            if resp.status_code == 404:
+                return None, None
+            self._check(resp, "GET")
+            chunks, total = [], 0
+            for chunk in resp.iter_content(CHUNK_BYTES):
+                total += len(chunk)
+                if total > MAX_INDEX_BYTES:
+                    log.warning("remote %s: an index object is over %d bytes", self.name, total)
+                    return None, None
+                chunks.append(chunk)
+            return b"".join(chunks), resp.headers.get("ETag")
+
+    def _put_object(
+        self,
+        url: str,
+        doc: dict[str, object],
+        headers: dict[str, str] | None = None,
+        conflict_ok: bool = False,
+    ) -> bool:
+        """``PUT`` a JSON object; False on ``412`` (a condition failed) when ``conflict_ok``."""
+        data = json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
+        resp = self._session.put(url, data=data, headers=headers, timeout=self._timeout)
+        if resp.status_code == 409:
+            self._make_folders(url)
+            resp = self._session.put(url, data=data, headers=headers, timeout=self._timeout)
+        if resp.status_code == 412 and conflict_ok:
+            return False
+        self._check(resp, "PUT")
+        return True
+
     def stat(self) -> TierStat:
         """Reachability only (an HTTP cache does not list its size cheaply).
 
@@ -167,3 +374,19 @@ class HttpTier:
     def close(self) -> None:
         """Close the connection pool."""
         self._session.close()
+
+
+def _json_object(raw: bytes | None, name: str, what: str) -> dict[str, object] | None:
+    """``raw`` as a format-1 JSON object, None when absent or malformed (logged once per
+    read: remote data is untrusted)."""
+    if raw is None:
+        return None
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        log.warning("remote %s: %s is not JSON; ignored", name, what)
+        return None
+    if not isinstance(doc, dict) or doc.get("format") != INDEX_FORMAT:
+        log.warning("remote %s: %s is not a format-%d object; ignored", name, what, INDEX_FORMAT)
+        return None
+    return doc

@@ -2,8 +2,10 @@
 
 One key per entry, ``cachemgr:<blob format>:<soc_version>:<kernel>``; its value is the entry
 blob of :mod:`cachemgr.remote.blob`. Each chip has an index, the sorted set
-``cachemgr:<blob format>:index:<soc_version>`` (member: kernel name, score: last upload time
-in seconds), for listing the entries most recently used (``warm``, item 6).
+``cachemgr:<blob format>:index:<soc_version>`` (member: kernel name, score: when it was last
+uploaded or fetched, seconds since the epoch: "used anywhere"), for listing the entries most
+recently used (``warm`` and ``[remote] prefetch``, item 6). Concurrent writers never lose an
+update: ``ZADD`` is atomic on the server.
 
 Size is the server's business: run it with ``maxmemory <bytes>`` and
 ``maxmemory-policy allkeys-lru`` so old entries go first (``gc`` never touches a remote).
@@ -68,21 +70,25 @@ class RedisTier:
         """
         return bool(self._client.exists(self.key(soc_version, kernel)))
 
-    def fetch_blob(self, soc_version: str, kernel: str) -> bytes | None:
-        """The raw blob, or None when absent.
+    def fetch_blob(self, soc_version: str, kernel: str, use: bool = True) -> bytes | None:
+        """The raw blob, or None when absent; with ``use`` its index score becomes now.
 
         :raises redis.RedisError, OSError: the server failed.
         """
-        raw = self._client.get(self.key(soc_version, kernel))
-        return bytes(raw) if raw is not None else None  # type: ignore[arg-type]
+        pipe = self._client.pipeline(transaction=False)  # one round trip for both
+        pipe.get(self.key(soc_version, kernel))
+        if use and not self.read_only:  # a use: the index's score becomes now (only if listed: XX)
+            pipe.zadd(self.index_key(soc_version), {kernel: time.time()}, xx=True)
+        raw = pipe.execute()[0]
+        return bytes(raw) if raw is not None else None
 
-    def fetch(self, soc_version: str, kernel: str) -> EntryFiles | None:
-        """The verified entry, or None when absent.
+    def fetch(self, soc_version: str, kernel: str, use: bool = True) -> EntryFiles | None:
+        """The verified entry, or None when absent (``use``: see :meth:`fetch_blob`).
 
         :raises blob.BadBlob: the value fails a check (tampered, truncated, another entry's).
         :raises redis.RedisError, OSError: the server failed.
         """
-        raw = self.fetch_blob(soc_version, kernel)
+        raw = self.fetch_blob(soc_version, kernel, use)
         if raw is None:
             return None
         return blob.decode(raw, soc_version, kernel, self.max_part_bytes)
@@ -115,6 +121,12 @@ class RedisTier:
         """
         names = self._client.zrevrange(self.index_key(soc_version), 0, max(0, limit - 1))
         return [n.decode() if isinstance(n, bytes) else str(n) for n in names]
+
+    @staticmethod
+    def fatal(exc: BaseException) -> bool:
+        """True when the server refused our credentials (``WRONGPASS``, ``NOAUTH``,
+        ``NOPERM``): retrying cannot help."""
+        return isinstance(exc, redis.AuthenticationError | redis.exceptions.NoPermissionError)
 
     def stat(self) -> TierStat:
         """The server's key count (``DBSIZE``; no value is read).

@@ -10,14 +10,23 @@
   and the lookup goes on: remote data is untrusted, it never fails a compile.
 * :meth:`RemoteTiers.upload_later` queues an entry for upload and returns at once; the queue
   holds at most ``upload_queue`` entries, more are dropped and counted. One thread uploads.
+  Only complete, verified entries go (:meth:`~cachemgr.storage.tiers.LocalTier.read`: entry.py's
+  rules, no access time changed, nothing removed). Entries the daemon *saw* (written by a
+  CANN process: issue 15 item 6) are first asked for (``EXISTS``/``HEAD``) and not sent when
+  the remote has them; an entry whose main json is unchanged since its last upload is not
+  sent again.
+* A remote that refuses our credentials (Redis ``WRONGPASS``/``NOAUTH``, HTTP 401/403) is
+  ``disabled`` until the daemon reloads or restarts: retrying cannot help (one error line).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +39,22 @@ from cachemgr.storage.tiers import EntryFiles, LocalTier, TierStat
 log = logging.getLogger(__name__)
 
 OK, FAILING, DISABLED = "ok", "failing", "disabled"
-COUNTERS = ("hits", "misses", "errors", "rejected", "bytes_in", "bytes_out", "uploads")
+COUNTERS = (
+    "hits",
+    "misses",
+    "errors",
+    "rejected",
+    "bytes_in",
+    "bytes_out",
+    "uploads",
+    "present",  # a seen entry the remote had already: not sent again
+)
+#: Entries remembered as uploaded (by their main json's identity) so that an entry seen twice
+#: (the compile's own upload and the watcher's event, or each reconciliation) goes once.
+UPLOADED_MEMORY = 65_536
+#: A job of the upload queue: (kernel cache, soc_version, kernel, seen) or a flush of indexes.
+Job = tuple[Path, str, str, bool] | str
+FLUSH = "flush"
 
 
 @dataclass
@@ -56,7 +80,7 @@ class Breaker:
         with self._lock:
             if self.state == OK:
                 return True
-            if self.clock() < self.open_until or self._probing:
+            if self.state == DISABLED or self.clock() < self.open_until or self._probing:
                 return False
             self._probing = True
             return True
@@ -68,9 +92,18 @@ class Breaker:
         if was != OK:
             log.warning("remote %s is back: using it again", self.name)
 
+    def disable(self, why: str) -> None:
+        """The remote refused our credentials: skip it until reload (one error line)."""
+        with self._lock:
+            was, self.state = self.state, DISABLED
+        if was != DISABLED:
+            log.error("remote %s disabled (%s): fix its credentials, then reload", self.name, why)
+
     def failure(self, why: str) -> None:
         """A request failed: open the breaker after too many in a row (one warning line)."""
         with self._lock:
+            if self.state == DISABLED:
+                return
             self.failures += 1
             self._probing = False
             opening = self.state == OK and self.failures >= self.failures_before_open
@@ -100,8 +133,10 @@ class RemoteTiers:
         self.counts: dict[str, dict[str, int]] = {t.name: dict.fromkeys(COUNTERS, 0) for t in tiers}
         self.dropped = 0
         self._lock = threading.Lock()
-        self._queue: queue.Queue[tuple[Path, str, str] | None] = queue.Queue(config.upload_queue)
+        self._queue: queue.Queue[Job | None] = queue.Queue(config.upload_queue)
         self._thread: threading.Thread | None = None
+        #: (kernel cache, soc, kernel) → (inode, mtime ns) of the main json last uploaded
+        self._uploaded: OrderedDict[tuple[str, str, str], tuple[int, int]] = OrderedDict()
 
     @classmethod
     def from_config(cls, config: RemoteConfig) -> RemoteTiers | None:
@@ -114,23 +149,28 @@ class RemoteTiers:
         with self._lock:
             self.counts[name][key] += n
 
-    def fetch(self, soc_version: str, kernel: str) -> tuple[EntryFiles, str] | None:
+    def fetch(
+        self, soc_version: str, kernel: str, use: bool = True
+    ) -> tuple[EntryFiles, str] | None:
         """The first verified hit and its remote's name, or None. Never raises for a remote's
-        failure or garbage (counted and logged instead)."""
+        failure or garbage (counted and logged instead).
+
+        :param use: a fetch to serve a request (True) moves the entry up in the remote's
+            index ("used anywhere"); a warm fetch (False) does not.
+        """
         for tier in self.tiers:
             breaker = self.breakers[tier.name]
             if not breaker.allow():
                 continue
             try:
-                got = tier.fetch(soc_version, kernel)
+                got = tier.fetch(soc_version, kernel, use=use)
             except blob.BadBlob as exc:
                 breaker.success()  # the server answered: garbage is not an outage
                 self._count(tier.name, "rejected")
                 log.warning("remote %s: %s/%s rejected: %s", tier.name, soc_version, kernel, exc)
                 continue
             except Exception as exc:  # any failure of a remote is isolated (item 7)
-                self._count(tier.name, "errors")
-                breaker.failure(_one_line(exc))
+                self._failed(tier, exc)
                 continue
             breaker.success()
             if got is None:
@@ -138,7 +178,37 @@ class RemoteTiers:
                 continue
             self._count(tier.name, "hits")
             self._count(tier.name, "bytes_in", got.size)
+            note_use = getattr(tier, "note_use", None)
+            if use and note_use is not None and not tier.read_only:  # used anywhere (item 6)
+                note_use(soc_version, kernel)
+                self._enqueue(FLUSH)
             return got, tier.name
+        return None
+
+    def _failed(self, tier: Any, exc: BaseException) -> None:
+        """Count a failed request; credentials refused disable the remote, anything else
+        goes to its breaker."""
+        self._count(tier.name, "errors")
+        fatal = getattr(tier, "fatal", None)
+        if fatal is not None and fatal(exc):
+            self.breakers[tier.name].disable(_one_line(exc))
+        else:
+            self.breakers[tier.name].failure(_one_line(exc))
+
+    def recent(self, soc_version: str, limit: int) -> tuple[list[str], str] | None:
+        """The chip's kernel names most recently used anywhere (uploaded or fetched), newest
+        first, at most ``limit``, from the first remote whose index answers; with its name.
+        None when no remote could tell."""
+        for tier in self.tiers:
+            if not hasattr(tier, "recent") or not self.breakers[tier.name].allow():
+                continue
+            try:
+                names = tier.recent(soc_version, limit)
+            except Exception as exc:
+                self._failed(tier, exc)
+                continue
+            self.breakers[tier.name].success()
+            return names, tier.name
         return None
 
     def reject(self, name: str, soc_version: str, kernel: str, why: str) -> None:
@@ -147,21 +217,48 @@ class RemoteTiers:
         self._count(name, "rejected")
         log.warning("remote %s: %s/%s rejected: %s", name, soc_version, kernel, why)
 
-    def upload_later(self, kernel_cache_dir: Path, soc_version: str, kernel: str) -> bool:
+    @property
+    def writable(self) -> bool:
+        """True when some remote takes uploads."""
+        return any(not t.read_only for t in self.tiers)
+
+    def upload_later(
+        self, kernel_cache_dir: Path, soc_version: str, kernel: str, seen: bool = False
+    ) -> bool:
         """Queue the local entry for upload to every writable remote; never blocks.
 
+        :param seen: the daemon saw the entry appear (a CANN process wrote it, or another
+            host): the remote is asked first and the entry not sent when it has it.
         :returns: False when the queue was full (the entry is dropped and counted).
         """
-        if not any(not t.read_only for t in self.tiers):
+        if not self.writable:
             return False
+        return self._enqueue((kernel_cache_dir, soc_version, kernel, seen), count=True)
+
+    def _enqueue(self, job: Job, count: bool = False) -> bool:
         self._start()
         try:
-            self._queue.put_nowait((kernel_cache_dir, soc_version, kernel))
+            self._queue.put_nowait(job)
         except queue.Full:
-            with self._lock:
-                self.dropped += 1
+            if count:
+                with self._lock:
+                    self.dropped += 1
             return False
         return True
+
+    def note_local(self, kernel_cache_dir: Path, soc_version: str, kernel: str) -> None:
+        """The local entry came from a remote: remember it as uploaded (it is not sent back
+        when the daemon sees it appear)."""
+        ident = _json_ident(kernel_cache_dir, soc_version, kernel)
+        if ident is not None:
+            self._remember((str(kernel_cache_dir), soc_version, kernel), ident)
+
+    def _remember(self, key: tuple[str, str, str], ident: tuple[int, int]) -> None:
+        with self._lock:
+            self._uploaded[key] = ident
+            self._uploaded.move_to_end(key)
+            while len(self._uploaded) > UPLOADED_MEMORY:
+                self._uploaded.popitem(last=False)
 
     def _start(self) -> None:
         with self._lock:
@@ -174,20 +271,35 @@ class RemoteTiers:
     def _upload_loop(self) -> None:
         while (job := self._queue.get()) is not None:
             try:
-                self.upload_now(*job)
+                if not isinstance(job, str):  # else FLUSH
+                    kernel_cache_dir, soc_version, kernel, seen = job
+                    self.upload_now(kernel_cache_dir, soc_version, kernel, seen)
+                if self._queue.empty():  # a burst is over: write the remotes' indexes once
+                    self.flush_indexes()
             except Exception:  # the uploader must outlive any one entry
-                log.exception("upload of %s/%s failed", job[1], job[2])
+                log.exception("upload job %s failed", job)
             finally:
                 self._queue.task_done()
         self._queue.task_done()
 
-    def upload_now(self, kernel_cache_dir: Path, soc_version: str, kernel: str) -> int:
-        """Upload one verified local entry to every writable remote whose breaker allows.
+    def upload_now(
+        self, kernel_cache_dir: Path, soc_version: str, kernel: str, seen: bool = False
+    ) -> int:
+        """Upload one complete, verified local entry to every writable remote whose breaker
+        allows (see :meth:`upload_later` for ``seen``).
 
-        :returns: how many remotes took it.
+        :returns: how many remotes took it (or had it).
         """
-        item = LocalTier(kernel_cache_dir).fetch(soc_version, kernel)
+        key = (str(kernel_cache_dir), soc_version, kernel)
+        ident = _json_ident(kernel_cache_dir, soc_version, kernel)
+        if ident is None:
+            return 0
+        with self._lock:
+            if self._uploaded.get(key) == ident:  # this very json went already
+                return 0
+        item = LocalTier(kernel_cache_dir).read(soc_version, kernel)
         if item is None:
+            log.debug("not uploading %s/%s: not a complete, verified entry", soc_version, kernel)
             return 0
         done = 0
         for tier in self.tiers:
@@ -195,16 +307,33 @@ class RemoteTiers:
             if tier.read_only or not breaker.allow():
                 continue
             try:
+                if seen and tier.lookup(soc_version, kernel):
+                    breaker.success()
+                    self._count(tier.name, "present")
+                    done += 1
+                    continue
                 tier.put(item)
             except Exception as exc:
-                self._count(tier.name, "errors")
-                breaker.failure(_one_line(exc))
+                self._failed(tier, exc)
                 continue
             breaker.success()
             self._count(tier.name, "uploads")
             self._count(tier.name, "bytes_out", item.size)
             done += 1
+        if done:
+            self._remember(key, ident)
         return done
+
+    def flush_indexes(self) -> None:
+        """Write each remote's pending index changes (HTTP index shards; Redis needs none)."""
+        for tier in self.tiers:
+            flush = getattr(tier, "flush_index", None)
+            if flush is None or tier.read_only or not self.breakers[tier.name].allow():
+                continue
+            try:
+                flush()
+            except Exception as exc:
+                self._failed(tier, exc)
 
     def drain(self, timeout_s: float = 30.0) -> bool:
         """Wait until the upload queue is empty (tests, shutdown). True when it emptied."""
@@ -226,6 +355,13 @@ class RemoteTiers:
                 out[tier.name] = row
         return out
 
+    def enable_all(self) -> None:
+        """After a reload: remotes disabled for refused credentials are tried again."""
+        for breaker in self.breakers.values():
+            with breaker._lock:
+                if breaker.state == DISABLED:
+                    breaker.state, breaker.failures = OK, 0
+
     def stat_all(self) -> list[TierStat]:
         """Each remote's own :meth:`stat` (cheap: no blob is read); a failing one says so."""
         rows = []
@@ -243,6 +379,8 @@ class RemoteTiers:
         if self._thread is not None:
             self._queue.put(None)
             self._thread.join(timeout=30)
+        else:
+            self.flush_indexes()
         for tier in self.tiers:
             tier.close()
 
@@ -263,6 +401,15 @@ def make_tier(spec: RemoteSpec) -> Any:
 
         return HttpTier(spec)
     raise ConfigError(f"remote storage {spec.display}: {spec.scheme}:// is not supported yet")
+
+
+def _json_ident(kernel_cache_dir: Path, soc_version: str, kernel: str) -> tuple[int, int] | None:
+    """(inode, mtime ns) of the entry's main json, None when it is not there."""
+    try:
+        st = os.lstat(kernel_cache_dir / soc_version / f"{kernel}.json")
+    except (OSError, ValueError):
+        return None
+    return (st.st_ino, st.st_mtime_ns)
 
 
 def _one_line(exc: BaseException) -> str:

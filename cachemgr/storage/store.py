@@ -22,7 +22,7 @@ import json
 import logging
 import os
 import stat
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -129,6 +129,78 @@ class VerifyReport:
     def bad(self) -> list[Finding]:
         """Findings that are still bad (not repaired)."""
         return [f for f in self.findings if not f.repaired]
+
+
+#: errno values meaning "not ours to remove now": skip the file, report it, go on (EBUSY:
+#: an NFS server refusing to remove a file another host holds open, SPEC §9).
+DENIED_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.EBUSY})
+
+
+@dataclass
+class Removal:
+    """What one removal did: files and bytes removed by this call, files refused.
+
+    ``denied`` holds ``"<name>: <reason>"`` lines; ``json_gone`` tells whether the entry's
+    main json is gone afterwards (removed by us or by someone else); ``removed`` names the
+    files this call removed, in order.
+    """
+
+    files: int = 0
+    bytes: int = 0
+    denied: list[str] = field(default_factory=list)
+    json_gone: bool = True
+    removed: list[str] = field(default_factory=list)
+    #: the first refusal for lack of permission (``EACCES``/``EPERM``), for a caller that
+    #: must turn it into an error
+    permission_error: OSError | None = None
+
+
+def removal_order(names: Iterable[str], json_name: str) -> list[str]:
+    """An entry's file names in SPEC §5's deletion order — the one order every removal uses
+    (the store's and eviction's): the main json first (a visible json means a complete
+    entry, so it must go first), then binaries and header, then the sub-jsons and
+    ``_pre.json``; each group by name."""
+    rest = sorted({n for n in names if n != json_name})
+    return [
+        json_name,
+        *(n for n in rest if not n.endswith(".json")),
+        *(n for n in rest if n.endswith(".json")),
+    ]
+
+
+def remove_entry_files(
+    chip_dir: Path,
+    dir_fd: int | None,
+    names: Iterable[str],
+    json_name: str,
+    sizes: Mapping[str, int] | None = None,
+) -> Removal:
+    """The one removal routine of an entry's files (SPEC §5): in :func:`removal_order`,
+    relative to the open chip folder (``unlinkat``, no link followed); files already gone
+    are normal (``ENOENT``/``ESTALE``). A refused file (:data:`DENIED_ERRNOS`, or a folder
+    under a part's name) is reported and the rest goes on — except a refused main json,
+    which stops the removal so the entry stays whole. The caller holds the entry's lock.
+
+    :param sizes: bytes of each file (for :attr:`Removal.bytes`).
+    :raises OSError: any other error.
+    """
+    out = Removal()
+    for name in removal_order(names, json_name):
+        try:
+            if fsutil.safe_unlink(chip_dir / name, dir_fd):
+                out.files += 1
+                out.bytes += (sizes or {}).get(name, 0)
+                out.removed.append(name)
+        except OSError as exc:
+            if exc.errno not in DENIED_ERRNOS and exc.errno != errno.EISDIR:
+                raise
+            out.denied.append(f"{name}: {exc.strerror or exc}")
+            if exc.errno in (errno.EACCES, errno.EPERM) and out.permission_error is None:
+                out.permission_error = exc
+            if name == json_name:
+                out.json_gone = False
+                return out
+    return out
 
 
 def check_kernel_name(kernel: str) -> str:
@@ -369,7 +441,7 @@ class Store:
                     "not removing %s/%s: %s", self.chip_dir.name, kernel, problems[0].detail
                 )
                 return False
-            self._remove_files(self._names_for_removal(kernel, desc))
+            self._remove_files(kernel, self._names_for_removal(kernel, desc))
             return True
         finally:
             if held is None:
@@ -417,21 +489,23 @@ class Store:
                     desc = entry.parse_entry(self.chip_dir, kernel, dir_fd=self.dir_fd)
                 except (FileNotFoundError, InvalidEntryError):
                     desc = None
-            return self._remove_files(self._names_for_removal(kernel, desc))
+            return self._remove_files(kernel, self._names_for_removal(kernel, desc))
 
-    def _remove_files(self, names: list[str]) -> list[str]:
-        removed = []
-        for name in names:
-            try:
-                if fsutil.safe_unlink(self.chip_dir / name, self.dir_fd):
-                    removed.append(name)
-            except IsADirectoryError:
-                log.warning("not removing %s: it is a folder", self.chip_dir / name)
-            except PermissionError as exc:
-                raise CachePermissionError(
-                    f"cannot remove {self.chip_dir / name}: {exc.strerror}"
-                ) from exc
-        return removed
+    def _remove_files(self, kernel: str, names: list[str]) -> list[str]:
+        """:func:`remove_entry_files` (the one removal routine); a file this user may not
+        remove is an error here (a caller's lookup or publish cannot go on around it).
+
+        :raises CachePermissionError: naming the file.
+        """
+        removal = remove_entry_files(self.chip_dir, self.dir_fd, names, kernel + ".json")
+        for line in removal.denied:
+            log.warning("not removing %s/%s", self.chip_dir.name, line)
+        exc = removal.permission_error
+        if exc is not None:
+            raise CachePermissionError(
+                f"cannot remove {exc.filename or self.chip_dir}: {exc.strerror}"
+            ) from exc
+        return removal.removed
 
     def remove_orphan(self, name: str) -> bool:
         """Remove a loose file (binary with no json) if its kernel still
@@ -538,7 +612,7 @@ class Store:
             paths = tuple(self.chip_dir / n for n in self._present_parts(desc))
             return PublishResult(EXISTS, kernel, paths)
         log.info("replacing bad entry %s/%s", self.chip_dir.name, kernel)
-        self._remove_files(self._names_for_removal(kernel, desc))
+        self._remove_files(kernel, self._names_for_removal(kernel, desc))
         return None
 
     def _write_all(self, kernel: str, payload: Mapping[str, bytes]) -> int:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from cachemgr.errors import InvalidEntryError, InvalidInputError
+from cachemgr.errors import CacheMgrError, InvalidEntryError, InvalidInputError
 from cachemgr.storage import entry, fsutil
 from cachemgr.storage.events import Events
 from cachemgr.storage.safedir import SafeDir
@@ -30,6 +30,24 @@ from cachemgr.storage.store import (
     Store,
     check_kernel_name,
 )
+
+
+def chip_store(
+    chip_dir: Path,
+    lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S,
+    events: Events | None = None,
+    *,
+    dir_fd: int | None = None,
+) -> Store:
+    """The store of one chip folder: the one place a :class:`~cachemgr.storage.store.Store` is made
+    (issue 15 item 1: the compile path, eviction, the daemon and the CLI all come here, or
+    through :meth:`LocalTier.store`).
+
+    :param lock_timeout_s: how long publish/removal wait for an entry's lock (seconds).
+    :param events: told of a publish that hit a full filesystem.
+    :param dir_fd: the chip folder, already open (it must stay open while the store is used).
+    """
+    return Store(chip_dir, lock_timeout_s, events, dir_fd=dir_fd)
 
 
 @dataclass(frozen=True)
@@ -118,7 +136,7 @@ class LocalTier:
         :raises InvalidInputError: ``soc_version`` is not a flat folder name.
         """
         check_kernel_name(soc_version)  # same rule: one flat name, no ``..``
-        return Store(self.kernel_cache_dir / soc_version, self.lock_timeout_s, self.events)
+        return chip_store(self.kernel_cache_dir / soc_version, self.lock_timeout_s, self.events)
 
     def hold(self, soc_version: str, kernel: str, timeout_s: float | None = None) -> EntryHold:
         """Take the entry's lock (``<kernel>.lock``, the lock CANN takes) and return its
@@ -154,6 +172,35 @@ class LocalTier:
             except FileNotFoundError:
                 return None
         for ref in found.desc.binaries:
+            if entry.sha256_hex(files.get(ref.bin_name, b"")) != ref.sha256:
+                return None
+        return EntryFiles(soc_version, kernel, files)
+
+    def read(self, soc_version: str, kernel: str) -> EntryFiles | None:
+        """The entry's files if it is complete and verifies (entry.py's rules: the json
+        parses, every binary and sub-part named is there and matches its ``sha256``), else
+        None — without side effects: a bad entry is left for the reaper (it may be a CANN
+        process's write in progress on another host), and no access time changes (an upload
+        is not a use: it must not reorder eviction, SPEC §5). The bytes read are checked once
+        more against the json (a file replaced meanwhile is not uploaded)."""
+        try:
+            check_kernel_name(soc_version)
+            check_kernel_name(kernel)
+            chip = self.kernel_cache_dir / soc_version
+            with fsutil.reads_keep_atime(), SafeDir.open_chip(chip) as folder:
+                desc, problems = entry.check_entry(chip, kernel, folder.fd)
+                if problems or desc is None:
+                    return None
+                names = [desc.json_name, *desc.sub_jsons, *(b.bin_name for b in desc.binaries)]
+                if desc.header and fsutil.lstat_or_none(chip / desc.header, folder.fd):
+                    names.append(desc.header)
+                files = {
+                    n: fsutil.read_bytes_noatime(chip / n, folder.fd, single_link=True)
+                    for n in names
+                }
+        except (OSError, CacheMgrError):
+            return None
+        for ref in desc.binaries:
             if entry.sha256_hex(files.get(ref.bin_name, b"")) != ref.sha256:
                 return None
         return EntryFiles(soc_version, kernel, files)
