@@ -30,6 +30,8 @@ from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUTPUT = ROOT / "BENCHMARKS.md"
+#: ``--large``: cases that have a large size (``cases_scaling``: 1,000,000 entries) run it too.
+LARGE = False
 _HEADER = "# Benchmarks"
 
 
@@ -211,9 +213,14 @@ def main(argv: list[str] | None = None, echo: Callable[[str], None] = print) -> 
     parser = argparse.ArgumentParser(prog="scripts/bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", metavar="NAME", help="run only the case module NAME")
     parser.add_argument("--quick", action="store_true", help="small smoke-sized runs")
+    parser.add_argument(
+        "--large", action="store_true", help="also the large sizes (scaling: 1,000,000 entries)"
+    )
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="Markdown to rewrite")
     parser.add_argument("--workdir", type=Path, default=None, help="where cases build data")
     args = parser.parse_args(argv)
+    global LARGE
+    LARGE = args.large
     work_root = args.workdir or default_work_root()
     work_root.mkdir(parents=True, exist_ok=True)
     info = machine()

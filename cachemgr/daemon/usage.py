@@ -2,19 +2,30 @@
 
 Used bytes of a chip folder = sum of the apparent sizes of its regular files [GE]. The index
 keeps one size per file name so that a delete event (which carries no size) can be
-subtracted; names are kept as 64-bit xxhash digests, not strings, which keeps 100,000 entries
-(about 200,000 files) in a few tens of MB. inotify sees only this host's writes: the
-periodic :meth:`UsageIndex.reconcile` replaces a chip's figures with a fresh scan, which is
+subtracted; names are kept as 64-bit xxhash digests, not strings. inotify sees only this
+host's writes: the periodic :meth:`UsageIndex.reconcile` rescans each chip folder, which is
 how other hosts' writes and any drift are caught (SPEC §9).
+
+Why SQLite (issue 14 item 5): the daemon must hold 1,000,000 entries (about 2,000,000 files)
+in at most 100 MB of resident memory. A Python ``dict[int, int]`` costs about 100 bytes per
+file (two int objects and a hash slot): 200 MB for 2,000,000 files. An in-memory SQLite
+table keyed by the digest (``INTEGER PRIMARY KEY``: the row id itself, so no second index)
+stores a row in about 20 bytes, looks one up in a B-tree in microseconds, and is a
+well-kept library in the standard library rather than a home-made packed structure. A
+rescan updates the rows in place (``gen`` alternates between 0 and 1, which SQLite stores in
+no payload byte), then deletes the rows it did not see: the table never exists twice, and
+file events keep being applied while a rescan runs (each batch of rows holds the lock
+briefly).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sqlite3
 import stat
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import xxhash
@@ -23,9 +34,15 @@ from cachemgr.storage import fsutil
 
 log = logging.getLogger(__name__)
 
+#: Rows written per transaction (and per hold of the lock) during a rescan.
+BATCH_ROWS = 10_000
+_SIGN = 1 << 63
+#: Rescans of one chip folder tried when it is forgotten (removed, made again) meanwhile.
+RESCAN_TRIES = 3
+
 
 class UsageIndex:
-    """Per chip folder: ``{digest of file name: bytes}``, the total and the entry count.
+    """Per chip folder: a table ``digest of file name → bytes``, the total and the entry count.
 
     :param kernel_cache_dir: the folder holding the chip folders.
     """
@@ -33,14 +50,19 @@ class UsageIndex:
     def __init__(self, kernel_cache_dir: Path) -> None:
         self.kernel_cache_dir = kernel_cache_dir
         self._lock = threading.Lock()
-        self._files: dict[str, dict[int, int]] = {}
+        # one connection, used by every thread under self._lock; nothing to roll back to
+        self._db = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=OFF")
+        self._tables: dict[str, str] = {}  # soc → table name
+        self._gen: dict[str, int] = {}  # soc → generation rows written now carry (0 or 1)
         self._used: dict[str, int] = {}
         self._entries: dict[str, int] = {}
+        self._made = 0
 
     def chips(self) -> list[str]:
         """soc versions currently indexed."""
         with self._lock:
-            return sorted(self._files)
+            return sorted(self._tables)
 
     def used_bytes(self, soc: str) -> int:
         """Indexed used bytes of one chip folder (0 when unknown)."""
@@ -53,8 +75,21 @@ class UsageIndex:
             return self._entries.get(soc, 0)
 
     def total_files(self) -> int:
+        """Files indexed over every chip folder."""
         with self._lock:
-            return sum(len(f) for f in self._files.values())
+            return sum(self._count(t) for t in self._tables.values())
+
+    def size_of(self, path: Path) -> int | None:
+        """The indexed size of one file in bytes (None when not indexed)."""
+        soc = self._soc_of(path)
+        with self._lock:
+            table = self._tables.get(soc or "")
+            if table is None:
+                return None
+            row = self._db.execute(
+                f"SELECT size FROM {table} WHERE key = ?", (_key(path.name),)
+            ).fetchone()
+        return None if row is None else int(row[0])
 
     def reconcile(self, progress: Callable[[int, int, int], None] | None = None) -> dict[str, int]:
         """Rescan every chip folder (one ``scandir`` + ``lstat`` pass each); return used bytes.
@@ -69,15 +104,13 @@ class UsageIndex:
                 raise
             chips = []
         for soc in set(self.chips()) - set(chips):
-            with self._lock:
-                for table in (self._files, self._used, self._entries):
-                    table.pop(soc, None)
+            self.forget(soc)
         files = 0
         for done, soc in enumerate(chips, 1):
             self.reconcile_chip(soc)
             if progress is not None:
                 with self._lock:
-                    files += len(self._files.get(soc, ()))
+                    files += self._count(self._tables[soc])
                 progress(done, len(chips), files)
         with self._lock:
             return dict(self._used)
@@ -85,15 +118,49 @@ class UsageIndex:
     def forget(self, soc: str) -> None:
         """Drop a chip folder that is gone."""
         with self._lock:
-            for table in (self._files, self._used, self._entries):
-                table.pop(soc, None)
+            table = self._tables.pop(soc, None)
+            for figures in (self._gen, self._used, self._entries):
+                figures.pop(soc, None)
+            if table is not None:
+                self._db.execute(f"DROP TABLE {table}")
 
     def reconcile_chip(self, soc: str) -> int:
-        """Rescan one chip folder; return its used bytes."""
-        sizes, entries = _scan_sizes(self.kernel_cache_dir / soc)
+        """Rescan one chip folder; return its used bytes.
+
+        Rows are upserted in batches with the new generation, then the rows of the old one
+        (files gone since the last scan) are deleted. A file event during the rescan writes
+        the new generation too, so it is neither lost nor deleted. A chip folder forgotten
+        during the rescan (removed and made again) is rescanned into its new table.
+        """
+        for _ in range(RESCAN_TRIES):
+            used = self._rescan(soc)
+            if used is not None:
+                return used
         with self._lock:
-            self._files[soc] = sizes
-            self._used[soc] = sum(sizes.values())
+            return self._used.get(soc, 0)
+
+    def _rescan(self, soc: str) -> int | None:
+        """One rescan of ``soc``; None when its table was dropped meanwhile."""
+        with self._lock:
+            table = self._table(soc)
+            gen = self._gen[soc] = 1 - self._gen[soc]
+        entries = 0
+        upsert = (
+            f"INSERT INTO {table} (key, size, gen) VALUES (?, ?, {gen}) "
+            "ON CONFLICT(key) DO UPDATE SET size = excluded.size, gen = excluded.gen"
+        )
+        for batch, mains in _scan_batches(self.kernel_cache_dir / soc):
+            entries += mains
+            with self._lock:
+                if self._tables.get(soc) != table:
+                    return None
+                self._write(upsert, batch)
+        with self._lock:
+            if self._tables.get(soc) != table:
+                return None
+            self._db.execute(f"DELETE FROM {table} WHERE gen != {gen}")
+            (used,) = self._db.execute(f"SELECT total(size) FROM {table}").fetchone()
+            self._used[soc] = int(used)
             self._entries[soc] = entries
             return self._used[soc]
 
@@ -106,10 +173,13 @@ class UsageIndex:
         size = st.st_size if st is not None and stat.S_ISREG(st.st_mode) else None
         key = _key(path.name)
         with self._lock:
-            files = self._files.setdefault(soc, {})
-            old = files.pop(key, None)
+            table = self._table(soc)
+            old = self._pop(table, key)
             if size is not None:
-                files[key] = size
+                self._db.execute(
+                    f"INSERT INTO {table} (key, size, gen) VALUES (?, ?, ?)",
+                    (key, size, self._gen[soc]),
+                )
             self._used[soc] = self._used.get(soc, 0) - (old or 0) + (size or 0)
             if _is_main_json(path.name) and (old is None) != (size is None):
                 self._entries[soc] = self._entries.get(soc, 0) + (1 if old is None else -1)
@@ -121,7 +191,8 @@ class UsageIndex:
         if soc is None:
             return None
         with self._lock:
-            old = self._files.get(soc, {}).pop(_key(path.name), None)
+            table = self._tables.get(soc)
+            old = None if table is None else self._pop(table, _key(path.name))
             self._used[soc] = self._used.get(soc, 0) - (old or 0)
             if old is not None and _is_main_json(path.name):
                 self._entries[soc] = self._entries.get(soc, 0) - 1
@@ -132,9 +203,43 @@ class UsageIndex:
             return None
         return path.parent.name
 
+    def _table(self, soc: str) -> str:
+        """The table of ``soc``, created empty on first use (caller holds the lock)."""
+        table = self._tables.get(soc)
+        if table is None:
+            self._made += 1
+            table = f"chip{self._made}"  # never the soc's own name: no quoting of untrusted text
+            self._db.execute(
+                f"CREATE TABLE {table} (key INTEGER PRIMARY KEY, size INTEGER NOT NULL, "
+                "gen INTEGER NOT NULL)"
+            )
+            self._tables[soc] = table
+            self._gen[soc] = 0
+            self._used.setdefault(soc, 0)
+            self._entries.setdefault(soc, 0)
+        return table
+
+    def _pop(self, table: str, key: int) -> int | None:
+        """Delete one row; return its size (caller holds the lock)."""
+        row = self._db.execute(f"DELETE FROM {table} WHERE key = ? RETURNING size", (key,))
+        found = row.fetchone()
+        return None if found is None else int(found[0])
+
+    def _count(self, table: str) -> int:
+        return int(self._db.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+
+    def _write(self, sql: str, rows: list[tuple[int, int]]) -> None:
+        self._db.execute("BEGIN")
+        try:
+            self._db.executemany(sql, rows)
+        finally:
+            self._db.execute("COMMIT")
+
 
 def _key(name: str) -> int:
-    return xxhash.xxh3_64_intdigest(name.encode("utf-8", "surrogateescape"))
+    """The file name's 64-bit xxh3 digest as SQLite's signed 64-bit integer."""
+    digest = xxhash.xxh3_64_intdigest(name.encode("utf-8", "surrogateescape"))
+    return digest - (1 << 64) if digest >= _SIGN else digest
 
 
 def _is_main_json(name: str) -> bool:
@@ -143,14 +248,20 @@ def _is_main_json(name: str) -> bool:
     return name.endswith(".json") and "_mix_" not in name
 
 
-def _scan_sizes(chip_dir: Path) -> tuple[dict[int, int], int]:
-    sizes: dict[int, int] = {}
-    entries = 0
+def _scan_batches(chip_dir: Path) -> Iterator[tuple[list[tuple[int, int]], int]]:
+    """The regular files of a chip folder as batches of ``(digest, bytes)`` rows, each with
+    its count of main jsons; a folder that is gone (also ``ESTALE``) gives none."""
+    batch: list[tuple[int, int]] = []
+    mains = 0
     try:
         for name, st in fsutil.regular_files(chip_dir):
-            sizes[_key(name)] = st.st_size
-            entries += _is_main_json(name)
+            batch.append((_key(name), st.st_size))
+            mains += _is_main_json(name)
+            if len(batch) >= BATCH_ROWS:
+                yield batch, mains
+                batch, mains = [], 0
     except OSError as exc:  # gone, also removed by another NFS host (ESTALE): empty
         if not isinstance(exc, NotADirectoryError) and exc.errno not in fsutil.GONE_ERRNOS:
             raise
-    return sizes, entries
+    if batch or mains:
+        yield batch, mains

@@ -1,0 +1,156 @@
+"""The cost curve (issue 14 item 5): the same measures at 10,000, 100,000 and (``--large``)
+1,000,000 entries of one chip folder, so growth can be read off one run.
+
+At each size, in a folder built for it (``cases_eviction.build``: a CANN-shaped json and a
+2–5 KiB binary per entry, access times spread over two days):
+
+* **gc to 80 %**: wall time beside its floor (one ``scandir`` + ``stat`` pass plus the same
+  unlinks, ``cases_eviction.gc_rounds``, one round), the dry run, and gc's peak RSS;
+* **the daemon** (eviction off, so nothing is removed): start to ``READY=1``, start to the end
+  of its first scan (reclaim pass, then the usage index), resident memory once the index is
+  complete (target ≤ 100 MB at 1,000,000 entries) and its peak;
+* **a hit through the daemon**: one client, sequential hits on a 256 KiB kernel compiled into
+  the same chip folder, p50 / p99.
+
+Growth rows compare each size with the smallest: per-entry cost for gc and the first scan
+(linear = 1.0×), the hit's p50 as it is (flat = 1.0×). The 1,000,000-entry folder takes
+minutes to build (about 2,000,000 files, ~10 GiB on disk), hence opt-in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from bench import cases_compile, cases_daemon, cases_eviction, harness
+from bench.harness import Row, ratio_of
+from cachemgr.client import Client
+
+NAME = "scaling"
+SIZES = (10_000, 100_000)
+LARGE = 1_000_000
+QUICK_SIZES = (2_000, 10_000)
+HITS = 300
+QUICK_HITS = 50
+#: Growth per entry this far above the smallest size's still counts as linear (noise).
+LINEAR = 1.25
+
+
+def _status_kb(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def _daemon(work: Path, cache: Path, hits: int) -> dict[str, float]:
+    """Start a daemon on ``cache``; time READY and the first scan; RSS; hit latency."""
+    ini = cache / "kernel_cache" / "op_cache.ini"
+    ini.write_text(
+        "[op_compiler_cache]\nmax_op_cache_size=-1\nremain_cache_size_ratio=50\n"
+        "adk_version=1\nops_version=1\n"
+    )
+    start = time.perf_counter()
+    proc, sock = cases_daemon._start(work, cache)
+    ready = time.perf_counter() - start
+    try:
+        client = Client(sock, timeout_s=600)
+        while client.health().get("scan", {}).get("state") not in ("done", "failed"):
+            time.sleep(0.05)
+        indexed = time.perf_counter() - start
+        state = client.health()["scan"]
+        time.sleep(1.0)  # let the scan's memory go back (release_memory) before reading RSS
+        rss = _status_kb(proc.pid, "VmRSS") / 1024
+        request = cases_compile.big_request(work)
+        if client.compile(request, base_dir="/")["status"] not in ("compiled", "hit"):
+            raise RuntimeError("the hit kernel did not compile")
+        times = []
+        for _ in range(hits):
+            t0 = time.perf_counter()
+            answer = client.compile(request, base_dir="/")
+            times.append(time.perf_counter() - t0)
+            if answer["status"] != "hit":
+                raise RuntimeError(f"expected a hit, got {answer}")
+        peak = _status_kb(proc.pid, "VmHWM") / 1024
+    finally:
+        cases_daemon._stop(proc)
+    if state.get("state") != "done":
+        raise RuntimeError(f"the daemon's first scan failed: {state}")
+    return {
+        "ready": ready,
+        "indexed": indexed,
+        "daemon_rss": rss,
+        "daemon_peak": peak,
+        "hit_p50": cases_compile._ms(times),
+        "hit_p99": cases_compile._ms(times, 0.99),
+        "files": float(state.get("files", 0)),
+    }
+
+
+def _measure(workdir: Path, entries: int, hits: int) -> dict[str, float]:
+    work = workdir / f"n{entries}"
+    cache = work / "cache"
+    chip = cache / "kernel_cache" / "Ascend910B1"
+    t0 = time.monotonic()
+    cases_eviction.settle(chip, entries)
+    out = {"build": time.monotonic() - t0, "load": os.getloadavg()[0]}
+    out.update(cases_eviction.gc_rounds(chip, entries, 1, cann=False))
+    out.update(_daemon(work, cache, hits))
+    shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
+def _rows(entries: int, m: dict[str, float], base_n: int, base: dict[str, float]) -> list[Row]:
+    case = f"{entries:,} entries"
+    note = f"load average {m['load']:.1f} at start; folder built in {m['build']:.0f} s"
+    rows = [
+        Row(case, "gc to 80 %", m["gc"], "s", "floor: scandir+stat + the same unlinks",
+            m["floor_unlink"], ratio_of(m["gc"], m["floor_unlink"]), "≤ 2.0× floor",
+            m["gc"] <= 2 * m["floor_unlink"],
+            f"{int(m['evicted']):,} evicted; vs the unlinks on gc's 8 threads "
+            f"{m['gc'] / m['floor_threads']:.2f}×; dry run {m['dry']:.2f} s = "
+            f"{m['dry'] / m['floor']:.2f}× the scandir+stat pass; {note}"),
+        Row(case, "gc peak RSS", m["rss"], "MiB", "", None, None, "", None,
+            "the gc child's ru_maxrss"),
+        Row(case, "daemon start to READY=1", m["ready"] * 1e3, "ms", "", None, None, "", None,
+            "the first scan runs after READY=1, beside serving"),
+        Row(case, "daemon start to first scan done", m["indexed"], "s",
+            "scandir+stat pass", m["floor"], ratio_of(m["indexed"], m["floor"]), "", None,
+            f"reclaim pass + usage index of {int(m['files']):,} files"),
+        Row(case, "daemon RSS, index complete", m["daemon_rss"], "MB", "", None, None,
+            "≤ 100 MB" if entries >= LARGE else "",
+            (m["daemon_rss"] <= 100) if entries >= LARGE else None,
+            f"peak (VmHWM) {m['daemon_peak']:.0f} MB: the start-up reclaim pass holds a scan"),
+        Row(case, "hit via Client, p50", m["hit_p50"], "ms", f"p50 at {base_n:,} entries",
+            base["hit_p50"], ratio_of(m["hit_p50"], base["hit_p50"]),
+            f"≤ {LINEAR}× (flat)" if entries != base_n else "",
+            m["hit_p50"] <= LINEAR * base["hit_p50"] if entries != base_n else None,
+            f"one client, sequential; p99 {m['hit_p99']:.2f} ms"),
+    ]  # fmt: skip
+    if entries != base_n:
+        for metric, key in (("gc time per entry", "gc"), ("first scan per entry", "indexed")):
+            per, per_base = m[key] / entries * 1e6, base[key] / base_n * 1e6
+            row = Row(case, metric, per, "µs", f"at {base_n:,} entries", per_base,
+                      ratio_of(per, per_base), f"≤ {LINEAR}× (linear)", per <= LINEAR * per_base,
+                      "growth in entries: 1.0× is linear")  # fmt: skip
+            rows.append(row)
+    return rows
+
+
+def run(workdir: Path, quick: bool) -> list[Row]:
+    sizes = QUICK_SIZES if quick else SIZES + ((LARGE,) if harness.LARGE else ())
+    hits = QUICK_HITS if quick else HITS
+    measured = [(n, _measure(workdir, n, hits)) for n in sizes]
+    base_n, base = measured[0]
+    rows = []
+    for n, m in measured:
+        rows += _rows(n, m, base_n, base)
+    return rows
+
+
+if __name__ == "__main__":  # pragma: no cover - manual runs
+    print(json.dumps([r.__dict__ for r in run(Path(sys.argv[1]), True)], indent=1))
