@@ -18,6 +18,11 @@ VERSION: Final = "0.1.0"
 #: ``compiler/opcompiler/op_compile_adapter/source/cache/te_cache_space_manager.cc``).
 MIB: Final = 1 << 20
 
+#: Largest number of seconds any setting or option takes (about 31 years): beyond it timers,
+#: deadlines and ``time_t`` overflow (``[daemon] reconcile_interval_s = 1e308`` stopped
+#: ``serve`` with an internal error; ``--timeout inf`` failed after reading the request).
+MAX_SECONDS: Final = 1e9
+
 #: ``max_op_cache_size`` that turns size eviction off (GE's ``te_cache_space_manager.cc``;
 #: SPEC §5).
 NEVER_EVICT: Final = -1

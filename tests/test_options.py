@@ -68,7 +68,7 @@ def test_file_where_folder_expected(clean_env: dict[str, str], tmp_path: Path) -
             options.resolve(env=clean_env, cli={"op_compiler_cache_dir": str(value)})
 
 
-@pytest.mark.parametrize("raw", ["abc", "0", "-5", "1.5"])
+@pytest.mark.parametrize("raw", ["abc", "0", "-5", "2147483647"])  # "1.5": GE reads 1
 def test_env_max_falls_back_with_warning(clean_env: dict[str, str], raw: str) -> None:
     s = options.resolve(env={**clean_env, "ASCEND_MAX_OP_CACHE_SIZE": raw})
     assert s.value("max_op_cache_size") == 500
@@ -82,7 +82,7 @@ def test_env_limits_used_and_ratio_zero_passes(clean_env: dict[str, str]) -> Non
     assert s.value("remain_cache_size_ratio") == 0 and s.problems == ()
 
 
-@pytest.mark.parametrize("raw", ["101", "x", "-1"])
+@pytest.mark.parametrize("raw", ["101", "-1", "4294967397"])  # 2**32 + 101; "x": GE's atoi reads 0
 def test_env_ratio_falls_back(clean_env: dict[str, str], raw: str) -> None:
     s = options.resolve(env={**clean_env, "ASCEND_REMAIN_CACHE_SIZE_RATIO": raw})
     assert s.value("remain_cache_size_ratio") == 50 and len(s.problems) == 1

@@ -49,7 +49,8 @@ def test_layouts_put_get_head_delete(
     assert tier.lookup(SOC, "te_http")
     got = tiers.fetch(SOC, "te_http")
     assert got is not None and got[0].files == item.files and got[1] == "dav"
-    stored.write_bytes(stored.read_bytes()[:-1] + b"\x00")  # tampered on the server
+    raw = stored.read_bytes()  # tampered on the server: the last byte flipped (never a no-op,
+    stored.write_bytes(raw[:-1] + bytes([raw[-1] ^ 0xFF]))  # as writing 0 over a 0 would be)
     assert tiers.fetch(SOC, "te_http") is None
     assert tiers.stats()["dav"]["rejected"] == 1
     assert tier.remove(SOC, "te_http") and not tier.lookup(SOC, "te_http")

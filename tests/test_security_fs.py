@@ -609,3 +609,51 @@ def test_unbounded_values_make_an_entry_bad_never_an_internal_error(
     _write_hostile(entry_json, kind)
     repair = run_cli("verify", "--repair", "--cache-dir", str(root), env=clean_env)
     assert repair.returncode == 0 and not entry_json.exists(), repair.stdout
+
+
+def test_verify_by_another_member_leaves_a_fresh_header_manifest_alone(
+    users: Users, other_runtime: Runtime
+) -> None:
+    """Outside review (atk): bob compiles (his header manifest is fresh: never read since
+    written); alice's ``verify`` on a relatime mount may not read it — the read would move
+    its access time, which only bob could put back — so it was reported
+    ``bad_manifest`` (exit 1) and ``verify --repair`` deleted bob's valid manifest. Now it is
+    ``not_checked`` like another member's entry, and stays."""
+    root = _shared_root(users)
+    bob_home, alice_home = user_home(users, users.bob), user_home(users, users.alice)
+    request = _request_file(users.base, other_runtime, 7)
+    done = _as(
+        users,
+        users.bob,
+        other_runtime,
+        "compile",
+        "--local",
+        "--cache-dir",
+        str(root),
+        str(request),
+        env=_env(other_runtime, bob_home),
+    )
+    assert done.returncode == 0, done.stderr
+    chip = root / "kernel_cache" / SOC
+    manifests = sorted(chip.glob("*.manifest"))
+    assert len(manifests) == 1 and manifests[0].stat().st_uid != os.getuid()
+    st = manifests[0].stat()
+    if st.st_atime_ns > st.st_mtime_ns:
+        pytest.skip("the manifest was read since written; nothing to protect here")
+    for args in (("verify",), ("verify", "--repair")):
+        proc = _as(
+            users,
+            users.alice,
+            other_runtime,
+            *args,
+            "--json",
+            "--cache-dir",
+            str(root),
+            env=_env(other_runtime, alice_home),
+        )
+        report = json.loads(proc.stdout)
+        assert proc.returncode == 0, (proc.stdout, proc.stderr)
+        assert report["chip_folders"][SOC]["findings"] == [], proc.stdout
+        assert manifests[0].name in report["chip_folders"][SOC]["not_checked"]
+    assert manifests[0].exists()
+    assert manifests[0].stat().st_atime_ns == st.st_atime_ns  # never read by alice

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from cachemgr.cli.common import VERBOSITY
+from cachemgr.cli.common import VERBOSITY, printable
 from cachemgr.errors import CacheMgrError
 
 log = logging.getLogger("cachemgr")
@@ -133,7 +133,7 @@ def _usage_line(exc: click.UsageError) -> str:
 
 
 def _fail(message: str, code: int) -> None:
-    click.echo(f"cachemgr: error: {message}", err=True)
+    click.echo(printable(f"cachemgr: error: {message}"), err=True)
     sys.exit(code)
 
 

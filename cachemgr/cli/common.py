@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sys
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 import click
 
+from cachemgr.constants import MAX_SECONDS
 from cachemgr.errors import CacheMgrError, ConfigError
 from cachemgr.sockcheck import UntrustedDaemon
 
@@ -37,11 +40,76 @@ class Verbosity:
         self.level = level
         log_level = max(logging.WARNING - 10 * level, logging.DEBUG)
         logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
+        for handler in logging.getLogger().handlers:
+            if not isinstance(handler.formatter, SafeFormatter):
+                handler.setFormatter(SafeFormatter("%(levelname)s %(name)s: %(message)s"))
         logging.getLogger().setLevel(log_level)
 
 
 #: The one verbosity of this CLI run.
 VERBOSITY = Verbosity()
+
+#: Character classes shown escaped: controls (ESC starts terminal sequences), format
+#: characters (bidi overrides), line/paragraph separators, undecodable bytes (surrogates).
+_UNPRINTABLE = frozenset(("Cc", "Cf", "Cs", "Zl", "Zp"))
+
+
+def printable(text: str) -> str:
+    """``text`` safe for a terminal and a log line: a file name any member may choose (a
+    newline forges a line of ``verify`` or of the daemon's log; ESC sequences retitle or
+    rewrite the operator's terminal) has its control, format and undecodable characters
+    escaped (``\\n``, ``\\x1b``, ``\\xff`` for a byte that is not UTF-8) — the name
+    stays recognisable, and ``--json`` keeps the exact name."""
+    if text.isprintable():
+        return text
+    out = []
+    for ch in text:
+        if unicodedata.category(ch) not in _UNPRINTABLE:
+            out.append(ch)
+        elif 0xDC80 <= ord(ch) <= 0xDCFF:  # a byte os.fsdecode could not decode
+            out.append(f"\\x{ord(ch) - 0xDC00:02x}")
+        else:
+            out.append(ch.encode("unicode_escape", "backslashreplace").decode("ascii"))
+    return "".join(out)
+
+
+class SafeFormatter(logging.Formatter):
+    """A log formatter that escapes the message (:func:`printable`): one event, one line,
+    whatever names it carries. Tracebacks (``-v``) are added after, as they are."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = printable(record.message)
+        return super().formatMessage(record)
+
+
+if TYPE_CHECKING:  # click ≥ 8.2 makes ParamType generic; 8.1 (allowed) cannot subscript it
+    _ParamType: TypeAlias = click.ParamType[float, Any]
+else:
+    _ParamType = click.ParamType
+
+
+class Seconds(_ParamType):
+    """A finite number of seconds within ``lo``..``MAX_SECONDS`` (``lo`` excluded when
+    ``lo_open``): ``--timeout nan`` or ``inf`` was a raw Python error after the request was
+    read (exit 1), ``status --wait nan`` waited forever; now one line, exit 2."""
+
+    name = "seconds"
+
+    def __init__(self, lo: float = 0.0, lo_open: bool = False) -> None:
+        self.lo, self.lo_open = lo, lo_open
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        """:raises click.BadParameter: (via ``fail``) not a number in the range."""
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            seconds = math.nan
+        low_ok = seconds > self.lo if self.lo_open else seconds >= self.lo
+        if not (math.isfinite(seconds) and low_ok and seconds <= MAX_SECONDS):
+            top = MAX_SECONDS
+            span = f"over {self.lo:g}, at most {top:g}" if self.lo_open else f"{self.lo:g}..{top:g}"
+            self.fail(f"{value!r} is not a number of seconds {span}", param, ctx)
+        return seconds
 
 
 def settings_options(func: F) -> F:
@@ -147,7 +215,7 @@ def warning(message: str) -> None:
     """One warning line on stderr (not with ``-q``)."""
     if VERBOSITY.level < 0:
         return
-    click.echo(f"cachemgr: warning: {message}", err=True)
+    click.echo(printable(f"cachemgr: warning: {message}"), err=True)
 
 
 def emit_json(data: Any) -> None:

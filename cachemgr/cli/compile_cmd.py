@@ -14,6 +14,7 @@ from click.core import ParameterSource
 from cachemgr.cli import human
 from cachemgr.cli.common import (
     Route,
+    Seconds,
     chip_dirs,
     emit_json,
     load_settings,
@@ -159,7 +160,7 @@ is refused before compiling.
 @click.option(
     "--timeout",
     "timeout_s",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Seconds(0, lo_open=True),
     default=DEFAULT_TIMEOUT_S,
     show_default=True,
     help="Seconds per compiler process; on timeout its process group is killed.",

@@ -15,6 +15,7 @@ from cachemgr.cli.common import (
     chip_dirs,
     emit_json,
     load_settings,
+    printable,
     remote_option,
     settings_options,
 )
@@ -163,7 +164,7 @@ def verify_cmd(as_json: bool, repair: bool, remotes: tuple[str, ...], **kw: Any)
             for f in report.findings:
                 state = "REPAIRED" if f.repaired else "BAD"
                 why = "; ".join(f"{p.kind}: {p.detail}" for p in f.problems)
-                click.echo(f"{state} {report.chip_dir.name}/{f.name}: {why}")
+                click.echo(printable(f"{state} {report.chip_dir.name}/{f.name}: {why}"))
         checked = sum(r.checked for r in reports)
         click.echo(
             f"checked {human.plural(checked, 'entry', 'entries')} in "

@@ -24,6 +24,7 @@ from cachemgr.cli.common import (
     chip_dirs,
     emit_json,
     load_settings,
+    printable,
     route,
     settings_options,
     socket_option,
@@ -36,6 +37,7 @@ from cachemgr.config.options import Settings
 from cachemgr.errors import ConfigError
 from cachemgr.eviction import DryRun, chip_row, gc, purge_chip
 from cachemgr.eviction.gc import limits_json
+from cachemgr.storage import fsprobe
 from cachemgr.storage.counters import COUNTER_NAMES, CacheCounters
 
 
@@ -97,6 +99,8 @@ def _gc_line(soc: str, report: ChipGc) -> str:
         return f"{soc}: skipped: another evictor holds op_cache_file_del.lock (busy, not an error)"
     if report.skipped == "missing":
         return f"{soc}: no chip folder at {report.chip_dir}; nothing to do"
+    if report.skipped:
+        return f"{soc}: skipped: {'; '.join(report.denied) or report.skipped}"
     rec = report.reclaimed
     verb = "would evict" if report.dry_run else "evicted"
     limit = (
@@ -241,11 +245,13 @@ def _print_gc_one(report: GcResult) -> None:
         if VERBOSITY.level > 0:  # -v: every entry that goes (or would go), by name
             verb = "would evict" if folder.dry_run else "evicted"
             for name in folder.evicted:
-                click.echo(f"  {verb} {soc}/{name}")
+                click.echo(printable(f"  {verb} {soc}/{name}"))
             for name in folder.reclaimed.bad:
                 click.echo(
-                    f"  {'would reclaim' if folder.dry_run else 'reclaimed'} "
-                    f"{soc}/{name} (bad entry)"
+                    printable(
+                        f"  {'would reclaim' if folder.dry_run else 'reclaimed'} "
+                        f"{soc}/{name} (bad entry)"
+                    )
                 )
     if not folders:
         click.echo(f"no chip folders under {report.kernel_cache_dir}; nothing to do")
@@ -281,6 +287,9 @@ def stats_cmd(
         if client is not None:
             client.request("POST", "/stats/zero", {})
         else:
+            problem = fsprobe.root_problem(kcache)
+            if problem:
+                raise gc.CacheNotWritableError(f"stats --zero: {problem}; counters unchanged")
             CacheCounters(kcache).zero()
         click.echo(f"counters of {kcache} set to zero")
         return
@@ -416,6 +425,9 @@ def purge_cmd(purge_all: bool, yes: bool, as_json: bool, **kw: Any) -> None:
     if bool(soc) == purge_all:
         raise ConfigError("purge needs exactly one of --soc SOC or --all (from option)")
     settings = _writable(load_settings(**kw), kw)
+    problem = fsprobe.root_problem(settings.layout.kernel_cache_dir)
+    if problem:  # one line like gc's, not the lock file's EROFS (nothing is removed)
+        raise gc.CacheNotWritableError(f"purge: {problem}; nothing was removed")
     chips = chip_dirs(settings)
     if not yes:
         if not sys.stdin.isatty():
@@ -435,6 +447,9 @@ def purge_cmd(purge_all: bool, yes: bool, as_json: bool, **kw: Any) -> None:
         for r in reports:
             if r.missing:
                 click.echo(f"{r.chip_dir.name}: no chip folder at {r.chip_dir}; nothing to do")
+                continue
+            if r.skipped:
+                click.echo(f"{r.chip_dir.name}: skipped: {r.skipped}")
                 continue
             click.echo(
                 f"{r.chip_dir.name}: removed {human.plural(r.entries, 'entry', 'entries')}, "

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from cachemgr.cli.common import VERBOSITY
+from cachemgr.cli.common import VERBOSITY, printable
 
 _UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB")
 
@@ -44,7 +44,9 @@ def percent(part: int, whole: int) -> str:
 
 def table(header: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequence[int] = ()) -> None:
     """Print ``rows`` under ``header`` in aligned columns (``right``: right-aligned columns)."""
-    cells = [[str(c) for c in header]] + [[str(c) for c in row] for row in rows]
+    cells = [[printable(str(c)) for c in header]] + [
+        [printable(str(c)) for c in row] for row in rows
+    ]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
     for row in cells:
         parts = [

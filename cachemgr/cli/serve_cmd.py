@@ -12,7 +12,13 @@ from typing import Any
 
 import click
 
-from cachemgr.cli.common import daemon_socket_option, emit_json, remote_option
+from cachemgr.cli.common import (
+    SafeFormatter,
+    Seconds,
+    daemon_socket_option,
+    emit_json,
+    remote_option,
+)
 from cachemgr.client import Client, DaemonUnavailable, default_socket_path
 from cachemgr.daemon import main as daemon_main
 from cachemgr.errors import CacheMgrError
@@ -81,7 +87,7 @@ def serve_cmd(
         root.setLevel(logging.INFO)
     if not _under_journald():  # journald stamps each line itself
         for handler in root.handlers:
-            handler.setFormatter(logging.Formatter(TIMESTAMPED))
+            handler.setFormatter(SafeFormatter(TIMESTAMPED))
     cli_values: dict[str, object] = {
         "op_compiler_cache_dir": op_compiler_cache_dir,
         "host_id": host_id,
@@ -94,7 +100,7 @@ def serve_cmd(
 @click.option(
     "--wait",
     "wait_s",
-    type=click.FloatRange(min=0),
+    type=Seconds(),
     default=0.0,
     help="Wait up to this many seconds for the daemon to answer.",
 )
@@ -155,7 +161,7 @@ def status_lines(health: dict[str, Any]) -> list[str]:
 @click.option(
     "--wait",
     "wait_s",
-    type=click.FloatRange(min=0),
+    type=Seconds(),
     default=120.0,
     show_default=True,
     help="Seconds to wait for running compiles to finish and the daemon to exit.",

@@ -20,11 +20,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import json
 import logging
 import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -155,6 +157,8 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
     """
     try:
         hold = p.chip_lock.hold_shared(timeout_s=ctx.lock_timeout_s)
+    except (IsADirectoryError, fsutil.NotRegularFileError) as exc:
+        return _compile_alone(p, ctx, _unusable_lock(exc))
     except PermissionError as exc:
         # a kernel cache folder CANN GE created 0750: compile outside the cache (item 6c)
         where = Path(exc.filename) if exc.filename else p.chip_dir.parent
@@ -169,6 +173,9 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
     except LockBusyError:
         hold.release()
         return _compile_alone(p, ctx)
+    except (IsADirectoryError, fsutil.NotRegularFileError) as exc:
+        hold.release()
+        return _compile_alone(p, ctx, _unusable_lock(exc))
     except PermissionError:
         # e.g. a chip folder CANN GE created 0750, or its 0640 lock file in a folder we may
         # not write: compile anyway, outside the cache, and say why in one line (item 6c)
@@ -343,8 +350,8 @@ def _outside_the_cache(
     """
     out = fsutil.ensure_dir(ctx.uncached_dir())
     binary, doc = out / result.binary.name, out / result.json_path.name
-    os.replace(result.binary, binary)
-    os.replace(result.json_path, doc)
+    _move(result.binary, binary)  # across filesystems too (the cwd is rarely on $TMPDIR's)
+    _move(result.json_path, doc)
     return CompileOutcome(
         p.kernel,
         COMPILED,
@@ -355,9 +362,46 @@ def _outside_the_cache(
     )
 
 
+def _move(src: Path, dest: Path) -> None:
+    """Move a compiled file from the private build folder to ``dest`` — also across
+    filesystems: the build folder is under ``$TMPDIR`` and ``dest`` in the caller's output
+    folder (the current directory by default), usually another filesystem (``/tmp`` a tmpfs,
+    the work in ``/home``). ``os.replace`` alone failed there with ``EXDEV``, and every
+    compile outside the cache (a read-only or full root, a lock never released) with it.
+    Across filesystems: a copy to a temp name beside ``dest``, then a rename (``dest`` is
+    whole or absent).
+
+    :raises OSError: ``dest``'s folder cannot be written.
+    """
+    try:
+        os.replace(src, dest)
+        return
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+    tmp = fsutil.temp_path(dest)
+    try:
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, dest)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    with contextlib.suppress(OSError):
+        os.unlink(src)
+
+
 #: errno of a cache that cannot take an entry now: read-only, full, over quota, or a root
 #: that vanished (an NFS export gone: ESTALE).
 CANNOT_STORE_ERRNOS = frozenset({errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ESTALE})
+
+
+def _unusable_lock(exc: OSError) -> str:
+    """Why a lock file could not be used: a member planted a folder (with something in it)
+    under its name, or keeps replacing it (docs/security.md item 2). The kernel still
+    compiles, outside the cache."""
+    what = "is a folder" if isinstance(exc, IsADirectoryError) else "keeps being replaced"
+    return f"{exc.filename} {what} where a lock file belongs; remove it"
 
 
 def _cannot_store(exc: BaseException) -> bool:

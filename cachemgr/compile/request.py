@@ -436,10 +436,31 @@ def _tensor(raw: Mapping[str, Any], where: str, origin: str) -> TensorDesc:
     return TensorDesc(shape, dtype, raw["format"])
 
 
+#: Deepest nesting of ``attrs`` values (levels): the entry json embeds them, and a json
+#: nested deeper than ``entry.MAX_JSON_DEPTH`` (64) is a bad entry — such a request was
+#: compiled, then failed to publish (a compile for nothing, exit 1, not 2).
+MAX_ATTRS_DEPTH = 32
+
+
 def _check_attrs(attrs: Mapping[str, Any], origin: str) -> None:
-    for name, value in attrs.items():
+    """Every number in ``attrs`` finite (also inside lists and tables: an ``inf`` there was
+    ``cannot serialise the key material``, naming nothing), nesting bounded.
+
+    :raises InvalidInputError: naming the attribute's path and the value.
+    """
+    todo: list[tuple[str, Any, int]] = [(f"attrs.{k}", v, 1) for k, v in attrs.items()]
+    while todo:
+        where, value, depth = todo.pop()
+        if depth > MAX_ATTRS_DEPTH:
+            raise InvalidInputError(
+                f"{origin}: {where}: attrs nested deeper than {MAX_ATTRS_DEPTH} levels"
+            )
         if isinstance(value, float) and not math.isfinite(value):
-            raise InvalidInputError(f"{origin}: attrs.{name}={value!r} is not a finite number")
+            raise InvalidInputError(f"{origin}: {where}={value!r} is not a finite number")
+        if isinstance(value, Mapping):
+            todo += [(f"{where}.{k}", v, depth + 1) for k, v in value.items()]
+        elif isinstance(value, list):
+            todo += [(f"{where}[{i}]", v, depth + 1) for i, v in enumerate(value)]
 
 
 def _abs(raw: str, base_dir: Path) -> Path:

@@ -17,19 +17,30 @@ registry, the sandbox, the toolkit's versions); every mapping they get has passe
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from cachemgr.constants import MAX_SECONDS
 from cachemgr.errors import ConfigError
+from cachemgr.storage import safeio
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 #: ``[daemon] lock_fallback`` values (SPEC §9).
 LOCK_FALLBACKS = ("refuse", "local")
+#: Largest config file read (bytes): ``--config /dev/zero``, a FIFO or a sparse giant (a
+#: careless ``CACHEMGR_CONFIG``) hung every command reading it, and ate memory.
+MAX_CONFIG_BYTES = 1 << 20
+#: Largest integer a key takes unless its rule says otherwise (C ``int``).
+MAX_INT = 2**31 - 1
+#: Most compile workers: a thread each (``workers = 10**26`` made ``serve`` allocate until
+#: the OOM killer came); the CLI's ``--workers`` has the same bound.
+MAX_WORKERS = 1024
 
 
 @dataclass(frozen=True)
@@ -69,6 +80,8 @@ class Rule:
         :raises ValueError: not accepted (the message is :meth:`accepted`).
         """
         ok = _KIND_CHECKS[self.kind](value)
+        if ok and self.kind == "float":
+            ok = _is_int(value) or math.isfinite(value)
         if ok and self.kind in ("int", "float"):
             ok = (self.lo is None or value >= self.lo) and (self.hi is None or value <= self.hi)
         if ok and self.choices:
@@ -109,9 +122,9 @@ def rule_of(f: dataclasses.Field[Any]) -> Rule:
     if isinstance(default, str):
         return Rule("str")
     if _is_int(default):
-        return Rule("int", 0)
+        return Rule("int", 0, MAX_INT, text=f"an integer 0..{MAX_INT}")
     if isinstance(default, float):
-        return Rule("float", 0)
+        return Rule("float", 0, MAX_SECONDS, text=f"a number of seconds 0..{MAX_SECONDS:g}")
     raise TypeError(f"{f.name}: no rule")  # a programming error, caught by the tests
 
 
@@ -141,7 +154,12 @@ class DaemonConfig:
     # the names of evicted kernels, which the one-line eviction summary leaves out)
     debug_loggers: str = ""
     counters_save_interval_s: float = 60.0
-    workers: int = field(default=0, metadata=rule("int", 0, text="an integer ≥ 0 (0 = CPU count)"))
+    workers: int = field(
+        default=0,
+        metadata=rule(
+            "int", 0, MAX_WORKERS, text=f"an integer ≥ 0 (0 = CPU count), at most {MAX_WORKERS}"
+        ),
+    )
     tcp_host: str = "127.0.0.1"
     tcp_port: int = field(default=0, metadata=rule("int", 0, 65535))
     max_body_bytes: int = 1 << 20
@@ -167,7 +185,11 @@ class DaemonConfig:
     # after idle_timeout_s (seconds)
     max_connections: int = 512
     max_connections_per_caller: int = 128
-    idle_timeout_s: float = 30.0
+    # 0 is not "no limit": a zero socket timeout makes every read fail at once
+    idle_timeout_s: float = field(
+        default=30.0,
+        metadata=rule("float", 1, MAX_SECONDS, text=f"a number of seconds 1..{MAX_SECONDS:g}"),
+    )
     # compile jobs one caller (uid) may have queued or running; more → 429
     max_queued_per_caller: int = 1000
     # the highest priority a caller other than the daemon's user (or root) may ask for
@@ -399,8 +421,8 @@ def load(path: Path, top_parsers: Mapping[str, Callable[[Any], Any]]) -> ConfigF
     import tomllib  # only with a config file (a CLI hit without one never loads it)
 
     try:
-        with open(path, "rb") as fh:
-            raw = fh.read()
+        # never blocks on a FIFO, never reads /dev/zero or a sparse giant for ever
+        raw = safeio.read_regular(path, MAX_CONFIG_BYTES, follow=True)
         text = raw.decode("utf-8")
         data = tomllib.loads(text)
     except OSError as exc:

@@ -67,6 +67,10 @@ _STAMPS = (ADK_KEY, OPS_KEY)
 _MAX_RANGE = f"-1 or 1..{MAX_MB_LIMIT} (MB; -1 = never evict)"
 _RATIO_RANGE = f"{RATIO_MIN_PCT}..{RATIO_MAX_PCT}"
 _BOM = b"\xef\xbb\xbf"
+#: Largest ``op_cache.ini`` read (bytes). GE's own file is five short lines; any member may
+#: plant a huge (or sparse, terabyte-sized) one, which must not hold every command reading
+#: the limits (docs/security.md item 3): a larger file is an unreadable ini.
+MAX_INI_BYTES = 1 << 20
 _BLANKS = " \t"
 _INT = re.compile(r"-?[0-9]+")
 _STOI = re.compile(r"[ \t\n\v\f\r]*([+-]?[0-9]+)")
@@ -121,6 +125,20 @@ def ge_stoi(text: str) -> int | None:
         return None
     value = int(match.group(1))
     return value if -(2**31) <= value <= MAX_MB_LIMIT else None
+
+
+def ge_atoi(text: str) -> int:
+    """``std::atoi(text)`` as glibc computes it (``(int) strtol``): like :func:`ge_stoi`, but
+    no digit gives 0 (never an error), and a value beyond ``long`` is clamped, then cut to
+    32 bits. GE reads ``ASCEND_REMAIN_CACHE_SIZE_RATIO`` with it
+    (``te_cache_space_manager.cc`` ``GetCacheRemainSizeRadio``)."""
+    match = _STOI.match(text)
+    if match is None:
+        return 0
+    digits = match.group(1)
+    value = int(digits) if len(digits) <= 21 else (-(2**63) if digits[0] == "-" else 2**63 - 1)
+    value = max(-(2**63), min(2**63 - 1, value))
+    return ((value + 2**31) % 2**32) - 2**31
 
 
 def _ge_sections(text: str) -> dict[str, list[tuple[str, str]]]:
@@ -400,9 +418,13 @@ def _read(path: Path, dir_fd: int | None = None) -> bytes | None:
             )
         if not stat.S_ISREG(st.st_mode):
             raise UnreadableIniError(f"{INI_NAME} {path} is not a regular file")
-        return fsutil.read_bytes_noatime(path, dir_fd)
+        return fsutil.read_bytes_noatime(path, dir_fd, max_bytes=MAX_INI_BYTES)
     except FileNotFoundError:
         return None
+    except fsutil.FileTooLargeError as exc:
+        raise UnreadableIniError(
+            f"{INI_NAME} {path} {exc.strerror} (GE's is a few lines); not read"
+        ) from exc
     except PermissionError as exc:
         raise _unreadable(path, exc) from exc
     except OSError as exc:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from cachemgr.config import configfile, layout, socs
-from cachemgr.config.ini import OpCacheIni, UnreadableIniError
+from cachemgr.config.ini import OpCacheIni, UnreadableIniError, ge_atoi, ge_stoi
 from cachemgr.constants import MIB, NEVER_EVICT, short_host
 from cachemgr.errors import ConfigError
 
@@ -374,22 +374,34 @@ def _no_check(path: Path, name: str, origin: str) -> None:
 def _env_limit(
     env: Mapping[str, str], var: str, lo: int, allow_minus_one: bool, default: int
 ) -> tuple[Resolved, str | None]:
-    """GE's env parsing: loose; a bad value falls back to the default with a warning."""
+    """GE's env parsing, exactly (``te_cache_space_manager.cc``): ``GetCacheSpaceMaxSizeCfg``
+    reads ``ASCEND_MAX_OP_CACHE_SIZE`` with ``std::stoi`` (``300MB`` and ``1.5`` are 300 and
+    1; no digit or beyond ``int``: the default) and accepts -1 or 1..``INT_MAX``-1;
+    ``GetCacheRemainSizeRadio`` reads the ratio with ``std::atoi`` (no digit: 0) and accepts
+    0..100; an empty variable is unset. cachemgr applies the value GE applies — two
+    evictors on one folder must agree — and warns about anything but a plain integer."""
     raw = env.get(var)
-    if raw is None:
+    if raw is None or raw == "":
         return Resolved(default, ORIGIN_DEFAULT), None
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        value = None
-    ok = value is not None and (lo <= value <= (100 if var.endswith("RATIO") else 2**31 - 1))
-    if value == -1 and allow_minus_one:
-        ok = True
-    if ok:
+    is_ratio = var.endswith("RATIO")
+    value = ge_atoi(raw) if is_ratio else ge_stoi(raw)
+    top = 100 if is_ratio else 2**31 - 2
+    ok = value is not None and (lo <= value <= top or (value == -1 and allow_minus_one))
+    rng = f"{lo}..100" if is_ratio else f"an integer ≥ {lo} or -1"
+    if not ok:
+        warning = (
+            f"{var}={raw!r} (from env) is invalid (accepted: {rng}); using the default "
+            f"{default}, as GE does"
+        )
+        return Resolved(default, ORIGIN_DEFAULT, f"fallback from {var}"), warning
+    if raw.strip() == str(value) or raw.strip() == f"+{value}":
         return Resolved(value, ORIGIN_ENV, var), None
-    rng = f"{lo}..100" if var.endswith("RATIO") else f"an integer ≥ {lo} or -1"
-    warning = f"{var}={raw!r} (from env) is invalid (accepted: {rng}); using the default {default}"
-    return Resolved(default, ORIGIN_DEFAULT, f"fallback from {var}"), warning
+    how = "std::atoi" if is_ratio else "std::stoi"
+    warning = (
+        f"{var}={raw!r} (from env) is not a plain integer (accepted: {rng}); GE reads it as "
+        f"{value} ({how}), and so does cachemgr: write {value}"
+    )
+    return Resolved(value, ORIGIN_ENV, var), warning
 
 
 def _resolve_limits(ini_path: Path, env: Mapping[str, str]) -> tuple[Resolved, Resolved, list[str]]:

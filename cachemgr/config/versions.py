@@ -49,14 +49,16 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from cachemgr.config import layout
-from cachemgr.config.ini import ADK_KEY, OPS_KEY, OpCacheIni, UnreadableIniError
+from cachemgr.config.ini import ADK_KEY, MAX_INI_BYTES, OPS_KEY, OpCacheIni, UnreadableIniError
 from cachemgr.errors import ConfigError
-from cachemgr.storage import fsutil
+from cachemgr.storage import fsutil, safeio
 from cachemgr.storage.safedir import SafeDir
 
 log = logging.getLogger(__name__)
 
 VERSION_INFO = "version.info"
+#: Largest ``version.info`` read (bytes; CANN's has a few lines).
+MAX_VERSION_INFO_BYTES = 1 << 20
 #: GE's libraries holding ``TeConfigInfo`` (``op_compile_adapter/source/CMakeLists.txt``;
 #: ``libte_fusion.so`` in older CANN) [GE].
 GE_LIBRARIES = ("libop_compile_adapter.so", "libte_fusion.so")
@@ -165,8 +167,10 @@ def read_version_info(path: Path) -> str | None:
 
     Never follows a symlink to a missing file into an error: any OS error gives None.
     """
-    try:
-        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    try:  # a FIFO or a giant where the toolkit should be: unknown, never a hang
+        text = safeio.read_regular(path, MAX_VERSION_INFO_BYTES, follow=True).decode(
+            "utf-8", errors="replace"
+        )
     except OSError:
         return None
     for line in text.split("\n"):  # std::getline; Trim() strips spaces and tabs only
@@ -300,7 +304,7 @@ def compare(cache: layout.CacheLayout, installed: Installed) -> VersionCheck:
 
 def _ini_bytes(path: Path) -> bytes | None:
     try:
-        return fsutil.read_bytes_noatime(path)
+        return fsutil.read_bytes_noatime(path, max_bytes=MAX_INI_BYTES)
     except OSError:
         return None
 

@@ -31,7 +31,7 @@ from cachemgr.compile.results import (
     StatsResult,
     Status,
 )
-from cachemgr.config import options
+from cachemgr.config import ini, options
 from cachemgr.constants import VERSION
 from cachemgr.daemon import peer
 from cachemgr.daemon.config import DaemonConfig
@@ -222,7 +222,9 @@ class Service:
     def _ini_bytes(self) -> bytes | None:
         """The ini's bytes (no symlink followed, no FIFO opened, atime kept), or None."""
         try:
-            return fsutil.read_bytes_noatime(self._settings.layout.ini_path)
+            return fsutil.read_bytes_noatime(
+                self._settings.layout.ini_path, max_bytes=ini.MAX_INI_BYTES
+            )
         except OSError:
             return None
 

@@ -25,6 +25,7 @@ than the whole name scan.
 
 from __future__ import annotations
 
+import errno
 import gc
 import logging
 import os
@@ -61,6 +62,9 @@ DELETE_WORKERS = 8
 
 SKIP_BUSY = "busy"
 SKIP_MISSING = "missing"
+#: ``op_cache_file_del.lock`` is a folder a member planted (not empty: not removed): that
+#: chip folder cannot be evicted safely; the others are (docs/security.md item 2).
+SKIP_BLOCKED = "blocked"
 
 EVICTED = "evicted"
 SAVED = "saved_by_hit"
@@ -216,7 +220,23 @@ def gc_chip(
         return report
     lock = fsutil.FcntlLock(chip_dir / layout.EVICT_LOCK_NAME, chip_fd)
     try:
-        if not _take_evict_lock(lock):
+        try:
+            taken = _take_evict_lock(lock)
+        except (IsADirectoryError, fsutil.NotRegularFileError) as exc:
+            what = "is a folder" if isinstance(exc, IsADirectoryError) else "keeps changing"
+            report.skipped = SKIP_BLOCKED
+            report.denied.append(
+                f"{layout.EVICT_LOCK_NAME}: {what} where GE's eviction lock belongs; remove it"
+            )
+            log.warning("%s: eviction skipped: %s", chip_dir, report.denied[-1])
+            return report
+        except OSError as exc:
+            if exc.errno != errno.EROFS or not report.dry_run:
+                raise
+            # a dry run on a read-only root: nothing can change under us, and nothing is
+            # removed; the plan is still worth showing (it failed on the lock file before)
+            taken = True
+        if not taken:
             log.info("%s: another evictor holds %s; skipped", chip_dir, layout.EVICT_LOCK_NAME)
             report.skipped = SKIP_BUSY
             return report

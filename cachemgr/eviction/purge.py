@@ -101,6 +101,14 @@ def purge_chip(
         lock = fsutil.FcntlLock(report.chip_dir / layout.EVICT_LOCK_NAME, chip_fd)
         try:
             lock.acquire(timeout_s=lock_wait_s)
+        except (IsADirectoryError, fsutil.NotRegularFileError) as exc:
+            what = "is a folder" if isinstance(exc, IsADirectoryError) else "keeps changing"
+            report.skipped = f"{layout.EVICT_LOCK_NAME} {what}"
+            report.denied.append(
+                f"{layout.EVICT_LOCK_NAME}: {what} where GE's eviction lock belongs; "
+                "nothing purged here; remove it"
+            )
+            return report
         except PermissionError as exc:
             raise CachePermissionError(fsutil.lock_access_hint(lock.path)) from exc
         except LockBusyError as exc:

@@ -30,7 +30,8 @@ class ChipGc:
     """What ``gc`` did (with a dry run: would do) to one chip folder: the JSON of one
     ``chip_folders`` member of ``gc --json`` and ``POST /gc``. Sizes in bytes (apparent);
     ``max_bytes``/``target_bytes`` null when eviction is off (``max_op_cache_size=-1``);
-    ``skipped`` is ``""``, ``busy`` (another evictor) or ``missing`` (no folder)."""
+    ``skipped`` is ``""``, ``busy`` (another evictor), ``missing`` (no folder) or ``blocked``
+    (a folder planted as GE's eviction lock: ``denied`` says so)."""
 
     chip_dir: str
     dry_run: bool

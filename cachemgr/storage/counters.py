@@ -190,7 +190,10 @@ def _read(path: Path) -> dict[str, int]:
     """A stats file's counters; a damaged, foreign or oversized file counts as empty (it is
     untrusted input: SPEC §9) and is replaced at the next flush."""
     try:
-        raw = fsutil.read_bytes_noatime(path)
+        raw = fsutil.read_bytes_noatime(path, max_bytes=MAX_FILE_BYTES)
+    except fsutil.FileTooLargeError:
+        log.warning("ignoring counters file %s: over %d bytes, not ours", path, MAX_FILE_BYTES)
+        return {}
     except OSError as exc:
         if exc.errno not in fsutil.GONE_ERRNOS:
             log.warning("ignoring unreadable counters file %s: %s", path, exc.strerror or exc)

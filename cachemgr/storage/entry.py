@@ -85,10 +85,19 @@ ORPHAN_BINARY = "orphan_binary"
 ORPHAN_FILE = "orphan_file"
 NOT_A_FILE = "not_a_file"
 UNREADABLE = "unreadable"
+#: A binary over :data:`MAX_BINARY_BYTES`: never hashed (docs/security.md item 4).
+TOO_LARGE = "too_large"
 
 #: An entry json larger than this is bad, never read whole (bytes; real CANN jsons are a few
 #: KiB, the largest mix-kernel ones well under 1 MiB; docs/security.md item 4).
 MAX_JSON_BYTES = 4 << 20
+#: A binary larger than this is bad, never hashed (bytes): any member may plant a sparse
+#: terabyte under a kernel's name, and every lookup of that kernel (and ``verify``) would
+#: read it for hours. GE reads a kernel binary whole into memory
+#: (``cache/te_cache_manager.cc`` ``TeCacheManager::VerifyBinFileSha256`` hashes
+#: ``kernelBin``'s data); cachemgr's own compiles write at most ``[sandbox] output_mb``
+#: (1024 MiB by default).
+MAX_BINARY_BYTES = 1 << 30
 #: Deeper nesting than this makes a json bad (CANN's ``compileInfo`` nests a few levels).
 MAX_JSON_DEPTH = 64
 
@@ -444,7 +453,9 @@ def _read(chip_dir: Path, name: str, dir_fd: int | None, max_bytes: int | None =
 
 def _digest(chip_dir: Path, name: str, dir_fd: int | None) -> tuple[str, int]:
     """SHA-256 and size of a binary, streamed (a hit never holds a binary in memory)."""
-    digest: tuple[str, int] = _reading(fsutil.sha256_noatime, chip_dir, name, dir_fd)
+    digest: tuple[str, int] = _reading(
+        fsutil.sha256_noatime, chip_dir, name, dir_fd, max_bytes=MAX_BINARY_BYTES
+    )
     return digest
 
 
@@ -471,7 +482,8 @@ def _reading(
     except fsutil.NotRegularFileError as exc:
         raise InvalidEntryError(f"{name}: is not a regular file", NOT_A_FILE) from exc
     except fsutil.FileTooLargeError as exc:
-        raise InvalidEntryError(f"{name}: {exc.strerror}", UNREADABLE_JSON) from exc
+        kind = UNREADABLE_JSON if name.endswith(".json") else TOO_LARGE
+        raise InvalidEntryError(f"{name}: {exc.strerror}", kind) from exc
     except FileNotFoundError:
         raise
     except fsutil.AtimeWouldChange as exc:  # ls/verify by a non-owner: not read, not bad

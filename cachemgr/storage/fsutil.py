@@ -378,19 +378,26 @@ def read_bytes_noatime(
 
 
 def sha256_noatime(
-    path: Path, dir_fd: int | None = None, *, single_link: bool = False
+    path: Path,
+    dir_fd: int | None = None,
+    *,
+    single_link: bool = False,
+    max_bytes: int | None = None,
 ) -> tuple[str, int]:
     """Hex SHA-256 and size (bytes) of a regular file, read in chunks of
     :data:`READ_CHUNK_BYTES` — never whole into memory (issue 10, item 10) — without changing
-    its access time.
+    its access time; never more than ``max_bytes`` (a file growing meanwhile included).
 
-    :raises OSError: as :func:`_open_noatime`.
+    :raises OSError: as :func:`_open_noatime` (:class:`FileTooLargeError` over ``max_bytes``).
     """
     digest, size = hashlib.sha256(), 0
-    with _open_noatime(path, dir_fd, single_link=single_link) as fd:
+    with _open_noatime(path, dir_fd, single_link=single_link, max_bytes=max_bytes) as fd:
         while chunk := os.read(fd, READ_CHUNK_BYTES):
             digest.update(chunk)
             size += len(chunk)
+            if max_bytes is not None and size > max_bytes:
+                msg = f"is more than {max_bytes} bytes"
+                raise FileTooLargeError(errno.EFBIG, msg, str(path))
     return digest.hexdigest(), size
 
 
@@ -507,7 +514,9 @@ def open_lock_file(path: Path, dir_fd: int | None = None) -> int:
     flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     for _ in range(_LOCK_OPEN_TRIES):
         st = lstat_or_none(path, dir_fd)
-        if st is not None and not stat.S_ISDIR(st.st_mode) and not plain_file(st):
+        if st is not None and stat.S_ISDIR(st.st_mode):
+            _drop_planted_folder(path, dir_fd)
+        elif st is not None and not plain_file(st):
             _drop_planted(path, dir_fd, st)
         try:
             fd = os.open(at(path, dir_fd), flags, FILE_MODE, dir_fd=dir_fd)
@@ -528,6 +537,17 @@ def open_lock_file(path: Path, dir_fd: int | None = None) -> int:
             raise
         return fd
     raise NotRegularFileError(errno.EINVAL, "keeps being replaced by a non-regular file", str(path))
+
+
+def _drop_planted_folder(path: Path, dir_fd: int | None) -> None:
+    """Remove an *empty* folder planted under a lock file's name (``rmdir``: the name only;
+    nothing of a member's is lost). A folder with something in it stays, and the open
+    that follows fails with ``EISDIR`` naming it (callers handle that one item)."""
+    try:
+        os.rmdir(at(path, dir_fd), dir_fd=dir_fd)
+    except OSError:
+        return  # not empty, gone, or not ours to remove: EISDIR (or a fresh file) follows
+    log.warning("removed %s: an empty folder where a lock file belongs", path)
 
 
 def _drop_planted(path: Path, dir_fd: int | None, st: os.stat_result) -> None:

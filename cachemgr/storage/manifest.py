@@ -114,6 +114,8 @@ def read(path: Path, dir_fd: int | None = None) -> tuple[Variant, ...]:
         (never through a link: docs/security.md item 1).
     :raises InvalidEntryError: a bad manifest (not a regular file, too big, malformed).
     :raises UnsafePathError: ``kernel_cache`` or the chip folder is a symbolic link.
+    :raises fsutil.AtimeWouldChange: inside ``fsutil.reads_keep_atime`` (``verify``), for
+        another user's manifest whose access time the read would change: not read.
     """
     if dir_fd is None:
         try:
@@ -132,6 +134,8 @@ def read(path: Path, dir_fd: int | None = None) -> tuple[Variant, ...]:
         return known
     try:
         data = fsutil.read_bytes_noatime(Path(path), dir_fd, max_bytes=MAX_BYTES)
+    except fsutil.AtimeWouldChange:
+        raise  # verify by another member: not read, not bad (see Store._verify_manifest)
     except OSError as exc:
         if exc.errno in fsutil.GONE_ERRNOS:
             return ()

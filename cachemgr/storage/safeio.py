@@ -33,15 +33,17 @@ class UnsafeFileError(OSError):
 
 @contextmanager
 def open_regular(
-    path: Path | str, max_bytes: int = DEFAULT_MAX_BYTES
+    path: Path | str, max_bytes: int = DEFAULT_MAX_BYTES, *, follow: bool = False
 ) -> Iterator[tuple[int, os.stat_result]]:
     """Open ``path`` for reading as described in the module docstring; yield ``(fd, st)``.
+    ``follow``: a symbolic link as the last component is followed (a file the operator
+    names, such as the config file: links are how configuration is deployed).
 
     :raises UnsafeFileError: a symbolic link (``ELOOP``), not a regular file (FIFO, socket,
         device, folder), or larger than ``max_bytes`` (``EFBIG``).
     :raises OSError: it cannot be opened (``ENOENT``, ``EACCES``…).
     """
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
     try:
         fd = os.open(path, flags)
     except OSError as exc:
@@ -63,14 +65,16 @@ def open_regular(
         os.close(fd)
 
 
-def read_regular(path: Path | str, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
+def read_regular(
+    path: Path | str, max_bytes: int = DEFAULT_MAX_BYTES, *, follow: bool = False
+) -> bytes:
     """The content of a regular file of at most ``max_bytes`` (see :func:`open_regular`);
     a file that grew past the cap while being read is refused too.
 
     :raises UnsafeFileError: see :func:`open_regular`.
     :raises OSError: it cannot be opened or read.
     """
-    with open_regular(path, max_bytes) as (fd, _):
+    with open_regular(path, max_bytes, follow=follow) as (fd, _):
         chunks, total = [], 0
         while chunk := os.read(fd, CHUNK_BYTES):
             total += len(chunk)
