@@ -255,8 +255,16 @@ class Client:
         except CacheMgrError:
             return False
 
-    def config(self) -> dict[str, Any]:
-        """``GET /config``: the daemon's settings with origins."""
+    def config(self, sections: bool = False) -> dict[str, Any]:
+        """``GET /config``: the daemon's settings with origins. With ``sections``,
+        ``GET /config?sections=1`` (``{"settings": …, "sections": …}``, what local hits
+        need), remembered in this process for :data:`LOCAL_CONFIG_TTL_S` seconds: the CLI's
+        routing check and the compile after it cost one round trip (issue 14 item 1).
+
+        :raises DaemonError: the daemon's error, or an answer that is not an object.
+        """
+        if sections:
+            return self._side.config_answer()[0]
         return self._object("GET", "/config")
 
     def stats(self, soc_version: str | None = None) -> StatsResult:
@@ -467,10 +475,26 @@ class _LocalHits:
         self._settings: options.Settings | None = None
         self._compilers: keys.Compilers | None = None
         self._fetched = 0.0
+        self._answer: tuple[dict[str, Any], float] | None = None  # /config?sections=1, when
         self._parsed = ParsedRequests(PARSED_CACHE_SIZE)
         self._pending = 0
         self._flushed = float("-inf")  # the first hit is reported at once
         self.disabled = False
+
+    def config_answer(self) -> tuple[dict[str, Any], float]:
+        """The daemon's ``GET /config?sections=1`` answer and when it was fetched
+        (:func:`time.monotonic`, seconds); asked again after :data:`LOCAL_CONFIG_TTL_S`.
+
+        :raises DaemonError: the daemon's error, or an answer that is not an object.
+        """
+        now = time.monotonic()
+        with self._lock:
+            if self._answer is not None and now - self._answer[1] < LOCAL_CONFIG_TTL_S:
+                return self._answer
+        answer = (self.client._object("GET", "/config?sections=1"), now)
+        with self._lock:
+            self._answer = answer
+        return answer
 
     def _state(self) -> tuple[options.Settings, keys.Compilers]:
         from cachemgr.compile import keys
@@ -480,7 +504,7 @@ class _LocalHits:
         with self._lock:
             if self._settings is not None and now - self._fetched < LOCAL_CONFIG_TTL_S:
                 return self._settings, self._compilers  # type: ignore[return-value]
-        data = self.client.request("GET", "/config?sections=1")
+        data, now = self.config_answer()
         settings = options.Settings.from_json(data["settings"], data.get("sections"))
         with self._lock:
             if self._settings is None or settings.sections != self._settings.sections:

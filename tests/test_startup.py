@@ -5,6 +5,7 @@ real hit; locally and through a real daemon). Times are never asserted here: the
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -35,6 +36,10 @@ DENIED = (
     "cachemgr.daemon.server",
     "cachemgr.compile.publisher",
     "cachemgr.remote.tierset",
+    "cachemgr.eviction",
+    # read only with a config file / for temp names: a hit without a config file needs none
+    "tomllib",
+    "secrets",
 )
 #: Without a daemon nothing speaks HTTP, so its client is not imported either.
 DENIED_LOCAL = (*DENIED, "http.client", "email", "ssl")
@@ -62,9 +67,17 @@ def imported(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[set[str],
     return names, proc.stdout
 
 
+#: Denied packages' modules a hit may import: the typed results re-export the gc result types
+#: of ``cachemgr.eviction.report``, whose package ``__init__`` loads nothing else (PEP 562).
+ALLOWED = ("cachemgr.eviction", "cachemgr.eviction.report")
+
+
 def denied(names: set[str], deny: tuple[str, ...]) -> list[str]:
-    """The imported modules on the deny-list (a package or any of its submodules)."""
-    return sorted(n for n in names if any(n == d or n.startswith(d + ".") for d in deny))
+    """The imported modules on the deny-list (a package or any of its submodules), less
+    :data:`ALLOWED`."""
+    return sorted(
+        n for n in names if n not in ALLOWED and any(n == d or n.startswith(d + ".") for d in deny)
+    )
 
 
 @pytest.fixture
@@ -183,3 +196,47 @@ def test_deny_list_names_real_modules() -> None:
 
     for name in (*DENIED_LOCAL, "cachemgr.compile.queue", "cachemgr.config.options"):
         assert importlib.util.find_spec(name) is not None, name
+
+
+def test_eviction_package_loads_its_names_on_use() -> None:
+    """``cachemgr.eviction`` is lazy (a hit imports its ``report`` only): every public name
+    still resolves to its module's object, and nothing else does."""
+    import cachemgr.eviction as eviction
+
+    assert sorted(eviction.__all__) == sorted(eviction._WHERE)
+    for name in eviction.__all__:
+        module = importlib.import_module(eviction._WHERE[name])
+        assert getattr(eviction, name) is getattr(module, name), name
+    with pytest.raises(AttributeError):
+        _ = eviction.no_such_name  # type: ignore[attr-defined]
+
+
+def test_hit_through_daemon_asks_for_config_once(
+    hit_setup: tuple[list[str], dict[str, str]], tmp_path: Path
+) -> None:
+    """Routing checks which cache the daemon serves, then the compile prepares the request
+    with the daemon's settings: one ``GET /config`` serves both (the client remembers the
+    answer). Counted on the wire: every request the CLI writes to the daemon's socket."""
+    argv, env = hit_setup
+    strace = shutil.which("strace")
+    assert strace, "strace is needed (scripts/test installs it)"
+    cache = argv[argv.index("--cache-dir") + 1]
+    daemon = start_daemon(tmp_path, "--cache-dir", cache, env=env)
+    log = tmp_path / "send.strace"
+    traced = [strace, "-f", "-qq", "-s", "64", "-e", "trace=sendto,sendmsg,write", "-o", str(log)]
+    try:
+        proc = subprocess.run(
+            [*traced, sys.executable, "-m", "cachemgr", *argv],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        daemon.stop()
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    answer = json.loads(proc.stdout)
+    assert (answer["status"], answer["route"]["via"]) == ("hit", "daemon")
+    sent = [line for line in log.read_text().splitlines() if '"GET /' in line or '"POST /' in line]
+    assert sent, "the CLI's requests are in the trace"
+    assert len([line for line in sent if '"GET /config' in line]) == 1, sent

@@ -336,7 +336,9 @@ def route(
     )
     ours = str(settings.layout.kernel_cache_dir)
     try:
-        theirs = client.config()["kernel_cache_dir"]["value"]
+        # the answer with sections is the one a compile's local preparation asks for next:
+        # remembered by the client, one round trip serves both (issue 14 item 1)
+        theirs = client.config(sections=True)["settings"]["kernel_cache_dir"]["value"]
     except UntrustedDaemon:  # a socket of a stranger: refused, never silently local (exit 2)
         raise
     except (CacheMgrError, KeyError, TypeError) as exc:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -378,8 +377,10 @@ def empty() -> ConfigFile:
     return ConfigFile(models={name: cls() for name, cls in TABLES.items()})
 
 
-_HEADER = re.compile(r"^\s*\[\s*([A-Za-z0-9_.\"' -]+?)\s*\]\s*(#.*)?$")
-_KEY = re.compile(r"^\s*([A-Za-z0-9_-]+|\"[^\"]*\"|'[^']*')\s*[.=]")
+# patterns, compiled on first use by re's own cache (a run without a config file, such as a
+# CLI hit, compiles none: issue 14 item 1)
+_HEADER = r"^\s*\[\s*([A-Za-z0-9_.\"' -]+?)\s*\]\s*(#.*)?$"
+_KEY = r"^\s*([A-Za-z0-9_-]+|\"[^\"]*\"|'[^']*')\s*[.=]"
 
 
 def _lines(text: str) -> dict[tuple[str, str], int]:
@@ -391,12 +392,12 @@ def _lines(text: str) -> dict[tuple[str, str], int]:
     depth = 0
     for number, line in enumerate(text.splitlines(), 1):
         if depth == 0:
-            header = _HEADER.match(line)
+            header = re.match(_HEADER, line)
             if header:
                 table = header.group(1).strip("\"'")
                 out.setdefault((table, ""), number)
                 continue
-            key = _KEY.match(line)
+            key = re.match(_KEY, line)
             if key:
                 out.setdefault((table, key.group(1).strip("\"'")), number)
         depth = max(0, depth + line.count("[") - line.count("]"))
@@ -417,6 +418,8 @@ def load(path: Path, top_parsers: Mapping[str, Callable[[Any], Any]]) -> ConfigF
         or key, a wrong type or an out-of-range value — one line naming file, line, key, value
         and what is accepted.
     """
+    import tomllib  # only with a config file (a CLI hit without one never loads it)
+
     try:
         # never blocks on a FIFO, never reads /dev/zero or a sparse giant for ever
         raw = safeio.read_regular(path, MAX_CONFIG_BYTES, follow=True)

@@ -21,7 +21,6 @@ import functools
 import hashlib
 import logging
 import os
-import secrets
 import stat
 import threading
 import time
@@ -56,7 +55,7 @@ def temp_path(dest: Path) -> Path:
     The host and pid make a leftover attributable; the random part makes concurrent writers
     in one process distinct.
     """
-    token = secrets.token_hex(4)
+    token = os.urandom(4).hex()  # as secrets.token_hex(4), without importing secrets
     return dest.with_name(f"{dest.name}.{short_host()}.{os.getpid()}.{token}{TEMP_SUFFIX}")
 
 
