@@ -75,6 +75,14 @@ def test_gc_text_ratio_min_age_and_dry_run(root: Path, clean_env: dict[str, str]
     assert kernels(chip) == {f"te_k_{i:02d}" for i in range(6, 12)}
 
 
+def test_gc_on_a_mistyped_cache_dir_warns(tmp_path: Path, clean_env: dict[str, str]) -> None:
+    missing = tmp_path / "no" / "such"
+    proc = gc(missing, clean_env)
+    assert proc.returncode == 0, proc.stderr
+    assert f"no kernel cache at {missing / 'kernel_cache'}" in proc.stderr
+    assert "--cache-dir" in proc.stderr  # where the path came from
+
+
 def test_gc_on_missing_chip_folder_is_nothing_to_do(root: Path, clean_env: dict[str, str]) -> None:
     proc = gc(root, clean_env, "--soc", "Ascend310P3")
     assert proc.returncode == 0, proc.stderr

@@ -28,6 +28,7 @@ from cachemgr.cli.common import (
     route,
     settings_options,
     socket_option,
+    warn_if_no_kernel_cache,
     warning,
 )
 from cachemgr.cli.lockcheck import checked_for_writing
@@ -174,6 +175,7 @@ def gc_cmd(
         )
         via = "daemon"
     else:
+        warn_if_no_kernel_cache(settings)
         settings = _writable(settings, kw)
         enabled = human.bars_enabled(as_json)
         chips = gc.chip_dirs(settings)
