@@ -56,11 +56,13 @@ from cachemgr.compile.results import ScanState
 from cachemgr.config import options
 from cachemgr.config.options import Settings
 from cachemgr.constants import MIB
+from cachemgr.daemon import gcchild
 from cachemgr.daemon.config import DaemonConfig
 from cachemgr.daemon.usage import UsageIndex
 from cachemgr.daemon.watch import Watcher
 from cachemgr.errors import CacheMgrError
 from cachemgr.eviction import gc as cache_gc
+from cachemgr.eviction.collect import _skew_warned
 from cachemgr.storage import entry, fsprobe, fsutil
 from cachemgr.storage.counters import CounterBook
 from cachemgr.storage.events import Events, NoSpaceEvent
@@ -120,7 +122,7 @@ class _Events(FileSystemEventHandler):
             self.gov.file_event(Path(str(event.dest_path)), removed=False)
 
 
-def _share_modes(folder: Path, kernel_cache_dir: Path) -> list[str]:
+def _share_modes(folder: Path, kernel_cache_dir: Path) -> int:
     """``fsutil.share_modes`` of a folder of the cache reached without following a link at
     any step (docs/security.md item 1): a folder swapped for a link gets no ``chmod``."""
     opener = SafeDir.open_kernel_cache if folder == kernel_cache_dir else SafeDir.open_chip
@@ -476,7 +478,7 @@ class Governance:
             return {"skipped": "root not writable", "chip_dir": "", "detail": self.root_problem}
         settings = self._settings()
         chip = settings.layout.chip_dir(soc)
-        report = eviction.gc_chip(
+        job = gcchild.GcJob(
             chip,
             int(settings.value("max_op_cache_size")),
             int(ratio_pct if ratio_pct is not None else settings.value("remain_cache_size_ratio")),
@@ -486,10 +488,17 @@ class Governance:
             clock_skew_s=float(settings.value("clock_skew_s")),
             first_seen=self._first_seen.setdefault(soc, {}),
         )
-        data = report.to_json()
+        (outcome,) = _run_gc([job], names=_names_log.isEnabledFor(logging.DEBUG))
+        self.index.reconcile_chip(soc)  # also after a failure: part of it may have run
+        if outcome.report is None:
+            if not outcome.died:  # a death was logged already, once
+                log.warning("evicting %s failed: %s", chip, outcome.error)
+            return {"skipped": "failed", "chip_dir": str(chip), "detail": outcome.error}
+        data = outcome.report
         self.count_eviction(data)
-        self.last_gc[soc] = data
-        self.index.reconcile_chip(soc)
+        # kept for stats and /metrics (stuck over the limit, future access times): not
+        # the name lists, which a large eviction makes long
+        self.last_gc[soc] = {k: v for k, v in data.items() if k not in gcchild.NAME_LISTS}
         release_memory()
         log_eviction(soc, data)
         return data
@@ -607,7 +616,7 @@ class Governance:
                 for folder in [one.layout.kernel_cache_dir, *one.layout.chip_dirs()]:
                     if changed := _share_modes(folder, one.layout.kernel_cache_dir):
                         log.info(
-                            "%s: group-sharing modes restored on %d file(s)", folder, len(changed)
+                            "%s: group-sharing modes restored on %d file(s)", folder, changed
                         )
                 if i > 0:  # the main cache is evicted through the usage index
                     cache_gc.collect(one, include_others=False)
@@ -626,14 +635,12 @@ class Governance:
         except CacheMgrError as exc:  # a linked kernel_cache: nothing below it is touched
             log.error("not reaping: %s", exc)
             chips = []
-        for chip in chips:
-            try:  # max -1: no size eviction, only the reclaim pass
-                eviction.gc_chip(
-                    chip, eviction.NEVER_EVICT, ratio, float(settings.value("min_age_s"))
-                )
-            except (OSError, CacheMgrError) as exc:
-                log.warning("reaping %s failed: %s", chip, exc)
-        release_memory()
+        # max -1: no size eviction, only the reclaim pass; every chip folder in one child
+        age = float(settings.value("min_age_s"))
+        jobs = [gcchild.GcJob(chip, eviction.NEVER_EVICT, ratio, age) for chip in chips]
+        for job, outcome in zip(jobs, _run_gc(jobs), strict=True):
+            if outcome.error and not outcome.died:  # a death was logged already, once
+                log.warning("reaping %s failed: %s", job.chip_dir, outcome.error)
         try:
             reaped = kernel_meta.reap_orphans(
                 Path(settings.value("kernel_meta_dir")), self.config.kernel_meta_retention_s
@@ -643,6 +650,20 @@ class Governance:
             return
         if reaped:
             log.info("reaped %d kernel_meta leftovers of dead processes", len(reaped))
+
+
+def _run_gc(jobs: list[gcchild.GcJob], names: bool = False) -> list[gcchild.Outcome]:
+    """Run gc jobs in a child process (:mod:`cachemgr.daemon.gcchild`: the scan of a large
+    chip folder never enters the daemon's heap), keeping "warn once per folder" about
+    future access times here, across children."""
+    told = [_skew_warned.first(job.chip_dir) for job in jobs]
+    for job, first in zip(jobs, told, strict=True):
+        job.skew_warned = not first
+    outcomes = gcchild.run_jobs(jobs, names)
+    for job, first, outcome in zip(jobs, told, outcomes, strict=True):
+        if first and not (outcome.report or {}).get("future_atimes"):
+            _skew_warned.forget(job.chip_dir)  # not warned about after all
+    return outcomes
 
 
 def _lowest(a: int | None, b: int | None) -> int | None:
