@@ -19,7 +19,9 @@ from pathlib import Path
 import pytest
 
 from cachemgr.daemon import gcchild
+from cachemgr.eviction import chip_usage
 from cachemgr.storage import fsutil
+from cachemgr.storage.entry import scan_chip
 from tests.conftest import SOC, publish
 from tests.daemon_util import Daemon, start_daemon, wait_first_scan, wait_for
 
@@ -94,7 +96,7 @@ def _peak_mb(tmp: Path, max_mb: int, fill: int) -> tuple[float, Daemon]:
     return _kb(d.proc.pid, "VmHWM") / 1024, d
 
 
-def test_daemon_peak_memory_stays_near_the_index_through_reclaim_and_eviction(
+def test_daemon_peak_memory_stays_near_the_index_through_reclaim_evictions_and_stats(
     tmp_path: Path,
 ) -> None:
     empty_peak, empty = _peak_mb(tmp_path / "empty", -1, 0)
@@ -102,7 +104,11 @@ def test_daemon_peak_memory_stays_near_the_index_through_reclaim_and_eviction(
     # 1 MB limit: the 40,000 entries (~1.3 MB) are over it; the daemon evicts to 50 %
     peak, d = _peak_mb(tmp_path / "large", 1, ENTRIES)
     try:
-        assert d.client.health()["status"] == "ok"
+        row = d.client.stats().to_json()["chip_folders"][SOC]  # counted as a stream too
+        assert 0 < row["entries"] < ENTRIES
+        done = d.client.gc(ratio=25).to_json()["chip_folders"][SOC]  # /gc: in a child too
+        assert done["evicted_entries"] > ENTRIES // 8 and len(done["evicted"]) > ENTRIES // 8
+        peak = _kb(d.proc.pid, "VmHWM") / 1024
     finally:
         d.stop()
     assert peak <= empty_peak + ALLOWED_MB, (
@@ -209,3 +215,26 @@ def test_gc_child_error_and_crash_are_outcomes_not_exceptions(
     assert len(lines) == 1, lines
     assert "exited with status 1: ValueError: invalid literal for int()" in lines[0]
     assert "2 of 2 chip folder(s) not done" in lines[0]
+
+
+# --- stats counts as it lists: the same figures as the scan ------------------------------
+
+
+def test_chip_usage_streams_the_same_figures_as_the_scan(tmp_path: Path) -> None:
+    chip = tmp_path / "kc" / SOC
+    chip.mkdir(parents=True)
+    for i in range(5):
+        publish(chip, f"te_k{i}", os.urandom(100 + i), atime_s=1_000_000 + i)
+    (chip / "te_k1_mix_aic.json").write_text("{}")  # a part of te_k1: not an entry
+    (chip / "te_lone_mix_aiv.json").write_text("{}")  # no te_lone.json: an entry
+    (chip / "te_k2.o.host.1.abcd1234.temp").write_bytes(b"half")
+    (chip / "te_k3.lock").write_bytes(b"")
+    os.link(chip / "te_k4.o", tmp_path / "elsewhere")  # two links: counted by neither
+    (chip / "te_link.json").symlink_to(chip / "te_k0.json")
+    (chip / "sub").mkdir()
+    scan = scan_chip(chip)
+    atimes = [g.atime_ns for g in scan.entries.values()]
+    usage = chip_usage(chip)
+    assert (usage.entries, usage.bytes) == (len(scan.entries), scan.used_bytes) == (6, usage.bytes)
+    assert (usage.oldest_atime_ns, usage.newest_atime_ns) == (min(atimes), max(atimes))
+    assert chip_usage(tmp_path / "kc" / "Ascend310P3").exists is False

@@ -53,6 +53,7 @@ from typing import IO, Any
 
 import cachemgr
 from cachemgr.constants import NEVER_EVICT
+from cachemgr.errors import CacheMgrError
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,8 @@ class GcJob:
     first_seen: dict[str, int] = field(default_factory=dict)
     #: the clock-skew warning was already given for this folder (once per folder)
     skew_warned: bool = False
+    #: only report what would be done (``DryRun.YES``)
+    dry_run: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -90,7 +93,14 @@ class GcJob:
             "clock_skew_s": self.clock_skew_s,
             "first_seen": self.first_seen,
             "skew_warned": self.skew_warned,
+            "dry_run": self.dry_run,
         }
+
+
+class GcChildError(CacheMgrError):
+    """A chip folder's gc failed in the child (its one line), or the child died."""
+
+    exit_code = 1
 
 
 @dataclass
@@ -235,7 +245,6 @@ def _send(out: IO[str], msg: dict[str, Any]) -> None:
 
 
 def _child_job(i: int, job: dict[str, Any], names: bool, out: IO[str]) -> None:
-    from cachemgr.errors import CacheMgrError
     from cachemgr.eviction import collect
 
     chip = Path(job["chip_dir"])
@@ -252,6 +261,7 @@ def _child_job(i: int, job: dict[str, Any], names: bool, out: IO[str]) -> None:
             target_bytes=job["target_bytes"],
             clock_skew_s=job["clock_skew_s"],
             first_seen=first_seen,
+            dry_run=collect.DryRun.YES if job.get("dry_run") else collect.DryRun.NO,
         )
     except (OSError, CacheMgrError) as exc:
         _send(out, {"job": i, "error": str(exc)})

@@ -524,6 +524,41 @@ class Governance:
         log_eviction(soc, data)
         return data
 
+    def gc_chip_json(
+        self,
+        chip: Path,
+        max_mb: int,
+        ratio_pct: int,
+        min_age_s: float,
+        *,
+        force_ratio: bool = False,
+        dry_run: eviction.DryRun = eviction.DryRun.NO,
+        clock_skew_s: float | None = eviction.DEFAULT_CLOCK_SKEW_S,
+        progress: object = None,
+    ) -> dict[str, Any]:
+        """``gc.collect``'s ``run_chip`` for ``/gc``: :func:`~cachemgr.eviction.gc_chip` in a
+        child process (:mod:`~cachemgr.daemon.gcchild`), its report as JSON with the names.
+
+        :raises GcChildError: the chip folder's gc failed (its one line), or the child died.
+        """
+        job = gcchild.GcJob(
+            chip,
+            max_mb,
+            ratio_pct,
+            min_age_s,
+            force_ratio=force_ratio,
+            clock_skew_s=clock_skew_s,
+            dry_run=dry_run is eviction.DryRun.YES,
+        )
+        self._evicting.add(str(chip))
+        try:
+            (outcome,) = _run_gc([job], names=True)
+        finally:
+            self._evicting.discard(str(chip))
+        if outcome.report is None:
+            raise gcchild.GcChildError(f"gc of {chip}: {outcome.error}")
+        return outcome.report
+
     def count_eviction(self, data: Mapping[str, object]) -> None:
         """Add one chip folder's gc report (``GcReport.to_json()``) to the eviction counters;
         a dry run removed nothing and counts nothing."""

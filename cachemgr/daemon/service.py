@@ -422,7 +422,12 @@ class Service:
             raise InvalidInputError(f"/gc dry_run={params['dry_run']!r} must be true or false")
         dry = eviction.DryRun.YES if params.get("dry_run") else eviction.DryRun.NO
         report = gc.collect(
-            self._settings, force_ratio=ratio, min_age_s=min_age, dry_run=dry, soc=soc
+            self._settings,
+            force_ratio=ratio,
+            min_age_s=min_age,
+            dry_run=dry,
+            soc=soc,
+            run_chip=self.governance.gc_chip_json,  # the scan never in the daemon's heap
         )
         for folder in report.chip_folders.values():
             self.governance.count_eviction(folder.to_json())

@@ -33,6 +33,16 @@ class CacheNotWritableError(CacheMgrError):
 ProgressFor = Callable[[str], AbstractContextManager[Any]]
 
 
+#: ``run_chip(chip_dir, max_mb, ratio_pct, min_age_s, **gc_chip's keywords)`` → the report
+#: as JSON (``GcReport.to_json()``)
+ChipRunner = Callable[..., dict[str, Any]]
+
+
+def _in_process(chip_dir: Path, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    """:func:`gc_chip` in this process (``cachemgr gc``)."""
+    return gc_chip(chip_dir, *args, **kwargs).to_json()
+
+
 def limits_json(settings: Settings) -> dict[str, Any]:
     """The limits in force with their origins, and the problems that made any fall back."""
     out: dict[str, Any] = {}
@@ -86,6 +96,7 @@ def collect(
     soc: str | None = None,
     progress_for: ProgressFor | None = None,
     include_others: bool = True,
+    run_chip: ChipRunner | None = None,
 ) -> GcResult:
     """Run gc over the kernel cache of ``settings`` and return the JSON report; the other
     governed kernel caches (SPEC §2) are under ``other_kernel_caches``, by path, each with
@@ -93,6 +104,9 @@ def collect(
 
     :param force_ratio: keep this percent of the limit, even below the trigger (``--ratio``).
     :param min_age_s: aging guard in seconds (default: the ``min_age_s`` setting).
+    :param run_chip: runs one chip folder's :func:`gc_chip` and returns its report as JSON;
+        in this process by default (the daemon runs it in a child process:
+        ``cachemgr.daemon.gcchild``, issue 14 item 5).
     :raises InvalidInputError: bad limits (nothing is touched).
     :raises CacheNotWritableError: the root is read-only or vanished (one line; issue 10
         item 12) — not with a dry run, which only reads.
@@ -104,11 +118,14 @@ def collect(
             f"gc: {problem}; nothing can be reclaimed or evicted until it is writable again "
             "(hits are still served; compiles return their kernel outside the cache)"
         )
-    report = _collect_one(settings, force_ratio, min_age_s, dry_run, soc, progress_for)
+    run = run_chip or _in_process
+    report = _collect_one(settings, force_ratio, min_age_s, dry_run, soc, progress_for, run)
     others = {}
     for kc in settings.other_kernel_caches() if include_others else []:  # SPEC §2
         other = options.settings_for(settings, kc, os.environ)
-        others[str(kc)] = _collect_one(other, force_ratio, min_age_s, dry_run, soc, progress_for)
+        others[str(kc)] = _collect_one(
+            other, force_ratio, min_age_s, dry_run, soc, progress_for, run
+        )
     return dataclasses.replace(report, other_kernel_caches=others)
 
 
@@ -119,6 +136,7 @@ def _collect_one(
     dry_run: DryRun,
     soc: str | None,
     progress_for: ProgressFor | None,
+    run_chip: ChipRunner,
 ) -> GcResult:
     """gc of one kernel cache folder: its toolkit check, then each chip folder."""
     max_mb = int(settings.value("max_op_cache_size"))
@@ -129,7 +147,7 @@ def _collect_one(
     for chip in chip_dirs(settings, soc):
         context = progress_for(chip.name) if progress_for else nullcontext(None)
         with context as progress:
-            report = gc_chip(
+            report = run_chip(
                 chip,
                 max_mb,
                 ratio,
@@ -139,7 +157,7 @@ def _collect_one(
                 progress=progress,
                 clock_skew_s=float(settings.value("clock_skew_s")),
             )
-        folders[chip.name] = ChipGc.from_json(report.to_json())
+        folders[chip.name] = ChipGc.from_json(report)
     return GcResult(
         str(settings.layout.kernel_cache_dir),
         limits_json(settings),
