@@ -20,6 +20,13 @@ Issue 12 (governance that degrades loudly and recovers by itself):
   checked every ``watch_check_interval_s``, which is also the governance heartbeat;
 * one summary line per eviction (folder, entries, bytes, before → after, seconds); the names
   only at debug level (a journal line holds 48 KiB).
+
+Issue 14 item 5 (1,000,000 entries in ≤ 100 MB): the daemon holds the usage index (an SQLite
+table, :mod:`cachemgr.daemon.usage`) and never a scan of a chip folder. The reclaim pass, the
+evictions it schedules and ``/gc`` run :func:`~cachemgr.eviction.gc_chip` in a child process
+(:mod:`cachemgr.daemon.gcchild`, which says why and what stays the same); the delete events
+of the daemon's own eviction are dropped for the rescan that follows it (:meth:`evicting`);
+restoring group-sharing modes lists a folder as a stream.
 """
 
 from __future__ import annotations

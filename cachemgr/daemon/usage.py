@@ -16,6 +16,12 @@ rescan updates the rows in place (``gen`` alternates between 0 and 1, which SQLi
 no payload byte), then deletes the rows it did not see: the table never exists twice, and
 file events keep being applied while a rescan runs (each batch of rows holds the lock
 briefly).
+
+The index is the only per-file state the daemon keeps: a rescan streams (batches of
+:data:`BATCH_ROWS` rows), and everything that needs a whole scan of a chip folder — reclaim,
+eviction, ``/gc`` — runs in a child process (:mod:`cachemgr.daemon.gcchild`). Measured at
+1,000,000 entries (2,000,000 files): the daemon's resident memory after its first scan is
+81 MB, its peak 82 MB (``BENCHMARKS.md``, scaling).
 """
 
 from __future__ import annotations
