@@ -521,7 +521,7 @@ class Governance:
         if outcome.report is None:
             if not outcome.died:  # a death was logged already, once
                 log.warning("evicting %s failed: %s", chip, outcome.error)
-            return {"skipped": "failed", "chip_dir": str(chip), "detail": outcome.error}
+            return {"skipped": "gc error", "chip_dir": str(chip), "detail": outcome.error}
         data = outcome.report
         self.count_eviction(data)
         # kept for stats and /metrics (stuck over the limit, future access times): not
