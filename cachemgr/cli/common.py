@@ -19,7 +19,6 @@ from cachemgr.console import json_text, warning_line
 from cachemgr.console import printable as printable
 from cachemgr.constants import MAX_SECONDS
 from cachemgr.errors import CacheMgrError, ConfigError
-from cachemgr.sockcheck import UntrustedDaemon
 
 if TYPE_CHECKING:  # imported where used: `cachemgr --help` needs neither (issue 14 item 1)
     from cachemgr.client import Client
@@ -275,6 +274,7 @@ def route(
     if local_only:
         return Route("local", None, None, f"{local_only} runs the command in this process")
     from cachemgr.client import Client, default_socket_path
+    from cachemgr.sockcheck import UntrustedDaemon
 
     path = named[1] if named else default_socket_path()
     if named is None and not os.path.lexists(path):  # no daemon: no HTTP client to import
