@@ -19,7 +19,8 @@ written:
   whole output is computed first (log lines included), then written, so a decline leaves
   nothing behind.
 
-A ``cachemgr compile`` hit is not answered here: its key, lookup and counters need the
+Shell completion (``$_CACHEMGR_COMPLETE``), ``--version`` and every other command are
+click's. A ``cachemgr compile`` hit is not answered here: its key, lookup and counters need the
 compile path's modules, which alone import at ~4× ``python -c pass`` (see BENCHMARKS.md).
 """
 
@@ -41,7 +42,9 @@ _CONFIG_VALUES = {
 def main() -> None:
     """Console-script entry point: the fast path when it applies, else the click CLI."""
     argv = sys.argv[1:]
-    if argv in (["--help"], ["-h"]):
+    if "_CACHEMGR_COMPLETE" in os.environ:  # shell completion is click's
+        pass
+    elif argv in (["--help"], ["-h"]):
         if _full_width():
             from cachemgr.helptext import TOP
 
