@@ -299,6 +299,7 @@ def test_help_fast_path_prints_clicks_help_without_click(flag: str, tmp_path: Pa
     assert fast.returncode == 0 and fast.stdout.startswith(b"Usage: cachemgr [OPTIONS] COMMAND")
     assert_same(fast, slow)
     assert "click" not in names and not any(n.startswith("cachemgr.cli") for n in names), names
+    assert denied(names, (*DENIED_LOCAL, "cachemgr.config", "cachemgr.storage")) == []
 
 
 def test_help_narrower_than_click_renders_goes_to_click(tmp_path: Path) -> None:
