@@ -289,7 +289,7 @@ def test_stored_help_is_clicks_live_help() -> None:
     from cachemgr.cli import top_help
     from cachemgr.helptext import TOP
 
-    assert top_help() == TOP
+    assert top_help() == TOP, "run scripts/manpages.py: cachemgr/helptext.py is stale"
     assert "Commands:" in TOP and "  compile  " in TOP
 
 
