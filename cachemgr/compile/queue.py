@@ -525,6 +525,12 @@ class CompileQueue:
         with self._lock:
             self.settings, self._compilers, self.binary_dirs = settings, compilers, roots
 
+    def set_remotes(self, remotes: RemoteTiers | None) -> None:
+        """Use ``remotes`` for new work (a reload changed ``[remote]``); jobs already past
+        their remote lookup keep the tiers they used."""
+        with self._lock:
+            self._ctx.remotes = remotes
+
     def close(self, cancel_pending: bool = False, timeout_s: float | None = None) -> None:
         """Stop accepting work; finish (or, with ``cancel_pending``, fail) pending jobs; wait for
         the workers (at most ``timeout_s`` each)."""
