@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from cachemgr.cli.common import emit_json, load_settings, remote_option, settings_options
-from cachemgr.config import versions
+from cachemgr.config import options, versions
 from cachemgr.config.options import Settings
 from cachemgr.errors import ConfigError
 from cachemgr.remote import config as remote_config
@@ -109,9 +109,11 @@ def config_cmd(
     tables = settings.config.rows()
     data.update(tables)
     names += list(tables)
+    data["kernel_cache_dir"]["why"] = options.kernel_cache_reason(settings)
     if as_json:
         emit_json({n: data[n] for n in names})
     else:
+        click.echo(options.kernel_cache_why(settings))
         for name in names:
             item = data[name]
             value = _shown(item["value"])
