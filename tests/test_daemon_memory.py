@@ -107,6 +107,7 @@ def test_daemon_peak_memory_stays_near_the_index_through_reclaim_evictions_and_s
         row = d.client.stats().to_json()["chip_folders"][SOC]  # counted as a stream too
         assert 0 < row["entries"] < ENTRIES
         done = d.client.gc(ratio=25).to_json()["chip_folders"][SOC]  # /gc: in a child too
+        assert not done["skipped"], done["skipped"]  # no second eviction of its own runs
         assert done["evicted_entries"] > ENTRIES // 8 and len(done["evicted"]) > ENTRIES // 8
         peak = _kb(d.proc.pid, "VmHWM") / 1024
     finally:

@@ -232,6 +232,9 @@ class Governance:
         self._first_seen: dict[str, dict[str, int]] = {}
         #: the chip folders (paths as text) this daemon's gc child is evicting now
         self._evicting: set[str] = set()
+        #: the socs evicted now or rescanned after it: no new eviction is scheduled for them
+        #: (their index lags the removals until that rescan)
+        self._settling: set[str] = set()
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -412,6 +415,8 @@ class Governance:
         return seen
 
     def _check_limit(self, soc: str) -> None:
+        if soc in self._settling:
+            return  # its eviction runs; its index is stale until the rescan after it
         max_mb = int(self._settings().value("max_op_cache_size"))
         if max_mb == -1 or self.index.used_bytes(soc) < max_mb * MIB:
             return
@@ -511,13 +516,17 @@ class Governance:
             first_seen=self._first_seen.setdefault(soc, {}),
         )
         self._evicting.add(str(chip))
+        self._settling.add(soc)
         try:
-            (outcome,) = _run_gc([job], names=_names_log.isEnabledFor(logging.DEBUG))
+            try:
+                (outcome,) = _run_gc([job], names=_names_log.isEnabledFor(logging.DEBUG))
+            finally:
+                self._evicting.discard(str(chip))
+            # a rescan instead of the removals' events (also after a failure: part of it may
+            # have run); files added meanwhile were accounted by their own events
+            self.index.reconcile_chip(soc)
         finally:
-            self._evicting.discard(str(chip))
-        # a rescan instead of the removals' events (also after a failure: part of it may
-        # have run); files added meanwhile were accounted by their own events
-        self.index.reconcile_chip(soc)
+            self._settling.discard(soc)
         if outcome.report is None:
             if not outcome.died:  # a death was logged already, once
                 log.warning("evicting %s failed: %s", chip, outcome.error)
