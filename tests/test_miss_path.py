@@ -1,0 +1,107 @@
+"""Issue 14 item 3: what a miss does around its compiler process, pinned on real compiles.
+
+* a worker reuses the folders of its build folder's mirror tree (no ``mkdir``/``rmdir`` per
+  miss) yet a compile only ever sees its own job's folders, and nothing planted survives;
+* in-process (``cachemgr compile`` without a daemon, ``CompileQueue``) the compiler gets the
+  backend's argv as is — no sandbox, no resource-limit wrapper — in the caller's own user
+  namespace;
+* through the daemon, a compile for the daemon's own user runs under the ``[sandbox]`` limits
+  without the namespaces (they hide only that user's own files), while another user's
+  compile still runs in them (``tests/test_deputy.py`` proves they hide the secret).
+
+No timing here: the speed is ``scripts/bench --only compile`` (BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from cachemgr.compile.queue import CompileQueue
+from cachemgr.compile.request import parse_request
+from tests.compile_util import counting_cc, make_settings, scale_request, wait_for
+
+KERNEL = "void scale_kernel(float *x) { x[0] *= K; }\n"
+
+#: Run inside each compile (cwd = the worker's build folder): its folders and files.
+PROBE = (
+    'echo "pwd $PWD" >> {log}; '
+    'find .src -type d | sed "s/^/dir /" >> {log}; '
+    'find .src ! -type d | sed "s/^/file /" >> {log}; '
+    "echo end >> {log}"
+)
+
+
+def _runs(log: Path) -> list[dict[str, list[str]]]:
+    """The probe's records, one per compile: ``pwd``, ``dir`` and ``file`` lines."""
+    runs: list[dict[str, list[str]]] = []
+    current: dict[str, list[str]] = {"pwd": [], "dir": [], "file": []}
+    for line in log.read_text().splitlines():
+        if line == "end":
+            runs.append(current)
+            current = {"pwd": [], "dir": [], "file": []}
+            continue
+        kind, _, rest = line.partition(" ")
+        current[kind].append(rest)
+    return runs
+
+
+def _compile(queue: CompileQueue, source: Path, k: int, cwd: Path) -> None:
+    data = scale_request(str(source), defines={"K": k})
+    out = queue.compile(parse_request(data, cwd))
+    assert out.status == "compiled", out
+
+
+def test_a_worker_keeps_its_mirror_folders_but_a_compile_sees_only_its_own(
+    tmp_path: Path, clean_env: dict[str, str]
+) -> None:
+    one, two = tmp_path / "proj" / "one" / "k.c", tmp_path / "other" / "two" / "k.c"
+    for src in (one, two):
+        src.parent.mkdir(parents=True)
+        src.write_text(KERNEL)
+    log = tmp_path / "probe.log"
+    cc = counting_cc(tmp_path / "cc", body=PROBE.format(log=log))
+    settings = make_settings(tmp_path, clean_env, compilers={"cc": str(cc)})
+    with CompileQueue(settings, workers=1) as queue:
+        _compile(queue, one, 2, tmp_path)
+        build = Path(_runs(log)[0]["pwd"][0])
+        kept = build / ".src" / str(one.parent).lstrip("/")
+        # after the answer the worker empties its build folder: files go, folders stay
+        wait_for(lambda: kept.is_dir() and not any(kept.iterdir()), what="an emptied mirror")
+        # something planted there meanwhile does not reach the next compile
+        (kept / "planted.h").write_text("#error planted\n")
+        os.symlink("/etc", kept / "link")
+        os.mkdir(build / ".src" / "stray")
+        _compile(queue, one, 3, tmp_path)
+        _compile(queue, two, 4, tmp_path)
+    first, second, third = _runs(log)
+    mirror_one = f".src/{str(one.parent).lstrip('/')}"
+    mirror_two = f".src/{str(two.parent).lstrip('/')}"
+    assert first["file"] == second["file"] == [f"{mirror_one}/k.c"]
+    assert third["file"] == [f"{mirror_two}/k.c"]
+    assert mirror_one in second["dir"] and ".src/stray" not in second["dir"]
+    # the third job's compile sees no folder of the first two (no other caller's paths)
+    assert not [d for d in third["dir"] if "proj" in d or "stray" in d], third["dir"]
+    assert mirror_two in third["dir"]
+
+
+def test_in_process_the_compiler_gets_its_argv_as_is(
+    tmp_path: Path, clean_env: dict[str, str]
+) -> None:
+    src = tmp_path / "k.c"
+    src.write_text(KERNEL)
+    log = tmp_path / "ns.log"
+    body = f"readlink /proc/self/ns/user /proc/self/ns/mnt >> {log}; ulimit -v >> {log}"
+    cc = counting_cc(tmp_path / "cc", body=body)
+    settings = make_settings(tmp_path, clean_env, compilers={"cc": str(cc)})
+    with CompileQueue(settings, workers=1) as queue:
+        _compile(queue, src, 2, tmp_path)
+    user_ns, mnt_ns, address_space = log.read_text().split()
+    assert user_ns == os.readlink("/proc/self/ns/user")
+    assert mnt_ns == os.readlink("/proc/self/ns/mnt")
+    assert address_space == "unlimited" or int(address_space) > 0
+    lines = (tmp_path / "cc" / "calls.log").read_text().splitlines()
+    assert len(lines) == 1
+    argv = lines[0].split()[1:]  # "<pid> <argv...>" of the wrapper, i.e. what the queue ran
+    assert argv[:4] == ["-x", "c", "-c", "-fPIC"], argv
+    assert "-MD" not in argv and "-MF" not in argv  # no dependency file for this source
