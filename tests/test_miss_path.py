@@ -14,12 +14,15 @@ No timing here: the speed is ``scripts/bench --only compile`` (BENCHMARKS.md).
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 from cachemgr.compile.queue import CompileQueue
 from cachemgr.compile.request import parse_request
 from tests.compile_util import counting_cc, make_settings, scale_request, wait_for
+from tests.daemon_util import daemon_env, start_daemon
+from tests.users_util import Runtime, Users
 
 KERNEL = "void scale_kernel(float *x) { x[0] *= K; }\n"
 
@@ -105,3 +108,60 @@ def test_in_process_the_compiler_gets_its_argv_as_is(
     argv = lines[0].split()[1:]  # "<pid> <argv...>" of the wrapper, i.e. what the queue ran
     assert argv[:4] == ["-x", "c", "-c", "-fPIC"], argv
     assert "-MD" not in argv and "-MF" not in argv  # no dependency file for this source
+
+
+def _ns_probe(folder: Path) -> tuple[Path, Path]:
+    """A wrapper gcc that logs, per compile, its user namespace and ``ulimit -v`` (KiB)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    folder.chmod(0o777)
+    log = folder / "ns.log"
+    body = f"echo $(readlink /proc/self/ns/user) $(ulimit -v) >> {log}"
+    cc = counting_cc(folder / "cc", body=body)
+    (folder / "cc").chmod(0o777)
+    return cc, log
+
+
+def test_the_daemons_own_user_compiles_under_the_limits_without_namespaces(
+    tmp_path: Path, clean_env: dict[str, str]
+) -> None:
+    from cachemgr.client import Client
+
+    cc, log = _ns_probe(tmp_path / "probe")
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[compilers]\ncc = "{cc}"\n[sandbox]\naddress_space_mb = 8192\n')
+    src = tmp_path / "k.c"
+    src.write_text(KERNEL)
+    req = tmp_path / "req.json"
+    req.write_text(json.dumps(scale_request(str(src), defines={"K": 2})))
+    args = ("--cache-dir", str(tmp_path / "cache"), "--config", str(cfg))
+    daemon = start_daemon(tmp_path, *args, env=daemon_env(tmp_path))
+    try:
+        out = Client(daemon.socket_path, timeout_s=120).compile_file(req).to_json()
+        assert out["status"] == "compiled", out
+        namespace = os.readlink(f"/proc/{daemon.proc.pid}/ns/user")
+        # the sandbox works here (else the test would prove nothing): it is the caller's
+        assert "compiles run in a user+mount namespace" in daemon.log()
+    finally:
+        daemon.stop()
+    assert log.read_text().split() == [namespace, str(8192 * 1024)]
+
+
+def test_another_users_compile_still_runs_in_the_namespaces(
+    users: Users, other_runtime: Runtime
+) -> None:
+    from tests.test_deputy import CLIENT, _as_bob, _setup
+
+    cc, log = _ns_probe(users.base / "probe")
+    daemon, _, _, bob = _setup(users, other_runtime, f'[compilers]\ncc = "{cc}"\n')
+    try:
+        src = bob / "k.c"
+        src.write_text(KERNEL)
+        src.chmod(0o644)
+        req = json.dumps(scale_request(str(src), defines={"K": 5}))
+        out = _as_bob(users, other_runtime, bob, CLIENT, str(daemon.socket_path), req, str(bob))
+        assert out["status"] == "compiled", out
+        namespace = os.readlink(f"/proc/{daemon.proc.pid}/ns/user")
+    finally:
+        daemon.stop()
+    (bobs,) = log.read_text().splitlines()
+    assert bobs.split()[0] != namespace, "bob's compile ran in the daemon's own namespace"
