@@ -16,10 +16,14 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
+
+import pytest
 
 from cachemgr.compile.queue import CompileQueue
 from cachemgr.compile.request import parse_request
+from cachemgr.compilers import process
 from tests.compile_util import counting_cc, make_settings, scale_request, wait_for
 from tests.daemon_util import daemon_env, start_daemon
 from tests.users_util import Runtime, Users
@@ -165,3 +169,74 @@ def test_another_users_compile_still_runs_in_the_namespaces(
         daemon.stop()
     (bobs,) = log.read_text().splitlines()
     assert bobs.split()[0] != namespace, "bob's compile ran in the daemon's own namespace"
+
+
+def test_the_compiler_has_a_group_of_its_own_in_the_callers_session(
+    tmp_path: Path, clean_env: dict[str, str]
+) -> None:
+    """Its own process group (the kill takes everything it spawned), not its own session
+    (a session is a CPU group of its own under autogroup scheduling)."""
+    src = tmp_path / "k.c"
+    src.write_text(KERNEL)
+    log = tmp_path / "ids.log"
+    cc = counting_cc(tmp_path / "cc", body=f"echo $$ $(cut -d' ' -f5,6 /proc/$$/stat) >> {log}")
+    settings = make_settings(tmp_path, clean_env, compilers={"cc": str(cc)})
+    with CompileQueue(settings, workers=1) as queue:
+        _compile(queue, src, 2, tmp_path)
+    pid, pgrp, session = log.read_text().split()
+    assert pgrp == pid, "the compiler leads a process group of its own"
+    assert int(session) == os.getsid(0), "the compiler stays in the caller's session"
+
+
+def test_the_exit_is_awaited_without_polling(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compiler that closes its pipes, then exits a moment later: its output and status
+    come back, and the wait for its exit sleeps in no polling loop (``Popen.wait`` with a
+    timeout polls ``waitpid`` with sleeps of 0.5-50 ms)."""
+    sleeps: list[float] = []
+    real_sleep = subprocess.time.sleep  # type: ignore[attr-defined]
+
+    def counting_sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        real_sleep(seconds)
+
+    monkeypatch.setattr(subprocess.time, "sleep", counting_sleep)  # type: ignore[attr-defined]
+    script = "echo out; echo err >&2; exec >&- 2>&-; sleep 0.3; exit 3"
+    out = process.run_in_group(["/bin/sh", "-c", script], 30.0, None, "testing")
+    assert (out.returncode, out.stdout, out.stderr) == (3, b"out\n", b"err\n")
+    assert sleeps == []
+
+
+def test_a_cached_miss_writes_its_json_once_into_the_chip_folder(
+    tmp_path: Path, clean_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernel json goes from the backend to the publish in memory: no temp file, rename,
+    read back and unlink in the build folder. A compile outside the cache still writes it."""
+    from cachemgr.storage import fsutil
+
+    written: list[Path] = []
+    real_write_temp = fsutil.write_temp
+
+    def recording(dest: Path, *args: object, **kw: object) -> Path:
+        written.append(Path(dest))
+        return real_write_temp(dest, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(fsutil, "write_temp", recording)
+    src = tmp_path / "k.c"
+    src.write_text(KERNEL)
+    settings = make_settings(tmp_path, clean_env)
+    with CompileQueue(settings, workers=1, output_dir=tmp_path / "out") as queue:
+        data = scale_request(str(src), defines={"K": 2})
+        out = queue.compile(parse_request(data, tmp_path))
+        assert out.status == "compiled" and out.cached, out
+        jsons = [p for p in written if p.name.startswith("te_") and p.suffix == ".json"]
+        (doc,) = [f for f in out.files if f.suffix == ".json"]
+        assert jsons == [doc], jsons  # the chip folder's, and nothing else
+        assert json.loads(doc.read_bytes())["supportInfo"]["opType"] == "Scale"
+        written.clear()
+        data = scale_request(
+            str(src), defines={"K": 3}, options={"op_compiler_cache_mode": "disable"}
+        )
+        out = queue.compile(parse_request(data, tmp_path))
+        assert out.status == "compiled" and not out.cached, out
+        assert [f.parent for f in out.files] == [tmp_path / "out"] * 2
+        assert any(p.suffix == ".json" for p in written)
