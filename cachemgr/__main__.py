@@ -1,5 +1,5 @@
-"""``python -m cachemgr`` runs the CLI."""
+"""``python -m cachemgr`` runs the CLI (through its start-up fast path, :mod:`cachemgr.main`)."""
 
-from cachemgr.cli import main
+from cachemgr.main import main
 
 main()

@@ -8,7 +8,7 @@ version is written in this one place.
 from __future__ import annotations
 
 import functools
-import socket
+import os
 from typing import Final
 
 #: The package's version: ``cachemgr --version``, the daemon's ``GET /status``, the wheel.
@@ -35,4 +35,6 @@ def short_host() -> str:
     It names ``kernel_meta/<host>_<pid>`` folders, temp files (``<name>.<host>.<pid>...``),
     lock probes and the default ``host_id``. Read once per process (one entry cached).
     """
-    return socket.gethostname().split(".")[0] or "host"
+    # os.uname().nodename is gethostname(2) on Linux (glibc reads it from uname), without
+    # importing socket (issue 14 item 1)
+    return os.uname().nodename.split(".")[0] or "host"

@@ -13,9 +13,12 @@ from __future__ import annotations
 import grp
 import os
 import pwd
-import socket
 import struct
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported where used: fsutil imports this module for the names
+    import socket
 
 _UCRED = struct.Struct("3i")  # struct ucred {pid_t pid; uid_t uid; gid_t gid;}
 
@@ -41,6 +44,8 @@ def of_socket(sock: socket.socket) -> Peer | None:
 
     :raises OSError: the socket is closed or not connected.
     """
+    import socket
+
     if sock.family != socket.AF_UNIX:
         return None
     raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)

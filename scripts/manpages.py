@@ -1,6 +1,6 @@
 """Generate the man pages (``man/man1/cachemgr*.1``) from the click help, with click-man.
 
-    .venv/bin/python scripts/manpages.py            # rewrite man/man1/
+    .venv/bin/python scripts/manpages.py            # rewrite man/man1/ and cachemgr/helptext.py
     .venv/bin/python scripts/manpages.py OUT_DIR    # write elsewhere (tests compare)
 
 The pages are shipped in the source tree and installed by ``pip install .`` into
@@ -11,15 +11,19 @@ ones differ from the current help, so they cannot go stale.
 
 from __future__ import annotations
 
+import json
 import sys
 from importlib import metadata, resources
 from pathlib import Path
 
 from click_man.core import write_man_pages
 
-from cachemgr.cli import COMMANDS, cli
+from cachemgr.cli import COMMANDS, cli, top_help
 
 ROOT = Path(__file__).resolve().parents[1]
+
+#: The top-level help, stored for ``cachemgr --help`` without click (issue 14 item 1).
+HELP_MODULE = ROOT / "cachemgr" / "helptext.py"
 
 #: The pages carry this instead of a date, so that regenerating them changes nothing.
 DATE = "cachemgr " + metadata.version("cachemgr")
@@ -44,7 +48,25 @@ def generate(out_dir: Path) -> list[Path]:
     return pages
 
 
+def help_module() -> str:
+    """The source of :mod:`cachemgr.helptext`: click's top-level help (78 columns)."""
+    return (
+        '"""``cachemgr --help``, rendered ahead from the click CLI by ``scripts/manpages.py``\n'
+        "(do not edit): :mod:`cachemgr.main` prints it without importing click;\n"
+        '``tests/test_startup.py`` fails when it differs from click\'s live output."""\n\n'
+        + "TOP = (\n"
+        + "".join(
+            f"    {json.dumps(line, ensure_ascii=False)}\n"
+            for line in top_help().splitlines(keepends=True)
+        )
+        + ")\n"
+    )  # JSON's string syntax is Python's, in the double quotes ruff format wants
+
+
 if __name__ == "__main__":
+    if len(sys.argv) == 1:
+        HELP_MODULE.write_text(help_module())
+        print(HELP_MODULE)
     target = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "man" / "man1"
     for old in target.glob("cachemgr*.1"):
         old.unlink()

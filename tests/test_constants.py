@@ -21,7 +21,7 @@ ONCE = {"MIB", "NEVER_EVICT", "VERSION", "__version__"}
 
 def _definitions(path: Path) -> list[str]:
     """Top-level names of ONCE bound by a value (not by an import) in ``path``, and each
-    call of ``socket.gethostname``."""
+    read of the host name (``socket.gethostname``, ``os.uname().nodename``)."""
     tree = ast.parse(path.read_text(), str(path))
     found = []
     for node in tree.body:
@@ -30,7 +30,7 @@ def _definitions(path: Path) -> list[str]:
             targets = [node.target]
         found += [t.id for t in targets if isinstance(t, ast.Name) and t.id in ONCE]
     for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and node.attr == "gethostname":
+        if isinstance(node, ast.Attribute) and node.attr in ("gethostname", "nodename"):
             found.append("gethostname")
     return found
 

@@ -240,3 +240,150 @@ def test_hit_through_daemon_asks_for_config_once(
     sent = [line for line in log.read_text().splitlines() if '"GET /' in line or '"POST /' in line]
     assert sent, "the CLI's requests are in the trace"
     assert len([line for line in sent if '"GET /config' in line]) == 1, sent
+
+
+# --- the console script's fast path (cachemgr.main): the same bytes as click, without it ----
+
+#: The click CLI itself, without the fast path in front (what the console script ran before).
+CLICK_ONLY = "import sys; from cachemgr.cli import main; sys.argv[0] = 'cachemgr'; main()"
+
+
+def both_paths(
+    argv: list[str], env: dict[str, str], cwd: Path
+) -> tuple[subprocess.CompletedProcess[bytes], subprocess.CompletedProcess[bytes], set[str]]:
+    """``argv`` run through ``python -m cachemgr`` (the fast path in front) and through the
+    click CLI alone (real processes, bytes as written), and the modules the first imported."""
+    fast = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "cachemgr", *argv],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        timeout=120,
+    )
+    timing = [ln for ln in fast.stderr.split(b"\n") if ln.startswith(b"import time:")]
+    names = {ln.decode().rsplit("|", 1)[1].strip() for ln in timing if b"|" in ln}
+    fast.stderr = b"".join(ln + b"\n" for ln in fast.stderr.split(b"\n")[:-1] if ln not in timing)
+    slow = subprocess.run(
+        [sys.executable, "-c", CLICK_ONLY, *argv],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        timeout=120,
+    )
+    return fast, slow, names
+
+
+def assert_same(
+    fast: subprocess.CompletedProcess[bytes], slow: subprocess.CompletedProcess[bytes]
+) -> None:
+    assert (fast.returncode, fast.stdout, fast.stderr) == (
+        slow.returncode,
+        slow.stdout,
+        slow.stderr,
+    )
+
+
+def test_stored_help_is_clicks_live_help() -> None:
+    """``cachemgr.helptext`` is click's help of today's CLI: ``scripts/manpages.py`` wrote it,
+    and a changed option or summary makes this fail until it is run again."""
+    from cachemgr.cli import top_help
+    from cachemgr.helptext import TOP
+
+    assert top_help() == TOP, "run scripts/manpages.py: cachemgr/helptext.py is stale"
+    assert "Commands:" in TOP and "  compile  " in TOP
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_help_fast_path_prints_clicks_help_without_click(flag: str, tmp_path: Path) -> None:
+    fast, slow, names = both_paths([flag], daemon_env(tmp_path), tmp_path)
+    assert fast.returncode == 0 and fast.stdout.startswith(b"Usage: cachemgr [OPTIONS] COMMAND")
+    assert_same(fast, slow)
+    assert "click" not in names and not any(n.startswith("cachemgr.cli") for n in names), names
+    assert denied(names, (*DENIED_LOCAL, "cachemgr.config", "cachemgr.storage")) == []
+
+
+def test_help_narrower_than_click_renders_goes_to_click(tmp_path: Path) -> None:
+    """click wraps help to the terminal (at most 78 columns): narrower, the stored text would
+    differ, so click renders it."""
+    env = {**daemon_env(tmp_path), "COLUMNS": "60"}
+    fast, slow, names = both_paths(["--help"], env, tmp_path)
+    assert_same(fast, slow)
+    assert "click" in names
+    assert max(len(line) for line in fast.stdout.decode().splitlines()) <= 58
+
+
+def _config_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    return {**daemon_env(tmp_path), **extra}
+
+
+@pytest.mark.parametrize(
+    ("args", "extra_env"),
+    [
+        ([], {}),
+        (["--json"], {}),
+        (["--soc", "Ascend910B1", "--host-id", "h1", "--json"], {}),
+        (["--cache-dir=CACHE", "--remote", "http://127.0.0.1:9/c", "--remote", "redis://h/0"], {}),
+        ([], {"ASCEND_MAX_OP_CACHE_SIZE": "abc"}),  # a fallback: a warning line, exit 2
+        (["--remote", "ftp://nowhere"], {}),  # a bad remote spec: one line, exit 2
+        ([], {"CACHEMGR_REMOTE_STORAGE": "redis://:s3cret@h:1/0|colour=blue"}),
+        (["--cache-dir", "CACHE", "--config", "CONF"], {}),
+    ],
+    ids=["plain", "json", "soc-host", "remotes", "env-fallback", "bad-remote", "bad-env-remote",
+         "config-file"],
+)  # fmt: skip
+def test_config_fast_path_matches_click(
+    args: list[str], extra_env: dict[str, str], tmp_path: Path
+) -> None:
+    """``cachemgr config`` answered without click writes the same bytes to stdout and stderr
+    and exits with the same code as the click command, for the options it knows."""
+    conf = tmp_path / "cachemgr.toml"
+    conf.write_text('[daemon]\nworkers = 3\n[remote]\nstorage = ["http://127.0.0.1:9/x"]\n')
+    cache = tmp_path / "cache"
+    argv = ["config", *(a.replace("CACHE", str(cache)).replace("CONF", str(conf)) for a in args)]
+    fast, slow, names = both_paths(argv, _config_env(tmp_path, **extra_env), tmp_path)
+    assert fast.stdout or fast.stderr
+    assert_same(fast, slow)
+    assert "click" not in names, "answered by the fast path"
+    deny = (*DENIED_LOCAL, "cachemgr.compile", "cachemgr.cli")
+    if "--config" in args:  # a config file is TOML
+        deny = tuple(d for d in deny if d != "tomllib")
+    assert denied(names, deny) == []
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["-v"],  # options it does not know go to click
+        ["--json", "--json", "--bogus"],
+        ["--soc"],  # a value missing: click's usage error
+        ["--soc", "a", "--soc", "b"],  # repeated: click's rule decides
+        ["--cache-dir", "--json"],  # a value that looks like an option
+        ["--config", "DIR"],  # a folder: click's Path check words it
+        ["--config", "BAD"],  # an unreadable config file: click words the error
+        ["extra"],
+    ],
+    ids=["verbose", "unknown", "missing-value", "repeated", "option-value", "config-dir",
+         "bad-config", "argument"],
+)  # fmt: skip
+def test_config_declined_goes_to_click_unchanged(args: list[str], tmp_path: Path) -> None:
+    """Whatever the fast path does not plainly know — or fails on — is click's, with the
+    original argv, and prints exactly what click alone prints."""
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[daemon]\nno_such_key = 1\n")
+    argv = ["config", *(a.replace("DIR", str(tmp_path)).replace("BAD", str(bad)) for a in args)]
+    fast, slow, names = both_paths(argv, daemon_env(tmp_path), tmp_path)
+    assert_same(fast, slow)
+    assert "click" in names
+
+
+def test_python_m_and_console_script_enter_the_fast_path() -> None:
+    """``python -m cachemgr`` and the installed ``cachemgr`` script both run
+    :func:`cachemgr.main.main`."""
+    import tomllib
+
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    assert project["project"]["scripts"]["cachemgr"] == "cachemgr.main:main"
+    script = Path(sys.executable).parent / "cachemgr"
+    assert "cachemgr.main" in script.read_text()
+    out = subprocess.run([str(script), "--version"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "cachemgr" in out.stdout

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import importlib
 import logging
-import os
 import sys
 from typing import Any
 
 import click
 
-from cachemgr.cli.common import VERBOSITY, printable
+from cachemgr.console import VERBOSITY, printable, reader_gone
 from cachemgr.errors import CacheMgrError
 
 log = logging.getLogger("cachemgr")
@@ -67,7 +66,7 @@ class _Group(click.Group):
         except KeyboardInterrupt:
             _fail("interrupted", 130)
         except BrokenPipeError:
-            _reader_gone()
+            reader_gone()
         except OSError as exc:
             where = f": {exc.filename}" if exc.filename else ""
             _fail(f"{exc.strerror or exc}{where}", 1)
@@ -113,17 +112,6 @@ def _add_verbosity_options(command: click.Command) -> None:
     if isinstance(command, click.Group):
         for sub in command.commands.values():
             _add_verbosity_options(sub)
-
-
-def _reader_gone() -> None:
-    """The reader of our stdout has gone (``cachemgr ls | head``): stop quietly, exit 0.
-
-    Output that is still buffered would fail again at exit, so stdout goes to /dev/null.
-    """
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    os.close(devnull)
-    sys.exit(0)
 
 
 def _usage_line(exc: click.UsageError) -> str:
@@ -201,3 +189,11 @@ def main() -> None:
     """Console-script entry point."""
     VERBOSITY.set(0)
     cli(prog_name="cachemgr")
+
+
+def top_help() -> str:
+    """``cachemgr --help`` as click renders it at its full width (78 columns): what
+    ``scripts/manpages.py`` stores in :mod:`cachemgr.helptext` for the start-up fast path
+    (:mod:`cachemgr.main`; ``tests/test_startup.py`` compares the two)."""
+    ctx = click.Context(cli, info_name="cachemgr", terminal_width=78, **cli.context_settings)
+    return cli.get_help(ctx)

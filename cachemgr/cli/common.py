@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import json
-import logging
 import math
 import os
 import sys
-import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,71 +12,19 @@ from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 import click
 
+from cachemgr.console import VERBOSITY as VERBOSITY  # re-exported: the CLI's modules
+from cachemgr.console import SafeFormatter as SafeFormatter
+from cachemgr.console import Verbosity as Verbosity
+from cachemgr.console import json_text, warning_line
+from cachemgr.console import printable as printable
 from cachemgr.constants import MAX_SECONDS
 from cachemgr.errors import CacheMgrError, ConfigError
-from cachemgr.sockcheck import UntrustedDaemon
 
 if TYPE_CHECKING:  # imported where used: `cachemgr --help` needs neither (issue 14 item 1)
     from cachemgr.client import Client
     from cachemgr.config.options import Settings
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-class Verbosity:
-    """How much the CLI says: -1 with ``-q`` (errors only), 0 normal, 1+ with ``-v``.
-
-    ``-v``/``-q`` may stand before or after the subcommand; each adds to :attr:`level`.
-    """
-
-    def __init__(self) -> None:
-        self.level = 0
-
-    def set(self, level: int) -> None:
-        """Set the level and the log level (WARNING at 0, INFO at 1, DEBUG at 2+, ERROR -1)."""
-        self.level = level
-        log_level = max(logging.WARNING - 10 * level, logging.DEBUG)
-        logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
-        for handler in logging.getLogger().handlers:
-            if not isinstance(handler.formatter, SafeFormatter):
-                handler.setFormatter(SafeFormatter("%(levelname)s %(name)s: %(message)s"))
-        logging.getLogger().setLevel(log_level)
-
-
-#: The one verbosity of this CLI run.
-VERBOSITY = Verbosity()
-
-#: Character classes shown escaped: controls (ESC starts terminal sequences), format
-#: characters (bidi overrides), line/paragraph separators, undecodable bytes (surrogates).
-_UNPRINTABLE = frozenset(("Cc", "Cf", "Cs", "Zl", "Zp"))
-
-
-def printable(text: str) -> str:
-    """``text`` safe for a terminal and a log line: a file name any member may choose (a
-    newline forges a line of ``verify`` or of the daemon's log; ESC sequences retitle or
-    rewrite the operator's terminal) has its control, format and undecodable characters
-    escaped (``\\n``, ``\\x1b``, ``\\xff`` for a byte that is not UTF-8) — the name
-    stays recognisable, and ``--json`` keeps the exact name."""
-    if text.isprintable():
-        return text
-    out = []
-    for ch in text:
-        if unicodedata.category(ch) not in _UNPRINTABLE:
-            out.append(ch)
-        elif 0xDC80 <= ord(ch) <= 0xDCFF:  # a byte os.fsdecode could not decode
-            out.append(f"\\x{ord(ch) - 0xDC00:02x}")
-        else:
-            out.append(ch.encode("unicode_escape", "backslashreplace").decode("ascii"))
-    return "".join(out)
-
-
-class SafeFormatter(logging.Formatter):
-    """A log formatter that escapes the message (:func:`printable`): one event, one line,
-    whatever names it carries. Tracebacks (``-v``) are added after, as they are."""
-
-    def formatMessage(self, record: logging.LogRecord) -> str:
-        record.message = printable(record.message)
-        return super().formatMessage(record)
 
 
 if TYPE_CHECKING:  # click ≥ 8.2 makes ParamType generic; 8.1 (allowed) cannot subscript it
@@ -221,12 +166,12 @@ def warning(message: str) -> None:
     """One warning line on stderr (not with ``-q``)."""
     if VERBOSITY.level < 0:
         return
-    click.echo(printable(f"cachemgr: warning: {message}"), err=True)
+    click.echo(warning_line(message), err=True)
 
 
 def emit_json(data: Any) -> None:
     """Print ``data`` as one JSON document on stdout."""
-    click.echo(json.dumps(data, indent=2, ensure_ascii=False, default=str))
+    click.echo(json_text(data))
 
 
 def stdout_is_tty() -> bool:
@@ -329,6 +274,7 @@ def route(
     if local_only:
         return Route("local", None, None, f"{local_only} runs the command in this process")
     from cachemgr.client import Client, default_socket_path
+    from cachemgr.sockcheck import UntrustedDaemon
 
     path = named[1] if named else default_socket_path()
     if named is None and not os.path.lexists(path):  # no daemon: no HTTP client to import

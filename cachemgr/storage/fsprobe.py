@@ -21,7 +21,6 @@ import logging
 import os
 import stat
 import struct
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -174,6 +173,8 @@ def probe_locks(
 
 
 def _probe_fd(folder: Path, path: Path, fd: int, timeout_s: float) -> LockProbe:
+    import subprocess  # here: only a lock probe runs a child, a CLI hit does not (issue 14)
+
     try:
         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
         ofd = _ofd_struct(fcntl.F_WRLCK)

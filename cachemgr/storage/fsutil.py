@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import ctypes
 import errno
 import fcntl
 import functools
-import hashlib
 import logging
 import os
 import stat
@@ -27,7 +25,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from cachemgr.constants import short_host
 from cachemgr.errors import LockBusyError
@@ -390,6 +388,8 @@ def sha256_noatime(
 
     :raises OSError: as :func:`_open_noatime` (:class:`FileTooLargeError` over ``max_bytes``).
     """
+    import hashlib  # here: OpenSSL's import is a hit's cost, not every command's (issue 14)
+
     digest, size = hashlib.sha256(), 0
     with _open_noatime(path, dir_fd, single_link=single_link, max_bytes=max_bytes) as fd:
         while chunk := os.read(fd, READ_CHUNK_BYTES):
@@ -427,13 +427,20 @@ def touch_atime(path: Path, now_ns: int | None = None, dir_fd: int | None = None
         os.utime(name, None, dir_fd=dir_fd, follow_symlinks=False)
 
 
-class _Timespec(ctypes.Structure):
-    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
-
-
 _UTIME_NOW, _UTIME_OMIT = (1 << 30) - 1, (1 << 30) - 2
 _AT_FDCWD, _AT_SYMLINK_NOFOLLOW = -100, 0x100
-_LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+@functools.cache
+def _libc() -> tuple[Any, Any]:
+    """The C library (``ctypes``) and its ``struct timespec``, loaded on first use: ctypes
+    is imported by the commands that set access times only (issue 14 item 1)."""
+    import ctypes
+
+    class Timespec(ctypes.Structure):
+        _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+    return ctypes.CDLL(None, use_errno=True), Timespec
 
 
 def _utimensat_atime_now(path: Path, dir_fd: int | None = None) -> bool:
@@ -443,13 +450,16 @@ def _utimensat_atime_now(path: Path, dir_fd: int | None = None) -> bool:
 
     :raises OSError: the file is gone (``ENOENT``/``ESTALE``) or the filesystem read-only.
     """
-    utimensat = getattr(_LIBC, "utimensat", None)
+    libc, timespec = _libc()
+    utimensat = getattr(libc, "utimensat", None)
     if utimensat is None:
         return False
-    times = (_Timespec * 2)(_Timespec(0, _UTIME_NOW), _Timespec(0, _UTIME_OMIT))
+    times = (timespec * 2)(timespec(0, _UTIME_NOW), timespec(0, _UTIME_OMIT))
     where = _AT_FDCWD if dir_fd is None else dir_fd  # relative to the open folder (item 1)
     if utimensat(where, os.fsencode(at(path, dir_fd)), times, _AT_SYMLINK_NOFOLLOW) == 0:
         return True
+    import ctypes  # loaded by _libc above
+
     err = ctypes.get_errno()
     if err in GONE_ERRNOS or err == errno.EROFS:
         raise OSError(err, os.strerror(err), str(path))

@@ -1,0 +1,195 @@
+"""What the command line writes, without click (layer below ``cli``, above the daemon): the
+verbosity, terminal-safe text, the log format, and the report of ``cachemgr config``.
+
+Both ways into the CLI use these: the click commands (:mod:`cachemgr.cli`) and the start-up
+fast path (:mod:`cachemgr.main`, issue 14 item 1), which answers ``cachemgr config`` without
+importing click — so the two print the same bytes by construction, not by a copy kept in
+step. Nothing here imports click.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import unicodedata
+from typing import TYPE_CHECKING, Any
+
+from cachemgr.errors import ConfigError
+
+if TYPE_CHECKING:
+    from cachemgr.config.options import Settings
+
+#: One line of output: (True for stderr, the text without its newline).
+Line = tuple[bool, str]
+
+
+class Verbosity:
+    """How much the CLI says: -1 with ``-q`` (errors only), 0 normal, 1+ with ``-v``.
+
+    ``-v``/``-q`` may stand before or after the subcommand; each adds to :attr:`level`.
+    """
+
+    def __init__(self) -> None:
+        self.level = 0
+
+    def set(self, level: int) -> None:
+        """Set the level and the log level (WARNING at 0, INFO at 1, DEBUG at 2+, ERROR -1)."""
+        self.level = level
+        log_level = max(logging.WARNING - 10 * level, logging.DEBUG)
+        logging.basicConfig(format=LOG_FORMAT)
+        for handler in logging.getLogger().handlers:
+            if not isinstance(handler.formatter, SafeFormatter):
+                handler.setFormatter(SafeFormatter(LOG_FORMAT))
+        logging.getLogger().setLevel(log_level)
+
+
+#: The one verbosity of this CLI run.
+VERBOSITY = Verbosity()
+
+#: The CLI's log lines: ``WARNING cachemgr.x: message``.
+LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
+
+#: Character classes shown escaped: controls (ESC starts terminal sequences), format
+#: characters (bidi overrides), line/paragraph separators, undecodable bytes (surrogates).
+_UNPRINTABLE = frozenset(("Cc", "Cf", "Cs", "Zl", "Zp"))
+
+
+def printable(text: str) -> str:
+    """``text`` safe for a terminal and a log line: a file name any member may choose (a
+    newline forges a line of ``verify`` or of the daemon's log; ESC sequences retitle or
+    rewrite the operator's terminal) has its control, format and undecodable characters
+    escaped (``\\n``, ``\\x1b``, ``\\xff`` for a byte that is not UTF-8) — the name
+    stays recognisable, and ``--json`` keeps the exact name."""
+    if text.isprintable():
+        return text
+    out = []
+    for ch in text:
+        if unicodedata.category(ch) not in _UNPRINTABLE:
+            out.append(ch)
+        elif 0xDC80 <= ord(ch) <= 0xDCFF:  # a byte os.fsdecode could not decode
+            out.append(f"\\x{ord(ch) - 0xDC00:02x}")
+        else:
+            out.append(ch.encode("unicode_escape", "backslashreplace").decode("ascii"))
+    return "".join(out)
+
+
+class SafeFormatter(logging.Formatter):
+    """A log formatter that escapes the message (:func:`printable`): one event, one line,
+    whatever names it carries. Tracebacks (``-v``) are added after, as they are."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = printable(record.message)
+        return super().formatMessage(record)
+
+
+def warning_line(message: str) -> str:
+    """The warning line the CLI prints on stderr (not with ``-q``)."""
+    return printable(f"cachemgr: warning: {message}")
+
+
+def json_text(data: Any) -> str:
+    """``data`` as the one indented JSON document a command prints (``--json``)."""
+    return json.dumps(data, indent=2, ensure_ascii=False, default=str)
+
+
+def reader_gone() -> None:
+    """The reader of our stdout has gone (``cachemgr ls | head``): stop quietly, exit 0.
+
+    Output that is still buffered would fail again at exit, so stdout goes to /dev/null.
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    sys.exit(0)
+
+
+# --- cachemgr config -----------------------------------------------------------------------
+
+#: The order ``config`` prints in (SPEC §1, §2, §5, §7), then anything else.
+SHOWN = (
+    "op_compiler_cache_mode",
+    "op_compiler_cache_dir",
+    "host_id",
+    "kernel_cache_dir",
+    "governed_kernel_caches",
+    "ini_path",
+    "max_op_cache_size",
+    "remain_cache_size_ratio",
+    "min_age_s",
+    "soc_version",
+    "jit_compile",
+    "op_debug_level",
+    "op_debug_config",
+    "debug_dir",
+    "kernel_meta_dir",
+)
+
+
+def _toolkit_rows(settings: Settings) -> dict[str, dict[str, Any]]:
+    """The installed toolkit's versions and where they were found, GE's way (SPEC §5)."""
+    from cachemgr.config import versions
+
+    installed = versions.installed_versions(os.environ, settings.sections)
+    rows = {}
+    for name, found in (("adk_version", installed.adk), ("ops_version", installed.ops)):
+        origin = "toolkit" if found.value else "unknown"
+        if found.source.startswith("config "):
+            origin = "option"
+        rows[f"installed_{name}"] = {"value": found.value, "origin": origin, "source": found.source}
+    return rows
+
+
+def _remote_row(settings: Settings, cli: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The remote tiers (issue 15 item 2), passwords redacted.
+
+    :raises ConfigError: a bad remote spec (its message is redacted).
+    """
+    from cachemgr.remote import config as remote_config
+
+    remotes = remote_config.from_settings(settings, list(cli))
+    source = "" if remotes.origin == "default" else remotes.origin
+    origin = "default" if not source else ("env" if source == remote_config.ENV_VAR else "file")
+    if source == "--remote":
+        origin = "option"
+    return {"value": remotes.display, "origin": origin, "source": source}
+
+
+def _shown(value: Any) -> str:
+    """A value as the config file would spell it (lists and tables as JSON), unset empty."""
+    if value is None:
+        return ""
+    if isinstance(value, list | dict):
+        return json.dumps(value)
+    return str(value)
+
+
+def config_report(
+    settings: Settings, as_json: bool, remotes: tuple[str, ...]
+) -> tuple[list[Line], int]:
+    """What ``cachemgr config`` prints after the settings' warnings, and its exit code: every
+    setting of every table, its value and origin (one JSON object with ``as_json``); 2 when
+    a value was invalid and a fallback was used, or (one line, nothing else) when a remote
+    spec is bad."""
+    data = settings.to_json()
+    names = [n for n in SHOWN if n in data] + sorted(set(data) - set(SHOWN))
+    data.update(_toolkit_rows(settings))
+    names += ["installed_adk_version", "installed_ops_version"]
+    try:
+        data["remote_storage"] = _remote_row(settings, remotes)
+    except ConfigError as exc:
+        return [(True, f"cachemgr: {exc}")], 2
+    names.append("remote_storage")
+    tables = settings.config.rows()
+    data.update(tables)
+    names += list(tables)
+    if as_json:
+        lines = [(False, json_text({n: data[n] for n in names}))]
+    else:
+        lines = []
+        for name in names:
+            item = data[name]
+            origin = item["origin"] + (f": {item['source']}" if item["source"] else "")
+            lines.append((False, f"({origin}) {name} = {_shown(item['value'])}"))
+    return lines, 2 if settings.problems else 0

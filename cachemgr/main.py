@@ -1,0 +1,209 @@
+"""The ``cachemgr`` console script (and ``python -m cachemgr``): a start-up fast path in front
+of the click CLI (issue 14 item 1), as git and ccache answer their common cases without
+loading everything.
+
+Importing click with json, logging and dataclasses alone costs 2.3× ``python -c pass``
+(``BENCHMARKS.md``, section startup), so the cases below are recognised from ``argv`` with
+the standard library and cachemgr's own click-free modules; everything else — any option
+this module does not know, any value it is not sure of, any error, any doubt — goes to the
+click CLI (:func:`cachemgr.cli.main`) with the original ``argv``, before anything was
+written:
+
+* ``cachemgr --help`` / ``-h``: the top-level help, rendered ahead by
+  ``scripts/manpages.py`` into :mod:`cachemgr.helptext` (``tests/test_startup.py`` fails
+  when it differs from click's live output), printed when click would render it at its
+  full width of 78 columns (a terminal of 80 columns or more, or not a terminal);
+* ``cachemgr config [--json] [--cache-dir DIR] [--host-id ID] [--soc SOC] [--config FILE]
+  [--remote URL]...``: the same settings resolution (:func:`cachemgr.config.options.resolve`)
+  and the same report (:func:`cachemgr.console.config_report`) as the click command; the
+  whole output is computed first (log lines included), then written, so a decline leaves
+  nothing behind.
+
+Shell completion (``$_CACHEMGR_COMPLETE``), ``--version`` and every other command are
+click's. A ``cachemgr compile`` hit is not answered here: its key, lookup and counters need the
+compile path's modules, which alone import at ~4× ``python -c pass`` (see BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+#: ``config``'s options that take a value (the click command's), and whether repeatable.
+_CONFIG_VALUES = {
+    "--cache-dir": ("op_compiler_cache_dir", False),
+    "--host-id": ("host_id", False),
+    "--soc": ("soc_version", False),
+    "--config": ("config_file", False),
+    "--remote": ("remotes", True),
+}
+
+
+def main() -> None:
+    """Console-script entry point: the fast path when it applies, else the click CLI."""
+    argv = sys.argv[1:]
+    if "_CACHEMGR_COMPLETE" in os.environ:  # shell completion is click's
+        pass
+    elif argv in (["--help"], ["-h"]):
+        if _full_width():
+            from cachemgr.helptext import TOP
+
+            _write([(False, TOP)], 0, gone=1)  # click's main exits 1 on EPIPE here
+    elif argv[:1] == ["config"]:
+        _config(argv[1:])
+    from cachemgr.cli import main as click_main
+
+    click_main()
+
+
+def _full_width() -> bool:
+    """True when click would render help at its full width (78 columns): its
+    ``HelpFormatter`` takes ``min(terminal columns, 80) - 2``, the columns from
+    :func:`shutil.get_terminal_size` (``$COLUMNS``, the terminal, else 80)."""
+    import shutil
+
+    return shutil.get_terminal_size().columns >= 80
+
+
+def _config(args: list[str]) -> None:
+    """``cachemgr config`` without click, when ``args`` are options it knows; returns (to
+    hand over to click) otherwise or on any error, having written nothing."""
+    given = _parse_config(args)
+    if given is None:
+        return
+    import logging
+
+    from cachemgr.console import LOG_FORMAT, VERBOSITY, SafeFormatter
+
+    records: list[str] = []
+    handler = _list_handler_class()(records)
+    handler.setFormatter(SafeFormatter(LOG_FORMAT))
+    root = logging.getLogger()
+    root.addHandler(handler)  # logging.basicConfig (VERBOSITY.set) then adds no other
+    try:
+        VERBOSITY.set(0)
+        lines = _config_lines(given)
+    except Exception:
+        lines = None
+    finally:
+        root.removeHandler(handler)
+    if lines is None:
+        return
+    report, code = lines
+    _write([(True, r) for r in records] + report, code)
+
+
+def _parse_config(args: list[str]) -> dict[str, object] | None:
+    """The click command's values for ``args``, or None for anything not plainly one of its
+    options (``-v``, ``--help``, ``--``, a value that looks like an option, a repeated
+    option, an argument…)."""
+    from pathlib import Path
+
+    given: dict[str, object] = {"as_json": False, "remotes": ()}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        name, eq, value = arg.partition("=")
+        if arg == "--json":
+            given["as_json"] = True
+            i += 1
+            continue
+        if name not in _CONFIG_VALUES:
+            return None
+        if not eq:
+            if i + 1 >= len(args):
+                return None
+            value = args[i + 1]
+            i += 1
+        i += 1
+        key, repeatable = _CONFIG_VALUES[name]
+        if not value or value.startswith("-"):
+            return None
+        if repeatable:
+            given[key] = (*given[key], value)  # type: ignore[misc]
+        elif key in given:
+            return None
+        elif key == "config_file":
+            if not _plain_file_option(value):
+                return None
+            given[key] = Path(value)
+        else:
+            given[key] = value
+    return given
+
+
+def _plain_file_option(value: str) -> bool:
+    """True when click's ``Path(dir_okay=False)`` takes ``value`` as it is: a missing path,
+    or a readable file that is not a folder."""
+    import stat
+
+    try:
+        st = os.stat(value)
+    except OSError:
+        return True
+    return not stat.S_ISDIR(st.st_mode) and os.access(value, os.R_OK)
+
+
+def _config_lines(given: dict[str, object]) -> tuple[list[tuple[bool, str]], int] | None:
+    """What the click command prints (warnings, then the report) and its exit code; None
+    when its text could print differently through click (``click.echo`` strips escape
+    sequences from a pipe, re-encodes a non-UTF-8 stream).
+
+    :raises Exception: any error of the resolution: click then answers (and words it).
+    """
+    from cachemgr.config import options
+    from cachemgr.console import config_report, warning_line
+
+    cli = {k: given.get(k) for k in ("op_compiler_cache_dir", "host_id", "soc_version")}
+    config_file = given.get("config_file")
+    settings = options.resolve(cli=cli, config_file=config_file, writable=True)  # type: ignore[arg-type]
+    lines = [(True, warning_line(p)) for p in settings.problems]
+    report, code = config_report(settings, bool(given["as_json"]), given["remotes"])  # type: ignore[arg-type]
+    lines += report
+    if not _plain_text([text for _, text in lines]):
+        return None
+    return lines, code
+
+
+def _plain_text(texts: list[str]) -> bool:
+    """True when every line prints as it is through ``click.echo`` too: printable text
+    (newlines aside) on UTF-8 streams."""
+    for stream in (sys.stdout, sys.stderr):
+        if (getattr(stream, "encoding", "") or "").lower().replace("-", "") != "utf8":
+            return False
+    return all(line.isprintable() for text in texts for line in text.split("\n"))
+
+
+def _list_handler_class() -> type:
+    import logging
+
+    class ListHandler(logging.Handler):
+        """Keeps formatted log lines, to be written with the rest of the output."""
+
+        def __init__(self, into: list[str]) -> None:
+            super().__init__()
+            self.into = into
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.into.append(self.format(record))
+
+    return ListHandler
+
+
+def _write(lines: list[tuple[bool, str]], code: int, gone: int = 0) -> None:
+    """Write ``lines`` (each with a newline, flushed, as ``click.echo``) and exit ``code``;
+    when the reader of stdout has gone, exit ``gone`` quietly (as the click CLI: 0 from a
+    command, 1 from ``--help``, which click's own ``main`` handles)."""
+    try:
+        for to_stderr, text in lines:
+            stream = sys.stderr if to_stderr else sys.stdout
+            stream.write(text + "\n")
+            stream.flush()
+    except BrokenPipeError:
+        from cachemgr.console import reader_gone
+
+        try:
+            reader_gone()
+        except SystemExit:
+            sys.exit(gone)
+    sys.exit(code)
