@@ -411,7 +411,7 @@ class Client:
                 return _Target(True, folder)
             if not decision.cache.write:
                 folder = Path(out_dir or Path.cwd()).absolute()
-                kernel_meta.check_base(folder, "output folder (out_dir)")
+                kernel_meta.check_output_dir(folder, "out_dir, default the current directory")
                 return _Target(False, folder)
         except InvalidInputError as exc:
             raise DaemonError(str(exc), 400) from exc

@@ -184,10 +184,13 @@ def config_report(
     tables = settings.config.rows()
     data.update(tables)
     names += list(tables)
+    from cachemgr.config.options import kernel_cache_reason, kernel_cache_why  # loaded already
+
+    data["kernel_cache_dir"]["why"] = kernel_cache_reason(settings)
     if as_json:
         lines = [(False, json_text({n: data[n] for n in names}))]
     else:
-        lines = []
+        lines = [(False, kernel_cache_why(settings))]  # which folder, and why (SPEC §2)
         for name in names:
             item = data[name]
             origin = item["origin"] + (f": {item['source']}" if item["source"] else "")

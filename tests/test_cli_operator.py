@@ -229,10 +229,7 @@ def test_only_the_daemons_own_user_may_stop_it(users: Users, other_runtime: Runt
         python=other_runtime.python, popen_kw=run_as(users.alice, users),
     )  # fmt: skip
     try:
-        # root is not the owner: refused over SO_PEERCRED, the daemon keeps serving
-        trusting = {**_env(d), "CACHEMGR_DAEMON_USER": users.alice}  # issue 10 item 7
-        proc = run_cli("stop", "--socket", str(d.socket_path), env=trusting)
-        assert proc.returncode == 2 and "only uid" in proc.stderr, proc.stderr
+        # root may stop it too, and a group member may not: tests/test_admin_endpoints.py
         assert Client(d.socket_path, local_hits=False, daemon_user=users.alice).available()
         own = subprocess.run(
             [other_runtime.python, "-m", "cachemgr", "stop", "--socket", str(d.socket_path)],

@@ -28,7 +28,10 @@ FILLER = 100 * 1024
 
 
 def _remount(mnt: Path, mode: str) -> None:
-    subprocess.run(["mount", "-o", f"remount,{mode}", str(mnt)], check=True)
+    """Remount ``mnt``; a read-only remount fails (EBUSY, exit 32) while a writer has a file
+    open on it — the clients and the CANN-like writer keep writing — so try until it takes."""
+    argv = ["mount", "-o", f"remount,{mode}", str(mnt)]
+    wait_for(lambda: subprocess.run(argv, capture_output=True).returncode == 0, 60, " ".join(argv))
 
 
 def run_faults(tmp_path: Path, seconds: float, n_clients: int) -> None:

@@ -20,6 +20,7 @@ from cachemgr.cli.common import (
     settings_options,
 )
 from cachemgr.cli.lockcheck import checked_for_writing
+from cachemgr.config.options import kernel_cache_why
 from cachemgr.remote import config as remote_config
 from cachemgr.remote.tierset import RemoteTiers
 from cachemgr.storage import entry, fsutil
@@ -39,8 +40,10 @@ def _iso(ns: int) -> str:
     return datetime.fromtimestamp(ns / 1e9, tz=UTC).isoformat(timespec="seconds")
 
 
-def list_chip(chip: Path) -> list[dict[str, Any]]:
-    """One row per entry of a chip folder, by name grouping (no access time changes)."""
+def list_chip(chip: Path) -> tuple[list[dict[str, Any]], int]:
+    """One row per entry of a chip folder, by name grouping (no access time changes), and the
+    bytes of every regular file in it — what ``stats`` reports and GE counts toward the
+    limit (``TeFileUtils::GetDirectorySize``), entries or not."""
     scan = entry.scan_chip(chip)
     rows = []
     for kernel in sorted(scan.entries):
@@ -57,7 +60,7 @@ def list_chip(chip: Path) -> list[dict[str, Any]]:
                 "parts": sorted(group.files),
             }
         )
-    return rows
+    return rows, scan.used_bytes
 
 
 @click.command("ls")
@@ -70,8 +73,13 @@ def ls_cmd(as_json: bool, raw_bytes: bool, **kw: Any) -> None:
     One aligned row per entry, oldest access last; the total goes to stderr.
     """
     settings = load_settings(writable=False, **kw)
+    rows: list[dict[str, Any]] = []
+    used = 0
     with fsutil.reads_keep_atime():
-        rows = [row for chip in chip_dirs(settings) for row in list_chip(chip)]
+        for chip in chip_dirs(settings):
+            found, chip_bytes = list_chip(chip)
+            rows += found
+            used += chip_bytes
     if as_json:
         emit_json(rows)
         return
@@ -90,9 +98,25 @@ def ls_cmd(as_json: bool, raw_bytes: bool, **kw: Any) -> None:
         header = ("SOC", "KERNEL", "OP TYPE", "BYTES" if raw_bytes else "SIZE")
         human.table((*header, "LAST ACCESS (UTC)", "PARTS"), shown, right=(3,))
     if VERBOSITY.level >= 0:
-        total = sum(row["bytes"] for row in rows)
-        amount = f"{total} B" if raw_bytes else human.size(total)
-        click.echo(f"{human.plural(len(rows), 'entry', 'entries')}, {amount}", err=True)
+        click.echo(_total_line(rows, used, raw_bytes), err=True)
+        click.echo(kernel_cache_why(settings), err=True)
+
+
+def _total_line(rows: list[dict[str, Any]], used: int, raw_bytes: bool) -> str:
+    """``N entries, X`` — and, when the chip folders hold more than their entries (lock files,
+    temps, orphans, strays), the bytes ``stats`` shows and the limit counts, labelled."""
+
+    def size(n: int) -> str:
+        return f"{n} B" if raw_bytes else human.size(n)
+
+    total = sum(row["bytes"] for row in rows)
+    line = f"{human.plural(len(rows), 'entry', 'entries')}, {size(total)}"
+    if used > total:
+        line += (
+            f"; the chip folders hold {size(used)} in all files, as `stats` shows and the "
+            f"limit counts ({size(used - total)} not in entries: locks, temps, orphans)"
+        )
+    return line
 
 
 def _short_parts(kernel: str, parts: list[str]) -> str:

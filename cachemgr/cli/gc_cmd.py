@@ -322,19 +322,22 @@ def stats_cmd(
     if as_json:
         emit_json(data.to_json())
         return
-    _print_stats(data)
+    _print_stats(data, options.kernel_cache_reason(settings))
 
 
 #: Counters shown on their own lines before the others.
 _NOT_COUNTERS = {"hits", "misses"}
 
 
-def _print_stats(stats: StatsResult) -> None:
-    """ccache-like: hit rate, every counter, the limits, each chip folder's fill."""
+def _print_stats(stats: StatsResult, why: str = "") -> None:
+    """ccache-like: which kernel cache and ``why`` (:func:`options.kernel_cache_reason`), hit
+    rate, every counter, the limits, each chip folder's fill (bytes of every file in it, as
+    GE counts them toward the limit; ``ls`` sums entries and labels the difference)."""
     hits, misses = stats.hits, stats.misses
     lookups = hits + misses
     lines = [
         ("Kernel cache", f"{stats.kernel_cache_dir} (via {stats.via})"),
+        *([("Chosen because", why)] if why else []),
         ("Hits", f"{hits} / {lookups} ({human.percent(hits, lookups)})"),
         ("Misses", f"{misses} / {lookups} ({human.percent(misses, lookups)})"),
     ]

@@ -18,6 +18,7 @@ from typing import Any
 import click
 
 from cachemgr.cli.common import cache_options, emit_json, load_settings, route, socket_option
+from cachemgr.client import Client, DaemonError
 from cachemgr.config import ini, versions
 from cachemgr.config.options import Settings
 from cachemgr.constants import NEVER_EVICT
@@ -148,7 +149,7 @@ def set_cmd(
     )
     where = route(socket_path, run_local, settings)
     where.announce()
-    reloaded = where.client.reload() if where.client is not None else None
+    reloaded, refused = _reload(where.client)
     data = {
         "ini_path": str(written.path),
         ini.MAX_KEY: max_mb,
@@ -156,6 +157,7 @@ def set_cmd(
         ini.ADK_KEY: written.adk_version,
         ini.OPS_KEY: written.ops_version,
         "daemon_reloaded": reloaded,
+        "daemon_reload_refused": refused or None,
         "route": where.to_json(),
     }
     if as_json:
@@ -169,5 +171,24 @@ def set_cmd(
         )
         if reloaded is not None:
             click.echo(f"the daemon at {where.socket} reloaded it")
+        if refused:
+            click.echo(
+                f"the daemon at {where.socket} follows it at its next reconciliation "
+                f"(only its user or root may reload it now: {refused})"
+            )
     if reloaded is not None and not reloaded.get("reloaded", True):
         sys.exit(1)
+
+
+def _reload(client: Client | None) -> tuple[dict[str, Any] | None, str]:
+    """Ask the daemon serving the cache to reload: ``(its answer, "")``, or ``(None, why)``
+    when it refused because ``/reload`` is for its own user and root (``403``): the ini is
+    written all the same and the daemon re-reads an edited ``op_cache.ini`` on its own."""
+    if client is None:
+        return None, ""
+    try:
+        return client.reload(), ""
+    except DaemonError as exc:
+        if exc.status != 403:
+            raise
+        return None, str(exc)

@@ -170,7 +170,7 @@ def stop_cmd(socket_path: Path | None, wait_s: float) -> None:
     """Ask the daemon to stop (like sccache --stop-server); wait until it has exited.
 
     The daemon stops as on SIGTERM: it takes no new work, lets running compiles finish
-    and exits 0. Only its own user may stop it. Exit 1 when no daemon answers or it is
+    and exits 0. Only its own user or root may stop it. Exit 1 when no daemon answers or it is
     still running after --wait seconds.
     """
     client = Client(socket_path or default_socket_path(), timeout_s=30, local_hits=False)

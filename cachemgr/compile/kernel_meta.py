@@ -103,17 +103,57 @@ def check_base(kernel_meta_dir: Path, origin: str = "") -> None:
 
     :raises InvalidInputError: one line naming the folder, where it came from and what to set.
     """
-    probe = Path(kernel_meta_dir)
+    _check_writable(
+        kernel_meta_dir,
+        "debug output folder",
+        origin,
+        "set debug_dir (--debug-dir) or ASCEND_WORK_PATH to a folder you can write",
+    )
+
+
+#: Where a kernel compiled outside the cache goes on the command line (``--mode disable``, or
+#: a cache this user cannot write): ``cachemgr compile --out-dir``.
+OUTPUT_DIR_ORIGIN = "--out-dir, default the current directory"
+
+
+def check_output_dir(output_dir: Path, origin: str = OUTPUT_DIR_ORIGIN) -> None:
+    """Refuse, before compiling, an output folder for kernels compiled outside the cache
+    (``disable``, or a cache this user cannot write) that this user cannot create or write —
+    as :func:`check_base` does for ``kernel_meta`` — instead of failing after the compile.
+
+    :raises InvalidInputError: one line naming the folder, where it came from and what to set.
+    """
+    _check_writable(
+        output_dir,
+        "output folder",
+        origin,
+        "give --out-dir a folder you can write (kernels compiled outside the cache go there)",
+    )
+
+
+def _check_writable(folder: Path, what: str, origin: str, fix: str) -> None:
+    """:raises InvalidInputError: ``folder`` (or the nearest existing folder above it, where
+    it would be created) is not writable by this user."""
+    probe = Path(folder)
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     if probe.is_dir() and os.access(probe, os.W_OK | os.X_OK):
         return
     where = f" ({origin})" if origin else ""
     raise InvalidInputError(
-        f"debug output folder {kernel_meta_dir}{where} cannot be written by user "
-        f"{fsutil.user_name()} ({probe} is not writable); set debug_dir (--debug-dir) or "
-        "ASCEND_WORK_PATH to a folder you can write"
+        f"{what} {folder}{where} cannot be written by user {fsutil.user_name()} "
+        f"({probe} is not writable); {fix}"
     )
+
+
+def goes_outside_the_cache(chip_dir: Path) -> bool:
+    """True when this user cannot write ``chip_dir`` (or, while it does not exist, the nearest
+    folder above it): a compile through the cache will then be delivered outside it
+    (``publisher._compile_outside``), so its output folder must be checked first."""
+    probe = Path(chip_dir)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    return not (probe.is_dir() and os.access(probe, os.W_OK | os.X_OK))
 
 
 def build_dir(process_folder: Path, kernel: str) -> Path:

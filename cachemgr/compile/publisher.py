@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cachemgr.compile import inputs, precompiled
+from cachemgr.compile import inputs, kernel_meta, precompiled
 from cachemgr.compile.build import (
     COMPILED,
     HIT,
@@ -334,6 +334,8 @@ def _compile_outside(
         found = None  # a folder we may not use: compile
     if found is not None and found.hit:
         return CompileOutcome(p.kernel, HIT, found.files, request=p.request.origin)
+    if ctx.output_dir is not None:  # where the kernel will go: refused before compiling
+        kernel_meta.check_output_dir(ctx.output_dir)
     result = p.backend.compile(compile_job(p, ctx.build_dir()))
     warning = f"{p.kernel} compiled but not cached: {reason}"
     if warn:

@@ -226,6 +226,7 @@ class CompileQueue:
                 if quick is not None:
                     quick = build.with_policy(quick, prepared)
                     return self._answered(quick, start, prepared.chip_dir)
+                self._check_output_dir(prepared)
                 frozen = build.freeze(prepared)
                 if frozen is not None:
                     return self._enqueue(frozen, priority, start, caller)
@@ -530,6 +531,28 @@ class CompileQueue:
         roots = self._given_roots + _config_roots(settings)
         with self._lock:
             self.settings, self._compilers, self.binary_dirs = settings, compilers, roots
+
+    def _check_output_dir(self, prepared: Prepared) -> None:
+        """Before a compile whose kernel goes to the output folder — ``disable``, or a chip
+        folder this user cannot write (compiled outside the cache) — refuse an output folder
+        this user cannot write, as ``kernel_meta`` is checked for debug compiles; a hit never
+        needs it (checked after the fast path).
+
+        :raises InvalidInputError: one line naming the folder and where it came from.
+        """
+        out = self._ctx.output_dir
+        if out is None or prepared.deliver or prepared.decision.debug.on:
+            return
+        if not prepared.decision.cache.write or kernel_meta.goes_outside_the_cache(
+            prepared.chip_dir
+        ):
+            kernel_meta.check_output_dir(out)
+
+    def set_remotes(self, remotes: RemoteTiers | None) -> None:
+        """Use ``remotes`` for new work (a reload changed ``[remote]``); jobs already past
+        their remote lookup keep the tiers they used."""
+        with self._lock:
+            self._ctx.remotes = remotes
 
     def close(self, cancel_pending: bool = False, timeout_s: float | None = None) -> None:
         """Stop accepting work; finish (or, with ``cancel_pending``, fail) pending jobs; wait for

@@ -190,6 +190,13 @@ class DaemonConfig:
         default=30.0,
         metadata=rule("float", 1, MAX_SECONDS, text=f"a number of seconds 1..{MAX_SECONDS:g}"),
     )
+    # a whole request (request line, headers and body) must arrive within this many seconds
+    # of its first byte, or it is answered 408 and the connection closed (slowloris); the
+    # answer (a long compile) is not limited by it
+    request_timeout_s: float = field(
+        default=30.0,
+        metadata=rule("float", 1, MAX_SECONDS, text=f"a number of seconds 1..{MAX_SECONDS:g}"),
+    )
     # compile jobs one caller (uid) may have queued or running; more → 429
     max_queued_per_caller: int = 1000
     # the highest priority a caller other than the daemon's user (or root) may ask for

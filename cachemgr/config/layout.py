@@ -28,6 +28,22 @@ KERNEL_META = "kernel_meta"
 # SPEC §1: a-z A-Z 0-9 _ - . , Chinese characters, and / as separator.
 _PATH_RE = re.compile(r"^[A-Za-z0-9_\-./\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+\Z")
 _NAME_RE = re.compile(r"^[A-Za-z0-9_\-.]+\Z")
+#: A chip folder's name is a ``soc_version``. GE makes the chip folder as
+#: ``<cache dir>/kernel_cache/ + soc_version`` (``cache/te_cache_manager.cc``,
+#: ``TeCacheManager::SetCacheDirPath``, created by ``CheckAndMakeCacheDir``) and never lists the
+#: kernel cache: nothing else there is a chip folder to it. Every ``soc_version`` of CANN's
+#: platform table (:mod:`cachemgr.config.socs`) is letters, digits, ``_`` and ``-`` and starts
+#: with a letter or digit — never a ``.``: so ``op_cache.ini``, ``<soc>.chip.lock``,
+#: ``*.temp``, ``.nfs*``, a planted ``X.chip.lock/`` folder are never chip folders.
+CHIP_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]*\Z")
+
+
+def is_chip_folder(entry: os.DirEntry[str]) -> bool:
+    """True when ``entry`` (of a kernel cache folder's listing) is a chip folder as CANN
+    makes them: a real folder (not a link: never followed, docs/security.md item 1) named
+    like a ``soc_version`` (:data:`CHIP_NAME_RE`). Files, links, FIFOs, lock files and
+    planted folders with other names are left alone by purge, gc, ls, stats and the daemon."""
+    return bool(CHIP_NAME_RE.match(entry.name)) and entry.is_dir(follow_symlinks=False)
 
 
 def validate_path_value(value: str, name: str, origin: str) -> Path:
@@ -121,6 +137,11 @@ class CacheLayout:
         :raises ConfigError: for a soc_version that is not a plain folder name.
         """
         chip = self.kernel_cache_dir / validate_name(soc_version, "soc_version", "argument")
+        if not CHIP_NAME_RE.match(soc_version):
+            raise ConfigError(
+                f"soc_version={soc_version!r} cannot name a chip folder: a soc_version is "
+                "letters, digits, '_' and '-' (no '.'), as CANN's chip names are"
+            )
         if os.path.islink(chip):
             raise ConfigError(
                 f"chip folder {chip} is a symlink; cachemgr never follows symlinks inside the "
@@ -139,9 +160,7 @@ class CacheLayout:
         try:
             with SafeDir.open_kernel_cache(self.kernel_cache_dir) as folder:
                 found = [
-                    self.kernel_cache_dir / e.name
-                    for e in folder.scandir()
-                    if e.is_dir(follow_symlinks=False) and _NAME_RE.match(e.name)
+                    self.kernel_cache_dir / e.name for e in folder.scandir() if is_chip_folder(e)
                 ]
         except FileNotFoundError:
             return []

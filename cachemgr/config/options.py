@@ -336,6 +336,46 @@ def _resolve_kernel_cache(
     return Resolved(layout.kernel_cache_for_home(root), ORIGIN_DEFAULT, "$HOME/atc_data")
 
 
+def kernel_cache_why(settings: Settings) -> str:
+    """One line: which kernel cache folder was chosen and why (SPEC §2), for ``config``,
+    ``ls`` and ``stats``: ``kernel cache <path>: <reason>`` (:func:`kernel_cache_reason`)."""
+    return f"kernel cache {settings.value('kernel_cache_dir')}: {kernel_cache_reason(settings)}"
+
+
+def kernel_cache_reason(settings: Settings) -> str:
+    """Why the kernel cache folder is where it is (SPEC §2). GE builds its folder the same way
+    for every source — ``<op_compiler_cache_dir or ASCEND_CACHE_PATH or $HOME/atc_data>/
+    kernel_cache/<soc>`` (``cache/te_cache_manager.cc``, ``TeCacheManager::SetCacheDirPath``)
+    — while SPEC §2 (the seed) gives ``ASCEND_CACHE_PATH`` a per-host
+    ``kernel_cache_<host id>``; the reason says so whenever the two differ, and that GE's
+    folder is governed too."""
+    kc = settings["kernel_cache_dir"]
+    if kc.source == "ASCEND_CACHE_PATH":
+        root = Path(kc.value).parent
+        host = settings["host_id"]
+        if not host.value:
+            return (
+                f"ASCEND_CACHE_PATH={root}, plain {layout.KERNEL_CACHE} as host_id is empty "
+                f"(from {host.origin}) — the folder GE uses"
+            )
+        return (
+            f"ASCEND_CACHE_PATH={root} gives kernel_cache_<host id>, host_id {host.value!r} "
+            f"(from {host.origin}: {host.source or 'set'}) — the per-host folder of CANN's "
+            f'documentation; GE itself uses {root / layout.KERNEL_CACHE} (host_id = "" '
+            "selects it) and governed too"
+        )
+    if kc.origin == ORIGIN_DEFAULT:
+        return (
+            "neither op_compiler_cache_dir (--cache-dir) nor ASCEND_CACHE_PATH is set, so "
+            "$HOME/atc_data/kernel_cache — the folder GE uses"
+        )
+    where = f"{kc.origin} {kc.source}".strip()
+    return (
+        f"op_compiler_cache_dir={Path(kc.value).parent} (from {where}) gives "
+        f"<dir>/{layout.KERNEL_CACHE} — the folder GE uses for that option"
+    )
+
+
 def _governed(kcache: Resolved, env: Mapping[str, str]) -> Resolved:
     """SPEC §2: with the cache under ``${ASCEND_CACHE_PATH}``, gc, stats and the daemon govern
     every kernel cache folder there (``kernel_cache``, ``kernel_cache_*``), the resolved one

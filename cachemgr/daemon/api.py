@@ -11,14 +11,19 @@
 | POST   | /lookup         | verified lookup: ``{"soc_version", "kernel_name"}`` |
 | POST   | /compile        | ``{"request", "base_dir", "wait", "priority"}`` → outcome or job id |
 | GET    | /jobs/{id}      | state of a submitted compile |
-| POST   | /reload         | reload config and op_cache.ini (same path as SIGHUP) |
+| POST   | /reload         | reload config and op_cache.ini (same path as SIGHUP); admin |
 | POST   | /hits           | ``{"hits": n}``: hits a client served itself, for the counters |
-| POST   | /stats/zero     | reset the counters of the kernel cache served (``stats --zero``) |
-| POST   | /stop           | stop as on SIGTERM; only the daemon's own user, on the Unix socket |
+| POST   | /stats/zero     | reset the counters of the cache served (``stats --zero``); admin |
+| POST   | /stop           | stop as on SIGTERM; admin |
+
+*admin*: only the daemon's own user and root, as ``SO_PEERCRED`` on the Unix socket tells it
+(:data:`ADMIN_ONLY`); the socket is group-writable and group members may use the cache, not
+run the service. The audit of every endpoint (who may, and why) is in ``docs/security.md``.
 
 Errors are ``{"error": "<one line>"}`` with 400 (bad input), 401/403/415/421 (TCP guard;
-403 also for ``/stop`` by another user), 404, 405, 413, 429 (a caller over its share of
-connections or queued jobs), 503 (stopping).
+403 also for an admin endpoint asked by anyone else), 404, 405, 408 (a request not read whole
+within ``request_timeout_s``), 413, 429 (a caller over its share of connections or queued
+jobs), 503 (stopping).
 """
 
 from __future__ import annotations
@@ -33,8 +38,15 @@ from cachemgr.compile.results import GcResult, StatsResult
 from cachemgr.daemon import peer
 from cachemgr.daemon.server import Response, error
 from cachemgr.errors import CacheMgrError
+from cachemgr.peer import user_name
 
 Alive = Callable[[], bool]
+
+#: Endpoints that change the service's own state rather than use the cache: only the daemon's
+#: user and root may call them. The others stay open to every caller the socket admits —
+#: ``/compile``, ``/lookup``, ``/hits`` (every client reports its local hits) and ``/gc`` (a
+#: group member may already evict by hand: the entries are group-writable, SPEC §9).
+ADMIN_ONLY = frozenset({"/reload", "/stats/zero", "/stop"})
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +118,10 @@ class Api:
                 body = {}
             if not isinstance(body, dict):
                 return error(400, f"{path}: body must be a JSON object, not {type(body).__name__}")
+            if path in ADMIN_ONLY:
+                refusal = admin_refusal(path)
+                if refusal is not None:
+                    return refusal
             if path == "/compile" and not self.service.accepting:
                 return error(503, "daemon is stopping; not taking new work")
             return self._post[path](body, alive)
@@ -130,17 +146,31 @@ class Api:
         return Response(status, data)
 
 
+def admin_refusal(path: str) -> Response | None:
+    """None when the caller of this request may call admin endpoint ``path``: it runs as the
+    daemon's own uid or as root, as ``SO_PEERCRED`` on the Unix socket tells it (a TCP caller
+    has no kernel-vouched identity and may not); else ``403`` with one line saying who may."""
+    caller = peer.current()
+    if caller is None:  # in-process use, not a request
+        return None
+    uid = caller.uid
+    if uid is not None and uid in (os.getuid(), 0):
+        return None
+    who = "a TCP caller" if uid is None else f"uid {uid} ({user_name(uid)})"
+    log.warning("refused %s to %s: only the daemon's user or root may", path, caller.describe())
+    return error(
+        403,
+        f"{path}: only the daemon's user ({user_name(os.getuid())}, uid {os.getuid()}) or root "
+        f"may, on the Unix socket; you are {who}",
+    )
+
+
 def _stop(body: dict[str, Any], alive: Alive) -> Response:
     """``POST /stop`` (``cachemgr stop``, like ``sccache --stop-server``): the same path as
-    SIGTERM — stop taking work, let running compiles finish, exit 0. Only a caller with the
-    daemon's own uid, as ``SO_PEERCRED`` on the Unix socket tells it, may ask: the socket is
-    group-writable, and group members may compile but not stop the service."""
+    SIGTERM — stop taking work, let running compiles finish, exit 0. Admin only
+    (:data:`ADMIN_ONLY`): group members may compile but not stop the service."""
     caller = peer.current()
-    uid = caller.uid if caller is not None else None
-    if uid != os.getuid():
-        who = "a TCP caller" if uid is None else f"uid {uid}"
-        return error(403, f"/stop: only uid {os.getuid()} (the daemon's user) may, not {who}")
-    log.info("stop requested over the socket by uid %d", uid)
+    log.info("stop requested over the socket by %s", caller.describe() if caller else "?")
     os.kill(os.getpid(), signal.SIGTERM)
     return Response(200, {"stopping": True, "pid": os.getpid()})
 

@@ -9,10 +9,13 @@ its share, ``503`` when full) and closed, with a warning in the log (at most one
 member take that member's share, not the service.
 
 An admitted connection gets its own thread and a read timeout (``idle_timeout_s``): a caller
-that sends nothing, or stops halfway through a request, is closed. When the process runs out
-of descriptors (``EMFILE``/``ENFILE``) the accept loop does not spin on the pending
-connection: a reserved descriptor is released, the connection is accepted, answered ``503``
-and closed, and the reserve taken again (the libev/nginx idiom).
+that sends nothing, or stops halfway through a request, is closed. A caller that keeps sending
+too slowly (a byte a second: each read succeeds) meets the whole-request deadline
+(``request_timeout_s``, from a request's first byte to its last; :mod:`.server`).
+
+When the process runs out of descriptors (``EMFILE``/``ENFILE``) the accept loop does not
+spin on the pending connection: a reserved descriptor is released, the connection is
+accepted, answered ``503`` and closed, and the reserve taken again (the libev/nginx idiom).
 
 The caller of each request is handed to the service by :mod:`cachemgr.daemon.peer`.
 """
@@ -49,11 +52,14 @@ class Bounds:
     :ivar max_connections: connections held at once, in all.
     :ivar max_per_caller: connections held at once by one uid (TCP callers: one share).
     :ivar idle_timeout_s: a connection that sends nothing for this long is closed (seconds).
+    :ivar request_timeout_s: a request whose last byte (headers and body) has not arrived
+        this long after its first is answered 408 and closed (seconds; the slowloris).
     """
 
     max_connections: int = 512
     max_per_caller: int = 128
     idle_timeout_s: float = 30.0
+    request_timeout_s: float = 30.0
 
 
 class _Shed:

@@ -202,7 +202,10 @@ def run(
     try:
         service.start()
         bounds = Bounds(
-            config.max_connections, config.max_connections_per_caller, config.idle_timeout_s
+            config.max_connections,
+            config.max_connections_per_caller,
+            config.idle_timeout_s,
+            config.request_timeout_s,
         )
         server = HttpServer(
             Api(service), socket_path, tcp, config.max_body_bytes, bounds, tcp_guard

@@ -8,7 +8,9 @@ tells a long handler (a compile) whether the caller is still connected.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import io
 import json
 import logging
 import os
@@ -17,6 +19,7 @@ import socket
 import socketserver
 import stat
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
@@ -87,12 +90,103 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
+class RequestDeadline(Exception):
+    """A request's last byte did not arrive within its whole-request deadline (slowloris)."""
+
+
+class _DeadlineReader(io.RawIOBase):
+    """The connection as the handler reads it, with a whole-request deadline: from the first
+    byte of a request (:meth:`arm`, then the first read that returns data) until its body is
+    read (:meth:`disarm`) at most ``limit_s`` seconds may pass, however the bytes trickle in.
+    Each read still waits at most ``idle_s`` for the next bytes (the socket's timeout).
+
+    :raises RequestDeadline: from :meth:`readinto` once the deadline has passed.
+    """
+
+    def __init__(self, sock: socket.socket, idle_s: float | None, limit_s: float) -> None:
+        super().__init__()
+        self._sock = sock
+        self._idle_s = idle_s
+        self.limit_s = limit_s
+        self._armed = False
+        self._deadline: float | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def arm(self) -> None:
+        """A new request starts: its clock starts with its first byte."""
+        self._armed, self._deadline = True, None
+
+    def disarm(self) -> None:
+        """The request is read whole: later reads (the next request's) are not timed."""
+        self._armed, self._deadline = False, None
+
+    def readinto(self, buffer: Any) -> int:
+        if self._deadline is None:
+            got = self._sock.recv_into(buffer)  # waits up to idle_s for the first byte
+            if got and self._armed:
+                self._deadline = time.monotonic() + self.limit_s
+            return got
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise RequestDeadline
+        self._sock.settimeout(left if self._idle_s is None else min(left, self._idle_s))
+        try:
+            return self._sock.recv_into(buffer)
+        except TimeoutError:
+            if time.monotonic() >= self._deadline:
+                raise RequestDeadline from None
+            raise
+        finally:
+            self._sock.settimeout(self._idle_s)  # writes keep the idle timeout
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     default_request_version = "HTTP/1.1"  # so a garbage request line still gets a status line
     server_version = "cachemgr"
     # reads time out after [daemon] idle_timeout_s, set per connection (connections.py)
     timeout = None
+
+    def setup(self) -> None:
+        super().setup()
+        bounds = getattr(self.server, "bounds", None)
+        limit_s = bounds.request_timeout_s if bounds is not None else 30.0
+        self._reader = _DeadlineReader(self.connection, self.connection.gettimeout(), limit_s)
+        self.rfile = io.BufferedReader(self._reader)
+
+    def handle_one_request(self) -> None:
+        """One request, its request line, headers and body read within ``request_timeout_s``
+        of its first byte ([daemon] table, :class:`~.connections.Bounds`); a slower one is
+        answered 408 and the connection closed. The answer (a long compile) is not timed."""
+        self._reader.arm()
+        try:
+            super().handle_one_request()
+        except RequestDeadline:
+            self._too_slow()
+
+    def _too_slow(self) -> None:
+        limit = self._reader.limit_s
+        caller = peer.peer_credentials(self.connection)
+        who = caller.describe() if caller.uid is not None else "a TCP caller"
+        log.warning(
+            "closing the connection of %s: its request was not complete %g s after its first "
+            "byte ([daemon] request_timeout_s)",
+            who,
+            limit,
+        )
+        with contextlib.suppress(OSError):  # what has arrived, so closing does not reset
+            self.connection.recv(1 << 16, socket.MSG_DONTWAIT)
+        if not hasattr(self, "requestline"):  # the request line itself was too slow
+            self.requestline, self.command = "", ""
+            self.request_version = self.default_request_version
+        self.send_error(
+            408,
+            f"request not complete {limit:g} s after its first byte "
+            "([daemon] request_timeout_s); closing the connection",
+        )
+        self.close_connection = True
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         """Protocol errors (bad request line, headers) answered as JSON, like every error."""
@@ -157,6 +251,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self.close_connection = True
                 return refusal
         raw = self.rfile.read(length) if length else b""
+        self._reader.disarm()  # read whole: the answer (a long compile) is not timed
         body: Any = None
         if raw:
             try:

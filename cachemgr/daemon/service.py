@@ -83,7 +83,8 @@ class Service:
         self.events = Events()  # tier events: a full disk on publish → eviction (issue 15)
         #: the remote tiers of ``--remote`` / ``CACHEMGR_REMOTE_STORAGE`` / ``[remote]
         #: storage`` (issue 15)
-        self.remote_config = remote_config.from_settings(self._settings, list(remote_cli))
+        self._remote_cli = list(remote_cli)
+        self.remote_config = remote_config.from_settings(self._settings, self._remote_cli)
         self.remotes = RemoteTiers.from_config(self.remote_config)
         self.queue = CompileQueue(
             self._settings,
@@ -207,11 +208,14 @@ class Service:
             try:
                 new = self._resolve()
                 DaemonConfig.from_table(new.sections.get("daemon"))  # same checks as at start
+                remotes = remote_config.from_settings(new, self._remote_cli)  # password files too
             except CacheMgrError as exc:
                 log.error("reload refused, keeping the old configuration: %s", exc)
                 return {"reloaded": False, "error": str(exc)}
             self._settings = new
-            if self.remotes is not None:  # fixed credentials are tried again (issue 15)
+            if remotes != self.remote_config:
+                self._replace_remotes(remotes)
+            elif self.remotes is not None:  # fixed on the server's side: try again (issue 15)
                 self.remotes.enable_all()
             self.queue.update_settings(new)
             self.governance.retarget()
@@ -219,6 +223,23 @@ class Service:
             log.warning("%s", problem)
         log.info("configuration reloaded")
         return {"reloaded": True, "problems": list(new.problems)}
+
+    def _replace_remotes(self, config: remote_config.RemoteConfig) -> None:
+        """Use the remotes of ``config`` (a reload changed ``[remote]``, a password file or
+        ``CACHEMGR_REMOTE_STORAGE``'s reading): new tiers, enabled, for new compiles and
+        for entries the watcher sees; the old ones finish their queued uploads and close in
+        the background. A remote disabled for refused credentials comes back this way once
+        its credentials are fixed."""
+        old = self.remotes
+        self.remote_config = config
+        self.remotes = RemoteTiers.from_config(config)
+        self.queue.set_remotes(self.remotes)
+        writable = self.remotes is not None and self.remotes.writable
+        self.governance.on_entry = self._entry_seen if writable else None
+        names = ", ".join(t.name for t in self.remotes.tiers) if self.remotes else "none"
+        log.info("remotes reloaded: %s", names)
+        if old is not None:
+            threading.Thread(target=old.close, name="cachemgr-remote-close", daemon=True).start()
 
     def _ini_bytes(self) -> bytes | None:
         """The ini's bytes (no symlink followed, no FIFO opened, atime kept), or None."""

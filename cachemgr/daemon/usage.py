@@ -30,6 +30,7 @@ from pathlib import Path
 
 import xxhash
 
+from cachemgr.config.layout import is_chip_folder
 from cachemgr.storage import fsutil
 
 log = logging.getLogger(__name__)
@@ -98,7 +99,7 @@ class UsageIndex:
         """
         try:
             with os.scandir(self.kernel_cache_dir) as it:
-                chips = [e.name for e in it if e.is_dir(follow_symlinks=False)]
+                chips = [e.name for e in it if is_chip_folder(e)]
         except OSError as exc:
             if not isinstance(exc, NotADirectoryError) and exc.errno not in fsutil.GONE_ERRNOS:
                 raise

@@ -33,6 +33,7 @@ from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 from watchdog.observers.api import ObservedWatch
 
+from cachemgr.config.layout import is_chip_folder
 from cachemgr.storage import fsutil
 
 log = logging.getLogger(__name__)
@@ -164,7 +165,7 @@ class Watcher:
     def _chips_present(self) -> set[str] | None:
         try:
             with os.scandir(self.kernel_cache_dir) as it:
-                return {e.name for e in it if e.is_dir(follow_symlinks=False)}
+                return {e.name for e in it if is_chip_folder(e)}
         except OSError as exc:
             if isinstance(exc, NotADirectoryError) or exc.errno in fsutil.GONE_ERRNOS:
                 return None

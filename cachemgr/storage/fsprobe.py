@@ -25,6 +25,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from cachemgr.config.layout import is_chip_folder
 from cachemgr.constants import short_host
 from cachemgr.storage import fsutil
 
@@ -240,7 +241,7 @@ def access_problems(kernel_cache_dir: Path) -> list[str]:
     folders = [cur]
     if cur == Path(kernel_cache_dir):
         with contextlib.suppress(OSError):
-            folders += [Path(e.path) for e in os.scandir(cur) if e.is_dir(follow_symlinks=False)]
+            folders += [Path(e.path) for e in os.scandir(cur) if is_chip_folder(e)]
     for folder in folders:
         if not os.access(folder, os.W_OK | os.X_OK):
             problems.append(fsutil.access_hint(folder))
@@ -252,9 +253,7 @@ def world_writable(kernel_cache_dir: Path) -> list[Path]:
     found = []
     paths = [Path(kernel_cache_dir)]
     with contextlib.suppress(OSError):
-        paths += [
-            Path(e.path) for e in os.scandir(kernel_cache_dir) if e.is_dir(follow_symlinks=False)
-        ]
+        paths += [Path(e.path) for e in os.scandir(kernel_cache_dir) if is_chip_folder(e)]
     for path in paths:
         try:
             mode = os.lstat(path).st_mode

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from cachemgr.config.layout import CacheLayout
 from cachemgr.errors import CacheMgrError, InvalidEntryError, InvalidInputError
 from cachemgr.storage import entry, fsutil
 from cachemgr.storage.events import Events
@@ -232,9 +233,7 @@ class LocalTier:
         """Entries and bytes of every chip folder (a scan; no access time changes)."""
         entries = size = 0
         with fsutil.reads_keep_atime():
-            for chip in sorted(self.kernel_cache_dir.iterdir()) if self._exists() else ():
-                if not chip.is_dir() or chip.is_symlink():
-                    continue
+            for chip in CacheLayout(self.kernel_cache_dir).chip_dirs() if self._exists() else ():
                 scan = entry.scan_chip(chip)
                 entries += len(scan.entries)
                 for group in scan.entries.values():

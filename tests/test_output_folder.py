@@ -1,0 +1,105 @@
+"""A kernel compiled outside the cache goes to the output folder (``--out-dir``, default the
+current directory): with ``--mode disable``, or when the chip folder is not writable by this
+user (compiled outside the cache). An output folder the user cannot write is refused before
+the compiler runs — one line naming the folder and where it came from, exit 2 — as the
+``kernel_meta`` folder of a debug compile already was (``compile/kernel_meta.py``,
+``check_output_dir``). It used to fail after the compile, with a raw ``[Errno 13]``. A hit
+needs no output folder and is still served. Real users (root only), real CLI processes, a
+real counting compiler.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from tests.compile_util import calls, counting_cc
+from tests.conftest import SOC
+from tests.shared_util import kernel_request
+from tests.users_util import Runtime, Users, run_as
+
+
+def _compile(
+    users: Users, rt: Runtime, name: str, cwd: Path, *args: str
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [rt.python, "-m", "cachemgr", "compile", "--local", *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=cwd,
+        env={
+            "PATH": os.environ.get("PATH", ""),
+            "PYTHONPATH": rt.pythonpath,
+            "HOME": str(users.base),
+        },
+        **run_as(name, users),  # type: ignore[arg-type]
+    )
+
+
+def _one_line_exit_2(proc: subprocess.CompletedProcess[str], folder: Path) -> None:
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert f"output folder {folder} (--out-dir" in lines[0], lines[0]
+    assert "cannot be written by user" in lines[0] and "Errno" not in lines[0]
+
+
+def test_an_unwritable_output_folder_is_refused_before_compiling(
+    users: Users, other_runtime: Runtime
+) -> None:
+    cc_dir = users.base / "cc"
+    cc = counting_cc(cc_dir)
+    (cc_dir / "calls.log").touch()
+    (cc_dir / "calls.log").chmod(0o666)  # every user's compile appends to it
+    cfg = users.base / "c.toml"
+    cfg.write_text(f'[compilers]\ncc = "{cc}"\n')
+    request = kernel_request(11)
+    request["kernel_source"] = str(other_runtime.kernels / "c" / "add.c")
+    req = users.base / "req.json"
+    req.write_text(json.dumps(request))
+    locked = users.base / "root-only"  # bob's current directory, which he cannot write
+    locked.mkdir(mode=0o755)
+    root = users.base / "shared"
+    chip = root / "kernel_cache" / SOC
+    chip.mkdir(parents=True)
+    for path in (root, root / "kernel_cache", chip):
+        shutil.chown(path, users.alice, users.group)
+        path.chmod(0o2775)
+    common = ("--config", str(cfg), "--cache-dir", str(root), str(req))
+    bob = users.bob
+
+    # --mode disable: the kernel would go to the current directory
+    proc = _compile(users, other_runtime, bob, locked, "--mode", "disable", *common)
+    _one_line_exit_2(proc, locked)
+    assert calls(cc_dir) == []  # refused before the compiler ran
+
+    # a chip folder bob may not write (GE's 0750-style folder): compiled outside the cache,
+    # so into the output folder — the current directory, or the one --out-dir names
+    chip.chmod(0o2755)
+    proc = _compile(users, other_runtime, bob, locked, *common)
+    _one_line_exit_2(proc, locked)
+    proc = _compile(users, other_runtime, bob, users.base, "--out-dir", str(locked), *common)
+    _one_line_exit_2(proc, locked)
+    assert calls(cc_dir) == []
+
+    # a writable output folder: compiled outside the cache, returned there (not cached)
+    mine = users.base / "bob-out"
+    mine.mkdir()
+    shutil.chown(mine, bob)
+    proc = _compile(users, other_runtime, bob, locked, "--out-dir", str(mine), *common)
+    assert proc.returncode == 0, proc.stderr
+    assert len(calls(cc_dir)) == 1 and [p.suffix for p in mine.iterdir()].count(".o") == 1
+
+    # a hit needs no output folder: alice (the chip folder's owner) compiles it into the
+    # cache, then bob gets the hit from his unwritable current directory
+    proc = _compile(users, other_runtime, users.alice, users.base, "--json", *common)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.splitlines()[-1])["status"] == "compiled", proc.stdout
+    proc = _compile(users, other_runtime, bob, locked, "--json", *common)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.splitlines()[-1])["status"] == "hit", proc.stdout
+    assert len(calls(cc_dir)) == 2
