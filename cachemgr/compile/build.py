@@ -346,6 +346,9 @@ class RunContext:
 def _empty(folder: Path) -> None:
     for name in os.listdir(folder):
         path = folder / name
+        if name == SOURCES_DIR and path.is_dir() and not path.is_symlink():
+            inputs.empty_mirror(path)  # its folders serve the worker's next job (issue 14)
+            continue
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)
         else:

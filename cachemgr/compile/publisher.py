@@ -205,7 +205,7 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
                 hold.release()
                 return remote
         build_dir = ctx.build_dir()
-        job = compile_job(p, build_dir)
+        job = dataclasses.replace(compile_job(p, build_dir), json_in_memory=True)
         if inputs.may_read_in_place(p.inputs, os.environ):
             job = dataclasses.replace(job, depfile=build_dir / ".deps.d")
         result = p.backend.compile(job)
@@ -283,6 +283,7 @@ def _uncached(
         "read without being hashed)"
     )
     log.warning("%s", warning)
+    result.write_json()  # it was kept in memory for a publish
     return _outside_the_cache(p, ctx, result, warning)
 
 
@@ -421,10 +422,11 @@ def _why(chip_dir: Path, exc: BaseException) -> str:
 
 
 def _payload(p: Prepared, result: CompileResult) -> tuple[dict[str, bytes], dict[str, Any]]:
-    """The entry's files and main json (with ``supportInfo`` for a future package), read into
-    memory; the build folder is emptied for the worker's next compile."""
+    """The entry's files and main json (with ``supportInfo`` for a future package), in
+    memory (the json was never written: ``json_in_memory``); the build folder is emptied for
+    the worker's next compile."""
     try:
-        main = entry.load_json_object(result.json_path.read_bytes(), result.json_path.name)
+        main = dict(result.doc)
         binary = result.binary.read_bytes()
     finally:
         for path in (result.binary, result.json_path, *result.artefacts):

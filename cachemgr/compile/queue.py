@@ -55,6 +55,7 @@ from cachemgr.compile.build import Prepared
 from cachemgr.compile.inputs import Snapshot
 from cachemgr.compile.request import CompileRequest
 from cachemgr.compile.results import CompileOutcome
+from cachemgr.compilers import process
 from cachemgr.config.options import Settings
 from cachemgr.errors import CacheMgrError, CompileError, InvalidInputError
 
@@ -87,6 +88,8 @@ class _Job:
     waiters: list[tuple[Future[CompileOutcome], float]] = field(default_factory=list)
     state: str = _PENDING
     turn: int = 0  # its caller's turn (fairness; see the module docstring)
+    #: every caller so far is the daemon's own user (no namespaces; process.for_own_user)
+    own_user: bool = False
 
     @property
     def flight(self) -> tuple[str, str]:
@@ -271,8 +274,10 @@ class CompileQueue:
                 raise RuntimeError("the compile queue is closed")
             self._count_caller(caller)
             job = self._flights.get((p.variant, p.kernel))
+            own = process.own_user()  # the submitting thread's (the daemon's handler)
             if job is not None and job.state in (_PENDING, _RUNNING):
                 job.waiters.append((fut, start))
+                job.own_user = job.own_user and own
                 self.counters["joined"] += 1
                 if job.state == _PENDING and priority > job.priority:
                     job.priority = priority
@@ -280,7 +285,7 @@ class CompileQueue:
             else:
                 turn = max(self._clock, self._turns.get(caller, 0)) + 1
                 self._turns[caller] = turn
-                job = _Job(p, priority, [(fut, start)], turn=turn)
+                job = _Job(p, priority, [(fut, start)], turn=turn, own_user=own)
                 self._flights[job.flight] = job
                 heapq.heappush(self._heap, (-priority, turn, next(self._seq), job))
                 self._cond.notify()
@@ -391,7 +396,8 @@ class CompileQueue:
             job = self._next_job()
             if job is None:
                 return
-            result = self._run(job.prepared)
+            with process.for_own_user(job.own_user):
+                result = self._run(job.prepared)
             from cachemgr.compile import publisher  # a job ran: a miss (not on the hit path)
 
             if isinstance(result, publisher.Pending) and self._work_waiting():

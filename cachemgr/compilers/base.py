@@ -22,7 +22,7 @@ import re
 import shutil
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -75,6 +75,10 @@ class CompileJob:
     include_dirs: tuple[Path, ...] = ()
     extra_flags: tuple[str, ...] = ()
     depfile: Path | None = None
+    #: keep the json in memory (:attr:`CompileResult.doc`) instead of writing ``json_path``:
+    #: a publish takes the document itself (issue 14 item 3: a temp file, a rename, a read
+    #: back and an unlink less per miss)
+    json_in_memory: bool = False
 
 
 @dataclass(frozen=True)
@@ -94,8 +98,10 @@ class CompileResult:
     """What a successful compile produced.
 
     ``binary`` = ``out_dir/<out_name><bin_suffix>``; ``kernel_name`` is the symbol really found
-    in it; ``json_path`` the CANN-shaped json; ``artefacts`` the ``.cce``/``_loc.json`` files
-    written; ``command`` the argv run; ``seconds`` the compiler's wall time.
+    in it; ``json_path`` the CANN-shaped json (not written when the job said
+    ``json_in_memory``: see :meth:`write_json`); ``doc`` that json's document; ``artefacts``
+    the ``.cce``/``_loc.json`` files written; ``command`` the argv run; ``seconds`` the
+    compiler's wall time.
     """
 
     binary: Path
@@ -105,6 +111,17 @@ class CompileResult:
     artefacts: tuple[Path, ...]
     command: tuple[str, ...]
     seconds: float
+    doc: Mapping[str, Any] = field(default_factory=dict)
+
+    def write_json(self) -> Path:
+        """Write :attr:`doc` to ``json_path`` if it is not there (atomically, no fsync: a
+        build output); returns ``json_path``.
+
+        :raises OSError: it cannot be written.
+        """
+        if not self.json_path.exists():
+            fsutil.atomic_write_bytes(self.json_path, _dumps(self.doc), sync=False)
+        return self.json_path
 
 
 #: Compiler identities by (backend, executable, inode, size, mtime): one per compiler.
@@ -292,10 +309,20 @@ class CompilerBackend(ABC):
         elf = ElfFile(binary)
         kernel_name = self.find_kernel_symbol(elf, job.entry)
         artefacts = self._emit(job, binary, kernel_name)
-        json_path = self._write_json(job, ident, argv, binary, elf, kernel_name)
+        doc = self._json_doc(job, ident, argv, elf, kernel_name)
+        json_path = job.out_dir / f"{job.out_name}.json"
+        if not job.json_in_memory:
+            fsutil.atomic_write_bytes(json_path, _dumps(doc), sync=False)  # a build output
         log.info("compiled %s → %s in %.2f s", job.source.name, binary.name, out.seconds)
         return CompileResult(
-            binary, self.bin_suffix, kernel_name, json_path, artefacts, tuple(argv), out.seconds
+            binary,
+            self.bin_suffix,
+            kernel_name,
+            json_path,
+            artefacts,
+            tuple(argv),
+            out.seconds,
+            doc,
         )
 
     def find_kernel_symbol(self, elf: ElfFile, entry: str) -> str:
@@ -399,15 +426,14 @@ class CompilerBackend(ABC):
         fsutil.atomic_write_bytes(dest, _dumps(doc))
         return dest
 
-    def _write_json(
+    def _json_doc(
         self,
         job: CompileJob,
         ident: CompilerIdentity,
         argv: list[str],
-        binary: Path,
         elf: ElfFile,
         kernel_name: str,
-    ) -> Path:
+    ) -> dict[str, Any]:
         doc: dict[str, Any] = {
             "binFileName": job.out_name,
             "binFileSuffix": self.bin_suffix,
@@ -427,9 +453,7 @@ class CompilerBackend(ABC):
             },
         }
         doc.update(self.json_fields(job, elf, kernel_name))
-        dest = job.out_dir / f"{job.out_name}.json"
-        fsutil.atomic_write_bytes(dest, _dumps(doc), sync=False)  # a build output (issue 14)
-        return dest
+        return doc
 
 
 def find_executable(candidates: list[str], what: str, config_key: str | None = None) -> str:

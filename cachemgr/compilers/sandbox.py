@@ -14,6 +14,14 @@ The daemon therefore runs every compiler process (compile, dependency listing, p
   (``RLIMIT_CPU``) and the size of any file written (``RLIMIT_FSIZE``), from the
   ``[sandbox]`` table.
 
+A compile for the **daemon's own user** (a caller whose ``SO_PEERCRED`` uid is the daemon's:
+:func:`cachemgr.compilers.process.for_own_user`) runs under the limits but not in the
+namespaces: they hide only that user's own folders, which such a caller reads anyway — as its
+compiles without a daemon (an in-process queue runs no sandbox) always could; they cost
+~3.7 ms per compiler process (``unshare`` + ``sh`` + ``mount``; issue 14 item 3). A job
+shared by several callers runs in them when any caller joined before it started is another
+user; a TCP caller (no credentials) is never the daemon's user.
+
 Where user namespaces are not available (a kernel or systemd unit forbidding them, no
 ``unshare``), :attr:`Sandbox.isolated` is False and the daemon refuses compiles for other
 users with one line (see ``cachemgr.daemon.service``); compiles for its own user still run,
@@ -88,12 +96,13 @@ class Sandbox:
     isolated: bool = False
     why_not: str = "not configured"
 
-    def wrap(self, argv: list[str], cwd: Path | None) -> list[str]:
-        """``argv`` to run inside the sandbox and under the limits."""
+    def wrap(self, argv: list[str], cwd: Path | None, namespaces: bool = True) -> list[str]:
+        """``argv`` to run inside the sandbox and under the limits (with ``namespaces``
+        False: under the limits only — a compile for the daemon's own user)."""
         limited = list(argv)
         if self.prlimit and self.limits.prlimit_args():
             limited = [self.prlimit, *self.limits.prlimit_args(), "--", *argv]
-        if not self.isolated or not self.unshare:
+        if not namespaces or not self.isolated or not self.unshare:
             return limited
         keep = [str(cwd)] if cwd else []
         keep.append(os.path.realpath(argv[0]) if argv else "")

@@ -31,6 +31,7 @@ from cachemgr.compile.results import (
     StatsResult,
     Status,
 )
+from cachemgr.compilers import process
 from cachemgr.config import ini, options
 from cachemgr.constants import VERSION
 from cachemgr.daemon import peer
@@ -477,15 +478,17 @@ class Service:
         if session is not None and not isinstance(session, str):
             raise InvalidInputError(f"/compile session={session!r} must be a string")
         caller = peer.current()
-        future = self.queue.submit(
-            req,
-            priority=self._capped(priority, caller),
-            replace=bool(body.get("replace")),
-            session=session or uuid.uuid4().hex,  # default: each call is its own force session
-            inputs=snap,
-            deliver=body.get("deliver") is True,
-            caller=_caller_key(caller),
-        )
+        # the daemon's own user: its compiles need the limits, not the namespaces (issue 14)
+        with process.for_own_user(caller is not None and caller.is_daemon_user):
+            future = self.queue.submit(
+                req,
+                priority=self._capped(priority, caller),
+                replace=bool(body.get("replace")),
+                session=session or uuid.uuid4().hex,  # default: each call is its own session
+                inputs=snap,
+                deliver=body.get("deliver") is True,
+                caller=_caller_key(caller),
+            )
         future.add_done_callback(lambda f: _log_compile(f, req.op_type, req.soc_version, caller))
         future.add_done_callback(self._observe)
         if body.get("wait", True) is False:
