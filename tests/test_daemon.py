@@ -8,6 +8,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -179,7 +180,7 @@ def test_already_running_and_dead_socket(tmp_path: Path, cache_root: Path) -> No
     try:
         second = subprocess.run(
             [
-                shutil.which("python3") or "python3",
+                sys.executable,
                 "-m",
                 "cachemgr",
                 "serve",
@@ -210,7 +211,7 @@ def test_config_error_at_start_names_the_line(tmp_path: Path) -> None:
     cfg.write_text('jit_compile = "true"\nop_debug_level = = 3\n')
     proc = subprocess.run(
         [
-            shutil.which("python3") or "python3",
+            sys.executable,
             "-m",
             "cachemgr",
             "serve",
@@ -420,7 +421,7 @@ def test_socket_folder_problems_are_one_line_errors(tmp_path: Path) -> None:
     env["XDG_RUNTIME_DIR"] = str(tmp_path / "afile")
     (tmp_path / "afile").write_text("not a folder")
     exe = [
-        shutil.which("python3") or "python3",
+        sys.executable,
         "-m",
         "cachemgr",
         "serve",
