@@ -98,6 +98,17 @@ def gc(chip: Path, max_mb: int, dry: bool) -> tuple[dict[str, int], list[str]]:
     return out, report.evicted
 
 
+def _vm_hwm_kib() -> int:
+    """This process's own peak resident memory (``VmHWM``, KiB), Python included. Not the
+    parent's ``wait4`` ``ru_maxrss``: a child started by ``vfork`` + ``exec`` (what
+    ``subprocess`` does) inherits the parent's high-water mark at ``exec``, so a bench
+    process that had grown showed its own peak as gc's."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    return 0
+
+
 def main(argv: list[str]) -> None:
     mode, chip = argv[0], Path(argv[1])
     names: list[str] = []
@@ -120,6 +131,7 @@ def main(argv: list[str]) -> None:
     else:
         raise SystemExit(f"unknown mode {mode!r}")
     out["seconds"] = time.perf_counter() - started
+    out["hwm_kib"] = _vm_hwm_kib()
     if len(argv) > 3:  # gcdry CHIP MAX_MB NAMES: the kernels it would evict, one a line
         Path(argv[3]).write_text("".join(k + "\n" for k in evicted))
     print(json.dumps(out))

@@ -162,7 +162,7 @@ def _rows(entries: int, m: dict[str, float], base_n: int, base: dict[str, float]
             f"{m['gc'] / m['floor_threads']:.2f}×; dry run {m['dry']:.2f} s = "
             f"{m['dry'] / m['floor']:.2f}× the scandir+stat pass; {note}"),
         Row(case, "gc peak RSS", m["rss"], "MiB", "", None, None, "", None,
-            "the gc child's ru_maxrss"),
+            "the gc child's own VmHWM"),
         Row(case, "daemon start to READY=1", m["ready"] * 1e3, "ms", "", None, None, "", None,
             "the first scan runs after READY=1, beside serving"),
         Row(case, "daemon start to first scan done", m["indexed"], "s",
