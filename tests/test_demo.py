@@ -37,9 +37,13 @@ def test_scripts_demo_runs_the_main_job(tmp_path: Path, host: str) -> None:
         XDG_STATE_HOME=str(tmp_path / "state"),
         TMPDIR=str(tmp_path),
     )
-    chip = tmp_path / "atc_data" / "kernel_cache" / "Ascend910B1"
     for run in (1, 2):  # a second run starts cold too, as its text says (issue 13 item 7)
         out = _demo(tmp_path, env)
+        # its own cache and socket under TMPDIR: never $HOME/atc_data (CANN's working cache
+        # on a build host, which its gc --ratio 80 would evict) nor a running daemon's socket
+        cache = Path(out.split("== the demo's cache: ")[1].split()[0])
+        assert cache.is_relative_to(tmp_path) and cache != tmp_path / "atc_data", cache
+        chip = cache / "kernel_cache" / "Ascend910B1"
         cold = out.split("== warm")[0]
         warm = out.split("== warm")[1].split("== cachemgr stats")[0]
         assert cold.count("compiled ") >= 6 and "hit " not in cold, (run, cold)
@@ -52,4 +56,6 @@ def test_scripts_demo_runs_the_main_job(tmp_path: Path, host: str) -> None:
         # its own gc --ratio 80 keeps every kernel it just compiled (issue 9 item 1)
         assert len(list(chip.glob("*.json"))) == cold.count("compiled "), out
         assert "purged" not in out.split("== cachemgr gc")[1]
-    assert not (tmp_path / "run" / "cachemgr" / "cachemgr.sock").exists()
+    assert not (tmp_path / "atc_data").exists()
+    assert not (tmp_path / "run" / "cachemgr").exists()  # the default socket was not used
+    assert not list(tmp_path.glob("cachemgr-demo.*/cachemgr.sock"))  # its own is gone
