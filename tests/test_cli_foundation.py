@@ -250,3 +250,21 @@ def test_empty_cache_is_fine(clean_env: dict[str, str], tmp_path: Path) -> None:
         proc = run_cli(cmd, "--cache-dir", str(tmp_path / "none"), env=clean_env)
         assert proc.returncode == 0, proc.stderr
     assert not (tmp_path / "none").exists()
+
+
+def test_a_ratio_typo_says_what_ge_and_cachemgr_will_keep(
+    clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    """``ASCEND_REMAIN_CACHE_SIZE_RATIO=abc`` is 0 for GE (``std::atoi``) and so for cachemgr
+    (two evictors on one folder agree); the warning says what that means (fresh-user find:
+    it said only "write 0")."""
+    env = {**clean_env, "ASCEND_REMAIN_CACHE_SIZE_RATIO": "abc"}
+    proc = run_cli("gc", "--dry-run", "--cache-dir", str(tmp_path / "c"), env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "ASCEND_REMAIN_CACHE_SIZE_RATIO='abc' (from env)" in proc.stderr
+    assert "an eviction keeps 0 % of the limit" in proc.stderr, proc.stderr
+    assert "set ASCEND_REMAIN_CACHE_SIZE_RATIO to the integer you mean" in proc.stderr
+    data = json.loads(
+        run_cli("config", "--json", "--cache-dir", str(tmp_path / "c"), env=env).stdout
+    )
+    assert data["remain_cache_size_ratio"]["value"] == 0

@@ -437,9 +437,11 @@ def _env_limit(
     if raw.strip() == str(value) or raw.strip() == f"+{value}":
         return Resolved(value, ORIGIN_ENV, var), None
     how = "std::atoi" if is_ratio else "std::stoi"
+    meaning = f": an eviction keeps {value} % of the limit" if is_ratio else " MB"
     warning = (
         f"{var}={raw!r} (from env) is not a plain integer (accepted: {rng}); GE reads it as "
-        f"{value} ({how}), and so does cachemgr: write {value}"
+        f"{value}{meaning} ({how}), and cachemgr applies the same so that both evict alike; "
+        f"set {var} to the integer you mean"
     )
     return Resolved(value, ORIGIN_ENV, var), warning
 
