@@ -13,6 +13,8 @@ import fcntl
 import os
 import signal
 import struct
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -174,6 +176,64 @@ def test_a_gc_child_that_dies_is_one_line_and_the_daemon_keeps_serving(
     finally:
         entry_lock.release()
     assert (chip / "te_good_1.json").exists()
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_the_gc_child_ends_with_the_daemon(tmp_path: Path, how: str) -> None:
+    """A daemon that is stopped or killed while its gc child waits on entry locks takes the
+    child with it (attack review: the child ran on, holding op_cache_file_del.lock)."""
+    root, chip = _cache(tmp_path, -1)
+    locks = []
+    for i in range(4):  # four bad entries whose locks we hold: ~20 s of waiting in the child
+        (chip / f"te_bad_{i}.json").write_text("{not json")
+        lock = fsutil.FcntlLock(chip / f"te_bad_{i}.lock")
+        assert lock.acquire(blocking=False)
+        locks.append(lock)
+    try:
+        d = start_daemon(tmp_path, "--cache-dir", str(root))
+        del_lock = chip / "op_cache_file_del.lock"
+        child = int(wait_for(lambda: del_lock.exists() and _lock_holder(del_lock), 30, "the child"))
+        assert _parent(child) == d.proc.pid
+        os.kill(d.proc.pid, getattr(signal, how))
+        d.proc.wait(30)
+        wait_for(lambda: not Path(f"/proc/{child}").exists() or _zombie(child), 8, "no child")
+        assert _lock_holder(del_lock) == 0
+    finally:
+        for lock in locks:
+            lock.release()
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_the_gc_child_does_not_import_from_the_working_folder(tmp_path: Path) -> None:
+    """A daemon started by hand from a folder others can write must not run their
+    ``cachemgr/__init__.py`` in its gc child (``-m`` put the working folder first)."""
+    chip = tmp_path / "kc" / SOC
+    chip.mkdir(parents=True)
+    publish(chip, "te_good_1", os.urandom(300))
+    planted = tmp_path / "planted"
+    (planted / "cachemgr" / "daemon").mkdir(parents=True)
+    marker = tmp_path / "PWNED"
+    (planted / "cachemgr" / "__init__.py").write_text(f"open({str(marker)!r}, 'w').write('x')\n")
+    (planted / "cachemgr" / "daemon" / "__init__.py").write_text("")
+    (planted / "cachemgr" / "daemon" / "gcchild.py").write_text("")
+    code = (
+        "import sys; from pathlib import Path; from cachemgr.daemon import gcchild; "
+        f"(o,) = gcchild.run_jobs([gcchild.GcJob(Path({str(chip)!r}))]); "
+        "print('ok' if o.report is not None else 'failed: ' + o.error)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(gcchild.__file__).parents[2])}
+    proc = subprocess.run(
+        [sys.executable, "-P", "-c", code], cwd=planted, env=env,
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.stdout.strip() == "ok", proc.stdout + proc.stderr
+    assert not marker.exists()
 
 
 # --- the protocol, with a real child ------------------------------------------------------

@@ -39,6 +39,7 @@ once per reclaim pass (all chip folders in one child) or eviction.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -125,18 +126,28 @@ def run_jobs(jobs: Sequence[GcJob], names: bool = False) -> list[Outcome]:
     if not jobs:
         return []
     outcomes = [Outcome() for _ in jobs]
-    request = {"jobs": [j.to_json() for j in jobs], "names": names, "log_level": _log_level()}
+    request = {
+        "jobs": [j.to_json() for j in jobs],
+        "names": names,
+        "log_level": _log_level(),
+        "parent": os.getpid(),
+    }
     env = dict(os.environ)
     root = str(Path(cachemgr.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     with tempfile.TemporaryFile() as errors:
         try:
+            # -P and cwd "/": ``-m`` would put the working folder first on the import path,
+            # and a daemon started by hand from a folder others can write would run their
+            # ``cachemgr/__init__.py`` as its own user (attack review); PYTHONPATH (set above
+            # to this cachemgr) still counts.
             proc = subprocess.Popen(
-                [sys.executable, "-m", __name__],
+                [sys.executable, "-P", "-m", __name__],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=errors,
                 env=env,
+                cwd="/",
                 close_fds=True,
             )
         except OSError as exc:
@@ -273,11 +284,27 @@ def _child_job(i: int, job: dict[str, Any], names: bool, out: IO[str]) -> None:
     _send(out, {"job": i, "report": data, "first_seen": first_seen})
 
 
+def _die_with_parent(parent: int) -> None:
+    """SIGKILL this child when the daemon ends (``prctl(PR_SET_PDEATHSIG)``): a daemon that
+    stops, or is killed, must not leave a gc running on with ``op_cache_file_del.lock``
+    (attack review: the child outlived a stopped daemon). The daemon's thread waits for the
+    child, so the thread that started it lives as long as it does. Exits at once when the
+    daemon is already gone (``getppid`` changed before the signal was armed)."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if parent and os.getppid() != parent:
+        os._exit(1)
+
+
 def _child_main() -> int:
     """Read the request from stdin, run each job, write results on stdout (see above)."""
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # anything else printed goes to stderr, never into the protocol
     request = json.load(sys.stdin)
+    _die_with_parent(int(request.get("parent", 0)))
     root = logging.getLogger()
     root.handlers[:] = [_Relay(out)]
     root.setLevel(int(request.get("log_level", logging.INFO)))
