@@ -197,6 +197,8 @@ def _write(lines: list[tuple[bool, str]], code: int, gone: int = 0) -> None:
     try:
         for to_stderr, text in lines:
             stream = sys.stderr if to_stderr else sys.stdout
+            if stream is None:  # started with that descriptor closed: click.echo skips too
+                continue
             stream.write(text + "\n")
             stream.flush()
     except BrokenPipeError:
@@ -206,4 +208,22 @@ def _write(lines: list[tuple[bool, str]], code: int, gone: int = 0) -> None:
             reader_gone()
         except SystemExit:
             sys.exit(gone)
+    except OSError as exc:  # a full disk behind stdout: one line, as the click CLI says it
+        _cannot_write(exc)
     sys.exit(code)
+
+
+def _cannot_write(exc: OSError) -> None:
+    """``cachemgr: error: <why>`` on stderr and exit 1 (the click CLI's words for an
+    ``OSError``); stdout goes to /dev/null first, or its buffer would fail again at exit."""
+    import contextlib
+
+    with contextlib.suppress(OSError, AttributeError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    if sys.stderr is not None:
+        with contextlib.suppress(OSError):
+            sys.stderr.write(f"cachemgr: error: {exc.strerror or exc}\n")
+            sys.stderr.flush()
+    sys.exit(1)

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 import pytest
@@ -387,3 +388,35 @@ def test_python_m_and_console_script_enter_the_fast_path() -> None:
     assert "cachemgr.main" in script.read_text()
     out = subprocess.run([str(script), "--version"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "cachemgr" in out.stdout
+
+
+def _run_closed(argv: list[str], env: dict[str, str], cwd: Path, how: str, click: bool) -> Any:
+    """``argv`` with stdout closed (``>&-``) or on a full disk (``>/dev/full``)."""
+    run = [sys.executable, "-c", CLICK_ONLY] if click else [sys.executable, "-m", "cachemgr"]
+    with open("/dev/full", "wb") as full:
+        return subprocess.run(
+            [*run, *argv], env=env, cwd=cwd, stdout=full, stderr=subprocess.PIPE,
+            preexec_fn=(lambda: os.close(1)) if how == "closed" else None,
+            timeout=120, text=True,
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["config"]])
+@pytest.mark.parametrize("how", ["closed", "full"])
+def test_fast_path_on_a_closed_or_full_stdout_is_one_line_not_a_traceback(
+    argv: list[str], how: str, tmp_path: Path
+) -> None:
+    """Attack review: ``cachemgr --help >&-`` and ``cachemgr config >/dev/full`` printed
+    tracebacks from the fast path where click prints nothing or one line."""
+    env = daemon_env(tmp_path)
+    fast = _run_closed(argv, env, tmp_path, how, click=False)
+    assert "Traceback" not in fast.stderr, fast.stderr
+    if how == "closed":  # click.echo writes nothing to a closed stdout: neither do we
+        slow = _run_closed(argv, env, tmp_path, how, click=True)
+        assert (fast.returncode, fast.stderr) == (slow.returncode, slow.stderr)
+    else:
+        assert fast.returncode == 1
+        assert fast.stderr.splitlines()[-1] == "cachemgr: error: No space left on device"
+        if argv == ["config"]:  # click says the same (its --help gives a traceback)
+            slow = _run_closed(argv, env, tmp_path, how, click=True)
+            assert (fast.returncode, fast.stderr) == (slow.returncode, slow.stderr)
