@@ -134,6 +134,16 @@ def test_bad_http(daemon, raw: bytes, status: int) -> None:
     assert daemon.client.health()["status"] == "ok"  # still serving
 
 
+@pytest.mark.parametrize("lengths", [["1_0"], ["+2"], ["-1"], ["\u0663"], ["2", "40"]])
+def test_content_length_is_digits_and_only_one(daemon, lengths: list[str]) -> None:
+    """Framing ``int()`` would accept (``1_0``, ``+2``, an Arabic digit) or two lengths is a
+    400 naming Content-Length, never a guess (attack review; RFC 9112 section 6.3)."""
+    head = "".join(f"Content-Length: {n}\r\n" for n in lengths).encode()
+    out = _raw_http(daemon.socket_path, b"POST /health HTTP/1.1\r\nHost: x\r\n" + head + b"\r\n{}")
+    assert out.split(b" ")[1] == b"400" and b"Content-Length" in out, out[:300]
+    assert daemon.client.health()["status"] == "ok"
+
+
 def test_bad_compile_request_is_one_line_400(daemon, tmp_path: Path) -> None:
     bad = json.loads((REQUESTS / "add_c.json").read_text())
     bad["inputs"][0]["dtype"] = "float99"

@@ -232,14 +232,15 @@ class _Handler(BaseHTTPRequestHandler):
         if self.headers.get("Transfer-Encoding"):
             self.close_connection = True  # its body would be read as the next request
             return error(411, "chunked or encoded bodies are not accepted; send Content-Length")
-        try:
-            length = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
+        lengths = self.headers.get_all("Content-Length") or []
+        if len(lengths) > 1:  # RFC 9112 §6.3: two lengths make the framing unknowable
             self.close_connection = True
-            return error(400, "Content-Length is not a number")
-        if length < 0:
+            return error(400, "more than one Content-Length")
+        raw = lengths[0].strip() if lengths else "0"
+        if not (raw.isascii() and raw.isdigit()):  # int() would take "1_0", "+5", "٣"
             self.close_connection = True
-            return error(400, "Content-Length is negative")
+            return error(400, f"Content-Length {raw[:40]!r} is not a number of bytes")
+        length = int(raw)
         limit = getattr(self.server, "max_body_bytes", MAX_BODY_BYTES)
         if length > limit:
             self.close_connection = True  # do not read a body we refuse
