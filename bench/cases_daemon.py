@@ -174,13 +174,16 @@ def _throughput_rows(
     cores = os.cpu_count() or 1
     window = 2.0 if quick else WINDOW_S
     ratios, ceilings, rates, daemon_cpu = [], [], [], 0
+    same_procs: list[tuple[float, float]] = []  # (in-process at CLIENTS processes, ratio)
     c50 = c99 = 0.0
     for r in range(1 if quick else ROUNDS):
-        runs = ["queue", "client"] if r % 2 == 0 else ["client", "queue"]
+        runs = ["queue", "queue32", "client"] if r % 2 == 0 else ["client", "queue32", "queue"]
         got: dict[str, float] = {}
         for which in runs:
             if which == "queue":
                 times = _rate(_closed_queue, (work, request), cores, window)
+            elif which == "queue32":
+                times = _rate(_closed_queue, (work, request), CLIENTS, window)
             else:
                 before = _cpu_ticks(pid)
                 times = _rate(_closed_client, (str(sock), request), CLIENTS, window)
@@ -190,6 +193,7 @@ def _throughput_rows(
         ceilings.append(got["queue"])
         rates.append(got["client"])
         ratios.append(got["client"] / got["queue"])
+        same_procs.append((got["queue32"], got["client"] / got["queue32"]))
     ratio = statistics.median(ratios)
     tick = os.sysconf("SC_CLK_TCK")
     each = ", ".join(f"{q:,.0f} vs {c:,.0f}" for q, c in zip(ceilings, rates, strict=True))
@@ -213,7 +217,22 @@ def _throughput_rows(
             "≥ 0.9× in-process",
             ratio >= 0.9,
             note,
-        )
+        ),
+        Row(
+            "hit via Client, 32 clients, no pauses",
+            "throughput vs the same number of in-process queues",
+            statistics.median(rates),
+            "hits/s",
+            f"in-process queue hits, {CLIENTS} processes",
+            statistics.median(q for q, _ in same_procs),
+            statistics.median(r for _, r in same_procs),
+            "",
+            None,
+            f"what 32 processes on {cores} cores cost by themselves: the in-process rate at "
+            f"{CLIENTS} processes is "
+            f"{statistics.median(q for q, _ in same_procs) / statistics.median(ceilings):.2f}× "
+            f"its rate at {cores}; rounds' ratios " + ", ".join(f"{r:.2f}" for _, r in same_procs),
+        ),
     ]
 
 
