@@ -236,11 +236,11 @@ class _Handler(BaseHTTPRequestHandler):
         if len(lengths) > 1:  # RFC 9112 §6.3: two lengths make the framing unknowable
             self.close_connection = True
             return error(400, "more than one Content-Length")
-        raw = lengths[0].strip() if lengths else "0"
-        if not (raw.isascii() and raw.isdigit()):  # int() would take "1_0", "+5", "٣"
+        given = lengths[0].strip() if lengths else "0"
+        if not (given.isascii() and given.isdigit()):  # int() would take "1_0", "+5", "٣"
             self.close_connection = True
-            return error(400, f"Content-Length {raw[:40]!r} is not a number of bytes")
-        length = int(raw)
+            return error(400, f"Content-Length {given[:40]!r} is not a number of bytes")
+        length = int(given)
         limit = getattr(self.server, "max_body_bytes", MAX_BODY_BYTES)
         if length > limit:
             self.close_connection = True  # do not read a body we refuse
