@@ -13,13 +13,14 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from cachemgr.compile.queue import CompileQueue
-from tests.compile_util import ROOT, make_settings, request
+from tests.compile_util import ROOT, calls, counting_cc, make_settings, request, wait_for
 from tests.users_util import Users
 
 #: A queue that compiles one real gcc kernel (a miss: it uses a build folder), says so, and
@@ -155,3 +156,58 @@ def test_a_planted_link_is_not_followed(tmp_path: Path, clean_env, tmpdir_: Path
     assert not dead.exists()
     assert link.is_symlink()
     assert all(f.exists() for f in files), "nothing behind the link was removed"
+
+
+#: A queue that compiles a kernel outside the cache (``disable``) into ``argv[2]`` with the
+#: wrapper compiler ``argv[3]`` (which stops before compiling, until it is killed).
+CHILD_OUT = """
+import os, sys
+from pathlib import Path
+from cachemgr.compile.queue import CompileQueue
+from tests.compile_util import make_settings, request
+tmp, out, cc = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+settings = make_settings(tmp, dict(os.environ), compilers={"cc": cc})
+q = CompileQueue(settings, workers=1, output_dir=out)
+q.compile(request(tmp, options={"op_compiler_cache_mode": "disable"}))
+"""
+
+
+def test_a_killed_uncached_compiles_build_folder_in_the_output_folder_is_reclaimed(
+    tmp_path: Path, clean_env, tmpdir_: Path, children
+) -> None:
+    out = tmp_path / "out"
+    wrap = counting_cc(tmp_path / "w", body="exec sleep 600")  # the compile never ends
+    (tmp_path / "c1").mkdir()
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD_OUT, str(tmp_path / "c1"), str(out), str(wrap)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    children.append(child)
+    wait_for(lambda: calls(tmp_path / "w"), 60, "the wrapper compiler to start")
+    (left,) = out.glob(".cachemgr-build-*")
+    child.send_signal(signal.SIGKILL)
+    child.wait(timeout=60)
+    os.kill(int(calls(tmp_path / "w")[0].split()[0]), signal.SIGKILL)  # the exec'd sleep
+    assert left.is_dir()
+    settings = make_settings(tmp_path, clean_env)
+    with CompileQueue(settings, workers=1, output_dir=out) as q:
+        outcome = q.compile(request(tmp_path, options={"op_compiler_cache_mode": "disable"}))
+    assert outcome.status == "compiled", outcome.error
+    assert not left.exists()
+    assert list(out.glob(".cachemgr-build-*")) == []
+    assert {f.suffix for f in out.iterdir()} == {".json", ".o"}
+
+
+def test_a_lockless_folder_goes_only_once_a_day_old(
+    tmp_path: Path, clean_env, tmpdir_: Path
+) -> None:
+    old, young = tmpdir_ / "cachemgr-build-old", tmpdir_ / "cachemgr-build-young"
+    for folder in (old, young):  # an older cachemgr's folders: no lock file
+        (folder / ".src").mkdir(parents=True)
+        (folder / ".src" / "kernel.c").write_text("int x;\n")
+    day_ago = time.time() - 25 * 3600
+    os.utime(old, (day_ago, day_ago))
+    _next_queue_compiles(tmp_path, clean_env)
+    assert not old.exists()
+    assert (young / ".src" / "kernel.c").exists(), "it may be a live older process's"
