@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cachemgr.compile import inputs, kernel_meta, keys, policy, precompiled
+from cachemgr.compile import inputs, kernel_meta, keys, policy, precompiled, tempdirs
 from cachemgr.compile.request import CompileRequest, RequestOptions, resolve_options
 from cachemgr.compile.results import CompileOutcome, Policy, Status
 from cachemgr.compilers import CompileJob, CompilerBackend
@@ -307,6 +307,8 @@ class RunContext:
     lock_timeout_s: float
     local: threading.local = field(default_factory=threading.local)
     build_dirs: list[Path] = field(default_factory=list)
+    #: the folders' liveness locks (:mod:`cachemgr.compile.tempdirs`), held until :meth:`close`
+    live_dirs: list[tempdirs.LiveDir] = field(default_factory=list)
     #: the config file's tables (its ``[toolkit]`` stamps a new ``op_cache.ini``)
     config_sections: dict[str, Any] = field(default_factory=dict)
     #: where tier events go (a publish on a full disk: the daemon evicts; issue 15 item 1)
@@ -315,17 +317,24 @@ class RunContext:
     remotes: RemoteTiers | None = None
 
     def build_dir(self) -> Path:
-        """This thread's private, empty build folder (outside any cache folder)."""
+        """This thread's private, empty build folder (outside any cache folder), locked as
+        live for this process's lifetime; the first one first reclaims the build folders of
+        dead processes (a SIGKILLed queue never closes its own: :func:`tempdirs.sweep`)."""
         path: Path | None = getattr(self.local, "build", None)
         if path is None or not path.is_dir():
-            path = Path(tempfile.mkdtemp(prefix="cachemgr-build-"))
+            if not self.live_dirs:
+                tempdirs.sweep(BUILD_PREFIX, keep=frozenset(self.build_dirs))
+            live = tempdirs.make(BUILD_PREFIX)
+            path = live.path
             self.local.build = path
             self.build_dirs.append(path)
+            self.live_dirs.append(live)
         return path
 
     def uncached_dir(self) -> Path:
         """``output_dir``; when None, a private temp folder made on first use and kept (the
-        caller owns the kernels in it)."""
+        caller owns the kernels in it, so no sweep reclaims a ``cachemgr-out-*`` folder: its
+        kernels may be a result its caller still reads)."""
         if self.output_dir is None:
             self.output_dir = Path(tempfile.mkdtemp(prefix="cachemgr-out-"))
         return self.output_dir
@@ -337,15 +346,24 @@ class RunContext:
             _empty(path)
 
     def close(self) -> None:
-        """Remove every build folder."""
-        for path in self.build_dirs:
-            shutil.rmtree(path, ignore_errors=True)
+        """Remove every build folder (then drop its liveness lock)."""
+        for live in self.live_dirs:
+            live.close()
+        self.live_dirs.clear()
         self.build_dirs.clear()
+
+
+#: Prefix of the workers' private build folders in the temp folder (:meth:`RunContext.build_dir`).
+BUILD_PREFIX = "cachemgr-build-"
+#: Prefix of an uncached compile's build folder inside its output folder (:func:`_run_uncached`).
+OUT_BUILD_PREFIX = ".cachemgr-build-"
 
 
 def _empty(folder: Path) -> None:
     for name in os.listdir(folder):
         path = folder / name
+        if name == tempdirs.LIVE_LOCK:
+            continue  # the folder's liveness lock: held until RunContext.close
         if name == SOURCES_DIR and path.is_dir() and not path.is_symlink():
             inputs.empty_mirror(path)  # its folders serve the worker's next job (issue 14)
             continue
@@ -423,7 +441,9 @@ def _run_debug(p: Prepared, into: Path | None = None) -> CompileOutcome:
 
 def _run_uncached(p: Prepared, output_dir: Path) -> CompileOutcome:
     fsutil.ensure_dir(output_dir)
-    build = Path(tempfile.mkdtemp(prefix=".cachemgr-build-", dir=output_dir))
+    _sweep_once(output_dir)
+    live = tempdirs.make(OUT_BUILD_PREFIX, output_dir)
+    build = live.path
     try:
         result = p.backend.compile(compile_job(p, build))
         binary = output_dir / result.binary.name
@@ -431,8 +451,23 @@ def _run_uncached(p: Prepared, output_dir: Path) -> CompileOutcome:
         os.replace(result.binary, binary)
         os.replace(result.json_path, doc)  # json last: a visible json means a whole kernel
     finally:
-        shutil.rmtree(build, ignore_errors=True)
+        live.close()
     return CompileOutcome(p.kernel, COMPILED, (doc, binary), request=p.request.origin)
+
+
+#: The output folders this process has swept for dead processes' build folders.
+_swept: set[Path] = set()
+_swept_lock = threading.Lock()
+
+
+def _sweep_once(output_dir: Path) -> None:
+    """Reclaim the ``.cachemgr-build-*`` folders a killed process left in ``output_dir``
+    (once per folder per process: the output folder may be large, e.g. the current one)."""
+    with _swept_lock:
+        if output_dir in _swept:
+            return
+        _swept.add(output_dir)
+    tempdirs.sweep(OUT_BUILD_PREFIX, output_dir)
 
 
 def failed(kernel: str, error: BaseException | str, origin: str = "") -> CompileOutcome:

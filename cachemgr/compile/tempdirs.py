@@ -1,0 +1,195 @@
+"""Private temp folders whose owner's liveness is provable, and the reclaiming of dead ones.
+
+A worker's build folder (``cachemgr-build-*`` in the temp folder) is removed by its
+:class:`~cachemgr.compile.build.RunContext` on close; a process killed with SIGKILL (or one that
+crashes) never closes it, and its folder (a mirror of a compile's sources) stayed forever. As
+ccache and sccache do with their temp files, the owner holds a ``flock`` on :data:`LIVE_LOCK`
+inside the folder for the folder's lifetime; the kernel drops it when the process dies, however
+it dies. A new owner sweeps the same-prefix folders of its own uid whose lock it can take.
+
+``flock`` (not ``fcntl``): it belongs to the open file description, so a second queue of the
+*same* process cannot take the first queue's lock and remove a folder that is in use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import shutil
+import stat
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cachemgr.storage import fsutil
+
+log = logging.getLogger(__name__)
+
+#: The lock file inside a live folder; its ``flock`` is held by the owner for its lifetime.
+LIVE_LOCK = ".cachemgr-live.lock"
+#: A folder with no lock file (made by a version before the lock, or by a process killed
+#: between ``mkdtemp`` and the lock) is reclaimed only once untouched this long (seconds).
+LOCKLESS_GRACE_S = 24 * 3600.0
+
+_OPEN_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+@dataclass
+class LiveDir:
+    """A private folder and the descriptor that holds its :data:`LIVE_LOCK` (keep it open)."""
+
+    path: Path
+    lock_fd: int
+
+    def close(self) -> None:
+        """Remove the folder (never following a link), then drop the lock."""
+        _rmtree(self.path)
+        with contextlib.suppress(OSError):
+            os.close(self.lock_fd)
+
+
+def make(prefix: str, parent: Path | None = None) -> LiveDir:
+    """A new private (0700) folder ``parent/<prefix>XXXX`` (default: the temp folder) with its
+    liveness lock held by this process.
+
+    :raises OSError: the folder or its lock file cannot be made.
+    """
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    try:
+        fd = os.open(path / LIVE_LOCK, _OPEN_FLAGS | os.O_CREAT | os.O_EXCL, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a fresh file: never busy
+    except BaseException:
+        _rmtree(path)
+        raise
+    return LiveDir(path, fd)
+
+
+def sweep(prefix: str, parent: Path | None = None, keep: frozenset[Path] = frozenset()) -> int:
+    """Remove the folders ``parent/<prefix>*`` (default: the temp folder) of dead owners: this
+    uid's real folders (never a link, never another user's) whose :data:`LIVE_LOCK` this call
+    can take, or that have none and are older than :data:`LOCKLESS_GRACE_S`. A folder whose
+    lock is held stays. Logs one line when something was removed; returns the bytes freed.
+    """
+    parent = Path(parent or tempfile.gettempdir())
+    try:
+        dfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return 0
+    count = freed = 0
+    try:
+        for name in os.listdir(dfd):
+            if not name.startswith(prefix) or parent / name in keep:
+                continue
+            size = _reclaim(dfd, name)
+            if size is not None:
+                count += 1
+                freed += size
+    except OSError as exc:
+        log.warning("cannot sweep %s for %s* leftovers: %s", parent, prefix, exc)
+    finally:
+        os.close(dfd)
+    if count:
+        log.info(
+            "removed %d %s* folders of dead processes from %s (%d bytes)",
+            count,
+            prefix,
+            parent,
+            freed,
+        )
+    return freed
+
+
+def _reclaim(dfd: int, name: str) -> int | None:
+    """Remove ``name`` (relative to ``dfd``) if it is a dead owner's folder; its bytes, or None
+    when it stays."""
+    st = fsutil.lstat_or_none(Path(name), dfd)
+    if st is None or not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        return None  # a link, a file, gone, or another user's: never ours to touch
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+    except OSError:
+        return None
+    try:
+        if (os.fstat(fd).st_ino, os.fstat(fd).st_dev) != (st.st_ino, st.st_dev):
+            return None  # swapped meanwhile
+        lock = _take_lock(fd, st)
+        if lock is False:
+            return None
+        try:
+            size = _size(fd)
+            if not _rmtree_at(dfd, name):
+                return None
+            return size
+        finally:
+            if isinstance(lock, int):
+                os.close(lock)
+    finally:
+        os.close(fd)
+
+
+def _take_lock(fd: int, st: os.stat_result) -> int | bool:
+    """The descriptor holding the folder's lock (its owner is dead); True for a lock-less
+    folder past the grace; False when the folder must stay (owner alive, or too young)."""
+    try:
+        lock = os.open(LIVE_LOCK, _OPEN_FLAGS, dir_fd=fd)
+    except FileNotFoundError:
+        return time.time() - st.st_mtime > LOCKLESS_GRACE_S
+    except OSError:
+        return False  # a link or FIFO under the lock's name: not a folder we made
+    try:
+        if not fsutil.plain_file(os.fstat(lock)):
+            raise BlockingIOError
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(lock)
+        return False  # held: its owner lives
+    return lock
+
+
+def _size(fd: int) -> int:
+    """Bytes of the plain files under the open folder ``fd`` (no link followed)."""
+    total = 0
+    with contextlib.suppress(OSError):
+        for _root, _dirs, files, rfd in os.fwalk(".", dir_fd=fd, follow_symlinks=False):
+            for f in files:
+                st = fsutil.lstat_or_none(Path(f), rfd)
+                total += st.st_size if st is not None and stat.S_ISREG(st.st_mode) else 0
+    return total
+
+
+def _rmtree_at(dfd: int, name: str) -> bool:
+    """``shutil.rmtree`` of ``name`` relative to ``dfd`` (fd-based, never following a link);
+    True when it is gone."""
+    failed: list[BaseException] = []
+
+    def onerror(func: Any, path: str, exc_info: Any) -> None:
+        exc = exc_info[1]
+        if not (isinstance(exc, OSError) and exc.errno in fsutil.GONE_ERRNOS):
+            failed.append(exc)
+
+    shutil.rmtree(name, dir_fd=dfd, onerror=onerror)
+    if failed:
+        log.warning("cannot remove leftover folder %s: %s", name, failed[0])
+    return not failed
+
+
+def _rmtree(path: Path) -> None:
+    """Remove our own folder ``path`` (fd-based; a link there is left)."""
+    st = fsutil.lstat_or_none(path)
+    if st is None or not stat.S_ISDIR(st.st_mode):
+        return
+    try:
+        dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno != errno.ENOENT:
+            log.warning("cannot remove %s: %s", path, exc)
+        return
+    try:
+        _rmtree_at(dfd, path.name)
+    finally:
+        os.close(dfd)
