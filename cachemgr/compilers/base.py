@@ -87,9 +87,11 @@ class CompileJob:
     def user_view(self, text: str) -> str:
         """``text`` (a message, a compiler's stderr) with the private build folder taken out:
         mirrored paths become the user's own, other files in ``out_dir`` (the object, which is
-        gone after the run) are named by the kernel they were built for."""
-        if self.mirror_root is not None:
-            text = text.replace(f"{self.mirror_root}/", "/")
+        gone after the run) are named by the kernel they were built for. Unchanged for a job
+        without a mirror (its ``out_dir`` is the caller's)."""
+        if self.mirror_root is None:  # the caller's own folders: their paths are the user's
+            return text
+        text = text.replace(f"{self.mirror_root}/", "/")
         prefix = re.escape(f"{self.out_dir}/")
         return re.sub(prefix + r"[^\s;:,'\"]+", f"the build output of kernel {self.out_name}", text)
 
