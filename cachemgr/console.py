@@ -165,6 +165,21 @@ def _shown(value: Any) -> str:
     return str(value)
 
 
+def _explain_lock_wait(row: dict[str, Any] | None) -> str:
+    """``daemon.lock_wait_s = 0`` means "automatic" (from the daemon's compile timeout, which
+    no setting changes: :data:`constants.COMPILE_TIMEOUT_S`): add what it is, in seconds, to
+    the row as ``effective`` (JSON) and return the words shown after the value ("" when the
+    value is set)."""
+    if row is None or row["value"]:
+        return ""
+    from cachemgr import constants  # a leaf module of constants
+
+    timeout = constants.COMPILE_TIMEOUT_S
+    seconds = constants.automatic_lock_wait_s(timeout)
+    row["effective"] = seconds
+    return f"automatic: 2 × compile timeout {timeout:g} s + 60 s = {seconds:g} s"
+
+
 def config_report(
     settings: Settings, as_json: bool, remotes: tuple[str, ...]
 ) -> tuple[list[Line], int]:
@@ -187,6 +202,7 @@ def config_report(
     from cachemgr.config.options import kernel_cache_reason, kernel_cache_why  # loaded already
 
     data["kernel_cache_dir"]["why"] = kernel_cache_reason(settings)
+    notes = {"daemon.lock_wait_s": _explain_lock_wait(data.get("daemon.lock_wait_s"))}
     if as_json:
         lines = [(False, json_text({n: data[n] for n in names}))]
     else:
@@ -194,5 +210,8 @@ def config_report(
         for name in names:
             item = data[name]
             origin = item["origin"] + (f": {item['source']}" if item["source"] else "")
-            lines.append((False, f"({origin}) {name} = {_shown(item['value'])}"))
+            shown = _shown(item["value"])
+            if notes.get(name):
+                shown += f" ({notes[name]})"
+            lines.append((False, f"({origin}) {name} = {shown}"))
     return lines, 2 if settings.problems else 0

@@ -23,6 +23,17 @@ MIB: Final = 1 << 20
 #: ``serve`` with an internal error; ``--timeout inf`` failed after reading the request).
 MAX_SECONDS: Final = 1e9
 
+#: Default wall-time limit of one compiler process (seconds): the daemon's, and ``compile
+#: --timeout``'s default.
+COMPILE_TIMEOUT_S: Final = 600.0
+
+
+def automatic_lock_wait_s(compile_timeout_s: float) -> float:
+    """What ``[daemon] lock_wait_s = 0`` means: a compile waits twice the compile timeout
+    plus a minute (seconds) for another process compiling the same kernel."""
+    return 2 * compile_timeout_s + 60
+
+
 #: ``max_op_cache_size`` that turns size eviction off (GE's ``te_cache_space_manager.cc``;
 #: SPEC §5).
 NEVER_EVICT: Final = -1

@@ -85,3 +85,23 @@ def test_cli_options_override_the_configuration(tmp_path: Path, clean_env) -> No
     assert all((tmp_path / "dbg" / "kernel_meta") in Path(f).parents for f in row["files"])
     bad = _compile(tmp_path, req, "--op-debug-level", "9")
     assert bad.returncode == 2 and "op_debug_level='9'" in bad.stderr
+
+
+def test_compile_errors_name_the_users_paths_not_the_build_folder(
+    tmp_path: Path, clean_env
+) -> None:
+    # preprocesses fine (the header scan passes), so gcc fails in the real compile, which
+    # reads a mirror in a private build folder that is gone after the run
+    bad_src = tmp_path / "work" / "bad.c"
+    bad_src.parent.mkdir()
+    bad_src.write_text("int add_kernel(void) { return undeclared_4711; }\n")
+    bad = write_request(tmp_path, "bad", kernel_source=str(bad_src))
+    proc = _compile(tmp_path, str(bad))
+    assert proc.returncode == 1 and "undeclared_4711" in proc.stderr, proc.stderr
+    assert "cachemgr-build-" not in proc.stderr and "/.src/" not in proc.stderr, proc.stderr
+    assert f"compiling {bad_src}:" in proc.stderr and f"{bad_src}:1:" in proc.stderr
+    wrong = write_request(tmp_path, "wrong", kernel_entry="nope_4711")
+    proc = _compile(tmp_path, str(wrong))
+    assert proc.returncode == 1 and "'nope_4711' is not in" in proc.stderr, proc.stderr
+    assert "cachemgr-build-" not in proc.stderr, proc.stderr
+    assert "the build output of kernel " in proc.stderr, proc.stderr

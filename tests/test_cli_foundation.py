@@ -268,3 +268,13 @@ def test_a_ratio_typo_says_what_ge_and_cachemgr_will_keep(
         run_cli("config", "--json", "--cache-dir", str(tmp_path / "c"), env=env).stdout
     )
     assert data["remain_cache_size_ratio"]["value"] == 0
+
+
+def test_usage_errors_point_at_the_subcommands_help(tmp_path: Path, clean_env) -> None:
+    # an option missing its value is raised by click without a context: it still names `gc`
+    for argv in (["gc", "--ratio"], ["gc", "--ratoi"], ["config", "--config"]):
+        proc = run_cli(*argv, cwd=tmp_path)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.strip().endswith(f"(see `cachemgr {argv[0]} --help`)"), proc.stderr
+    top = run_cli("--bogus", cwd=tmp_path)
+    assert top.returncode == 2 and top.stderr.strip().endswith("(see `cachemgr --help`)")

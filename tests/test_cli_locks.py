@@ -107,3 +107,24 @@ def test_stats_reports_a_folder_it_cannot_read_and_goes_on(
     folders = json.loads(out.stdout)["chip_folders"]
     assert folders[SOC]["entries"] == 1
     assert "Permission denied" in folders["Ascend310P3"]["error"]
+
+
+def test_a_remembered_probe_says_so_and_names_its_mount(tmp_path: Path, clean_env) -> None:
+    """``-v`` tells a remembered per-mount answer from a probe of the user's folder: it
+    names the mount, when and on which folder it was probed (issue: it said ``fcntl locks
+    work on <another run's folder>``)."""
+    env = {**clean_env, "XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    req = write_request(tmp_path / "req")
+    first_root, root = tmp_path / "first", tmp_path / "cache"
+    first = run_cli("compile", str(req), "--cache-dir", str(first_root), "-v", env=env,
+                    cwd=tmp_path)  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    probed = [ln for ln in first.stderr.splitlines() if "fcntl locks work on" in ln]
+    assert probed and str(first_root) in probed[0] and "a result remembered in" not in probed[0]
+    again = run_cli("compile", str(req), "--cache-dir", str(root), "-v", env=env, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    said = [ln for ln in again.stderr.splitlines() if "fcntl locks" in ln]
+    assert len(said) == 1, again.stderr
+    mount = mount_key(root)
+    assert f"fcntl locks work on mount {mount}: a result remembered in " in said[0], said
+    assert f"on {first_root / 'kernel_cache'}, not a probe of this folder" in said[0], said

@@ -54,3 +54,31 @@ def test_example_op_cache_ini_is_valid() -> None:
     assert ini.adk_version is None and ini.ops_version is None
     assert all("version stamp" in problem for problem in ini.problems), ini.problems
     assert "cachemgr limits set" in (ROOT / "config" / "op_cache.ini").read_text()
+
+
+def test_config_shows_what_lock_wait_0_means(tmp_path: Path, clean_env) -> None:
+    """``lock_wait_s = 0`` is "automatic" (README: twice the compile timeout plus a minute):
+    ``config`` says so and how many seconds; ``--json`` keeps the value and adds
+    ``effective``; a set value is shown as it is."""
+    import json
+
+    from cachemgr.compile.queue import DEFAULT_TIMEOUT_S
+    from tests.conftest import run_cli
+
+    cache = str(tmp_path / "cache")
+    want = 2 * DEFAULT_TIMEOUT_S + 60
+    text = run_cli("config", "--cache-dir", cache, cwd=tmp_path)
+    line = next(ln for ln in text.stdout.splitlines() if "daemon.lock_wait_s" in ln)
+    assert line == (
+        f"(default) daemon.lock_wait_s = 0.0 (automatic: 2 × compile timeout "
+        f"{DEFAULT_TIMEOUT_S:g} s + 60 s = {want:g} s)"
+    )
+    row = json.loads(run_cli("config", "--cache-dir", cache, "--json", cwd=tmp_path).stdout)[
+        "daemon.lock_wait_s"
+    ]
+    assert row["value"] == 0.0 and row["effective"] == want
+    conf = tmp_path / "c.toml"
+    conf.write_text("[daemon]\nlock_wait_s = 7.5\n")
+    set_ = run_cli("config", "--cache-dir", cache, "--config", str(conf), cwd=tmp_path)
+    line = next(ln for ln in set_.stdout.splitlines() if "daemon.lock_wait_s" in ln)
+    assert line.endswith("daemon.lock_wait_s = 7.5") and "automatic" not in line

@@ -91,3 +91,22 @@ def test_pip_install_installs_the_man_pages(tmp_path: Path) -> None:
     pages = {n.rsplit("/", 1)[1] for n in names if "/data/share/man/man1/" in n}
     assert pages == {p.name for p in (ROOT / "man" / "man1").glob("*.1")}
     assert "cachemgr/schemas/compile_request.schema.json" in names
+
+
+def test_config_help_and_readme_name_every_table_config_prints(
+    helps: dict[str, str], tmp_path: Path
+) -> None:
+    """Each table ``cachemgr config`` prints (``remote.*`` too) is named in ``config --help``
+    and in the README's commands row of ``config``."""
+    proc = run_cli("config", "--json", "--cache-dir", str(tmp_path / "cache"), cwd=tmp_path)
+    shown = proc.stdout
+    tables = [t for t in ("daemon", "sandbox", "compilers", "precompiled", "toolkit", "remote")
+              if f'"{t}.' in shown]  # fmt: skip
+    assert "remote" in tables, shown[:400]
+    text = " ".join(helps["config"].split())
+    listed = re.search(r"each table of the config file \(([^)]*)\)", text)
+    assert listed, text
+    row = next(line for line in README.splitlines() if line.startswith("| `cachemgr config"))
+    for table in tables:
+        assert f"[{table}]" in listed.group(1), (table, helps["config"])
+        assert f"`{table}.*`" in row, (table, row)

@@ -420,3 +420,21 @@ def test_fast_path_on_a_closed_or_full_stdout_is_one_line_not_a_traceback(
         if argv == ["config"]:  # click says the same (its --help gives a traceback)
             slow = _run_closed(argv, env, tmp_path, how, click=True)
             assert (fast.returncode, fast.stderr) == (slow.returncode, slow.stderr)
+
+
+@pytest.mark.parametrize("how", ["env", "option"])
+def test_config_file_errors_say_where_the_file_came_from(how: str, tmp_path: Path) -> None:
+    """A missing (env) or broken (both) config file names its source, as every other bad
+    value does — the same bytes with and without click."""
+    broken = tmp_path / "broken.toml"
+    broken.write_text("x =\n")
+    cases = {"env": [("nosuch.toml", "env CACHEMGR_CONFIG"), (str(broken), "env CACHEMGR_CONFIG")],
+             "option": [(str(broken), "option --config")]}  # fmt: skip
+    for name, origin in cases[how]:
+        extra = {"CACHEMGR_CONFIG": name} if how == "env" else {}
+        argv = ["config"] if how == "env" else ["config", "--config", name]
+        fast, slow, _ = both_paths(argv, _config_env(tmp_path, **extra), tmp_path)
+        assert_same(fast, slow)
+        line = fast.stderr.decode().strip()
+        assert fast.returncode == 2 and line.startswith(f"cachemgr: error: config file {name}")
+        assert line.endswith(f"(from {origin})") and "\n" not in line, line

@@ -58,7 +58,7 @@ class _Group(click.Group):
         except click.exceptions.NoArgsIsHelpError:
             raise
         except click.UsageError as exc:
-            _fail(_usage_line(exc), 2)
+            _fail(_usage_line(exc, ctx), 2)
         except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
             raise
         except CacheMgrError as exc:
@@ -114,9 +114,17 @@ def _add_verbosity_options(command: click.Command) -> None:
             _add_verbosity_options(sub)
 
 
-def _usage_line(exc: click.UsageError) -> str:
-    """A usage error as one line naming the command and where its help is."""
-    path = exc.ctx.command_path if exc.ctx is not None else "cachemgr"
+def _usage_line(exc: click.UsageError, group: click.Context | None = None) -> str:
+    """A usage error as one line naming the command and where its help is: the subcommand's
+    help also for an error click raises without a context (an option missing its value,
+    ``gc --ratio``), found through ``group`` (the group's context, whose
+    ``invoked_subcommand`` is set before the subcommand parses its arguments)."""
+    if exc.ctx is not None:
+        path = exc.ctx.command_path
+    elif group is not None and group.invoked_subcommand:
+        path = f"{group.command_path} {group.invoked_subcommand}"
+    else:
+        path = group.command_path if group is not None else "cachemgr"
     return f"{exc.format_message()} (see `{path} --help`)"
 
 

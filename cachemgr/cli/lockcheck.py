@@ -70,15 +70,30 @@ def cached_probe(folder: Path, cache_file: Path | None = None) -> fsprobe.LockPr
         and isinstance(hit.get("ok"), bool)
         and now - hit.get("at", 0) < PROBE_TTL_S
     ):
-        return fsprobe.LockProbe(Path(folder), hit["ok"], str(hit.get("detail", "")))
+        return fsprobe.LockProbe(Path(folder), hit["ok"], _remembered(hit, key, cache_file, now))
     probe = fsprobe.probe_locks(folder)
-    cache[key] = {"ok": probe.ok, "detail": probe.detail, "at": now}
+    cache[key] = {"ok": probe.ok, "detail": probe.detail, "at": now, "folder": str(folder)}
     try:
         fsutil.ensure_dir(cache_file.parent)
         fsutil.atomic_write_bytes(cache_file, json.dumps(cache, sort_keys=True).encode(), 0o600)
     except OSError as exc:  # a cache we cannot write only costs the next run a probe
         log.debug("cannot save the lock probe cache %s: %s", cache_file, exc)
     return probe
+
+
+def _remembered(hit: Mapping[str, Any], mount: str, cache_file: Path, now: float) -> str:
+    """A remembered answer said as one: which mount (``mount``: device, mount point, type,
+    options), when and on which folder it was probed, and where it is kept — the folder of
+    this run was not probed (its detail names the folder of that earlier run)."""
+    at = hit.get("at", 0)
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at)) if at else "at an unknown time"
+    ago = f"{max(0.0, now - at) / 3600:.1f} h ago" if at else ""
+    folder = f" on {hit['folder']}" if hit.get("folder") else ""
+    works = "work" if hit.get("ok") else "do not work"
+    return (
+        f"fcntl locks {works} on mount {mount}: a result remembered in {cache_file}, probed "
+        f"{when} ({ago}){folder}, not a probe of this folder (probe said: {hit.get('detail')})"
+    )
 
 
 def _writable(folder: Path) -> bool:

@@ -414,6 +414,7 @@ def compile_job(p: Prepared, out_dir: Path) -> CompileJob:
         timeout_s=p.timeout_s,
         include_dirs=tuple(inputs.mirror(root, d) for d in p.request.include_dirs),
         extra_flags=p.request.extra_flags,
+        mirror_root=root,
     )
 
 

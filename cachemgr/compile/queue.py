@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cachemgr import constants
 from cachemgr.compile import build, kernel_meta, keys, precompiled
 from cachemgr.compile.build import Prepared
 from cachemgr.compile.inputs import Snapshot
@@ -69,7 +70,7 @@ log = logging.getLogger(__name__)
 __all__ = ["CompileOutcome", "CompileQueue", "QueueFull"]
 
 #: Default wall-time limit of one compiler process (seconds).
-DEFAULT_TIMEOUT_S = 600.0
+DEFAULT_TIMEOUT_S = constants.COMPILE_TIMEOUT_S
 
 _PENDING, _RUNNING, _DONE, _DROPPED = "pending", "running", "done", "dropped"
 
@@ -142,7 +143,7 @@ class CompileQueue:
         self._tally = tally
         self._ctx = build.RunContext(
             Path(output_dir).absolute() if output_dir else None,
-            lock_timeout_s if lock_timeout_s else 2 * self.timeout_s + 60,
+            lock_timeout_s if lock_timeout_s else constants.automatic_lock_wait_s(self.timeout_s),
             config_sections=dict(settings.sections),
             events=events,
             remotes=remotes,

@@ -79,6 +79,21 @@ class CompileJob:
     #: a publish takes the document itself (issue 14 item 3: a temp file, a rename, a read
     #: back and an unlink less per miss)
     json_in_memory: bool = False
+    #: the folder that mirrors the user's files by their absolute paths
+    #: (``<mirror_root>/<absolute path>``, :func:`cachemgr.compile.inputs.mirror`): error
+    #: messages name the user's path instead of this private copy
+    mirror_root: Path | None = None
+
+    def user_view(self, text: str) -> str:
+        """``text`` (a message, a compiler's stderr) with the private build folder taken out:
+        mirrored paths become the user's own, other files in ``out_dir`` (the object, which is
+        gone after the run) are named by the kernel they were built for. Unchanged for a job
+        without a mirror (its ``out_dir`` is the caller's)."""
+        if self.mirror_root is None:  # the caller's own folders: their paths are the user's
+            return text
+        text = text.replace(f"{self.mirror_root}/", "/")
+        prefix = re.escape(f"{self.out_dir}/")
+        return re.sub(prefix + r"[^\s;:,'\"]+", f"the build output of kernel {self.out_name}", text)
 
 
 @dataclass(frozen=True)
@@ -283,6 +298,17 @@ class CompilerBackend(ABC):
         return job.out_dir / f"{job.out_name}{self.bin_suffix}"
 
     def compile(self, job: CompileJob) -> CompileResult:
+        """:meth:`_compile` with its errors naming the user's paths (:meth:`CompileJob.user_view`).
+
+        :raises InvalidInputError: bad job (language, flags, out_name, missing source).
+        :raises CompileError: see :meth:`_compile`.
+        """
+        try:
+            return self._compile(job)
+        except CompileError as exc:
+            raise CompileError(job.user_view(str(exc))) from exc
+
+    def _compile(self, job: CompileJob) -> CompileResult:
         """Compile ``job``, verify the binary and its entry symbol, write artefacts and json.
 
         The json is written last (atomically), so a visible json means a complete output.
@@ -379,7 +405,10 @@ class CompilerBackend(ABC):
         """
         argv = self.depend_command(job, output)
         out = self._run(argv, job.timeout_s, job.out_dir, f"listing the headers of {job.source}")
-        self._check_outcome(out, argv, job)
+        try:
+            self._check_outcome(out, argv, job)
+        except CompileError as exc:
+            raise CompileError(job.user_view(str(exc))) from exc
         try:
             text = output.read_text(encoding="utf-8", errors="surrogateescape")
         except OSError as exc:

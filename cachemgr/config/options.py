@@ -508,9 +508,13 @@ def resolve(
     :raises ConfigError: for an invalid option value or cache path, naming value and origin.
     """
     env = dict(os.environ if env is None else env)
+    origin = "option --config"
     if config_file is None and env.get("CACHEMGR_CONFIG"):
-        config_file = Path(env["CACHEMGR_CONFIG"])
-    config = load_config_file(config_file) if config_file else configfile.empty()
+        config_file, origin = Path(env["CACHEMGR_CONFIG"]), "env CACHEMGR_CONFIG"
+    try:
+        config = load_config_file(config_file) if config_file else configfile.empty()
+    except ConfigError as exc:  # say where the file's name came from, as every option does
+        raise ConfigError(f"{exc} (from {origin})") from exc
     vals = _parse_all(_from_options(cli or {}, config), env)
     if vals["host_id"].value is None:
         vals["host_id"] = Resolved(short_host(), ORIGIN_DEFAULT, "short host name")
