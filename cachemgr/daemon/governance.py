@@ -620,7 +620,9 @@ class Governance:
         present = set(watcher.modes())
         for soc in set(self.index.chips()) - present:
             self.index.forget(soc)
-        for soc in sorted(rescan):  # also while the first scan runs: it may have passed it
+        # also while the first scan runs: it may have passed it; and the folders that could
+        # not be scanned (a member's private folder), until they can: warned about once
+        for soc in sorted(rescan | (set(self.index.problems) & present)):
             self._rescan(soc)
         if rescan:
             self.entries_sweep(rescan)
@@ -654,12 +656,8 @@ class Governance:
             self._rescan(soc)
 
     def _rescan(self, soc: str) -> None:
-        try:
-            self.index.reconcile_chip(soc)
-        except OSError as exc:
-            log.warning("rescanning %s failed: %s", soc, exc)
-            return
-        self._check_limit(soc)
+        if self.index.rescan_isolated(soc):  # a failure is warned about once, not each time
+            self._check_limit(soc)
 
     def follow_cann(self) -> None:
         """What CANN processes change behind the daemon's back (issue 9 items 6b, 7, 9), at
@@ -686,7 +684,12 @@ class Governance:
                 if check.purged:
                     log.warning("%s", check.detail)
                 for folder in [one.layout.kernel_cache_dir, *one.layout.chip_dirs()]:
-                    if changed := _share_modes(folder, one.layout.kernel_cache_dir):
+                    try:
+                        changed = _share_modes(folder, one.layout.kernel_cache_dir)
+                    except PermissionError as exc:  # a member's private chip folder: the
+                        log.debug("%s: modes not restored: %s", folder, exc)  # index warns
+                        continue
+                    if changed:
                         log.info("%s: group-sharing modes restored on %d file(s)", folder, changed)
                 if i > 0:  # the main cache is evicted through the usage index
                     cache_gc.collect(one, include_others=False)

@@ -65,6 +65,10 @@ SKIP_MISSING = "missing"
 #: ``op_cache_file_del.lock`` is a folder a member planted (not empty: not removed): that
 #: chip folder cannot be evicted safely; the others are (docs/security.md item 2).
 SKIP_BLOCKED = "blocked"
+#: this user cannot list or lock the chip folder (a member's ``0700``/``0755`` folder):
+#: ``denied`` names its owner and mode; the other chip folders are collected
+#: (docs/security.md item 3).
+SKIP_DENIED = "denied"
 
 EVICTED = "evicted"
 SAVED = "saved_by_hit"
@@ -213,6 +217,8 @@ def gc_chip(
     started = time.monotonic()
     try:
         chip_fd = open_dir(chip_dir)
+    except PermissionError:
+        return _denied(report, fsutil.access_hint(chip_dir, "readable"))
     except OSError as exc:
         if not isinstance(exc, NotADirectoryError) and exc.errno not in fsutil.GONE_ERRNOS:
             raise
@@ -230,6 +236,8 @@ def gc_chip(
             )
             log.warning("%s: eviction skipped: %s", chip_dir, report.denied[-1])
             return report
+        except CachePermissionError as exc:
+            return _denied(report, str(exc))
         except OSError as exc:
             if exc.errno != errno.EROFS or not report.dry_run:
                 raise
@@ -255,6 +263,15 @@ def gc_chip(
     finally:
         os.close(chip_fd)
     report.seconds = time.monotonic() - started
+    return report
+
+
+def _denied(report: GcReport, why: str) -> GcReport:
+    """Skip a chip folder this user cannot list or lock (one warning line: its owner and
+    mode); the caller goes on with the other chip folders (docs/security.md item 3)."""
+    report.skipped = SKIP_DENIED
+    report.denied.append(why)
+    log.info("%s: gc skipped: %s", report.chip_dir, why)  # the caller reports it
     return report
 
 
