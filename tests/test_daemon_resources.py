@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -406,3 +407,60 @@ def test_verifying_a_large_binary_does_not_read_it_whole(
     code, max_rss_kib = (int(v) for v in proc.stdout.split())
     assert code == 0, proc.stderr  # the 192 MiB entry verifies
     assert max_rss_kib * 1024 < size * 3 // 4, f"verify peaked at {max_rss_kib} KiB"
+
+
+def _gc_children(pid: int) -> int:
+    """How many gc children (``python -P -m cachemgr.daemon.gcchild``) process ``pid`` has now."""
+    kids: list[str] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            kids += (task / "children").read_text().split()
+        except OSError:
+            continue
+    found = 0
+    for kid in kids:
+        try:
+            found += b"cachemgr.daemon.gcchild" in Path(f"/proc/{kid}/cmdline").read_bytes()
+        except OSError:
+            continue
+    return found
+
+
+def test_concurrent_gc_requests_start_at_most_one_gc_child_per_chip_folder(
+    tmp_path: Path,
+) -> None:
+    """Attack review item 2: 40 concurrent ``POST /gc`` dry runs started 34 gc children."""
+    chip = tmp_path / "c" / "kernel_cache" / SOC
+    for i in range(300):
+        publish(chip, f"te_add_{i:04d}", os.urandom(512), time.time() - 7200)
+    d = start_daemon(tmp_path, "--cache-dir", str(tmp_path / "c"))
+    try:
+        wait_for(lambda: d.client.health().get("scan", {}).get("state") == "done", 60, "scan")
+        seen: list[int] = []
+        reports: list[int] = []
+        done = threading.Event()
+
+        def sample() -> None:
+            while not done.is_set():
+                seen.append(_gc_children(d.proc.pid))
+
+        def one() -> None:
+            report = Client(d.socket_path, timeout_s=120).gc(
+                ratio=0, min_age_s=0, dry_run=True, soc=SOC
+            )
+            reports.append(report.chip_folders[SOC].evicted_entries)
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        callers = [threading.Thread(target=one) for _ in range(16)]
+        for t in callers:
+            t.start()
+        for t in callers:
+            t.join(180)
+        done.set()
+        sampler.join()
+        assert max(seen) == 1, sorted(seen)[-5:]  # one child at a time (it was one each)
+        assert reports == [300] * 16  # each waited for its turn: none was "busy"
+        assert all(p.exists() for p in chip.iterdir() if p.suffix == ".json")  # a dry run
+    finally:
+        d.stop()

@@ -31,6 +31,7 @@ restoring group-sharing modes lists a folder as a stream.
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import ctypes.util
 import datetime as dt
@@ -39,7 +40,8 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -230,8 +232,13 @@ class Governance:
         #: per chip folder: kernel → when an entry with a future access time was first
         #: seen (ns); its eviction order (issue 12 item 1)
         self._first_seen: dict[str, dict[str, int]] = {}
-        #: the chip folders (paths as text) this daemon's gc child is evicting now
-        self._evicting: set[str] = set()
+        #: the chip folders (paths as text) this daemon's gc children are evicting now, with
+        #: how many runs (a daemon eviction and a ``/gc``): the mark stays until the last ends
+        self._evicting: collections.Counter[str] = collections.Counter()
+        #: per chip folder: held while a gc child runs there, so ``/gc`` requests and the
+        #: daemon's evictions start at most one child per chip folder, the later waiting
+        self._chip_runs: dict[str, threading.Lock] = {}
+        self._chip_runs_lock = threading.Lock()
         #: the socs evicted now or rescanned after it: no new eviction is scheduled for them
         #: (their index lags the removals until that rescan)
         self._settling: set[str] = set()
@@ -515,13 +522,10 @@ class Governance:
             clock_skew_s=float(settings.value("clock_skew_s")),
             first_seen=self._first_seen.setdefault(soc, {}),
         )
-        self._evicting.add(str(chip))
         self._settling.add(soc)
         try:
-            try:
+            with self._gc_child_of(chip):
                 (outcome,) = _run_gc([job], names=_names_log.isEnabledFor(logging.DEBUG))
-            finally:
-                self._evicting.discard(str(chip))
             # a rescan instead of the removals' events (also after a failure: part of it may
             # have run); files added meanwhile were accounted by their own events
             self.index.reconcile_chip(soc)
@@ -566,14 +570,29 @@ class Governance:
             clock_skew_s=clock_skew_s,
             dry_run=dry_run is eviction.DryRun.YES,
         )
-        self._evicting.add(str(chip))
-        try:
+        with self._gc_child_of(chip):
             (outcome,) = _run_gc([job], names=True)
-        finally:
-            self._evicting.discard(str(chip))
         if outcome.report is None:
             raise gcchild.GcChildError(f"gc of {chip}: {outcome.error}")
         return outcome.report
+
+    @contextmanager
+    def _gc_child_of(self, chip: Path) -> Iterator[None]:
+        """Wait until no other gc child of this daemon runs on ``chip``, then mark it evicted
+        while the caller runs one (attack review: every ``/gc`` started its own child, 40
+        requests ~34 interpreters; and a ``/gc`` ending cleared the mark of a daemon
+        eviction still running there)."""
+        key = str(chip)
+        with self._chip_runs_lock:
+            run = self._chip_runs.setdefault(key, threading.Lock())
+        with run:
+            self._evicting[key] += 1
+            try:
+                yield
+            finally:
+                self._evicting[key] -= 1
+                if self._evicting[key] <= 0:
+                    del self._evicting[key]
 
     def count_eviction(self, data: Mapping[str, object]) -> None:
         """Add one chip folder's gc report (``GcReport.to_json()``) to the eviction counters;
