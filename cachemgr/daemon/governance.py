@@ -525,7 +525,11 @@ class Governance:
         self._settling.add(soc)
         try:
             with self._gc_child_of(chip):
-                (outcome,) = _run_gc([job], names=_names_log.isEnabledFor(logging.DEBUG))
+                (outcome,) = _run_gc(
+                    [job],
+                    names=_names_log.isEnabledFor(logging.DEBUG),
+                    deadline_s=self.config.gc_deadline_s,
+                )
             # a rescan instead of the removals' events (also after a failure: part of it may
             # have run); files added meanwhile were accounted by their own events
             self.index.reconcile_chip(soc)
@@ -571,7 +575,7 @@ class Governance:
             dry_run=dry_run is eviction.DryRun.YES,
         )
         with self._gc_child_of(chip):
-            (outcome,) = _run_gc([job], names=True)
+            (outcome,) = _run_gc([job], names=True, deadline_s=self.config.gc_deadline_s)
         if outcome.report is None:
             raise gcchild.GcChildError(f"gc of {chip}: {outcome.error}")
         return outcome.report
@@ -730,7 +734,9 @@ class Governance:
         # max -1: no size eviction, only the reclaim pass; every chip folder in one child
         age = float(settings.value("min_age_s"))
         jobs = [gcchild.GcJob(chip, eviction.NEVER_EVICT, ratio, age) for chip in chips]
-        for job, outcome in zip(jobs, _run_gc(jobs), strict=True):
+        for job, outcome in zip(
+            jobs, _run_gc(jobs, deadline_s=self.config.gc_deadline_s), strict=True
+        ):
             if outcome.error and not outcome.died:  # a death was logged already, once
                 log.warning("reaping %s failed: %s", job.chip_dir, outcome.error)
         try:
@@ -744,10 +750,16 @@ class Governance:
             log.info("reaped %d kernel_meta leftovers of dead processes", len(reaped))
 
 
-def _run_gc(jobs: list[gcchild.GcJob], names: bool = False) -> list[gcchild.Outcome]:
+def _run_gc(
+    jobs: list[gcchild.GcJob], names: bool = False, deadline_s: float = 0.0
+) -> list[gcchild.Outcome]:
     """Run gc jobs in a child process (:mod:`cachemgr.daemon.gcchild`: the scan of a large
     chip folder never enters the daemon's heap), keeping "warn once per folder" about
-    future access times here, across children."""
+    future access times here, across children. ``deadline_s`` > 0: the whole child run
+    stops (at the next entry) that many seconds from now (``[daemon] gc_deadline_s``)."""
+    if deadline_s > 0:
+        for job in jobs:
+            job.deadline = time.monotonic() + deadline_s
     told = [_skew_warned.first(job.chip_dir) for job in jobs]
     for job, first in zip(jobs, told, strict=True):
         job.skew_warned = not first
