@@ -696,6 +696,16 @@ def test_a_members_private_chip_folder_is_skipped_with_one_warning_never_a_stop(
     _one_line_naming(gc.stdout + gc.stderr, str(private), users.bob, look)
     assert not any(p.exists() for paths in made.values() for p in paths), gc.stdout
     made = _two_chip_folders(users, root)
+    # ls, verify, stats, purge: the other chip folders done, one line naming bob's folder
+    for args in (["ls"], ["verify"], ["stats"], ["purge", "--all", "--yes"]):
+        proc = _as(users, users.alice, other_runtime, *args, "--cache-dir", str(root), env=env)
+        assert proc.returncode in (0, 1), (args, proc.stdout, proc.stderr)
+        if mode == "700" or args[0] == "purge":  # 755: readable, so listed (and empty)
+            _one_line_naming(proc.stdout + proc.stderr, str(private), users.bob, look)
+        if args == ["ls"]:
+            assert all(p.stem in proc.stdout for paths in made.values() for p in paths)
+    assert not any(p.exists() for paths in made.values() for p in paths)  # purged
+    made = _two_chip_folders(users, root)
 
     # the daemon starts (it refused: exit 2), its first scan completes, /gc collects the rest
     daemon_home = home / "d"
