@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -23,6 +24,7 @@ import pytest
 from cachemgr.client import Client, DaemonError
 from cachemgr.compile.queue import CompileQueue
 from cachemgr.compile.request import parse_request
+from cachemgr.eviction import gc_chip
 from tests.compile_util import counting_cc, make_settings
 from tests.conftest import SOC, publish
 from tests.daemon_util import Daemon, start_daemon, wait_for
@@ -406,3 +408,140 @@ def test_verifying_a_large_binary_does_not_read_it_whole(
     code, max_rss_kib = (int(v) for v in proc.stdout.split())
     assert code == 0, proc.stderr  # the 192 MiB entry verifies
     assert max_rss_kib * 1024 < size * 3 // 4, f"verify peaked at {max_rss_kib} KiB"
+
+
+def _gc_children(pid: int) -> int:
+    """How many gc children (``python -P -m cachemgr.daemon.gcchild``) process ``pid`` has now."""
+    kids: list[str] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            kids += (task / "children").read_text().split()
+        except OSError:
+            continue
+    found = 0
+    for kid in kids:
+        try:
+            found += b"cachemgr.daemon.gcchild" in Path(f"/proc/{kid}/cmdline").read_bytes()
+        except OSError:
+            continue
+    return found
+
+
+def test_concurrent_gc_requests_start_at_most_one_gc_child_per_chip_folder(
+    tmp_path: Path,
+) -> None:
+    """Attack review item 2: 40 concurrent ``POST /gc`` dry runs started 34 gc children."""
+    chip = tmp_path / "c" / "kernel_cache" / SOC
+    for i in range(300):
+        publish(chip, f"te_add_{i:04d}", os.urandom(512), time.time() - 7200)
+    d = start_daemon(tmp_path, "--cache-dir", str(tmp_path / "c"))
+    try:
+        wait_for(lambda: d.client.health().get("scan", {}).get("state") == "done", 60, "scan")
+        seen: list[int] = []
+        reports: list[int] = []
+        done = threading.Event()
+
+        def sample() -> None:
+            while not done.is_set():
+                seen.append(_gc_children(d.proc.pid))
+
+        def one() -> None:
+            report = Client(d.socket_path, timeout_s=120).gc(
+                ratio=0, min_age_s=0, dry_run=True, soc=SOC
+            )
+            reports.append(report.chip_folders[SOC].evicted_entries)
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        callers = [threading.Thread(target=one) for _ in range(16)]
+        for t in callers:
+            t.start()
+        for t in callers:
+            t.join(180)
+        done.set()
+        sampler.join()
+        assert max(seen) == 1, sorted(seen)[-5:]  # one child at a time (it was one each)
+        assert reports == [300] * 16  # each waited for its turn: none was "busy"
+        assert all(p.exists() for p in chip.iterdir() if p.suffix == ".json")  # a dry run
+    finally:
+        d.stop()
+
+
+def test_a_gc_child_stops_at_its_deadline_when_members_hold_bad_entries_locks(
+    tmp_path: Path,
+) -> None:
+    """Attack review item 3: each bad entry whose ``.lock`` a member holds cost the gc child
+    5 s under ``op_cache_file_del.lock``, with no end; ``busy`` named each twice."""
+    chip = tmp_path / "c" / "kernel_cache" / SOC
+    held = []
+    for i in range(6):  # bad: the json's binary is gone; its lock held by another process
+        kernel = f"te_bad_{i:02d}"
+        publish(chip, kernel, os.urandom(256), time.time() - 7200)
+        (chip / f"{kernel}.o").unlink()
+        held.append(kernel)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(f"""
+            import fcntl, sys, time
+            fds = [open({str(chip)!r} + "/" + k + ".lock", "a+") for k in {held!r}]
+            for f in fds:
+                fcntl.lockf(f, fcntl.LOCK_EX)
+            print("held", flush=True)
+            sys.stdin.read()
+        """)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    cfg = tmp_path / "cachemgr.toml"
+    cfg.write_text("[daemon]\ngc_deadline_s = 3.0\nreap_interval_s = 3600.0\n")
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        d = start_daemon(tmp_path, "--cache-dir", str(tmp_path / "c"), "--config", str(cfg))
+        try:
+            wait_for(lambda: d.client.health().get("scan", {}).get("state") == "done", 90, "scan")
+            started = time.monotonic()
+            report = Client(d.socket_path, timeout_s=120).gc(ratio=0, min_age_s=0, soc=SOC)
+            took = time.monotonic() - started
+            folder = report.chip_folders[SOC]
+            assert folder.skipped == "deadline" and folder.denied, folder  # partial, said so
+            assert took < 3.0 + 5.0 + 4.0, took  # the deadline, one lock wait, slack (was 30 s)
+            assert folder.busy and len(folder.busy) == len(set(folder.busy)), folder.busy
+            # the eviction lock was released: GE's evictor can take it at once
+            probe = subprocess.run(
+                [sys.executable, "-c", textwrap.dedent(f"""
+                    import fcntl
+                    f = open({str(chip / "op_cache_file_del.lock")!r}, "a+")
+                    fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                """)],
+                capture_output=True, text=True, timeout=30, check=False,
+            )  # fmt: skip
+            assert probe.returncode == 0, probe.stderr
+            assert all((chip / f"{k}.json").exists() for k in held)  # busy: left alone
+        finally:
+            d.stop()
+    finally:
+        holder.communicate("", timeout=30)
+
+
+def test_a_busy_bad_entry_is_named_once(tmp_path: Path) -> None:
+    """Attack review item 3: ``busy`` named a bad entry whose lock a member holds twice (the
+    reclaim pass and the eviction each)."""
+    chip = tmp_path / "kernel_cache" / SOC
+    publish(chip, "te_good", os.urandom(256), time.time() - 7200)
+    publish(chip, "te_bad", os.urandom(256), time.time() - 7200)
+    (chip / "te_bad.o").unlink()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(f"""
+            import fcntl, sys
+            f = open({str(chip / "te_bad.lock")!r}, "a+")
+            fcntl.lockf(f, fcntl.LOCK_EX)
+            print("held", flush=True)
+            sys.stdin.read()
+        """)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        report = gc_chip(chip, 1, 0, 0.0, force_ratio=True).to_json()
+    finally:
+        holder.communicate("", timeout=30)
+    assert report["busy"] == ["te_bad"], report["busy"]
+    assert report["evicted"] == ["te_good"]

@@ -22,7 +22,7 @@ from cachemgr.client import Client
 from cachemgr.compile import kernel_meta
 from cachemgr.constants import short_host
 from tests.conftest import ROOT, SOC, publish, run_cli
-from tests.daemon_util import daemon_env, start_daemon, wait_for
+from tests.daemon_util import daemon_env, start_daemon, wait_first_scan, wait_for
 from tests.shared_util import kernel_request
 from tests.users_util import Runtime, Users, run_as, user_home
 
@@ -657,3 +657,101 @@ def test_verify_by_another_member_leaves_a_fresh_header_manifest_alone(
         assert manifests[0].name in report["chip_folders"][SOC]["not_checked"]
     assert manifests[0].exists()
     assert manifests[0].stat().st_atime_ns == st.st_atime_ns  # never read by alice
+
+
+# --- item 3b: a member's private chip folder (attack review) --------------------------------
+
+
+def _two_chip_folders(users: Users, root: Path) -> dict[str, list[Path]]:
+    """Alice's shared cache with old entries in two chip folders (group-shared, as the README
+    sets it up); the kernel → json path of each."""
+    kc = root / "kernel_cache"
+    made: dict[str, list[Path]] = {}
+    for soc in (SOC, "Ascend310P3"):
+        made[soc] = [
+            publish(kc / soc, f"te_add_{soc}_{i:02d}", os.urandom(2048), HOUR_AGO) for i in range(3)
+        ]
+    for path in [kc, *(p for soc in made for p in [kc / soc, *(kc / soc).iterdir()])]:
+        shutil.chown(path, users.alice, users.group)
+        path.chmod(0o2775 if path == kc else 0o2770 if path.is_dir() else 0o660)
+    return made
+
+
+@pytest.mark.parametrize("mode", ["700", "755"])
+def test_a_members_private_chip_folder_is_skipped_with_one_warning_never_a_stop(
+    mode: str, users: Users, other_runtime: Runtime
+) -> None:
+    root = _shared_root(users)
+    made = _two_chip_folders(users, root)
+    private = root / "kernel_cache" / "AAAbob"  # sorts first: it used to stop every run
+    _as_shell(users, users.bob, f"mkdir -m {mode} {private}")
+    home = user_home(users, users.alice)
+    env = _env(other_runtime, home)
+    look = stat.filemode(private.stat().st_mode)  # setgid from the root: drwx--S---
+
+    # cachemgr gc: the other chip folders are collected; exit 1 (partial), one line on bob's
+    gc = _as(users, users.alice, other_runtime, "gc", "--ratio", "0", "--min-age", "0",
+             "--cache-dir", str(root), env=env)  # fmt: skip
+    assert gc.returncode == 1, (gc.stdout, gc.stderr)
+    _one_line_naming(gc.stdout + gc.stderr, str(private), users.bob, look)
+    assert not any(p.exists() for paths in made.values() for p in paths), gc.stdout
+    made = _two_chip_folders(users, root)
+    # ls, verify, stats, purge: the other chip folders done, one line naming bob's folder
+    for args in (["ls"], ["verify"], ["stats"], ["purge", "--all", "--yes"]):
+        proc = _as(users, users.alice, other_runtime, *args, "--cache-dir", str(root), env=env)
+        assert proc.returncode in (0, 1), (args, proc.stdout, proc.stderr)
+        if mode == "700" or args[0] == "purge":  # 755: readable, so listed (and empty)
+            _one_line_naming(proc.stdout + proc.stderr, str(private), users.bob, look)
+        if args == ["ls"]:
+            assert all(p.stem in proc.stdout for paths in made.values() for p in paths)
+    assert not any(p.exists() for paths in made.values() for p in paths)  # purged
+    made = _two_chip_folders(users, root)
+
+    # the daemon starts (it refused: exit 2), its first scan completes, /gc collects the rest
+    daemon_home = home / "d"
+    daemon_home.mkdir()
+    denv = daemon_env(daemon_home)
+    for sub in [daemon_home, *daemon_home.iterdir()]:
+        shutil.chown(sub, users.alice)
+    denv.update(PYTHONPATH=other_runtime.pythonpath)
+    daemon = start_daemon(
+        daemon_home,
+        "--cache-dir",
+        str(root),
+        env=denv,
+        notify=False,
+        python=other_runtime.python,
+        popen_kw=run_as(users.alice, users),
+    )
+    try:
+        client = Client(
+            daemon.socket_path, timeout_s=120, local_hits=False, daemon_user=users.alice
+        )
+        wait_first_scan(daemon)
+        scan = client.health()["scan"]
+        assert (
+            scan["state"] == "done" and scan["chip_folders_done"] == scan["chip_folders_total"] == 3
+        ), scan
+        report = client.gc(ratio=0, min_age_s=0)
+        assert report.chip_folders["AAAbob"].skipped
+        assert report.chip_folders["AAAbob"].denied
+        for soc, paths in made.items():
+            assert report.chip_folders[soc].evicted_entries == len(paths), report.to_json()
+            assert not any(p.exists() for p in paths)
+        # the watch check retries the folder every 2 s (watch_check_interval_s): two more
+        # rounds at least, then bob opens it to the group: one warning, then one "again"
+        time.sleep(4.5)
+        if mode == "700":
+            _as_shell(users, users.bob, f"chgrp {users.group} {private} && chmod 2770 {private}")
+            wait_for(lambda: "can be scanned again" in daemon.log(), 30, "the scan of AAAbob")
+    finally:
+        daemon.stop()
+    log = daemon.log()
+    warned = [ln for ln in log.splitlines() if "WARNING" in ln and str(private) in ln]
+    skipped = [ln for ln in warned if "is skipped" in ln or "never evicted" in ln]
+    assert len(skipped) == 1 and users.bob in skipped[0] and look in skipped[0], log
+    if mode == "700":
+        assert len(warned) == 2 and "can be scanned again" in warned[1], log
+    else:  # readable: served (its entries are counted), never evicted
+        assert len(warned) == 1, log
+    assert "Traceback" not in log

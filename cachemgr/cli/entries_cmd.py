@@ -18,6 +18,7 @@ from cachemgr.cli.common import (
     printable,
     remote_option,
     settings_options,
+    warning,
 )
 from cachemgr.cli.lockcheck import checked_for_writing
 from cachemgr.config.options import kernel_cache_why
@@ -75,9 +76,14 @@ def ls_cmd(as_json: bool, raw_bytes: bool, **kw: Any) -> None:
     settings = load_settings(writable=False, **kw)
     rows: list[dict[str, Any]] = []
     used = 0
+    unreadable = []
     with fsutil.reads_keep_atime():
         for chip in chip_dirs(settings):
-            found, chip_bytes = list_chip(chip)
+            try:
+                found, chip_bytes = list_chip(chip)
+            except PermissionError:  # a member's private folder: skipped, the others listed
+                unreadable.append(fsutil.access_hint(chip, "readable"))
+                continue
             rows += found
             used += chip_bytes
     if as_json:
@@ -100,6 +106,10 @@ def ls_cmd(as_json: bool, raw_bytes: bool, **kw: Any) -> None:
     if VERBOSITY.level >= 0:
         click.echo(_total_line(rows, used, raw_bytes), err=True)
         click.echo(kernel_cache_why(settings), err=True)
+    for line in unreadable:
+        warning(f"{line}; that chip folder is not listed")
+    if unreadable:
+        sys.exit(1)
 
 
 def _total_line(rows: list[dict[str, Any]], used: int, raw_bytes: bool) -> str:
@@ -167,7 +177,14 @@ def verify_cmd(as_json: bool, repair: bool, remotes: tuple[str, ...], **kw: Any)
     if repair:  # it removes files: the daemon's lock checks first (issue 12 item 11)
         values = {k: kw.get(k) for k in ("op_compiler_cache_dir", "host_id", "soc_version")}
         settings = checked_for_writing(settings, values, kw.get("config_file"))
-    reports = [chip_store(chip).verify_all(repair=repair) for chip in chip_dirs(settings)]
+    reports, unreadable = [], []
+    for chip in chip_dirs(settings):
+        try:
+            reports.append(chip_store(chip).verify_all(repair=repair))
+        except PermissionError:  # a member's private folder: skipped, the others verified
+            unreadable.append(fsutil.access_hint(chip, "readable"))
+    for line in unreadable:
+        warning(f"{line}; that chip folder is not verified")
     bad = sum(len(r.bad) for r in reports)
     remote_rows = _remote_rows(settings, remotes)
     if as_json:
@@ -201,5 +218,5 @@ def verify_cmd(as_json: bool, repair: bool, remotes: tuple[str, ...], **kw: Any)
                 "their access times (the eviction order); run verify as their owner or root",
                 err=True,
             )
-    if bad:
+    if bad or unreadable:
         sys.exit(1)

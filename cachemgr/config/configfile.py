@@ -136,6 +136,9 @@ class DaemonConfig:
     reconcile_interval_s: float = 300.0  # full rescan of every chip folder (other hosts' writes)
     reconcile_jitter_s: float = 30.0  # random spread so hosts sharing a root do not align
     reap_interval_s: float = 600.0  # temp files, dead locks, orphans, kernel_meta of dead pids
+    # a gc child (eviction, reaping, POST /gc) stops at the next entry after this long and
+    # reports what it did: members holding the locks of bad entries cost 5 s each
+    gc_deadline_s: float = 600.0
     evict_debounce_s: float = 2.0  # crossing the limit schedules eviction this much later
     # ...but however many file events follow, no later than this after the first (issue 12)
     evict_max_delay_s: float = 10.0

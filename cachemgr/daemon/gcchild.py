@@ -82,6 +82,9 @@ class GcJob:
     skew_warned: bool = False
     #: only report what would be done (``DryRun.YES``)
     dry_run: bool = False
+    #: ``time.monotonic()`` (one clock for all processes on Linux) by which the whole child
+    #: run stops: no job starts and no bad entry is waited for after it; None = no deadline
+    deadline: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -95,6 +98,7 @@ class GcJob:
             "first_seen": self.first_seen,
             "skew_warned": self.skew_warned,
             "dry_run": self.dry_run,
+            "deadline": self.deadline,
         }
 
 
@@ -273,6 +277,7 @@ def _child_job(i: int, job: dict[str, Any], names: bool, out: IO[str]) -> None:
             clock_skew_s=job["clock_skew_s"],
             first_seen=first_seen,
             dry_run=collect.DryRun.YES if job.get("dry_run") else collect.DryRun.NO,
+            deadline=job.get("deadline"),
         )
     except (OSError, CacheMgrError) as exc:
         _send(out, {"job": i, "error": str(exc)})

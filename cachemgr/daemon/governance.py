@@ -31,6 +31,7 @@ restoring group-sharing modes lists a folder as a stream.
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import ctypes.util
 import datetime as dt
@@ -39,7 +40,8 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -230,8 +232,13 @@ class Governance:
         #: per chip folder: kernel → when an entry with a future access time was first
         #: seen (ns); its eviction order (issue 12 item 1)
         self._first_seen: dict[str, dict[str, int]] = {}
-        #: the chip folders (paths as text) this daemon's gc child is evicting now
-        self._evicting: set[str] = set()
+        #: the chip folders (paths as text) this daemon's gc children are evicting now, with
+        #: how many runs (a daemon eviction and a ``/gc``): the mark stays until the last ends
+        self._evicting: collections.Counter[str] = collections.Counter()
+        #: per chip folder: held while a gc child runs there, so ``/gc`` requests and the
+        #: daemon's evictions start at most one child per chip folder, the later waiting
+        self._chip_runs: dict[str, threading.Lock] = {}
+        self._chip_runs_lock = threading.Lock()
         #: the socs evicted now or rescanned after it: no new eviction is scheduled for them
         #: (their index lags the removals until that rescan)
         self._settling: set[str] = set()
@@ -515,13 +522,14 @@ class Governance:
             clock_skew_s=float(settings.value("clock_skew_s")),
             first_seen=self._first_seen.setdefault(soc, {}),
         )
-        self._evicting.add(str(chip))
         self._settling.add(soc)
         try:
-            try:
-                (outcome,) = _run_gc([job], names=_names_log.isEnabledFor(logging.DEBUG))
-            finally:
-                self._evicting.discard(str(chip))
+            with self._gc_child_of(chip):
+                (outcome,) = _run_gc(
+                    [job],
+                    names=_names_log.isEnabledFor(logging.DEBUG),
+                    deadline_s=self.config.gc_deadline_s,
+                )
             # a rescan instead of the removals' events (also after a failure: part of it may
             # have run); files added meanwhile were accounted by their own events
             self.index.reconcile_chip(soc)
@@ -566,14 +574,29 @@ class Governance:
             clock_skew_s=clock_skew_s,
             dry_run=dry_run is eviction.DryRun.YES,
         )
-        self._evicting.add(str(chip))
-        try:
-            (outcome,) = _run_gc([job], names=True)
-        finally:
-            self._evicting.discard(str(chip))
+        with self._gc_child_of(chip):
+            (outcome,) = _run_gc([job], names=True, deadline_s=self.config.gc_deadline_s)
         if outcome.report is None:
             raise gcchild.GcChildError(f"gc of {chip}: {outcome.error}")
         return outcome.report
+
+    @contextmanager
+    def _gc_child_of(self, chip: Path) -> Iterator[None]:
+        """Wait until no other gc child of this daemon runs on ``chip``, then mark it evicted
+        while the caller runs one (attack review: every ``/gc`` started its own child, 40
+        requests ~34 interpreters; and a ``/gc`` ending cleared the mark of a daemon
+        eviction still running there)."""
+        key = str(chip)
+        with self._chip_runs_lock:
+            run = self._chip_runs.setdefault(key, threading.Lock())
+        with run:
+            self._evicting[key] += 1
+            try:
+                yield
+            finally:
+                self._evicting[key] -= 1
+                if self._evicting[key] <= 0:
+                    del self._evicting[key]
 
     def count_eviction(self, data: Mapping[str, object]) -> None:
         """Add one chip folder's gc report (``GcReport.to_json()``) to the eviction counters;
@@ -620,7 +643,9 @@ class Governance:
         present = set(watcher.modes())
         for soc in set(self.index.chips()) - present:
             self.index.forget(soc)
-        for soc in sorted(rescan):  # also while the first scan runs: it may have passed it
+        # also while the first scan runs: it may have passed it; and the folders that could
+        # not be scanned (a member's private folder), until they can: warned about once
+        for soc in sorted(rescan | (set(self.index.problems) & present)):
             self._rescan(soc)
         if rescan:
             self.entries_sweep(rescan)
@@ -654,12 +679,8 @@ class Governance:
             self._rescan(soc)
 
     def _rescan(self, soc: str) -> None:
-        try:
-            self.index.reconcile_chip(soc)
-        except OSError as exc:
-            log.warning("rescanning %s failed: %s", soc, exc)
-            return
-        self._check_limit(soc)
+        if self.index.rescan_isolated(soc):  # a failure is warned about once, not each time
+            self._check_limit(soc)
 
     def follow_cann(self) -> None:
         """What CANN processes change behind the daemon's back (issue 9 items 6b, 7, 9), at
@@ -686,7 +707,12 @@ class Governance:
                 if check.purged:
                     log.warning("%s", check.detail)
                 for folder in [one.layout.kernel_cache_dir, *one.layout.chip_dirs()]:
-                    if changed := _share_modes(folder, one.layout.kernel_cache_dir):
+                    try:
+                        changed = _share_modes(folder, one.layout.kernel_cache_dir)
+                    except PermissionError as exc:  # a member's private chip folder: the
+                        log.debug("%s: modes not restored: %s", folder, exc)  # index warns
+                        continue
+                    if changed:
                         log.info("%s: group-sharing modes restored on %d file(s)", folder, changed)
                 if i > 0:  # the main cache is evicted through the usage index
                     cache_gc.collect(one, include_others=False)
@@ -708,7 +734,9 @@ class Governance:
         # max -1: no size eviction, only the reclaim pass; every chip folder in one child
         age = float(settings.value("min_age_s"))
         jobs = [gcchild.GcJob(chip, eviction.NEVER_EVICT, ratio, age) for chip in chips]
-        for job, outcome in zip(jobs, _run_gc(jobs), strict=True):
+        for job, outcome in zip(
+            jobs, _run_gc(jobs, deadline_s=self.config.gc_deadline_s), strict=True
+        ):
             if outcome.error and not outcome.died:  # a death was logged already, once
                 log.warning("reaping %s failed: %s", job.chip_dir, outcome.error)
         try:
@@ -722,10 +750,16 @@ class Governance:
             log.info("reaped %d kernel_meta leftovers of dead processes", len(reaped))
 
 
-def _run_gc(jobs: list[gcchild.GcJob], names: bool = False) -> list[gcchild.Outcome]:
+def _run_gc(
+    jobs: list[gcchild.GcJob], names: bool = False, deadline_s: float = 0.0
+) -> list[gcchild.Outcome]:
     """Run gc jobs in a child process (:mod:`cachemgr.daemon.gcchild`: the scan of a large
     chip folder never enters the daemon's heap), keeping "warn once per folder" about
-    future access times here, across children."""
+    future access times here, across children. ``deadline_s`` > 0: the whole child run
+    stops (at the next entry) that many seconds from now (``[daemon] gc_deadline_s``)."""
+    if deadline_s > 0:
+        for job in jobs:
+            job.deadline = time.monotonic() + deadline_s
     told = [_skew_warned.first(job.chip_dir) for job in jobs]
     for job, first in zip(jobs, told, strict=True):
         job.skew_warned = not first

@@ -60,7 +60,9 @@ def local_cache_root(config: DaemonConfig, env: Mapping[str, str] | None = None)
 
 
 def check_access(settings: options.Settings) -> None:
-    """Refuse a kernel cache this user cannot write (SPEC §9).
+    """Refuse a kernel cache this user cannot write (SPEC §9). A chip folder it cannot read
+    or write is never refused: one warning here when it can be read (served, never evicted),
+    else from the usage index's scan (skipped; docs/security.md item 3).
 
     :raises CachePermissionError: the first problem, one line (path, user, group, fix).
     :raises UnsafePathError: the kernel cache folder is a symbolic link (nothing is probed,
@@ -71,6 +73,11 @@ def check_access(settings: options.Settings) -> None:
     problems = fsprobe.access_problems(settings.layout.kernel_cache_dir)
     if problems:
         raise CachePermissionError(problems[0])
+    for folder, line in fsprobe.chip_access_problems(settings.layout.kernel_cache_dir).items():
+        if os.access(folder, os.R_OK | os.X_OK):  # one warning: the scan can read it
+            log.warning("%s; its entries are served but it is never evicted", line)
+        else:  # the usage index's scan warns about it, once
+            log.info("%s; that chip folder will be skipped", line)
     for folder in fsprobe.world_writable(settings.layout.kernel_cache_dir):
         log.warning("%s is world-writable: anyone may replace entries; run chmod o-w", folder)
 

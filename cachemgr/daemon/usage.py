@@ -65,6 +65,8 @@ class UsageIndex:
         self._used: dict[str, int] = {}
         self._entries: dict[str, int] = {}
         self._made = 0
+        #: soc → why its last rescan failed (one line); warned about once per change
+        self.problems: dict[str, str] = {}
 
     def chips(self) -> list[str]:
         """soc versions currently indexed."""
@@ -114,7 +116,7 @@ class UsageIndex:
             self.forget(soc)
         files = 0
         for done, soc in enumerate(chips, 1):
-            self.reconcile_chip(soc)
+            self.rescan_isolated(soc)  # one member's private folder does not stop the others
             if progress is not None:
                 with self._lock:
                     files += self._count(self._tables[soc])
@@ -145,6 +147,34 @@ class UsageIndex:
                 return used
         with self._lock:
             return self._used.get(soc, 0)
+
+    def rescan_isolated(self, soc: str) -> bool:
+        """:meth:`reconcile_chip`, its failure (e.g. a member's ``0700`` chip folder) logged
+        as one warning naming the folder's owner and mode — once, not on every rescan: again
+        only when the problem changes, and once when it is gone (docs/security.md item 3).
+
+        :returns: False when the rescan failed (the folder's figures are kept as they were).
+        """
+        try:
+            self.reconcile_chip(soc)
+        except OSError as exc:
+            self.note_problem(soc, exc)
+            return False
+        self.note_problem(soc, None)
+        return True
+
+    def note_problem(self, soc: str, exc: OSError | None) -> None:
+        """Remember (and on a change, log once) why ``soc`` cannot be scanned, or that it can."""
+        chip = self.kernel_cache_dir / soc
+        if exc is None:
+            if self.problems.pop(soc, None) is not None:
+                log.warning("%s can be scanned again", chip)
+            return
+        why = fsutil.access_hint(chip, "readable") if isinstance(exc, PermissionError) else exc
+        line = f"{why}; chip folder {soc} is skipped, the others are served"
+        if self.problems.get(soc) != line:
+            self.problems[soc] = line
+            log.warning("%s", line)
 
     def _rescan(self, soc: str) -> int | None:
         """One rescan of ``soc``; None when its table was dropped meanwhile."""

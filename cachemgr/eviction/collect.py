@@ -65,6 +65,13 @@ SKIP_MISSING = "missing"
 #: ``op_cache_file_del.lock`` is a folder a member planted (not empty: not removed): that
 #: chip folder cannot be evicted safely; the others are (docs/security.md item 2).
 SKIP_BLOCKED = "blocked"
+#: this user cannot list or lock the chip folder (a member's ``0700``/``0755`` folder):
+#: ``denied`` names its owner and mode; the other chip folders are collected
+#: (docs/security.md item 3).
+SKIP_DENIED = "denied"
+#: the whole gc run's deadline passed (``deadline``): the counts say what was done before it,
+#: ``denied`` says so; the rest waits for the next run (attack review item 3)
+SKIP_DEADLINE = "deadline"
 
 EVICTED = "evicted"
 SAVED = "saved_by_hit"
@@ -141,7 +148,7 @@ class GcReport:
             "kept": self.kept_by_age,
             "saved_by_hit": self.saved_by_hit,
             "gone": self.gone,
-            "busy": sorted(self.busy + rec.busy),
+            "busy": sorted(set(self.busy + rec.busy)),  # a bad entry is busy once
             "denied": sorted(self.denied + rec.denied),
             "reclaimed": {
                 "orphans": rec.orphans,
@@ -185,6 +192,7 @@ def gc_chip(
     target_bytes: int | None = None,
     clock_skew_s: float | None = DEFAULT_CLOCK_SKEW_S,
     first_seen: dict[str, int] | None = None,
+    deadline: float | None = None,
 ) -> GcReport:
     """Reclaim leftovers and evict least recently accessed entries of one chip folder.
 
@@ -204,6 +212,9 @@ def gc_chip(
         suspect: warned about once per folder (skew, owner) and ordered by when cachemgr
         first saw them (``first_seen``, kernel → ns, updated here; the daemon keeps it
         between runs) — issue 12 item 1.
+    :param deadline: ``time.monotonic()`` by which the run stops: not started after it, and
+        no bad entry is waited for after it (then nothing is evicted; the lock is released
+        and the report says ``skipped="deadline"``, with what was done).
     :raises InvalidInputError: for bad limits (nothing is touched).
     :raises OSError: when the folder cannot be listed or locked (e.g. ``ENOLCK``).
     """
@@ -211,8 +222,12 @@ def gc_chip(
     chip_dir = Path(chip_dir)
     report = GcReport(chip_dir, dry_run=dry_run is DryRun.YES)
     started = time.monotonic()
+    if deadline is not None and started >= deadline:
+        return _past_deadline(report)
     try:
         chip_fd = open_dir(chip_dir)
+    except PermissionError:
+        return _denied(report, fsutil.access_hint(chip_dir, "readable"))
     except OSError as exc:
         if not isinstance(exc, NotADirectoryError) and exc.errno not in fsutil.GONE_ERRNOS:
             raise
@@ -230,6 +245,8 @@ def gc_chip(
             )
             log.warning("%s: eviction skipped: %s", chip_dir, report.denied[-1])
             return report
+        except CachePermissionError as exc:
+            return _denied(report, str(exc))
         except OSError as exc:
             if exc.errno != errno.EROFS or not report.dry_run:
                 raise
@@ -249,12 +266,30 @@ def gc_chip(
                     (clock_skew_s, {} if first_seen is None else first_seen),
                     progress,
                     on_planned,
+                    deadline,
                 )
         finally:
             lock.release()
     finally:
         os.close(chip_fd)
     report.seconds = time.monotonic() - started
+    return report
+
+
+def _denied(report: GcReport, why: str) -> GcReport:
+    """Skip a chip folder this user cannot list or lock (one warning line: its owner and
+    mode); the caller goes on with the other chip folders (docs/security.md item 3)."""
+    report.skipped = SKIP_DENIED
+    report.denied.append(why)
+    log.info("%s: gc skipped: %s", report.chip_dir, why)  # the caller reports it
+    return report
+
+
+def _past_deadline(report: GcReport) -> GcReport:
+    """Mark a run stopped by its deadline (logged once per chip folder and run)."""
+    report.skipped = SKIP_DEADLINE
+    report.denied.append("stopped at the gc run's deadline; the rest waits for the next run")
+    log.warning("%s: gc %s", report.chip_dir, report.denied[-1])
     return report
 
 
@@ -294,13 +329,18 @@ def _run(
     clock: tuple[float | None, dict[str, int]],
     progress: Progress | None,
     on_planned: Callable[[EvictionPlan], None] | None,
+    deadline: float | None = None,
 ) -> None:
     max_mb, ratio_pct, min_age_s, force_ratio, target_bytes = limits
     scan = entry.scan_chip(report.chip_dir, chip_fd)
     report.entries_before = len(scan.entries)
     report.bytes_before = scan.used_bytes
     report.odd = dict(scan.odd)
-    report.reclaimed = reclaim(scan, chip_fd, time.time_ns(), report.dry_run)
+    report.reclaimed = reclaim(scan, chip_fd, time.time_ns(), report.dry_run, deadline)
+    if report.reclaimed.stopped:
+        _past_deadline(report)
+        report.bytes_after = scan.used_bytes
+        return
     now_ns = time.time_ns()
     clock_skew_s, first_seen = clock
     plan = plan_eviction(

@@ -8,6 +8,7 @@ and the daemon's ``/gc``, so both answer with the same :class:`cachemgr.results.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, nullcontext
@@ -16,10 +17,17 @@ from typing import Any
 
 from cachemgr.config import options, versions
 from cachemgr.config.options import Settings
-from cachemgr.errors import CacheMgrError
+from cachemgr.errors import CacheMgrError, InvalidInputError
 from cachemgr.eviction import DryRun, gc_chip, purge_chip
+from cachemgr.eviction.collect import GcReport
 from cachemgr.eviction.report import ChipGc, GcResult
-from cachemgr.storage import fsprobe
+from cachemgr.storage import fsprobe, fsutil
+
+log = logging.getLogger(__name__)
+
+#: ``skipped`` of a chip folder whose gc failed (e.g. a member's folder this user cannot
+#: read): ``denied`` says why.
+SKIP_ERROR = "error"
 
 
 class CacheNotWritableError(CacheMgrError):
@@ -146,17 +154,22 @@ def _collect_one(
     folders = {}
     for chip in chip_dirs(settings, soc):
         context = progress_for(chip.name) if progress_for else nullcontext(None)
-        with context as progress:
-            report = run_chip(
-                chip,
-                max_mb,
-                ratio,
-                age,
-                force_ratio=force_ratio is not None,
-                dry_run=dry_run,
-                progress=progress,
-                clock_skew_s=float(settings.value("clock_skew_s")),
-            )
+        try:
+            with context as progress:
+                report = run_chip(
+                    chip,
+                    max_mb,
+                    ratio,
+                    age,
+                    force_ratio=force_ratio is not None,
+                    dry_run=dry_run,
+                    progress=progress,
+                    clock_skew_s=float(settings.value("clock_skew_s")),
+                )
+        except InvalidInputError:
+            raise
+        except (OSError, CacheMgrError) as exc:  # one folder's failure is not the others'
+            report = _failed(chip, dry_run, exc)
         folders[chip.name] = ChipGc.from_json(report)
     return GcResult(
         str(settings.layout.kernel_cache_dir),
@@ -164,6 +177,16 @@ def _collect_one(
         toolkit.to_json(),
         folders,
     )
+
+
+def _failed(chip: Path, dry_run: DryRun, exc: BaseException) -> dict[str, Any]:
+    """The report of a chip folder whose gc failed: skipped ``error``, the failure in
+    ``denied`` (so ``cachemgr gc`` exits 1), logged once; the other chip folders are still
+    collected (docs/security.md item 3)."""
+    why = fsutil.access_hint(chip, "readable") if isinstance(exc, PermissionError) else str(exc)
+    log.warning("%s: gc failed: %s; the other chip folders are collected", chip, why)
+    report = GcReport(chip, dry_run=dry_run is DryRun.YES, skipped=SKIP_ERROR, denied=[why])
+    return report.to_json()
 
 
 def stuck_lines(report: GcResult) -> Iterator[str]:

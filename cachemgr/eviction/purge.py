@@ -20,7 +20,7 @@ from typing import Any
 
 from cachemgr.config import layout
 from cachemgr.config.options import Settings
-from cachemgr.errors import CachePermissionError, LockBusyError
+from cachemgr.errors import LockBusyError
 from cachemgr.eviction.files import (
     DENIED_ERRNOS,
     denied_line,
@@ -99,6 +99,10 @@ def purge_chip(
     except (FileNotFoundError, NotADirectoryError):
         report.missing = True
         return report
+    except PermissionError:  # a member's private folder: that one is skipped, not the others
+        report.skipped = "not readable"
+        report.denied.append(fsutil.access_hint(report.chip_dir, "readable"))
+        return report
     try:
         lock = fsutil.FcntlLock(report.chip_dir / layout.EVICT_LOCK_NAME, chip_fd)
         try:
@@ -111,8 +115,10 @@ def purge_chip(
                 "nothing purged here; remove it"
             )
             return report
-        except PermissionError as exc:
-            raise CachePermissionError(fsutil.lock_access_hint(lock.path)) from exc
+        except PermissionError:  # a member's folder: that one is skipped, not the others
+            report.skipped = "not lockable"
+            report.denied.append(fsutil.lock_access_hint(lock.path))
+            return report
         except LockBusyError as exc:
             raise LockBusyError(
                 f"{report.chip_dir}: {layout.EVICT_LOCK_NAME} stayed held for {lock_wait_s:g} s "
@@ -295,7 +301,10 @@ def chip_row(chip_dir: Path, settings: Settings) -> dict[str, Any]:
     try:
         return chip_stats(chip_dir, settings)
     except OSError as exc:
-        return {"chip_dir": str(chip_dir), "error": exc.strerror or str(exc)}
+        why = exc.strerror or str(exc)
+        if isinstance(exc, PermissionError):  # name its owner and mode (docs/security.md 3a)
+            why = fsutil.access_hint(chip_dir, "readable")
+        return {"chip_dir": str(chip_dir), "error": why}
 
 
 def chip_stats(chip_dir: Path, settings: Settings) -> dict[str, Any]:

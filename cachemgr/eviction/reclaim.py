@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -68,19 +69,29 @@ class ReclaimResult:
     bad: list[str] = field(default_factory=list)
     denied: list[str] = field(default_factory=list)
     busy: list[str] = field(default_factory=list)
+    #: the run's deadline passed before every bad entry was checked (the rest waits)
+    stopped: bool = False
 
 
-def reclaim(scan: ChipScan, chip_fd: int, now_ns: int, dry_run: bool) -> ReclaimResult:
+def reclaim(
+    scan: ChipScan, chip_fd: int, now_ns: int, dry_run: bool, deadline: float | None = None
+) -> ReclaimResult:
     """Reclaim bad entries, old orphans, old temps and dead locks of one chip folder.
 
     The caller holds the eviction lock. ``scan`` is updated in place.
 
     :param now_ns: the clock in ns since the epoch (ages are mtime-based).
+    :param deadline: ``time.monotonic()`` after which no further bad entry is waited for
+        (each waits up to :data:`BAD_ENTRY_LOCK_WAIT_S` for its lock, which a member may
+        hold): ``stopped`` is set and the caller releases the eviction lock (attack review).
     :raises OSError: for unexpected errors (permission problems are reported, not raised).
     """
     out = ReclaimResult()
     store = chip_store(scan.chip_dir, BAD_ENTRY_LOCK_WAIT_S, dir_fd=chip_fd)
     for group in _suspects(scan):
+        if deadline is not None and time.monotonic() >= deadline:
+            out.stopped = True
+            return out
         _reclaim_bad(store, scan, chip_fd, group, dry_run, out)
     for name in sorted(scan.orphans):
         if not name.startswith(NFS_SILLY_PREFIX):  # open on another host; not ours to reap

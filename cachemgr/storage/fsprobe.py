@@ -5,8 +5,9 @@
   locks, and the open-file-description locks :mod:`cachemgr.storage.chiplock` uses). A filesystem
   that refuses locks (``ENOLCK``), ignores them, or is an NFS mount whose locks stay local to
   the host (``local_lock=all|posix``, ``nolock``: other hosts would not see them) fails.
-* :func:`access_problems` — can this user write the kernel cache and its chip folders? Each
-  problem is one line naming the folder, the user, its owner, group and mode and the fix
+* :func:`access_problems` — can this user write the kernel cache? (:func:`chip_access_problems`:
+  its chip folders, which are warned about and skipped, never refused.) Each problem is one
+  line naming the folder, the user, its owner, group and mode and the fix
   (:func:`cachemgr.storage.fsutil.access_hint`), instead of CANN's silent skip.
 
 The daemon runs both before it serves (``cachemgr serve``; ``[daemon] lock_fallback``).
@@ -225,27 +226,33 @@ def _remove_dead_probes(folder: Path) -> None:
 
 
 def access_problems(kernel_cache_dir: Path) -> list[str]:
-    """Folders of the kernel cache this user cannot write, one line each (SPEC §9).
+    """Why this user cannot write the kernel cache folder, one line, or none (SPEC §9).
 
-    Checks the kernel cache folder (or its first existing parent) and every existing chip
-    folder. Each line names the path, the user, the owner, group and mode and what to do
-    (:func:`cachemgr.storage.fsutil.access_hint`). Missing folders are fine: they will be created
-    group-shareable. An unreadable ``op_cache.ini`` is not one of them: it is warned about
-    and treated as an invalid ini (docs/security.md item 3), so one member's ``0600`` ini
-    cannot stop the daemon.
+    Checks the kernel cache folder (or its first existing parent). Each line names the path,
+    the user, the owner, group and mode and what to do
+    (:func:`cachemgr.storage.fsutil.access_hint`). A missing folder is fine: it will be
+    created group-shareable. A chip folder this user cannot read or write is not one of
+    them (:func:`chip_access_problems`): like an unreadable ``op_cache.ini``
+    (docs/security.md item 3), one member's private chip folder cannot stop the daemon.
     """
-    problems = []
     cur = Path(kernel_cache_dir)
     while not os.path.lexists(cur) and cur.parent != cur:
         cur = cur.parent
-    folders = [cur]
-    if cur == Path(kernel_cache_dir):
-        with contextlib.suppress(OSError):
-            folders += [Path(e.path) for e in os.scandir(cur) if is_chip_folder(e)]
-    for folder in folders:
-        if not os.access(folder, os.W_OK | os.X_OK):
-            problems.append(fsutil.access_hint(folder))
-    return problems
+    if os.access(cur, os.W_OK | os.X_OK):
+        return []
+    return [fsutil.access_hint(cur)]
+
+
+def chip_access_problems(kernel_cache_dir: Path) -> dict[Path, str]:
+    """The chip folders of the kernel cache this user cannot read and write, each with its
+    one line (path, user, owner, group, mode, fix): they are skipped with a warning, the
+    others served (docs/security.md item 3)."""
+    found = {}
+    with contextlib.suppress(OSError):
+        for e in os.scandir(kernel_cache_dir):
+            if is_chip_folder(e) and not os.access(e.path, os.R_OK | os.W_OK | os.X_OK):
+                found[Path(e.path)] = fsutil.access_hint(Path(e.path))
+    return found
 
 
 def world_writable(kernel_cache_dir: Path) -> list[Path]:
