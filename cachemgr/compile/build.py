@@ -34,6 +34,7 @@ from cachemgr.compile.results import CompileOutcome, Policy, Status
 from cachemgr.compilers import CompileJob, CompilerBackend
 from cachemgr.config.options import Settings
 from cachemgr.errors import CacheMgrError, ConfigError, InvalidInputError
+from cachemgr.memo import OnceSet
 from cachemgr.storage import chiplock, fsutil, manifest
 from cachemgr.storage.tiers import chip_store
 
@@ -456,18 +457,15 @@ def _run_uncached(p: Prepared, output_dir: Path) -> CompileOutcome:
     return CompileOutcome(p.kernel, COMPILED, (doc, binary), request=p.request.origin)
 
 
-#: The output folders this process has swept for dead processes' build folders.
-_swept: set[Path] = set()
-_swept_lock = threading.Lock()
+#: The output folders this process has swept for dead processes' build folders (bounded).
+_swept: OnceSet[Path] = OnceSet("output folders swept for build leftovers", 4096)
 
 
 def _sweep_once(output_dir: Path) -> None:
     """Reclaim the ``.cachemgr-build-*`` folders a killed process left in ``output_dir``
     (once per folder per process: the output folder may be large, e.g. the current one)."""
-    with _swept_lock:
-        if output_dir in _swept:
-            return
-        _swept.add(output_dir)
+    if not _swept.first(output_dir):
+        return
     tempdirs.sweep(OUT_BUILD_PREFIX, output_dir)
 
 
