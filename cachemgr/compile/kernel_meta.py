@@ -24,8 +24,6 @@ import json
 import logging
 import os
 import re
-import shutil
-import stat
 import tempfile
 import threading
 import time
@@ -304,7 +302,7 @@ def _reap_one(meta: SafeDir, name: str, retention_s: float) -> list[Path]:
             return []
         removed, empty_or_expired = _reap_dead(folder, retention_s)
     if empty_or_expired:
-        _rmtree_at(meta, name)
+        fsutil.remove_tree_at(meta.fd, name, meta.path)
         removed.append(meta.path / name)
         why = "its retention expired" if empty_or_expired == "expired" else "nothing left in it"
         log.info("reaped kernel_meta folder %s of a dead process (%s)", meta.path / name, why)
@@ -323,7 +321,7 @@ def _reap_dead(folder: SafeDir, retention_s: float) -> tuple[list[Path], str]:
     for item in items:
         path = folder.path / item.name
         if item.name.startswith(".build-") and item.is_dir(follow_symlinks=False):
-            _rmtree_at(folder, item.name)
+            fsutil.remove_tree_at(folder.fd, item.name, folder.path)
             removed.append(path)
         elif item.name.endswith(fsutil.TEMP_SUFFIX) and item.is_file(follow_symlinks=False):
             folder.unlink(item.name)
@@ -335,36 +333,6 @@ def _reap_dead(folder: SafeDir, retention_s: float) -> tuple[list[Path], str]:
     return removed, ("expired" if expired else "empty" if not newest else "")
 
 
-def _rmtree_at(parent: SafeDir, name: str) -> None:
-    """``shutil.rmtree`` of ``parent/name`` relative to ``parent``'s descriptor (fd-based,
-    never following a link; a link there is left)."""
-
-    def onerror(func: Any, path: str, exc_info: Any) -> None:
-        exc = exc_info[1]
-        if isinstance(exc, OSError) and exc.errno in fsutil.GONE_ERRNOS:
-            return
-        log.warning("cannot remove %s: %s", parent.path / name / path, exc)
-
-    st = parent.lstat(name)
-    if st is None or not stat.S_ISDIR(st.st_mode):
-        return
-    shutil.rmtree(name, dir_fd=parent.fd, onerror=onerror)
-
-
-def _rmtree(folder: Path) -> None:
-    def onerror(func: Any, path: str, exc_info: Any) -> None:
-        exc = exc_info[1]
-        if isinstance(exc, OSError) and exc.errno in fsutil.GONE_ERRNOS:
-            return
-        log.warning("cannot remove %s: %s", path, exc)
-
-    st = fsutil.lstat_or_none(folder)
-    if st is None or not stat.S_ISDIR(st.st_mode):
-        return
-    shutil.rmtree(folder, onerror=onerror)
-
-
 def remove_build_dir(path: Path) -> None:
     """Remove a private build folder; a folder already gone is fine."""
-    with contextlib.suppress(FileNotFoundError):
-        _rmtree(path)
+    fsutil.remove_tree(path)

@@ -14,17 +14,14 @@ it dies. A new owner sweeps the same-prefix folders of its own uid whose lock it
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import logging
 import os
-import shutil
 import stat
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from cachemgr.storage import fsutil
 
@@ -48,7 +45,7 @@ class LiveDir:
 
     def close(self) -> None:
         """Remove the folder (never following a link), then drop the lock."""
-        _rmtree(self.path)
+        fsutil.remove_tree(self.path)
         with contextlib.suppress(OSError):
             os.close(self.lock_fd)
 
@@ -64,7 +61,7 @@ def make(prefix: str, parent: Path | None = None) -> LiveDir:
         fd = os.open(path / LIVE_LOCK, _OPEN_FLAGS | os.O_CREAT | os.O_EXCL, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a fresh file: never busy
     except BaseException:
-        _rmtree(path)
+        fsutil.remove_tree(path)
         raise
     return LiveDir(path, fd)
 
@@ -85,7 +82,7 @@ def sweep(prefix: str, parent: Path | None = None, keep: frozenset[Path] = froze
         for name in os.listdir(dfd):
             if not name.startswith(prefix) or parent / name in keep:
                 continue
-            size = _reclaim(dfd, name)
+            size = _reclaim(dfd, name, parent)
             if size is not None:
                 count += 1
                 freed += size
@@ -104,9 +101,9 @@ def sweep(prefix: str, parent: Path | None = None, keep: frozenset[Path] = froze
     return freed
 
 
-def _reclaim(dfd: int, name: str) -> int | None:
-    """Remove ``name`` (relative to ``dfd``) if it is a dead owner's folder; its bytes, or None
-    when it stays."""
+def _reclaim(dfd: int, name: str, parent: Path) -> int | None:
+    """Remove ``name`` (relative to ``dfd``, the open ``parent``) if it is a dead owner's
+    folder; its bytes, or None when it stays."""
     st = fsutil.lstat_or_none(Path(name), dfd)
     if st is None or not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
         return None  # a link, a file, gone, or another user's: never ours to touch
@@ -122,7 +119,7 @@ def _reclaim(dfd: int, name: str) -> int | None:
             return None
         try:
             size = _size(fd)
-            if not _rmtree_at(dfd, name):
+            if not fsutil.remove_tree_at(dfd, name, parent):
                 return None
             return size
         finally:
@@ -160,36 +157,3 @@ def _size(fd: int) -> int:
                 st = fsutil.lstat_or_none(Path(f), rfd)
                 total += st.st_size if st is not None and stat.S_ISREG(st.st_mode) else 0
     return total
-
-
-def _rmtree_at(dfd: int, name: str) -> bool:
-    """``shutil.rmtree`` of ``name`` relative to ``dfd`` (fd-based, never following a link);
-    True when it is gone."""
-    failed: list[BaseException] = []
-
-    def onerror(func: Any, path: str, exc_info: Any) -> None:
-        exc = exc_info[1]
-        if not (isinstance(exc, OSError) and exc.errno in fsutil.GONE_ERRNOS):
-            failed.append(exc)
-
-    shutil.rmtree(name, dir_fd=dfd, onerror=onerror)
-    if failed:
-        log.warning("cannot remove leftover folder %s: %s", name, failed[0])
-    return not failed
-
-
-def _rmtree(path: Path) -> None:
-    """Remove our own folder ``path`` (fd-based; a link there is left)."""
-    st = fsutil.lstat_or_none(path)
-    if st is None or not stat.S_ISDIR(st.st_mode):
-        return
-    try:
-        dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError as exc:
-        if exc.errno != errno.ENOENT:
-            log.warning("cannot remove %s: %s", path, exc)
-        return
-    try:
-        _rmtree_at(dfd, path.name)
-    finally:
-        os.close(dfd)

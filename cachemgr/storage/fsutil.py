@@ -209,6 +209,56 @@ def lstat_or_none(path: Path, dir_fd: int | None = None) -> os.stat_result | Non
         raise
 
 
+def remove_tree_at(dir_fd: int, name: str, shown: Path) -> bool:
+    """Remove the folder ``name`` of the open folder ``dir_fd`` with everything below it,
+    by descriptor (``shutil.rmtree`` with ``dir_fd``: no link is followed; a link inside is
+    removed as a link). A ``name`` that is not a real folder (a link, a file) is left.
+
+    Entries already gone (ENOENT/ESTALE) are fine; every other failure is one warning
+    naming ``shown`` / its path (``shown``: the folder ``dir_fd`` is, for messages).
+
+    :returns: True when the folder is gone, False when it stays (not a folder, or a part
+        could not be removed).
+    :raises OSError: ``name`` cannot be examined (other than gone).
+    """
+    import shutil  # here: only the commands that remove trees pay for it (issue 14)
+
+    st = lstat_or_none(Path(name), dir_fd)
+    if st is None:
+        return True
+    if not stat.S_ISDIR(st.st_mode):
+        return False
+    failed = False
+
+    def onerror(func: object, path: str, exc_info: tuple[object, BaseException, object]) -> None:
+        nonlocal failed
+        exc = exc_info[1]
+        if isinstance(exc, OSError) and exc.errno in GONE_ERRNOS:
+            return
+        failed = True
+        log.warning("cannot remove %s: %s", shown / path, exc)
+
+    shutil.rmtree(name, dir_fd=dir_fd, onerror=onerror)
+    return not failed
+
+
+def remove_tree(path: Path) -> bool:
+    """:func:`remove_tree_at` of ``path`` through its parent folder's descriptor; a parent
+    that is gone means ``path`` is gone too (True); one that cannot be opened is one
+    warning (False)."""
+    try:
+        dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in GONE_ERRNOS:
+            return True
+        log.warning("cannot remove %s: %s", path, exc)
+        return False
+    try:
+        return remove_tree_at(dfd, path.name, path.parent)
+    finally:
+        os.close(dfd)
+
+
 #: Files are read and hashed in chunks of this many bytes.
 READ_CHUNK_BYTES = 1 << 20
 
