@@ -307,8 +307,8 @@ class RunContext:
     output_dir: Path | None
     lock_timeout_s: float
     local: threading.local = field(default_factory=threading.local)
-    build_dirs: list[Path] = field(default_factory=list)
-    #: the folders' liveness locks (:mod:`cachemgr.compile.tempdirs`), held until :meth:`close`
+    #: the workers' build folders with their liveness locks (:mod:`cachemgr.compile.tempdirs`),
+    #: held until :meth:`close`
     live_dirs: list[tempdirs.LiveDir] = field(default_factory=list)
     #: the config file's tables (its ``[toolkit]`` stamps a new ``op_cache.ini``)
     config_sections: dict[str, Any] = field(default_factory=dict)
@@ -323,12 +323,11 @@ class RunContext:
         dead processes (a SIGKILLed queue never closes its own: :func:`tempdirs.sweep`)."""
         path: Path | None = getattr(self.local, "build", None)
         if path is None or not path.is_dir():
-            if not self.live_dirs:
-                tempdirs.sweep(BUILD_PREFIX, keep=frozenset(self.build_dirs))
+            if not self.live_dirs:  # our own live folders stay: their flock is held
+                tempdirs.sweep(BUILD_PREFIX)
             live = tempdirs.make(BUILD_PREFIX)
             path = live.path
             self.local.build = path
-            self.build_dirs.append(path)
             self.live_dirs.append(live)
         return path
 
@@ -351,7 +350,6 @@ class RunContext:
         for live in self.live_dirs:
             live.close()
         self.live_dirs.clear()
-        self.build_dirs.clear()
 
 
 #: Prefix of the workers' private build folders in the temp folder (:meth:`RunContext.build_dir`).

@@ -66,7 +66,7 @@ def make(prefix: str, parent: Path | None = None) -> LiveDir:
     return LiveDir(path, fd)
 
 
-def sweep(prefix: str, parent: Path | None = None, keep: frozenset[Path] = frozenset()) -> int:
+def sweep(prefix: str, parent: Path | None = None) -> int:
     """Remove the folders ``parent/<prefix>*`` (default: the temp folder) of dead owners: this
     uid's real folders (never a link, never another user's) whose :data:`LIVE_LOCK` this call
     can take, or that have none and are older than :data:`LOCKLESS_GRACE_S`. A folder whose
@@ -80,7 +80,7 @@ def sweep(prefix: str, parent: Path | None = None, keep: frozenset[Path] = froze
     count = freed = 0
     try:
         for name in os.listdir(dfd):
-            if not name.startswith(prefix) or parent / name in keep:
+            if not name.startswith(prefix):
                 continue
             size = _reclaim(dfd, name, parent)
             if size is not None:
