@@ -31,7 +31,6 @@ restoring group-sharing modes lists a folder as a stream.
 
 from __future__ import annotations
 
-import collections
 import ctypes
 import ctypes.util
 import datetime as dt
@@ -232,11 +231,9 @@ class Governance:
         #: per chip folder: kernel → when an entry with a future access time was first
         #: seen (ns); its eviction order (issue 12 item 1)
         self._first_seen: dict[str, dict[str, int]] = {}
-        #: the chip folders (paths as text) this daemon's gc children are evicting now, with
-        #: how many runs (a daemon eviction and a ``/gc``): the mark stays until the last ends
-        self._evicting: collections.Counter[str] = collections.Counter()
-        #: per chip folder: held while a gc child runs there, so ``/gc`` requests and the
-        #: daemon's evictions start at most one child per chip folder, the later waiting
+        #: per chip folder (path as text): held while a gc child runs there, so ``/gc``
+        #: requests and the daemon's evictions start at most one child per chip folder, the
+        #: later waiting; a held one is a chip folder being evicted now (:meth:`evicting`)
         self._chip_runs: dict[str, threading.Lock] = {}
         self._chip_runs_lock = threading.Lock()
         #: the socs evicted now or rescanned after it: no new eviction is scheduled for them
@@ -367,7 +364,8 @@ class Governance:
         bytes per removed file (measured: 7.5 MB for 30,000; issue 14 item 5). Created files
         are still handled as they come.
         """
-        return bool(self._evicting) and os.path.dirname(path) in self._evicting
+        run = self._chip_runs.get(os.path.dirname(path))
+        return run is not None and run.locked()
 
     def _entry_seen(self, chip: Path, stem: str) -> None:
         """Tell :attr:`on_entry` of a main json that appeared (a sub-part's json is not an
@@ -582,21 +580,14 @@ class Governance:
 
     @contextmanager
     def _gc_child_of(self, chip: Path) -> Iterator[None]:
-        """Wait until no other gc child of this daemon runs on ``chip``, then mark it evicted
-        while the caller runs one (attack review: every ``/gc`` started its own child, 40
-        requests ~34 interpreters; and a ``/gc`` ending cleared the mark of a daemon
-        eviction still running there)."""
-        key = str(chip)
+        """Wait until no other gc child of this daemon runs on ``chip``, then hold its run
+        lock (which marks it evicted) while the caller runs one (attack review: every
+        ``/gc`` started its own child, 40 requests ~34 interpreters; and a ``/gc`` ending
+        cleared the mark of a daemon eviction still running there)."""
         with self._chip_runs_lock:
-            run = self._chip_runs.setdefault(key, threading.Lock())
+            run = self._chip_runs.setdefault(str(chip), threading.Lock())
         with run:
-            self._evicting[key] += 1
-            try:
-                yield
-            finally:
-                self._evicting[key] -= 1
-                if self._evicting[key] <= 0:
-                    del self._evicting[key]
+            yield
 
     def count_eviction(self, data: Mapping[str, object]) -> None:
         """Add one chip folder's gc report (``GcReport.to_json()``) to the eviction counters;
