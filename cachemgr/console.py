@@ -9,6 +9,7 @@ step. Nothing here imports click.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -99,10 +100,17 @@ def reader_gone() -> None:
 
     Output that is still buffered would fail again at exit, so stdout goes to /dev/null.
     """
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    os.close(devnull)
+    stdout_to_devnull()
     sys.exit(0)
+
+
+def stdout_to_devnull() -> None:
+    """Point stdout's descriptor at /dev/null, so output still buffered (written again at
+    exit) cannot fail a second time; a stdout that is closed or has no descriptor is left."""
+    with contextlib.suppress(OSError, AttributeError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
 # --- cachemgr config -----------------------------------------------------------------------

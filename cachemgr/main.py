@@ -218,10 +218,9 @@ def _cannot_write(exc: OSError) -> None:
     ``OSError``); stdout goes to /dev/null first, or its buffer would fail again at exit."""
     import contextlib
 
-    with contextlib.suppress(OSError, AttributeError, ValueError):
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
+    from cachemgr.console import stdout_to_devnull
+
+    stdout_to_devnull()
     if sys.stderr is not None:
         with contextlib.suppress(OSError):
             sys.stderr.write(f"cachemgr: error: {exc.strerror or exc}\n")
