@@ -22,7 +22,7 @@ from cachemgr.client import Client
 from cachemgr.compile import kernel_meta
 from cachemgr.constants import short_host
 from tests.conftest import ROOT, SOC, publish, run_cli
-from tests.daemon_util import daemon_env, start_daemon, wait_first_scan, wait_for
+from tests.daemon_util import Daemon, daemon_env, start_daemon, wait_first_scan, wait_for
 from tests.shared_util import kernel_request
 from tests.users_util import Runtime, Users, run_as, user_home
 
@@ -448,6 +448,27 @@ def test_planted_fifos_sockets_links_and_hard_links_affect_only_their_item(
 # --- item 3: an unreadable op_cache.ini -----------------------------------------------------
 
 
+def _alice_daemon(
+    home: Path, root: Path, users: Users, rt: Runtime, env: dict[str, str] | None = None
+) -> Daemon:
+    """A daemon run by alice on ``root``, its home ``home/d`` (her own), ``env`` added."""
+    daemon_home = home / "d"
+    daemon_home.mkdir()
+    denv = daemon_env(daemon_home)
+    for sub in [daemon_home, *daemon_home.iterdir()]:
+        shutil.chown(sub, users.alice)
+    denv.update(PYTHONPATH=rt.pythonpath, **(env or {}))
+    return start_daemon(
+        daemon_home,
+        "--cache-dir",
+        str(root),
+        env=denv,
+        notify=False,
+        python=rt.python,
+        popen_kw=run_as(users.alice, users),
+    )
+
+
 def test_an_unreadable_ini_is_warned_about_once_and_never_stops_or_purges(
     users: Users, other_runtime: Runtime
 ) -> None:
@@ -478,21 +499,7 @@ def test_an_unreadable_ini_is_warned_about_once_and_never_stops_or_purges(
     assert "Traceback" not in config.stderr
     limits = {k: v for k, v in json.loads(config.stdout).items() if "cache_size" in k}
     assert {v["origin"] for v in limits.values()} == {"default"}, limits
-    daemon_home = home / "d"
-    daemon_home.mkdir()
-    denv = daemon_env(daemon_home)
-    for sub in [daemon_home, *daemon_home.iterdir()]:
-        shutil.chown(sub, users.alice)
-    denv.update(PYTHONPATH=other_runtime.pythonpath, **_toolkit_env_of(env))
-    daemon = start_daemon(
-        daemon_home,
-        "--cache-dir",
-        str(root),
-        env=denv,
-        notify=False,
-        python=other_runtime.python,
-        popen_kw=run_as(users.alice, users),
-    )
+    daemon = _alice_daemon(home, root, users, other_runtime, _toolkit_env_of(env))
     try:
         client = Client(
             daemon.socket_path, timeout_s=120, local_hits=False, daemon_user=users.alice
@@ -708,21 +715,7 @@ def test_a_members_private_chip_folder_is_skipped_with_one_warning_never_a_stop(
     made = _two_chip_folders(users, root)
 
     # the daemon starts (it refused: exit 2), its first scan completes, /gc collects the rest
-    daemon_home = home / "d"
-    daemon_home.mkdir()
-    denv = daemon_env(daemon_home)
-    for sub in [daemon_home, *daemon_home.iterdir()]:
-        shutil.chown(sub, users.alice)
-    denv.update(PYTHONPATH=other_runtime.pythonpath)
-    daemon = start_daemon(
-        daemon_home,
-        "--cache-dir",
-        str(root),
-        env=denv,
-        notify=False,
-        python=other_runtime.python,
-        popen_kw=run_as(users.alice, users),
-    )
+    daemon = _alice_daemon(home, root, users, other_runtime)
     try:
         client = Client(
             daemon.socket_path, timeout_s=120, local_hits=False, daemon_user=users.alice
