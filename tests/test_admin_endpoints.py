@@ -9,14 +9,13 @@ Real daemon running as a real user, real socket, real group member (root only:
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import textwrap
 
 from cachemgr.client import Client
 from tests.test_cli_operator import _toolkit
 from tests.test_daemon_resources import _user_daemon
-from tests.users_util import Runtime, Users, run_as
+from tests.users_util import Runtime, Users, run_python_as
 
 #: Posts each path of argv[2:] (``/hits`` with 5 hits, ``/gc`` as a dry run, the others
 #: empty) and prints ``{path: [status, message]}``.
@@ -39,20 +38,8 @@ ASK = textwrap.dedent(
 
 
 def _as_bob(users: Users, rt: Runtime, *argv: str, env: dict[str, str] | None = None):
-    return subprocess.run(
-        [rt.python, *argv],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={
-            "PATH": os.environ.get("PATH", ""),
-            "PYTHONPATH": rt.pythonpath,
-            "HOME": str(users.base),
-            "CACHEMGR_DAEMON_USER": users.alice,  # bob trusts alice's socket
-            **(env or {}),
-        },
-        **run_as(users.bob, users),  # type: ignore[arg-type]
-    )
+    env = {"CACHEMGR_DAEMON_USER": users.alice, **(env or {})}  # bob trusts alice's socket
+    return run_python_as(users, rt, users.bob, *argv, env=env, timeout=120)
 
 
 def test_a_group_member_may_not_reload_zero_or_stop_the_daemon(

@@ -13,33 +13,22 @@ counts toward the limit) differed without a label: ``ls`` now names both figures
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 from pathlib import Path
 
 from tests.conftest import SOC, publish
 from tests.test_daemon_resources import _user_daemon
-from tests.users_util import Runtime, Users, run_as
+from tests.users_util import Runtime, Users, run_python_as
 
 
 def _as_bob(
     users: Users, rt: Runtime, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(
-        [rt.python, "-m", "cachemgr", *args],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env={
-            "PATH": os.environ.get("PATH", ""),
-            "PYTHONPATH": rt.pythonpath,
-            "HOME": str(users.base),
-            "CACHEMGR_DAEMON_USER": users.alice,
-            **(env or {}),
-        },
-        **run_as(users.bob, users),  # type: ignore[arg-type]
-    )
+    proc = run_python_as(
+        users, rt, users.bob, "-m", "cachemgr", *args,
+        env={"CACHEMGR_DAEMON_USER": users.alice, **(env or {})},
+    )  # fmt: skip
     assert proc.returncode == 0, (args, proc.stdout, proc.stderr)
     return proc
 

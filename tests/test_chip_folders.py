@@ -19,22 +19,11 @@ from cachemgr.client import Client
 from tests.conftest import SOC, publish
 from tests.daemon_util import wait_for
 from tests.test_daemon_resources import _user_daemon
-from tests.users_util import Runtime, Users, run_as
+from tests.users_util import Runtime, Users, run_python_as
 
 
 def _as(users: Users, rt: Runtime, name: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [rt.python, "-m", "cachemgr", *args],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env={
-            "PATH": os.environ.get("PATH", ""),
-            "PYTHONPATH": rt.pythonpath,
-            "HOME": str(users.base),
-        },
-        **run_as(name, users),  # type: ignore[arg-type]
-    )
+    return run_python_as(users, rt, name, "-m", "cachemgr", *args)
 
 
 def _plant(users: Users, kcache: Path) -> dict[Path, bytes | None]:

@@ -151,3 +151,28 @@ def run_as(name: str, users: Users) -> dict[str, object]:
     careless umask on purpose: cachemgr's files must still come out group-shareable."""
     extra = [users.group] if name != users.carol else []
     return {"user": name, "group": "users", "extra_groups": extra, "umask": 0o022}
+
+
+def run_python_as(
+    users: Users,
+    rt: Runtime,
+    name: str,
+    *argv: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 180,
+) -> subprocess.CompletedProcess[str]:
+    """``rt.python *argv`` as user ``name`` (:func:`run_as`), with a minimal environment:
+    ``PATH``, ``rt``'s ``PYTHONPATH``, ``HOME`` the users' base folder, then ``env``."""
+    return subprocess.run(
+        [rt.python, *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={
+            "PATH": os.environ.get("PATH", ""),
+            "PYTHONPATH": rt.pythonpath,
+            "HOME": str(users.base),
+            **(env or {}),
+        },
+        **run_as(name, users),  # type: ignore[arg-type]
+    )
