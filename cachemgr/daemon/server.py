@@ -151,8 +151,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
-        bounds = getattr(self.server, "bounds", None)
-        limit_s = bounds.request_timeout_s if bounds is not None else 30.0
+        limit_s = (getattr(self.server, "bounds", None) or Bounds()).request_timeout_s
         self._reader = _DeadlineReader(self.connection, self.connection.gettimeout(), limit_s)
         self.rfile = io.BufferedReader(self._reader)
 
