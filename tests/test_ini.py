@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -17,6 +18,7 @@ from cachemgr.config import ini
 from cachemgr.config.ini import INI_NAME, SECTION, IniLimits, OpCacheIni
 from cachemgr.errors import ConfigError
 from tests import ge_twin
+from tests.users_util import run_python_as
 
 GOOD = (
     b"[op_compiler_cache]\n"
@@ -589,19 +591,40 @@ def test_failed_write_leaves_original_unchanged(tmp_path: Path) -> None:
     assert temps(tmp_path) == []
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
-def test_read_only_folder_keeps_original(tmp_path: Path) -> None:
-    path = write(tmp_path, GOOD)
-    cfg = OpCacheIni.load(path)
-    cfg.set("max_op_cache_size", 1)
-    tmp_path.chmod(0o555)
-    try:
-        with pytest.raises(ini.CachePermissionError):
-            cfg.save()
-    finally:
-        tmp_path.chmod(0o755)
+def test_read_only_folder_keeps_original(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """Saving into a folder the user cannot write: one CachePermissionError, the original
+    kept, no temp left. Root writes anywhere, so as root the save runs as another user
+    (a real one, with a Python it may run)."""
+    if os.geteuid() != 0:
+        path = write(tmp_path, GOOD)
+        cfg = OpCacheIni.load(path)
+        cfg.set("max_op_cache_size", 1)
+        tmp_path.chmod(0o555)
+        try:
+            with pytest.raises(ini.CachePermissionError):
+                cfg.save()
+        finally:
+            tmp_path.chmod(0o755)
+        folder = tmp_path
+    else:
+        users = request.getfixturevalue("users")
+        rt = request.getfixturevalue("other_runtime")
+        folder = users.base / "ro"
+        folder.mkdir()
+        path = write(folder, GOOD)
+        for item in (folder, path):
+            shutil.chown(item, users.carol)
+        folder.chmod(0o555)
+        script = (
+            "from cachemgr.config import ini\n"
+            f"cfg = ini.OpCacheIni.load({str(path)!r})\n"
+            "cfg.set('max_op_cache_size', 1)\n"
+            "try:\n    cfg.save()\nexcept ini.CachePermissionError:\n    print('refused')\n"
+        )
+        done = run_python_as(users, rt, users.carol, "-c", script)
+        assert done.stdout.strip() == "refused", done.stdout + done.stderr
     assert path.read_bytes() == GOOD
-    assert temps(tmp_path) == []
+    assert temps(folder) == []
 
 
 # -- property: set() + save() + load() changes only the keys set -------------------------
