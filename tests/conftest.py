@@ -55,7 +55,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 #: CANN-format fixtures, read in place (never copied into the project).
-FIXTURES = (ROOT / ".." / "shared" / "fixtures" / "cann-ge").resolve()
+#: Real entries as CANN GE wrote them (a copy of the project's ``shared/fixtures/cann-ge``,
+#: kept in the repository so the cross-checks against GE's own files run in a fresh clone).
+FIXTURES = ROOT / "tests" / "data" / "cann-ge"
 SOC = "Ascend910B1"
 
 
