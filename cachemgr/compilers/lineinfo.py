@@ -74,7 +74,12 @@ def loc_document(
 
 
 def parse_decodedline(text: str) -> list[dict[str, object]]:
-    """Parse ``readelf --debug-dump=decodedline`` output into rows (see :func:`decode_lines`)."""
+    """Parse ``readelf --debug-dump=decodedline`` output into rows (see :func:`decode_lines`).
+
+    ``file`` is the file's name without its folder, whatever the compiler wrote: gcc's
+    DWARF names a file relative to its directory entry (readelf prints ``add.c``), clang's
+    DWARF 5 by the path it was given (``/abs/path/add.c``, which for a compile through the
+    daemon is a private build folder's copy). One form for both, and no private path."""
     rows: list[dict[str, object]] = []
     sequence = 0
     for line in text.splitlines():
@@ -85,7 +90,7 @@ def parse_decodedline(text: str) -> list[dict[str, object]]:
         if m:
             rows.append(
                 {
-                    "file": m["file"],
+                    "file": m["file"].rsplit("/", 1)[-1],
                     "line": int(m["line"]),
                     "address": _to_int(m["addr"]),
                     "sequence": sequence,
