@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from cachemgr.compile import tempdirs
 from cachemgr.compile.queue import CompileQueue
 from tests.compile_util import ROOT, calls, counting_cc, make_settings, request, wait_for
 from tests.users_util import Users
@@ -172,12 +173,18 @@ q.compile(request(tmp, options={"op_compiler_cache_mode": "disable"}))
 """
 
 
-def test_a_killed_uncached_compiles_build_folder_in_the_output_folder_is_reclaimed(
+def test_an_uncached_compile_builds_in_the_temp_folder_never_in_the_output_folder(
     tmp_path: Path, clean_env, tmpdir_: Path, children
 ) -> None:
+    """A compile outside the cache builds in a private folder of the temp folder, and only
+    its kernel is copied into the output folder: nothing is built, left or swept there (a
+    member could swap a folder of the caller's under a build folder's name in a shared
+    output folder and have it removed; attack review). A killed one's build folder is
+    reclaimed from the temp folder by the next queue."""
     out = tmp_path / "out"
     wrap = counting_cc(tmp_path / "w", body="exec sleep 600")  # the compile never ends
     (tmp_path / "c1").mkdir()
+    before = _builds(tmpdir_)
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD_OUT, str(tmp_path / "c1"), str(out), str(wrap)],
         cwd=ROOT,
@@ -185,7 +192,8 @@ def test_a_killed_uncached_compiles_build_folder_in_the_output_folder_is_reclaim
     )
     children.append(child)
     wait_for(lambda: calls(tmp_path / "w"), 60, "the wrapper compiler to start")
-    (left,) = out.glob(".cachemgr-build-*")
+    (left,) = _builds(tmpdir_) - before
+    assert not out.exists() or list(out.iterdir()) == []
     child.send_signal(signal.SIGKILL)
     child.wait(timeout=60)
     os.kill(int(calls(tmp_path / "w")[0].split()[0]), signal.SIGKILL)  # the exec'd sleep
@@ -195,8 +203,49 @@ def test_a_killed_uncached_compiles_build_folder_in_the_output_folder_is_reclaim
         outcome = q.compile(request(tmp_path, options={"op_compiler_cache_mode": "disable"}))
     assert outcome.status == "compiled", outcome.error
     assert not left.exists()
-    assert list(out.glob(".cachemgr-build-*")) == []
     assert {f.suffix for f in out.iterdir()} == {".json", ".o"}
+
+
+def test_a_lockless_leftover_leaves_stdout_open(tmp_path: Path, tmpdir_: Path) -> None:
+    """Reclaiming a lock-less folder closed descriptor 1 (``True`` taken for a lock's
+    descriptor): the CLI lost its result line, the daemon's stdout became a lock file."""
+    old = tmpdir_ / "cachemgr-build-old"
+    (old / ".src").mkdir(parents=True)
+    day_ago = time.time() - 25 * 3600
+    os.utime(old, (day_ago, day_ago))
+    code = (
+        "import os, sys; from cachemgr.compile import tempdirs; "
+        "before = os.fstat(1).st_ino; tempdirs.sweep('cachemgr-build-', sys.argv[1]); "
+        "print('open' if os.fstat(1).st_ino == before else 'replaced', flush=True)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmpdir_)], cwd=ROOT, capture_output=True, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60,
+    )  # fmt: skip
+    assert done.stdout.strip() == "open", done.stdout + done.stderr
+    assert not old.exists()
+
+
+@pytest.mark.parametrize(("mode", "swept"), [(0o775, False), (0o1777, True), (0o755, True)])
+def test_nothing_is_swept_where_others_may_rename(tmp_path: Path, mode: int, swept: bool) -> None:
+    """In a folder others may rename in (group-writable, not sticky) a member could rename a
+    folder of ours under the prefix and have the sweep remove it (attack review): nothing
+    is swept there. Sticky (as /tmp) or private folders are swept."""
+    parent = tmp_path / "shared"
+    parent.mkdir()
+    mine = parent / "results"  # an old folder of ours with work in it...
+    mine.mkdir()
+    (mine / "thesis.txt").write_text("precious\n")
+    day_ago = time.time() - 3 * 24 * 3600
+    os.utime(mine, (day_ago, day_ago))
+    planted = parent / "cachemgr-build-evil"
+    mine.rename(planted)  # ...renamed under the prefix, as another member of the group can
+    parent.chmod(mode)
+    try:
+        tempdirs.sweep("cachemgr-build-", parent)
+    finally:
+        parent.chmod(0o755)
+    assert (planted / "thesis.txt").exists() is not swept
 
 
 def test_a_lockless_folder_goes_only_once_a_day_old(

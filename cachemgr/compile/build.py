@@ -34,7 +34,6 @@ from cachemgr.compile.results import CompileOutcome, Policy, Status
 from cachemgr.compilers import CompileJob, CompilerBackend
 from cachemgr.config.options import Settings
 from cachemgr.errors import CacheMgrError, ConfigError, InvalidInputError
-from cachemgr.memo import OnceSet
 from cachemgr.storage import chiplock, fsutil, manifest
 from cachemgr.storage.tiers import chip_store
 
@@ -354,8 +353,6 @@ class RunContext:
 
 #: Prefix of the workers' private build folders in the temp folder (:meth:`RunContext.build_dir`).
 BUILD_PREFIX = "cachemgr-build-"
-#: Prefix of an uncached compile's build folder inside its output folder (:func:`_run_uncached`).
-OUT_BUILD_PREFIX = ".cachemgr-build-"
 
 
 def _empty(folder: Path) -> None:
@@ -383,7 +380,8 @@ def run(p: Prepared, ctx: RunContext) -> CompileOutcome:
     if p.decision.debug.on:
         return _run_debug(p, deliver_dir() if p.deliver else None)
     if not p.decision.cache.write:
-        return _run_uncached(p, deliver_dir() if p.deliver else ctx.uncached_dir())
+        out = deliver_dir() if p.deliver else ctx.uncached_dir()
+        return _run_uncached(p, out, ctx.build_dir())
     raise ValueError(f"{p.kernel}: a cached compile is publisher.compile_through_cache's job")
 
 
@@ -439,32 +437,19 @@ def _run_debug(p: Prepared, into: Path | None = None) -> CompileOutcome:
     return CompileOutcome(p.kernel, DEBUG, kept, request=p.request.origin)
 
 
-def _run_uncached(p: Prepared, output_dir: Path) -> CompileOutcome:
+def _run_uncached(p: Prepared, output_dir: Path, build: Path) -> CompileOutcome:
+    """Compile in the worker's private ``build`` folder (in the temp folder), then copy the
+    kernel into ``output_dir``: the binary, then the json (a visible json means a whole
+    kernel). Nothing is built, left or swept in the output folder: it may be one other
+    members can rename in, who could swap a folder of the caller's under a build folder's
+    name and have it removed (attack review)."""
     fsutil.ensure_dir(output_dir)
-    _sweep_once(output_dir)
-    live = tempdirs.make(OUT_BUILD_PREFIX, output_dir)
-    build = live.path
-    try:
-        result = p.backend.compile(compile_job(p, build))
-        binary = output_dir / result.binary.name
-        doc = output_dir / result.json_path.name
-        os.replace(result.binary, binary)
-        os.replace(result.json_path, doc)  # json last: a visible json means a whole kernel
-    finally:
-        live.close()
+    result = p.backend.compile(compile_job(p, build))
+    binary = output_dir / result.binary.name
+    doc = output_dir / result.json_path.name
+    for made, dest in ((result.binary, binary), (result.json_path, doc)):
+        fsutil.atomic_write_bytes(dest, made.read_bytes(), sync=False)  # not a cache entry
     return CompileOutcome(p.kernel, COMPILED, (doc, binary), request=p.request.origin)
-
-
-#: The output folders this process has swept for dead processes' build folders (bounded).
-_swept: OnceSet[Path] = OnceSet("output folders swept for build leftovers", 4096)
-
-
-def _sweep_once(output_dir: Path) -> None:
-    """Reclaim the ``.cachemgr-build-*`` folders a killed process left in ``output_dir``
-    (once per folder per process: the output folder may be large, e.g. the current one)."""
-    if not _swept.first(output_dir):
-        return
-    tempdirs.sweep(OUT_BUILD_PREFIX, output_dir)
 
 
 def failed(kernel: str, error: BaseException | str, origin: str = "") -> CompileOutcome:

@@ -50,13 +50,13 @@ class LiveDir:
             os.close(self.lock_fd)
 
 
-def make(prefix: str, parent: Path | None = None) -> LiveDir:
-    """A new private (0700) folder ``parent/<prefix>XXXX`` (default: the temp folder) with its
-    liveness lock held by this process.
+def make(prefix: str) -> LiveDir:
+    """A new private (0700) folder ``<prefix>XXXX`` in the temp folder with its liveness lock
+    held by this process.
 
     :raises OSError: the folder or its lock file cannot be made.
     """
-    path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    path = Path(tempfile.mkdtemp(prefix=prefix))
     try:
         fd = os.open(path / LIVE_LOCK, _OPEN_FLAGS | os.O_CREAT | os.O_EXCL, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a fresh file: never busy
@@ -71,11 +71,19 @@ def sweep(prefix: str, parent: Path | None = None) -> int:
     uid's real folders (never a link, never another user's) whose :data:`LIVE_LOCK` this call
     can take, or that have none and are older than :data:`LOCKLESS_GRACE_S`. A folder whose
     lock is held stays. Logs one line when something was removed; returns the bytes freed.
+
+    Nothing is swept in a folder other users may rename in (group- or world-writable and not
+    sticky): one of them could rename a folder of ours under the prefix (attack review). The
+    system temp folder is sticky.
     """
     parent = Path(parent or tempfile.gettempdir())
     try:
         dfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
+        return 0
+    if _others_may_rename(os.fstat(dfd)):
+        os.close(dfd)
+        log.debug("not sweeping %s for %s* leftovers: others may rename in it", parent, prefix)
         return 0
     count = freed = 0
     try:
@@ -114,8 +122,8 @@ def _reclaim(dfd: int, name: str, parent: Path) -> int | None:
     try:
         if (os.fstat(fd).st_ino, os.fstat(fd).st_dev) != (st.st_ino, st.st_dev):
             return None  # swapped meanwhile
-        lock = _take_lock(fd, st)
-        if lock is False:
+        dead, lock = _take_lock(fd, st)
+        if not dead:
             return None
         try:
             size = _size(fd)
@@ -123,29 +131,37 @@ def _reclaim(dfd: int, name: str, parent: Path) -> int | None:
                 return None
             return size
         finally:
-            if isinstance(lock, int):
+            if lock is not None:
                 os.close(lock)
     finally:
         os.close(fd)
 
 
-def _take_lock(fd: int, st: os.stat_result) -> int | bool:
-    """The descriptor holding the folder's lock (its owner is dead); True for a lock-less
-    folder past the grace; False when the folder must stay (owner alive, or too young)."""
+def _take_lock(fd: int, st: os.stat_result) -> tuple[bool, int | None]:
+    """Whether the folder's owner is dead, and the descriptor now holding its lock (None for
+    a lock-less folder, which counts as dead past :data:`LOCKLESS_GRACE_S`). Not dead: the
+    lock is held (its owner lives), the folder is too young, or something other than a
+    plain file has the lock's name (not a folder we made)."""
     try:
         lock = os.open(LIVE_LOCK, _OPEN_FLAGS, dir_fd=fd)
     except FileNotFoundError:
-        return time.time() - st.st_mtime > LOCKLESS_GRACE_S
+        return time.time() - st.st_mtime > LOCKLESS_GRACE_S, None
     except OSError:
-        return False  # a link or FIFO under the lock's name: not a folder we made
+        return False, None
     try:
         if not fsutil.plain_file(os.fstat(lock)):
             raise BlockingIOError
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         os.close(lock)
-        return False  # held: its owner lives
-    return lock
+        return False, None
+    return True, lock
+
+
+def _others_may_rename(st: os.stat_result) -> bool:
+    """True for a folder where other users may rename entries: writable by its group or by
+    all, without the sticky bit (which lets only an entry's owner rename it)."""
+    return bool(st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)) and not st.st_mode & stat.S_ISVTX
 
 
 def _size(fd: int) -> int:
