@@ -11,12 +11,14 @@ copy of this checkout's ``cachemgr`` package made for the test session.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import secrets
 import shutil
 import subprocess
 import tempfile
+import time
 import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -133,10 +135,43 @@ def users() -> Iterator[Users]:
             made.append(name)
         yield Users(group, *names, base=base)
     finally:
-        for name in made:
-            subprocess.run(["userdel", name], check=False, capture_output=True)
+        _remove_users(made)
         subprocess.run(["groupdel", group], check=False, capture_output=True)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def _remove_users(names: list[str]) -> None:
+    """Delete the test users, first killing what they still run (``userdel`` refuses a user
+    with processes: they were left in /etc/passwd) and removing their ``cachemgr-*`` folders
+    in the temp folder (a killed compile's build folder, which no other user may reclaim).
+
+    :raises AssertionError: a user could not be deleted (named, with userdel's words).
+    """
+    uids = set()
+    for name in names:
+        done = subprocess.run(["id", "-u", name], capture_output=True, text=True, check=False)
+        if done.returncode == 0:
+            uids.add(int(done.stdout))
+        subprocess.run(["pkill", "-KILL", "-u", name], check=False, capture_output=True)
+    tmp = Path(tempfile.gettempdir())
+    for item in tmp.iterdir():
+        with contextlib.suppress(OSError):
+            if not item.name.startswith("cachemgr-") or item.lstat().st_uid not in uids:
+                continue
+            if item.is_dir() and not item.is_symlink():
+                shutil.rmtree(item)
+            else:
+                item.unlink()
+    failed = []
+    for name in names:
+        for _ in range(50):  # a killed process may take a moment to be reaped
+            done = subprocess.run(["userdel", name], check=False, capture_output=True, text=True)
+            if done.returncode in (0, 6):  # 6: no such user
+                break
+            time.sleep(0.1)
+        else:
+            failed.append(f"{name}: {done.stderr.strip()}")
+    assert not failed, f"test users left behind: {failed}"
 
 
 def user_home(users: Users, name: str) -> Path:
