@@ -701,6 +701,9 @@ def test_a_members_private_chip_folder_is_skipped_with_one_warning_never_a_stop(
              "--cache-dir", str(root), env=env)  # fmt: skip
     assert gc.returncode == 1, (gc.stdout, gc.stderr)
     _one_line_naming(gc.stdout + gc.stderr, str(private), users.bob, look)
+    said = [ln for ln in gc.stderr.splitlines() if str(private) in ln]
+    assert len(said) == 1 and f"chip folder {private.name} skipped (denied): " in said[0], said
+    assert "not removed (permission)" not in gc.stderr, gc.stderr  # a folder, not a file
     assert not any(p.exists() for paths in made.values() for p in paths), gc.stdout
     made = _two_chip_folders(users, root)
     # ls, verify, stats, purge: the other chip folders done, one line naming bob's folder

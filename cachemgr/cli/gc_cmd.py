@@ -203,10 +203,11 @@ def gc_cmd(
     denied = list(gc.denied_lines(report))
     for line in denied:
         warning(f"not removed (permission): {line}")
+    skipped = list(gc.skipped_lines(report))
     stuck = list(gc.stuck_lines(report))
-    for line in stuck:
+    for line in skipped + stuck:
         warning(line)
-    if denied or stuck:
+    if denied or skipped or stuck:
         sys.exit(1)
 
 

@@ -209,7 +209,19 @@ def stuck_lines(report: GcResult) -> Iterator[str]:
 
 
 def denied_lines(report: GcResult) -> Iterator[str]:
-    """``soc/file: why`` for every file gc could not remove (permission)."""
+    """``soc/file: why`` for every file gc could not remove (permission); a chip folder gc
+    skipped as a whole (``skipped`` with its reason in ``denied``) is
+    :func:`skipped_lines`'."""
     for soc, folder in report.all_chip_folders():
-        for line in folder.denied:
-            yield f"{soc}/{line}"
+        if not folder.skipped:
+            for line in folder.denied:
+                yield f"{soc}/{line}"
+
+
+def skipped_lines(report: GcResult) -> Iterator[str]:
+    """``chip folder soc skipped (kind): why`` for every chip folder gc skipped as a whole
+    with a reason: one it may not list or lock, an error, the run's deadline."""
+    for soc, folder in report.all_chip_folders():
+        if folder.skipped:
+            for line in folder.denied:
+                yield f"chip folder {soc} skipped ({folder.skipped}): {line}"
