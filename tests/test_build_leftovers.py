@@ -260,3 +260,48 @@ def test_a_lockless_folder_goes_only_once_a_day_old(
     _next_queue_compiles(tmp_path, clean_env)
     assert not old.exists()
     assert (young / ".src" / "kernel.c").exists(), "it may be a live older process's"
+
+
+_MAKER = """
+import os, sys, time
+from cachemgr.compile import tempdirs
+parent, deadline = sys.argv[1], time.monotonic() + float(sys.argv[2])
+os.environ["TMPDIR"] = parent
+import tempfile; tempfile.tempdir = parent
+made = failed = lost = 0
+while time.monotonic() < deadline:
+    try:
+        live = tempdirs.make("cachemgr-build-")
+    except OSError as exc:
+        failed += 1
+        print("make failed:", exc, flush=True)
+        continue
+    made += 1
+    (live.path / "src.c").write_text("int x;")  # a swept folder fails here or below
+    if not (live.path / "src.c").exists():
+        lost += 1
+    live.close()
+print(f"made={made} failed={failed} lost={lost}", flush=True)
+"""
+
+
+def test_a_concurrent_sweep_never_takes_a_folder_being_made(tmp_path: Path) -> None:
+    """CI failure (demo, ``[Errno 11]``): the CLI's sweep opened and flocked a new build
+    folder's lock between the daemon's ``O_EXCL`` create and its own ``flock``; the daemon's
+    compile failed with EAGAIN and the sweep removed the folder. The lock file now appears
+    under its name only with its lock already held. Two real processes race for 3 s."""
+    parent = tmp_path / "tmp"
+    parent.mkdir(mode=0o700)
+    maker = subprocess.Popen(
+        [sys.executable, "-c", _MAKER, str(parent), "3"], cwd=ROOT, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    sweeps = 0
+    while maker.poll() is None:
+        tempdirs.sweep("cachemgr-build-", parent)
+        sweeps += 1
+    out = maker.communicate(timeout=60)[0]
+    assert maker.returncode == 0, out
+    assert out.splitlines()[-1].endswith("failed=0 lost=0"), out
+    assert sweeps > 100, f"only {sweeps} sweeps raced the maker: the test proved nothing"

@@ -33,6 +33,7 @@ LIVE_LOCK = ".cachemgr-live.lock"
 #: between ``mkdtemp`` and the lock) is reclaimed only once untouched this long (seconds).
 LOCKLESS_GRACE_S = 24 * 3600.0
 
+_NEW_LOCK = LIVE_LOCK + ".new"
 _OPEN_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
@@ -57,10 +58,18 @@ def make(prefix: str) -> LiveDir:
     :raises OSError: the folder or its lock file cannot be made.
     """
     path = Path(tempfile.mkdtemp(prefix=prefix))
+    fd = -1
     try:
-        fd = os.open(path / LIVE_LOCK, _OPEN_FLAGS | os.O_CREAT | os.O_EXCL, 0o600)
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a fresh file: never busy
+        # Locked under another name, then renamed: a sweep that opened LIVE_LOCK between
+        # its create and its flock held the lock for a moment, so the flock failed with
+        # EAGAIN and the sweep took the folder as a dead owner's (CI, the demo). Until the
+        # rename the folder is lock-less and fresh, which a sweep leaves for a day.
+        fd = os.open(path / _NEW_LOCK, _OPEN_FLAGS | os.O_CREAT | os.O_EXCL, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # nobody opens this name: never busy
+        os.rename(path / _NEW_LOCK, path / LIVE_LOCK)
     except BaseException:
+        if fd >= 0:
+            os.close(fd)
         fsutil.remove_tree(path)
         raise
     return LiveDir(path, fd)
