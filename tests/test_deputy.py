@@ -215,7 +215,7 @@ def test_outputs_through_the_daemon_are_the_callers(users: Users, other_runtime:
 
 def test_without_namespaces_other_users_are_refused(users: Users, other_runtime: Runtime) -> None:
     rt = other_runtime
-    config = '[sandbox]\nunshare = "/nonexistent/unshare"\n'
+    config = '[sandbox]\nbwrap = "/nonexistent/bwrap"\n'
     daemon, _, _, bob = _setup(users, rt, config)
     try:
         (bob / "k.c").write_text("void scale_kernel(float *x) { x[0] *= 2; }\n")
@@ -223,7 +223,7 @@ def test_without_namespaces_other_users_are_refused(users: Users, other_runtime:
         req = json.dumps(_request(str(bob / "k.c")))
         out = _as_bob(users, rt, bob, CLIENT, str(daemon.socket_path), req, str(bob))
         assert out.get("status_code") == 400, out
-        assert "compiles only for its own user" in out["error"] and "unshare" in out["error"]
+        assert "compiles only for its own user" in out["error"] and "bubblewrap" in out["error"]
     finally:
         daemon.stop()
 
@@ -263,7 +263,11 @@ def test_compiler_resource_limits_from_the_config(tmp_path, clean_env) -> None:
         daemon.stop()
 
 
-@pytest.mark.parametrize("bad", ["namespaces = 'sometimes'", "output_mb = -1", "bogus = 1"])
+@pytest.mark.parametrize(
+    "bad",
+    ["namespaces = 'sometimes'", "output_mb = -1", "bogus = 1", "allow = ['/']",
+     "allow = ['/no/such/folder']", "allow = '/opt'"],
+)  # fmt: skip
 def test_bad_sandbox_table_is_one_line(tmp_path, clean_env, bad: str) -> None:
     from tests.conftest import run_cli
 
@@ -273,3 +277,89 @@ def test_bad_sandbox_table_is_one_line(tmp_path, clean_env, bad: str) -> None:
     args = ("--cache-dir", str(tmp_path / "cache"), "--config", str(cfg))
     out = run_cli("serve", *AS_ROOT, *args, env=env)
     assert out.returncode == 2 and "[sandbox]" in out.stderr, out.stderr
+
+
+def test_a_compile_sees_only_the_allow_list_view(users: Users, other_runtime: Runtime) -> None:
+    """Attack review after issue 14: the sandbox hid a deny-list (HOME, state, config,
+    runtime) and showed the rest of the host. A hand-made source could ``#include`` any other
+    file the daemon user may read and get its lines quoted in the failed compile's error
+    text, and ``__has_include`` told whether any path existed. Now other users' compiles run
+    in bubblewrap's allow-list view: neither the file nor its folder exists there."""
+    rt = other_runtime
+    daemon, root, _, bob = _setup(users, rt)
+    private = users.base / "alice-data"  # the daemon user's, outside every hidden folder
+    private.mkdir()
+    secret = private / "token.h"
+    secret.write_text(f"int leaked = {SECRET};\n")
+    for path, mode in ((private, 0o700), (secret, 0o600)):
+        shutil.chown(path, users.alice)
+        path.chmod(mode)
+    try:
+        sock = str(daemon.socket_path)
+        kernel = "void scale_kernel(float *x) { x[0] *= 2; }\n"
+        include = f'#include "{secret}"\n{kernel}'
+        raw = _as_bob(users, rt, bob, RAW, sock, _crafted(str(bob / "inc.c"), include))
+        answer = json.loads(raw["body"])
+        assert raw["code"] == 200 and answer["status"] == "failed", raw
+        assert "No such file" in answer["error"], answer["error"]
+
+        def probe(path: Path) -> str:
+            text = f'#if __has_include("{path}")\n#error FOUND\n#else\n#error ABSENT\n#endif\n'
+            body = _crafted(str(bob / "probe.c"), text + kernel)
+            out = json.loads(_as_bob(users, rt, bob, RAW, sock, body)["body"])
+            assert out["status"] == "failed", out
+            return "FOUND" if "FOUND" in out["error"] else "ABSENT"
+
+        # the existence oracle: the daemon user's file, the cache, a missing path all alike;
+        # a system header (shown read-only) is found, so the probe itself works
+        assert probe(secret) == "ABSENT"
+        assert probe(root) == "ABSENT"
+        assert probe(users.base / "no-such-file") == "ABSENT"
+        assert probe(Path("/usr/include/stdio.h")) == "FOUND"
+        _no_secret_in_cache(root)
+    finally:
+        daemon.stop()
+
+
+def test_the_view_shows_the_allow_list_and_the_build_folder_only(tmp_path: Path) -> None:
+    """The view with real bwrap processes: a folder outside it does not exist, one in
+    ``[sandbox] allow`` is shown read-only, the working folder is the only one written, and
+    ``/tmp`` is empty. Runs as any user (root too: the view, not permissions, hides)."""
+    from cachemgr.compilers import sandbox
+
+    site = tmp_path / "site"  # e.g. a toolchain under /opt
+    site.mkdir()
+    (site / "tool.h").write_text("#define TOOL 1\n")
+    work = tmp_path / "work"
+    work.mkdir()
+
+    def sh(box: sandbox.Sandbox, script: str) -> subprocess.CompletedProcess[str]:
+        argv = box.wrap(["/bin/sh", "-c", script], work)
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+
+    plain = sandbox.from_table({}, [])
+    if not plain.isolated:
+        pytest.skip(f"bubblewrap cannot run here: {plain.why_not}")
+    assert sh(plain, f"cat {site}/tool.h").returncode != 0
+    allowed = sandbox.from_table({"allow": [str(site)]}, [])
+    assert sh(allowed, f"cat {site}/tool.h").stdout == "#define TOOL 1\n"
+    denied = sh(allowed, f"echo x > {site}/new")
+    assert denied.returncode != 0 and not (site / "new").exists()
+    assert sh(allowed, "echo built > out.o").returncode == 0
+    assert (work / "out.o").read_text() == "built\n"
+    # /tmp holds only the way to the working folder (the host's has the other callers')
+    expected = [work.parts[2]] if work.parts[1] == "tmp" else []
+    assert sh(allowed, "ls -A /tmp").stdout.split() == expected
+    assert "No such file" in sh(allowed, "ls /proc 2>&1").stdout  # no /proc
+
+
+def test_the_old_unshare_key_is_accepted_and_warned_about(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``[sandbox] unshare`` named the tool of the deny-list namespace: a config that still
+    sets it starts, and says once that it is no longer used."""
+    from cachemgr.compilers import sandbox
+
+    with caplog.at_level("WARNING", logger="cachemgr.compilers.sandbox"):
+        sandbox.from_table({"unshare": "unshare"}, [])
+    assert any("unshare is no longer used" in r.getMessage() for r in caplog.records)

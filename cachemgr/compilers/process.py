@@ -49,10 +49,10 @@ def use_sandbox(box: Any) -> None:
 @contextlib.contextmanager
 def for_own_user(own: bool) -> Iterator[None]:
     """Within the block, this thread's compiler processes are for the daemon's own user
-    (``own``): the sandbox's limits apply, its namespaces do not — they hide only that
-    user's own files, which such a caller may read anyway (issue 14 item 3: ~3.7 ms of
-    ``unshare`` + ``mount`` per compiler process). Everyone else's — and any process outside
-    such a block — runs in them (issue 10 item 5)."""
+    (``own``): the sandbox's limits apply, its view (bubblewrap) does not — it hides only
+    files that such a caller may read anyway (issue 14 item 3: ~4-5 ms per compiler
+    process). Everyone else's — and any process outside such a block — runs in it (issue 10
+    item 5)."""
     old = getattr(_caller, "own", False)
     _caller.own = own
     try:

@@ -2,35 +2,48 @@
 and 10).
 
 A caller's source may ``#include "/home/cachemgr/secret"`` or ``.incbin`` a file only the
-daemon user may read, and a compiler may be made to allocate, spin or write without bound.
-The daemon therefore runs every compiler process (compile, dependency listing, probes):
+daemon user may read, test with ``__has_include`` whether any path exists, and a compiler may
+be made to allocate, spin or write without bound. The daemon therefore runs every compiler
+process (compile, dependency listing, probes) of another user:
 
-* in a **user + mount namespace** (``unshare --user --map-root-user --mount``, util-linux;
-  no privilege needed) in which the daemon user's private folders — its ``HOME``, state,
-  configuration and runtime folders and any folder of the ``[sandbox] hide`` list — are
-  covered by an empty, mode-000 tmpfs: such an include or ``.incbin`` finds nothing. The
-  build folder and the compiler's own folder are never hidden (the compile needs them);
+* in an **allow-list view** of the file system, built by bubblewrap (``bwrap``, the sandbox of
+  Flatpak; no privilege needed: a user namespace with its own mount namespace). Its root is
+  an empty tmpfs holding only read-only binds of the system folders (``/usr`` and the
+  ``/bin``, ``/sbin``, ``/lib*`` links or folders beside it), a few files of ``/etc`` the
+  loader and ``cc`` alternatives need (:data:`ETC_FILES`), the compiler's own install folder
+  (its program's folder, or that folder's parent when it is a ``bin``), the folder of a
+  script compiler's interpreter, the folders of ``[sandbox] allow``; a minimal ``/dev``; an
+  empty ``/tmp``; and, read-write, the job's build folder (the process's working folder)
+  only. Nothing else of the host exists in it: no other caller's build folder, no cache, no
+  ``/proc``, no HOME, no token file. The daemon user's private folders — its ``HOME``, state,
+  configuration and runtime folders and any folder of ``[sandbox] hide`` — are moreover
+  covered by an empty tmpfs where they fall inside an allowed folder.
+
+  Until this view (attack review after issue 14) the namespace hid a deny-list of folders
+  and showed the rest of the host: a failed compile's error text quoted the lines of any
+  other file the daemon user could read, and ``__has_include`` told whether a path existed;
 * under **resource limits** (``prlimit``): address space (``RLIMIT_AS``), CPU time
   (``RLIMIT_CPU``) and the size of any file written (``RLIMIT_FSIZE``), from the
   ``[sandbox]`` table.
 
 A compile for the **daemon's own user** (a caller whose ``SO_PEERCRED`` uid is the daemon's:
-:func:`cachemgr.compilers.process.for_own_user`) runs under the limits but not in the
-namespaces: they hide only that user's own folders, which such a caller reads anyway — as its
-compiles without a daemon (an in-process queue runs no sandbox) always could; they cost
-~3.7 ms per compiler process (``unshare`` + ``sh`` + ``mount``; issue 14 item 3). A job
-shared by several callers runs in them when any caller joined before it started is another
-user; a TCP caller (no credentials) is never the daemon's user.
+:func:`cachemgr.compilers.process.for_own_user`) runs under the limits but not in the view:
+it shows that user nothing it cannot read anyway — as its compiles without a daemon (an
+in-process queue runs no sandbox) always could — and costs ~4-5 ms per compiler process
+(issue 14 item 3). A job shared by several callers runs in it when any caller joined before
+it started is another user; a TCP caller (no credentials) is never the daemon's user.
 
-Where user namespaces are not available (a kernel or systemd unit forbidding them, no
-``unshare``), :attr:`Sandbox.isolated` is False and the daemon refuses compiles for other
+Where bubblewrap cannot run (not installed, a kernel or systemd unit forbidding user
+namespaces), :attr:`Sandbox.isolated` is False and the daemon refuses compiles for other
 users with one line (see ``cachemgr.daemon.service``); compiles for its own user still run,
 with the limits. The systemd unit must allow ``RestrictNamespaces=user mnt``.
 
-``[sandbox]`` keys: ``namespaces`` (``"auto"``: use them when they work; ``"off"``),
-``unshare`` and ``prlimit`` (the tools, default found on PATH), ``hide`` (extra folders),
+``[sandbox]`` keys: ``namespaces`` (``"auto"``: use the view when bubblewrap works; ``"off"``),
+``bwrap`` and ``prlimit`` (the tools, default found on PATH), ``allow`` (more folders shown
+read-only, e.g. a toolchain under ``/opt``), ``hide`` (folders covered inside allowed ones),
 ``address_space_mb`` (default 16384; 0 = no limit), ``cpu_s`` (default 1200; 0 = none),
-``output_mb`` (default 1024; 0 = none).
+``output_mb`` (default 1024; 0 = none). ``unshare`` (the tool of the deny-list namespace
+before bubblewrap) is accepted and ignored, with a warning.
 """
 
 from __future__ import annotations
@@ -40,6 +53,7 @@ import logging
 import os
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,14 +64,19 @@ from cachemgr.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-#: The shell step that runs inside the namespaces: mount an empty tmpfs on each folder up to
-#: ``--``, then become the compiler (``exec``: the process group and the pipes stay the same).
-_MOUNT_SCRIPT = (
-    'while [ "$1" != "--" ]; do '
-    'mount -t tmpfs -o size=4k,mode=000 cachemgr-hidden "$1" || exit 97; shift; done; '
-    'shift; exec "$@"'
-)
-_KEYS = ("namespaces", "unshare", "prlimit", "hide", "address_space_mb", "cpu_s", "output_mb")
+_KEYS = (
+    "namespaces", "bwrap", "prlimit", "allow", "hide", "address_space_mb", "cpu_s", "output_mb",
+    "unshare",
+)  # fmt: skip
+#: Top-level system folders shown read-only (or re-made as the links they are: merged /usr).
+SYSTEM_TOP = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+#: Files of ``/etc`` a compiler needs: the loader's cache and configuration (libraries in
+#: multiarch folders) and the alternatives ``/usr/bin/cc`` may point through. Not ``/etc``
+#: whole: a daemon's token or configuration may live there.
+ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives")
+#: bwrap options of every view: a user namespace (implies a mount namespace), no capability
+#: inside it, killed with its parent, an empty root.
+_BASE = ("--unshare-user", "--cap-drop", "ALL", "--die-with-parent", "--tmpfs", "/")
 
 
 @dataclass(frozen=True)
@@ -85,42 +104,94 @@ class Limits:
 class Sandbox:
     """How the daemon runs compiler processes (see the module docstring).
 
-    :ivar isolated: True when compiles run in the namespaces with the folders hidden.
+    :ivar hidden: folders covered by an empty tmpfs where they fall inside an allowed one.
+    :ivar allowed: more folders shown read-only (``[sandbox] allow``), resolved.
+    :ivar isolated: True when other users' compiles run in the allow-list view.
     :ivar why_not: one line saying why not, when ``isolated`` is False.
     """
 
     limits: Limits = field(default_factory=Limits)
     hidden: tuple[str, ...] = ()
-    unshare: str | None = None
+    bwrap: str | None = None
     prlimit: str | None = None
+    allowed: tuple[str, ...] = ()
     isolated: bool = False
     why_not: str = "not configured"
 
     def wrap(self, argv: list[str], cwd: Path | None, namespaces: bool = True) -> list[str]:
-        """``argv`` to run inside the sandbox and under the limits (with ``namespaces``
-        False: under the limits only — a compile for the daemon's own user)."""
+        """``argv`` to run inside the view and under the limits (with ``namespaces`` False:
+        under the limits only — a compile for the daemon's own user). ``cwd`` (the job's
+        build folder) is the one folder the process may write, and its working folder."""
         limited = list(argv)
         if self.prlimit and self.limits.prlimit_args():
             limited = [self.prlimit, *self.limits.prlimit_args(), "--", *argv]
-        if not namespaces or not self.isolated or not self.unshare:
+        if not namespaces or not self.isolated or not self.bwrap:
             return limited
-        keep = [str(cwd)] if cwd else []
-        keep.append(os.path.realpath(argv[0]) if argv else "")
-        hide = [h for h in self.hidden if not any(_inside(k, h) for k in keep if k)]
-        return [
-            self.unshare,
-            "--user",
-            "--map-root-user",
-            "--mount",
-            "--",
-            "/bin/sh",
-            "-c",
-            _MOUNT_SCRIPT,
-            "cachemgr-sandbox",
-            *hide,
-            "--",
-            *limited,
-        ]
+        return [self.bwrap, *self.view_args(limited, cwd), "--", *limited]
+
+    def view_args(self, argv: list[str], cwd: Path | None) -> list[str]:
+        """bwrap options that build the view for ``argv`` run in ``cwd`` (module docstring)."""
+        args = list(_BASE)
+        for top in SYSTEM_TOP:
+            if os.path.islink(top):
+                args += ["--symlink", os.readlink(top), top]
+            elif os.path.isdir(top):
+                args += ["--ro-bind", top, top]
+        shown = [*SYSTEM_TOP, *ETC_FILES]
+        for path in ETC_FILES:
+            args += ["--ro-bind-try", path, path]
+        args += ["--dev", "/dev", "--tmpfs", "/tmp"]
+        for path in _program_folders(argv) + list(self.allowed):
+            if not any(_inside(path, s) for s in shown):
+                args += ["--ro-bind", path, path]
+                shown.append(path)
+        for folder in self.hidden:
+            if any(_inside(folder, s) for s in shown):
+                args += ["--tmpfs", folder]
+        work = os.path.abspath(cwd) if cwd else "/"
+        if work != "/":
+            args += ["--bind", work, work]
+        return [*args, "--chdir", work, "--setenv", "TMPDIR", "/tmp"]
+
+
+def _program_folders(argv: list[str]) -> list[str]:
+    """The folders a compiler (``argv``'s first word that is not the limits tool) needs shown
+    read-only: its install folder, as given and resolved, and a script's interpreter's.
+    Never ``/`` or a folder holding the temp folder (other callers' build folders): then
+    the program file alone."""
+    programs = [w for w in argv[:1] if os.path.isabs(w)]
+    if len(argv) > 1 and "--" in argv:  # prlimit … -- compiler …
+        after = argv[argv.index("--") + 1 :]
+        programs += [w for w in after[:1] if os.path.isabs(w)]
+    for program in list(programs):
+        programs += _interpreter(program)
+    tmp = os.path.realpath(tempfile.gettempdir())
+    found: list[str] = []
+    for program in programs:
+        for path in dict.fromkeys((program, os.path.realpath(program))):
+            folder = os.path.dirname(path)
+            if os.path.basename(folder) == "bin":
+                folder = os.path.dirname(folder)
+            for pick in (folder, os.path.dirname(path), path):
+                if pick != "/" and not _inside(tmp, pick) and not _inside(pick, tmp):
+                    found.append(pick)
+                    break
+            else:
+                found.append(path)
+    return list(dict.fromkeys(found))
+
+
+def _interpreter(program: str) -> list[str]:
+    """The interpreter of a ``#!`` script (absolute paths only), else nothing."""
+    try:
+        with open(program, "rb") as fh:
+            head = fh.read(256)
+    except OSError:
+        return []
+    if not head.startswith(b"#!"):
+        return []
+    words = head[2:].split(b"\n", 1)[0].decode("utf-8", "replace").split()
+    return [w for w in words[:1] if os.path.isabs(w)]
 
 
 def _inside(path: str, folder: str) -> bool:
@@ -143,29 +214,42 @@ def from_table(
     mode = table.get("namespaces", "auto")
     if mode not in ("auto", "off"):
         raise ConfigError(f"{where}: namespaces={mode!r} is invalid; accepted: 'auto', 'off'")
-    extra = table.get("hide", [])
-    if not isinstance(extra, list) or not all(isinstance(h, str) for h in extra):
-        raise ConfigError(f"{where}: hide={extra!r} must be a list of folders")
-    hidden = _folders([*private, *extra])
+    hidden = _folders([*private, *_list(table, "hide", where)])
+    allowed = _folders(_list(table, "allow", where), missing_ok=False, where=f"{where} allow")
+    if "unshare" in table:
+        log.warning(
+            "%s unshare is no longer used: other users' compiles run in bubblewrap (bwrap)", where
+        )
     box = Sandbox(
         limits,
         hidden,
-        unshare=_tool(table, "unshare", where),
+        bwrap=_tool(table, "bwrap", where),
         prlimit=_tool(table, "prlimit", where),
+        allowed=allowed,
     )
     if mode == "off":
         box.why_not = f"{where} namespaces = 'off'"
-    elif box.unshare is None:
-        box.why_not = "unshare (util-linux) is not installed"
+    elif box.bwrap is None:
+        box.why_not = f"bubblewrap ({table.get('bwrap', 'bwrap')}) is not installed"
     else:
         box.isolated, box.why_not = _probe(box)
     if box.isolated:
-        log.info("compiles run in a user+mount namespace hiding %s", ", ".join(hidden) or "-")
+        log.info(
+            "other users' compiles run in an allow-list view (bwrap) hiding %s",
+            ", ".join(hidden) or "-",
+        )
     else:
         log.warning(
             "compiles run without a sandbox (%s): other users' compiles are refused", box.why_not
         )
     return box
+
+
+def _list(table: Mapping[str, Any], key: str, where: str) -> list[str]:
+    value = table.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(h, str) for h in value):
+        raise ConfigError(f"{where}: {key}={value!r} must be a list of folders")
+    return value
 
 
 _LIMIT_KEYS = ("address_space_mb", "cpu_s", "output_mb")
@@ -186,15 +270,26 @@ def _tool(table: Mapping[str, Any], key: str, where: str) -> str | None:
     return os.path.abspath(found) if found else None
 
 
-def _folders(paths: Iterable[Path | str]) -> tuple[str, ...]:
+def _folders(
+    paths: Iterable[Path | str], missing_ok: bool = True, where: str = ""
+) -> tuple[str, ...]:
     """Existing folders, links resolved, none inside another, never ``/`` or a parent of the
-    temp folder (build folders live there)."""
+    temp folder (build folders live there).
+
+    :raises ConfigError: with ``missing_ok`` False, for a path that is not such a folder
+        (named with ``where``).
+    """
     tmp = os.path.realpath(os.environ.get("TMPDIR") or "/tmp")
     found = set()
     for path in paths:
         real = os.path.realpath(str(path))
         if os.path.isdir(real) and real != "/" and not _inside(tmp, real):
             found.add(real)
+        elif not missing_ok:
+            raise ConfigError(
+                f"{where}: {str(path)!r} is not a folder other than / and the temp folder's "
+                "parents (their files would all be shown)"
+            )
     return tuple(sorted(p for p in found if not any(_inside(p, q) and p != q for q in found)))
 
 
@@ -204,8 +299,9 @@ def _probe(box: Sandbox) -> tuple[bool, str]:
     try:
         done = subprocess.run(argv, capture_output=True, timeout=30, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return False, f"{box.unshare} cannot run: {exc}"
+        return False, f"{box.bwrap} cannot run: {exc}"
     if done.returncode != 0:
         text = (done.stderr or done.stdout).decode("utf-8", "replace").strip().splitlines()
-        return False, f"user namespaces are not available: {text[-1] if text else done.returncode}"
+        why = text[-1] if text else f"exit {done.returncode}"
+        return False, f"bubblewrap cannot make a user namespace here: {why}"
     return True, ""

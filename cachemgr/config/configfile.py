@@ -218,22 +218,24 @@ class DaemonConfig:
 _NOT_EMPTY = "a non-empty string"
 
 
+def _opt_str(text: str = _NOT_EMPTY) -> Any:
+    return field(default=None, metadata=rule("str", text=text))
+
+
 @dataclass(frozen=True)
 class SandboxTable:
     """``[sandbox]``: how the daemon runs compiler processes (``cachemgr.compilers.sandbox``);
     limits per process, 0 = no limit."""
 
     namespaces: str = field(default="auto", metadata=rule("str", choices=("auto", "off")))
-    unshare: str = field(default="unshare", metadata=rule("str", text=_NOT_EMPTY))
+    bwrap: str = field(default="bwrap", metadata=rule("str", text=_NOT_EMPTY))
     prlimit: str = field(default="prlimit", metadata=rule("str", text=_NOT_EMPTY))
+    allow: tuple[str, ...] = field(default=(), metadata=rule("list_str", text="a list of folders"))
     hide: tuple[str, ...] = field(default=(), metadata=rule("list_str", text="a list of folders"))
+    unshare: str | None = _opt_str()  # no longer used (bubblewrap's view replaced it): warned
     address_space_mb: int = 16384  # RLIMIT_AS, MiB
     cpu_s: int = 1200  # RLIMIT_CPU, seconds
     output_mb: int = 1024  # RLIMIT_FSIZE, MiB
-
-
-def _opt_str(text: str = _NOT_EMPTY) -> Any:
-    return field(default=None, metadata=rule("str", text=text))
 
 
 @dataclass(frozen=True)

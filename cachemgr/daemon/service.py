@@ -478,7 +478,7 @@ class Service:
         if session is not None and not isinstance(session, str):
             raise InvalidInputError(f"/compile session={session!r} must be a string")
         caller = peer.current()
-        # the daemon's own user: its compiles need the limits, not the namespaces (issue 14)
+        # the daemon's own user: its compiles need the limits, not the view (issue 14)
         with process.for_own_user(caller is not None and caller.is_daemon_user):
             future = self.queue.submit(
                 req,
@@ -531,7 +531,7 @@ class Service:
             why = getattr(self.sandbox, "why_not", "no sandbox configured")
             raise InvalidInputError(
                 f"/compile from {who.describe()}: this daemon compiles only for its own user: "
-                f"compiles for others need a sandbox (user + mount namespaces), and {why}"
+                f"compiles for others need a sandbox (bubblewrap's allow-list view), and {why}"
             )
         raw = body.get("inputs")
         if raw is None:
