@@ -363,3 +363,41 @@ def test_the_old_unshare_key_is_accepted_and_warned_about(
     with caplog.at_level("WARNING", logger="cachemgr.compilers.sandbox"):
         sandbox.from_table({"unshare": "unshare"}, [])
     assert any("unshare is no longer used" in r.getMessage() for r in caplog.records)
+
+
+CUDA_KERNEL = 'extern "C" __global__ void scale_kernel(float *x) { x[0] *= X; }\n'
+
+
+def test_nvcc_runs_no_shell_command_a_caller_wrote(users: Users, other_runtime: Runtime) -> None:
+    """Attack review after the allow-list view: nvcc runs its steps through ``sh -c`` with the
+    defines and the source path between double quotes, unescaped. A group member's define
+    ``X=$(kill -KILL -1)`` (or a ``-D`` extra flag, or a source folder of that name) ran as
+    the daemon user — inside the view, but ``kill -1`` reaches every process of that user:
+    the daemon died. Now each is refused with one line before nvcc runs."""
+    from tests.compile_util import nvcc_missing
+
+    if why := nvcc_missing():
+        pytest.skip(why)
+    rt = other_runtime
+    daemon, _, _, bob = _setup(users, rt)
+    payload = "$(kill -KILL -1)"
+    attacks = [
+        (str(bob / "k.cu"), {"defines": {"X": f"{payload}2"}}),
+        (str(bob / "k.cu"), {"extra_flags": ["-DX=`kill -KILL -1`2"]}),
+        (str(bob / payload / "k.cu"), {"defines": {"X": 2}}),
+        (str(bob / "k.cu"), {"defines": {"X": '2" "-DY=1'}}),  # a quote: nvcc's own words
+    ]
+    try:
+        sock = str(daemon.socket_path)
+        for path, over in attacks:
+            body = _crafted(path, CUDA_KERNEL, language="cuda", **over)  # type: ignore[arg-type]
+            raw = _as_bob(users, rt, bob, RAW, sock, body)
+            assert daemon.proc.poll() is None, f"the daemon died of {over or path}"
+            text = raw["body"]
+            assert "nvcc runs its steps through sh" in text and "\\n" not in text, raw
+            assert "cachemgr-build-" not in text, "the message names the caller's path"
+        body = _crafted(str(bob / "k.cu"), CUDA_KERNEL, language="cuda", defines={"X": 2})
+        raw = _as_bob(users, rt, bob, RAW, sock, body)
+        assert json.loads(raw["body"])["status"] == "compiled", raw
+    finally:
+        daemon.stop()

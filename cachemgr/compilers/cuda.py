@@ -6,6 +6,13 @@ else ``$CUDA_HOME/bin/nvcc`` or ``/usr/local/cuda/bin/nvcc``. Command (arch from
 ``config["cuda_arch"]``, default ``sm_90``):
 ``nvcc -cubin -arch=<arch> <flags> <-D...> -x cu <src> -o <out>.cubin``.
 Kernels should be ``extern "C" __global__`` so the symbol is the entry name.
+
+nvcc runs each of its steps (host preprocessor, ``cicc``, ``ptxas``) through ``sh -c`` and
+puts the defines and the source path between double quotes there without escaping them: a
+define ``X=$(kill -9 -1)`` or a source folder named ``$(…)`` ran that command as the daemon
+user (attack review after the allow-list view). A word holding a character the shell
+interprets inside double quotes (``$``, a backquote, a double quote, a backslash) is refused
+before nvcc runs (:data:`SHELL_SPECIAL`).
 """
 
 from __future__ import annotations
@@ -18,10 +25,12 @@ from typing import Any
 
 from cachemgr.compilers.base import CompileJob, CompilerBackend, config_str, find_executable
 from cachemgr.compilers.elf import ElfFile
-from cachemgr.errors import ConfigError
+from cachemgr.errors import ConfigError, InvalidInputError
 
 DEFAULT_ARCH = "sm_90"
 _ARCH = re.compile(r"^sm_\d+[af]?$")
+#: Characters ``sh`` interprets between double quotes, where nvcc puts defines and paths.
+SHELL_SPECIAL = frozenset('$`"\\')
 #: Debug flag → nvcc flags. ``O0`` turns off both device optimisers (NVVM and ptxas); ``g`` is
 #: full device debug (``-G``). nvcc has no compile-time bounds checks (``oom`` is
 #: compute-sanitizer's job at run time), no function instrumentation and no sync-flag checks.
@@ -103,7 +112,12 @@ class CudaBackend(CompilerBackend):
         return fields
 
     def _argv(self, job: CompileJob, mode: str, output: Path) -> list[str]:
-        return [
+        """nvcc's argv for ``mode`` into ``output``.
+
+        :raises InvalidInputError: a word (a define, flag, include folder or the source
+            path) holds a character of :data:`SHELL_SPECIAL` — named as the caller wrote it.
+        """
+        argv = [
             self.executable(),
             mode,
             f"-arch={self.arch}",
@@ -116,6 +130,13 @@ class CudaBackend(CompilerBackend):
             "-o",
             str(output),
         ]
+        for word in argv[1:]:
+            if SHELL_SPECIAL.intersection(word):
+                raise InvalidInputError(
+                    f"nvcc argument {job.user_view(word)!r}: nvcc runs its steps through sh, "
+                    "which would expand its $, backquote, double quote or backslash"
+                )
+        return argv
 
 
 def kernel_param_count(elf: ElfFile, kernel_name: str) -> int | None:
