@@ -65,6 +65,14 @@ class CompileError(CacheMgrError):
     exit_code = 1
 
 
+class OutputFolderError(CacheMgrError):
+    """A kernel compiled outside the cache (its cache folder read-only, full or not ours)
+    could not be written to the output folder either: the compile's work is lost, one line
+    names both folders and what to do."""
+
+    exit_code = 1
+
+
 class NoSpaceError(CacheMgrError):
     """The filesystem of a chip folder is full (``ENOSPC``) or the user's quota is spent
     (``EDQUOT``) while publishing: nothing was published, nothing partial is left (SPEC §3.3).

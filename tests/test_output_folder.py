@@ -10,11 +10,15 @@ real counting compiler.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from tests.compile_util import calls, counting_cc
 from tests.conftest import SOC
@@ -103,3 +107,83 @@ def test_an_unwritable_output_folder_is_refused_before_compiling(
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.splitlines()[-1])["status"] == "hit", proc.stdout
     assert len(calls(cc_dir)) == 2
+
+
+@contextlib.contextmanager
+def _tmpfs(mnt: Path) -> Iterator[Path]:
+    """A 4 MiB tmpfs at ``mnt`` (root only; the caller is root: the ``users`` fixture is)."""
+    mnt.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m,mode=0755", "tmpfs", str(mnt)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_full_root_and_an_unwritable_output_folder_say_so_in_one_line(
+    users: Users, other_runtime: Runtime
+) -> None:
+    """A cache root that is full (or fills while the kernel compiles) hands the kernel to the
+    output folder; bob's current directory, which he cannot write, used to end that compile
+    with a raw ``[Errno 13] Permission denied`` after compiling. Now: a root already full (or
+    read-only) is refused before compiling (exit 2), one that fills during the compile fails
+    in one line naming the folder and what to do (exit 1, as a failed compile)."""
+    bob = users.bob
+    locked = users.base / "root-only"  # bob's current directory, which he cannot write
+    locked.mkdir(mode=0o755)
+    with _tmpfs(users.base / "mnt") as root:
+        chip = root / "kernel_cache" / SOC
+        chip.mkdir(parents=True)
+        for path in (root, root / "kernel_cache", chip):
+            shutil.chown(path, bob)
+        cc_dir = users.base / "cc"
+        # the compiler fills the cache's filesystem while it compiles: the publish fails
+        cc = counting_cc(cc_dir, body=f"cat /dev/zero > {root}/filler 2>/dev/null")
+        (cc_dir / "calls.log").touch()
+        (cc_dir / "calls.log").chmod(0o666)
+        cfg = users.base / "c.toml"
+        cfg.write_text(f'[compilers]\ncc = "{cc}"\n')
+        request = kernel_request(21)
+        request["kernel_source"] = str(other_runtime.kernels / "c" / "add.c")
+        req = users.base / "req.json"
+        req.write_text(json.dumps(request))
+        common = ("--config", str(cfg), "--cache-dir", str(root), str(req))
+
+        proc = _compile(users, other_runtime, bob, locked, *common)
+        assert proc.returncode == 1, (proc.returncode, proc.stdout, proc.stderr)
+        assert "Errno" not in proc.stderr, proc.stderr
+        # one line for the kernel (the other says the full root cannot take the counters)
+        lines = [ln for ln in proc.stderr.splitlines() if "counters" not in ln]
+        assert len(lines) == 1 and "cachemgr: error:" in lines[0], proc.stderr
+        assert "not cached: no space left in" in lines[0], lines[0]
+        assert f"output folder {locked} (--out-dir" in lines[0], lines[0]
+        assert "give --out-dir a folder you can write" in lines[0], lines[0]
+        assert len(calls(cc_dir)) == 1
+        assert (root / "filler").exists()
+
+        # the root is full now: refused before the compiler runs, as an unwritable chip folder
+        proc = _compile(users, other_runtime, bob, locked, *common)
+        _one_line_exit_2(proc, locked)
+        assert len(calls(cc_dir)) == 1
+
+        # a writable output folder: compiled, handed back there, not cached
+        mine = users.base / "bob-out"
+        mine.mkdir()
+        shutil.chown(mine, bob)
+        proc = _compile(users, other_runtime, bob, locked, "--out-dir", str(mine), *common)
+        assert proc.returncode == 0, proc.stderr
+        assert "not cached" in proc.stderr
+        assert [p.suffix for p in mine.iterdir()].count(".o") == 1
+
+        # a read-only root: refused before compiling too
+        (root / "filler").unlink()
+        subprocess.run(["mount", "-o", "remount,ro", str(root)], check=True)
+        proc = _compile(users, other_runtime, bob, locked, *common)
+        _one_line_exit_2(proc, locked)
+        assert len(calls(cc_dir)) == 2

@@ -146,12 +146,27 @@ def _check_writable(folder: Path, what: str, origin: str, fix: str) -> None:
 
 def goes_outside_the_cache(chip_dir: Path) -> bool:
     """True when this user cannot write ``chip_dir`` (or, while it does not exist, the nearest
-    folder above it): a compile through the cache will then be delivered outside it
-    (``publisher._compile_outside``), so its output folder must be checked first."""
+    folder above it), or its filesystem has no free block left for this user: a compile
+    through the cache will then be delivered outside it (``publisher._compile_outside``, or
+    a publish that fails with ``ENOSPC``), so its output folder must be checked first."""
     probe = Path(chip_dir)
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
-    return not (probe.is_dir() and os.access(probe, os.W_OK | os.X_OK))
+    if not (probe.is_dir() and os.access(probe, os.W_OK | os.X_OK)):
+        return True
+    return _no_space_left(probe)
+
+
+def _no_space_left(folder: Path) -> bool:
+    """True when ``folder``'s filesystem has no free block for this user (root may use the
+    blocks reserved for it); False when that cannot be told (an unlimited tmpfs, some FUSE
+    filesystems report no blocks at all)."""
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return False
+    free = st.f_bfree if os.geteuid() == 0 else st.f_bavail
+    return st.f_blocks > 0 and free == 0
 
 
 def build_dir(process_folder: Path, kernel: str) -> Path:

@@ -27,7 +27,7 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +51,7 @@ from cachemgr.errors import (
     InvalidInputError,
     LockBusyError,
     NoSpaceError,
+    OutputFolderError,
 )
 from cachemgr.remote.tierset import RemoteTiers
 from cachemgr.storage import entry, fsutil, manifest
@@ -113,14 +114,15 @@ class Pending:
         """Write the compiled kernel to ``out`` (binaries first, json last) instead of the
         cache; one warning line names the reason."""
         p = self.prepared
-        fsutil.ensure_dir(out)
         paths = []
-        for name, data in self.files.items():
-            fsutil.atomic_write_bytes(out / name, data)
-            paths.append(out / name)
-        doc = out / f"{p.kernel}.json"
-        fsutil.atomic_write_bytes(doc, json.dumps(self.main_json).encode())
         warning = f"{p.kernel} compiled but not cached: {reason}"
+        with _output_folder(out, warning):
+            fsutil.ensure_dir(out)
+            for name, data in self.files.items():
+                fsutil.atomic_write_bytes(out / name, data)
+                paths.append(out / name)
+            doc = out / f"{p.kernel}.json"
+            fsutil.atomic_write_bytes(doc, json.dumps(self.main_json).encode())
         log.warning("%s", warning)
         return CompileOutcome(
             p.kernel,
@@ -349,12 +351,14 @@ def _outside_the_cache(
     """Move a compiled kernel from its build folder into the private output folder (binary
     first, json last: a visible json means a whole kernel): ``compiled``, not cached.
 
-    :raises OSError: the output folder cannot be made or written.
+    :raises OutputFolderError: the output folder cannot be made or written.
     """
-    out = fsutil.ensure_dir(ctx.uncached_dir())
+    out = ctx.uncached_dir()
     binary, doc = out / result.binary.name, out / result.json_path.name
-    _move(result.binary, binary)  # across filesystems too (the cwd is rarely on $TMPDIR's)
-    _move(result.json_path, doc)
+    with _output_folder(out, warning):
+        fsutil.ensure_dir(out)
+        _move(result.binary, binary)  # across filesystems too (the cwd is rarely on $TMPDIR's)
+        _move(result.json_path, doc)
     return CompileOutcome(
         p.kernel,
         COMPILED,
@@ -363,6 +367,25 @@ def _outside_the_cache(
         cached=False,
         warning=warning,
     )
+
+
+@contextlib.contextmanager
+def _output_folder(out: Path, warning: str) -> Iterator[None]:
+    """Writing a kernel compiled outside the cache (``warning`` says why) into the output
+    folder ``out``: an ``OSError`` there (a current directory the user cannot write, a full
+    or read-only one) becomes one line naming both folders and what to do, not a raw
+    ``[Errno 13]``.
+
+    :raises OutputFolderError: ``out`` could not be made or written.
+    """
+    try:
+        yield
+    except OSError as exc:
+        raise OutputFolderError(
+            f"{warning}; the output folder {out} ({kernel_meta.OUTPUT_DIR_ORIGIN}) cannot "
+            f"be written by user {fsutil.user_name()} either ({exc.strerror or exc}): give "
+            "--out-dir a folder you can write, or run from one"
+        ) from exc
 
 
 def _move(src: Path, dest: Path) -> None:

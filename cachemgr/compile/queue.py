@@ -58,7 +58,7 @@ from cachemgr.compile.request import CompileRequest
 from cachemgr.compile.results import CompileOutcome
 from cachemgr.compilers import process
 from cachemgr.config.options import Settings
-from cachemgr.errors import CacheMgrError, CompileError, InvalidInputError
+from cachemgr.errors import CacheMgrError, CompileError, InvalidInputError, OutputFolderError
 
 if TYPE_CHECKING:  # publishing is a miss's work: not imported on the hit path (issue 14)
     from cachemgr.compile import publisher
@@ -427,7 +427,7 @@ class CompileQueue:
                 return build.run(p, self._ctx)
             return publisher.compile_through_cache(p, self._ctx)
         except Exception as exc:  # the compile failed: the message is the answer
-            if not isinstance(exc, CompileError):
+            if not isinstance(exc, CompileError | OutputFolderError):
                 log.warning("compile of %s failed: %s", p.kernel, exc)
                 log.debug("compile of %s failed", p.kernel, exc_info=True)
             return build.failed(p.kernel, exc, p.request.origin)
@@ -436,8 +436,9 @@ class CompileQueue:
         try:
             outcome = pending.finish(self._ctx.uncached_dir)
         except Exception as exc:
-            log.warning("publishing %s failed: %s", job.prepared.kernel, exc)
-            log.debug("publishing %s failed", job.prepared.kernel, exc_info=True)
+            if not isinstance(exc, OutputFolderError):  # its one line is the answer
+                log.warning("publishing %s failed: %s", job.prepared.kernel, exc)
+                log.debug("publishing %s failed", job.prepared.kernel, exc_info=True)
             outcome = build.failed(job.prepared.kernel, exc, job.prepared.request.origin)
         self._done(job, outcome)
 
