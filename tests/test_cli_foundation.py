@@ -278,3 +278,29 @@ def test_usage_errors_point_at_the_subcommands_help(tmp_path: Path, clean_env) -
         assert proc.stderr.strip().endswith(f"(see `cachemgr {argv[0]} --help`)"), proc.stderr
     top = run_cli("--bogus", cwd=tmp_path)
     assert top.returncode == 2 and top.stderr.strip().endswith("(see `cachemgr --help`)")
+
+
+@pytest.mark.parametrize(
+    ("argv", "option", "value"),
+    [
+        (["gc", "--ratio", "--cache-dir", "D"], "--ratio", "--cache-dir"),
+        (["ls", "--cache-dir", "--json"], "--cache-dir", "--json"),
+        (["config", "--cache-dir", "--json"], "--cache-dir", "--json"),
+        (["limits", "set", "--max-size", "--json"], "--max-size", "--json"),
+    ],
+)
+def test_an_option_given_an_option_name_as_its_value_is_named(
+    tmp_path: Path, clean_env: dict[str, str], argv: list[str], option: str, value: str
+) -> None:
+    """``gc --ratio --cache-dir D`` used to blame ``D`` as an unexpected extra argument (click
+    took ``--cache-dir`` as the ratio); ``ls --cache-dir --json`` listed a folder named
+    ``--json``. Now one line names the option and the option name it got as its value."""
+    proc = run_cli(*argv, env=clean_env, cwd=tmp_path)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert f"{option} got '{value}' (an option name) as its value" in lines[0], lines[0]
+    command = " ".join(argv[:2] if argv[0] == "limits" else argv[:1])
+    assert lines[0].endswith(f"(see `cachemgr {command} --help`)"), lines[0]
+    assert "extra argument" not in lines[0]
+    assert sorted(os.listdir(tmp_path)) == ["home"]  # no folder named '--json'

@@ -43,6 +43,16 @@ class _Group(click.Group):
         _add_verbosity_options(command)
         return command
 
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        """click's, then refuse an option given another option's name as its value
+        (:func:`_option_as_value`)."""
+        name, command, rest = super().resolve_command(ctx, args)
+        if command is not None and name is not None and not ctx.resilient_parsing:
+            _option_as_value(click.Context(command, info_name=name, parent=ctx), rest)
+        return name, command, rest
+
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         try:
             return super().parse_args(ctx, args)
@@ -112,6 +122,47 @@ def _add_verbosity_options(command: click.Command) -> None:
     if isinstance(command, click.Group):
         for sub in command.commands.values():
             _add_verbosity_options(sub)
+
+
+def _option_as_value(ctx: click.Context, args: list[str]) -> None:
+    """Refuse ``gc --ratio --cache-dir D``: click takes ``--cache-dir`` as the ratio and then
+    blames ``D`` as an unexpected extra argument (or, for ``ls --cache-dir --json``, silently
+    uses a folder named ``--json``). An option that takes a value, written apart from it,
+    followed by one of the command's option names, is an option missing its value. Also in
+    a subcommand's subcommand (``limits set``); stops at ``--``.
+
+    :raises click.UsageError: names the option and the option name it got as its value.
+    """
+    command = ctx.command
+    params = command.get_params(ctx)
+    names = {opt for p in params for opt in (*p.opts, *p.secondary_opts)}
+    takes_value = {
+        opt: p
+        for p in params
+        if isinstance(p, click.Option) and not p.is_flag and not p.count
+        for opt in p.opts
+    }
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            return
+        option = takes_value.get(arg)
+        if option is not None:
+            for value in args[i + 1 : i + 1 + max(option.nargs, 1)]:
+                if value.partition("=")[0] in names:
+                    raise click.UsageError(
+                        f"{arg} got {value!r} (an option name) as its value; give {arg} its "
+                        f"value ({option.metavar or 'VALUE'}) right after it",
+                        ctx=ctx,
+                    )
+            i += 1 + max(option.nargs, 1)
+            continue
+        if isinstance(command, click.Group) and arg in command.commands:
+            sub = command.commands[arg]
+            _option_as_value(click.Context(sub, info_name=arg, parent=ctx), args[i + 1 :])
+            return
+        i += 1
 
 
 def _usage_line(exc: click.UsageError, group: click.Context | None = None) -> str:
