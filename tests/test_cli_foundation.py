@@ -66,10 +66,23 @@ def test_bad_cache_dir_is_one_line_exit_2(
     assert sorted(os.listdir(tmp_path)) == ["home"]
 
 
-def test_file_where_folder_expected(clean_env: dict[str, str], tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "argv",
+    [["config"], ["ls"], ["stats"], ["gc"], ["verify"], ["purge", "--all"], ["limits", "show"]],
+)
+def test_file_where_folder_expected(
+    clean_env: dict[str, str], tmp_path: Path, argv: list[str]
+) -> None:
+    """``--cache-dir FILE`` (or a path under a file) is named as the option's value, by the
+    read-only commands too: ``ls``, ``stats`` and ``verify`` blamed
+    ``FILE/kernel_cache/op_cache.ini`` ('cannot read op_cache.ini …: Not a directory')."""
     (tmp_path / "f").write_text("x")
-    proc = run_cli("config", "--cache-dir", str(tmp_path / "f"), env=clean_env)
-    _assert_one_line_error(proc, str(tmp_path / "f"), "not a folder")
+    for value, what in ((tmp_path / "f", "is a file"), (tmp_path / "f" / "x", "which is a file")):
+        proc = run_cli(*argv, "--cache-dir", str(value), env=clean_env)
+        _assert_one_line_error(
+            proc, f"op_compiler_cache_dir={value} (from option --cache-dir)", what, "not a folder"
+        )
+        assert "op_cache.ini" not in proc.stderr
 
 
 def test_unwritable_root(clean_env: dict[str, str], tmp_path: Path) -> None:

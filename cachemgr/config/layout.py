@@ -84,6 +84,23 @@ def check_root(path: Path, name: str, origin: str) -> None:
     :raises ConfigError: naming the value, its origin and what is wrong — for a folder this
         user may not write, its owner, group and mode and how to get access (SPEC §9).
     """
+    cur = check_folder(path, name, origin)
+    if not os.access(cur, os.W_OK | os.X_OK):
+        if cur == path and _read_only_fs(cur) and os.access(cur, os.R_OK | os.X_OK):
+            return  # an existing root on a read-only filesystem: hits are served, compiles
+            # return their kernel outside the cache, gc says so (issue 12 item 6)
+        raise ConfigError(f"{name}={path} (from {origin}): {fsutil.access_hint(cur)}")
+
+
+def check_folder(path: Path, name: str, origin: str) -> Path:
+    """Check that ``path`` is, or could be, a folder: its first existing ancestor (itself
+    included) is not a file. Read-only commands (``ls``, ``stats``, ``verify``) check this
+    much of a cache root, so ``--cache-dir FILE`` is named as such, not as a bad
+    ``FILE/kernel_cache/op_cache.ini``. Creates nothing.
+
+    :returns: the first existing ancestor of ``path`` (``path`` itself when it exists).
+    :raises ConfigError: naming the value, its origin and that it is a file.
+    """
     cur = path
     while not os.path.lexists(cur):
         if cur.parent == cur:
@@ -92,11 +109,7 @@ def check_root(path: Path, name: str, origin: str) -> None:
     if not cur.is_dir():
         what = "a file" if cur == path else f"under {cur}, which is a file"
         raise ConfigError(f"{name}={path} (from {origin}) is {what}, not a folder")
-    if not os.access(cur, os.W_OK | os.X_OK):
-        if cur == path and _read_only_fs(cur) and os.access(cur, os.R_OK | os.X_OK):
-            return  # an existing root on a read-only filesystem: hits are served, compiles
-            # return their kernel outside the cache, gc says so (issue 12 item 6)
-        raise ConfigError(f"{name}={path} (from {origin}): {fsutil.access_hint(cur)}")
+    return cur
 
 
 def _read_only_fs(path: Path) -> bool:

@@ -313,7 +313,7 @@ def _resolve_kernel_cache(
     vals: dict[str, Resolved], env: Mapping[str, str], writable: bool
 ) -> Resolved:
     """SPEC §2: op_compiler_cache_dir > ASCEND_CACHE_PATH > $HOME/atc_data."""
-    check = layout.check_root if writable else _no_check
+    check = layout.check_root if writable else layout.check_folder
     opt = vals["op_compiler_cache_dir"]
     if opt.value:
         where = f"{opt.origin} {opt.source}"
@@ -405,10 +405,6 @@ def settings_for(settings: Settings, kernel_cache_dir: Path, env: Mapping[str, s
     return Settings(
         values=vals, problems=tuple(problems), sections=settings.sections, config=settings.config
     )
-
-
-def _no_check(path: Path, name: str, origin: str) -> None:
-    """Read-only commands (``ls``, ``verify``) accept a cache they cannot write."""
 
 
 def _env_limit(
