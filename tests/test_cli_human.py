@@ -5,6 +5,7 @@ exit 0 when the reader of a pipe goes away."""
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import pty
 import re
@@ -184,3 +185,30 @@ def test_purge_and_verify_plurals(clean_env: dict[str, str], tmp_path: Path) -> 
     purge = run_cli("purge", "--all", "--yes", "--cache-dir", str(root), env=clean_env)
     assert purge.returncode == 0, purge.stderr
     assert f"{SOC}: removed 1 entry, 2 files (" in purge.stdout, purge.stdout
+
+
+def test_stats_shows_the_queue_only_from_a_daemon(tmp_path: Path) -> None:
+    """``Queue jobs: 0`` was listed among the running totals (hits, compiles…) although it
+    is the daemon's queue now, which the ``Queue`` line already gives (queued + running).
+    The text shows the queue once, on that line, and only from a daemon (a local run has
+    none); ``--json`` keeps the daemon's ``queue_jobs``."""
+    root = tmp_path / "cache"
+    d = start_daemon(tmp_path, "--cache-dir", str(root))
+    env = dict(d.env)
+    env.pop("NOTIFY_SOCKET", None)
+    try:
+        assert run_cli("compile", REQUEST, "--cache-dir", str(root), env=env).returncode == 0
+        daemon = run_cli("stats", "--cache-dir", str(root), env=env)
+        as_json = run_cli("stats", "--json", "--cache-dir", str(root), env=env)
+        local = run_cli("stats", "--local", "--cache-dir", str(root), env=env)
+    finally:
+        d.stop()
+    for proc in (daemon, as_json, local):
+        assert proc.returncode == 0, proc.stderr
+    assert "(via daemon)" in daemon.stdout and "Compiles:" in daemon.stdout, daemon.stdout
+    assert "Queue jobs" not in daemon.stdout, daemon.stdout
+    queue = [ln for ln in daemon.stdout.splitlines() if ln.startswith("Queue")]
+    assert len(queue) == 1 and "0 queued, 0 running" in queue[0], daemon.stdout
+    assert json.loads(as_json.stdout)["queue_jobs"] == 0
+    assert "(via local)" in local.stdout and "Compiles:" in local.stdout, local.stdout
+    assert "Queue" not in local.stdout, local.stdout

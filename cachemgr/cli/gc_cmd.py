@@ -326,8 +326,10 @@ def stats_cmd(
     _print_stats(data, options.kernel_cache_reason(settings))
 
 
-#: Counters shown on their own lines before the others.
-_NOT_COUNTERS = {"hits", "misses"}
+#: Whole numbers not listed with the running totals: the hits and misses (their own lines
+#: before them) and a daemon's ``queue_jobs``, its queue now (queued + running: the
+#: ``Queue`` line, shown only where there is a queue, a daemon's).
+_NOT_COUNTERS = {"hits", "misses", "queue_jobs"}
 
 
 def _print_stats(stats: StatsResult, why: str = "") -> None:
@@ -342,7 +344,7 @@ def _print_stats(stats: StatsResult, why: str = "") -> None:
         ("Hits", f"{hits} / {lookups} ({human.percent(hits, lookups)})"),
         ("Misses", f"{misses} / {lookups} ({human.percent(misses, lookups)})"),
     ]
-    # the counters, then a daemon's other whole numbers (queue_jobs, remote_uploads_dropped)
+    # the counters, then a daemon's other whole numbers (remote_uploads_dropped)
     data = {**stats.counters, **stats.daemon}
     for key in sorted(k for k, v in data.items() if k not in _NOT_COUNTERS and _is_count(v)):
         lines.append((key.replace("_", " ").capitalize(), str(data[key])))
