@@ -5,7 +5,9 @@ generated from the help are current and installed with the package."""
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -110,3 +112,32 @@ def test_config_help_and_readme_name_every_table_config_prints(
     for table in tables:
         assert f"[{table}]" in listed.group(1), (table, helps["config"])
         assert f"`{table}.*`" in row, (table, row)
+
+
+def test_readme_request_example_compiles_with_flags_and_include_dirs_at_the_top(
+    tmp_path: Path,
+) -> None:
+    """The README said nothing of where ``include_dirs`` and ``extra_flags`` go; a user who
+    put them under ``options`` got 'unknown field … in options'. The README's request
+    example has them at the top level, compiles as it is (the schema is the truth), and the
+    error for one put under ``options`` says where it goes."""
+    section = README.split("## Compiling", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```json\n(.*?)```", section, re.S)
+    assert block, "no request example in the README's Compiling section"
+    request = json.loads(block.group(1))
+    assert {"include_dirs", "extra_flags", "options"} <= set(request)
+    assert not {"include_dirs", "extra_flags"} & set(request["options"])
+    shutil.copy(ROOT / "examples" / "kernels" / "c" / "add.c", tmp_path / request["kernel_source"])
+    for folder in request["include_dirs"]:
+        (tmp_path / folder).mkdir()
+    (tmp_path / "req.json").write_text(block.group(1))
+    cache = str(tmp_path / "cache")
+    proc = run_cli("compile", "--local", "--json", "--cache-dir", cache, "req.json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["status"] == "compiled", proc.stdout
+
+    request["options"]["extra_flags"] = request.pop("extra_flags")
+    (tmp_path / "bad.json").write_text(json.dumps(request))
+    proc = run_cli("compile", "--local", "--cache-dir", cache, "bad.json", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "'extra_flags' in options: extra_flags goes at the top level" in proc.stderr

@@ -395,6 +395,11 @@ def _describe(err: Any) -> str:
     if kind == "additionalProperties":
         extra = sorted(set(value) - set(err.schema.get("properties", {})))
         known = ", ".join(sorted(err.schema.get("properties", {})))
+        if where == "options" and extra[0] in schema()["properties"]:  # e.g. extra_flags
+            return (
+                f"unknown field {extra[0]!r} in options: {extra[0]} goes at the top level of "
+                f"the request, beside options (options takes: {known})"
+            )
         return f"unknown field {extra[0]!r} in {where} (known: {known})"
     if kind == "enum":
         accepted = ", ".join(str(v) for v in err.validator_value if v != "")
