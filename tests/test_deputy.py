@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.compile_util import scale_request as _request
-from tests.daemon_util import AS_ROOT, Daemon, daemon_env, start_daemon
+from tests.daemon_util import AS_ROOT, Daemon, daemon_env, start_daemon, wait_for
 from tests.users_util import Runtime, Users, run_as, user_home
 
 SECRET = "TOPSECRET_4c1d9"
@@ -399,5 +399,52 @@ def test_nvcc_runs_no_shell_command_a_caller_wrote(users: Users, other_runtime: 
         body = _crafted(str(bob / "k.cu"), CUDA_KERNEL, language="cuda", defines={"X": 2})
         raw = _as_bob(users, rt, bob, RAW, sock, body)
         assert json.loads(raw["body"])["status"] == "compiled", raw
+    finally:
+        daemon.stop()
+
+
+HOSTILE_CC = """#!/bin/sh
+# a compiler whose input took it over (a crafted precompiled header, a compiler bug)
+setsid sleep 300 </dev/null >/dev/null 2>&1 &
+case "$*" in *-DHOSTILE=1*) kill -KILL -1 ;; esac
+exec /usr/bin/gcc "$@"
+"""
+
+
+def test_a_subverted_compiler_cannot_reach_the_daemon_or_outlive_its_compile(
+    users: Users, other_runtime: Runtime
+) -> None:
+    """Attack review after the allow-list view: a compiler is code that a member's bytes
+    drive (nvcc's shell was one way in; a crafted ``.gch`` or any compiler bug is another).
+    The view shared the host's process ids: such code could ``kill -1`` (or ``SIGSTOP``)
+    every process of the daemon user — the daemon died — and a ``setsid`` child outlived
+    the compile, holding the build folder where the worker's next jobs, other callers',
+    are written. A stand-in compiler does both; now each compile has its own process ids
+    (``--unshare-pid``): the daemon lives, and nothing of the compile is left."""
+    rt = other_runtime
+    tools = users.base / "tools"
+    tools.mkdir()
+    cc = tools / "cc"
+    cc.write_text(HOSTILE_CC)
+    cc.chmod(0o755)
+    daemon, _, _, bob = _setup(users, rt, f'[compilers]\ncc = "{cc}"\n')
+    alice_uid = int(subprocess.run(["id", "-u", users.alice], capture_output=True,
+                                   text=True, check=True).stdout)  # fmt: skip
+
+    def sleepers() -> list[str]:
+        out = subprocess.run(["pgrep", "-u", str(alice_uid), "-x", "sleep"],
+                             capture_output=True, text=True, check=False)  # fmt: skip
+        return out.stdout.split()
+
+    try:
+        sock = str(daemon.socket_path)
+        kernel = "void scale_kernel(float *x) { x[0] *= 2; }\n"
+        raw = _as_bob(users, rt, bob, RAW, sock, _crafted(str(bob / "k.c"), kernel))
+        assert json.loads(raw["body"])["status"] == "compiled", raw
+        wait_for(lambda: not sleepers(), 10, "the compile's processes to end")
+        hostile = _crafted(str(bob / "h.c"), kernel, extra_flags=["-DHOSTILE=1"])
+        _as_bob(users, rt, bob, RAW, sock, hostile)  # its answer may be either
+        assert daemon.proc.poll() is None, "the compiler killed the daemon"
+        assert daemon.client.health()["status"] == "ok"
     finally:
         daemon.stop()

@@ -19,6 +19,12 @@ process (compile, dependency listing, probes) of another user:
   configuration and runtime folders and any folder of ``[sandbox] hide`` — are moreover
   covered by an empty tmpfs where they fall inside an allowed folder.
 
+  The view has its own process ids (a pid namespace): a compiler that its input took over
+  (nvcc's shell was one way in; a crafted ``.gch`` or a compiler bug another) can signal no
+  process outside it — with the host's ids, ``kill -1`` killed the daemon — and every
+  process in it dies with the compile (a ``setsid`` child outlived it before, holding the
+  build folder where the worker's next jobs, other callers', are written).
+
   Until this view (attack review after issue 14) the namespace hid a deny-list of folders
   and showed the rest of the host: a failed compile's error text quoted the lines of any
   other file the daemon user could read, and ``__has_include`` told whether a path existed;
@@ -36,7 +42,7 @@ it started is another user; a TCP caller (no credentials) is never the daemon's 
 Where bubblewrap cannot run (not installed, a kernel or systemd unit forbidding user
 namespaces), :attr:`Sandbox.isolated` is False and the daemon refuses compiles for other
 users with one line (see ``cachemgr.daemon.service``); compiles for its own user still run,
-with the limits. The systemd unit must allow ``RestrictNamespaces=user mnt``.
+with the limits. The systemd unit must allow ``RestrictNamespaces=user mnt pid``.
 
 ``[sandbox]`` keys: ``namespaces`` (``"auto"``: use the view when bubblewrap works; ``"off"``),
 ``bwrap`` and ``prlimit`` (the tools, default found on PATH), ``allow`` (more folders shown
@@ -74,9 +80,12 @@ SYSTEM_TOP = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 #: multiarch folders) and the alternatives ``/usr/bin/cc`` may point through. Not ``/etc``
 #: whole: a daemon's token or configuration may live there.
 ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives")
-#: bwrap options of every view: a user namespace (implies a mount namespace), no capability
-#: inside it, killed with its parent, an empty root.
-_BASE = ("--unshare-user", "--cap-drop", "ALL", "--die-with-parent", "--tmpfs", "/")
+#: bwrap options of every view: a user namespace (implies a mount namespace) and a process-id
+#: namespace (the compiler can signal no process outside it, and every process in it dies
+#: with it), no capability inside it, killed with its parent, an empty root.
+_BASE = (
+    "--unshare-user", "--unshare-pid", "--cap-drop", "ALL", "--die-with-parent", "--tmpfs", "/",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
