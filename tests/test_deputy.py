@@ -448,3 +448,48 @@ def test_a_subverted_compiler_cannot_reach_the_daemon_or_outlive_its_compile(
         assert daemon.client.health()["status"] == "ok"
     finally:
         daemon.stop()
+
+
+LINKING_CC = """#!/bin/sh
+# a compiler whose input took it over: its preprocessed output is a link to SECRET
+case " $* " in *" -E "*)
+  prev=""; for a in "$@"; do [ "$prev" = "-o" ] && out="$a"; prev="$a"; done
+  ln -sf SECRET "$out"; exit 0 ;;
+esac
+exec /usr/bin/gcc "$@"
+"""
+
+
+def test_a_link_a_compiler_leaves_in_its_build_folder_is_never_followed(
+    users: Users, other_runtime: Runtime
+) -> None:
+    """Attack review after the allow-list view: the daemon reads a compile's outputs outside
+    the view, following links. A compiler taken over by its input (stand-in: a script) made
+    its preprocessed output ``<kernel>.cce`` a symbolic link to the daemon user's ``0600``
+    file; a debug compile handed the "artefact" back to the member — the file's bytes. Now a
+    compile that leaves anything but plain files and folders in its build folder fails with
+    one line, before the daemon reads any output (every process of it is gone by then: its
+    own pid namespace)."""
+    rt = other_runtime
+    tools = users.base / "tools"
+    tools.mkdir()
+    cc = tools / "cc"
+    daemon_home = users.base / users.alice
+    cc.write_text(LINKING_CC.replace("SECRET", str(daemon_home / "home" / "secret.txt")))
+    cc.chmod(0o755)
+    daemon, root, _, bob = _setup(users, rt, f'[compilers]\ncc = "{cc}"\n')
+    try:
+        (bob / "k.c").write_text("void scale_kernel(float *x) { x[0] *= 2; }\n")
+        (bob / "k.c").chmod(0o644)
+        debug = _request(str(bob / "k.c"), options={"op_debug_level": 2})
+        out = _as_bob(users, rt, bob, CLIENT, str(daemon.socket_path), json.dumps(debug), str(bob))
+        leaked = [p for p in bob.rglob("*.cce") if SECRET in p.read_text(errors="replace")]
+        assert not leaked, f"the daemon user's file came back as {leaked}"
+        assert out["status"] == "failed", out
+        assert "symbolic link" in out["error"] and "\n" not in out["error"], out
+        for path in bob.rglob("*"):
+            if path.is_file() and not path.is_symlink():
+                assert SECRET.encode() not in path.read_bytes(), f"{path} holds the secret"
+        _no_secret_in_cache(root)
+    finally:
+        daemon.stop()

@@ -91,6 +91,7 @@ def run_in_group(argv: list[str], timeout_s: float, cwd: Path | None, what: str)
     start = time.monotonic()
     box = _sandbox
     run = box.wrap(argv, cwd, namespaces=not own_user()) if box is not None else argv
+    viewed = box is not None and box.in_view(not own_user())
     try:
         proc = subprocess.Popen(
             run,
@@ -114,6 +115,8 @@ def run_in_group(argv: list[str], timeout_s: float, cwd: Path | None, what: str)
         kill_group(proc)
         raise
     killpg(proc.pid)  # stragglers that closed their pipes but kept running
+    if viewed and cwd is not None:
+        box.check_left(cwd, what)  # nothing of it runs now: its pid namespace is gone
     return Outcome(proc.returncode, stdout, stderr, time.monotonic() - start)
 
 

@@ -23,7 +23,10 @@ process (compile, dependency listing, probes) of another user:
   (nvcc's shell was one way in; a crafted ``.gch`` or a compiler bug another) can signal no
   process outside it — with the host's ids, ``kill -1`` killed the daemon — and every
   process in it dies with the compile (a ``setsid`` child outlived it before, holding the
-  build folder where the worker's next jobs, other callers', are written).
+  build folder where the worker's next jobs, other callers', are written). When a process
+  of the view has ended, its working folder must hold only plain files and folders
+  (:meth:`Sandbox.check_left`): the daemon reads the outputs outside the view, where a link
+  left there by a subverted compiler led it to any file of the daemon user.
 
   Until this view (attack review after issue 14) the namespace hid a deny-list of folders
   and showed the rest of the host: a failed compile's error text quoted the lines of any
@@ -58,6 +61,7 @@ import dataclasses
 import logging
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 from collections.abc import Iterable, Mapping
@@ -66,7 +70,7 @@ from pathlib import Path
 from typing import Any
 
 from cachemgr.constants import MIB
-from cachemgr.errors import ConfigError
+from cachemgr.errors import CompileError, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +142,17 @@ class Sandbox:
             return limited
         return [self.bwrap, *self.view_args(limited, cwd), "--", *limited]
 
+    def in_view(self, namespaces: bool = True) -> bool:
+        """Whether :meth:`wrap` with ``namespaces`` runs the process in the view."""
+        return namespaces and self.isolated and self.bwrap is not None
+
+    def check_left(self, work: Path, what: str) -> None:
+        """After a process in the view ended: :func:`_check_left` of its working folder.
+
+        :raises CompileError: it left a link, FIFO or socket there (named, with ``what``).
+        """
+        _check_left(work, what)
+
     def view_args(self, argv: list[str], cwd: Path | None) -> list[str]:
         """bwrap options that build the view for ``argv`` run in ``cwd`` (module docstring)."""
         args = list(_BASE)
@@ -161,6 +176,43 @@ class Sandbox:
         if work != "/":
             args += ["--bind", work, work]
         return [*args, "--chdir", work, "--setenv", "TMPDIR", "/tmp"]
+
+
+def _check_left(work: Path, what: str) -> None:
+    """After a process in the view ended (and with it, in its own pid namespace, every
+    process it started): its working folder ``work`` — the one place it could write — must
+    hold only plain files and folders. The daemon reads a compile's outputs outside the
+    view, where a symbolic link would lead it to any file of the daemon user (handed back as
+    an artefact, quoted, or cached) and a FIFO would block it.
+
+    :raises CompileError: naming the first other entry (relative to ``work``) and ``what``.
+    """
+    found = _first_special(str(work))
+    if found is not None:
+        path, kind = found
+        raise CompileError(
+            f"{what}: the compiler left {kind} {os.path.relpath(path, work)!r} in its build "
+            "folder; the daemon reads outputs outside the sandbox and never follows one: refused"
+        )
+
+
+def _first_special(folder: str) -> tuple[str, str] | None:
+    """The first entry below ``folder`` (no link followed) that is neither a plain file nor
+    a folder, with its kind, or None."""
+    try:
+        entries = list(os.scandir(folder))
+    except FileNotFoundError:
+        return None
+    for entry in entries:
+        if entry.is_dir(follow_symlinks=False):
+            found = _first_special(entry.path)
+            if found is not None:
+                return found
+        elif not entry.is_file(follow_symlinks=False):
+            mode = entry.stat(follow_symlinks=False).st_mode
+            kinds = {stat.S_IFLNK: "a symbolic link", stat.S_IFIFO: "a FIFO"}
+            return entry.path, kinds.get(stat.S_IFMT(mode), "a special file")
+    return None
 
 
 def _program_folders(argv: list[str]) -> list[str]:
