@@ -493,3 +493,72 @@ def test_a_link_a_compiler_leaves_in_its_build_folder_is_never_followed(
         _no_secret_in_cache(root)
     finally:
         daemon.stop()
+
+
+def test_the_daemons_secret_files_are_hidden_wherever_they_are_shown(
+    users: Users, other_runtime: Runtime
+) -> None:
+    """Attack review after the allow-list view: the view hid the daemon user's HOME, state,
+    config and runtime folders, but not the folders of the secret files its config names
+    (``[daemon] tcp_token_file``, a remote's ``password-file=``). One that sits in a shown
+    folder — ``[sandbox] allow`` (a site folder), beside the compiler, or ``/usr/local/etc``
+    — was ``#include``d by a member's source and its line quoted in the error. Now their
+    folders are covered like the private ones."""
+    rt = other_runtime
+    site = users.base / "site"  # e.g. /opt/site: a toolchain and the service's secrets
+    (site / "etc").mkdir(parents=True)
+    token = site / "etc" / "tcp.token"
+    token.write_text(f"{SECRET}_tcp_token_0123456789abcdef0123456789\n")
+    password = site / "etc" / "redis.pw"
+    password.write_text(f"{SECRET}_redis\n")
+    (site / "include").mkdir()
+    (site / "include" / "tool.h").write_text("#define TOOL 2\n")
+    for path in (site, site / "etc", site / "include", site / "include" / "tool.h"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    for path in (token, password):
+        shutil.chown(path, users.alice)
+        path.chmod(0o600)
+    config = (
+        f'[daemon]\ntcp_token_file = "{token}"\n'
+        f'[remote]\nstorage = ["redis://127.0.0.1:1/0|password-file={password}"]\n'
+        f'[sandbox]\nallow = ["{site}"]\n'
+    )
+    daemon, root, _, bob = _setup(users, rt, config)
+    try:
+        sock = str(daemon.socket_path)
+        kernel = "void scale_kernel(float *x) { x[0] *= 2; }\n"
+        probe = f'#if __has_include("{site}/include/tool.h")\n#error FOUND\n#endif\n'
+        raw = _as_bob(users, rt, bob, RAW, sock, _crafted(str(bob / "p.c"), probe + kernel))
+        assert "FOUND" in json.loads(raw["body"])["error"], raw  # the allowed folder is shown
+        for secret in (token, password):
+            text = f'#include "{secret}"\n{kernel}'
+            raw = _as_bob(users, rt, bob, RAW, sock, _crafted(str(bob / "s.c"), text))
+            answer = json.loads(raw["body"])
+            assert answer["status"] == "failed" and "No such file" in answer["error"], raw
+        _no_secret_in_cache(root)
+    finally:
+        daemon.stop()
+
+
+def test_a_private_folder_inside_a_shown_one_is_covered_though_its_parent_is_private(
+    tmp_path: Path,
+) -> None:
+    """Attack review after the allow-list view: hidden folders were reduced to the outermost
+    ones, and one was covered only when it fell inside a shown folder. A compiler installed
+    in ``~/.local/bin`` shows ``~/.local``; HOME (private) holds it, so the state folder
+    ``~/.local/state/cachemgr`` was dropped as "inside HOME" and shown whole. Real bwrap."""
+    from cachemgr.compilers import sandbox
+
+    home = tmp_path / "home"
+    state = home / ".local" / "state" / "cachemgr"
+    state.mkdir(parents=True)
+    (state / "stats.json").write_text(SECRET)
+    (home / ".local" / "bin").mkdir()
+    box = sandbox.from_table({"allow": [str(home / ".local")]}, [home, state])
+    if not box.isolated:
+        pytest.skip(f"bubblewrap cannot run here: {box.why_not}")
+    work = tmp_path / "work"
+    work.mkdir()
+    argv = box.wrap(["/bin/sh", "-c", f"ls {home}/.local/bin && cat {state}/stats.json"], work)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert SECRET not in done.stdout + done.stderr and done.returncode != 0, done

@@ -16,8 +16,10 @@ process (compile, dependency listing, probes) of another user:
   empty ``/tmp``; and, read-write, the job's build folder (the process's working folder)
   only. Nothing else of the host exists in it: no other caller's build folder, no cache, no
   ``/proc``, no HOME, no token file. The daemon user's private folders — its ``HOME``, state,
-  configuration and runtime folders and any folder of ``[sandbox] hide`` — are moreover
-  covered by an empty tmpfs where they fall inside an allowed folder.
+  configuration and runtime folders, the folders of its secret files (TCP token, remotes'
+  password and token files) and any folder of ``[sandbox] hide`` — are moreover covered by
+  an empty tmpfs where they fall inside an allowed folder, each of them (the state folder
+  in ``~/.local/state`` though HOME holds it, when ``~/.local`` is shown).
 
   The view has its own process ids (a pid namespace): a compiler that its input took over
   (nvcc's shell was one way in; a crafted ``.gch`` or a compiler bug another) can signal no
@@ -169,9 +171,13 @@ class Sandbox:
             if not any(_inside(path, s) for s in shown):
                 args += ["--ro-bind", path, path]
                 shown.append(path)
-        for folder in self.hidden:
-            if any(_inside(folder, s) for s in shown):
+        covered: list[str] = []
+        for folder in sorted(self.hidden, key=len):  # outer first; one inside it is covered
+            if any(_inside(folder, s) for s in shown) and not any(
+                _inside(folder, c) for c in covered
+            ):
                 args += ["--tmpfs", folder]
+                covered.append(folder)
         work = os.path.abspath(cwd) if cwd else "/"
         if work != "/":
             args += ["--bind", work, work]
@@ -263,7 +269,8 @@ def from_table(
     table: Mapping[str, Any] | None, private: Iterable[Path | str], where: str = "[sandbox]"
 ) -> Sandbox:
     """The daemon's sandbox: ``table`` is the config's ``[sandbox]`` table, ``private`` the
-    daemon user's private folders (HOME, state, config, runtime); namespaces are probed.
+    daemon user's private folders (HOME, state, config, runtime, secret files' folders);
+    namespaces are probed.
 
     :raises ConfigError: an unknown key or a bad value (names both).
     """
@@ -275,7 +282,7 @@ def from_table(
     mode = table.get("namespaces", "auto")
     if mode not in ("auto", "off"):
         raise ConfigError(f"{where}: namespaces={mode!r} is invalid; accepted: 'auto', 'off'")
-    hidden = _folders([*private, *_list(table, "hide", where)])
+    hidden = _folders([*private, *_list(table, "hide", where)], outermost=False)
     allowed = _folders(_list(table, "allow", where), missing_ok=False, where=f"{where} allow")
     if "unshare" in table:
         log.warning(
@@ -332,10 +339,12 @@ def _tool(table: Mapping[str, Any], key: str, where: str) -> str | None:
 
 
 def _folders(
-    paths: Iterable[Path | str], missing_ok: bool = True, where: str = ""
+    paths: Iterable[Path | str], missing_ok: bool = True, where: str = "", outermost: bool = True
 ) -> tuple[str, ...]:
-    """Existing folders, links resolved, none inside another, never ``/`` or a parent of the
-    temp folder (build folders live there).
+    """Existing folders, links resolved, never ``/`` or a parent of the temp folder (build
+    folders live there); with ``outermost``, none inside another. Hidden folders keep the
+    inner ones: the state folder in ``~/.local/state`` must be covered where ``~/.local`` is
+    shown though HOME is not.
 
     :raises ConfigError: with ``missing_ok`` False, for a path that is not such a folder
         (named with ``where``).
@@ -351,6 +360,8 @@ def _folders(
                 f"{where}: {str(path)!r} is not a folder other than / and the temp folder's "
                 "parents (their files would all be shown)"
             )
+    if not outermost:
+        return tuple(sorted(found))
     return tuple(sorted(p for p in found if not any(_inside(p, q) and p != q for q in found)))
 
 

@@ -374,21 +374,27 @@ def serve(
         return resolve_with(checked.cli_values)
 
     socket_path = socket_path or default_socket_path()
-    box = _sandbox(settings, config_file, socket_path)
-    remote_config.from_settings(settings, list(remotes))  # a bad --remote: before anything
+    remote = remote_config.from_settings(settings, list(remotes))  # a bad --remote: first
+    secrets = [Path(config.tcp_token_file)] if config.tcp_token_file else []
+    box = _sandbox(settings, config_file, socket_path, [*secrets, *remote.secret_files()])
     return run(resolve, config, socket_path, tcp_port, checked.fallback_note, box, remotes)
 
 
 def _sandbox(
-    settings: options.Settings, config_file: Path | None, socket_path: Path
+    settings: options.Settings,
+    config_file: Path | None,
+    socket_path: Path,
+    secret_files: list[Path],
 ) -> sandbox.Sandbox:
     """The compilers' sandbox (issue 10 item 5): the daemon user's private folders — HOME,
-    state, config and runtime folders — hidden from every compiler process it runs.
+    state, config and runtime folders, and the folders of ``secret_files`` (the TCP token,
+    remotes' password and token files) — hidden from every compiler process it runs.
 
     :raises ConfigError: a bad ``[sandbox]`` table.
     """
     config = config_file or os.environ.get("CACHEMGR_CONFIG")
     private = [Path.home(), state_dir(), socket_path.parent]
+    private += [p.absolute().parent for p in secret_files]
     if config:
         private.append(Path(config).absolute().parent)
     box = sandbox.from_table(settings.sections.get("sandbox"), private)

@@ -131,6 +131,17 @@ class RemoteConfig:
         """The remotes as ``config`` shows them (space-separated, redacted)."""
         return " ".join(r.display for r in self.remotes)
 
+    def secret_files(self) -> list[Path]:
+        """The files the remotes' ``password-file=`` and ``bearer-token-file=`` name (the
+        compile sandbox hides their folders)."""
+        found = []
+        for spec in self.remotes:
+            for attr in spec.attributes:
+                key, _, value = attr.partition("=")
+                if key in ("password-file", "bearer-token-file") and value:
+                    found.append(Path(value))
+        return found
+
 
 def parse_spec(text: str, origin: str) -> RemoteSpec:
     """One remote spec (see the module docstring).
