@@ -562,3 +562,30 @@ def test_a_private_folder_inside_a_shown_one_is_covered_though_its_parent_is_pri
     argv = box.wrap(["/bin/sh", "-c", f"ls {home}/.local/bin && cat {state}/stats.json"], work)
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
     assert SECRET not in done.stdout + done.stderr and done.returncode != 0, done
+
+
+def test_a_members_debug_compile_writes_nothing_where_he_points(
+    users: Users, other_runtime: Runtime
+) -> None:
+    """Attack review after the allow-list view: outputs are handed back only when the
+    request says ``"deliver": true`` (the client always does). A member's hand-made request
+    with ``"deliver": false`` and ``debug_dir`` naming a ``0700`` folder of the daemon user
+    had the daemon create ``kernel_meta/<host>_<pid>/`` with the kernel's files there — a
+    write where the member may not. Now every other user's outputs are handed back."""
+    rt = other_runtime
+    daemon, _, _, bob = _setup(users, rt)
+    private = users.base / "alice-data"
+    private.mkdir()
+    shutil.chown(private, users.alice)
+    private.chmod(0o700)
+    try:
+        kernel = "void scale_kernel(float *x) { x[0] *= 2; }\n"
+        options = {"op_debug_level": 2, "debug_dir": str(private)}
+        body = json.loads(_crafted(str(bob / "k.c"), kernel, options=options))
+        body["deliver"] = False
+        raw = _as_bob(users, rt, bob, RAW, str(daemon.socket_path), json.dumps(body))
+        assert list(private.iterdir()) == [], "the daemon wrote where the member pointed"
+        answer = json.loads(raw["body"])
+        assert answer["status"] == "debug" and answer["outputs"], answer
+    finally:
+        daemon.stop()

@@ -478,15 +478,17 @@ class Service:
         if session is not None and not isinstance(session, str):
             raise InvalidInputError(f"/compile session={session!r} must be a string")
         caller = peer.current()
+        own = caller is not None and caller.is_daemon_user
         # the daemon's own user: its compiles need the limits, not the view (issue 14)
-        with process.for_own_user(caller is not None and caller.is_daemon_user):
+        with process.for_own_user(own):
             future = self.queue.submit(
                 req,
                 priority=self._capped(priority, caller),
                 replace=bool(body.get("replace")),
                 session=session or uuid.uuid4().hex,  # default: each call is its own session
                 inputs=snap,
-                deliver=body.get("deliver") is True,
+                # anyone else's outputs are handed back: never written where a caller points
+                deliver=body.get("deliver") is True or not own,
                 caller=_caller_key(caller),
             )
         future.add_done_callback(lambda f: _log_compile(f, req.op_type, req.soc_version, caller))
