@@ -589,3 +589,44 @@ def test_a_members_debug_compile_writes_nothing_where_he_points(
         assert answer["status"] == "debug" and answer["outputs"], answer
     finally:
         daemon.stop()
+
+
+def test_readelf_reads_a_members_object_in_the_view(users: Users, other_runtime: Runtime) -> None:
+    """Attack review after the allow-list view: the line map (``*_loc.json`` of a debug
+    compile) came from ``readelf`` run by the daemon outside the view and the limits, on an
+    object whose sections a member writes with inline assembly. readelf follows a
+    ``.gnu_debuglink`` to any absolute path (and says whether it exists there): a link to
+    a private object of the daemon user, with its CRC, put that object's line table — its
+    source file's name — into the member's ``_loc.json``. Now readelf runs like a compiler
+    process: in the view, under the limits."""
+    import zlib
+
+    rt = other_runtime
+    daemon, _, _, bob = _setup(users, rt)
+    private = users.base / "alice-data"
+    private.mkdir()
+    hidden_src = private / f"{SECRET}_kernel.c"
+    hidden_src.write_text("int hidden(int a) { return a + 42; }\n")
+    hidden_obj = private / "hidden.o"
+    subprocess.run(["gcc", "-g", "-c", str(hidden_src), "-o", str(hidden_obj)], check=True)
+    crc = zlib.crc32(hidden_obj.read_bytes())
+    for path, mode in ((private, 0o700), (hidden_obj, 0o600), (hidden_src, 0o600)):
+        shutil.chown(path, users.alice)
+        path.chmod(mode)
+    try:
+        link = (
+            '__asm__(".section .gnu_debuglink,\\"\\",@progbits\\n'
+            f'.asciz \\"{hidden_obj}\\"\\n.balign 4\\n.long {crc}\\n.previous");\n'
+        )
+        (bob / "k.c").write_text(link + "void scale_kernel(float *x) { x[0] *= 2; }\n")
+        (bob / "k.c").chmod(0o644)
+        debug = _request(str(bob / "k.c"), options={"op_debug_level": 2})
+        out = _as_bob(users, rt, bob, CLIENT, str(daemon.socket_path), json.dumps(debug), str(bob))
+        assert out["status"] == "debug", out
+        locs = [Path(f) for f in out["files"] if f.endswith("_loc.json")]
+        assert locs, out
+        for path in bob.rglob("*"):
+            if path.is_file():
+                assert SECRET.encode() not in path.read_bytes(), f"{path} names the secret"
+    finally:
+        daemon.stop()

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
+from cachemgr.compilers import process
 from cachemgr.errors import CompileError
 
 #: One decoded row: ``<file> <line> <address> [view] [x]``.
@@ -41,19 +41,19 @@ def decode_lines(binary: Path, readelf: str) -> list[dict[str, object]]:
 
     ``line`` is 1-based, ``address`` an int byte offset (see module docstring).
 
+    readelf parses an object whose sections the caller's source may write (inline assembly)
+    and follows its ``.gnu_debuglink`` to any path: it runs like a compiler process, in the
+    sandbox's view and limits (:func:`.process.run_in_group`, working in the binary's
+    folder), never as the daemon outside them (attack review after the allow-list view).
+
     :raises CompileError: when readelf fails or the binary has no line information (compile
         with the backend's line-info flag).
     """
-    proc = subprocess.run(
-        [readelf, "-W", "--debug-dump=decodedline", str(binary)],
-        capture_output=True,
-        text=True,
-        timeout=_READELF_TIMEOUT_S,
-        check=False,
-    )
-    if proc.returncode != 0:
-        raise CompileError(f"readelf failed on {binary}: {proc.stderr.strip()[:500]}")
-    rows = parse_decodedline(proc.stdout)
+    argv = [readelf, "-W", "--debug-dump=decodedline", binary.name]
+    out = process.run_in_group(argv, _READELF_TIMEOUT_S, binary.parent, f"reading {binary.name}")
+    if out.returncode != 0:
+        raise CompileError(f"readelf failed on {binary}: {out.message()[:500]}")
+    rows = parse_decodedline(out.stdout.decode("utf-8", "replace"))
     if not rows:
         raise CompileError(f"{binary} has no debug line information; cannot write *_loc.json")
     return rows
