@@ -18,6 +18,7 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,8 +30,11 @@ SECRET = "TOPSECRET_4c1d9"
 SOC = "Ascend910B1"
 
 
-def _setup(users: Users, rt: Runtime, config: str = "") -> tuple[Daemon, Path, Path, Path]:
-    """alice's daemon on a shared root with a group-reachable socket; her secret; bob's folder."""
+def _setup(
+    users: Users, rt: Runtime, config: str = "", **popen: Any
+) -> tuple[Daemon, Path, Path, Path]:
+    """alice's daemon on a shared root with a group-reachable socket; her secret; bob's folder
+    (``popen``: more arguments for the daemon's Popen)."""
     root = users.base / "shared"
     root.mkdir()
     shutil.chown(root, "root", users.group)
@@ -61,7 +65,7 @@ def _setup(users: Users, rt: Runtime, config: str = "") -> tuple[Daemon, Path, P
         env=env,
         notify=False,
         python=rt.python,
-        popen_kw={**run_as(users.alice, users), "group": users.group},
+        popen_kw={**run_as(users.alice, users), "group": users.group, **popen},
     )
     bob = user_home(users, users.bob)
     return daemon, root, secret, bob
@@ -630,3 +634,59 @@ def test_readelf_reads_a_members_object_in_the_view(users: Users, other_runtime:
                 assert SECRET.encode() not in path.read_bytes(), f"{path} names the secret"
     finally:
         daemon.stop()
+
+
+TTY_CC = """#!/bin/sh
+# a compiler whose input took it over: it types a line into the daemon's terminal
+/usr/bin/python3 -c 'import fcntl, termios
+with open("/dev/tty", "wb") as tty:
+    for c in b"PWNED\\n":
+        fcntl.ioctl(tty, termios.TIOCSTI, bytes([c]))' 2>/dev/null
+exec /usr/bin/gcc "$@"
+"""
+
+
+def test_a_subverted_compiler_cannot_type_into_the_daemons_terminal(
+    users: Users, other_runtime: Runtime
+) -> None:
+    """Attack review after the allow-list view: the view's ``/dev/tty`` was the daemon's
+    controlling terminal. A daemon started from a terminal (``sudo -u cachemgr cachemgr
+    serve`` in an operator's shell) let a compiler taken over by its input push a command
+    line into that terminal (``TIOCSTI``), which the operator's shell ran once the daemon
+    stopped — bubblewrap's CVE-2017-5226. ``/dev/tty`` in the view is now a null device."""
+    import pty
+
+    rt = other_runtime
+    master, slave = pty.openpty()
+    slave_name = os.ttyname(slave)
+    shutil.chown(slave_name, users.alice)
+    tools = users.base / "tools"
+    tools.mkdir()
+    cc = tools / "cc"
+    cc.write_text(TTY_CC)
+    cc.chmod(0o755)
+
+    def take_the_terminal() -> None:  # in the daemon, a session leader: its controlling tty
+        os.close(os.open(slave_name, os.O_RDWR))
+
+    try:
+        daemon, _, _, bob = _setup(
+            users, rt, f'[compilers]\ncc = "{cc}"\n', start_new_session=True,
+            preexec_fn=take_the_terminal,
+        )  # fmt: skip
+        try:
+            kernel = "void scale_kernel(float *x) { x[0] *= 2; }\n"
+            raw = _as_bob(users, rt, bob, RAW, str(daemon.socket_path),
+                          _crafted(str(bob / "k.c"), kernel))  # fmt: skip
+            assert json.loads(raw["body"])["status"] == "compiled", raw
+        finally:
+            daemon.stop()
+        os.set_blocking(slave, False)
+        try:
+            typed = os.read(slave, 4096)
+        except BlockingIOError:
+            typed = b""
+        assert b"PWNED" not in typed, "the compiler typed into the daemon's terminal"
+    finally:
+        os.close(master)
+        os.close(slave)

@@ -6,20 +6,21 @@ daemon user may read, test with ``__has_include`` whether any path exists, and a
 be made to allocate, spin or write without bound. The daemon therefore runs every compiler
 process (compile, dependency listing, probes) of another user:
 
-* in an **allow-list view** of the file system, built by bubblewrap (``bwrap``, the sandbox of
-  Flatpak; no privilege needed: a user namespace with its own mount namespace). Its root is
-  an empty tmpfs holding only read-only binds of the system folders (``/usr`` and the
+* in an **allow-list view** of the file system, built by bubblewrap (``bwrap``, the sandbox
+  of Flatpak; no privilege needed: a user namespace with its own mount and pid namespaces).
+  Its root is an empty tmpfs holding only read-only binds of the system folders (``/usr`` and the
   ``/bin``, ``/sbin``, ``/lib*`` links or folders beside it), a few files of ``/etc`` the
   loader and ``cc`` alternatives need (:data:`ETC_FILES`), the compiler's own install folder
   (its program's folder, or that folder's parent when it is a ``bin``), the folder of a
-  script compiler's interpreter, the folders of ``[sandbox] allow``; a minimal ``/dev``; an
-  empty ``/tmp``; and, read-write, the job's build folder (the process's working folder)
-  only. Nothing else of the host exists in it: no other caller's build folder, no cache, no
-  ``/proc``, no HOME, no token file. The daemon user's private folders — its ``HOME``, state,
-  configuration and runtime folders, the folders of its secret files (TCP token, remotes'
-  password and token files) and any folder of ``[sandbox] hide`` — are moreover covered by
-  an empty tmpfs where they fall inside an allowed folder, each of them (the state folder
-  in ``~/.local/state`` though HOME holds it, when ``~/.local`` is shown).
+  script compiler's interpreter, the folders of ``[sandbox] allow``; a minimal ``/dev`` (its
+  ``tty`` a null device: never the daemon's terminal); an empty ``/tmp``; and, read-write,
+  the job's build folder (the process's working folder) only. Nothing else of the host
+  exists in it: no other caller's build folder, no cache, no ``/proc``, no HOME, no token
+  file. The daemon user's private folders — its ``HOME``, state, configuration and runtime
+  folders, the folders of its secret files (TCP token, remotes' password and token files)
+  and any folder of ``[sandbox] hide`` — are moreover covered by an empty tmpfs where they
+  fall inside an allowed folder, each of them (the state folder in ``~/.local/state`` though
+  HOME holds it, when ``~/.local`` is shown).
 
   The view has its own process ids (a pid namespace): a compiler that its input took over
   (nvcc's shell was one way in; a crafted ``.gch`` or a compiler bug another) can signal no
@@ -166,7 +167,9 @@ class Sandbox:
         shown = [*SYSTEM_TOP, *ETC_FILES]
         for path in ETC_FILES:
             args += ["--ro-bind-try", path, path]
-        args += ["--dev", "/dev", "--tmpfs", "/tmp"]
+        # /dev/tty would be the daemon's controlling terminal (one started from a shell):
+        # a subverted compiler could type a command line into it (TIOCSTI). A null device.
+        args += ["--dev", "/dev", "--dev-bind", "/dev/null", "/dev/tty", "--tmpfs", "/tmp"]
         for path in _program_folders(argv) + list(self.allowed):
             if not any(_inside(path, s) for s in shown):
                 args += ["--ro-bind", path, path]
