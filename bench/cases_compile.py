@@ -10,6 +10,9 @@
   process (immune to drift between runs). Target: ≤ 1.03×.
 * **pool**: N distinct C kernels through the pool (``workers`` = cores) vs ``xargs -P <cores>
   -L 1`` running the same compiler argv. Target: throughput ≥ 0.9× xargs.
+* **sandbox**: the same compiler argv alone, under the daemon's limits only (``prlimit``: a
+  compile for the daemon's own user) and in the allow-list view (``bwrap`` + ``prlimit``:
+  another user's compile), interleaved; the median of the pairs' ratios. Informational.
 * **ccache**: the same C kernels through ``ccache gcc`` (the Debian package, installed with
   apt-get when missing): misses, hits; cachemgr's hits in-process and as one CLI process per
   request (ccache is one process per call). Informational.
@@ -263,6 +266,11 @@ def _miss_row(work: Path, example: str, rounds: int) -> list[Row]:
     ]  # fmt: skip
 
 
+def _mkdir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def _fsync_ms(work: Path, n: int = 20) -> float:
     """Median latency of fsync-ing a fresh 2 KiB file in ``work`` (what a publish pays)."""
     times = []
@@ -288,6 +296,48 @@ def _miss_rows(work: Path, quick: bool) -> list[Row]:
         return rows
     rows += _miss_row(work / "cuda", "add_cuda", 2 if quick else 8)
     return rows
+
+
+def _sandbox_rows(work: Path, quick: bool) -> list[Row]:
+    """A/B/C: one small C compile alone, under the limits, and in the view (interleaved)."""
+    from cachemgr.compilers import sandbox
+
+    box = sandbox.from_table({}, [])
+    if not box.isolated:
+        return [Row("sandbox", "view per compiler process", 0.0, "ms", note=box.why_not)]
+    rounds = 5 if quick else 30
+    times: dict[str, list[float]] = {"alone": [], "limits": [], "view": []}
+    for i in range(rounds + 1):  # round 0 warms up and is not counted
+        out = Path(tempfile.mkdtemp(prefix="cachemgr-bench-", dir=work))
+        req = _variant("softmax_c", work, i)  # its source mirrored into the build folder
+        source = out / req.kernel_source.name
+        shutil.copyfile(req.kernel_source, source)
+        job = CompileJob(source, req.language, req.kernel_entry, req.defines, out, "k")
+        argv = get_backend(req.language).command(job)
+        runs = {
+            "alone": argv,
+            "limits": box.wrap(argv, out, namespaces=False),
+            "view": box.wrap(argv, out),
+        }
+        names = list(runs)[i % 3 :] + list(runs)[: i % 3]  # who goes first rotates
+        calls = [lambda a=runs[n], c=out: subprocess.run(a, check=True, cwd=c, capture_output=True)
+                 for n in names]  # fmt: skip
+        for name, took in zip(names, _each(calls), strict=True):
+            if i:
+                times[name].append(took)
+    ms = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+
+    def paired(name: str) -> float:
+        return statistics.median(b / a for a, b in zip(times["alone"], times[name], strict=True))
+
+    note = f"median of {rounds} interleaved runs; load average {os.getloadavg()[0]:.1f}"
+    return [
+        Row("sandbox", "own user's compile: limits only (prlimit)", ms["limits"], "ms",
+            "compiler alone", ms["alone"], paired("limits"), note=note),
+        Row("sandbox", "another user's compile: view (bwrap + prlimit)", ms["view"], "ms",
+            "compiler alone", ms["alone"], paired("view"),
+            note=f"added {ms['view'] - ms['alone']:.1f} ms per compiler process"),
+    ]  # fmt: skip
 
 
 # --- pool vs xargs ----------------------------------------------------------------------------
@@ -441,6 +491,7 @@ def run(workdir: Path, quick: bool) -> list[Row]:
     rows[0].note += f"; load average {load:.1f} at start, niceness {os.nice(0)}"
     rows += _manifest_hit_rows(workdir / "manifest-hit", quick)
     rows += _miss_rows(workdir / "miss", quick)
+    rows += _sandbox_rows(_mkdir(workdir / "sandbox"), quick)
     rows += _pool_rows(workdir / "pool", quick)
     rows += _ccache_rows(workdir / "ccache", quick)
     return rows
