@@ -50,7 +50,7 @@ def use_sandbox(box: Any) -> None:
 def for_own_user(own: bool) -> Iterator[None]:
     """Within the block, this thread's compiler processes are for the daemon's own user
     (``own``): the sandbox's limits apply, its view (bubblewrap) does not — it hides only
-    files that such a caller may read anyway (issue 14 item 3: ~4-5 ms per compiler
+    files that such a caller may read anyway (issue 14 item 3: ~6 ms per compiler
     process). Everyone else's — and any process outside such a block — runs in it (issue 10
     item 5)."""
     old = getattr(_caller, "own", False)

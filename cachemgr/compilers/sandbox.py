@@ -41,7 +41,7 @@ process (compile, dependency listing, probes) of another user:
 A compile for the **daemon's own user** (a caller whose ``SO_PEERCRED`` uid is the daemon's:
 :func:`cachemgr.compilers.process.for_own_user`) runs under the limits but not in the view:
 it shows that user nothing it cannot read anyway — as its compiles without a daemon (an
-in-process queue runs no sandbox) always could — and costs ~4-5 ms per compiler process
+in-process queue runs no sandbox) always could — and costs ~6 ms per compiler process
 (issue 14 item 3). A job shared by several callers runs in it when any caller joined before
 it started is another user; a TCP caller (no credentials) is never the daemon's user.
 
