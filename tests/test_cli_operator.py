@@ -70,6 +70,24 @@ def test_a_named_daemon_of_another_cache_is_an_error_naming_both(
     assert route["via"] == "local" and str(cache_root / "kernel_cache") in route["reason"]
 
 
+def test_the_other_cache_error_names_the_option_to_add_and_it_works(
+    daemon: Daemon, cache_root: Path, tmp_path: Path
+) -> None:
+    """A fresh user's ``compile req.json --socket S`` after ``serve --cache-dir D --socket S``:
+    the error names the exact option to add (``pass --cache-dir D``), and adding it works."""
+    import re
+    import shlex
+
+    sock = ["--socket", str(daemon.socket_path)]
+    for cmd in (["compile", REQUEST], ["stats"], ["gc", "--dry-run"]):
+        proc = run_cli(*cmd, *sock, env=_env(daemon))
+        line = _one_line_exit_2(proc, f"pass --cache-dir {cache_root} (", "--local")
+        hint = re.search(r"pass (--cache-dir \S+)", line)
+        assert hint is not None, line
+        fixed = run_cli(*cmd, *sock, *shlex.split(hint.group(1)), env=_env(daemon))
+        assert fixed.returncode == 0, (cmd, fixed.stderr)
+
+
 def test_default_socket_local_flag_and_the_verbose_route_line(
     daemon: Daemon, cache_root: Path
 ) -> None:

@@ -290,7 +290,8 @@ def route(
     try:
         # the answer with sections is the one a compile's local preparation asks for next:
         # remembered by the client, one round trip serves both (issue 14 item 1)
-        theirs = client.config(sections=True)["settings"]["kernel_cache_dir"]["value"]
+        their_settings = client.config(sections=True)["settings"]
+        theirs = their_settings["kernel_cache_dir"]["value"]
     except UntrustedDaemon:  # a socket of a stranger: refused, never silently local (exit 2)
         raise
     except (CacheMgrError, KeyError, TypeError) as exc:
@@ -306,13 +307,29 @@ def route(
             raise ConfigError(
                 f"the daemon at {named[0]} serves {theirs}, but this command resolved "
                 f"{ours} (from {kc.origin} {kc.source}".rstrip()
-                + "); use the same cache or --local"
+                + f"); {same_cache_hint(their_settings)}, else use --local"
             )
         return Route(
             "local", None, None, f"the daemon at the default socket {path} serves {theirs}"
         )
     origin = named[0].split("=")[0] if named else "the default socket"
     return Route("daemon", client, str(path), f"{origin}; it serves {ours}")
+
+
+def same_cache_hint(their_settings: dict[str, Any]) -> str:
+    """What to add to this command so that it resolves the kernel cache a daemon serves, from
+    the daemon's ``/config`` settings: ``pass --cache-dir D`` (D the daemon's cache root,
+    absolute), or for a per-host ``kernel_cache_<id>`` under ``$ASCEND_CACHE_PATH`` (which no
+    ``--cache-dir`` names) the variable and ``--host-id``."""
+    kc = their_settings.get("kernel_cache_dir") or {}
+    kernel_cache = Path(str(kc.get("value", "")))
+    if kernel_cache.name != "kernel_cache":
+        host_id = (their_settings.get("host_id") or {}).get("value") or ""
+        return (
+            f"set ASCEND_CACHE_PATH={kernel_cache.parent} and pass --host-id {host_id} "
+            "(as the daemon has them)"
+        )
+    return f"pass --cache-dir {kernel_cache.parent} (as the daemon has it)"
 
 
 def find_daemon(socket_path: Path | None, settings: Settings) -> Client | None:
