@@ -105,3 +105,39 @@ def test_compile_errors_name_the_users_paths_not_the_build_folder(
     assert proc.returncode == 1 and "'nope_4711' is not in" in proc.stderr, proc.stderr
     assert "cachemgr-build-" not in proc.stderr, proc.stderr
     assert "the build output of kernel " in proc.stderr, proc.stderr
+
+
+def test_text_output_has_a_line_per_request_failed_ones_too(tmp_path: Path, clean_env) -> None:
+    """README: compile prints ``status kernel seconds files`` per request — a failed one too
+    (``failed``, its kernel or else its request file, seconds), in process and through a
+    daemon; the error stays one line on stderr."""
+    from tests.daemon_util import start_daemon
+
+    bad_src = tmp_path / "bad.c"
+    bad_src.write_text('#error "cachemgr-marker-4712"\n')
+    bad = write_request(tmp_path, "bad", kernel_source=str(bad_src))
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"op_type": "Add",')
+    good = write_request(tmp_path, "good")
+    reqs = [str(bad), str(broken), str(good)]
+    daemon = start_daemon(tmp_path, "--cache-dir", str(tmp_path / "cache"))
+    try:
+        env = {k: v for k, v in daemon.env.items() if k != "NOTIFY_SOCKET"}
+        runs = {
+            "local": _compile(tmp_path, *reqs, "--local"),
+            "daemon": _compile(tmp_path, *reqs, "--socket", str(daemon.socket_path), env=env),
+        }
+    finally:
+        daemon.stop()
+    for via, proc in runs.items():
+        assert proc.returncode == 1, (via, proc.stdout, proc.stderr)
+        rows = [line.split() for line in proc.stdout.splitlines()]
+        assert [r[0] for r in rows[:2]] == ["failed", "failed"], (via, proc.stdout)
+        assert len(rows) == 3 and rows[2][0] in ("compiled", "hit"), (via, proc.stdout)
+        assert rows[1][1] == str(broken), (via, rows)  # no kernel name: the request file
+        assert rows[0][1].startswith("te_add_"), (via, rows)  # its kernel name
+        for row in rows[:2]:
+            assert row[2].endswith("s") and float(row[2][:-1]) >= 0, (via, row)
+        errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("cachemgr: error:")]
+        assert len(errors) == 2 and "bad.json" in errors[0], (via, proc.stderr)
+        assert "broken.json" in errors[1] and "cachemgr-marker-4712" in proc.stderr, via

@@ -27,6 +27,7 @@ from cachemgr.cli.common import (
 from cachemgr.cli.lockcheck import checked_for_writing
 from cachemgr.compile.queue import DEFAULT_TIMEOUT_S, CompileOutcome, CompileQueue
 from cachemgr.compile.request import load_request
+from cachemgr.compile.results import Status
 from cachemgr.errors import CacheMgrError, InvalidInputError
 from cachemgr.storage.counters import CounterBook
 
@@ -354,6 +355,7 @@ def _report(outcome: CompileOutcome, as_json: bool, where: Route) -> None:
         click.echo(json.dumps(doc, ensure_ascii=False))
         return
     if not outcome.ok:
+        _failed_line(outcome.kernel_name or outcome.request, outcome.seconds)
         click.echo(f"cachemgr: error: {outcome.request}: {outcome.error}", err=True)
         return
     folder = outcome.files[0].parent if outcome.files else ""
@@ -368,7 +370,15 @@ def _report_error(path: Path, message: str, as_json: bool, where: Route) -> None
     if as_json:
         _report(CompileOutcome.failed_early(message, str(path)), as_json, where)
     else:
+        _failed_line(str(path), 0.0)
         click.echo(f"cachemgr: error: {message}", err=True)
+
+
+def _failed_line(name: str, seconds: float) -> None:
+    """The stdout line of a failed request, in the columns of the others (``status kernel
+    seconds files``, no files): ``name`` is its kernel, or its request file when the kernel
+    is not known; why it failed is the error line on stderr."""
+    click.echo(f"{Status.FAILED:8} {name}  {seconds:.3f}s")
 
 
 @click.command("pack")
