@@ -212,3 +212,32 @@ def test_stats_shows_the_queue_only_from_a_daemon(tmp_path: Path) -> None:
     assert json.loads(as_json.stdout)["queue_jobs"] == 0
     assert "(via local)" in local.stdout and "Compiles:" in local.stdout, local.stdout
     assert "Queue" not in local.stdout, local.stdout
+
+
+def test_stats_local_says_a_daemon_of_this_cache_has_unsaved_counters(tmp_path: Path) -> None:
+    """``stats --local`` next to a daemon of the same cache misses what the daemon counted
+    since its last save (every counters_save_interval_s): one note line says so, with the
+    interval; none once the daemon is gone, none for another cache, none without --local."""
+    root = tmp_path / "cache"
+    config = tmp_path / "cachemgr.toml"
+    config.write_text("[daemon]\ncounters_save_interval_s = 3600\n")
+    d = start_daemon(tmp_path, "--cache-dir", str(root), "--config", str(config))
+    env = dict(d.env)
+    env.pop("NOTIFY_SOCKET", None)
+    args = ["--cache-dir", str(root)]
+    try:
+        assert run_cli("compile", REQUEST, *args, env=env).returncode == 0
+        local = run_cli("stats", "--local", *args, env=env)
+        other = run_cli("stats", "--local", "--cache-dir", str(tmp_path / "other"), env=env)
+        routed = run_cli("stats", *args, env=env)
+    finally:
+        d.stop()
+    after = run_cli("stats", "--local", *args, env=env)
+    for proc in (local, other, routed, after):
+        assert proc.returncode == 0, proc.stderr
+    notes = [ln for ln in local.stdout.splitlines() if ln.startswith("note:")]
+    assert len(notes) == 1, local.stdout
+    assert "a daemon serves this cache" in notes[0] and "every 3600 s" in notes[0], notes
+    assert "run without --local" in notes[0], notes
+    for proc in (other, routed, after):
+        assert "note:" not in proc.stdout, proc.stdout

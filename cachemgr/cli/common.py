@@ -332,6 +332,36 @@ def same_cache_hint(their_settings: dict[str, Any]) -> str:
     return f"pass --cache-dir {kernel_cache.parent} (as the daemon has it)"
 
 
+def daemon_of_this_cache(settings: Settings, timeout_s: float = 1.0) -> tuple[Path, int] | None:
+    """The socket of a daemon that serves this kernel cache (``$CACHEMGR_SOCKET``, else the
+    default socket) and how often it saves its counters (seconds), or None when none answers
+    there within ``timeout_s`` seconds, it serves another cache or is not trusted. Cheap: no
+    socket file, no connection."""
+    from cachemgr.client import Client, default_socket_path
+    from cachemgr.config.configfile import DaemonConfig
+
+    env_socket = os.environ.get("CACHEMGR_SOCKET")
+    path = Path(env_socket) if env_socket else default_socket_path()
+    if not os.path.lexists(path):
+        return None
+    daemon_user = settings.sections.get("daemon", {}).get("user") or None
+    client = Client(
+        path,
+        timeout_s=timeout_s,
+        local_hits=False,
+        daemon_user=daemon_user if isinstance(daemon_user, str) else None,
+    )
+    try:
+        answer = client.config(sections=True)
+        if answer["settings"]["kernel_cache_dir"]["value"] != str(settings.layout.kernel_cache_dir):
+            return None
+        table = (answer.get("sections") or {}).get("daemon")
+        interval_s = DaemonConfig.from_table(table).counters_save_interval_s
+    except (CacheMgrError, OSError, KeyError, TypeError, AttributeError):
+        return None
+    return path, round(interval_s)
+
+
 def find_daemon(socket_path: Path | None, settings: Settings) -> Client | None:
     """A client of the daemon :func:`route` chooses, or None to run in-process.
 

@@ -22,6 +22,7 @@ from cachemgr.cli import human
 from cachemgr.cli.common import (
     VERBOSITY,
     chip_dirs,
+    daemon_of_this_cache,
     emit_json,
     load_settings,
     printable,
@@ -324,6 +325,19 @@ def stats_cmd(
         emit_json(data.to_json())
         return
     _print_stats(data, options.kernel_cache_reason(settings))
+    if run_local:
+        _note_daemon_counters(settings)
+
+
+def _note_daemon_counters(settings: Settings) -> None:
+    """``stats --local`` while a daemon serves this cache: one line saying that its counters
+    since its last save are not in the figures (it saves every counters_save_interval_s)."""
+    found = daemon_of_this_cache(settings)
+    if found is not None:
+        click.echo(
+            f"note: a daemon serves this cache ({found[0]}); its counters since its last "
+            f"save (every {found[1]} s) are not included: run without --local"
+        )
 
 
 #: Whole numbers not listed with the running totals: the hits and misses (their own lines
