@@ -108,6 +108,14 @@ def daemon_env(tmp: Path, base: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def own_tmp(env: dict[str, str], tmp: Path) -> dict[str, str]:
+    """``env`` with ``TMPDIR=<tmp>/tmp`` (made): what a daemon writes to the temp folder —
+    kernels it compiled outside the cache (a ``cachemgr-out-*`` folder, left for the caller to
+    read) — lands in the test's folder, not in the real ``/tmp`` after every run."""
+    (tmp / "tmp").mkdir(exist_ok=True)
+    return {**env, "TMPDIR": str(tmp / "tmp")}
+
+
 def start_daemon(
     tmp: Path,
     *args: str,

@@ -18,7 +18,7 @@ import pytest
 from cachemgr.client import Client, DaemonError
 from tests.compile_util import request_data, write_request
 from tests.conftest import run_cli
-from tests.daemon_util import start_daemon, wait_for
+from tests.daemon_util import daemon_env, own_tmp, start_daemon, wait_for
 
 
 @pytest.fixture
@@ -53,7 +53,9 @@ def _good(files: list[str]) -> bool:
 
 
 def test_daemon_serves_a_root_turned_read_only_and_recovers(tmpfs: Path, tmp_path: Path) -> None:
-    d = start_daemon(tmp_path, "--cache-dir", str(tmpfs))
+    d = start_daemon(
+        tmp_path, "--cache-dir", str(tmpfs), env=own_tmp(daemon_env(tmp_path), tmp_path)
+    )
     client = Client(d.socket_path, timeout_s=120, local_hits=False)
     first, second = (
         request_data(defines={"N": 7001, "B_N": 1}),
@@ -71,6 +73,7 @@ def test_daemon_serves_a_root_turned_read_only_and_recovers(tmpfs: Path, tmp_pat
         assert answer["status"] == "compiled" and answer["cached"] is False, answer
         assert "read-only" in answer["warning"] and _good(answer["files"])
         assert not str(answer["files"][0]).startswith(str(tmpfs))
+        assert str(answer["files"][0]).startswith(str(tmp_path)), answer  # not the real /tmp
         with pytest.raises(DaemonError) as err:
             client.gc()
         assert "read-only" in str(err.value) and "\n" not in str(err.value)

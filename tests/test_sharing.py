@@ -25,7 +25,7 @@ from cachemgr.storage.chiplock import ChipLock
 from cachemgr.storage.events import Events, NoSpaceEvent
 from cachemgr.storage.store import Store
 from tests.conftest import kernel_json, publish
-from tests.daemon_util import daemon_env, start_daemon, wait_first_scan, wait_for
+from tests.daemon_util import daemon_env, own_tmp, start_daemon, wait_first_scan, wait_for
 from tests.shared_util import SOC, compiles, kernel_request, timed_cc
 
 NFS_NAME = ".nfs000000000012abcd00000001"
@@ -204,7 +204,7 @@ def _two_daemons(tmp_path: Path, config: str) -> tuple[list, Path, Path]:
             start_daemon(
                 home,
                 *("--cache-dir", str(root), "--host-id", host, "--config", str(cfg)),
-                env=daemon_env(home),
+                env=own_tmp(daemon_env(home), home),
             )
         )
     return daemons, root, cc_dir
@@ -248,6 +248,7 @@ def test_a_stuck_holder_makes_the_other_host_compile_itself(tmp_path: Path) -> N
             holder.release()
         assert alone["status"] == "compiled" and alone["seconds"] >= 1.5
         assert all(not f.startswith(str(chip)) for f in alone["files"])
+        assert all(f.startswith(str(tmp_path)) for f in alone["files"]), alone  # not /tmp
         assert not (chip / f"{kernel}.json").exists()  # the cache was not written unlocked
         assert "stayed locked" in daemons[1].log()
         again = daemons[1].client.compile(kernel_request(8)).to_json()
@@ -317,7 +318,8 @@ def test_enospc_through_the_daemon_evicts_then_compiles(small_fs: Path, tmp_path
     kept = _fill_until_full(chip)
     cfg = tmp_path / "c.toml"
     cfg.write_text("min_age_s = 0\n[daemon]\nevict_debounce_s = 0.1\n")
-    d = start_daemon(tmp_path, "--cache-dir", str(root), "--config", str(cfg))
+    env = own_tmp(daemon_env(tmp_path), tmp_path)
+    d = start_daemon(tmp_path, "--cache-dir", str(root), "--config", str(cfg), env=env)
     try:
         full = d.client.compile(
             kernel_request(9)
@@ -326,6 +328,7 @@ def test_enospc_through_the_daemon_evicts_then_compiles(small_fs: Path, tmp_path
         assert str(chip) in full["warning"] and "needs" in full["warning"], full["warning"]
         assert "\n" not in full["warning"]
         assert all(not f.startswith(str(chip)) and os.path.exists(f) for f in full["files"])
+        assert all(f.startswith(str(tmp_path)) for f in full["files"]), full  # not /tmp
         kernel = full["kernel_name"]
         assert not (chip / f"{kernel}.json").exists()
         assert not [n for n in os.listdir(chip) if n.endswith(".temp")]
