@@ -241,3 +241,27 @@ def test_stats_local_says_a_daemon_of_this_cache_has_unsaved_counters(tmp_path: 
     assert "run without --local" in notes[0], notes
     for proc in (other, routed, after):
         assert "note:" not in proc.stdout, proc.stdout
+
+
+def test_ls_shows_the_op_type_as_the_entry_records_it(tmp_path: Path, clean_env) -> None:
+    """cachemgr's entry names are lower-cased (``te_softmaxv2_…``); ``ls`` showed that
+    (``softmaxv2``) while the entry's json records ``SoftmaxV2``: text and ``--json`` now
+    show the json's opType; an entry without one keeps its name's op type; its json's
+    access time is left alone."""
+    root = tmp_path / "cache"
+    reqs = [str(ROOT / "examples" / "requests" / f"{n}.json") for n in ("add_c", "softmax_c")]
+    done = run_cli("compile", *reqs, "--cache-dir", str(root), env=clean_env)
+    assert done.returncode == 0, done.stderr
+    chip = root / "kernel_cache" / SOC
+    publish(chip, "te_plain_" + "ab" * 32, b"\x7fELF plain")  # no opType recorded
+    past = 1_600_000_000
+    for doc in chip.glob("*.json"):
+        os.utime(doc, (past, doc.stat().st_mtime))
+    text = run_cli("ls", "--cache-dir", str(root), env=clean_env)
+    as_json = run_cli("ls", "--json", "--cache-dir", str(root), env=clean_env)
+    assert text.returncode == 0 and as_json.returncode == 0, text.stderr + as_json.stderr
+    ops = sorted(row["op_type"] for row in json.loads(as_json.stdout))
+    assert ops == ["Add", "SoftmaxV2", "plain"], ops
+    shown = sorted(line.split()[2] for line in text.stdout.splitlines()[1:])
+    assert shown == ["Add", "SoftmaxV2", "plain"], text.stdout
+    assert all(doc.stat().st_atime == past for doc in chip.glob("*.json"))
