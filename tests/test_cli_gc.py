@@ -122,7 +122,7 @@ def test_gc_with_bad_ini_warns_and_says_it_uses_the_fallback(
     proc = gc(root, env, "--json")
     assert proc.returncode == 0, proc.stderr
     assert "max_op_cache_size=ten is not an integer" in proc.stderr
-    assert "gc applies the fallback limits max_op_cache_size=8 MB (env)" in proc.stderr
+    assert "gc applies the fallback limits max_op_cache_size=8 MiB (env)" in proc.stderr
     data = json.loads(proc.stdout)
     assert data["limits"]["problems"] and data["chip_folders"][SOC]["evicted_entries"] == 8
 
@@ -181,7 +181,7 @@ def test_stats_json_keys_chip_folders_by_soc(root: Path, clean_env: dict[str, st
     assert set(data) >= {"chip_folders", "limits", "kernel_cache_dir"}
     text = run_cli("stats", "--cache-dir", str(root), env=clean_env)
     assert f"{SOC}:      12 entries, 12.0 MiB of 10.0 MiB (120.0 % full)" in text.stdout
-    assert "Limit:            10 MB per chip folder, 50 % kept after an eviction" in text.stdout
+    assert "Limit:            10 MiB per chip folder, 50 % kept after an eviction" in text.stdout
     assert len(kernels(root / "kernel_cache" / SOC)) == 12
 
 

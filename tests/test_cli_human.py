@@ -96,7 +96,7 @@ def test_stats_shows_hit_rate_sizes_limits_and_fill(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "Hits:" in out and "1 / 2 (50.00 %)" in out, out
-    assert "Limit:" in out and "500 MB per chip folder, 50 % kept after an eviction" in out
+    assert "Limit:" in out and "500 MiB per chip folder, 50 % kept after an eviction" in out
     row = next(line for line in out.splitlines() if line.startswith(f"{SOC}:"))
     assert "1 entry, " in row and " KiB of 500.0 MiB (0.0 % full)" in row, row
     assert not re.search(r"(?<![0-9.])0\.0 MiB", out)  # never "0.0 MiB" for a few KiB
@@ -265,3 +265,20 @@ def test_ls_shows_the_op_type_as_the_entry_records_it(tmp_path: Path, clean_env)
     shown = sorted(line.split()[2] for line in text.stdout.splitlines()[1:])
     assert shown == ["Add", "SoftmaxV2", "plain"], text.stdout
     assert all(doc.stat().st_atime == past for doc in chip.glob("*.json"))
+
+
+def test_sizes_in_human_output_say_mib_never_mb(tmp_path: Path, clean_env) -> None:
+    """``Limit: 500 MB per chip folder`` stood next to ``88.4 KiB of 500.0 MiB``: one unit
+    style, MiB (SPEC: MB means MiB), in stats, limits show and gc's fallback warning."""
+    root = tmp_path / "cache"
+    assert run_cli("compile", REQUEST, "--cache-dir", str(root), env=clean_env).returncode == 0
+    args = ["--cache-dir", str(root)]
+    stats = run_cli("stats", *args, env=clean_env)
+    limits = run_cli("limits", "show", *args, env=clean_env)
+    gc = run_cli("gc", "--dry-run", *args, env={**clean_env, "ASCEND_MAX_OP_CACHE_SIZE": "8x"})
+    for proc in (stats, limits, gc):
+        assert proc.returncode == 0, proc.stderr
+        assert not re.search(r"\d MB\b", proc.stdout + proc.stderr), proc.stdout + proc.stderr
+    assert "500 MiB per chip folder" in stats.stdout and "of 500.0 MiB" in stats.stdout
+    assert "max_op_cache_size       500 MiB" in limits.stdout, limits.stdout
+    assert "max_op_cache_size=8 MiB (env)" in gc.stderr, gc.stderr

@@ -159,7 +159,7 @@ def gc_cmd(
         max_res = settings["max_op_cache_size"]
         applied = settings.value("remain_cache_size_ratio") if force_ratio is None else force_ratio
         warning(
-            f"gc applies the fallback limits max_op_cache_size={max_res.value} MB "
+            f"gc applies the fallback limits max_op_cache_size={max_res.value} MiB "
             f"({max_res.origin}) and remain_cache_size_ratio={applied} % "
             "as GE would; fix the values above to apply yours"
         )
@@ -378,7 +378,7 @@ def _print_stats(stats: StatsResult, why: str = "") -> None:
             "Limit",
             "never evict (max_op_cache_size=-1)"
             if lim["never_evict"]
-            else f"{max_mb} MB per chip folder, {ratio} % kept after an eviction "
+            else f"{max_mb} MiB per chip folder, {ratio} % kept after an eviction "
             f"(from {lim['max_op_cache_size']['origin']})",
         )
     )

@@ -62,7 +62,7 @@ def show_cmd(as_json: bool, **kw: Any) -> None:
         emit_json(data)
         return
     mx, ratio = data["max_op_cache_size"], data["remain_cache_size_ratio"]
-    size = "never evict (-1)" if mx["value"] == NEVER_EVICT else f"{mx['value']} MB"
+    size = "never evict (-1)" if mx["value"] == NEVER_EVICT else f"{mx['value']} MiB"
     click.echo(f"max_op_cache_size       {size}  ({mx['origin']})")
     click.echo(f"remain_cache_size_ratio {ratio['value']} %  ({ratio['origin']})")
     stamps = data["ini_stamps"]
@@ -163,7 +163,7 @@ def set_cmd(
     if as_json:
         emit_json(data)
     else:
-        size = "never evict" if max_mb == NEVER_EVICT else f"{max_mb} MB"
+        size = "never evict" if max_mb == NEVER_EVICT else f"{max_mb} MiB"
         click.echo(
             f"wrote {written.path}: max_op_cache_size={size}, remain_cache_size_ratio="
             f"{ratio_pct} %, adk_version={written.adk_version}, "

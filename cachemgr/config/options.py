@@ -433,7 +433,7 @@ def _env_limit(
     if raw.strip() == str(value) or raw.strip() == f"+{value}":
         return Resolved(value, ORIGIN_ENV, var), None
     how = "std::atoi" if is_ratio else "std::stoi"
-    meaning = f": an eviction keeps {value} % of the limit" if is_ratio else " MB"
+    meaning = f": an eviction keeps {value} % of the limit" if is_ratio else " MiB"
     warning = (
         f"{var}={raw!r} (from env) is not a plain integer (accepted: {rng}); GE reads it as "
         f"{value}{meaning} ({how}), and cachemgr applies the same so that both evict alike; "
