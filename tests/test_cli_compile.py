@@ -141,3 +141,14 @@ def test_text_output_has_a_line_per_request_failed_ones_too(tmp_path: Path, clea
         errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("cachemgr: error:")]
         assert len(errors) == 2 and "bad.json" in errors[0], (via, proc.stderr)
         assert "broken.json" in errors[1] and "cachemgr-marker-4712" in proc.stderr, via
+
+
+def test_an_unknown_option_value_lists_each_accepted_value_once(tmp_path: Path, clean_env) -> None:
+    """``options.jit_compile='maybe'`` listed ``auto, true, false, 2, 1, 0, enable, disable,
+    True, False, 0, 1, 2``: the schema's true/"true" and 1/"1" are one value to a user."""
+    req = write_request(tmp_path, "maybe", options={"jit_compile": "maybe"})
+    proc = _compile(tmp_path, str(req))
+    assert proc.returncode == 2, proc.stderr
+    line = proc.stderr.strip().splitlines()[-1]
+    accepted = line.split("(accepted: ", 1)[1].rstrip(")").split(", ")
+    assert accepted == ["auto", "true", "false", "2", "1", "0", "enable", "disable"], line

@@ -402,7 +402,9 @@ def _describe(err: Any) -> str:
             )
         return f"unknown field {extra[0]!r} in {where} (known: {known})"
     if kind == "enum":
-        accepted = ", ".join(str(v) for v in err.validator_value if v != "")
+        # as JSON spells them, each once: true and "true", 1 and "1" read the same here
+        spelled = (v if isinstance(v, str) else json.dumps(v) for v in err.validator_value)
+        accepted = ", ".join(dict.fromkeys(v for v in spelled if v != ""))
         what = where.rsplit(".", 1)[-1]
         return f"{where}={value!r}: unknown {what} (accepted: {accepted})"
     if kind == "type":
