@@ -73,9 +73,12 @@ def sync_toolkit(
 
 
 def toolkit_lines(report: GcResult) -> Iterator[str]:
-    """The toolkit check in words, and one line per purged chip folder (reason, entries)."""
+    """The toolkit check in words (``toolkit: <detail>``, the label left out when the detail
+    starts with the word: ``toolkit version unknown (…)``), and one line per purged chip
+    folder (reason, entries)."""
     toolkit = report.toolkit
-    yield f"toolkit: {toolkit['detail']}"
+    detail = str(toolkit["detail"])
+    yield detail if detail.startswith("toolkit ") else f"toolkit: {detail}"
     for purged in toolkit.get("purged", []):
         soc = Path(purged["chip_dir"]).name
         if purged.get("skipped"):
