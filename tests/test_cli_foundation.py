@@ -293,6 +293,18 @@ def test_usage_errors_point_at_the_subcommands_help(tmp_path: Path, clean_env) -
     assert top.returncode == 2 and top.stderr.strip().endswith("(see `cachemgr --help`)")
 
 
+def test_a_mistyped_command_gets_the_closest_one_suggested(tmp_path: Path) -> None:
+    """``cachemgr stast`` said only ``No such command 'stast'.``; a mistyped option already
+    got click's ``Did you mean``. One line, exit 2, the top-level help named."""
+    for typed, meant in (("stast", "stats"), ("comple", "compile"), ("limits shwo", "show")):
+        proc = run_cli(*typed.split(), cwd=tmp_path)
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert f"Did you mean {meant!r}?" in proc.stderr, proc.stderr
+    far = run_cli("xyzzy", cwd=tmp_path)
+    assert far.returncode == 2 and "Did you mean" not in far.stderr, far.stderr
+    assert far.stderr.strip().endswith("(see `cachemgr --help`)"), far.stderr
+
+
 @pytest.mark.parametrize(
     ("argv", "option", "value"),
     [

@@ -47,7 +47,18 @@ class _Group(click.Group):
         self, ctx: click.Context, args: list[str]
     ) -> tuple[str | None, click.Command | None, list[str]]:
         """click's, then refuse an option given another option's name as its value
-        (:func:`_option_as_value`)."""
+        (:func:`_option_as_value`); a mistyped command gets the closest one suggested, as
+        click does for a mistyped option (``No such command 'stast'. Did you mean 'stats'?``).
+
+        :raises click.UsageError: no such command, or an option given as a value.
+        """
+        typed = args[0] if args else ""
+        if typed and not typed.startswith("-") and typed not in COMMANDS:
+            import difflib
+
+            close = difflib.get_close_matches(typed, list(COMMANDS), n=1)
+            if close and not ctx.resilient_parsing:
+                ctx.fail(f"No such command {typed!r}. Did you mean {close[0]!r}?")
         name, command, rest = super().resolve_command(ctx, args)
         if command is not None and name is not None and not ctx.resilient_parsing:
             _option_as_value(click.Context(command, info_name=name, parent=ctx), rest)
