@@ -152,3 +152,22 @@ def test_an_unknown_option_value_lists_each_accepted_value_once(tmp_path: Path, 
     line = proc.stderr.strip().splitlines()[-1]
     accepted = line.split("(accepted: ", 1)[1].rstrip(")").split(", ")
     assert accepted == ["auto", "true", "false", "2", "1", "0", "enable", "disable"], line
+
+
+def test_a_bad_workers_value_is_worded_like_every_other_bad_value(
+    tmp_path: Path, clean_env
+) -> None:
+    """``--workers 0`` gave click's ``0 is not in the range 1<=x<=1024``; the house style
+    (``gc --ratio``) names the option, its value, where it came from and what is accepted."""
+    req = str(write_request(tmp_path))
+    for bad in ("0", "x", "1025"):
+        proc = _compile(tmp_path, req, "--workers", bad)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+        assert lines[0] == (
+            f"cachemgr: error: --workers={bad!r} (from option) is invalid; "
+            "accepted: an integer 1..1024"
+        ), lines
+    assert not (tmp_path / "cache").exists()  # refused before anything was compiled
+    good = _compile(tmp_path, req, "--workers", "2", "--json")
+    assert good.returncode == 0 and _lines(good.stdout)[0]["status"] == "compiled", good.stderr

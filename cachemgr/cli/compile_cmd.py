@@ -28,7 +28,8 @@ from cachemgr.cli.lockcheck import checked_for_writing
 from cachemgr.compile.queue import DEFAULT_TIMEOUT_S, CompileOutcome, CompileQueue
 from cachemgr.compile.request import load_request
 from cachemgr.compile.results import Status
-from cachemgr.errors import CacheMgrError, InvalidInputError
+from cachemgr.config.configfile import MAX_WORKERS
+from cachemgr.errors import CacheMgrError, ConfigError, InvalidInputError
 from cachemgr.storage.counters import CounterBook
 
 if TYPE_CHECKING:  # the hit path imports only what a hit needs (issue 14 item 1)
@@ -157,7 +158,7 @@ is refused before compiling.
 @click.argument("requests", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per request (a line).")
 @_setting_flags
-@click.option("--workers", type=click.IntRange(1, 1024), help="Compile threads (default: CPUs).")
+@click.option("--workers", metavar="N", help=f"Compile threads, 1..{MAX_WORKERS} (default: CPUs).")
 @click.option(
     "--timeout",
     "timeout_s",
@@ -189,7 +190,7 @@ def compile_cmd(
     as_json: bool,
     socket_path: Path | None,
     run_local: bool,
-    workers: int | None,
+    workers: str | None,
     timeout_s: float,
     out_dir: Path,
     binaries: tuple[Path, ...],
@@ -201,6 +202,7 @@ def compile_cmd(
     **overrides: Any,
 ) -> None:
     """Compile REQUEST.json files (help: :data:`COMPILE_HELP`)."""
+    n_workers = _parse_workers(workers)
     extra = {k: v for k, v in overrides.items() if v is not None}
     settings = load_settings(op_compiler_cache_dir, host_id, None, config_file, **extra)
     where = route(socket_path, run_local, settings, _local_only_option(click.get_current_context()))
@@ -225,7 +227,7 @@ def compile_cmd(
         tiers = RemoteTiers.from_config(remote_cfg)
     queue = CompileQueue(
         settings,
-        workers,
+        n_workers,
         timeout_s=timeout_s,
         output_dir=out_dir,
         binary_dirs=binaries,
@@ -239,6 +241,24 @@ def compile_cmd(
         if tiers is not None:  # the uploads queued by this run go before it exits
             tiers.close()
         counters.save()
+
+
+def _parse_workers(raw: str | None) -> int | None:
+    """``--workers``: an integer 1..:data:`MAX_WORKERS`, or None (the CPU count).
+
+    :raises ConfigError: anything else, in the words of every other bad value.
+    """
+    if raw is None:
+        return None
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_WORKERS:
+        raise ConfigError(
+            f"--workers={raw!r} (from option) is invalid; accepted: an integer 1..{MAX_WORKERS}"
+        )
+    return value
 
 
 def _compile_here(
