@@ -172,6 +172,28 @@ def test_limits_set_writes_a_stamped_ini_that_gc_and_config_use(
     assert gc["toolkit"]["status"] == "match", gc["toolkit"]
 
 
+def test_limits_show_says_when_there_is_no_ini(clean_env: dict[str, str], tmp_path: Path) -> None:
+    """Without an op_cache.ini, ``limits show`` printed ``…/op_cache.ini: adk_version=-,
+    ops_version=-`` as if the file existed: it says the file does not exist and what applies;
+    with one (``limits set``), its stamps."""
+    root = tmp_path / "c"
+    ini = root / "kernel_cache" / "op_cache.ini"
+    args = ["--cache-dir", str(root)]
+    env = {**clean_env, "ASCEND_MAX_OP_CACHE_SIZE": "700"}
+    none = run_cli("limits", "show", *args, env=env)
+    assert none.returncode == 0, none.stderr
+    assert "max_op_cache_size       700 MiB  (env ASCEND_MAX_OP_CACHE_SIZE)" in none.stdout
+    last = none.stdout.splitlines()[-1]
+    assert last.startswith(f"{ini} does not exist: ") and "ASCEND_MAX_OP_CACHE_SIZE" in last
+    assert "defaults" in last and "adk_version" not in none.stdout, none.stdout
+    setenv = {**clean_env, **_toolkit(tmp_path)}
+    assert run_cli("limits", "set", "--ratio", "60", *args, "--local", env=setenv).returncode == 0
+    shown = run_cli("limits", "show", *args, env=setenv)
+    assert shown.stdout.splitlines()[-1] == (
+        f"{ini}: adk_version=8.0.RC1, ops_version=8.0.RC1.b"
+    ), shown.stdout
+
+
 def test_limits_set_refuses_without_stamps_or_with_bad_values(
     clean_env: dict[str, str], tmp_path: Path
 ) -> None:

@@ -66,6 +66,13 @@ def show_cmd(as_json: bool, **kw: Any) -> None:
     click.echo(f"max_op_cache_size       {size}  ({mx['origin']})")
     click.echo(f"remain_cache_size_ratio {ratio['value']} %  ({ratio['origin']})")
     stamps = data["ini_stamps"]
+    if not os.path.lexists(data["ini_path"]):  # not a file with empty stamps: none at all
+        click.echo(
+            f"{data['ini_path']} does not exist: the limits above are "
+            "ASCEND_MAX_OP_CACHE_SIZE / ASCEND_REMAIN_CACHE_SIZE_RATIO where set, else the "
+            "defaults"
+        )
+        return
     click.echo(
         f"{data['ini_path']}: adk_version={stamps['adk_version'] or '-'}, "
         f"ops_version={stamps['ops_version'] or '-'}"
