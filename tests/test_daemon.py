@@ -458,3 +458,39 @@ def test_socket_folder_problems_are_one_line_errors(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2 and "refusing socket folder" in proc.stderr, proc.stderr
     assert list(evil.iterdir()) == []
+
+
+def test_the_log_says_nothing_of_modes_on_a_new_cache_and_counts_in_words(
+    tmp_path: Path,
+) -> None:
+    """On a new, empty cache the daemon logged ``group-sharing modes restored on 1 file(s)``
+    about the folder it had just made (it adds the setgid bit, nothing was wrong); and a
+    one-file request was ``(1 files sent)``. Now: no line for its own new folder, a line
+    with the count in words for GE's 0640 files, ``1 file sent``."""
+    from tests.compile_util import write_request
+
+    root = tmp_path / "cache"
+    d = start_daemon(tmp_path, "--cache-dir", str(root))
+    env = {k: v for k, v in d.env.items() if k != "NOTIFY_SOCKET"}
+    src = tmp_path / "one.c"
+    src.write_text("void add_kernel(float *x) { x[0] = 1.0f; }\n")
+    req = write_request(tmp_path, "one", kernel_source=str(src), include_dirs=[])
+    try:
+        wait_for(lambda: "first scan of" in d.log(), 60, "the first scan")
+        done = run_cli("compile", str(req), "--cache-dir", str(root), env=env)
+        assert done.returncode == 0, done.stderr
+    finally:
+        d.stop()
+    log = d.log()
+    assert "modes restored" not in log, log
+    assert "(1 file sent)" in log and "1 files" not in log, log
+    chip = root / "kernel_cache" / SOC
+    for doc in chip.iterdir():  # as GE leaves its files: 0640, the group locked out
+        if doc.suffix in (".json", ".o"):
+            doc.chmod(0o640)
+    again = start_daemon(tmp_path, "--cache-dir", str(root))
+    try:
+        wait_for(lambda: "modes restored" in again.log(), 60, "the modes restored")
+    finally:
+        again.stop()
+    assert f"{chip}: group-sharing modes restored on 2 files" in again.log(), again.log()

@@ -704,7 +704,12 @@ class Governance:
                         log.debug("%s: modes not restored: %s", folder, exc)  # index warns
                         continue
                     if changed:
-                        log.info("%s: group-sharing modes restored on %d file(s)", folder, changed)
+                        log.info(
+                            "%s: group-sharing modes restored on %d %s",
+                            folder,
+                            changed,
+                            "file" if changed == 1 else "files",
+                        )
                 if i > 0:  # the main cache is evicted through the usage index
                     cache_gc.collect(one, include_others=False)
             except (OSError, CacheMgrError) as exc:

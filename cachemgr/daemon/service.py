@@ -548,8 +548,13 @@ class Service:
             return req, None
         snap = inputs.from_wire(raw, "/compile request")
         req = self._parsed.get(body["request"], base, "/compile request", check_exists=False)
+        sent = len(snap.data or {})
         log.info(
-            "compile %s for %s (%d files sent)", req.op_type, who.describe(), len(snap.data or {})
+            "compile %s for %s (%d %s sent)",
+            req.op_type,
+            who.describe(),
+            sent,
+            "file" if sent == 1 else "files",
         )
         return dataclasses.replace(req, kernel_source=snap.source), snap
 

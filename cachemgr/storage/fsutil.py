@@ -698,8 +698,10 @@ def share_modes(folder: Path, fowner: bool | None = None, dir_fd: int | None = N
     ``CreateMultiLevelDir``; ``te_cache_utils.cc`` ``LockAndOpenCacheFile``), which locks the
     other members of the group out. Only files this user owns, or every file with
     ``CAP_FOWNER``; never through a symlink (each file is opened ``O_NOFOLLOW`` and changed by
-    descriptor). Returns how many it changed (the folder counts as one); errors on one file
-    are skipped. The folder is listed as a stream, never held as a list: a chip folder of
+    descriptor). Returns how many it repaired: files that lacked ``g+rw``, and the folder when
+    it lacked ``g+rwx`` — a folder cachemgr just made without the setgid bit (its parent has
+    none: SPEC §2) gets it quietly, not counted, as nothing was wrong with it. Errors on one
+    file are skipped. The folder is listed as a stream, never held as a list: a chip folder of
     1,000,000 entries has 2,000,000 names (~170 MB as a list; issue 14 item 5).
 
     :param dir_fd: ``folder``, open (:class:`~cachemgr.storage.safedir.SafeDir`: reached without
@@ -719,7 +721,7 @@ def share_modes(folder: Path, fowner: bool | None = None, dir_fd: int | None = N
         if (st.st_uid == me or fowner) and stat.S_IMODE(st.st_mode) != want:
             with contextlib.suppress(OSError):
                 os.fchmod(dir_fd, want & ~0o002)
-                changed += 1
+                changed += (st.st_mode & 0o070) != 0o070
         with os.scandir(dir_fd) as it:
             for de in it:
                 changed += _share_file(dir_fd, de.name, flags, me, fowner, st.st_gid)
