@@ -6,6 +6,7 @@ generated from the help are current and installed with the package."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -80,6 +81,23 @@ def test_man_pages_are_current(tmp_path: Path) -> None:
     stale = [name for name in fresh if fresh[name] != shipped[name]]
     assert not stale, f"run scripts/manpages.py: {stale} differ from the help"
     assert "limits set" in shipped["cachemgr-limits-set.1"]
+
+
+def test_help_and_man_pages_summarise_each_command_in_a_whole_phrase() -> None:
+    """``cachemgr --help`` cut summaries mid-sentence (``config  Show every setting of every
+    table, its value and where it...``), so did the man pages' NAME lines, and cachemgr(1)'s
+    read ``cachemgr - cachemgr: the kernel compile cache manager...``."""
+    proc = run_cli("--help", env={**os.environ, "COLUMNS": "80"})
+    rows = proc.stdout.split("Commands:\n", 1)[1].splitlines()
+    assert len(rows) == 14 and not [r for r in rows if r.endswith("...")], rows
+    names = {}
+    for page in (ROOT / "man" / "man1").glob("*.1"):
+        lines = page.read_text().splitlines()
+        names[page.name] = lines[lines.index(".SH NAME") + 1]
+    assert not [n for n in names.values() if n.endswith("...")], names
+    assert names["cachemgr.1"] == (
+        "cachemgr \\- the kernel compile cache manager for Ascend CANN build hosts"
+    )
 
 
 def test_pip_install_installs_the_man_pages(tmp_path: Path) -> None:

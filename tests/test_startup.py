@@ -148,7 +148,7 @@ def test_help_and_config_import_no_other_command(
 
 def test_help_summaries_are_the_commands_own() -> None:
     """``--help`` lists the summaries of :data:`cachemgr.cli.SUMMARIES` without importing
-    the commands: each must be the first sentence of its command's help."""
+    the commands: each must be its command's ``short_help``."""
     from cachemgr.cli import COMMANDS, SUMMARIES, cli
 
     ctx = click.Context(cli)
@@ -157,7 +157,7 @@ def test_help_summaries_are_the_commands_own() -> None:
         real = cli.get_command(ctx, name)
         assert real is not None
         for limit in (45, 60, 10**6):
-            lazy = click.Command(name, help=SUMMARIES[name]).get_short_help_str(limit)
+            lazy = click.Command(name, short_help=SUMMARIES[name]).get_short_help_str(limit)
             assert lazy == real.get_short_help_str(limit), name
 
 

@@ -24,10 +24,10 @@ class _Group(click.Group):
         return sorted(COMMANDS)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        """The commands and their one-line summaries (:data:`SUMMARIES`) without importing
+        """The commands and their short helps (:data:`SUMMARIES`) without importing
         a command's module: click's LazyGroup pattern, so ``--help`` starts fast (issue 14
         item 1). ``tests/test_startup.py`` checks the summaries against the commands."""
-        commands = [(n, click.Command(n, help=SUMMARIES[n])) for n in self.list_commands(ctx)]
+        commands = [(n, click.Command(n, short_help=SUMMARIES[n])) for n in self.list_commands(ctx)]
         if commands:
             limit = formatter.width - 6 - max(len(name) for name, _ in commands)
             rows = [(name, cmd.get_short_help_str(limit)) for name, cmd in commands]
@@ -195,7 +195,11 @@ def _fail(message: str, code: int) -> None:
     sys.exit(code)
 
 
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(
+    cls=_Group,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    short_help="the kernel compile cache manager for Ascend CANN build hosts",  # man's NAME
+)
 @click.version_option(package_name="cachemgr")
 def cli() -> None:
     """cachemgr: the kernel compile cache manager for Ascend CANN build hosts.
@@ -229,29 +233,23 @@ COMMANDS = {
     "completion": "cachemgr.cli.completion_cmd:completion_cmd",
 }
 
-#: The first sentence of each command's help, for ``cachemgr --help`` (the modules stay
-#: unimported; ``tests/test_startup.py`` fails when one differs from its command's help).
+#: Each command's ``short_help``, for ``cachemgr --help`` (the modules stay unimported;
+#: ``tests/test_startup.py`` fails when one differs from its command's).
 SUMMARIES = {
-    "compile": "Compile the kernels of REQUEST.json files, each once: a verified hit, a "
-    "precompiled binary, a compile, or a debug compile.",
-    "completion": "Print the completion script for SHELL (bash, zsh or fish).",
-    "config": "Show every setting of every table, its value and where it came from.",
-    "gc": "Reclaim leftovers and evict least recently used entries down to the limit.",
-    "limits": "Show or set the size limits (max_op_cache_size, remain_cache_size_ratio).",
-    "ls": "List entries: chip, kernel, op type, size, last access (UTC), parts.",
-    "pack": "Build a read-only package of precompiled kernels in CANN's layout from cache entries.",
-    "purge": "Clear chip folders under the eviction lock and each entry's lock (needs --soc "
-    "or --all).",
-    "serve": "Run the cache daemon until SIGTERM (exit 0 after running compiles finish).",
-    "stats": "Counters (hits, misses, compiles…) of this kernel cache — every daemon's and "
-    "every local run's, kept in the cache — and, per chip folder: entries, bytes, limit, "
-    "ratio, fill %, oldest and newest access.",
-    "status": "Is a daemon answering? Exit 0 with its pid and uptime, 1 when none answers.",
-    "stop": "Ask the daemon to stop (like sccache --stop-server); wait until it has exited.",
-    "warm": "Download the entries most recently used anywhere for this host's chips from the "
-    "remote tiers into the local chip folders, verified and written the way CANN GE writes "
-    "them, so that CANN processes (ATC, torch_npu) hit them without any change.",
-    "verify": "Check every entry (sha256, binaries, sub-parts); exit 1 if anything bad remains.",
+    "compile": "Compile the kernels of REQUEST.json files, each only once.",
+    "completion": "Print the shell completion script (bash, zsh or fish).",
+    "config": "Show every setting, its value and where it came from.",
+    "gc": "Reclaim leftovers and evict old entries down to the limit.",
+    "limits": "Show or set the size limits of the kernel cache.",
+    "ls": "List the entries: chip, kernel, op type, size, access.",
+    "pack": "Build a package of precompiled kernels from cache entries.",
+    "purge": "Clear chip folders (needs --soc or --all).",
+    "serve": "Run the cache daemon until SIGTERM.",
+    "stats": "Show the hit rate, counters and fill of this cache.",
+    "status": "Tell whether a daemon answers, with its pid and uptime.",
+    "stop": "Stop the daemon and wait until it has exited.",
+    "verify": "Check every entry; exit 1 if anything bad remains.",
+    "warm": "Download the most used entries from the remote tiers.",
 }
 
 

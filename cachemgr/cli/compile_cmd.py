@@ -154,7 +154,11 @@ is refused before compiling.
 """
 
 
-@click.command("compile", help=COMPILE_HELP)
+@click.command(
+    "compile",
+    help=COMPILE_HELP,
+    short_help="Compile the kernels of REQUEST.json files, each only once.",
+)
 @click.argument("requests", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per request (a line).")
 @_setting_flags
@@ -401,7 +405,7 @@ def _failed_line(name: str, seconds: float) -> None:
     click.echo(f"{Status.FAILED:8} {name}  {seconds:.3f}s")
 
 
-@click.command("pack")
+@click.command("pack", short_help="Build a package of precompiled kernels from cache entries.")
 @click.argument("kernels", nargs=-1)
 @click.option(
     "--out",

@@ -13,7 +13,7 @@ INSTALL = {
 }
 
 
-@click.command("completion")
+@click.command("completion", short_help="Print the shell completion script (bash, zsh or fish).")
 @click.argument("shell", type=click.Choice(sorted(INSTALL)))
 def completion_cmd(shell: str) -> None:
     """Print the completion script for SHELL (bash, zsh or fish).

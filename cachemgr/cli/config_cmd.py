@@ -11,7 +11,7 @@ from cachemgr.cli.common import load_settings, remote_option, settings_options
 from cachemgr.console import config_report
 
 
-@click.command("config")
+@click.command("config", short_help="Show every setting, its value and where it came from.")
 @click.option(
     "--json",
     "as_json",

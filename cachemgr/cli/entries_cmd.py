@@ -87,7 +87,7 @@ def list_chip(chip: Path) -> tuple[list[dict[str, Any]], int]:
     return rows, scan.used_bytes
 
 
-@click.command("ls")
+@click.command("ls", short_help="List the entries: chip, kernel, op type, size, access.")
 @click.option("--json", "as_json", is_flag=True, help="A JSON list of entries.")
 @click.option("--bytes", "raw_bytes", is_flag=True, help="Sizes in bytes, not KiB/MiB.")
 @settings_options
@@ -189,7 +189,7 @@ def _remote_rows(settings: Any, remotes: tuple[str, ...] = ()) -> list[dict[str,
         tiers.close()
 
 
-@click.command("verify")
+@click.command("verify", short_help="Check every entry; exit 1 if anything bad remains.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object keyed by soc_version.")
 @click.option("--repair", is_flag=True, help="Remove bad entries and orphans.")
 @settings_options

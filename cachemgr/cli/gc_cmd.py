@@ -124,7 +124,7 @@ def _gc_line(soc: str, report: ChipGc) -> str:
     )
 
 
-@click.command("gc")
+@click.command("gc", short_help="Reclaim leftovers and evict old entries down to the limit.")
 @click.option("--ratio", metavar="N", help="Keep N % of the limit; forces a run to that target.")
 @click.option("--min-age", metavar="SECONDS", help="Aging guard (default: min_age_s, 1800).")
 @click.option("--dry-run", is_flag=True, help="Report what would go; remove nothing.")
@@ -271,7 +271,7 @@ def _print_gc_one(report: GcResult) -> None:
     )
 
 
-@click.command("stats")
+@click.command("stats", short_help="Show the hit rate, counters and fill of this cache.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object; chip folders by soc.")
 @click.option("--zero", is_flag=True, help="Reset the counters of this kernel cache.")
 @settings_options
@@ -437,7 +437,7 @@ def _is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-@click.command("purge")
+@click.command("purge", short_help="Clear chip folders (needs --soc or --all).")
 @click.option("--all", "purge_all", is_flag=True, help="Every chip folder.")
 @click.option("--yes", is_flag=True, help="Do not ask (required when stdin is not a terminal).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object; chip folders by soc.")

@@ -46,12 +46,14 @@ def _parse(raw: str | None, option: str, low: int, high: int, accepted: str) -> 
     return value
 
 
-@click.group("limits")
+@click.group("limits", short_help="Show or set the size limits of the kernel cache.")
 def limits_group() -> None:
     """Show or set the size limits (max_op_cache_size, remain_cache_size_ratio)."""
 
 
-@limits_group.command("show")
+@limits_group.command(
+    "show", short_help="Show the limits in force, their origin, the ini's stamps."
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object.")
 @cache_options
 def show_cmd(as_json: bool, **kw: Any) -> None:
@@ -89,7 +91,7 @@ def _limits_json(settings: Settings) -> dict[str, Any]:
     return data
 
 
-@limits_group.command("set")
+@limits_group.command("set", short_help="Write the limits to op_cache.ini (like ccache -M).")
 @click.option(
     "--max-size",
     "max_size",

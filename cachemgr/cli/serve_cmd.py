@@ -40,7 +40,7 @@ def _under_journald() -> bool:
     return (st.st_dev, st.st_ino) == (dev, ino)
 
 
-@click.command("serve")
+@click.command("serve", short_help="Run the cache daemon until SIGTERM.")
 @click.option(
     "--config",
     "config_file",
@@ -95,7 +95,7 @@ def serve_cmd(
     sys.exit(daemon_main.serve(cli_values, config_file, socket_path, tcp_port, allow_root, remotes))
 
 
-@click.command("status")
+@click.command("status", short_help="Tell whether a daemon answers, with its pid and uptime.")
 @daemon_socket_option
 @click.option(
     "--wait",
@@ -156,7 +156,7 @@ def status_lines(health: dict[str, Any]) -> list[str]:
     return lines
 
 
-@click.command("stop")
+@click.command("stop", short_help="Stop the daemon and wait until it has exited.")
 @daemon_socket_option
 @click.option(
     "--wait",

@@ -17,7 +17,7 @@ from cachemgr.remote import warm
 from cachemgr.remote.tierset import RemoteTiers
 
 
-@click.command("warm")
+@click.command("warm", short_help="Download the most used entries from the remote tiers.")
 @click.option(
     "--limit",
     type=click.IntRange(min=1),
