@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import mount_util
 from tests.conftest import SOC, publish, publish_mix, run_cli
 from tests.test_entry import CF8B, D77A20, D77A21, PRE1, PRE2
 
@@ -86,21 +87,10 @@ def test_file_where_folder_expected(
 
 
 def test_unwritable_root(clean_env: dict[str, str], tmp_path: Path) -> None:
-    root = tmp_path / "ro"
-    root.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(root)],
-        capture_output=True,
-        text=True,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a read-only tmpfs here: {mounted.stderr.strip()}")
-    try:
+    with mount_util.tmpfs(tmp_path / "ro", "ro,size=1m") as root:
         proc = run_cli("config", "--cache-dir", str(root / "x"), env=clean_env)
         _assert_one_line_error(proc, "not writable", str(root))
         assert os.listdir(root) == []
-    finally:
-        subprocess.run(["umount", str(root)], check=True)
 
 
 @pytest.mark.parametrize(

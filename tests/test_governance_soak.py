@@ -18,6 +18,7 @@ import pytest
 
 from cachemgr.client import Client
 from cachemgr.errors import CacheMgrError
+from tests import mount_util
 from tests.conftest import SOC, publish
 from tests.daemon_util import Daemon, start_daemon, wait_for
 from tests.shared_util import GONE, GOOD, chip_bytes, kernel_request, reverify
@@ -35,21 +36,8 @@ def _remount(mnt: Path, mode: str) -> None:
 
 
 def run_faults(tmp_path: Path, seconds: float, n_clients: int) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("remounting a tmpfs read-only needs root")
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mnt)],
-        capture_output=True,
-        text=True,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {mounted.stderr.strip()}")
-    try:
+    with mount_util.tmpfs(tmp_path / "mnt", "size=64m") as mnt:
         _run_faults(tmp_path, mnt, seconds, n_clients)
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def _run_faults(tmp_path: Path, mnt: Path, seconds: float, n_clients: int) -> None:

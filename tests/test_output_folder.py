@@ -15,11 +15,9 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
+from tests import mount_util
 from tests.compile_util import calls, counting_cc
 from tests.conftest import SOC
 from tests.shared_util import kernel_request
@@ -109,21 +107,9 @@ def test_an_unwritable_output_folder_is_refused_before_compiling(
     assert len(calls(cc_dir)) == 2
 
 
-@contextlib.contextmanager
-def _tmpfs(mnt: Path) -> Iterator[Path]:
+def _tmpfs(mnt: Path) -> contextlib.AbstractContextManager[Path]:
     """A 4 MiB tmpfs at ``mnt`` (root only; the caller is root: the ``users`` fixture is)."""
-    mnt.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=4m,mode=0755", "tmpfs", str(mnt)],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
+    return mount_util.tmpfs(mnt, "size=4m,mode=0755")
 
 
 def test_a_full_root_and_an_unwritable_output_folder_say_so_in_one_line(

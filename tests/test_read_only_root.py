@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from cachemgr.client import Client, DaemonError
+from tests import mount_util
 from tests.compile_util import request_data, write_request
 from tests.conftest import run_cli
 from tests.daemon_util import daemon_env, own_tmp, start_daemon, wait_for
@@ -24,21 +24,8 @@ from tests.daemon_util import daemon_env, own_tmp, start_daemon, wait_for
 @pytest.fixture
 def tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A 16 MiB tmpfs mounted for the test (root only)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=16m,mode=0755", "tmpfs", str(mnt)],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
+    with mount_util.tmpfs(tmp_path / "mnt", "size=16m,mode=0755") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def _remount(mnt: Path, mode: str) -> None:

@@ -24,6 +24,7 @@ from cachemgr.storage import entry, fsprobe, fsutil
 from cachemgr.storage.chiplock import ChipLock
 from cachemgr.storage.events import Events, NoSpaceEvent
 from cachemgr.storage.store import Store
+from tests import mount_util
 from tests.conftest import kernel_json, publish
 from tests.daemon_util import daemon_env, own_tmp, start_daemon, wait_first_scan, wait_for
 from tests.shared_util import SOC, compiles, kernel_request, timed_cc
@@ -261,19 +262,8 @@ def test_a_stuck_holder_makes_the_other_host_compile_itself(tmp_path: Path) -> N
 @pytest.fixture
 def small_fs(tmp_path: Path):
     """A real 256 KiB tmpfs (skipped with the reason where mounting is not permitted)."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=256k,mode=0775", "tmpfs", str(mnt)],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.strip() or done.returncode}")
-    try:
+    with mount_util.tmpfs(tmp_path / "small", "size=256k,mode=0775") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def _fill_until_full(chip: Path, sink: Events | None = None) -> list[str]:
