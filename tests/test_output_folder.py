@@ -50,19 +50,30 @@ def _one_line_exit_2(proc: subprocess.CompletedProcess[str], folder: Path) -> No
     assert "cannot be written by user" in lines[0] and "Errno" not in lines[0]
 
 
+def _config_and_request(
+    users: Users, rt: Runtime, define: int, body: str = ""
+) -> tuple[Path, Path]:
+    """A config naming a logging wrapper compiler in ``users.base/cc`` (running ``body``
+    before it compiles; every user's compile appends to its log) and a request file for
+    the add kernel with define ``define``."""
+    cc_dir = users.base / "cc"
+    cc = counting_cc(cc_dir, body=body)
+    (cc_dir / "calls.log").touch()
+    (cc_dir / "calls.log").chmod(0o666)
+    cfg = users.base / "c.toml"
+    cfg.write_text(f'[compilers]\ncc = "{cc}"\n')
+    request = kernel_request(define)
+    request["kernel_source"] = str(rt.kernels / "c" / "add.c")
+    req = users.base / "req.json"
+    req.write_text(json.dumps(request))
+    return cfg, req
+
+
 def test_an_unwritable_output_folder_is_refused_before_compiling(
     users: Users, other_runtime: Runtime
 ) -> None:
     cc_dir = users.base / "cc"
-    cc = counting_cc(cc_dir)
-    (cc_dir / "calls.log").touch()
-    (cc_dir / "calls.log").chmod(0o666)  # every user's compile appends to it
-    cfg = users.base / "c.toml"
-    cfg.write_text(f'[compilers]\ncc = "{cc}"\n')
-    request = kernel_request(11)
-    request["kernel_source"] = str(other_runtime.kernels / "c" / "add.c")
-    req = users.base / "req.json"
-    req.write_text(json.dumps(request))
+    cfg, req = _config_and_request(users, other_runtime, 11)
     locked = users.base / "root-only"  # bob's current directory, which he cannot write
     locked.mkdir(mode=0o755)
     root = users.base / "shared"
@@ -128,17 +139,10 @@ def test_a_full_root_and_an_unwritable_output_folder_say_so_in_one_line(
         chip.mkdir(parents=True)
         for path in (root, root / "kernel_cache", chip):
             shutil.chown(path, bob)
-        cc_dir = users.base / "cc"
         # the compiler fills the cache's filesystem while it compiles: the publish fails
-        cc = counting_cc(cc_dir, body=f"cat /dev/zero > {root}/filler 2>/dev/null")
-        (cc_dir / "calls.log").touch()
-        (cc_dir / "calls.log").chmod(0o666)
-        cfg = users.base / "c.toml"
-        cfg.write_text(f'[compilers]\ncc = "{cc}"\n')
-        request = kernel_request(21)
-        request["kernel_source"] = str(other_runtime.kernels / "c" / "add.c")
-        req = users.base / "req.json"
-        req.write_text(json.dumps(request))
+        body = f"cat /dev/zero > {root}/filler 2>/dev/null"
+        cfg, req = _config_and_request(users, other_runtime, 21, body)
+        cc_dir = users.base / "cc"
         common = ("--config", str(cfg), "--cache-dir", str(root), str(req))
 
         proc = _compile(users, other_runtime, bob, locked, *common)
