@@ -264,7 +264,7 @@ def _child_job(i: int, job: dict[str, Any], names: bool, out: IO[str]) -> None:
 
     chip = Path(job["chip_dir"])
     if job["skew_warned"]:
-        collect._skew_warned.first(chip)  # the daemon warned already: once per folder
+        collect.skew_warned.first(chip)  # the daemon warned already: once per folder
     first_seen: dict[str, int] = {str(k): int(v) for k, v in job["first_seen"].items()}
     try:
         report = collect.gc_chip(

@@ -70,7 +70,7 @@ from cachemgr.daemon.usage import UsageIndex
 from cachemgr.daemon.watch import Watcher
 from cachemgr.errors import CacheMgrError
 from cachemgr.eviction import gc as cache_gc
-from cachemgr.eviction.collect import _skew_warned
+from cachemgr.eviction.collect import skew_warned
 from cachemgr.storage import entry, fsprobe, fsutil
 from cachemgr.storage.counters import CounterBook
 from cachemgr.storage.events import Events, NoSpaceEvent
@@ -756,13 +756,13 @@ def _run_gc(
     if deadline_s > 0:
         for job in jobs:
             job.deadline = time.monotonic() + deadline_s
-    told = [_skew_warned.first(job.chip_dir) for job in jobs]
+    told = [skew_warned.first(job.chip_dir) for job in jobs]
     for job, first in zip(jobs, told, strict=True):
         job.skew_warned = not first
     outcomes = gcchild.run_jobs(jobs, names)
     for job, first, outcome in zip(jobs, told, outcomes, strict=True):
         if first and not (outcome.report or {}).get("future_atimes"):
-            _skew_warned.forget(job.chip_dir)  # not warned about after all
+            skew_warned.forget(job.chip_dir)  # not warned about after all
     return outcomes
 
 

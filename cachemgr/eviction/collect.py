@@ -384,8 +384,9 @@ def _run(
 
 
 #: Chip folders already warned about for future access times (once per folder; bounded:
-#: a folder pushed out by 4096 others may be warned about once more).
-_skew_warned: OnceSet[Path] = OnceSet("future access times warned", 4096)
+#: a folder pushed out by 4096 others may be warned about once more). Public: the daemon
+#: keeps "once" across its gc children (``governance``, ``gcchild``).
+skew_warned: OnceSet[Path] = OnceSet("future access times warned", 4096)
 
 
 def _note_skew(
@@ -398,7 +399,7 @@ def _note_skew(
     worst = max(suspect, key=lambda g: g.atime_ns)
     report.future_atimes = len(suspect)
     report.max_skew_s = (worst.atime_ns - now_ns) / 1e9
-    if not _skew_warned.first(report.chip_dir):
+    if not skew_warned.first(report.chip_dir):
         return
     st = fsutil.lstat_or_none(report.chip_dir / worst.json_name)
     owner = fsutil.user_name(st.st_uid) if st is not None else "?"
