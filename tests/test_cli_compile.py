@@ -108,9 +108,9 @@ def test_compile_errors_name_the_users_paths_not_the_build_folder(
 
 
 def test_text_output_has_a_line_per_request_failed_ones_too(tmp_path: Path, clean_env) -> None:
-    """README: compile prints ``status kernel seconds files`` per request — a failed one too
-    (``failed``, its kernel or else its request file, seconds), in process and through a
-    daemon; the error stays one line on stderr."""
+    """docs/commands.md: compile prints ``status kernel seconds files`` per request — a failed
+    one too (``failed``, its kernel or else its request file, seconds), in process and through
+    a daemon; the error stays one line on stderr."""
     from tests.daemon_util import start_daemon
 
     bad_src = tmp_path / "bad.c"

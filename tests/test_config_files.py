@@ -57,7 +57,8 @@ def test_example_op_cache_ini_is_valid() -> None:
 
 
 def test_config_shows_what_lock_wait_0_means(tmp_path: Path, clean_env) -> None:
-    """``lock_wait_s = 0`` is "automatic" (README: twice the compile timeout plus a minute):
+    """``lock_wait_s = 0`` is "automatic" (docs/shared-cache.md: twice the compile timeout plus
+    a minute):
     ``config`` says so and how many seconds; ``--json`` keeps the value and adds
     ``effective``; a set value is shown as it is."""
     import json

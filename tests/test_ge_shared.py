@@ -28,7 +28,7 @@ def _shared_root(users: Users) -> Path:
     root = users.base / "shared"
     root.mkdir()
     shutil.chown(root, "root", users.group)
-    root.chmod(0o2775)  # the README's setup: setgid, group-writable
+    root.chmod(0o2775)  # docs/shared-cache.md's setup: setgid, group-writable
     return root
 
 

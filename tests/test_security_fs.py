@@ -33,7 +33,7 @@ HOUR_AGO = time.time() - 3 * 3600
 
 
 def _shared_root(users: Users) -> Path:
-    """The README's shared root: root:<group>, 2775."""
+    """The shared root of docs/shared-cache.md: root:<group>, 2775."""
     root = users.base / "shared"
     root.mkdir()
     shutil.chown(root, "root", users.group)
@@ -670,8 +670,8 @@ def test_verify_by_another_member_leaves_a_fresh_header_manifest_alone(
 
 
 def _two_chip_folders(users: Users, root: Path) -> dict[str, list[Path]]:
-    """Alice's shared cache with old entries in two chip folders (group-shared, as the README
-    sets it up); the kernel → json path of each."""
+    """Alice's shared cache with old entries in two chip folders (group-shared, as
+    docs/shared-cache.md sets it up); the kernel → json path of each."""
     kc = root / "kernel_cache"
     made: dict[str, list[Path]] = {}
     for soc in (SOC, "Ascend310P3"):

@@ -47,7 +47,7 @@ def test_two_users_share_one_root_and_a_third_is_told_why_not(
     root = users.base / "shared"
     root.mkdir()
     shutil.chown(root, "root", users.group)
-    root.chmod(0o2775)  # the README's setup: setgid, group-writable, not world-writable
+    root.chmod(0o2775)  # docs/shared-cache.md's setup: setgid, group-writable, not world-writable
     chip = root / "kernel_cache" / SOC
     alice = _daemon(users, other_runtime, users.alice, root)
     bob = None

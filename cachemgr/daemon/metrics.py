@@ -46,7 +46,7 @@ class _Collector:
 
     def collect(self) -> Iterator[Metric]:
         snapshot = self.counters.snapshot()
-        for name, value in sorted(snapshot.items()):  # the names of ``stats`` (README)
+        for name, value in sorted(snapshot.items()):  # the names of ``stats`` (docs/commands.md)
             yield CounterMetricFamily(
                 f"cachemgr_{name}", f"cachemgr {name} of this kernel cache", value=value
             )

@@ -285,7 +285,7 @@ class Service:
         }
 
     def degraded(self) -> list[str]:
-        """The degraded states now, one line each (README "Troubleshooting"): a root that
+        """The degraded states now, one line each (docs/troubleshooting.md): a root that
         cannot be written, chip folders polled instead of watched, parts without progress."""
         out = []
         if self.governance.root_problem:
@@ -309,7 +309,7 @@ class Service:
         return out
 
     def _gauges(self) -> list[Gauge]:
-        """The degraded states as gauges (issue 12; README "Troubleshooting")."""
+        """The degraded states as gauges (issue 12; docs/troubleshooting.md)."""
         status = self.governance.status()
         scan, watch = status["scan"], status["watch"]
         out: list[Gauge] = [

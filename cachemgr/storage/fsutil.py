@@ -126,8 +126,8 @@ def write_temp(
 
     :param dir_fd: the open folder of ``dest`` (every call is then relative to it).
     :param sync: fsync before returning. Cache entries pass False: every hit verifies their
-        sha256, so a file a power loss left torn is a miss, never served (README
-        "Durability"; issue 14 item 3).
+        sha256, so a file a power loss left torn is a miss, never served
+        (docs/compiling.md, "Durability"; issue 14 item 3).
     :raises OSError: on write failure (e.g. ``ENOSPC``); nothing is left behind.
     """
     tmp = temp_path(dest)

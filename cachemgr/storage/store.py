@@ -636,7 +636,8 @@ class Store:
             for name in order:
                 dest = self.chip_dir / name
                 # no fsync: a hit verifies every binary's sha256 and parses the json, so what
-                # a power loss tears is a miss, never served (README "Durability", issue 14)
+                # a power loss tears is a miss, never served (docs/compiling.md "Durability",
+                # issue 14)
                 tmp = fsutil.write_temp(dest, payload[name], dir_fd=self.dir_fd, sync=False)
                 temps.append((tmp, dest))
         except BaseException:
