@@ -85,7 +85,7 @@ class VersionStatus(Enum):
     UNSTAMPED = "unstamped"  # an ini GE does not use (no stamps): never a purge
     NO_TOOLKIT = "no_toolkit"  # installed versions unknown: leave the cache alone
     NO_CACHE = "no_cache"  # no kernel cache folder yet: nothing to compare
-    UNREADABLE = "unreadable"  # the ini may not be read: stamps unknown, cache left alone
+    UNREADABLE = "unreadable"  # the ini may not be read: stamps unknown, never a purge
 
 
 @dataclass(frozen=True)
@@ -266,7 +266,7 @@ def compare(cache: layout.CacheLayout, installed: Installed) -> VersionCheck:
     """
     if not installed.complete:
         missing = [f.source for f in (installed.adk, installed.ops) if not f.value]
-        detail = "toolkit version unknown (" + "; ".join(missing) + "); cache left alone"
+        detail = "toolkit version unknown (" + "; ".join(missing) + "): no toolkit-upgrade purge"
         return VersionCheck(VersionStatus.NO_TOOLKIT, installed, None, None, detail)
     if not cache.kernel_cache_dir.is_dir():
         detail = f"no kernel cache at {cache.kernel_cache_dir} yet; nothing to compare"
@@ -274,7 +274,7 @@ def compare(cache: layout.CacheLayout, installed: Installed) -> VersionCheck:
     try:
         ini = OpCacheIni.load(cache.ini_path)
     except UnreadableIniError as exc:  # never a purge for it (docs/security.md item 3)
-        detail = f"{exc}; its version stamps are unknown, cache left alone"
+        detail = f"{exc}; its version stamps are unknown: no toolkit-upgrade purge"
         return VersionCheck(VersionStatus.UNREADABLE, installed, None, None, detail)
     have = f"adk_version={installed.adk.value}, ops_version={installed.ops.value}"
     stamps = ini.ge.stamps
