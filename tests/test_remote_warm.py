@@ -22,7 +22,7 @@ from cachemgr.storage.tiers import EntryFiles
 from tests import ge_twin
 from tests.conftest import SOC, kernel_json, run_cli
 from tests.daemon_util import Daemon, daemon_env, start_daemon, wait_for
-from tests.remote_util import RedisServer, WebDavServer
+from tests.remote_util import RedisServer, WebDavServer, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -220,6 +220,26 @@ def test_warm_stays_within_the_size_limit_and_checks_its_input(
     fresh = run_cli("warm", "--cache-dir", str(tmp_path / "c2"), "--remote", redis_server.url)
     assert fresh.returncode == 2 and "--soc" in fresh.stderr, fresh.stderr
     tier.close()
+
+
+def test_warm_says_why_no_remote_index_answered(tmp_path: Path, clean_env: dict[str, str]) -> None:
+    """``warm`` against remotes nobody listens on said only "no remote index answered": it
+    now names each remote's spec and its reason (connection refused), in text and ``--json``,
+    without a traceback, exit 1."""
+    redis_url = f"redis://127.0.0.1:{free_port()}/0|name=down|connect-timeout=500"
+    http_url = f"http://127.0.0.1:{free_port()}/c|name=web"
+    base = ("--cache-dir", str(tmp_path / "cache"), "--soc", SOC)
+    out = run_cli("warm", *base, "--remote", redis_url, "--remote", http_url, env=clean_env)
+    assert out.returncode == 1, out.stderr
+    assert "no remote index answered: redis://127.0.0.1:" in out.stdout, out.stdout
+    assert "name=down" in out.stdout and "http://127.0.0.1:" in out.stdout, out.stdout
+    assert out.stdout.lower().count("refused") >= 2, out.stdout
+    assert "Traceback" not in out.stderr, out.stderr
+    out = run_cli("warm", "--json", *base, "--remote", redis_url, env=clean_env)
+    assert out.returncode == 1, out.stderr
+    error = json.loads(out.stdout)["chip_folders"][0]["error"]
+    assert error.startswith("no remote index answered: redis://127.0.0.1:"), error
+    assert "refused" in error.lower(), error
 
 
 def test_a_full_upload_queue_drops_and_counts(tmp_path: Path) -> None:

@@ -72,6 +72,8 @@ class Breaker:
     state: str = OK
     failures: int = 0
     open_until: float = 0.0
+    #: the last failure's (or the disabling) reason, one line; "" while ok
+    why: str = ""
     _probing: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -89,13 +91,14 @@ class Breaker:
         """A request succeeded: close the breaker (one info line if it was open)."""
         with self._lock:
             was, self.state, self.failures, self._probing = self.state, OK, 0, False
+            self.why = ""
         if was != OK:
             log.warning("remote %s is back: using it again", self.name)
 
     def disable(self, why: str) -> None:
         """The remote refused our credentials: skip it until reload (one error line)."""
         with self._lock:
-            was, self.state = self.state, DISABLED
+            was, self.state, self.why = self.state, DISABLED, why
         if was != DISABLED:
             log.error("remote %s disabled (%s): fix its credentials, then reload", self.name, why)
 
@@ -105,6 +108,7 @@ class Breaker:
             if self.state == DISABLED:
                 return
             self.failures += 1
+            self.why = why
             self._probing = False
             opening = self.state == OK and self.failures >= self.failures_before_open
             if self.state == FAILING or opening:
@@ -195,19 +199,33 @@ class RemoteTiers:
         else:
             self.breakers[tier.name].failure(_one_line(exc))
 
-    def recent(self, soc_version: str, limit: int) -> tuple[list[str], str] | None:
+    def recent(
+        self, soc_version: str, limit: int, why: list[str] | None = None
+    ) -> tuple[list[str], str] | None:
         """The chip's kernel names most recently used anywhere (uploaded or fetched), newest
         first, at most ``limit``, from the first remote whose index answers; with its name.
-        None when no remote could tell."""
+        None when no remote could tell.
+
+        :param why: when given, one line per remote that did not answer is appended to it:
+            its spec (password redacted) and the reason (``ConnectionError: … Connection
+            refused``, or why it was skipped).
+        """
+        reasons = why if why is not None else []
         for tier in self.tiers:
-            if not hasattr(tier, "recent") or not self.breakers[tier.name].allow():
+            breaker = self.breakers[tier.name]
+            if not hasattr(tier, "recent"):
+                reasons.append(f"{_shown(tier)}: has no index")
+                continue
+            if not breaker.allow():
+                reasons.append(f"{_shown(tier)}: skipped, {breaker.state} ({breaker.why})")
                 continue
             try:
                 names = tier.recent(soc_version, limit)
             except Exception as exc:
                 self._failed(tier, exc)
+                reasons.append(f"{_shown(tier)}: {_one_line(exc)}")
                 continue
-            self.breakers[tier.name].success()
+            breaker.success()
             return names, tier.name
         return None
 
@@ -410,6 +428,12 @@ def _json_ident(kernel_cache_dir: Path, soc_version: str, kernel: str) -> tuple[
     except (OSError, ValueError):
         return None
     return (st.st_ino, st.st_mtime_ns)
+
+
+def _shown(tier: Any) -> str:
+    """A remote as errors name it: its spec as written, password redacted."""
+    spec = getattr(tier, "spec", None)
+    return spec.display if isinstance(spec, RemoteSpec) else str(tier.name)
 
 
 def _one_line(exc: BaseException) -> str:

@@ -136,10 +136,11 @@ def warm_chip(
     chip = kernel_cache_dir / soc_version
     source = "list"
     if names is None:
-        found = remotes.recent(soc_version, limit)
+        why: list[str] = []
+        found = remotes.recent(soc_version, limit, why)
         if found is None:
             report = WarmReport(soc_version, chip, "none", cap_bytes=cap_bytes)
-            report.error = "no remote index answered"
+            report.error = "no remote index answered: " + ("; ".join(why) or "no remote")
             return report
         names, source = found[0], f"index of remote {found[1]}"
     report = WarmReport(soc_version, chip, source, listed=len(names), cap_bytes=cap_bytes)
