@@ -155,7 +155,9 @@ def _user_daemon(
 def test_1000_idle_connections_of_one_member_do_not_lock_out_another(
     users: Users, other_runtime: Runtime
 ) -> None:
-    d = _user_daemon(users, other_runtime, users.alice, "", nofile=FLOOD_NOFILE)
+    # idle_timeout_s 10 (default 30): the wait for the daemon to close the silent ones
+    config = "[daemon]\nidle_timeout_s = 10.0\n"
+    d = _user_daemon(users, other_runtime, users.alice, config, nofile=FLOOD_NOFILE)
     script = users.base / "flood.py"
     script.write_text(FLOODER)
     probe = users.base / "probe.py"
@@ -195,7 +197,7 @@ def test_1000_idle_connections_of_one_member_do_not_lock_out_another(
             return int(flood.stdout.readline())  # type: ignore[union-attr]
 
         assert still_open() <= 128  # bob's share ([daemon] max_connections_per_caller)
-        # [daemon] idle_timeout_s (30 s by default) closes the connections that stay silent
+        # [daemon] idle_timeout_s (10 s here) closes the connections that stay silent
         wait_for(lambda: still_open() == 0, 120, "idle connections closed by the daemon")
     finally:
         flood.kill()
