@@ -169,6 +169,26 @@ def warning(message: str) -> None:
     click.echo(warning_line(message), err=True)
 
 
+def int_option(raw: str | None, option: str, low: int, high: int, accepted: str = "") -> int | None:
+    """A strict integer option value in ``low..high`` (no unit suffix), or None when the
+    option was not given.
+
+    :param accepted: the accepted values in words (default ``an integer low..high``).
+    :raises ConfigError: anything else, as every bad value is worded
+        (``--ratio='180' (from option) is invalid; accepted: an integer 0..100``).
+    """
+    if raw is None:
+        return None
+    try:
+        value: int | None = int(raw.strip())
+    except ValueError:
+        value = None
+    if value is None or not low <= value <= high:
+        words = accepted or f"an integer {low}..{high}"
+        raise ConfigError(f"{option}={raw!r} (from option) is invalid; accepted: {words}")
+    return value
+
+
 def emit_json(data: Any) -> None:
     """Print ``data`` as one JSON document on stdout."""
     click.echo(json_text(data))

@@ -17,6 +17,7 @@ from cachemgr.cli.common import (
     Seconds,
     chip_dirs,
     emit_json,
+    int_option,
     load_settings,
     remote_option,
     route,
@@ -29,7 +30,7 @@ from cachemgr.compile.queue import DEFAULT_TIMEOUT_S, CompileOutcome, CompileQue
 from cachemgr.compile.request import load_request
 from cachemgr.compile.results import Status
 from cachemgr.config.configfile import MAX_WORKERS
-from cachemgr.errors import CacheMgrError, ConfigError, InvalidInputError
+from cachemgr.errors import CacheMgrError, InvalidInputError
 from cachemgr.storage.counters import CounterBook
 
 if TYPE_CHECKING:  # the hit path imports only what a hit needs (issue 14 item 1)
@@ -206,7 +207,7 @@ def compile_cmd(
     **overrides: Any,
 ) -> None:
     """Compile REQUEST.json files (help: :data:`COMPILE_HELP`)."""
-    n_workers = _parse_workers(workers)
+    n_workers = int_option(workers, "--workers", 1, MAX_WORKERS)
     extra = {k: v for k, v in overrides.items() if v is not None}
     settings = load_settings(op_compiler_cache_dir, host_id, None, config_file, **extra)
     where = route(socket_path, run_local, settings, _local_only_option(click.get_current_context()))
@@ -245,24 +246,6 @@ def compile_cmd(
         if tiers is not None:  # the uploads queued by this run go before it exits
             tiers.close()
         counters.save()
-
-
-def _parse_workers(raw: str | None) -> int | None:
-    """``--workers``: an integer 1..:data:`MAX_WORKERS`, or None (the CPU count).
-
-    :raises ConfigError: anything else, in the words of every other bad value.
-    """
-    if raw is None:
-        return None
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        value = 0
-    if not 1 <= value <= MAX_WORKERS:
-        raise ConfigError(
-            f"--workers={raw!r} (from option) is invalid; accepted: an integer 1..{MAX_WORKERS}"
-        )
-    return value
 
 
 def _compile_here(

@@ -24,6 +24,7 @@ from cachemgr.cli.common import (
     chip_dirs,
     daemon_of_this_cache,
     emit_json,
+    int_option,
     load_settings,
     printable,
     route,
@@ -41,18 +42,6 @@ from cachemgr.eviction import DryRun, chip_row, gc, purge_chip
 from cachemgr.eviction.gc import limits_json
 from cachemgr.storage import fsprobe
 from cachemgr.storage.counters import COUNTER_NAMES, CacheCounters
-
-
-def _parse_ratio(raw: str | None) -> int | None:
-    if raw is None:
-        return None
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        value = -1
-    if not 0 <= value <= 100:
-        raise ConfigError(f"--ratio={raw!r} (from option) is invalid; accepted: an integer 0..100")
-    return value
 
 
 def _parse_min_age(raw: str | None) -> float | None:
@@ -152,7 +141,7 @@ def gc_cmd(
     also when another evictor is running (that chip folder is skipped); exit 1 when a file
     could not be removed.
     """
-    force_ratio = _parse_ratio(ratio)
+    force_ratio = int_option(ratio, "--ratio", 0, 100)
     min_age_s = _parse_min_age(min_age)
     settings = load_settings(**kw)
     if settings.problems:

@@ -17,7 +17,14 @@ from typing import Any
 
 import click
 
-from cachemgr.cli.common import cache_options, emit_json, load_settings, route, socket_option
+from cachemgr.cli.common import (
+    cache_options,
+    emit_json,
+    int_option,
+    load_settings,
+    route,
+    socket_option,
+)
 from cachemgr.client import Client, DaemonError
 from cachemgr.config import ini, versions
 from cachemgr.config.options import Settings
@@ -30,18 +37,12 @@ _RATIO_ACCEPTED = f"{ini.RATIO_MIN_PCT}..{ini.RATIO_MAX_PCT} (percent of the lim
 
 
 def _parse(raw: str | None, option: str, low: int, high: int, accepted: str) -> int | None:
-    """A strict integer option value (no unit suffix) or None when not given.
+    """:func:`int_option`, and ``--max-size 0`` refused (``low`` is -1 there: never evict).
 
-    :raises ConfigError: not an integer, or outside ``low..high`` (``-1`` is allowed for
-        ``--max-size``: ``low`` is then -1 and 0 is refused separately).
+    :raises ConfigError: not an integer, outside ``low..high``, or ``--max-size 0``.
     """
-    if raw is None:
-        return None
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        value = None
-    if value is None or not low <= value <= high or (option == "--max-size" and value == 0):
+    value = int_option(raw, option, low, high, accepted)
+    if option == "--max-size" and value == 0:
         raise ConfigError(f"{option}={raw!r} (from option) is invalid; accepted: {accepted}")
     return value
 
