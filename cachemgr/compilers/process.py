@@ -90,8 +90,9 @@ def run_in_group(argv: list[str], timeout_s: float, cwd: Path | None, what: str)
     """
     start = time.monotonic()
     box = _sandbox
-    run = box.wrap(argv, cwd, namespaces=not own_user()) if box is not None else argv
-    viewed = box is not None and box.in_view(not own_user())
+    namespaces = not own_user()
+    run = box.wrap(argv, cwd, namespaces) if box is not None else argv
+    viewed = box is not None and box.in_view(namespaces)
     try:
         proc = subprocess.Popen(
             run,

@@ -141,7 +141,7 @@ class Sandbox:
         limited = list(argv)
         if self.prlimit and self.limits.prlimit_args():
             limited = [self.prlimit, *self.limits.prlimit_args(), "--", *argv]
-        if not namespaces or not self.isolated or not self.bwrap:
+        if not self.in_view(namespaces) or self.bwrap is None:  # (None: for the type checker)
             return limited
         return [self.bwrap, *self.view_args(limited, cwd), "--", *limited]
 
@@ -149,12 +149,25 @@ class Sandbox:
         """Whether :meth:`wrap` with ``namespaces`` runs the process in the view."""
         return namespaces and self.isolated and self.bwrap is not None
 
-    def check_left(self, work: Path, what: str) -> None:
-        """After a process in the view ended: :func:`_check_left` of its working folder.
+    @staticmethod
+    def check_left(work: Path, what: str) -> None:
+        """After a process in the view ended (and with it, in its own pid namespace, every
+        process it started): its working folder ``work`` — the one place it could write —
+        must hold only plain files and folders. The daemon reads a compile's outputs outside
+        the view, where a symbolic link would lead it to any file of the daemon user (handed
+        back as an artefact, quoted, or cached) and a FIFO would block it.
 
-        :raises CompileError: it left a link, FIFO or socket there (named, with ``what``).
+        :raises CompileError: naming the first other entry (relative to ``work``) and
+            ``what``.
         """
-        _check_left(work, what)
+        found = _first_special(str(work))
+        if found is not None:
+            path, kind = found
+            raise CompileError(
+                f"{what}: the compiler left {kind} {os.path.relpath(path, work)!r} in its "
+                "build folder; the daemon reads outputs outside the sandbox and never follows "
+                "one: refused"
+            )
 
     def view_args(self, argv: list[str], cwd: Path | None) -> list[str]:
         """bwrap options that build the view for ``argv`` run in ``cwd`` (module docstring)."""
@@ -185,24 +198,6 @@ class Sandbox:
         if work != "/":
             args += ["--bind", work, work]
         return [*args, "--chdir", work, "--setenv", "TMPDIR", "/tmp"]
-
-
-def _check_left(work: Path, what: str) -> None:
-    """After a process in the view ended (and with it, in its own pid namespace, every
-    process it started): its working folder ``work`` — the one place it could write — must
-    hold only plain files and folders. The daemon reads a compile's outputs outside the
-    view, where a symbolic link would lead it to any file of the daemon user (handed back as
-    an artefact, quoted, or cached) and a FIFO would block it.
-
-    :raises CompileError: naming the first other entry (relative to ``work``) and ``what``.
-    """
-    found = _first_special(str(work))
-    if found is not None:
-        path, kind = found
-        raise CompileError(
-            f"{what}: the compiler left {kind} {os.path.relpath(path, work)!r} in its build "
-            "folder; the daemon reads outputs outside the sandbox and never follows one: refused"
-        )
 
 
 def _first_special(folder: str) -> tuple[str, str] | None:
