@@ -195,6 +195,7 @@ def _throughput_rows(
         ratios.append(got["client"] / got["queue"])
         same_procs.append((got["queue32"], got["client"] / got["queue32"]))
     ratio = statistics.median(ratios)
+    at_clients = statistics.median(q for q, _ in same_procs)  # in-process, CLIENTS processes
     tick = os.sysconf("SC_CLK_TCK")
     each = ", ".join(f"{q:,.0f} vs {c:,.0f}" for q, c in zip(ceilings, rates, strict=True))
     load = os.getloadavg()[0]
@@ -224,13 +225,12 @@ def _throughput_rows(
             statistics.median(rates),
             "hits/s",
             f"in-process queue hits, {CLIENTS} processes",
-            statistics.median(q for q, _ in same_procs),
+            at_clients,
             statistics.median(r for _, r in same_procs),
             "",
             None,
             f"what 32 processes on {cores} cores cost by themselves: the in-process rate at "
-            f"{CLIENTS} processes is "
-            f"{statistics.median(q for q, _ in same_procs) / statistics.median(ceilings):.2f}× "
+            f"{CLIENTS} processes is {at_clients / statistics.median(ceilings):.2f}× "
             f"its rate at {cores}; rounds' ratios " + ", ".join(f"{r:.2f}" for _, r in same_procs),
         ),
     ]
