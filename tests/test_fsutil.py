@@ -107,3 +107,31 @@ def test_read_noatime_keeps_atime(tmp_path: Path) -> None:
     os.utime(path, ns=(1_000_000_000, path.stat().st_mtime_ns))
     assert fsutil.read_bytes_noatime(path) == b"data"
     assert path.stat().st_atime_ns == 1_000_000_000
+
+
+def test_remove_tree_removes_a_tree_deeper_than_the_recursion_limit(tmp_path: Path) -> None:
+    """Attack review: a compiler left folders nested 1500 deep in its build folder;
+    ``shutil.rmtree`` (3.11) recursed past Python's limit and raised ``RecursionError``, so
+    the folder stayed. The removal goes on without recursion and still follows no link."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("kept")
+    top = tmp_path / "deep"
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    os.mkdir("deep", dir_fd=fd)
+    cur = os.open("deep", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+    for i in range(1500):
+        os.mkdir("a", dir_fd=cur)
+        if i % 500 == 0:
+            os.symlink(str(outside), "link", dir_fd=cur)
+            with open(os.open("f", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=cur), "w") as f:
+                f.write("x")
+        nxt = os.open("a", os.O_RDONLY | os.O_DIRECTORY, dir_fd=cur)
+        os.close(cur)
+        cur = nxt
+    os.symlink(str(outside), "link", dir_fd=cur)
+    os.close(cur)
+    os.close(fd)
+    assert fsutil.remove_tree(top) is True
+    assert not os.path.lexists(top)
+    assert (outside / "keep.txt").read_text() == "kept"

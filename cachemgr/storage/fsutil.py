@@ -238,8 +238,127 @@ def remove_tree_at(dir_fd: int, name: str, shown: Path) -> bool:
         failed = True
         log.warning("cannot remove %s: %s", shown / path, exc)
 
-    shutil.rmtree(name, dir_fd=dir_fd, onerror=onerror)
+    try:
+        shutil.rmtree(name, dir_fd=dir_fd, onerror=onerror)
+    except RecursionError:  # nested deeper than Python's stack (3.11's rmtree recurses)
+        failed = False
+        _remove_deep(dir_fd, name, shown, onerror)
     return not failed
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _remove_deep(dir_fd: int, name: str, shown: Path, onerror: Any) -> None:
+    """:func:`remove_tree_at` without recursion, for trees of any depth: one descriptor
+    open at a time, going down into the first folder left and back up through ``..``,
+    checked against the (device, inode) remembered on the way down (a folder moved
+    meanwhile stops the removal: one warning). Failures go to ``onerror``; a folder that
+    cannot be emptied is not entered again."""
+    names, ids, skip = [name], [], set[tuple[int, int]]()
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        onerror(os.open, name, (None, exc, None))
+        return
+    ids.append(_ident(os.fstat(fd)))
+    while True:
+        sub = _next_folder(fd, "/".join(names), onerror, skip)
+        if sub is not None:
+            try:
+                down = os.open(sub, _DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                onerror(os.open, "/".join([*names, sub]), (None, exc, None))
+                try:
+                    skip.add(_ident(os.stat(sub, dir_fd=fd, follow_symlinks=False)))
+                except OSError:
+                    break  # gone or unreachable: this folder is done
+                continue
+            os.close(fd)
+            fd, names, ids = down, [*names, sub], [*ids, _ident(os.fstat(down))]
+            continue
+        if len(names) == 1:
+            os.close(fd)
+            _rmdir(dir_fd, name, name, onerror)
+            return
+        up = os.open("..", _DIR_FLAGS, dir_fd=fd)
+        os.close(fd)
+        if _ident(os.fstat(up)) != ids[-2]:
+            os.close(up)
+            moved = OSError(errno.ESTALE, "moved while it was being removed")
+            onerror(os.open, "/".join(names[:-1]), (None, moved, None))
+            return
+        if not _rmdir(up, names[-1], "/".join(names), onerror):
+            skip.add(ids[-1])
+        fd, names, ids = up, names[:-1], ids[:-1]
+
+
+def _ident(st: os.stat_result) -> tuple[int, int]:
+    return st.st_dev, st.st_ino
+
+
+def _next_folder(fd: int, shown: str, onerror: Any, skip: set[tuple[int, int]]) -> str | None:
+    """Unlink every non-folder in the open folder ``fd``; the name of a folder in it not in
+    ``skip``, or None."""
+    try:
+        entries = list(os.scandir(fd))
+    except OSError as exc:
+        onerror(os.scandir, shown, (None, exc, None))
+        return None
+    for entry in entries:
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                if _ident(entry.stat(follow_symlinks=False)) not in skip:
+                    return entry.name
+                continue
+            os.unlink(entry.name, dir_fd=fd)
+        except OSError as exc:
+            onerror(os.unlink, f"{shown}/{entry.name}", (None, exc, None))
+    return None
+
+
+def _rmdir(dir_fd: int, name: str, shown: str, onerror: Any) -> bool:
+    try:
+        os.rmdir(name, dir_fd=dir_fd)
+    except OSError as exc:
+        onerror(os.rmdir, shown, (None, exc, None))
+        return exc.errno in GONE_ERRNOS
+    return True
+
+
+def open_up_tree(path: Path) -> None:
+    """Give the owner ``rwx`` on ``path`` and every folder below it that this user owns,
+    never following a link: a process of this user (a compiler in its build folder) may have
+    left folders it made unlistable (``000``) or whose files cannot be removed (``500``),
+    and nothing else could empty them. Failures are skipped (the removal reports them).
+
+    Meant for private folders only (this user's, ``0700``), where no other process of
+    another user could swap a name for a link meanwhile.
+    """
+    uid = os.geteuid()
+    stack = [path]
+    while stack:
+        folder = stack.pop()
+        try:
+            fd = os.open(folder, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            st = os.fstat(fd)
+            if st.st_uid == uid and st.st_mode & 0o700 != 0o700:
+                os.chmod(f"/proc/self/fd/{fd}", stat.S_IMODE(st.st_mode) | 0o700)
+            rfd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
+            try:
+                for name in os.listdir(rfd):
+                    sub = lstat_or_none(Path(name), rfd)
+                    if sub is not None and stat.S_ISDIR(sub.st_mode):
+                        stack.append(folder / name)
+            finally:
+                os.close(rfd)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
 
 
 def remove_tree(path: Path) -> bool:
