@@ -18,7 +18,6 @@ import dataclasses
 import hashlib
 import logging
 import os
-import shutil
 import stat
 import tempfile
 import threading
@@ -339,10 +338,18 @@ class RunContext:
         return self.output_dir
 
     def after_job(self) -> None:
-        """Empty this thread's build folder (after the callers have their answer)."""
+        """Empty this thread's build folder (after the callers have their answer). Never
+        raises: a folder that cannot be emptied (what a subverted compiler left, attack
+        review) is one warning and is given up — the next job gets a new one — instead of
+        ending the worker thread that called this."""
         path: Path | None = getattr(self.local, "build", None)
-        if path is not None and path.is_dir():
+        if path is None or not path.is_dir():
+            return
+        try:
             _empty(path)
+        except Exception as exc:  # a worker must outlive any leftover
+            log.warning("cannot empty build folder %s (%s); using a new one", path, exc)
+            self.local.build = None
 
     def close(self) -> None:
         """Remove every build folder (then drop its liveness lock)."""
@@ -356,6 +363,12 @@ BUILD_PREFIX = "cachemgr-build-"
 
 
 def _empty(folder: Path) -> None:
+    """Remove everything in a worker's build folder but its liveness lock and the sources'
+    mirror's folders; folders a compiler made unlistable or read-only are opened up first.
+
+    :raises OSError: something could not be listed or removed.
+    """
+    fsutil.open_up_tree(folder)
     for name in os.listdir(folder):
         path = folder / name
         if name == tempdirs.LIVE_LOCK:
@@ -364,7 +377,7 @@ def _empty(folder: Path) -> None:
             inputs.empty_mirror(path)  # its folders serve the worker's next job (issue 14)
             continue
         if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
+            fsutil.remove_tree(path)  # any depth; a part left is one warning
         else:
             fsutil.safe_unlink(path)
 

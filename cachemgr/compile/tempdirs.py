@@ -45,7 +45,9 @@ class LiveDir:
     lock_fd: int
 
     def close(self) -> None:
-        """Remove the folder (never following a link), then drop the lock."""
+        """Remove the folder (never following a link; folders its compilers made read-only
+        or unlistable are opened up first), then drop the lock."""
+        fsutil.open_up_tree(self.path)
         fsutil.remove_tree(self.path)
         with contextlib.suppress(OSError):
             os.close(self.lock_fd)
@@ -135,6 +137,7 @@ def _reclaim(dfd: int, name: str, parent: Path) -> int | None:
         if not dead:
             return None
         try:
+            fsutil.open_up_tree(parent / name)  # what a dead owner's compilers locked up
             size = _size(fd)
             if not fsutil.remove_tree_at(dfd, name, parent):
                 return None

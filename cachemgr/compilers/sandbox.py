@@ -201,21 +201,24 @@ class Sandbox:
 
 
 def _first_special(folder: str) -> tuple[str, str] | None:
-    """The first entry below ``folder`` (no link followed) that is neither a plain file nor
-    a folder, with its kind, or None."""
-    try:
-        entries = list(os.scandir(folder))
-    except FileNotFoundError:
-        return None
-    for entry in entries:
-        if entry.is_dir(follow_symlinks=False):
-            found = _first_special(entry.path)
-            if found is not None:
-                return found
-        elif not entry.is_file(follow_symlinks=False):
-            mode = entry.stat(follow_symlinks=False).st_mode
-            kinds = {stat.S_IFLNK: "a symbolic link", stat.S_IFIFO: "a FIFO"}
-            return entry.path, kinds.get(stat.S_IFMT(mode), "a special file")
+    """The first entry below ``folder`` (no link followed, any depth) that is neither a
+    plain file nor a folder, with its kind (a folder it cannot list is one too), or None."""
+    stack = [folder]
+    while stack:
+        current = stack.pop()
+        try:
+            entries = list(os.scandir(current))
+        except FileNotFoundError:
+            continue
+        except OSError:  # a folder it made unlistable (000): what is inside is unknown
+            return current, "an unreadable folder"
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                stack.append(entry.path)
+            elif not entry.is_file(follow_symlinks=False):
+                mode = entry.stat(follow_symlinks=False).st_mode
+                kinds = {stat.S_IFLNK: "a symbolic link", stat.S_IFIFO: "a FIFO"}
+                return entry.path, kinds.get(stat.S_IFMT(mode), "a special file")
     return None
 
 

@@ -1,0 +1,99 @@
+"""Attack review: what a subverted compiler leaves in its worker's build folder.
+
+The build folder is the one place a compile's processes may write (the allow-list view binds
+it read-write), and it is reused: emptied after each job for the worker's next one, another
+caller's. A compiler taken over by its input (stand-in: a script, as in ``test_deputy.py``)
+runs as the daemon user, so it may leave folders the daemon cannot list or empty (modes
+``000`` and ``500``). Emptying raised ``PermissionError`` in the worker thread, which died: a
+daemon with one worker answered nothing again. A folder it could not list made the check of
+what a compiler left raise too, for that job and every later job of that worker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.daemon_util import wait_for
+from tests.test_deputy import RAW, _crafted, _setup
+from tests.users_util import Runtime, Users, run_as
+
+HOSTILE = {
+    # a read-only folder holding a file inside the sources' mirror, which is kept and pruned
+    "readonly_mirror": 'mkdir -p "$d/.src/zz" && : > "$d/.src/zz/f" && chmod 500 "$d/.src/zz"',
+    # a folder nobody may list beside the outputs
+    "unreadable": 'mkdir -p "$d/zz/deeper" && chmod 000 "$d/zz"',
+    # folders nested deeper than Python's recursion limit
+    "deep": 'p="$d/zz"; for i in $(seq 1500); do p="$p/a"; done; mkdir -p "$p"',
+}
+
+CC = """#!/bin/sh
+prev=""; for a in "$@"; do [ "$prev" = "-o" ] && out="$a"; prev="$a"; done
+case "$*" in *-DHOSTILE=1*) d=$(dirname "$out"); HOSTILE_STEP ;; esac
+exec /usr/bin/gcc "$@"
+"""
+
+
+def _post(users: Users, rt: Runtime, bob_dir: str, sock: str, body: str) -> dict:
+    """POST /compile as bob; its status and body (never more than 60 s: a wedged daemon
+    fails the test instead of hanging it)."""
+    out = subprocess.run(
+        [rt.python, "-c", RAW, sock, body],
+        env={"PATH": "/usr/bin:/bin", "HOME": bob_dir},
+        cwd=bob_dir,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        **run_as(users.bob, users),  # type: ignore[arg-type]
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+@pytest.mark.parametrize("kind", sorted(HOSTILE))
+def test_a_build_folder_the_daemon_cannot_empty_never_kills_its_worker(
+    users: Users, other_runtime: Runtime, kind: str
+) -> None:
+    """A hostile compile leaves an undeletable or unlistable folder in its build folder; the
+    daemon (one worker) still compiles the next caller's kernel, and that folder is gone."""
+    rt = other_runtime
+    tools = users.base / "tools"
+    tools.mkdir()
+    cc = tools / "cc"
+    cc.write_text(CC.replace("HOSTILE_STEP", HOSTILE[kind]))
+    cc.chmod(0o755)
+    config = f'[compilers]\ncc = "{cc}"\n[daemon]\nworkers = 1\n'
+    daemon, _, _, bob = _setup(users, rt, config)
+    uid = pwd.getpwnam(users.alice).pw_uid
+    try:
+        sock = str(daemon.socket_path)
+        kernel = "void scale_kernel(float *x) { x[0] *= 2; }\n"
+        hostile = _crafted(str(bob / "h.c"), kernel, extra_flags=["-DHOSTILE=1"])
+        first = _post(users, rt, str(bob), sock, hostile)
+        assert first["code"] == 200, first
+        honest = _crafted(str(bob / "k.c"), kernel.replace("2", "3"))
+        second = _post(users, rt, str(bob), sock, honest)
+        assert json.loads(second["body"])["status"] == "compiled", second
+        assert daemon.proc.poll() is None
+        assert daemon.client.health()["status"] == "ok"
+        wait_for(lambda: not _left(uid, "zz"), 10, "the hostile folder to be removed")
+    finally:
+        daemon.stop()
+    assert not _left(uid, ""), "a build folder of the daemon stayed after it stopped"
+
+
+def _left(uid: int, name: str) -> list[Path]:
+    """The daemon user's build folders in the temp folder, or (``name``) what is so named
+    directly in them or in their sources' mirror."""
+    tmp = Path(tempfile.gettempdir())
+    found = [p for p in tmp.glob("cachemgr-build-*") if p.lstat().st_uid == uid]
+    if not name:
+        return found
+    return [q for p in found for q in (p / name, p / ".src" / name) if os.path.lexists(q)]
