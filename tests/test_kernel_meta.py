@@ -121,3 +121,26 @@ def test_compute_document_describes_the_request(tmp_path: Path) -> None:
     assert op["name"] == "matmul_1" and op["inputs"] == ["input_0", "input_1"]
     assert op["attrs"] == {"transpose_x1": False, "transpose_x2": False}
     assert doc["kernel"]["defines"] == {"M": 64, "K": 128, "N": 32}
+
+
+def test_reaping_a_planted_tree_deeper_than_the_recursion_limit(tmp_path: Path) -> None:
+    """Attack review: a member plants, in ``kernel_meta`` (group-writable), a dead process's
+    folder whose ``.build-*`` folder nests 1500 deep; ``shutil.rmtree`` (3.11) raised
+    ``RecursionError`` out of ``reap_orphans`` (no ``OSError``: the daemon's reclaim pass
+    stopped with a traceback). It is reaped like any other leftover."""
+    meta = tmp_path / "kernel_meta"
+    host = short_host()
+    dead_pid = _dead_pid()
+    dead = _folder(meta, f"{host}_{dead_pid}", {"host": host, "pid": dead_pid, "start": "1"})
+    build = dead / ".build-te_add_1-x"
+    build.mkdir()
+    cur = os.open(build, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(1500):
+        os.mkdir("a", dir_fd=cur)
+        nxt = os.open("a", os.O_RDONLY | os.O_DIRECTORY, dir_fd=cur)
+        os.close(cur)
+        cur = nxt
+    os.close(cur)
+    assert kernel_meta.reap_orphans(meta) == [build]
+    assert not build.exists()
+    assert (dead / "te_add_1.o").exists(), "a completed output stays"
