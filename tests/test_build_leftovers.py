@@ -305,3 +305,24 @@ def test_a_concurrent_sweep_never_takes_a_folder_being_made(tmp_path: Path) -> N
     assert maker.returncode == 0, out
     assert out.splitlines()[-1].endswith("failed=0 lost=0"), out
     assert sweeps > 100, f"only {sweeps} sweeps raced the maker: the test proved nothing"
+
+
+def test_a_dead_queues_folder_nested_deeper_than_the_recursion_limit_is_reclaimed(
+    tmp_path: Path, clean_env, tmpdir_: Path
+) -> None:
+    """Attack review: a subverted compiler nests folders 1500 deep in its build folder and
+    its daemon is killed. The next queue's sweep measured the leftover with ``os.fwalk``
+    (recursive in 3.11): ``RecursionError``, not ``OSError``, came out of ``build_dir`` and
+    every compile of that queue failed. It is reclaimed, and the next queue compiles."""
+    dead = tmpdir_ / "cachemgr-build-dead"
+    dead.mkdir()
+    (dead / tempdirs.LIVE_LOCK).write_bytes(b"")  # nobody holds it: its owner is dead
+    cur = os.open(dead, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(1500):
+        os.mkdir("a", dir_fd=cur)
+        nxt = os.open("a", os.O_RDONLY | os.O_DIRECTORY, dir_fd=cur)
+        os.close(cur)
+        cur = nxt
+    os.close(cur)
+    _next_queue_compiles(tmp_path, clean_env)
+    assert not dead.exists()

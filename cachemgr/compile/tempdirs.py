@@ -177,11 +177,26 @@ def _others_may_rename(st: os.stat_result) -> bool:
 
 
 def _size(fd: int) -> int:
-    """Bytes of the plain files under the open folder ``fd`` (no link followed)."""
+    """Bytes of the plain files under the open folder ``fd`` (no link followed, any depth:
+    no recursion, and one descriptor open at a time below ``fd``)."""
     total = 0
-    with contextlib.suppress(OSError):
-        for _root, _dirs, files, rfd in os.fwalk(".", dir_fd=fd, follow_symlinks=False):
-            for f in files:
-                st = fsutil.lstat_or_none(Path(f), rfd)
-                total += st.st_size if st is not None and stat.S_ISREG(st.st_mode) else 0
+    stack = [""]  # paths relative to fd
+    while stack:
+        rel = stack.pop()
+        try:
+            sub = os.open(rel or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+        except OSError:
+            continue  # unreadable, gone, or too long a path: not counted
+        try:
+            with os.scandir(sub) as entries:
+                for item in entries:
+                    st = item.stat(follow_symlinks=False)
+                    if stat.S_ISDIR(st.st_mode):
+                        stack.append(f"{rel}/{item.name}" if rel else item.name)
+                    elif stat.S_ISREG(st.st_mode):
+                        total += st.st_size
+        except OSError:
+            pass
+        finally:
+            os.close(sub)
     return total
