@@ -97,3 +97,35 @@ def _left(uid: int, name: str) -> list[Path]:
     if not name:
         return found
     return [q for p in found for q in (p / name, p / ".src" / name) if os.path.lexists(q)]
+
+
+def test_a_debug_compiles_read_only_leftover_never_stays_in_the_temp_folder(
+    users: Users, other_runtime: Runtime
+) -> None:
+    """A member's debug compile builds in a private hand-back folder (``cachemgr-deliver-*``)
+    of the daemon's temp folder; a hostile compile left a read-only folder with a file in it
+    there, which neither the build folder's removal nor the hand-back's could remove: one
+    folder left in the daemon's temp folder per request, until the disk was full."""
+    rt = other_runtime
+    tools = users.base / "tools"
+    tools.mkdir()
+    cc = tools / "cc"
+    cc.write_text(CC.replace("HOSTILE_STEP", HOSTILE["readonly_mirror"].replace(".src/", "")))
+    cc.chmod(0o755)
+    daemon, _, _, bob = _setup(users, rt, f'[compilers]\ncc = "{cc}"\n')
+    uid = pwd.getpwnam(users.alice).pw_uid
+    tmp = Path(tempfile.gettempdir())
+    try:
+        kernel = "void scale_kernel(float *x) { x[0] *= 2; }\n"
+        debug = {"options": {"op_debug_level": 2}, "extra_flags": ["-DHOSTILE=1"]}
+        body = _crafted(str(bob / "h.c"), kernel, **debug)
+        answer = _post(users, rt, str(bob), str(daemon.socket_path), body)
+        assert answer["code"] == 200, answer
+        assert json.loads(answer["body"])["status"] == "debug", answer
+
+        def delivers() -> list[Path]:
+            return [p for p in tmp.glob("cachemgr-deliver-*") if p.lstat().st_uid == uid]
+
+        wait_for(lambda: not delivers(), 10, "the hand-back folder to be removed")
+    finally:
+        daemon.stop()

@@ -446,6 +446,8 @@ def _run_debug(p: Prepared, into: Path | None = None) -> CompileOutcome:
             result, p.kernel, p.decision.debug.keep, folder, p.request
         )
     finally:
+        if into is not None:  # a private hand-back folder: folders its compiler locked up
+            fsutil.open_up_tree(build)
         kernel_meta.remove_build_dir(build)
     return CompileOutcome(p.kernel, DEBUG, kept, request=p.request.origin)
 
