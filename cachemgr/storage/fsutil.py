@@ -281,8 +281,13 @@ def _remove_deep(dir_fd: int, name: str, shown: Path, onerror: Any) -> None:
             os.close(fd)
             _rmdir(dir_fd, name, name, onerror)
             return
-        up = os.open("..", _DIR_FLAGS, dir_fd=fd)
-        os.close(fd)
+        try:
+            up = os.open("..", _DIR_FLAGS, dir_fd=fd)
+        except OSError as exc:
+            onerror(os.open, "/".join(names[:-1]), (None, exc, None))
+            return
+        finally:
+            os.close(fd)
         if _ident(os.fstat(up)) != ids[-2]:
             os.close(up)
             moved = OSError(errno.ESTALE, "moved while it was being removed")
