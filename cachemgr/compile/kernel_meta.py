@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import re
+import stat
 import tempfile
 import threading
 import time
@@ -77,12 +78,40 @@ def process_dir(kernel_meta_dir: Path) -> Path:
     with _dirs_lock:
         known = _dirs.get(ident)
         if known is not None and known.is_dir():
+            _check_own_folder(known)
             return known
         path = fsutil.ensure_dir(Path(kernel_meta_dir) / folder_name(pid=pid))
+        _check_own_folder(path)
         owner = {"host": short_host(), "pid": pid, "start": process_start_time(pid)}
         fsutil.atomic_write_bytes(path / OWNER_FILE, json.dumps(owner).encode())
         _dirs.put(ident, path)
         return path
+
+
+def _check_own_folder(path: Path) -> None:
+    """Refuse a process folder, or its ``kernel_meta``, that is another user's symbolic link,
+    and a process folder that another user made: ``kernel_meta`` may be shared, and a member
+    could make ``<host>_<pid>`` for a process id to come, a link to any folder of its user
+    (who then wrote its debug outputs and ``.owner`` there), or a folder of their own (attack
+    review). This user's own links are this user's choice.
+
+    :raises UnsafePathError: naming the folder, whose it is and what to do.
+    """
+    me = os.geteuid()
+    for folder in (path.parent, path):
+        st = os.lstat(folder)
+        if stat.S_ISLNK(st.st_mode) and st.st_uid != me:
+            raise UnsafePathError(
+                f"debug output folder {folder} is a symbolic link of "
+                f"{fsutil.user_name(st.st_uid)} (to {os.readlink(folder)}); cachemgr never "
+                "writes debug outputs through another user's link: remove it"
+            )
+    owner = os.stat(path).st_uid
+    if owner != me:
+        raise UnsafePathError(
+            f"debug output folder {path} belongs to {fsutil.user_name(owner)}, not to "
+            "this process's user: someone made it for this process id; remove it"
+        )
 
 
 def caller_base(options: Mapping[str, Any], env: Mapping[str, str], cwd: Path) -> tuple[Path, str]:
