@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.daemon_util import wait_for
-from tests.test_deputy import RAW, _crafted, _setup
+from tests.test_deputy import RAW, SECRET, _crafted, _setup
 from tests.users_util import Runtime, Users, run_as
 
 HOSTILE = {
@@ -127,5 +127,42 @@ def test_a_debug_compiles_read_only_leftover_never_stays_in_the_temp_folder(
             return [p for p in tmp.glob("cachemgr-deliver-*") if p.lstat().st_uid == uid]
 
         wait_for(lambda: not delivers(), 10, "the hand-back folder to be removed")
+    finally:
+        daemon.stop()
+
+
+ENV_CC = """#!/bin/sh
+case "$*" in *-DHOSTILE=1*) env >&2; exit 1 ;; esac
+exec /usr/bin/gcc "$@"
+"""
+
+
+def test_a_compiler_in_the_view_sees_none_of_the_daemons_environment_secrets(
+    users: Users, other_runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The view hid the daemon user's files but handed every compiler process the daemon's
+    whole environment: a proxy URL with its password (or any credential a service's unit
+    sets) came back to a member in the failed compile's error text, where a subverted
+    compiler printed it. Only what a compiler needs (PATH, locale, library and toolkit
+    variables) reaches the view."""
+    rt = other_runtime
+    monkeypatch.setenv("HTTPS_PROXY", f"http://svc:{SECRET}@127.0.0.1:9")
+    monkeypatch.setenv("SERVICE_API_KEY", SECRET)
+    tools = users.base / "tools"
+    tools.mkdir()
+    cc = tools / "cc"
+    cc.write_text(ENV_CC)
+    cc.chmod(0o755)
+    daemon, _, _, bob = _setup(users, rt, f'[compilers]\ncc = "{cc}"\n')
+    try:
+        kernel = "void scale_kernel(float *x) { x[0] *= 2; }\n"
+        body = _crafted(str(bob / "h.c"), kernel, extra_flags=["-DHOSTILE=1"])
+        answer = _post(users, rt, str(bob), str(daemon.socket_path), body)
+        assert json.loads(answer["body"])["status"] == "failed", answer
+        assert "PATH=" in answer["body"], "the stand-in compiler printed no environment"
+        assert SECRET not in answer["body"], "the daemon's environment came back"
+        honest = _crafted(str(bob / "k.c"), kernel)
+        again = _post(users, rt, str(bob), str(daemon.socket_path), honest)
+        assert json.loads(again["body"])["status"] == "compiled", again
     finally:
         daemon.stop()

@@ -63,6 +63,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -82,6 +83,15 @@ _KEYS = (
     "unshare",
 )  # fmt: skip
 #: Top-level system folders shown read-only (or re-made as the links they are: merged /usr).
+#: The daemon's environment variables a compiler in the view gets (attack review: it got
+#: them all — a proxy URL with its password, a unit's credentials — and a subverted compiler
+#: printed them into the error text handed back to the member): the search path, locale,
+#: library and include paths, and the toolkits' own variables.
+ENV_KEPT = re.compile(
+    r"^(?:PATH|HOME|LANG|LANGUAGE|LC_[A-Z]+|TZ|SOURCE_DATE_EPOCH"
+    r"|LD_LIBRARY_PATH|LIBRARY_PATH|CPATH|C_INCLUDE_PATH|CPLUS_INCLUDE_PATH"
+    r"|PYTHONPATH|PYTHONHOME|(?:ASCEND|CUDA|NVCC|TOOLCHAIN)_[A-Z0-9_]+)\Z"
+)
 SYSTEM_TOP = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 #: Files of ``/etc`` a compiler needs: the loader's cache and configuration (libraries in
 #: multiarch folders) and the alternatives ``/usr/bin/cc`` may point through. Not ``/etc``
@@ -197,6 +207,9 @@ class Sandbox:
         work = os.path.abspath(cwd) if cwd else "/"
         if work != "/":
             args += ["--bind", work, work]
+        for name in sorted(os.environ):  # the daemon's other variables may hold credentials
+            if not ENV_KEPT.match(name):
+                args += ["--unsetenv", name]
         return [*args, "--chdir", work, "--setenv", "TMPDIR", "/tmp"]
 
 
