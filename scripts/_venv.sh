@@ -36,7 +36,7 @@ _cachemgr_venv_install() {  # create (or recreate) and install; the caller holds
 
 if ! _cachemgr_venv_ready; then
   if command -v flock >/dev/null 2>&1; then
-    exec {_cachemgr_lock_fd}>"$VENV.lock"
+    exec {_cachemgr_lock_fd}<>"$VENV.lock"  # <>: never truncates, never blocks on a FIFO
     if ! flock -n "$_cachemgr_lock_fd"; then
       echo "waiting for another run installing into $VENV (lock $VENV.lock)" >&2
       flock -w "${CACHEMGR_VENV_LOCK_WAIT_S:-900}" "$_cachemgr_lock_fd" || {

@@ -51,3 +51,28 @@ def test_two_runs_at_once_install_the_virtualenv_once(tmp_path: Path) -> None:
 
     again = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
     assert again.returncode == 0 and again.stderr == "", again.stderr  # the fast path
+
+
+@pytest.mark.skipif(shutil.which("flock") is None, reason="flock (util-linux) is not installed")
+@pytest.mark.parametrize("planted", ["fifo", "symlink"])
+def test_a_planted_lock_name_neither_hangs_nor_truncates(tmp_path: Path, planted: str) -> None:
+    """Attack review: ``<venv>.lock`` was opened with ``>``: a FIFO planted under that name
+    (a virtualenv in a folder others may write) hung the run for good, and a symbolic link
+    to a file of the user emptied that file. The lock is opened read-write, without
+    truncating, and never blocks on a FIFO."""
+    venv = tmp_path / "venv"
+    victim = tmp_path / "notes.txt"
+    victim.write_text("precious\n")
+    lock = tmp_path / "venv.lock"
+    if planted == "fifo":
+        os.mkfifo(lock)
+    else:
+        lock.symlink_to(victim)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CACHEMGR_")}
+    env.pop("VIRTUAL_ENV", None)
+    env.update(CACHEMGR_VENV=str(venv), PYTHON="/bin/false")  # fails right after the lock
+    script = tmp_path / "use.sh"
+    script.write_text(f'source "{ROOT}/scripts/_venv.sh"\n')
+    run = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=20)
+    assert "creating virtualenv" in run.stderr, run.stderr  # it got past the lock
+    assert victim.read_text() == "precious\n"
