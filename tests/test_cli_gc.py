@@ -198,3 +198,35 @@ def test_purge_refuses_without_yes_off_a_terminal(root: Path, clean_env: dict[st
     assert json.loads(proc.stdout)["chip_folders"][SOC]["entries"] == 12
     # lock files stay until dead and an hour old (a GE process may hold one: issue 9 item 8)
     assert not kernels(chip) and all(n.endswith(".lock") for n in os.listdir(chip))
+
+
+def test_through_the_daemon_gc_names_the_limits_that_apply(
+    tmp_path: Path, clean_env: dict[str, str]
+) -> None:
+    """New-user review: with ASCEND_MAX_OP_CACHE_SIZE in the shell, gc through a daemon
+    warned "gc applies the fallback limits max_op_cache_size=2 MiB (env)" and then evicted
+    to the daemon's 500 MiB. The caller's environment binds only a local run: through the
+    daemon one line says the daemon's limits apply; --local applies the shell's."""
+    from tests.daemon_util import daemon_env, start_daemon
+
+    root = tmp_path / "root"
+    chip = root / "kernel_cache" / SOC
+    for i in range(3):
+        make_entry(chip, f"te_k_{i:02d}", MIB, time.time() - 12 * HOUR)
+    daemon = start_daemon(tmp_path, "--cache-dir", str(root), env=daemon_env(tmp_path))
+    try:
+        sock = ("--socket", str(daemon.socket_path))
+        for value in ("2", "2GB"):  # a plain limit, and one GE reads as 2 (a "problem")
+            env = {**clean_env, "ASCEND_MAX_OP_CACHE_SIZE": value}
+            proc = gc(root, env, "--dry-run", *sock)
+            assert proc.returncode == 0, proc.stderr
+            assert "the daemon's limits apply, not this shell's ASCEND_MAX_OP_CACHE_SIZE=2" in (
+                proc.stderr
+            ), proc.stderr
+            assert "gc applies the fallback" not in proc.stderr
+            assert "limit 500.0 MiB" in proc.stdout, proc.stdout
+        local = gc(root, {**clean_env, "ASCEND_MAX_OP_CACHE_SIZE": "2"}, "--dry-run", "--local")
+        assert local.returncode == 0 and "daemon's limits" not in local.stderr, local.stderr
+        assert "limit 2.0 MiB" in local.stdout, local.stdout
+    finally:
+        daemon.stop()

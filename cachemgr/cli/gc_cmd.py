@@ -44,6 +44,30 @@ from cachemgr.storage import fsprobe
 from cachemgr.storage.counters import COUNTER_NAMES, CacheCounters
 
 
+def _warn_about_limits(settings: Settings, force_ratio: int | None, via_daemon: bool) -> None:
+    """Say which limits apply when this shell's would mislead: here, the fallback GE applies
+    for a bad value (named above it); through the daemon, the daemon's own — limits set in
+    this shell's environment are not (they bind one user: docs/configuration.md)."""
+    names = ("max_op_cache_size", "remain_cache_size_ratio")
+    if via_daemon:
+        mine = [f"{settings[n].source}={settings.value(n)}" for n in names
+                if settings[n].origin == options.ORIGIN_ENV]  # fmt: skip
+        if mine:
+            warning(
+                f"the daemon's limits apply, not this shell's {', '.join(mine)}: "
+                "run with --local to apply them"
+            )
+        return
+    if settings.problems:
+        max_res = settings["max_op_cache_size"]
+        applied = settings.value("remain_cache_size_ratio") if force_ratio is None else force_ratio
+        warning(
+            f"gc applies the fallback limits max_op_cache_size={max_res.value} MiB "
+            f"({max_res.origin}) and remain_cache_size_ratio={applied} % "
+            "as GE would; fix the values above to apply yours"
+        )
+
+
 def _parse_min_age(raw: str | None) -> float | None:
     if raw is None:
         return None
@@ -144,18 +168,11 @@ def gc_cmd(
     force_ratio = int_option(ratio, "--ratio", 0, 100)
     min_age_s = _parse_min_age(min_age)
     settings = load_settings(**kw)
-    if settings.problems:
-        max_res = settings["max_op_cache_size"]
-        applied = settings.value("remain_cache_size_ratio") if force_ratio is None else force_ratio
-        warning(
-            f"gc applies the fallback limits max_op_cache_size={max_res.value} MiB "
-            f"({max_res.origin}) and remain_cache_size_ratio={applied} % "
-            "as GE would; fix the values above to apply yours"
-        )
     mode = DryRun.YES if dry_run else DryRun.NO
     where = route(socket_path, run_local, settings)
     where.announce()
     client = where.client
+    _warn_about_limits(settings, force_ratio, client is not None)
     if client is not None:
         report = client.gc(
             ratio=force_ratio,
