@@ -79,6 +79,24 @@ def test_a_huge_sparse_ini_or_counters_file_holds_no_command(
     assert not (chip / f"{kernel}.json").exists()
 
 
+@pytest.mark.parametrize("planted", ["cachemgr_stats.json", f"cachemgr_stats_{SOC}.json"])
+def test_a_deeply_nested_counters_file_holds_no_command(
+    clean_env: dict[str, str], tmp_path: Path, planted: str
+) -> None:
+    """Attack review: a member writes 60 KB of ``[[[…]]]`` (under the counters file's size
+    cap) as a counters file. Python's parser raised ``RecursionError``, which was not
+    handled: every user's ``stats`` and in-process compile ended in 'internal error' (exit
+    70, after the kernel was compiled) and the daemon's ``/stats`` answered 500 with a
+    traceback in its log. It counts as a damaged file: empty, replaced at the next save."""
+    root, _, _ = _compiled(tmp_path, clean_env)
+    (root / "kernel_cache" / planted).write_text("[" * 30000 + "]" * 30000)
+    req = str(_request(tmp_path))
+    for args in (("compile", "--local", "--replace", req), ("stats", "--local"), ("stats",)):
+        proc = run_cli(*args, "--cache-dir", str(root), env=clean_env, timeout=QUICK_S)
+        assert proc.returncode == 0, (args, proc.stderr)
+        _one_line_no_traceback(proc)
+
+
 def test_a_huge_sparse_binary_is_a_bad_entry_never_hashed(
     clean_env: dict[str, str], tmp_path: Path
 ) -> None:

@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from cachemgr.compile import kernel_meta
 from cachemgr.compile.request import load_request
 from cachemgr.constants import short_host
@@ -144,3 +146,21 @@ def test_reaping_a_planted_tree_deeper_than_the_recursion_limit(tmp_path: Path) 
     assert kernel_meta.reap_orphans(meta) == [build]
     assert not build.exists()
     assert (dead / "te_add_1.o").exists(), "a completed output stays"
+
+
+@pytest.mark.parametrize("owner", ["nested", "huge"])
+def test_a_planted_owner_record_is_no_owner(tmp_path: Path, owner: str) -> None:
+    """Attack review: a member plants a process folder in a shared ``kernel_meta`` whose
+    ``.owner`` is ``[[[…]]]`` (``RecursionError`` out of the reaper: the daemon's first scan
+    ended with a traceback) or 100 GiB sparse (read whole into the daemon's memory). Such a
+    record is no owner: the folder is not judged a dead process's and stays."""
+    meta = tmp_path / "kernel_meta"
+    folder = _folder(meta, f"{short_host()}_{_dead_pid()}", None)
+    record = folder / kernel_meta.OWNER_FILE
+    if owner == "nested":
+        record.write_text("[" * 30000 + "]" * 30000)
+    else:
+        with open(record, "wb") as giant:
+            giant.truncate(100 << 30)
+    assert kernel_meta.reap_orphans(meta) == []
+    assert folder.exists()

@@ -43,6 +43,8 @@ from cachemgr.storage.safedir import SafeDir, UnsafePathError
 log = logging.getLogger(__name__)
 
 OWNER_FILE = ".owner"
+#: The largest ``.owner`` record read (bytes): a host, a pid and a start time.
+MAX_OWNER_BYTES = 4096
 _FOLDER = re.compile(r"^(?P<host>[A-Za-z0-9_.\-]+)_(?P<pid>[0-9]+)$")
 #: This process's folder per ``kernel_meta`` base (the lock serialises their creation).
 _dirs: Memo[tuple[str, int], Path] = Memo("kernel_meta process folders", 1024)
@@ -278,9 +280,11 @@ def _owner(folder: Path, dir_fd: int | None = None) -> dict[str, Any] | None:
     """The ``.owner`` record of a per-process folder (``dir_fd``: that folder, open)."""
     try:
         path = folder / OWNER_FILE
-        raw = fsutil.read_bytes_noatime(path if dir_fd is None else Path(OWNER_FILE), dir_fd)
+        raw = fsutil.read_bytes_noatime(
+            path if dir_fd is None else Path(OWNER_FILE), dir_fd, max_bytes=MAX_OWNER_BYTES
+        )
         data = json.loads(raw)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # planted: huge, sparse, [[[…]]]
         return None
     return data if isinstance(data, dict) else None
 

@@ -203,7 +203,7 @@ def _read(path: Path) -> dict[str, int]:
         return {}
     try:
         data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # [[[…]]]: RecursionError
         log.warning("ignoring damaged counters file %s: %s", path, exc)
         return {}
     if not isinstance(data, dict):
