@@ -97,6 +97,29 @@ def test_a_deeply_nested_counters_file_holds_no_command(
         _one_line_no_traceback(proc)
 
 
+@pytest.mark.parametrize("route", ["--local", "daemon"])
+def test_a_deeply_nested_request_file_is_one_line(
+    clean_env: dict[str, str], tmp_path: Path, route: str, request: pytest.FixtureRequest
+) -> None:
+    """A request file of ``[[[…]]]`` (or one such field) ended in 'internal error:
+    RecursionError' (exit 70): bad input gets one line naming the file, exit 2."""
+    root = tmp_path / "cache"
+    via = ["--local"]
+    if route == "daemon":
+        via = ["--socket", str(request.getfixturevalue("daemon").socket_path)]
+    for name, text in (
+        ("deep.json", "[" * 30000 + "]" * 30000),
+        ("field.json", '{"op_type": ' + "[" * 30000 + "]" * 30000 + "}"),
+    ):
+        (tmp_path / name).write_text(text)
+        proc = run_cli(
+            "compile", *via, "--cache-dir", str(root), str(tmp_path / name), env=clean_env
+        )
+        assert proc.returncode == 2, proc.stderr
+        _one_line_no_traceback(proc)
+        assert f"{name}: JSON nested too deeply" in proc.stderr, proc.stderr
+
+
 def test_a_huge_sparse_binary_is_a_bad_entry_never_hashed(
     clean_env: dict[str, str], tmp_path: Path
 ) -> None:

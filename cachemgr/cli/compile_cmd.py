@@ -325,6 +325,8 @@ def _compile_via_daemon(
             return InvalidInputError(f"request {path}: cannot read ({exc.strerror})")
         except ValueError as exc:
             return InvalidInputError(f"request {path}: malformed JSON: {exc}")
+        except RecursionError:
+            return InvalidInputError(f"request {path}: JSON nested too deeply")
         except CacheMgrError as exc:
             return exc
 

@@ -308,6 +308,8 @@ def load_request(path: Path, settings: Settings | None = None) -> CompileRequest
         ) from None
     except ValueError as exc:
         raise InvalidInputError(f"request {path}: {exc}") from None
+    except RecursionError:
+        raise InvalidInputError(f"request {path}: JSON nested too deeply") from None
     return parse_request(data, path.resolve().parent, settings, origin=str(path))
 
 
