@@ -164,6 +164,20 @@ def test_a_package_item_with_a_non_string_dtype_is_no_match(tmp_path, clean_env,
     assert outcome.status == "compiled", outcome.error
 
 
+def test_a_deeply_nested_package_config_is_an_unreadable_one(tmp_path, clean_env, package) -> None:
+    """A package's config is untrusted input: ``[[[…]]]`` made the parser raise
+    ``RecursionError``, not handled, so every lookup of every compile failed with it; it is
+    an unreadable config (one warning) and the kernel compiles."""
+    root, _ = package
+    for config in (root / "config").rglob("*.json"):
+        config.chmod(0o644)
+        config.write_text("[" * 30000 + "]" * 30000)
+    settings = make_settings(tmp_path / "fresh", clean_env, jit_compile="false")
+    with CompileQueue(settings, workers=1, binary_dirs=[root]) as q:
+        outcome = q.compile(_dynamic(tmp_path, "k"))
+    assert outcome.status == "compiled", outcome.error
+
+
 def test_a_corrupt_package_binary_is_not_served(tmp_path, clean_env, package) -> None:
     root, _ = package
     for binary in root.rglob("*.o"):

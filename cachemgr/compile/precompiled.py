@@ -183,7 +183,7 @@ def _load_config(path: Path) -> list[dict[str, Any]]:
     try:
         data = json.loads(fsutil.read_bytes_noatime(path))
         items = [i for i in data[BIN_LIST] if isinstance(i, dict)]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:  # [[[…]]] too
         log.warning("precompiled config %s is unreadable: %s", path, exc)
         return []
     _configs.put(ident, items)
@@ -299,7 +299,7 @@ def _add_item(config_dir: Path, stem: str, item: dict[str, Any]) -> Path:
     if path.exists():
         try:
             items = list(json.loads(path.read_text(encoding="utf-8"))[BIN_LIST])
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
             raise InvalidInputError(f"pack: existing config {path} is unreadable: {exc}") from None
     items = [i for i in items if not isinstance(i, dict) or i.get("staticKey") != item["staticKey"]]
     items.append(item)
