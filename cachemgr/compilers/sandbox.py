@@ -82,7 +82,6 @@ _KEYS = (
     "namespaces", "bwrap", "prlimit", "allow", "hide", "address_space_mb", "cpu_s", "output_mb",
     "unshare",
 )  # fmt: skip
-#: Top-level system folders shown read-only (or re-made as the links they are: merged /usr).
 #: The daemon's environment variables a compiler in the view gets (attack review: it got
 #: them all — a proxy URL with its password, a unit's credentials — and a subverted compiler
 #: printed them into the error text handed back to the member): the search path, locale,
@@ -92,6 +91,7 @@ ENV_KEPT = re.compile(
     r"|LD_LIBRARY_PATH|LIBRARY_PATH|CPATH|C_INCLUDE_PATH|CPLUS_INCLUDE_PATH"
     r"|PYTHONPATH|PYTHONHOME|(?:ASCEND|CUDA|NVCC|TOOLCHAIN)_[A-Z0-9_]+)\Z"
 )
+#: Top-level system folders shown read-only (or re-made as the links they are: merged /usr).
 SYSTEM_TOP = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 #: Files of ``/etc`` a compiler needs: the loader's cache and configuration (libraries in
 #: multiarch folders) and the alternatives ``/usr/bin/cc`` may point through. Not ``/etc``
