@@ -48,7 +48,10 @@ it started is another user; a TCP caller (no credentials) is never the daemon's 
 Where bubblewrap cannot run (not installed, a kernel or systemd unit forbidding user
 namespaces), :attr:`Sandbox.isolated` is False and the daemon refuses compiles for other
 users with one line (see ``cachemgr.daemon.service``); compiles for its own user still run,
-with the limits. The systemd unit must allow ``RestrictNamespaces=user mnt pid``.
+with the limits. The systemd unit must allow ``RestrictNamespaces=user mnt pid``. Every
+process of the view starts holding no capability (:mod:`.caps`: bubblewrap refuses to start
+with one, and the unit gives the daemon ``CAP_FOWNER``), and :func:`_probe` starts its test
+the same way, in a build folder of its own.
 
 ``[sandbox]`` keys: ``namespaces`` (``"auto"``: use the view when bubblewrap works; ``"off"``),
 ``bwrap`` and ``prlimit`` (the tools, default found on PATH), ``allow`` (more folders shown
@@ -73,6 +76,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cachemgr.compilers import caps
 from cachemgr.constants import MIB
 from cachemgr.errors import CompileError, ConfigError
 
@@ -380,14 +384,25 @@ def _folders(
 
 
 def _probe(box: Sandbox) -> tuple[bool, str]:
-    """Run ``true`` in the sandbox: does it work here?"""
-    argv = dataclasses.replace(box, isolated=True).wrap(["/bin/true"], None)
-    try:
-        done = subprocess.run(argv, capture_output=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return False, f"{box.bwrap} cannot run: {exc}"
-    if done.returncode != 0:
-        text = (done.stderr or done.stdout).decode("utf-8", "replace").strip().splitlines()
-        why = text[-1] if text else f"exit {done.returncode}"
-        return False, f"bubblewrap cannot make a user namespace here: {why}"
+    """Run ``true`` in the view as a compile for another user runs (same options and limits,
+    started as :func:`.caps.start` starts every compiler process, working in a build folder
+    of its own): does the view work here, with this process's capabilities, namespaces and
+    system-call filter? A probe started otherwise said "works" (or "does not") for a view
+    that real compiles did not get."""
+    with tempfile.TemporaryDirectory(prefix="cachemgr-probe-") as work:
+        argv = dataclasses.replace(box, isolated=True).wrap(["/bin/true"], Path(work))
+        try:
+            proc = caps.start(argv, work)
+        except OSError as exc:
+            return False, f"{box.bwrap} cannot run: {exc}"
+        try:
+            stdout, stderr = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            return False, f"{box.bwrap} did not finish within 30 s"
+    if proc.returncode != 0:
+        text = (stderr or stdout).decode("utf-8", "replace").strip().splitlines()
+        why = text[-1] if text else f"exit {proc.returncode}"
+        return False, f"bubblewrap cannot make its namespaces here: {why}"
     return True, ""
