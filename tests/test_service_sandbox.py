@@ -19,14 +19,20 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
+import socket
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from tests.compile_util import scale_request
 from tests.daemon_util import Daemon, daemon_env, start_daemon
-from tests.test_deputy import CLIENT
+from tests.test_deputy import CLIENT, _as_bob, _setup
 from tests.unit_util import (
+    NETPROBE,
     cap_bit,
     cap_sets,
     capabilities,
@@ -184,3 +190,72 @@ def test_the_units_daemon_compiles_a_members_kernel_in_the_view_holding_no_capab
             assert thread["CapAmb"] == given and thread["CapEff"] & given == given, thread
     finally:
         daemon.stop()
+
+
+@pytest.fixture
+def listeners(users: Users) -> Iterator[list[str]]:
+    """What a compiler must not reach, each listening (``kind:address``, NETPROBE's words): a
+    TCP port on every address of the host (loopback and the outward one), an abstract Unix
+    socket, and a path socket anyone may connect to, outside the view."""
+    tcp = socket.create_server(("0.0.0.0", 0), backlog=64)
+    port = tcp.getsockname()[1]
+    addresses = ["127.0.0.1"]
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # no packet is sent: the route names the address
+            outward = probe.getsockname()[0]
+            if outward != "127.0.0.1":
+                addresses.append(outward)
+        except OSError:
+            pass
+    name = f"cachemgr-test-{secrets.token_hex(4)}"
+    abstract = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    abstract.bind("\0" + name)
+    abstract.listen(64)
+    outside = users.base / "outside"
+    outside.mkdir()
+    outside.chmod(0o755)
+    path = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    path.bind(str(outside / "s.sock"))
+    (outside / "s.sock").chmod(0o777)
+    path.listen(64)
+    try:
+        yield [
+            *(f"tcp:{a}:{port}" for a in addresses),
+            f"abstract:{name}",
+            f"unix:{outside}/s.sock",
+        ]
+    finally:
+        for sock in (tcp, abstract, path):
+            sock.close()
+
+
+def test_a_compiler_in_the_view_connects_to_nothing(
+    users: Users, other_runtime: Runtime, listeners: list[str]
+) -> None:
+    rt = other_runtime
+    tools = _tools(users)
+    probe = tools / "netprobe.py"
+    probe.write_text(NETPROBE)
+    probe.chmod(0o644)
+    command = f"/usr/bin/python3 {probe} {' '.join(listeners)}"
+    cc = _wrapper(tools, command)
+    # the same program outside the view, as the daemon user: every target is there
+    there = subprocess.run(
+        command.split(), capture_output=True, text=True, timeout=60, check=False,
+        **run_as(users.alice, users),  # type: ignore[arg-type]
+    )  # fmt: skip
+    assert there.stdout.count(" connected") == len(listeners), there.stdout + there.stderr
+    daemon, _, _, bob = _setup(users, rt, _config(cc, tools))
+    try:
+        src = bob / "k.c"
+        src.write_text(KERNEL)
+        src.chmod(0o644)
+        req = json.dumps(scale_request(str(src), defines={"K": 2, "PROBE": 1}))
+        out = _as_bob(users, rt, bob, CLIENT, str(daemon.socket_path), req, str(bob))
+    finally:
+        daemon.stop()
+    assert out.get("status") == "failed" and "proc=no" in out["error"], out
+    for target in listeners:
+        assert f"{target} refused" in out["error"], (target, out["error"])
+    assert " connected" not in out["error"], out["error"]
