@@ -72,11 +72,13 @@ before bubblewrap) is accepted and ignored, with a warning.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 import re
 import shutil
+import signal
 import stat
 import subprocess
 import tempfile
@@ -410,7 +412,8 @@ def _probe(box: Sandbox) -> tuple[bool, str]:
         try:
             stdout, stderr = proc.communicate(timeout=30)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # its process group, as a compile's
             proc.communicate()
             return False, f"{box.bwrap} did not finish within 30 s"
     if proc.returncode != 0:
