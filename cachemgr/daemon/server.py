@@ -204,8 +204,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _too_slow(self, auth: bool) -> None:
         what = self._late_auth() if auth else self._late_request()
-        with contextlib.suppress(OSError):  # what has arrived, so closing does not reset
-            self.connection.recv(1 << 16, socket.MSG_DONTWAIT)
+        _drain(self.connection)  # what has arrived, so closing does not reset
         if not hasattr(self, "requestline"):  # the request line itself was too slow
             self.requestline, self.command = "", ""
             self.request_version = self.default_request_version
@@ -454,6 +453,20 @@ class HttpServer:
         for thread in self._threads:
             thread.join(timeout=10)
         fsutil.safe_unlink(self.socket_path)
+
+
+def _drain(sock: socket.socket) -> None:
+    """Read what has arrived on ``sock`` without waiting. (``MSG_DONTWAIT`` alone does not
+    do: on a socket with a timeout Python first waits up to that timeout for data.)"""
+    timeout = sock.gettimeout()
+    try:
+        sock.setblocking(False)
+        sock.recv(1 << 16)
+    except OSError:
+        pass
+    finally:
+        with contextlib.suppress(OSError):
+            sock.settimeout(timeout)
 
 
 def _unlink_stale(path: Path) -> None:
