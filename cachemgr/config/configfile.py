@@ -209,8 +209,12 @@ class DaemonConfig:
     # TCP connections not authenticated yet, held per source address and in all (below
     # max_connections_per_caller: the rest is for authenticated ones); a newcomer over either
     # evicts the oldest unauthenticated one
-    max_unauth_per_address: int = field(default=8, metadata=rule("int", 1, MAX_INT))
-    max_unauth_connections: int = field(default=32, metadata=rule("int", 1, MAX_INT))
+    max_unauth_per_address: int = field(
+        default=8, metadata=rule("int", 1, MAX_INT, text=f"an integer 1..{MAX_INT}")
+    )
+    max_unauth_connections: int = field(
+        default=32, metadata=rule("int", 1, MAX_INT, text=f"an integer 1..{MAX_INT}")
+    )
     # compile jobs one caller (uid) may have queued or running; more → 429
     max_queued_per_caller: int = 1000
     # the highest priority a caller other than the daemon's user (or root) may ask for
