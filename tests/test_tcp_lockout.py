@@ -155,14 +155,15 @@ def _read_to_end(s: socket.socket) -> bytes:
     return data
 
 
-def test_an_outsider_without_the_token_cannot_lock_token_holders_out(
-    tmp_path: Path, users: Users, other_runtime: Runtime
-) -> None:
-    d, host, port = _tcp_daemon(tmp_path)
+def _flood(
+    users: Users, rt: Runtime, host: str, port: int, count: int, seconds: float
+) -> subprocess.Popen[str]:
+    """The outsider (a real user outside the group) running :data:`FLOODER` from 127.0.0.1,
+    once it has tried every slot."""
     script = users.base / "flood.py"
     script.write_text(FLOODER)
     flood = subprocess.Popen(
-        [other_runtime.python, str(script), host, str(port), "200", str(FLOOD_S), "127.0.0.1"],
+        [rt.python, str(script), host, str(port), str(count), str(seconds), "127.0.0.1"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -170,8 +171,20 @@ def test_an_outsider_without_the_token_cannot_lock_token_holders_out(
         **run_as(users.carol, users),  # type: ignore[arg-type]
     )
     assert flood.stdout is not None
+    if flood.stdout.readline().strip() != "ready":
+        flood.kill()
+        _, err = flood.communicate(timeout=10)
+        raise AssertionError(f"the flooder did not start: {err}")
+    return flood
+
+
+def test_an_outsider_without_the_token_cannot_lock_token_holders_out(
+    tmp_path: Path, users: Users, other_runtime: Runtime
+) -> None:
+    d, host, port = _tcp_daemon(tmp_path)
+    flood = _flood(users, other_runtime, host, port, 200, FLOOD_S)
+    assert flood.stdout is not None
     try:
-        assert flood.stdout.readline().strip() == "ready", flood.stderr
         started = time.monotonic()
         took: list[float] = []
         slow_other_address: list[int] = []
@@ -205,6 +218,45 @@ def test_an_outsider_without_the_token_cannot_lock_token_holders_out(
     assert seen["longest_open_s"] < AUTH_DEADLINE_S + SLACK_S, seen
     log = d.log()
     assert "evicted an unauthenticated TCP connection from 127.0.0.1" in log, log[-3000:]
+
+
+def test_a_full_tcp_share_evicts_unauthenticated_connections_never_token_holders(
+    tmp_path: Path, users: Users, other_runtime: Runtime
+) -> None:
+    # a share of 40: 24 held by token holders, so the outsider's connections fill the rest
+    # (16, fewer than max_unauth_connections) and the share itself is what is full
+    extra = "max_connections_per_caller = 40\nmax_unauth_per_address = 32\n"
+    d, host, port = _tcp_daemon(tmp_path, extra)
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    kept = []
+    for _ in range(24):
+        conn = http.client.HTTPConnection(host, port, timeout=10)
+        conn.request("GET", "/health", headers=auth)
+        assert conn.getresponse().read()
+        kept.append((conn, conn.sock))
+    flood = _flood(users, other_runtime, host, port, 100, 8.0)
+    try:
+        started = time.monotonic()
+        for n in range(5):
+            while time.monotonic() < started + n * 1.2:
+                time.sleep(0.05)  # paced tries while the flood goes on
+            t0 = time.monotonic()
+            client = Client(tcp=(host, port), token=TOKEN, timeout_s=30)
+            try:
+                assert client.health()["pid"] == d.proc.pid
+            finally:
+                client.close()
+            assert time.monotonic() - t0 < 5.0
+        assert time.monotonic() - started < 8.0, "the tries outlasted the flood"
+        flood.communicate(timeout=60)
+        for conn, sock in kept:  # never evicted: the same connections still answer
+            conn.request("GET", "/health", headers=auth)
+            assert conn.getresponse().status == 200 and conn.sock is sock
+            conn.close()
+    finally:
+        flood.kill()
+        flood.wait(10)
+        d.stop()
 
 
 def test_a_connection_that_authenticated_once_stays_open(tmp_path: Path) -> None:

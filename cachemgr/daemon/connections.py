@@ -19,9 +19,8 @@ accepted, answered ``503`` and closed, and the reserve taken again (the libev/ng
 
 Over TCP (no kernel-vouched identity; every request must carry the listener's token,
 :mod:`.httpauth`) a connection is *unauthenticated* until the headers of a request on it with
-the valid token have been read — at accept, when they are already waiting in the socket
-(peeked, not consumed), else by its handler thread — and stays authenticated for its life
-(keep-alive). An unauthenticated connection
+the valid token have been read (by its handler thread, :mod:`.server`), and stays
+authenticated for its life (keep-alive). An unauthenticated connection
 
 * is closed ``auth_deadline_s`` (2 s) after its accept if it has not authenticated by then
   (answered ``408``; :mod:`.server`), whatever it sends or does not send;
@@ -42,8 +41,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import http.client
-import io
 import json
 import logging
 import os
@@ -66,9 +63,6 @@ log = logging.getLogger(__name__)
 WARN_INTERVAL_S = 10.0
 #: After a failed accept that could not be shed, wait this long before the next (seconds).
 NO_FD_PAUSE_S = 0.05
-#: Bytes of a new TCP connection peeked at accept for a complete head carrying the token.
-PEEK_BYTES = 8192
-
 #: Decides whether a request's headers (an :class:`email.message.Message`) carry the token.
 Authenticates = Callable[[Any], bool]
 
@@ -237,8 +231,7 @@ class BoundedServerMixin:
         address = None
         if self.authenticates is not None:
             address = str(client_address[0]) if isinstance(client_address, tuple) else "?"
-        authenticated = address is not None and self._token_waiting(request)
-        ticket = Ticket(request, key, caller, address, time.monotonic(), authenticated)
+        ticket = Ticket(request, key, caller, address, time.monotonic(), authenticated=False)
         refusal = self._admit(ticket)
         if refusal is not None:
             _refuse(request, *refusal)
@@ -255,22 +248,6 @@ class BoundedServerMixin:
             self._release(ticket)
             self._shed.note("threads", "cannot start a thread for a new connection")
             _refuse(request, 503, "the daemon cannot take more connections; try again later")
-
-    def _token_waiting(self, sock: socket.socket) -> bool:
-        """The connection's first request head has arrived whole and carries the token
-        (peeked: the handler reads it again)."""
-        try:
-            data = sock.recv(PEEK_BYTES, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-        except OSError:
-            return False
-        _, eol, rest = data.partition(b"\r\n")
-        if not eol or b"\r\n\r\n" not in b"\r\n" + rest:
-            return False
-        try:
-            headers = http.client.parse_headers(io.BytesIO(rest))
-        except (http.client.HTTPException, ValueError):
-            return False
-        return self.authenticates is not None and self.authenticates(headers)
 
     def _admit(self, ticket: Ticket) -> tuple[int, str] | None:
         """Take a place for ``ticket``, evicting an unauthenticated TCP connection when its
