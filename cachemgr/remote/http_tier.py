@@ -10,8 +10,9 @@ sha256 (64 hex digits, ``h``), in one of ccache's layouts:
   ``--disable_http_ac_validation`` (the value is not an ActionResult).
 
 So an existing bazel-remote, nginx with WebDAV, or any server that accepts ``PUT`` works. A
-WebDAV server that answers ``409 Conflict`` to a ``PUT`` into a missing folder gets every
-folder of the URL's path made, from the top (``MKCOL``; ``405``: it exists already — so
+WebDAV server that answers ``409 Conflict`` to a ``PUT`` into a missing folder (nginx with
+``create_full_put_path off`` answers ``500``: its rename fails) gets every folder of the URL's
+path made, from the top (``MKCOL``; ``405``: it exists already — so
 ``http://host/very/long/prefix`` works on an empty server), and the ``PUT`` once more. An
 upload waits ``upload-timeout``, every other request ``operation-timeout``. A blob over
 ``max_blob_bytes`` is not sent, and ``413 Payload Too Large`` is that entry's problem
@@ -65,6 +66,9 @@ from cachemgr.storage.tiers import EntryFiles, TierStat
 #: The errors of an unreachable, slow or failing server (the breaker counts them).
 ERRORS: tuple[type[BaseException], ...] = (requests.RequestException, OSError)
 CHUNK_BYTES = 1 << 20
+#: Answers to a ``PUT`` into a missing folder: RFC 4918's ``409`` (wsgidav, Apache), nginx's
+#: ``500`` (``create_full_put_path off``). Folders are made and the ``PUT`` tried once more.
+NO_FOLDER = (409, 500)
 log = logging.getLogger(__name__)
 #: Format of the index objects (registry and shards).
 INDEX_FORMAT = 1
@@ -193,7 +197,7 @@ class HttpTier:
         return blob.decode(raw, soc_version, kernel, self.max_part_bytes, self.max_blob_bytes)
 
     def put(self, entry_files: EntryFiles) -> bool:
-        """``PUT`` the blob (``MKCOL`` of missing folders on a WebDAV ``409``).
+        """``PUT`` the blob (``MKCOL`` of missing folders on a WebDAV ``409``, nginx's ``500``).
 
         :raises EntryTooBig: the blob is over ``max_blob_bytes`` (not sent), or the server
             answered ``413``.
@@ -203,11 +207,11 @@ class HttpTier:
         data = blob.encode(entry_files)
         check_blob(data, self.max_blob_bytes, self.name)
         resp = self._session.put(url, data=data, timeout=self._upload_timeout)
-        if resp.status_code == 409:
+        if resp.status_code in NO_FOLDER:
             refused = self._make_folders(url)
             resp = self._session.put(url, data=data, timeout=self._upload_timeout)
-            if resp.status_code == 409 and refused:
-                raise HttpError(f"PUT {url}: HTTP 409 after {refused}")
+            if resp.status_code in NO_FOLDER and refused:
+                raise HttpError(f"PUT {url}: HTTP {resp.status_code} after {refused}")
         if resp.status_code == 413:
             raise EntryTooBig(f"PUT {url}: HTTP 413, over the server's size limit")
         self._check(resp, "PUT")
@@ -405,7 +409,7 @@ class HttpTier:
         """``PUT`` a JSON object; False on ``412`` (a condition failed) when ``conflict_ok``."""
         data = json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
         resp = self._session.put(url, data=data, headers=headers, timeout=self._timeout)
-        if resp.status_code == 409:
+        if resp.status_code in NO_FOLDER:
             self._make_folders(url)
             resp = self._session.put(url, data=data, headers=headers, timeout=self._timeout)
         if resp.status_code == 412 and conflict_ok:

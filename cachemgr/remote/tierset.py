@@ -55,7 +55,7 @@ COUNTERS = (
     "oversized",  # not sent (over the remote's cap) or refused by the server for its size
 )
 #: Seconds a CLI run waits for its queued uploads when it exits; the rest are dropped.
-EXIT_WAIT_S = 0.5
+EXIT_WAIT_S = 0.4
 #: Entries remembered as uploaded (by their main json's identity) so that an entry seen twice
 #: (the compile's own upload and the watcher's event, or each reconciliation) goes once.
 UPLOADED_MEMORY = 65_536
