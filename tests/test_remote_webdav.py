@@ -1,7 +1,7 @@
 """The HTTP tier on two real WebDAV servers — wsgidav and Debian's nginx — with a deep prefix
 (every missing folder made with ``MKCOL`` from the top), and an entry too big for the server
 (``413``) or for the remote's cap, which is that entry's problem and never opens the breaker
-(docs/remote.md#http, docs/remote.md#sizes)."""
+(docs/remote.md#webdav, docs/remote.md#sizes)."""
 
 from __future__ import annotations
 
