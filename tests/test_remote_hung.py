@@ -156,3 +156,50 @@ def test_exit_drops_an_upload_the_remote_hangs_on_and_counts_it(
     )
     assert stats.returncode == 0, stats.stderr
     assert '"remote_uploads_dropped_at_exit": 1' in stats.stdout, stats.stdout
+
+
+def test_the_shared_breaker_file_is_untrusted_input(tmp_path: Path) -> None:
+    """The state file is read bounded and validated: a planted far-future time keeps the
+    remote off for at most ``open_s``; another remote's file, a non-number, an oversized
+    file or a symlink are ignored; a success removes the file, so the next run uses the
+    remote again."""
+    from cachemgr.remote.breakerfile import MAX_BYTES, BreakerFile
+    from cachemgr.remote.tierset import FAILING, OK, Breaker
+
+    url = "redis://127.0.0.1:6379/0"
+    store = BreakerFile(tmp_path / "remotes", url)
+    assert Breaker("r", 3, 30.0, store=store).state == OK  # no file yet
+
+    store.save(30.0, "TimeoutError: Timeout reading from socket")
+    assert oct(store.path.stat().st_mode & 0o777) == "0o600"
+    fresh = Breaker("r", 3, 30.0, store=store)
+    assert fresh.state == FAILING and not fresh.allow() and "Timeout" in fresh.why
+
+    def planted(doc: object) -> str:
+        store.path.write_text(json.dumps(doc))
+        return Breaker("r", 3, 5.0, store=store).state
+
+    far = {"format": 1, "url": url, "open_until": time.time() + 1e9, "why": "x"}
+    store.path.write_text(json.dumps(far))
+    breaker = Breaker("r", 3, 5.0, store=store)
+    assert breaker.state == FAILING and breaker.open_until - time.monotonic() <= 5.0
+    assert planted(dict(far, url="redis://elsewhere:1/0")) == OK
+    assert planted(dict(far, open_until="forever")) == OK
+    assert planted(dict(far, open_until=float("inf"))) == OK
+    assert planted([far]) == OK
+    store.path.write_text(json.dumps(far) + " " * MAX_BYTES)
+    assert Breaker("r", 3, 5.0, store=store).state == OK
+    store.path.unlink()
+    (tmp_path / "elsewhere.json").write_text(json.dumps(far))
+    store.path.symlink_to(tmp_path / "elsewhere.json")
+    assert Breaker("r", 3, 5.0, store=store).state == OK
+    store.path.unlink()
+
+    store.save(30.0, "ConnectionError")
+    now = [time.monotonic()]
+    reopened = Breaker("r", 3, 30.0, store=store, clock=lambda: now[0])
+    assert not reopened.allow()
+    now[0] += 31
+    assert reopened.allow(), "after its window: one probe"
+    reopened.success()
+    assert not store.path.exists() and Breaker("r", 3, 30.0, store=store).state == OK
