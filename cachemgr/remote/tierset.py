@@ -4,8 +4,11 @@
 * :meth:`RemoteTiers.fetch` asks each remote in order; the first verified hit wins. A remote
   that fails (down, slow past its timeout, an error) counts a failure; after
   ``failures_before_open`` in a row its breaker opens and the remote is skipped for
-  ``open_s`` seconds, then one request probes it (half-open); a success closes it. One
-  warning line per state change, never one per request.
+  ``open_s`` seconds, then one request probes it (half-open); a success closes it. A lookup
+  that times out opens it at once (a hung remote costs a process one timeout), and with a
+  state folder the open window is shared by the user's runs on the host
+  (:mod:`cachemgr.remote.breakerfile`). One warning line per state change, never one per
+  request.
 * A blob that fails verification is ``rejected`` (counted, one warning line naming the check)
   and the lookup goes on: remote data is untrusted, it never fails a compile.
 * :meth:`RemoteTiers.upload_later` queues an entry for upload and returns at once; the queue
@@ -15,6 +18,12 @@
   CANN process: issue 15 item 6) are first asked for (``EXISTS``/``HEAD``) and not sent when
   the remote has them; an entry whose main json is unchanged since its last upload is not
   sent again.
+* An entry over a remote's cap is not read whole nor sent, and a server refusing one for its
+  size (HTTP ``413``, a connection dropped while the server still answers a ping) is that
+  entry's problem: counted ``oversized``, logged once per remote, never a breaker failure
+  (docs/remote.md#sizes).
+* :meth:`RemoteTiers.close` waits a bounded time for queued uploads (a CLI run:
+  :data:`EXIT_WAIT_S`); the rest are dropped and counted.
 * A remote that refuses our credentials (Redis ``WRONGPASS``/``NOAUTH``, HTTP 401/403) is
   ``disabled`` until the daemon reloads or restarts: retrying cannot help (one error line).
 """
@@ -385,7 +394,9 @@ class RemoteTiers:
             if self._uploaded.get(key) == ident:  # this very json went already
                 return 0
         writable = [t for t in self.tiers if not t.read_only]
-        cap = max((upload_cap(t) for t in writable), default=0)
+        if not writable:
+            return 0
+        cap = max(upload_cap(t) for t in writable)
         try:  # never more than the biggest cap in memory
             item = LocalTier(kernel_cache_dir).read(soc_version, kernel, max_bytes=cap)
         except fsutil.FileTooLargeError:
