@@ -227,9 +227,10 @@ def compile_cmd(
     remote_cfg = remote_config.from_settings(settings, list(remotes))
     tiers = None
     if remote_cfg.remotes:  # the tiers' clients only when configured (a lean hit: issue 14)
+        from cachemgr.daemon.state import remotes_state_dir
         from cachemgr.remote.tierset import RemoteTiers
 
-        tiers = RemoteTiers.from_config(remote_cfg)
+        tiers = RemoteTiers.from_config(remote_cfg, remotes_state_dir())
     queue = CompileQueue(
         settings,
         n_workers,
@@ -243,8 +244,10 @@ def compile_cmd(
         sys.exit(_compile_here(queue, requests, replace, as_json, where))
     finally:
         queue.close()
-        if tiers is not None:  # the uploads queued by this run go before it exits
-            tiers.close()
+        if tiers is not None:  # the uploads queued by this run go, if they can go soon
+            from cachemgr.remote.tierset import EXIT_WAIT_S
+
+            counters.add("remote_uploads_dropped_at_exit", tiers.close(wait_s=EXIT_WAIT_S))
         counters.save()
 
 

@@ -39,6 +39,7 @@ from cachemgr.daemon.config import DaemonConfig
 from cachemgr.daemon.governance import Governance, release_memory
 from cachemgr.daemon.heartbeat import GOVERNANCE, POOL, Heartbeats
 from cachemgr.daemon.metrics import Gauge, Metrics
+from cachemgr.daemon.state import remotes_state_dir
 from cachemgr.errors import CacheMgrError, InvalidInputError
 from cachemgr.eviction import gc
 from cachemgr.peer import user_name
@@ -85,7 +86,7 @@ class Service:
         #: storage`` (issue 15)
         self._remote_cli = list(remote_cli)
         self.remote_config = remote_config.from_settings(self._settings, self._remote_cli)
-        self.remotes = RemoteTiers.from_config(self.remote_config)
+        self.remotes = RemoteTiers.from_config(self.remote_config, remotes_state_dir())
         self.queue = CompileQueue(
             self._settings,
             workers=config.workers or os.cpu_count() or 1,
@@ -232,7 +233,7 @@ class Service:
         its credentials are fixed."""
         old = self.remotes
         self.remote_config = config
-        self.remotes = RemoteTiers.from_config(config)
+        self.remotes = RemoteTiers.from_config(config, remotes_state_dir())
         self.queue.set_remotes(self.remotes)
         writable = self.remotes is not None and self.remotes.writable
         self.governance.on_entry = self._entry_seen if writable else None

@@ -177,13 +177,27 @@ class LocalTier:
                 return None
         return EntryFiles(soc_version, kernel, files)
 
-    def read(self, soc_version: str, kernel: str) -> EntryFiles | None:
+    def read(
+        self, soc_version: str, kernel: str, max_bytes: int | None = None
+    ) -> EntryFiles | None:
         """The entry's files if it is complete and verifies (entry.py's rules: the json
         parses, every binary and sub-part named is there and matches its ``sha256``), else
         None — without side effects: a bad entry is left for the reaper (it may be a CANN
         process's write in progress on another host), and no access time changes (an upload
         is not a use: it must not reorder eviction, SPEC §5). The bytes read are checked once
-        more against the json (a file replaced meanwhile is not uploaded)."""
+        more against the json (a file replaced meanwhile is not uploaded).
+
+        :param max_bytes: read at most this many bytes of files in all (None: no cap).
+        :raises fsutil.FileTooLargeError: the entry's files are bigger than ``max_bytes``.
+        """
+        budget = [max_bytes]
+
+        def read_one(path: Path, fd: int) -> bytes:
+            data = fsutil.read_bytes_noatime(path, fd, single_link=True, max_bytes=budget[0])
+            if budget[0] is not None:
+                budget[0] -= len(data)
+            return data
+
         try:
             check_kernel_name(soc_version)
             check_kernel_name(kernel)
@@ -195,10 +209,9 @@ class LocalTier:
                 names = [desc.json_name, *desc.sub_jsons, *(b.bin_name for b in desc.binaries)]
                 if desc.header and fsutil.lstat_or_none(chip / desc.header, folder.fd):
                     names.append(desc.header)
-                files = {
-                    n: fsutil.read_bytes_noatime(chip / n, folder.fd, single_link=True)
-                    for n in names
-                }
+                files = {n: read_one(chip / n, folder.fd) for n in names}
+        except fsutil.FileTooLargeError:
+            raise
         except (OSError, CacheMgrError):
             return None
         for ref in desc.binaries:
