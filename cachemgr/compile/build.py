@@ -314,6 +314,8 @@ class RunContext:
     events: Events | None = None
     #: the remote tiers (``cachemgr.remote.tierset.RemoteTiers``), None without remotes
     remotes: RemoteTiers | None = None
+    _pending: tempdirs.LiveDir | None = None
+    _pending_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def build_dir(self) -> Path:
         """This thread's private, empty build folder (outside any cache folder), locked as
@@ -328,6 +330,22 @@ class RunContext:
             self.local.build = path
             self.live_dirs.append(live)
         return path
+
+    def pending_dir(self) -> Path:
+        """This process's private folder of compiled binaries waiting to be published
+        (``cachemgr-pending-*``, locked as live like the build folders): a binary moves
+        there out of its build folder, which the worker empties for its next job, and is
+        copied from there into the chip folder in chunks (docs/daemon.md, "Bounded
+        memory"). Made on first use; removed by :meth:`close`.
+
+        :raises OSError: the folder cannot be made.
+        """
+        with self._pending_lock:
+            if self._pending is None:
+                tempdirs.sweep(PENDING_PREFIX)
+                self._pending = tempdirs.make(PENDING_PREFIX)
+                self.live_dirs.append(self._pending)
+            return self._pending.path
 
     def uncached_dir(self) -> Path:
         """``output_dir``; when None, a private temp folder made on first use and kept (the
@@ -356,10 +374,13 @@ class RunContext:
         for live in self.live_dirs:
             live.close()
         self.live_dirs.clear()
+        self._pending = None
 
 
 #: Prefix of the workers' private build folders in the temp folder (:meth:`RunContext.build_dir`).
 BUILD_PREFIX = "cachemgr-build-"
+#: Prefix of the folder of binaries waiting to be published (:meth:`RunContext.pending_dir`).
+PENDING_PREFIX = "cachemgr-pending-"
 
 
 def _empty(folder: Path) -> None:

@@ -14,7 +14,6 @@ leaves processes behind.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -472,7 +471,7 @@ class CompilerBackend(ABC):
             "magic": self.magic,
             "opParaSize": 0,
             "parameters": [],
-            "sha256": hashlib.sha256(elf.data).hexdigest(),
+            "sha256": elf.digest(),
             "compileInfo": {
                 "compiler": ident.name,
                 "path": ident.path,
