@@ -56,7 +56,10 @@ def copy_temp(
         ``ENOSPC``); no temp file is left behind.
     """
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-    src_fd = os.open(src, flags)
+    try:  # a copy is not a use: the access time stays where the owner may keep it
+        src_fd = os.open(src, flags | getattr(os, "O_NOATIME", 0))
+    except PermissionError:
+        src_fd = os.open(src, flags)
     try:
         if not stat.S_ISREG(os.fstat(src_fd).st_mode):
             raise OSError(errno.EINVAL, "not a regular file", str(src))
