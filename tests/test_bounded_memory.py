@@ -111,6 +111,28 @@ def test_a_900_mb_object_compiled_through_the_daemon_keeps_its_peak_near_idle(
     assert not list((tmp_path / "tmp").glob(f"cachemgr-pending-*/*-{binary.name}"))
 
 
+def test_a_900_mb_disable_kernel_handed_back_is_refused_by_its_size_unread(
+    tmp_path: Path,
+) -> None:
+    """A ``disable`` kernel compiled through the daemon is handed back to its caller in the
+    answer (base64): the daemon copied the 900 MB object whole into its hand-back folder,
+    then read it for the answer. It is copied in chunks, and outputs over the hand-back cap
+    are refused by their sizes, in one line naming the cap and what to do."""
+    src = _source(tmp_path, "big", BIG_OBJECT_BYTES)
+    d = _daemon(tmp_path)
+    try:
+        idle = _peak_mb(d)
+        req = _request(src, "big", options={"op_compiler_cache_mode": "disable"})
+        out = _client(d).compile(req, base_dir=tmp_path, out_dir=tmp_path / "out")
+        peak = _peak_mb(d)
+    finally:
+        d.stop()
+    assert peak <= idle + COMPILE_ALLOWED_MB, f"peaked at {peak:.0f} MB; idle {idle:.0f} MB"
+    assert out.status == "failed", out.to_json()
+    assert "over the 16777216-byte cap" in out.error and "cachemgr compile --local" in out.error
+    assert not list((tmp_path / "tmp").glob("cachemgr-deliver-*"))  # the folder went
+
+
 def _plant(path: Path) -> None:
     """A sparse file of :data:`PLANTED_BYTES` at ``path`` (replacing what is there)."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -33,7 +33,7 @@ from cachemgr.compile.results import CompileOutcome, Policy, Status
 from cachemgr.compilers import CompileJob, CompilerBackend
 from cachemgr.config.options import Settings
 from cachemgr.errors import CacheMgrError, ConfigError, InvalidInputError
-from cachemgr.storage import chiplock, fsutil, manifest
+from cachemgr.storage import chiplock, fsutil, manifest, partcopy
 from cachemgr.storage.tiers import chip_store
 
 if TYPE_CHECKING:  # not imported on the hit path (issue 14 item 1)
@@ -484,7 +484,8 @@ def _run_uncached(p: Prepared, output_dir: Path, build: Path) -> CompileOutcome:
     binary = output_dir / result.binary.name
     doc = output_dir / result.json_path.name
     for made, dest in ((result.binary, binary), (result.json_path, doc)):
-        fsutil.atomic_write_bytes(dest, made.read_bytes(), sync=False)  # not a cache entry
+        # in chunks, never read whole (docs/daemon.md, "Bounded memory"); not a cache entry
+        fsutil.publish_temp(partcopy.copy_temp(dest, made).tmp, dest)
     return CompileOutcome(p.kernel, COMPILED, (doc, binary), request=p.request.origin)
 
 
