@@ -31,6 +31,7 @@ from cachemgr.compile.request import load_request
 from cachemgr.compile.results import Status
 from cachemgr.config.configfile import MAX_WORKERS
 from cachemgr.errors import CacheMgrError, InvalidInputError
+from cachemgr.storage import safeio
 from cachemgr.storage.counters import CounterBook
 
 if TYPE_CHECKING:  # the hit path imports only what a hit needs (issue 14 item 1)
@@ -317,7 +318,8 @@ def _compile_via_daemon(
 
     def one(path: Path) -> CompileOutcome | CacheMgrError:
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            # non-blocking, regular files only, capped: like every request file
+            data = json.loads(safeio.read_regular(path.resolve()).decode("utf-8"))
             if not isinstance(data, dict):
                 raise InvalidInputError(f"request {path}: a request must be a JSON object")
             data["options"] = {**overrides, **(data.get("options") or {})}

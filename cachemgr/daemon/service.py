@@ -4,6 +4,7 @@ governance, and the operations the API exposes. No HTTP here (see ``api``/``serv
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import datetime as dt
 import logging
@@ -667,8 +668,12 @@ def _outcome(future: Future[CompileOutcome]) -> tuple[int, dict[str, Any]]:
     return 200, _handed_back(future.result().to_json())
 
 
-#: The most bytes of outputs handed back in one answer.
-MAX_OUTPUT_BYTES = 256 << 20
+#: The most bytes of outputs handed back in one answer. They travel base64 in the JSON
+#: answer, built in the daemon's memory (~6 times their size at the peak): the cap keeps
+#: that under 100 MB. Debug artefacts and ``disable`` kernels are KiB to a few MiB; a larger
+#: one is compiled in the caller's own process (``--local``; docs/daemon.md, "Bounded
+#: memory").
+MAX_OUTPUT_BYTES = 16 << 20
 
 
 def _handed_back(data: dict[str, Any]) -> dict[str, Any]:
@@ -687,15 +692,32 @@ def _handed_back(data: dict[str, Any]) -> dict[str, Any]:
         return data
     outputs, total = [], 0
     try:
+        _check_output_sizes(files)
         for path in files:
-            blob = inputs.read_input(path, "output", MAX_OUTPUT_BYTES)
+            blob = inputs.read_input(path, "output", MAX_OUTPUT_BYTES - total)
             total += len(blob)
-            if total > MAX_OUTPUT_BYTES:
-                raise InvalidInputError(f"outputs over {MAX_OUTPUT_BYTES} bytes")
             outputs.append({"name": path.name, "data": base64.b64encode(blob).decode("ascii")})
+            del blob
     except InvalidInputError as exc:
         error = f"handing back outputs: {exc}"
         return {**data, "status": Status.FAILED, "files": [], "error": error}
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return {**data, "files": [], "outputs": outputs}
+
+
+def _check_output_sizes(files: list[Path]) -> None:
+    """Refuse, before a byte is read, outputs over :data:`MAX_OUTPUT_BYTES` together.
+
+    :raises InvalidInputError: one line naming the bytes, the cap and what to do.
+    """
+    total = 0
+    for path in files:
+        with contextlib.suppress(OSError):
+            total += os.lstat(path).st_size
+    if total > MAX_OUTPUT_BYTES:
+        raise InvalidInputError(
+            f"the outputs are {total} bytes, over the {MAX_OUTPUT_BYTES}-byte cap of what "
+            "the daemon hands back (MAX_OUTPUT_BYTES); compile this kernel in your own "
+            "process (cachemgr compile --local)"
+        )

@@ -29,16 +29,18 @@ from collections.abc import Mapping
 from cachemgr.config import layout
 from cachemgr.errors import InvalidEntryError
 from cachemgr.storage import entry
-from cachemgr.storage.tiers import EntryFiles
+from cachemgr.storage.tiers import MAX_IN_MEMORY_BYTES, EntryFiles
 
 MAGIC = b"CMGRENT\x00"
 FORMAT_VERSION = 1
 _HEAD = struct.Struct(">8sHI")
 DIGEST_BYTES = 32
 MAX_HEADER_BYTES = 1 << 20
-#: Default caps (bytes): one part, one blob. A kernel binary is rarely over a few MiB.
-DEFAULT_MAX_PART_BYTES = 256 << 20
-DEFAULT_MAX_BLOB_BYTES = 512 << 20
+#: Default caps (bytes): one part, one blob — what one entry may hold in memory
+#: (:data:`cachemgr.storage.tiers.MAX_IN_MEMORY_BYTES`) and its header. A kernel binary is
+#: rarely over a few MiB; a value over the cap is refused before it is read.
+DEFAULT_MAX_PART_BYTES = MAX_IN_MEMORY_BYTES
+DEFAULT_MAX_BLOB_BYTES = MAX_IN_MEMORY_BYTES + MAX_HEADER_BYTES + _HEAD.size + DIGEST_BYTES
 
 
 class BadBlob(ValueError):
@@ -88,12 +90,13 @@ def decode(
         raise BadBlob("not a cachemgr entry blob (bad magic)")
     if version != FORMAT_VERSION:
         raise BadBlob(f"blob format {version} is not {FORMAT_VERSION}")
-    body, digest = blob[:-DIGEST_BYTES], blob[-DIGEST_BYTES:]
+    # views, not copies: a blob is held once (docs/daemon.md, "Bounded memory")
+    body, digest = memoryview(blob)[:-DIGEST_BYTES], blob[-DIGEST_BYTES:]
     if hashlib.sha256(body).digest() != digest:
         raise BadBlob("blob digest does not match")
     if hlen > MAX_HEADER_BYTES or _HEAD.size + hlen > len(body):
         raise BadBlob(f"header length {hlen} is out of range")
-    header = _header(body[_HEAD.size : _HEAD.size + hlen])
+    header = _header(bytes(body[_HEAD.size : _HEAD.size + hlen]))
     if header.get("soc_version") != soc_version or header.get("kernel") != kernel:
         raise BadBlob(
             f"blob is for {header.get('soc_version')!r}/{header.get('kernel')!r}, "
@@ -116,7 +119,7 @@ def _header(raw: bytes) -> dict[str, object]:
 
 
 def _parts(
-    listed: object, body: bytes, offset: int, kernel: str, max_part_bytes: int
+    listed: object, body: memoryview, offset: int, kernel: str, max_part_bytes: int
 ) -> Mapping[str, bytes]:
     if not isinstance(listed, list) or not listed:
         raise BadBlob("blob header lists no files")
@@ -140,7 +143,7 @@ def _parts(
             raise BadBlob(f"{name}: blob is truncated")
         if hashlib.sha256(data).hexdigest() != digest:
             raise BadBlob(f"{name}: sha256 does not match")
-        files[name] = data
+        files[name] = bytes(data)
         offset += size
     if offset != len(body):
         raise BadBlob(f"blob has {len(body) - offset} bytes after its last file")

@@ -166,7 +166,9 @@ class HttpTier:
         return True
 
     def fetch_blob(self, soc_version: str, kernel: str) -> bytes | None:
-        """``GET`` the blob, read at most ``max_blob_bytes`` (a bigger answer is refused).
+        """``GET`` the blob, read at most ``max_blob_bytes``: an answer whose
+        ``Content-Length`` is over it is refused before its body is read, and a streamed
+        read stops at the cap.
 
         :raises blob.BadBlob: the answer is over the cap.
         :raises HttpError, requests.RequestException: the server failed.
@@ -176,6 +178,12 @@ class HttpTier:
             if resp.status_code == 404:
                 return None
             self._check(resp, "GET")
+            length = resp.headers.get("Content-Length", "")
+            if length.isdigit() and int(length) > self.max_blob_bytes:
+                raise blob.BadBlob(
+                    f"answer of {length} bytes (Content-Length) is over the "
+                    f"{self.max_blob_bytes}-byte cap; not read"
+                )
             chunks, total = [], 0
             for chunk in resp.iter_content(CHUNK_BYTES):
                 total += len(chunk)

@@ -67,14 +67,30 @@ class RedisTier:
     def fetch_blob(self, soc_version: str, kernel: str, use: bool = True) -> bytes | None:
         """The raw blob, or None when absent; with ``use`` its index score becomes now.
 
+        The value's size is asked first (``STRLEN``): one over ``max_blob_bytes`` is refused
+        before a byte of it is read, and the read itself (``GETRANGE``) never returns more
+        than the cap and one byte, should the value grow in between (a member may plant
+        a 500 MB value: read whole, it cost the daemon 1.6 GB; docs/remote.md, "Caps").
+
+        :raises blob.BadBlob: the value is over the cap (naming it).
         :raises redis.RedisError, OSError: the server failed.
         """
+        key, cap = self.key(soc_version, kernel), self.max_blob_bytes
+        size = int(self._client.strlen(key))
+        if size == 0:
+            return None  # absent (an empty value is no blob either)
+        if size > cap:
+            raise blob.BadBlob(f"value of {size} bytes is over the {cap}-byte cap; not read")
         pipe = self._client.pipeline(transaction=False)  # one round trip for both
-        pipe.get(self.key(soc_version, kernel))
+        pipe.getrange(key, 0, cap)  # at most cap + 1 bytes
         if use and not self.read_only:  # a use: the index's score becomes now (only if listed: XX)
             pipe.zadd(self.index_key(soc_version), {kernel: time.time()}, xx=True)
         raw = pipe.execute()[0]
-        return bytes(raw) if raw is not None else None
+        if not raw:
+            return None  # removed in between
+        if len(raw) > cap:
+            raise blob.BadBlob(f"value grew over the {cap}-byte cap while it was read")
+        return bytes(raw)
 
     def fetch(self, soc_version: str, kernel: str, use: bool = True) -> EntryFiles | None:
         """The verified entry, or None when absent (``use``: see :meth:`fetch_blob`).
@@ -85,7 +101,7 @@ class RedisTier:
         raw = self.fetch_blob(soc_version, kernel, use)
         if raw is None:
             return None
-        return blob.decode(raw, soc_version, kernel, self.max_part_bytes)
+        return blob.decode(raw, soc_version, kernel, self.max_part_bytes, self.max_blob_bytes)
 
     def put(self, entry_files: EntryFiles) -> bool:
         """Store the entry's blob and note it in the chip's index.

@@ -44,7 +44,7 @@ from typing import Any
 from cachemgr.config import versions
 from cachemgr.errors import CacheMgrError, InvalidInputError, LockBusyError
 from cachemgr.remote.tierset import RemoteTiers
-from cachemgr.storage import entry, fsutil
+from cachemgr.storage import entry, fsutil, safeio
 from cachemgr.storage.safedir import SafeDir
 from cachemgr.storage.store import EntryHold, check_kernel_name
 from cachemgr.storage.tiers import LocalTier
@@ -98,6 +98,10 @@ class WarmReport:
         }
 
 
+#: The largest ``--list`` file read (bytes): 16 MiB is ~100,000 kernel names.
+MAX_LIST_BYTES = 16 << 20
+
+
 def read_list(path: Path) -> list[str]:
     """Kernel names from a file, one a line (blank lines and ``#`` comments skipped).
 
@@ -105,9 +109,10 @@ def read_list(path: Path) -> list[str]:
         (naming the file and line).
     """
     try:
-        text = path.read_text(encoding="utf-8")
+        text = safeio.read_regular(path, MAX_LIST_BYTES, follow=True).decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        why = "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else exc.strerror
+        why = str(exc) if isinstance(exc, safeio.UnsafeFileError) else why
         raise InvalidInputError(f"--list {path}: cannot read ({why})") from exc
     names: list[str] = []
     for number, line in enumerate(text.splitlines(), 1):
