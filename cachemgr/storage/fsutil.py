@@ -854,6 +854,15 @@ def share_modes(folder: Path, fowner: bool | None = None, dir_fd: int | None = N
     return changed
 
 
+def share_file(dir_fd: int, name: str, fowner: bool, gid: int) -> bool:
+    """Give one file of the open folder ``dir_fd`` back to the group (``g+rw``) as
+    :func:`share_modes` does for each: a regular file with one name, of group ``gid`` (the
+    folder's), owned by this user unless ``fowner`` (``CAP_FOWNER``); never through a link.
+    Returns True when its mode was changed; errors are False."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    return _share_file(dir_fd, name, flags, os.geteuid(), fowner, gid)
+
+
 def _share_file(dir_fd: int, name: str, flags: int, me: int, fowner: bool, gid: int) -> bool:
     """One file of :func:`share_modes`: a regular file with one link (a hard link to a file
     elsewhere is never changed), of the folder's group, lacking ``g+rw``."""
