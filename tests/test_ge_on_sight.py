@@ -154,6 +154,8 @@ def test_a_chip_folder_ge_makes_is_shared_on_sight_and_compiles_into_it_are_cach
         out = json.loads(first.stdout.splitlines()[0])
         assert out["status"] == "compiled" and out.get("cached", True), first.stdout + first.stderr
         assert (chip / f"{out['kernel_name']}.json").exists()
+        exposed = [p for p in [root, *root.rglob("*")] if p.lstat().st_mode & 0o007]
+        assert exposed == [], exposed  # the daemon's files under a 2770 root: others nothing
         again = _cli(users, rt, users.bob, *args, env=via)
         assert json.loads(again.stdout.splitlines()[0])["status"] == "hit", again.stdout
         # gc: through the daemon, and in the daemon user's own shell (no capability)
