@@ -194,7 +194,8 @@ def config_report(
     """What ``cachemgr config`` prints after the settings' warnings, and its exit code: every
     setting of every table, its value and origin (one JSON object with ``as_json``); 2 when
     a value was invalid and a fallback was used, or (one line, nothing else) when a remote
-    spec is bad."""
+    spec is bad. A kernel cache every local user can read adds one warning line on stderr
+    (:func:`~cachemgr.storage.exposure.outsiders_warning`; the exit code stays)."""
     data = settings.to_json()
     names = [n for n in SHOWN if n in data] + sorted(set(data) - set(SHOWN))
     data.update(_toolkit_rows(settings))
@@ -208,9 +209,12 @@ def config_report(
     data.update(tables)
     names += list(tables)
     from cachemgr.config.options import kernel_cache_reason, kernel_cache_why  # loaded already
+    from cachemgr.storage.exposure import outsiders_warning
 
     data["kernel_cache_dir"]["why"] = kernel_cache_reason(settings)
     notes = {"daemon.lock_wait_s": _explain_lock_wait(data.get("daemon.lock_wait_s"))}
+    # a cache any local user can read: one line (docs/shared-cache.md#outsiders-read-nothing)
+    exposed = outsiders_warning(settings.layout.kernel_cache_dir)
     if as_json:
         lines = [(False, json_text({n: data[n] for n in names}))]
     else:
@@ -222,4 +226,6 @@ def config_report(
             if notes.get(name):
                 shown += f" ({notes[name]})"
             lines.append((False, f"({origin}) {name} = {shown}"))
+    if exposed:
+        lines.append((True, exposed))
     return lines, 2 if settings.problems else 0

@@ -86,6 +86,7 @@ def test_reaped_lock_file_is_relocked(tmp_path: Path) -> None:
 
 
 def test_atomic_write_leaves_no_temp_on_failure(tmp_path: Path) -> None:
+    tmp_path.chmod(0o755)
     dest = tmp_path / "x.json"
     fsutil.atomic_write_bytes(dest, b"one")
     assert dest.read_bytes() == b"one" and oct(dest.stat().st_mode & 0o777) == "0o664"

@@ -233,3 +233,20 @@ for target in sys.argv[1:]:
     except OSError as exc:
         print(target, "refused:", exc)
 """
+
+
+def unit_umask() -> int:
+    """The unit's ``UMask=`` (octal)."""
+    value = setting("UMask")
+    assert value is not None, f"{UNIT} has no UMask="
+    return int(value, 8)
+
+
+def unit_wrapper(folder: Path, user: str, group: str, program: str) -> Path:
+    """An executable (world-readable) script that runs ``program "$@"`` with the unit's
+    umask and credentials — what a test hands ``start_daemon`` as its ``python``."""
+    script = folder / f"as-unit-{user}.sh"
+    argv = " ".join(setpriv_argv(user, group))
+    script.write_text(f'#!/bin/sh\numask {unit_umask():04o}\nexec {argv} {program} "$@"\n')
+    script.chmod(0o755)
+    return script

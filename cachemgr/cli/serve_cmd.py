@@ -132,7 +132,8 @@ def status_cmd(socket_path: Path | None, wait_s: float, as_json: bool) -> None:
 
 
 def status_lines(health: dict[str, Any]) -> list[str]:
-    """The degraded states and the first scan's progress from ``/health`` (issue 12)."""
+    """The degraded states, the warnings (a cache every local user can read) and the first
+    scan's progress from ``/health``."""
     lines = []
     scan = health.get("scan")
     if isinstance(scan, dict) and scan.get("state") != "done":
@@ -143,6 +144,7 @@ def status_lines(health: dict[str, Any]) -> list[str]:
         )
     for problem in health.get("degraded") or []:
         lines.append(f"degraded: {problem}")
+    lines.extend(str(w) for w in health.get("warnings") or [])  # "warning: ..." each
     stuck = health.get("stuck")
     if stuck:
         lines.append(f"no progress in: {', '.join(stuck)} (systemd's watchdog will restart it)")

@@ -31,6 +31,7 @@ restoring group-sharing modes lists a folder as a stream.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import datetime as dt
@@ -44,6 +45,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from apscheduler.jobstores.base import JobLookupError
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 from watchdog.events import (
@@ -71,7 +73,7 @@ from cachemgr.daemon.watch import Watcher
 from cachemgr.errors import CacheMgrError
 from cachemgr.eviction import gc as cache_gc
 from cachemgr.eviction.collect import skew_warned
-from cachemgr.storage import entry, fsprobe, fsutil
+from cachemgr.storage import entry, fsprobe, fsutil, groupmodes
 from cachemgr.storage.counters import CounterBook
 from cachemgr.storage.events import Events, NoSpaceEvent
 from cachemgr.storage.safedir import SafeDir
@@ -119,6 +121,8 @@ class _Events(FileSystemEventHandler):
 
     def on_any_event(self, event: FileSystemEvent) -> None:
         if event.is_directory:
+            if event.event_type in ("created", "moved"):  # a chip folder GE just made
+                self.gov.folder_appeared(Path(str(event.dest_path or event.src_path)))
             return
         if event.event_type == "deleted" and self.gov.evicting(str(event.src_path)):
             return
@@ -130,14 +134,6 @@ class _Events(FileSystemEventHandler):
         elif event.event_type == "moved":
             self.gov.file_event(src, removed=True)
             self.gov.file_event(Path(str(event.dest_path)), removed=False)
-
-
-def _share_modes(folder: Path, kernel_cache_dir: Path) -> int:
-    """``fsutil.share_modes`` of a folder of the cache reached without following a link at
-    any step (docs/security.md item 1): a folder swapped for a link gets no ``chmod``."""
-    opener = SafeDir.open_kernel_cache if folder == kernel_cache_dir else SafeDir.open_chip
-    with opener(folder) as opened:
-        return fsutil.share_modes(folder, dir_fd=opened.fd)
 
 
 class ScanProgress:
@@ -239,6 +235,8 @@ class Governance:
         #: the socs evicted now or rescanned after it: no new eviction is scheduled for them
         #: (their index lags the removals until that rescan)
         self._settling: set[str] = set()
+        #: chip folders seen appearing and not yet watched (:meth:`folder_appeared`)
+        self._fresh: set[str] = set()
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -348,12 +346,55 @@ class Governance:
     # --- events and jobs ------------------------------------------------------------------
 
     def file_event(self, path: Path, removed: bool) -> None:
-        """Account one file event; schedule eviction when a chip folder crosses its limit."""
+        """Account one file event; schedule eviction when a chip folder crosses its limit. A
+        file that appears without ``g+rw`` (GE's ``0640``) is given back to the group at once
+        where this daemon may (docs/shared-cache.md#ges-modes-given-back-on-sight)."""
+        if not removed:
+            self._give_back_file(path)
         soc = self.index.file_removed(path) if removed else self.index.file_changed(path)
         if soc is not None and not removed:
             self._check_limit(soc)
         if not removed and self.on_entry is not None and path.name.endswith(".json"):
             self._entry_seen(path.parent, path.name[: -len(".json")])
+
+    def _give_back_file(self, path: Path) -> None:
+        """``g+rw`` back on one file of the kernel cache or a chip folder that lacks it (one
+        ``lstat`` for a file that has it: the daemon's own, every publish's)."""
+        st = fsutil.lstat_or_none(path)
+        if st is None or not fsutil.plain_file(st) or st.st_mode & 0o060 == 0o060:
+            return
+        kc = self.index.kernel_cache_dir
+        if path.parent == kc:
+            groupmodes.give_back_names(kc, [path.name], kernel_cache=True)
+        elif path.parent.parent == kc:
+            groupmodes.give_back_names(path.parent, [path.name])
+
+    def folder_appeared(self, path: Path) -> None:
+        """A folder appeared in the kernel cache (GE's ``mkdir`` of a chip folder, ``0750``):
+        its modes and those of the files already in it are given back to the group now,
+        where this daemon may — not at the next reconciliation, minutes later (every
+        compile into it was uncached meanwhile). Its watch is armed at once by a watch check
+        run now in the scheduler's thread (never here: the watcher's lock is taken there
+        before the observer's), which gives back the files written before the watch."""
+        if path.parent != self.index.kernel_cache_dir or self.root_problem:
+            return
+        watcher = self.watcher
+        if watcher is not None and path.name not in watcher.modes():
+            with self._lock:
+                self._fresh.add(path.name)
+        self._give_back_chip(path)
+        if self.scheduler.running:
+            with contextlib.suppress(JobLookupError):  # stopping
+                self.scheduler.modify_job("watch", next_run_time=dt.datetime.now(dt.UTC))
+
+    def _give_back_chip(self, chip: Path) -> None:
+        try:
+            changed = groupmodes.give_back_folder(chip)
+        except (OSError, CacheMgrError) as exc:  # gone, a link, a member's private folder
+            log.debug("%s: modes not given back: %s", chip, exc)
+            return
+        if changed:
+            log.info("%s: group-sharing modes given back on %d files", chip, changed)
 
     def evicting(self, path: str) -> bool:
         """True when ``path`` lies in a chip folder that this daemon is evicting now.
@@ -636,6 +677,10 @@ class Governance:
             self.index.forget(soc)
         # also while the first scan runs: it may have passed it; and the folders that could
         # not be scanned (a member's private folder), until they can: warned about once
+        with self._lock:
+            fresh, self._fresh = self._fresh & rescan, self._fresh - rescan
+        for soc in sorted(fresh):  # new and armed now: what was written before its watch
+            self._give_back_chip(self.index.kernel_cache_dir / soc)
         for soc in sorted(rescan | (set(self.index.problems) & present)):
             self._rescan(soc)
         if rescan:
@@ -699,7 +744,8 @@ class Governance:
                     log.warning("%s", check.detail)
                 for folder in [one.layout.kernel_cache_dir, *one.layout.chip_dirs()]:
                     try:
-                        changed = _share_modes(folder, one.layout.kernel_cache_dir)
+                        top = folder == one.layout.kernel_cache_dir
+                        changed = groupmodes.give_back_folder(folder, kernel_cache=top)
                     except PermissionError as exc:  # a member's private chip folder: the
                         log.debug("%s: modes not restored: %s", folder, exc)  # index warns
                         continue

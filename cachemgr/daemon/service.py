@@ -47,7 +47,7 @@ from cachemgr.peer import user_name
 from cachemgr.remote import config as remote_config
 from cachemgr.remote import warm
 from cachemgr.remote.tierset import RemoteTiers
-from cachemgr.storage import fsutil
+from cachemgr.storage import exposure, fsutil
 from cachemgr.storage.counters import COUNTER_NAMES, CounterBook
 from cachemgr.storage.events import Events
 from cachemgr.storage.tiers import chip_store
@@ -284,7 +284,14 @@ class Service:
             "scan": self.governance.scan.to_json(),
             "stuck": self.heartbeats.stale(),
             "remotes": self.remote_stats(),
+            "warnings": self.warnings(),
         }
+
+    def warnings(self) -> list[str]:
+        """What the operator should fix though the daemon works, one line each: a kernel
+        cache every local user can read (docs/shared-cache.md#outsiders-read-nothing)."""
+        exposed = exposure.outsiders_warning(self._settings.layout.kernel_cache_dir)
+        return [exposed] if exposed else []
 
     def degraded(self) -> list[str]:
         """The degraded states now, one line each (docs/troubleshooting.md): a root that

@@ -46,7 +46,7 @@ from cachemgr.eviction.files import DENIED_ERRNOS, denied_line, open_dir, remove
 from cachemgr.eviction.plan import EvictionPlan, check_limits, plan_eviction
 from cachemgr.eviction.reclaim import ReclaimResult, after_eviction, reclaim
 from cachemgr.memo import OnceSet
-from cachemgr.storage import entry, fsutil
+from cachemgr.storage import entry, fsutil, groupmodes
 from cachemgr.storage.entry import ChipScan, EntryGroup
 
 log = logging.getLogger(__name__)
@@ -294,13 +294,17 @@ def _past_deadline(report: GcReport) -> GcReport:
 
 
 def _take_evict_lock(lock: fsutil.FcntlLock) -> bool:
-    """Take ``op_cache_file_del.lock`` without waiting (False: busy).
+    """Take ``op_cache_file_del.lock`` without waiting (False: busy). Refused for lack of
+    permission (GE's ``0750`` folder, its ``0640`` lock), it is tried once more after the modes
+    were given back to the group where this process may (:mod:`cachemgr.storage.groupmodes`).
 
     :raises CachePermissionError: neither a write lock nor a read lock with cachemgr's
         companion lock is possible (one line: path, owner, mode, fix; issue 9 item 6c).
     """
-    try:
-        return lock.acquire(blocking=False)
+    try:  # GE's 0750 folder or 0640 lock: given back to the group where we may, then again
+        return groupmodes.retry_denied(
+            lambda: lock.acquire(blocking=False), lock.path.parent, [lock.path.name]
+        )
     except PermissionError as exc:
         raise CachePermissionError(fsutil.lock_access_hint(lock.path)) from exc
 

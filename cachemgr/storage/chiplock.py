@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from cachemgr.errors import LockBusyError
-from cachemgr.storage import fsutil
+from cachemgr.storage import fsutil, groupmodes
 from cachemgr.storage.safedir import SafeDir
 
 _TURNSTILE, _CHIP = 0, 1
@@ -76,9 +76,15 @@ class ChipLock:
         self.path = Path(path)
 
     def _open(self) -> int:
+        # GE's 0750 kernel cache folder: given back to the group where we may, then once more
+        return groupmodes.retry_denied(
+            self._open_once, self.path.parent, [self.path.name], kernel_cache=True
+        )
+
+    def _open_once(self) -> int:
         # the kernel cache folder is reached without following a link (docs/security.md)
         with SafeDir.open_kernel_cache(self.path.parent, create=True) as folder:
-            return fsutil.open_lock_file(self.path, folder.fd)  # 0664 whatever the umask
+            return fsutil.open_lock_file(self.path, folder.fd)  # group read/write
 
     def hold_shared(self, timeout_s: float | None = None) -> Hold:
         """Take the chip shared (a publisher) until :meth:`Hold.release` — which any thread

@@ -218,7 +218,7 @@ def _read(path: Path) -> dict[str, int]:
 def _write(path: Path, values: Mapping[str, int]) -> None:
     data = json.dumps(dict(sorted(values.items())), sort_keys=True).encode()
     # no fsync: counters are statistics, and a damaged file is read as empty (issue 14)
-    fsutil.atomic_write_bytes(path, data, mode=0o664, sync=False)
+    fsutil.atomic_write_bytes(path, data, sync=False)  # the folder's shared mode
 
 
 class CounterBook:

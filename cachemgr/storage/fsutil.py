@@ -38,10 +38,46 @@ log = logging.getLogger(__name__)
 TEMP_SUFFIX = ".temp"
 #: Errors that mean "the file is not there any more" — normal in a shared cache.
 GONE_ERRNOS = frozenset({errno.ENOENT, errno.ESTALE})
-#: Files are group read/write, never world-writable (SPEC §9).
+#: Files are group read/write, never world-writable (SPEC §9); others may read them only
+#: where their folder lets others in (:func:`file_mode_in`).
 FILE_MODE = 0o664
-#: Folders are group-writable and setgid so new files keep the group (SPEC §9).
+#: Folders are group-writable and setgid so new files keep the group (SPEC §9); others get
+#: what the folder above gives them, at most ``r-x`` (:func:`dir_mode_in`).
 DIR_MODE = 0o2775
+#: What others may be given at most (read, and search for folders; never write).
+OTHERS_AT_MOST = 0o005
+
+
+def file_mode_in(folder_mode: int) -> int:
+    """The mode of a file cachemgr creates in a folder of mode ``folder_mode``: group
+    read/write whatever the umask; readable by others only when the folder gives others
+    read (a ``2770`` root: ``0660``; a ``2775`` one: ``0664``) — never more than the folder
+    (docs/shared-cache.md#outsiders-read-nothing)."""
+    return (FILE_MODE & ~0o007) | (folder_mode & 0o004)
+
+
+def dir_mode_in(parent_mode: int) -> int:
+    """The mode of a folder cachemgr creates in a folder of mode ``parent_mode``: ``rwx``
+    for owner and group, others' bits as the parent gives them (at most ``r-x``), setgid
+    where the parent has it (new files keep the sharing group; SPEC §2, §9)."""
+    return 0o770 | (parent_mode & OTHERS_AT_MOST) | (parent_mode & stat.S_ISGID)
+
+
+def _folder_mode(path: Path, dir_fd: int | None) -> int:
+    """The mode of ``path``'s folder: ``dir_fd`` when given (the open folder), else its
+    parent by name."""
+    return os.fstat(dir_fd).st_mode if dir_fd is not None else os.stat(path.parent).st_mode
+
+
+def file_mode_for(path: Path, dir_fd: int | None = None) -> int:
+    """The mode a file cachemgr creates at ``path`` gets: :func:`file_mode_in` of its folder
+    (``dir_fd`` when given, the open folder; else ``path``'s parent by name).
+
+    :raises OSError: the folder cannot be ``stat``-ed.
+    """
+    return file_mode_in(_folder_mode(path, dir_fd))
+
+
 #: Names NFS clients give to removed files still open somewhere (SPEC §9): never ours to
 #: remove or report; they go when the last descriptor closes.
 NFS_SILLY_PREFIX = ".nfs"
@@ -116,10 +152,13 @@ def at(path: Path, dir_fd: int | None) -> str | Path:
 
 
 def write_temp(
-    dest: Path, data: bytes, mode: int = FILE_MODE, dir_fd: int | None = None, sync: bool = True
+    dest: Path, data: bytes, mode: int | None = None, dir_fd: int | None = None, sync: bool = True
 ) -> Path:
     """Write ``data`` to a fresh temp file beside ``dest``, fsync it (unless ``sync`` is
     False), and return its path.
+
+    :param mode: the file's mode whatever the umask; default the shared mode of its
+        folder (:func:`file_mode_in`: ``0664``, or ``0660`` where others may not read it).
 
     The caller renames it into place (see :func:`publish_temp`). On any error the temp file
     is removed before the error propagates.
@@ -133,6 +172,8 @@ def write_temp(
     tmp = temp_path(dest)
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
     try:
+        if mode is None:
+            mode = file_mode_in(_folder_mode(dest, dir_fd))
         fd = os.open(at(tmp, dir_fd), flags, mode, dir_fd=dir_fd)
     except OSError as exc:
         exc.filename = str(tmp)  # the full name for messages
@@ -168,9 +209,11 @@ def publish_temp(tmp: Path, dest: Path, dir_fd: int | None = None) -> None:
 
 
 def atomic_write_bytes(
-    dest: Path, data: bytes, mode: int = FILE_MODE, dir_fd: int | None = None, sync: bool = True
+    dest: Path, data: bytes, mode: int | None = None, dir_fd: int | None = None, sync: bool = True
 ) -> None:
     """Write ``data`` to ``dest`` atomically (temp file in the same folder, then rename).
+
+    :param mode: see :func:`write_temp` (default: the folder's shared file mode).
 
     :param dir_fd: the open folder of ``dest`` (see :mod:`cachemgr.storage.safedir`).
     :param sync: fsync the data before the rename (see :func:`write_temp`).
@@ -643,8 +686,9 @@ def _utimensat_atime_now(path: Path, dir_fd: int | None = None) -> bool:
 def ensure_dir(path: Path) -> Path:
     """Create ``path`` (and parents) group-shareable where missing; return it.
 
-    New folders get mode 0775, plus the setgid bit when the parent has it (SPEC §2, §9).
-    Never world-writable.
+    New folders get :func:`dir_mode_in` their parent's mode: ``rwx`` for owner and group,
+    others what the parent gives them (``2770`` under a ``2770`` root), the setgid bit when
+    the parent has it (SPEC §2, §9). Never world-writable.
 
     :raises OSError: e.g. ``EACCES`` or ``ENOTDIR`` (a file where a folder is expected).
     """
@@ -657,13 +701,10 @@ def ensure_dir(path: Path) -> Path:
         cur = cur.parent
     for folder in reversed(missing):
         try:
-            os.mkdir(folder, 0o775)
+            os.mkdir(folder, 0o770)
         except FileExistsError:
             continue
-        mode = 0o775
-        if os.stat(folder.parent).st_mode & stat.S_ISGID:
-            mode |= stat.S_ISGID
-        os.chmod(folder, mode)
+        os.chmod(folder, dir_mode_in(os.stat(folder.parent).st_mode))
     if not path.is_dir():
         raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(path))
     return path
@@ -682,8 +723,9 @@ _LOCK_OPEN_TRIES = 3
 def open_lock_file(path: Path, dir_fd: int | None = None) -> int:
     """Open (creating it if needed) a lock file for reading and writing; return the descriptor.
 
-    A lock file this user creates is made group read/write (0664) whatever the umask, so the
-    other users of a shared cache can lock it too (SPEC §9); a file we find is left as it is.
+    A lock file this user creates is made group read/write whatever the umask, so the
+    other users of a shared cache can lock it too (SPEC §9), and readable by others only
+    where the folder is (:func:`file_mode_in`); a file of another user is left as it is.
     A link, FIFO, socket, device or hard-linked file planted under the lock's name is never
     opened, followed or ``chmod``ed: the name is in the cache's own namespace, so it is
     removed (the name only: ``unlinkat``) with one warning and a fresh lock file is made —
@@ -696,6 +738,7 @@ def open_lock_file(path: Path, dir_fd: int | None = None) -> int:
         being replaced by something else.
     """
     flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    want = file_mode_in(_folder_mode(path, dir_fd))
     for _ in range(_LOCK_OPEN_TRIES):
         st = lstat_or_none(path, dir_fd)
         if st is not None and stat.S_ISDIR(st.st_mode):
@@ -703,7 +746,7 @@ def open_lock_file(path: Path, dir_fd: int | None = None) -> int:
         elif st is not None and not plain_file(st):
             _drop_planted(path, dir_fd, st)
         try:
-            fd = os.open(at(path, dir_fd), flags, FILE_MODE, dir_fd=dir_fd)
+            fd = os.open(at(path, dir_fd), flags, want, dir_fd=dir_fd)
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.ENXIO):  # a link or socket put there meanwhile
                 continue
@@ -714,8 +757,8 @@ def open_lock_file(path: Path, dir_fd: int | None = None) -> int:
             if not plain_file(st):
                 os.close(fd)
                 continue
-            if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != FILE_MODE:
-                os.fchmod(fd, FILE_MODE)
+            if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != want:
+                os.fchmod(fd, want)
         except BaseException:
             os.close(fd)
             raise
@@ -852,6 +895,15 @@ def share_modes(folder: Path, fowner: bool | None = None, dir_fd: int | None = N
     finally:
         os.close(dir_fd)
     return changed
+
+
+def share_file(dir_fd: int, name: str, fowner: bool, gid: int) -> bool:
+    """Give one file of the open folder ``dir_fd`` back to the group (``g+rw``) as
+    :func:`share_modes` does for each: a regular file with one name, of group ``gid`` (the
+    folder's), owned by this user unless ``fowner`` (``CAP_FOWNER``); never through a link.
+    Returns True when its mode was changed; errors are False."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    return _share_file(dir_fd, name, flags, os.geteuid(), fowner, gid)
 
 
 def _share_file(dir_fd: int, name: str, flags: int, me: int, fowner: bool, gid: int) -> bool:

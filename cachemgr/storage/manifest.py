@@ -203,7 +203,7 @@ def _write_unsynced(dest: Path, data: bytes, dir_fd: int) -> None:
     try:
         try:
             os.write(fd, data)
-            os.fchmod(fd, fsutil.FILE_MODE)
+            os.fchmod(fd, fsutil.file_mode_in(os.fstat(dir_fd).st_mode))
         finally:
             os.close(fd)
         os.rename(tmp.name, dest.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)

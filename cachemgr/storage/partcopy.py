@@ -42,7 +42,7 @@ def source_size(src: Path) -> int:
 def copy_temp(
     dest: Path,
     src: Path,
-    mode: int = fsutil.FILE_MODE,
+    mode: int | None = None,
     dir_fd: int | None = None,
     sync: bool = False,
 ) -> Copied:
@@ -50,6 +50,8 @@ def copy_temp(
     beside ``dest`` in chunks, hashing what is written; the caller renames the temp into
     place (:func:`cachemgr.storage.fsutil.publish_temp`) once the digest is the one wanted.
 
+    :param mode: the temp's mode whatever the umask; default the shared mode of its folder
+        (:func:`cachemgr.storage.fsutil.file_mode_in`: ``0660`` under a ``2770`` folder).
     :param dir_fd: the open folder of ``dest`` (every call is then relative to it).
     :param sync: fsync the temp before returning (cache entries do not: a hit verifies).
     :raises OSError: ``src`` cannot be read, or the temp cannot be written (e.g.
@@ -63,6 +65,8 @@ def copy_temp(
     try:
         if not stat.S_ISREG(os.fstat(src_fd).st_mode):
             raise OSError(errno.EINVAL, "not a regular file", str(src))
+        if mode is None:
+            mode = fsutil.file_mode_for(dest, dir_fd)
         return _copy_fd(dest, src_fd, mode, dir_fd, sync)
     finally:
         os.close(src_fd)

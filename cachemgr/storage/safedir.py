@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -35,8 +34,9 @@ from cachemgr.storage import fsutil
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
-#: New folders: group-writable, never world-writable; setgid added where the parent has it.
-DIR_MODE = 0o775
+#: New folders are made with this mode, then given ``fsutil.dir_mode_in`` their parent's:
+#: group-writable, others what the parent gives them, setgid where the parent has it.
+DIR_MODE = 0o770
 
 
 class UnsafePathError(ConfigError):
@@ -97,7 +97,8 @@ class SafeDir:
     def open(cls, anchor: Path, parts: Sequence[str] = (), *, create: bool = False) -> SafeDir:
         """Open ``anchor/parts[0]/parts[1]/...``: the anchor as configured, each part with
         ``O_NOFOLLOW`` relative to the one above. With ``create`` missing parts are made
-        (mode 0775, setgid where the parent has it, whatever the umask; SPEC §9).
+        (``fsutil.dir_mode_in`` the parent's mode whatever the umask: group-writable,
+        others no more than the parent gives them, setgid where it has it; SPEC §9).
 
         :raises UnsafePathError: a part is a symbolic link or not a folder (names it).
         :raises FileNotFoundError: a part (or the anchor) is missing and ``create`` is off.
@@ -151,7 +152,7 @@ class SafeDir:
             os.mkdir(name, DIR_MODE, dir_fd=self.fd)
         except FileExistsError:
             return
-        mode = DIR_MODE | (os.fstat(self.fd).st_mode & stat.S_ISGID)
+        mode = fsutil.dir_mode_in(os.fstat(self.fd).st_mode)
         try:
             fd = os.open(name, _DIR_FLAGS, dir_fd=self.fd)
         except OSError:

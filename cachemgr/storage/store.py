@@ -37,7 +37,7 @@ from cachemgr.errors import (
     NoSpaceError,
 )
 from cachemgr.memo import OnceSet
-from cachemgr.storage import entry, fsutil, manifest, partcopy
+from cachemgr.storage import entry, fsutil, groupmodes, manifest, partcopy
 from cachemgr.storage.events import Events, NoSpaceEvent
 from cachemgr.storage.safedir import DirLock, SafeDir
 
@@ -321,11 +321,18 @@ class Store:
         """Take ``kernel``'s entry lock and return its handle (release it, or use ``with``).
 
         :param timeout_s: how long to wait (seconds); None waits ``lock_timeout_s``.
+        A refusal for lack of permission (GE's ``0750`` chip folder, its ``0640`` lock
+        file) is retried once after the modes were given back to the group, where this
+        process may (:func:`~cachemgr.storage.groupmodes.retry_denied`).
+
         :raises LockBusyError: the lock stayed held for ``timeout_s``.
         :raises OSError: the lock file cannot be created or locked.
         """
         lock = self.entry_lock(kernel)
-        lock.acquire(timeout_s=self.lock_timeout_s if timeout_s is None else timeout_s)
+        wait_s = self.lock_timeout_s if timeout_s is None else timeout_s
+        groupmodes.retry_denied(
+            lambda: lock.acquire(timeout_s=wait_s), self.chip_dir, [self.lock_path(kernel).name]
+        )
         return EntryHold(self.chip_dir, kernel, lock)
 
     def _locked(self, kernel: str, held: EntryHold | None) -> Any:
@@ -581,19 +588,30 @@ class Store:
             the chip folder and the bytes needed; ``events`` is told; no partial entry is
             left (SPEC §3.3).
         :raises CachePermissionError: the chip folder or the entry's lock file is not
-            writable by this user (names the path, user, group and the fix; SPEC §9).
+            writable by this user (names the path, user, group and the fix; SPEC §9) — also
+            after the one retry that follows giving GE's ``0750``/``0640`` modes back to the
+            group where this process may (docs/shared-cache.md#ges-modes-given-back-on-sight).
         :raises OSError: any other write failure; no partial entry is left.
         """
         check_kernel_name(kernel)
         payload: dict[str, Part] = dict(files)
         payload[kernel + ".json"] = _dump_json(main_json)
         expected = self._check_payload(kernel, payload)
-        try:
+
+        def write() -> PublishResult | int:
             with self._opened(create=True) as bound, bound._locked(kernel, held):
                 existing = bound._existing_good(kernel)
-                if existing is not None:
-                    return existing
-                written = bound._write_all(kernel, payload, expected)
+                return (
+                    existing
+                    if existing is not None
+                    else bound._write_all(kernel, payload, expected)
+                )
+
+        try:  # GE's 0750 folder: given back to the group (where we may), then once more
+            done = groupmodes.retry_denied(write, self.chip_dir, [self.lock_path(kernel).name])
+            if isinstance(done, PublishResult):
+                return done
+            written = done
         except PermissionError as exc:
             where = Path(exc.filename) if exc.filename else self.chip_dir
             where = where if os.path.exists(where) else self.chip_dir

@@ -1,0 +1,170 @@
+"""Outsiders read nothing (docs/shared-cache.md#outsiders-read-nothing): under the documented
+``2770`` root cachemgr's own folders and files give others no bit, a user outside the group
+cannot read an entry, and ``cachemgr config`` / ``status`` say in one line when the cache is
+readable by every local user (the old ``2775`` root)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import SOC, run_cli
+from tests.daemon_util import start_daemon
+from tests.test_ge_interop import REQUESTS, fake_toolkit
+from tests.test_two_users import _request
+from tests.users_util import Runtime, Users, run_as, user_home
+
+
+@pytest.fixture
+def open_base() -> Iterator[Path]:
+    """A folder every local user may pass through (pytest's own temp folder is ``0700``:
+    nothing below it is reachable by others, so nothing there is exposed)."""
+    base = Path(tempfile.mkdtemp(prefix="cachemgr-outsiders-"))
+    base.chmod(0o755)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def _warnings(text: str) -> list[str]:
+    return [line for line in text.splitlines() if "every local user" in line]
+
+
+def test_config_says_in_one_line_when_every_local_user_can_read_the_cache(
+    clean_env: dict[str, str], open_base: Path
+) -> None:
+    root = open_base / "shared"
+    (root / "kernel_cache").mkdir(parents=True)
+    for folder in (root, root / "kernel_cache"):
+        folder.chmod(0o2775)  # the README's old root, and what was made below it
+    proc = run_cli("config", "--cache-dir", str(root), env=clean_env)
+    assert proc.returncode == 0, proc.stderr
+    (line,) = _warnings(proc.stderr)
+    for needle in (f"warning: {root} is readable", "(mode 2775)", f"chmod o-rwx {root}"):
+        assert needle in line, line
+    assert "docs/shared-cache.md#outsiders-read-nothing" in line
+    assert not _warnings(proc.stdout)  # --json and the table stay as they were
+    as_json = run_cli("config", "--json", "--cache-dir", str(root), env=clean_env)
+    assert len(_warnings(as_json.stderr)) == 1 and json.loads(as_json.stdout)
+    root.chmod(0o2770)  # the documented root: the kernel cache below it is out of reach
+    proc = run_cli("config", "--cache-dir", str(root), env=clean_env)
+    assert proc.returncode == 0 and not _warnings(proc.stderr + proc.stdout), proc.stderr
+    root.chmod(0o2775)  # open root, closed kernel cache: the entries are out of reach
+    (root / "kernel_cache").chmod(0o2770)
+    proc = run_cli("config", "--cache-dir", str(root), env=clean_env)
+    assert not _warnings(proc.stderr), proc.stderr
+
+
+def test_a_cache_below_a_private_folder_is_not_reported(
+    clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    private = tmp_path / "home"
+    private.chmod(0o700)  # a home of 0700: its 2775 cache is closed to others all the same
+    root = private / "atc_data"
+    (root / "kernel_cache").mkdir(parents=True)
+    for folder in (root, root / "kernel_cache"):
+        folder.chmod(0o2775)
+    proc = run_cli("config", "--cache-dir", str(root), env=clean_env)
+    assert proc.returncode == 0 and not _warnings(proc.stderr), proc.stderr
+
+
+def test_status_says_in_one_line_when_every_local_user_can_read_the_cache(
+    tmp_path: Path, open_base: Path
+) -> None:
+    root = open_base / "shared"
+    root.mkdir()
+    root.chmod(0o2775)
+    daemon = start_daemon(tmp_path, "--cache-dir", str(root))
+    try:
+        status = ["status", "--socket", str(daemon.socket_path)]
+        proc = run_cli(*status, env=daemon.env)
+        assert proc.returncode == 0, proc.stderr
+        (line,) = _warnings(proc.stdout)
+        assert f"warning: {root} is readable by every local user (mode 2775)" in line, line
+        assert f"chmod o-rwx {root}" in line
+        root.chmod(0o2770)
+        proc = run_cli(*status, env=daemon.env)
+        assert proc.returncode == 0 and not _warnings(proc.stdout + proc.stderr), proc.stdout
+    finally:
+        daemon.stop()
+
+
+def _others_bits(root: Path) -> list[str]:
+    return [
+        f"{p} {stat.filemode(p.lstat().st_mode)}"
+        for p in [root, *root.rglob("*")]
+        if p.lstat().st_mode & 0o007
+    ]
+
+
+def test_cachemgr_gives_others_nothing_under_a_2770_root(
+    clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    root = tmp_path / "shared"
+    root.mkdir()
+    root.chmod(0o2770)
+    env = {**clean_env, **fake_toolkit(tmp_path / "Ascend")}
+    for args in (
+        ["compile", str(REQUESTS / "add_c.json"), "--local"],  # entry, locks, manifest, ini
+        ["limits", "set", "--max-size", "100", "--local"],
+        ["gc", "--local"],  # GE's eviction lock
+        ["verify"],
+    ):
+        proc = run_cli(*args, "--cache-dir", str(root), env=env, cwd=tmp_path)
+        assert proc.returncode == 0, (args, proc.stdout, proc.stderr)
+    made = [p.name for p in (root / "kernel_cache" / SOC).iterdir()]
+    assert any(n.endswith(".json") for n in made) and "op_cache_file_del.lock" in made, made
+    assert (root / "kernel_cache" / "op_cache.ini").exists()
+    assert _others_bits(root) == []  # was: 2775 folders, 0664 files
+    for folder in (root / "kernel_cache", root / "kernel_cache" / SOC):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o2770, folder
+    for path in (root / "kernel_cache" / SOC).iterdir():
+        assert stat.S_IMODE(path.stat().st_mode) == 0o660, path  # the group still shares
+
+
+def test_an_outsider_cannot_read_an_entry_a_member_compiled(
+    users: Users, other_runtime: Runtime
+) -> None:
+    rt = other_runtime
+    root = users.base / "shared"
+    root.mkdir()
+    shutil.chown(root, "root", users.group)
+    root.chmod(0o2770)  # the README's root
+    req = users.base / "req.json"
+    req.write_text(json.dumps(_request(rt, 31)))
+    req.chmod(0o644)
+    home = user_home(users, users.bob)
+    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": rt.pythonpath, "HOME": str(home)}
+
+    def run(name: str, *argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            list(argv),
+            env=env,
+            cwd=users.base,
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+            **run_as(name, users),  # type: ignore[arg-type]
+        )
+
+    cachemgr = (rt.python, "-m", "cachemgr")
+    done = run(users.bob, *cachemgr, "compile", str(req), "--json", "--local", "--cache-dir",
+               str(root))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    kernel = json.loads(done.stdout.splitlines()[0])["kernel_name"]
+    doc = root / "kernel_cache" / SOC / f"{kernel}.json"
+    assert doc.exists()
+    assert _others_bits(root) == []  # bob's umask 022 gives others nothing either
+    assert run(users.alice, "cat", str(doc)).returncode == 0  # a member reads it
+    outsider = run(users.carol, "cat", str(doc))
+    assert outsider.returncode != 0 and "Permission denied" in outsider.stderr
+    listing = run(users.carol, *cachemgr, "ls", "--cache-dir", str(root))
+    assert kernel not in listing.stdout, listing.stdout
