@@ -10,14 +10,17 @@ folder. It is now refused in one line, and nothing is written there.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
 from cachemgr.constants import short_host
 from tests.compile_util import scale_request
+from tests.test_deputy import _setup
 from tests.users_util import Runtime, Users, run_as
 
 #: alice's process: says its pid, waits for a line, then runs the CLI's debug compile.
@@ -81,3 +84,204 @@ def test_a_planted_process_folder_in_a_shared_kernel_meta_is_refused(
         assert list(name.iterdir()) == [], f"written into bob's folder: {out}"
     assert victim.returncode == 1, out
     assert "debug output folder" in out and "Traceback" not in out, out
+
+
+# --- a member swaps the process folder for a link while the victim compiles ------------------
+
+#: The attacker: waits for the victim's folder, then swaps it with a link to the attacker's
+#: folder and back (``renameat2(RENAME_EXCHANGE)``: the name never goes missing, so the
+#: victim never makes a new folder there) every 10 ms until the stop file appears or its
+#: time is up; prints the number of swaps. It leaves the victim's real folder at its name.
+SWAPPER = r"""
+import ctypes, os, sys, time
+meta, name, trap, stop, seconds = sys.argv[1:6]
+libc = ctypes.CDLL(None, use_errno=True)
+AT_FDCWD, RENAME_EXCHANGE = -100, 2
+target = os.path.join(meta, name)
+spare = os.path.join(meta, "." + name + ".swap")
+def exchange():
+    if libc.renameat2(AT_FDCWD, spare.encode(), AT_FDCWD, target.encode(), RENAME_EXCHANGE):
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), target)
+print("ready", flush=True)
+deadline = time.monotonic() + float(seconds)
+while not os.path.isdir(target) and time.monotonic() < deadline:
+    time.sleep(0.001)
+os.symlink(trap, spare)
+swaps = 0
+while time.monotonic() < deadline and not os.path.exists(stop):
+    exchange()  # the link at the victim's name; the real folder at the spare name
+    swaps += 1
+    time.sleep(0.01)
+    exchange()  # and back
+    time.sleep(0.01)
+os.unlink(spare)
+print(swaps, flush=True)
+"""
+
+#: The victim through a daemon: says its pid, waits for a line, then compiles each request
+#: file with the client (which writes the daemon's hand-back as this user); one JSON line each.
+CLIENT_MANY = """
+import json, os, sys
+print(os.getpid(), flush=True)
+sys.stdin.readline()
+from cachemgr.client import Client
+from cachemgr.errors import CacheMgrError
+client = Client(sys.argv[1], timeout_s=120)
+for path in sys.argv[3:]:
+    with open(path) as f:
+        req = json.load(f)
+    try:
+        print(json.dumps(client.compile(req, base_dir=sys.argv[2]).to_json()), flush=True)
+    except CacheMgrError as exc:
+        print(json.dumps({"status": "failed", "error": str(exc)}), flush=True)
+"""
+
+#: The victim in process: says its pid, waits for a line, then one ``compile --local`` run of
+#: every request file, one at a time (``--json``: one line each).
+LOCAL_MANY = """
+import os, sys
+print(os.getpid(), flush=True)
+sys.stdin.readline()
+from cachemgr.main import main
+sys.argv = ["cachemgr", "compile", "--local", "--json", "--workers", "1", "--cache-dir",
+            sys.argv[1], *sys.argv[2:]]
+main()
+"""
+
+#: Debug compiles per run, cycling through the levels (their artefacts differ).
+SWAP_COMPILES = 10
+
+
+def _debug_requests(users: Users, work: Path) -> list[str]:
+    """Request files of ``SWAP_COMPILES`` different debug compiles into ``work/kernel_meta``."""
+    paths = []
+    for i in range(SWAP_COMPILES):
+        source = users.base / f"k{i}.c"
+        source.write_text(f"void scale_kernel(float *x) {{ x[0] *= {i + 2}; }}\n")
+        source.chmod(0o644)
+        options = {"op_debug_level": 1 + i % 4, "debug_dir": str(work)}
+        req = users.base / f"dbg{i}.json"
+        req.write_text(json.dumps(scale_request(str(source), options=options)))
+        req.chmod(0o644)
+        paths.append(str(req))
+    return paths
+
+
+def _shared_work(users: Users) -> tuple[Path, Path]:
+    """The group's shared work folder (``2775``) and the attacker's folder, which anyone may
+    write (so a write redirected there would succeed)."""
+    work = users.base / "work"
+    work.mkdir()
+    shutil.chown(work, "root", users.group)
+    work.chmod(0o2775)
+    trap = users.base / "trap"
+    trap.mkdir()
+    trap.chmod(0o777)
+    return work, trap
+
+
+def _run_swapped(
+    users: Users, rt: Runtime, victim_argv: list[str], victim: str, attacker: str, work: Path,
+    trap: Path, env: dict[str, str],
+) -> tuple[list[dict], int]:  # fmt: skip
+    """Run the victim's compiles while ``attacker`` runs :data:`SWAPPER` on the victim's
+    process folder; the victim's JSON lines and the number of swaps."""
+    stop = users.base / "stop"
+    proc = subprocess.Popen(
+        [rt.python, "-c", *victim_argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, cwd=work, env=env,
+        **run_as(victim, users),  # type: ignore[arg-type]
+    )  # fmt: skip
+    swapper = None
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        pid = int(proc.stdout.readline())
+        meta = work / "kernel_meta"
+        swapper = subprocess.Popen(
+            [rt.python, "-c", SWAPPER, str(meta), f"{short_host()}_{pid}", str(trap), str(stop),
+             "150"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            **run_as(attacker, users),  # type: ignore[arg-type]
+        )  # fmt: skip
+        assert swapper.stdout is not None
+        assert swapper.stdout.readline().strip() == "ready"
+        out, err = proc.communicate("go\n", timeout=180)
+        stop.touch()
+        swaps, swap_err = swapper.communicate(timeout=30)
+    finally:
+        for p in (proc, swapper):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+    assert swapper.returncode == 0, swap_err
+    assert "Traceback" not in err, err
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")], int(swaps)
+
+
+def _judge(results: list[dict], folder: Path, trap: Path, swaps: int) -> None:
+    """No output in the attacker's folder; each compile either kept its outputs whole in the
+    victim's real folder (the binary's SHA-256 is the one its json names) or was refused in
+    one line naming the folder (it was the link when opened)."""
+    assert len(results) == SWAP_COMPILES, results
+    assert swaps >= 1, "the attacker never swapped the folder"
+    redirected = sorted(p.name for p in trap.rglob("*"))
+    outputs = sum(len(r.get("files", [])) for r in results if r["status"] == "debug")
+    assert redirected == [], f"{len(redirected)} of {outputs} outputs in the attacker's folder"
+    kept = 0
+    for r in results:
+        if r["status"] != "debug":
+            line = r["error"]
+            assert "\n" not in line and "Traceback" not in line, line
+            assert "debug output folder" in line and "symbolic link" in line, line
+            assert str(folder) in line, line
+            continue
+        files = [Path(f) for f in r["files"]]
+        assert files and all(f.parent == folder and f.is_file() for f in files), r
+        doc = json.loads((folder / f"{r['kernel_name']}.json").read_text())
+        binary = folder / f"{doc['binFileName']}{doc['binFileSuffix']}"
+        assert hashlib.sha256(binary.read_bytes()).hexdigest() == doc["sha256"], binary
+        kept += 1
+    assert kept, f"no compile kept its outputs while the folder was swapped: {results}"
+    assert kept < len(results), f"no compile met the link: the swaps came too late ({swaps})"
+
+
+def test_a_process_folder_swapped_for_a_link_mid_compile_redirects_nothing(
+    users: Users, other_runtime: Runtime
+) -> None:
+    """A member (bob) swaps alice's ``kernel_meta/<host>_<pid>`` for a link to his folder and
+    back every 10 ms while alice runs debug compiles in process: each compile opens the
+    folder once and writes every output relative to that descriptor, so none reaches bob's
+    folder (6 of 6 did), and each is whole in her folder or refused in one line."""
+    rt = other_runtime
+    work, trap = _shared_work(users)
+    requests = _debug_requests(users, work)
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": rt.pythonpath, "HOME": str(users.base)}
+    argv = [LOCAL_MANY, str(work / "cache"), *requests]
+    results, swaps = _run_swapped(users, rt, argv, users.alice, users.bob, work, trap, env)
+    (folder,) = {Path(f).parent for r in results for f in r.get("files", [])} or {None}
+    assert folder is not None and folder.parent == work / "kernel_meta", results
+    _judge(results, folder, trap, swaps)
+
+
+def test_a_daemons_hand_back_into_a_swapped_process_folder_redirects_nothing(
+    users: Users, other_runtime: Runtime
+) -> None:
+    """The same swap loop (run by alice, a member) on the folder where bob's client writes
+    the debug outputs a daemon handed back: the client opens it once and writes each file
+    relative to it, so none reaches alice's folder."""
+    rt = other_runtime
+    daemon, _, _, bob = _setup(users, rt)
+    try:
+        work, trap = _shared_work(users)
+        requests = _debug_requests(users, work)
+        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": rt.pythonpath, "HOME": str(bob),
+               "CACHEMGR_DAEMON_USER": users.alice}  # fmt: skip
+        argv = [CLIENT_MANY, str(daemon.socket_path), str(users.base), *requests]
+        results, swaps = _run_swapped(users, rt, argv, users.bob, users.alice, work, trap, env)
+    finally:
+        daemon.stop()
+    assert all(r.get("via") == "daemon" for r in results if r["status"] == "debug"), results
+    (folder,) = {Path(f).parent for r in results for f in r.get("files", [])} or {None}
+    assert folder is not None and folder.parent == work / "kernel_meta", results
+    _judge(results, folder, trap, swaps)

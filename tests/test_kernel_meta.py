@@ -34,7 +34,8 @@ def _dead_pid() -> int:
 
 def test_process_dir_is_per_process(tmp_path: Path) -> None:
     meta = tmp_path / "kernel_meta"
-    folder = kernel_meta.process_dir(meta)
+    with kernel_meta.open_process_dir(meta) as opened:
+        folder = opened.path
     assert folder == meta / f"{short_host()}_{os.getpid()}"
     owner = json.loads((folder / kernel_meta.OWNER_FILE).read_text())
     assert owner == {
@@ -42,10 +43,11 @@ def test_process_dir_is_per_process(tmp_path: Path) -> None:
         "pid": os.getpid(),
         "start": kernel_meta.process_start_time(os.getpid()),
     }
-    assert kernel_meta.process_dir(meta) == folder
+    with kernel_meta.open_process_dir(meta) as again:
+        assert again.path == folder
     code = (
         "import sys; from cachemgr.compile import kernel_meta; "
-        "print(kernel_meta.process_dir(sys.argv[1]))"
+        "print(kernel_meta.open_process_dir(sys.argv[1]).path)"
     )
     other = subprocess.run(
         [sys.executable, "-c", code, str(meta)], capture_output=True, text=True, check=True
@@ -59,7 +61,8 @@ def test_reap_orphans_removes_only_leftovers_of_dead_processes_of_this_host(tmp_
     else left) are."""
     meta = tmp_path / "kernel_meta"
     host = short_host()
-    mine = kernel_meta.process_dir(meta)
+    with kernel_meta.open_process_dir(meta) as opened:
+        mine = opened.path
     dead_pid = _dead_pid()
     dead = _folder(meta, f"{host}_{dead_pid}", {"host": host, "pid": dead_pid, "start": "1"})
     (dead / ".build-te_add_1-x").mkdir()
