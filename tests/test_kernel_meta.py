@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -167,3 +170,31 @@ def test_a_planted_owner_record_is_no_owner(tmp_path: Path, owner: str) -> None:
             giant.truncate(100 << 30)
     assert kernel_meta.reap_orphans(meta) == []
     assert folder.exists()
+
+
+def test_an_output_moved_across_filesystems_lands_in_the_opened_folder(tmp_path: Path) -> None:
+    """A debug output built on another filesystem (the temp folder on tmpfs) is copied in
+    chunks to a temp name and renamed, both relative to the opened process folder: the
+    folder renamed and a link put in its place after opening changes nothing."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or os.stat(shm).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("needs /dev/shm on a filesystem other than the test folder's")
+    build = Path(tempfile.mkdtemp(dir=shm))
+    try:
+        src = build / "te_x.o"
+        data = os.urandom(3 * kernel_meta.COPY_CHUNK_BYTES + 17)
+        src.write_bytes(data)
+        meta, trap = tmp_path / "kernel_meta", tmp_path / "trap"
+        trap.mkdir()
+        with kernel_meta.open_process_dir(meta) as folder:
+            moved = meta / "elsewhere"
+            folder.path.rename(moved)
+            folder.path.symlink_to(trap)
+            kernel_meta.move_in(src, folder)
+        assert list(trap.iterdir()) == []
+        assert (moved / "te_x.o").read_bytes() == data
+        assert stat.S_IMODE((moved / "te_x.o").stat().st_mode) == 0o664
+        assert not src.exists()
+        assert sorted(p.name for p in moved.iterdir()) == [kernel_meta.OWNER_FILE, "te_x.o"]
+    finally:
+        shutil.rmtree(build, ignore_errors=True)
