@@ -650,26 +650,35 @@ def _typed(kind: type[_Result], answer: Mapping[str, Any], endpoint: str) -> _Re
 def _write_outputs(answer: dict[str, Any], target: _Target) -> None:
     """Write the outputs the daemon handed back, as this process's user, with the names of a
     local run: debug artefacts into ``<kernel_meta>/<host>_<pid>/``, ``disable`` kernels into
-    the output folder (the json last: a visible json means a whole kernel). ``files`` then
-    names them."""
+    the output folder (the json last: a visible json means a whole kernel). The folder is
+    opened once and every file is written relative to its descriptor (a temp name with
+    ``O_EXCL | O_NOFOLLOW``, then ``renameat``), so a member who swaps the folder for a link
+    meanwhile redirects nothing (docs/compiling.md, "Where outputs go"). ``files`` then
+    names them.
+
+    :raises UnsafePathError: the ``kernel_meta`` folder is another user's link or folder.
+    :raises OSError: the folder cannot be created, opened or written.
+    """
     from cachemgr.compile import kernel_meta
     from cachemgr.config import layout
     from cachemgr.storage import fsutil
+    from cachemgr.storage.safedir import SafeDir
 
     outputs = answer.pop("outputs", None)
     if not isinstance(outputs, list):
         return
-    folder = (
-        kernel_meta.process_dir(target.folder)
-        if target.kernel_meta
-        else fsutil.ensure_dir(target.folder)
-    )
+    if target.kernel_meta:
+        opened = kernel_meta.open_process_dir(target.folder)
+    else:
+        opened = SafeDir.open(fsutil.ensure_dir(target.folder))  # the caller's --out-dir
     order = sorted(outputs, key=lambda o: str(o.get("name", "")).endswith(".json"))
     written = []
-    for item in order:
-        name = layout.safe_file_name(item.get("name"), "output file")
-        fsutil.atomic_write_bytes(folder / name, base64.b64decode(item["data"]))
-        written.append(folder / name)
+    with opened as folder:
+        for item in order:
+            name = layout.safe_file_name(item.get("name"), "output file")
+            data = base64.b64decode(item["data"])
+            fsutil.atomic_write_bytes(folder.path / name, data, dir_fd=folder.fd)
+            written.append(folder.path / name)
     names = {p.name: p for p in written}
     answer["files"] = [str(names[n]) for n in (o["name"] for o in outputs) if n in names]
 

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -34,7 +37,8 @@ def _dead_pid() -> int:
 
 def test_process_dir_is_per_process(tmp_path: Path) -> None:
     meta = tmp_path / "kernel_meta"
-    folder = kernel_meta.process_dir(meta)
+    with kernel_meta.open_process_dir(meta) as opened:
+        folder = opened.path
     assert folder == meta / f"{short_host()}_{os.getpid()}"
     owner = json.loads((folder / kernel_meta.OWNER_FILE).read_text())
     assert owner == {
@@ -42,10 +46,11 @@ def test_process_dir_is_per_process(tmp_path: Path) -> None:
         "pid": os.getpid(),
         "start": kernel_meta.process_start_time(os.getpid()),
     }
-    assert kernel_meta.process_dir(meta) == folder
+    with kernel_meta.open_process_dir(meta) as again:
+        assert again.path == folder
     code = (
         "import sys; from cachemgr.compile import kernel_meta; "
-        "print(kernel_meta.process_dir(sys.argv[1]))"
+        "print(kernel_meta.open_process_dir(sys.argv[1]).path)"
     )
     other = subprocess.run(
         [sys.executable, "-c", code, str(meta)], capture_output=True, text=True, check=True
@@ -59,7 +64,8 @@ def test_reap_orphans_removes_only_leftovers_of_dead_processes_of_this_host(tmp_
     else left) are."""
     meta = tmp_path / "kernel_meta"
     host = short_host()
-    mine = kernel_meta.process_dir(meta)
+    with kernel_meta.open_process_dir(meta) as opened:
+        mine = opened.path
     dead_pid = _dead_pid()
     dead = _folder(meta, f"{host}_{dead_pid}", {"host": host, "pid": dead_pid, "start": "1"})
     (dead / ".build-te_add_1-x").mkdir()
@@ -164,3 +170,31 @@ def test_a_planted_owner_record_is_no_owner(tmp_path: Path, owner: str) -> None:
             giant.truncate(100 << 30)
     assert kernel_meta.reap_orphans(meta) == []
     assert folder.exists()
+
+
+def test_an_output_moved_across_filesystems_lands_in_the_opened_folder(tmp_path: Path) -> None:
+    """A debug output built on another filesystem (the temp folder on tmpfs) is copied in
+    chunks to a temp name and renamed, both relative to the opened process folder: the
+    folder renamed and a link put in its place after opening changes nothing."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or os.stat(shm).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("needs /dev/shm on a filesystem other than the test folder's")
+    build = Path(tempfile.mkdtemp(dir=shm))
+    try:
+        src = build / "te_x.o"
+        data = os.urandom(3 * kernel_meta.COPY_CHUNK_BYTES + 17)
+        src.write_bytes(data)
+        meta, trap = tmp_path / "kernel_meta", tmp_path / "trap"
+        trap.mkdir()
+        with kernel_meta.open_process_dir(meta) as folder:
+            moved = meta / "elsewhere"
+            folder.path.rename(moved)
+            folder.path.symlink_to(trap)
+            kernel_meta.move_in(src, folder)
+        assert list(trap.iterdir()) == []
+        assert (moved / "te_x.o").read_bytes() == data
+        assert stat.S_IMODE((moved / "te_x.o").stat().st_mode) == 0o664
+        assert not src.exists()
+        assert sorted(p.name for p in moved.iterdir()) == [kernel_meta.OWNER_FILE, "te_x.o"]
+    finally:
+        shutil.rmtree(build, ignore_errors=True)

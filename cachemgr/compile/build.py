@@ -7,8 +7,9 @@ the key computed (SPEC §3.2). The fast paths — :func:`find_binary` (SPEC §6)
 slow path of a job that leaves the cache alone:
 
 * **disable**: compile, then move the kernel into ``output_dir`` (json last); no cache access.
-* **debug** (SPEC §7): compile with the debug flags in ``kernel_meta/<host>_<pid>/`` and keep
-  the artefacts of SPEC §7's table there; no cache access.
+* **debug**: compile with the debug flags in the worker's private build folder and keep the
+  level's artefacts in ``kernel_meta/<host>_<pid>/``, written relative to that folder's
+  opened descriptor (docs/compiling.md, "Where outputs go"); no cache access.
 
 Compiles through the cache (``enable``/``force``) are :mod:`cachemgr.compile.publisher`'s."""
 
@@ -34,6 +35,7 @@ from cachemgr.compilers import CompileJob, CompilerBackend
 from cachemgr.config.options import Settings
 from cachemgr.errors import CacheMgrError, ConfigError, InvalidInputError
 from cachemgr.storage import chiplock, fsutil, manifest, partcopy
+from cachemgr.storage.safedir import SafeDir
 from cachemgr.storage.tiers import chip_store
 
 if TYPE_CHECKING:  # not imported on the hit path (issue 14 item 1)
@@ -412,7 +414,7 @@ def run(p: Prepared, ctx: RunContext) -> CompileOutcome:
     :raises ValueError: for a job that would use the cache.
     """
     if p.decision.debug.on:
-        return _run_debug(p, deliver_dir() if p.deliver else None)
+        return _run_debug(p, ctx, deliver_dir() if p.deliver else None)
     if not p.decision.cache.write:
         out = deliver_dir() if p.deliver else ctx.uncached_dir()
         return _run_uncached(p, out, ctx.build_dir())
@@ -458,19 +460,30 @@ def deliver_dir() -> Path:
     return Path(tempfile.mkdtemp(prefix=DELIVER_PREFIX))
 
 
-def _run_debug(p: Prepared, into: Path | None = None) -> CompileOutcome:
-    folder = into or kernel_meta.process_dir(p.opts.kernel_meta_dir)
-    build = kernel_meta.build_dir(folder, p.kernel)
-    try:
-        result = p.backend.compile(compile_job(p, build))
+def _run_debug(p: Prepared, ctx: RunContext, into: Path | None = None) -> CompileOutcome:
+    """Compile ``p`` with its debug flags in the worker's private build folder, then keep its
+    level's artefacts in ``into`` (a private hand-back folder) or this process's
+    ``kernel_meta`` folder — opened once before compiling and written relative to its
+    descriptor only (:func:`cachemgr.compile.kernel_meta.open_process_dir`): nothing is built
+    in ``kernel_meta``, which other members may rename in.
+
+    :raises CompileError: the compile failed.
+    :raises UnsafePathError: the ``kernel_meta`` folder is another user's link or folder.
+    :raises OSError: the folder cannot be created, opened or written.
+    """
+    with _debug_folder(p, into) as folder:
+        result = p.backend.compile(compile_job(p, ctx.build_dir()))
         kept = kernel_meta.keep_artefacts(
             result, p.kernel, p.decision.debug.keep, folder, p.request
         )
-    finally:
-        if into is not None:  # a private hand-back folder: folders its compiler locked up
-            fsutil.open_up_tree(build)
-        kernel_meta.remove_build_dir(build)
     return CompileOutcome(p.kernel, DEBUG, kept, request=p.request.origin)
+
+
+def _debug_folder(p: Prepared, into: Path | None) -> SafeDir:
+    """The open folder a debug compile's artefacts go to (see :func:`_run_debug`)."""
+    if into is not None:
+        return SafeDir.open(into)  # made private by deliver_dir: opened as it is
+    return kernel_meta.open_process_dir(p.opts.kernel_meta_dir)
 
 
 def _run_uncached(p: Prepared, output_dir: Path, build: Path) -> CompileOutcome:

@@ -11,21 +11,27 @@ With an explicit retention (``[daemon] kernel_meta_retention_s``, off by default
 process's folder whose newest file is older than that goes too. Folders of other hosts and
 folders without ``.owner`` (not ours) are left alone.
 
-Compiles run in a private temp folder inside the process folder; :func:`keep_artefacts` then
-moves in the artefacts SPEC §7's table keeps for the request (``.o``/``.cubin``, ``.json``,
-``.cce``, ``*_loc.json``) and writes ``*_compute.json`` (the operator's computation as the
-request describes it) when asked.
+A debug compile opens its process folder once, before compiling (:func:`open_process_dir`),
+and builds in the worker's private build folder in the temp folder (never in ``kernel_meta``,
+which other members may rename in); :func:`keep_artefacts` then moves in the artefacts the
+request's debug level keeps (``.o``/``.cubin``, ``.json``, ``.cce``, ``*_loc.json``; see
+docs/compiling.md, "Rules") and writes ``*_compute.json`` (the operator's computation as the
+request describes it) when asked — every one relative to the opened folder's descriptor, so
+renaming the folder and putting a link in its place redirects none of them (see
+docs/security.md#1-no-symbolic-link-is-followed-at-any-step-for-the-whole-operation).
+Build folders (``.build-*``) that older versions left in ``kernel_meta`` are still reaped.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
 import re
+import shutil
 import stat
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -45,9 +51,12 @@ log = logging.getLogger(__name__)
 OWNER_FILE = ".owner"
 #: The largest ``.owner`` record read (bytes): a host, a pid and a start time.
 MAX_OWNER_BYTES = 4096
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
 _FOLDER = re.compile(r"^(?P<host>[A-Za-z0-9_.\-]+)_(?P<pid>[0-9]+)$")
-#: This process's folder per ``kernel_meta`` base (the lock serialises their creation).
-_dirs: Memo[tuple[str, int], Path] = Memo("kernel_meta process folders", 1024)
+#: The process folder (device, inode) whose ``.owner`` this process wrote, per
+#: ``kernel_meta`` folder and pid (the lock serialises the writes).
+_dirs: Memo[tuple[str, int], tuple[int, int]] = Memo("kernel_meta process folders", 1024)
 _dirs_lock = threading.Lock()
 
 
@@ -69,51 +78,168 @@ def folder_name(host: str | None = None, pid: int | None = None) -> str:
     return f"{host or short_host()}_{os.getpid() if pid is None else pid}"
 
 
-def process_dir(kernel_meta_dir: Path) -> Path:
-    """This process's folder ``<kernel_meta_dir>/<host>_<pid>/``, created (with ``.owner``)
-    on first use.
+def open_process_dir(kernel_meta_dir: Path) -> SafeDir:
+    """Open this process's folder ``<kernel_meta_dir>/<host>_<pid>/`` once for one compile's
+    outputs, creating it (and ``kernel_meta``, mode 0775, setgid where the folder above has
+    it) and its ``.owner`` on first use.
 
-    :raises OSError: when it cannot be created (e.g. ``EACCES``).
+    Every output is then written relative to the returned descriptor (``openat`` with
+    ``O_EXCL | O_NOFOLLOW`` to a temp name, then ``renameat``; :func:`keep_artefacts`), so a
+    member who renames the folder and puts a link in its place meanwhile redirects nothing:
+    the outputs land in the real folder under whatever name it now has (see
+    docs/security.md#1-no-symbolic-link-is-followed-at-any-step-for-the-whole-operation).
+    ``kernel_meta`` may be shared, so neither it nor the process folder is reached through
+    another user's link — this user's own links are this user's choice — and the process
+    folder must be this user's: a member could make ``<host>_<pid>`` for a process id to
+    come (attack review).
+
+    :returns: the open folder (a context manager; close it).
+    :raises UnsafePathError: one line naming the folder, whose link or folder it is and
+        what to do.
+    :raises OSError: when a folder cannot be created or opened (e.g. ``EACCES``).
     """
+    kernel_meta_dir = Path(kernel_meta_dir)
     pid = os.getpid()
-    ident = (str(kernel_meta_dir), pid)
-    with _dirs_lock:
-        known = _dirs.get(ident)
-        if known is not None and known.is_dir():
-            _check_own_folder(known)
-            return known
-        path = fsutil.ensure_dir(Path(kernel_meta_dir) / folder_name(pid=pid))
-        _check_own_folder(path)
-        owner = {"host": short_host(), "pid": pid, "start": process_start_time(pid)}
-        fsutil.atomic_write_bytes(path / OWNER_FILE, json.dumps(owner).encode())
-        _dirs.put(ident, path)
-        return path
+    name = folder_name(pid=pid)
+    fsutil.ensure_dir(kernel_meta_dir.parent)  # the caller's base: as the caller named it
+    with SafeDir.open(kernel_meta_dir.parent) as base:
+        meta = _open_folder(base, kernel_meta_dir.name, kernel_meta_dir)
+    with meta:
+        folder = _open_folder(meta, name, kernel_meta_dir / name)
+    try:
+        _check_own_folder(folder)
+        _stamp_owner(folder, (str(kernel_meta_dir), pid))
+    except BaseException:
+        folder.close()
+        raise
+    return folder
 
 
-def _check_own_folder(path: Path) -> None:
-    """Refuse a process folder, or its ``kernel_meta``, that is another user's symbolic link,
-    and a process folder that another user made: ``kernel_meta`` may be shared, and a member
-    could make ``<host>_<pid>`` for a process id to come, a link to any folder of its user
-    (who then wrote its debug outputs and ``.owner`` there), or a folder of their own (attack
-    review). This user's own links are this user's choice.
+def _open_folder(parent: SafeDir, name: str, path: Path) -> SafeDir:
+    """``parent/name`` (made when missing) opened with ``O_DIRECTORY | O_NOFOLLOW``; a link
+    only when it is this user's own (:func:`_open_own_link`).
+
+    :raises UnsafePathError: ``name`` is another user's link, or keeps changing between a
+        link and a folder while it is opened.
+    :raises OSError: e.g. ``ENOTDIR`` (a file there) or ``EACCES``.
+    """
+    try:
+        _make_folder(parent, name)
+        for _ in range(_OPEN_TRIES):
+            try:
+                return SafeDir(os.open(name, _DIR_FLAGS, dir_fd=parent.fd), path)
+            except OSError as exc:  # a link: ELOOP, or ENOTDIR with O_DIRECTORY
+                st = os.stat(name, dir_fd=parent.fd, follow_symlinks=False)
+                if stat.S_ISLNK(st.st_mode):
+                    return SafeDir(_open_own_link(parent, name, path), path)
+                if exc.errno != errno.ENOTDIR or not stat.S_ISDIR(st.st_mode):
+                    raise
+                # a folder again: a link was swapped out meanwhile; open it once more
+    except OSError as exc:
+        exc.filename = str(path)  # the full name for messages
+        raise
+    raise _swapped(path)
+
+
+#: How often a name that turns from a link back into a folder while opened is tried.
+_OPEN_TRIES = 3
+
+
+def _swapped(path: Path) -> UnsafePathError:
+    """The one line for a folder swapped with a link while it was being opened."""
+    return UnsafePathError(
+        f"debug output folder {path} changed while it was opened (a symbolic link was "
+        "swapped in); cachemgr writes no debug output there: check who else writes "
+        f"{path.parent}"
+    )
+
+
+def _make_folder(parent: SafeDir, name: str) -> None:
+    """``mkdirat(name)`` with mode 0775 (setgid where ``parent`` has it) whatever the umask;
+    a name already there is left as it is."""
+    try:
+        os.mkdir(name, 0o775, dir_fd=parent.fd)
+    except FileExistsError:
+        return
+    mode = 0o775 | (os.fstat(parent.fd).st_mode & stat.S_ISGID)
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=parent.fd)
+    except OSError:
+        return  # swapped meanwhile: the open that follows says what is there
+    try:
+        if os.fstat(fd).st_uid == os.geteuid():
+            os.fchmod(fd, mode)  # through the descriptor: never a link's target
+    finally:
+        os.close(fd)
+
+
+def _open_own_link(parent: SafeDir, name: str, path: Path) -> int:
+    """Open the folder the link ``parent/name`` leads to when the link is this user's, and
+    is still the same link to the same folder once opened (a member who can write
+    ``parent`` could swap it for a link of theirs between the check and the open).
+
+    :raises UnsafePathError: another user's link, or a link changed while it was opened.
+    """
+    link = os.stat(name, dir_fd=parent.fd, follow_symlinks=False)
+    if link.st_uid != os.geteuid():
+        try:
+            target = f"to {os.readlink(name, dir_fd=parent.fd)}"
+        except OSError:  # swapped back meanwhile: it was a link all the same
+            target = "swapped in and out again"
+        raise UnsafePathError(
+            f"debug output folder {path} is a symbolic link of "
+            f"{fsutil.user_name(link.st_uid)} ({target}); "
+            "cachemgr never writes debug outputs through another user's link: remove it"
+        )
+    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC, dir_fd=parent.fd)
+    if not _still_the_link(parent, name, link, os.fstat(fd)):
+        os.close(fd)
+        raise _swapped(path)
+    return fd
+
+
+def _still_the_link(
+    parent: SafeDir, name: str, link: os.stat_result, opened: os.stat_result
+) -> bool:
+    """True when ``parent/name`` is still the link ``link`` and leads to ``opened``."""
+    try:
+        again = os.stat(name, dir_fd=parent.fd, follow_symlinks=False)
+        now = os.stat(name, dir_fd=parent.fd)
+    except OSError:
+        return False
+    same_link = (again.st_dev, again.st_ino, again.st_uid) == (
+        link.st_dev,
+        link.st_ino,
+        link.st_uid,
+    )
+    return same_link and (now.st_dev, now.st_ino) == (opened.st_dev, opened.st_ino)
+
+
+def _check_own_folder(folder: SafeDir) -> None:
+    """Refuse a process folder another user made (``fstat`` of the open folder).
 
     :raises UnsafePathError: naming the folder, whose it is and what to do.
     """
-    me = os.geteuid()
-    for folder in (path.parent, path):
-        st = os.lstat(folder)
-        if stat.S_ISLNK(st.st_mode) and st.st_uid != me:
-            raise UnsafePathError(
-                f"debug output folder {folder} is a symbolic link of "
-                f"{fsutil.user_name(st.st_uid)} (to {os.readlink(folder)}); cachemgr never "
-                "writes debug outputs through another user's link: remove it"
-            )
-    owner = os.stat(path).st_uid
-    if owner != me:
+    owner = os.fstat(folder.fd).st_uid
+    if owner != os.geteuid():
         raise UnsafePathError(
-            f"debug output folder {path} belongs to {fsutil.user_name(owner)}, not to "
+            f"debug output folder {folder.path} belongs to {fsutil.user_name(owner)}, not to "
             "this process's user: someone made it for this process id; remove it"
         )
+
+
+def _stamp_owner(folder: SafeDir, ident: tuple[str, int]) -> None:
+    """Write ``.owner`` (relative to the open folder) unless this very folder (device and
+    inode) already has ours: a folder made anew since (removed, or renamed away) gets one."""
+    st = os.fstat(folder.fd)
+    with _dirs_lock:
+        if _dirs.get(ident) == (st.st_dev, st.st_ino):
+            return
+        pid = ident[1]
+        owner = {"host": short_host(), "pid": pid, "start": process_start_time(pid)}
+        data = json.dumps(owner).encode()
+        fsutil.atomic_write_bytes(folder.path / OWNER_FILE, data, dir_fd=folder.fd)
+        _dirs.put(ident, (st.st_dev, st.st_ino))
 
 
 def caller_base(options: Mapping[str, Any], env: Mapping[str, str], cwd: Path) -> tuple[Path, str]:
@@ -200,11 +326,6 @@ def _no_space_left(folder: Path) -> bool:
     return st.f_blocks > 0 and free == 0
 
 
-def build_dir(process_folder: Path, kernel: str) -> Path:
-    """A fresh private folder inside ``process_folder`` for one compile (caller removes it)."""
-    return Path(tempfile.mkdtemp(prefix=f".build-{kernel[:40]}-", dir=process_folder))
-
-
 def compute_document(request: CompileRequest, kernel: str) -> dict[str, Any]:
     """``<kernel>_compute.json``: the operator's computation as the request describes it —
     one placeholder node per input, the operator node, one node per output (SPEC §7)."""
@@ -246,13 +367,16 @@ def keep_artefacts(
     result: CompileResult,
     kernel: str,
     keep: frozenset[str],
-    dest: Path,
+    dest: SafeDir,
     request: CompileRequest,
 ) -> tuple[Path, ...]:
     """Move the kinds in ``keep`` (``o``, ``json``, ``cce``, ``loc``, ``compute``) from the
-    compile's private folder into ``dest``; replaces older files of the same kernel.
+    compile's private build folder into the open folder ``dest`` (:func:`open_process_dir`),
+    each relative to its descriptor; replaces older files of the same kernel.
 
-    :raises OSError: when a move or write fails.
+    :returns: the files kept, named by ``dest``'s path (where they are unless the folder was
+        renamed meanwhile).
+    :raises OSError: when a move or write fails (nothing half-written is left).
     """
     out = result.binary.parent
     sources = {
@@ -264,16 +388,48 @@ def keep_artefacts(
     kept = []
     for kind in ("json", "o", "cce", "loc"):
         if kind in keep and sources[kind].is_file():
-            target = dest / sources[kind].name
-            os.replace(sources[kind], target)
-            kept.append(target)
+            move_in(sources[kind], dest)
+            kept.append(dest.path / sources[kind].name)
     if "compute" in keep:
-        target = dest / f"{kernel}_compute.json"
+        target = dest.path / f"{kernel}_compute.json"
         doc = compute_document(request, kernel)
         data = (json.dumps(doc, indent=4, ensure_ascii=False) + "\n").encode()
-        fsutil.atomic_write_bytes(target, data)
+        fsutil.atomic_write_bytes(target, data, dir_fd=dest.fd)
         kept.append(target)
     return tuple(kept)
+
+
+#: Bytes copied per read when an output is copied across filesystems.
+COPY_CHUNK_BYTES = 1 << 20
+
+
+def move_in(src: Path, dest: SafeDir) -> None:
+    """Move the file ``src`` (in a private folder) into the open folder ``dest`` under its
+    name: ``renameat`` into the descriptor, or — across filesystems — a copy in chunks of
+    :data:`COPY_CHUNK_BYTES` into a fresh temp name (``O_CREAT | O_EXCL | O_NOFOLLOW``
+    relative to ``dest``), renamed into place relative to ``dest`` and ``src`` removed.
+
+    :raises OSError: when the move or copy fails; no temp file is left in ``dest``.
+    """
+    try:
+        os.rename(src, src.name, dst_dir_fd=dest.fd)
+        return
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+    tmp = fsutil.temp_path(dest.path / src.name)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC
+    with open(src, "rb") as reader:
+        fd = os.open(tmp.name, flags, fsutil.FILE_MODE, dir_fd=dest.fd)
+        try:
+            with os.fdopen(fd, "wb") as writer:
+                shutil.copyfileobj(reader, writer, COPY_CHUNK_BYTES)
+                os.fchmod(writer.fileno(), fsutil.FILE_MODE)
+            os.rename(tmp.name, src.name, src_dir_fd=dest.fd, dst_dir_fd=dest.fd)
+        except BaseException:
+            fsutil.safe_unlink(tmp, dir_fd=dest.fd)
+            raise
+    fsutil.safe_unlink(src)
 
 
 def _owner(folder: Path, dir_fd: int | None = None) -> dict[str, Any] | None:
@@ -379,8 +535,3 @@ def _reap_dead(folder: SafeDir, retention_s: float) -> tuple[list[Path], str]:
                 newest = max(newest, item.stat(follow_symlinks=False).st_mtime)
     expired = retention_s > 0 and newest and time.time() - newest > retention_s
     return removed, ("expired" if expired else "empty" if not newest else "")
-
-
-def remove_build_dir(path: Path) -> None:
-    """Remove a private build folder; a folder already gone is fine."""
-    fsutil.remove_tree(path)
