@@ -465,6 +465,11 @@ def test_the_systemd_unit_scores_ok_with_what_the_daemon_needs(tmp_path: Path) -
     assert bounding == {"CAP_FOWNER"}, bounding
     assert _final_list(text, "RestrictNamespaces") == {"user", "mnt", "pid", "net"}
     assert "AF_NETLINK" in _final_list(text, "RestrictAddressFamilies")
+    # memory bounded with the compilers, and an OOM kill ends a compile, not the service
+    assert _final_list(text, "MemoryMax") == {"4G"} and _final_list(text, "OOMPolicy") == {
+        "continue"
+    }
+    assert _final_list(text, "UMask") == {"0007"}  # outsiders read nothing
     docs = (ROOT / "docs" / "security.md").read_text()
     for setting in ("PrivateNetwork", "PrivateUsers", "RestrictNamespaces", "UMask", "CAP_FOWNER"):
         assert setting in docs, f"docs/security.md does not say why {setting} stays open"
