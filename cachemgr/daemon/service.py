@@ -8,7 +8,6 @@ import dataclasses
 import datetime as dt
 import logging
 import os
-import shutil
 import tempfile
 import threading
 import time
@@ -695,6 +694,7 @@ def _handed_back(data: dict[str, Any]) -> dict[str, Any]:
     except InvalidInputError as exc:
         error = f"handing back outputs: {exc}"
         return {**data, "status": Status.FAILED, "files": [], "error": error}
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    finally:  # by descriptor, any depth: what a compiler left there is the caller's making
+        fsutil.open_up_tree(folder)
+        fsutil.remove_tree(folder)
     return {**data, "files": [], "outputs": outputs}
