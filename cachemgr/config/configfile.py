@@ -163,6 +163,11 @@ class DaemonConfig:
             "int", 0, MAX_WORKERS, text=f"an integer ≥ 0 (0 = CPU count), at most {MAX_WORKERS}"
         ),
     )
+    # compile slots beyond `workers`, each only for a caller none of whose jobs compiles while
+    # every worker does (docs/daemon.md#fair-workers); 0 = none
+    reserve_workers: int = field(
+        default=1, metadata=rule("int", 0, MAX_WORKERS, text=f"an integer 0..{MAX_WORKERS}")
+    )
     tcp_host: str = "127.0.0.1"
     tcp_port: int = field(default=0, metadata=rule("int", 0, 65535))
     max_body_bytes: int = 1 << 20

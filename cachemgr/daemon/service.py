@@ -91,6 +91,7 @@ class Service:
             lock_timeout_s=config.lock_wait_s or None,
             tally=self.counters.tally,
             max_queued_per_caller=config.max_queued_per_caller or None,
+            reserve_workers=config.reserve_workers,
             events=self.events,
             remotes=self.remotes,
         )
