@@ -209,6 +209,9 @@ class DaemonConfig:
     max_queued_per_caller: int = 1000
     # the highest priority a caller other than the daemon's user (or root) may ask for
     max_caller_priority: int = 0
+    # hits a second one caller (uid) other than the daemon's user or root may report to
+    # /hits (docs/daemon.md#hits-a-client-reports); 0 = 20,000 per CPU core
+    max_reported_hits_per_s: int = field(default=0, metadata=rule("int", 0))
 
     @classmethod
     def from_table(cls, table: Mapping[str, Any] | None, where: str = "[daemon]") -> DaemonConfig:

@@ -37,6 +37,7 @@ from cachemgr.daemon import peer
 from cachemgr.daemon.config import DaemonConfig
 from cachemgr.daemon.governance import Governance, release_memory
 from cachemgr.daemon.heartbeat import GOVERNANCE, POOL, Heartbeats
+from cachemgr.daemon.hitbudget import HitBudget
 from cachemgr.daemon.metrics import Gauge, Metrics
 from cachemgr.errors import CacheMgrError, InvalidInputError
 from cachemgr.eviction import gc
@@ -118,6 +119,7 @@ class Service:
             self.queue.figures,
             self.remote_stats,
         )
+        self.hit_budget = HitBudget(config.max_reported_hits_per_s)
         self._jobs: dict[str, dict[str, Any]] = {}
         self._jobs_lock = threading.Lock()
         self._reload_lock = threading.Lock()
@@ -373,8 +375,21 @@ class Service:
         return {"settings": self._settings.to_json(), "sections": dict(self._settings.sections)}
 
     def report_hits(self, hits: int) -> dict[str, Any]:
-        """Count hits that clients served from the cache themselves."""
-        self.counters.add("hits", hits)
+        """Count hits that clients served from the cache themselves: from a caller other than
+        the daemon's user or root, at most what its budget holds (:mod:`.hitbudget`).
+
+        :raises HitsRefused: not all of ``hits`` fitted in the caller's budget (those that
+            did are counted).
+        """
+        caller = peer.current()
+        if caller is None or (caller.uid is not None and caller.uid in (os.geteuid(), 0)):
+            self.counters.add("hits", hits)
+        else:
+            who = _caller_key(caller)
+            granted = self.hit_budget.take(who, hits)
+            self.counters.add("hits", granted)
+            if granted < hits:
+                raise self.hit_budget.refuse(who, hits, granted)
         return {"hits": self.counters.snapshot()["hits"]}
 
     def zero_stats(self) -> dict[str, Any]:
