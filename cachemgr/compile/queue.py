@@ -146,6 +146,7 @@ class CompileQueue:
         self.settings = settings
         self.reserve_workers = max(0, reserve_workers)
         self._compiling: Counter[object] = Counter()  # per caller: jobs a worker compiles
+        self._workers_busy = 0  # of the ``workers`` (not the reserve) compiling now
         self.max_queued_per_caller = max_queued_per_caller
         self._turns: dict[object, int] = {}  # each caller's last turn
         self._clock = 0  # the turn of the last job started
@@ -177,7 +178,12 @@ class CompileQueue:
         self._finishers = ThreadPoolExecutor(self.workers, thread_name_prefix="cachemgr-publish")
         self._threads = [
             threading.Thread(target=self._work, name=f"cachemgr-compile-{i}", daemon=True)
-            for i in range(self.workers + self.reserve_workers)
+            for i in range(self.workers)
+        ] + [
+            threading.Thread(
+                target=self._work, args=(True,), name=f"cachemgr-reserve-{i}", daemon=True
+            )
+            for i in range(self.reserve_workers)
         ]
         for thread in self._threads:
             thread.start()
@@ -304,7 +310,7 @@ class CompileQueue:
                 job = _Job(p, priority, [(fut, start)], turn=turn, caller=caller, own_user=own)
                 self._flights[job.flight] = job
                 heapq.heappush(self._heap, (-priority, turn, next(self._seq), job))
-                self._cond.notify()
+                self._cond.notify_all()  # a worker, or else a reserve worker, takes it
         fut.add_done_callback(functools.partial(self._left, job))
         fut.add_done_callback(lambda f: self._uncount_caller(caller))
         return fut
@@ -390,15 +396,17 @@ class CompileQueue:
 
     # --- workers ------------------------------------------------------------------------------
 
-    def _next_job(self) -> _Job | None:
-        """The next job this worker compiles (it counts as compiling until :meth:`_release`),
-        or None once the queue is closed and nothing waits."""
+    def _next_job(self, reserve: bool) -> _Job | None:
+        """The next job this worker (a ``reserve`` one or not) compiles — it counts as
+        compiling until :meth:`_release` — or None once the queue is closed and nothing
+        waits."""
         with self._cond:
             while True:
-                job = self._pick()
+                job = self._pick(reserve)
                 if job is not None:
                     job.state = _RUNNING
                     self._compiling[job.caller] += 1
+                    self._workers_busy += not reserve
                     self._progress_at = time.monotonic()
                     self._clock = max(self._clock, job.turn)
                     return job
@@ -406,48 +414,48 @@ class CompileQueue:
                     return None
                 self._cond.wait()
 
-    def _pick(self) -> _Job | None:
-        """Under ``self._lock``: with a worker free, the first waiting job (priority, then
-        turn); with every worker busy and a reserve slot free, the first waiting job of a
-        caller none of whose jobs compiles; else None."""
+    def _pick(self, reserve: bool) -> _Job | None:
+        """Under ``self._lock``: for a worker, the first waiting job (priority, then turn);
+        for a reserve worker, while every worker compiles, the first waiting job of a caller
+        none of whose jobs compiles; else None."""
         heap = self._heap
         while heap and not _waiting(heap[0]):
-            heapq.heappop(heap)  # started through a reserve slot, dropped, or re-prioritised
+            heapq.heappop(heap)  # started by a reserve worker, dropped, or re-prioritised
         if not heap:
             return None
-        busy = sum(self._compiling.values())
-        if busy < self.workers:
+        if not reserve:
             return heapq.heappop(heap)[3]
-        if busy >= self.workers + self.reserve_workers:
-            return None
+        if self._workers_busy < self.workers:
+            return None  # a worker is free: it takes the job
         idle = [e for e in heap if _waiting(e) and not self._compiling[e[3].caller]]
         if not idle:
             return None
         job = min(idle)[3]  # its heap entry stays, skipped as no longer waiting
         log.info(
-            "%s of %s starts on a reserve worker: %d workers busy with other callers' jobs",
+            "%s of %s starts on a reserve worker: the %d workers compile other callers' jobs",
             job.prepared.kernel,
             job.caller,
-            busy,
+            self.workers,
         )
         self.counters["reserve_starts"] += 1
         return job
 
-    def _release(self, job: _Job) -> None:
+    def _release(self, job: _Job, reserve: bool) -> None:
         """``job``'s compile is over (its publish may go on): its slot is free."""
         with self._cond:
             self._compiling[job.caller] -= 1
             if self._compiling[job.caller] <= 0:
                 del self._compiling[job.caller]
-            self._cond.notify_all()  # a free slot or a caller with nothing compiling
+            self._workers_busy -= not reserve
+            self._cond.notify_all()  # a free worker, or a caller with nothing compiling
 
-    def _work(self) -> None:
+    def _work(self, reserve: bool = False) -> None:
         """A compile slot: run jobs; while other jobs wait, hand each publish to a finisher
         thread so the next compile starts at once (as many compilers run at a time as there
-        are workers, plus the reserve's); otherwise publish here, sparing the caller a thread
-        hop. The build folder is emptied after every job, whatever happened."""
+        are workers, plus the busy reserve ones); otherwise publish here, sparing the caller
+        a thread hop. The build folder is emptied after every job, whatever happened."""
         while True:
-            job = self._next_job()
+            job = self._next_job(reserve)
             if job is None:
                 return
             try:
@@ -455,7 +463,7 @@ class CompileQueue:
                     with process.for_own_user(job.own_user):
                         result = self._run(job.prepared)
                 finally:
-                    self._release(job)
+                    self._release(job, reserve)
                 self._answer(job, result)
             finally:
                 self._ctx.after_job()  # the caller has its answer: not on a miss's path
