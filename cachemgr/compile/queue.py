@@ -16,11 +16,11 @@ the caller's thread when it can — a precompiled binary (SPEC §6) or a verifie
 * **reserve workers** (docs/daemon.md#fair-workers): turns order the queue, but one caller's
   slow jobs could still hold every worker, and another caller's 0.03 s compile waited for
   one of them to end (84.9 s). With ``reserve_workers`` R, while all ``workers`` compile,
-  up to R more jobs may start, each the first waiting job (in turn order) of a caller none
-  of whose jobs is compiling: another caller's job starts at once, not after a stranger's
-  compile. At most ``workers + R`` compilers run; a single caller never uses a reserve
-  slot (it always has a job compiling when the workers are busy), so its throughput is
-  that of ``workers``;
+  up to R more jobs may start on R reserve threads, each the first waiting job (in turn
+  order) of a caller none of whose jobs is compiling: another caller's job starts at once,
+  not after a stranger's compile. At most ``workers + R`` compilers run; a single caller
+  never uses a reserve slot (it always has a job compiling when the workers are busy), so
+  its throughput is that of ``workers``;
 * **timeout**: each compiler process gets ``timeout_s`` seconds; on timeout its whole process
   group is killed (:mod:`cachemgr.compilers.process`) and the outcome is ``failed``;
 * **single-flight**: identical requests (same kernel name, same variant) in flight share one
