@@ -144,7 +144,9 @@ def test_one_caller_never_takes_a_reserve_slot_and_compilers_stay_bounded(
 ) -> None:
     """A real queue with 1 worker and 1 reserve slot: one caller's jobs run one at a time
     (its throughput is the workers', the reserve never serves it); with a second caller, its
-    job runs beside the first caller's — never more than 2 compilers at once."""
+    job runs beside the first caller's — never more than 2 compilers at once (either caller
+    may then hold both, one of them the reserve, for as long as the other has nothing
+    compiling)."""
     cc = _interval_cc(tmp_path / "cc", 0.6)
     settings = make_settings(tmp_path, clean_env, compilers={"cc": str(cc)})
 
@@ -162,6 +164,5 @@ def test_one_caller_never_takes_a_reserve_slot_and_compilers_stay_bounded(
         mixed += [queue.submit(req(20 + n, "b"), caller="b") for n in range(3)]
         assert all(f.result(timeout=120).status == "compiled" for f in mixed)
     log = tmp_path / "cc" / "cc.log"
-    assert _most_at_once(log) == 2  # the reserve ran the other caller's job beside
-    assert _most_at_once(log, "a") == 1 and _most_at_once(log, "b") <= 2
+    assert _most_at_once(log) == 2  # the reserve ran the other caller's job beside, no more
     assert queue.counters["reserve_starts"] >= 1
