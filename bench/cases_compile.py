@@ -10,6 +10,8 @@
   process (immune to drift between runs). Target: ≤ 1.03×.
 * **pool**: N distinct C kernels through the pool (``workers`` = cores) vs ``xargs -P <cores>
   -L 1`` running the same compiler argv. Target: throughput ≥ 0.9× xargs.
+* **reserve worker**: one caller's N kernels through the pool with one reserve worker (the
+  daemon's default, docs/daemon.md#fair-workers) vs none. Target: throughput ≥ 0.97×.
 * **sandbox**: the same compiler argv alone, under the daemon's limits only (``prlimit``: a
   compile for the daemon's own user) and in the allow-list view (``bwrap`` + ``prlimit``:
   another user's compile), interleaved; the median of the pairs' ratios. Informational.
@@ -347,10 +349,12 @@ def _c_requests(work: Path, variants: int, base: int) -> list[CompileRequest]:
     return [_variant(f"{k}_c", work, base + v) for v in range(variants) for k in C_KERNELS]
 
 
-def _time_queue(work: Path, reqs: list[CompileRequest], workers: int) -> float:
-    with CompileQueue(_settings(work), workers=workers) as queue:
+def _time_queue(
+    work: Path, reqs: list[CompileRequest], workers: int, reserve: int = 0, caller: object = None
+) -> float:
+    with CompileQueue(_settings(work), workers=workers, reserve_workers=reserve) as queue:
         start = time.perf_counter()
-        futures = [queue.submit(r) for r in reqs]
+        futures = [queue.submit(r, caller=caller) for r in reqs]
         outcomes = [f.result() for f in futures]
         elapsed = time.perf_counter() - start
     bad = [o for o in outcomes if o.status != "compiled"]
@@ -400,6 +404,33 @@ def _pool_rows(work: Path, quick: bool) -> list[Row]:
     )
     return [Row("pool vs xargs", "throughput", q, "kernels/s", f"xargs -P {cores}", x, ratio,
                 "≥ 0.9× xargs", ratio >= 0.9, note)]  # fmt: skip
+
+
+def _reserve_rows(work: Path, quick: bool) -> list[Row]:
+    """One caller's N kernels through the pool with the daemon's default reserve worker
+    (``[daemon] reserve_workers = 1``) vs without one: the cost of fair workers for a single
+    user (docs/daemon.md#fair-workers). Rounds alternate who goes first."""
+    cores = os.cpu_count() or 1
+    variants, rounds = (2, 1) if quick else (4, 7)
+    with_r, without, ratios = [], [], []
+    for r in range(rounds):
+        reqs = _c_requests(work, variants, 5000 + 1000 * r)
+        runs = [("on", 1), ("off", 0)] if r % 2 else [("off", 0), ("on", 1)]
+        took = {
+            name: _time_queue(work / f"{name}{r}", reqs, cores, n, "uid 1000") for name, n in runs
+        }
+        with_r.append(took["on"])
+        without.append(took["off"])
+        ratios.append(took["off"] / took["on"])
+    n = variants * len(C_KERNELS)
+    on, off = n / statistics.median(with_r), n / statistics.median(without)
+    ratio = statistics.median(ratios)
+    note = (
+        f"{n} distinct C kernels of one caller, {cores} workers; ratio = median of {rounds} "
+        f"back-to-back rounds (each: {', '.join(f'{v:.2f}' for v in ratios)})"
+    )
+    return [Row("pool, one caller, reserve worker", "throughput", on, "kernels/s",
+                "no reserve worker", off, ratio, "≥ 0.97×", ratio >= 0.97, note)]  # fmt: skip
 
 
 # --- ccache ---------------------------------------------------------------------------------
@@ -493,5 +524,6 @@ def run(workdir: Path, quick: bool) -> list[Row]:
     rows += _miss_rows(workdir / "miss", quick)
     rows += _sandbox_rows(_mkdir(workdir / "sandbox"), quick)
     rows += _pool_rows(workdir / "pool", quick)
+    rows += _reserve_rows(workdir / "reserve", quick)
     rows += _ccache_rows(workdir / "ccache", quick)
     return rows

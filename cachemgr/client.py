@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeVar, overload
 
 from cachemgr import sockcheck
 from cachemgr.compile.results import CompileOutcome, GcResult, StatsResult
+from cachemgr.constants import MAX_HITS_PER_REPORT
 from cachemgr.errors import CacheMgrError, CompileError, InvalidInputError
 from cachemgr.sockcheck import UntrustedDaemon
 
@@ -620,6 +621,7 @@ class _LocalHits:
             if not due:
                 return
             pending, self._pending, self._flushed = self._pending, 0, now
+            pending = min(pending, MAX_HITS_PER_REPORT)  # what one report may hold
         try:
             self.client.request("POST", "/hits", {"hits": pending})
         except CacheMgrError as exc:

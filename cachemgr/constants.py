@@ -49,3 +49,9 @@ def short_host() -> str:
     # os.uname().nodename is gethostname(2) on Linux (glibc reads it from uname), without
     # importing socket (issue 14 item 1)
     return os.uname().nodename.split(".")[0] or "host"
+
+
+#: The most hits one ``POST /hits`` may report (a client's local hits since its last report,
+#: made at most once a second: one process serves a few thousand hits a second;
+#: docs/daemon.md#hits-a-client-reports).
+MAX_HITS_PER_REPORT: Final = 100_000

@@ -359,17 +359,30 @@ class RunContext:
 
     def after_job(self) -> None:
         """Empty this thread's build folder (after the callers have their answer). Never
-        raises: a folder that cannot be emptied (what a subverted compiler left, attack
-        review) is one warning and is given up — the next job gets a new one — instead of
-        ending the worker thread that called this."""
+        raises: a folder that cannot be emptied (what a subverted compiler or a caller's
+        path left, attack review) is one warning and is removed now — the next job gets a
+        new one — instead of ending the worker thread that called this, or staying in the
+        temp folder until the queue closes (docs/security.md, section 10)."""
         path: Path | None = getattr(self.local, "build", None)
         if path is None or not path.is_dir():
             return
         try:
             _empty(path)
         except Exception as exc:  # a worker must outlive any leftover
-            log.warning("cannot empty build folder %s (%s); using a new one", path, exc)
+            log.warning("cannot empty build folder %s (%s); removing it", path, exc)
             self.local.build = None
+            self._give_up(path)
+
+    def _give_up(self, path: Path) -> None:
+        """Remove the build folder ``path`` (any depth, never following a link) and drop its
+        liveness lock; a part that cannot be removed is one warning, and a later sweep
+        reclaims it (its lock is no longer held)."""
+        for live in [d for d in self.live_dirs if d.path == path]:
+            self.live_dirs.remove(live)
+            try:
+                live.close()
+            except Exception as exc:  # never end the worker
+                log.warning("cannot remove build folder %s: %s", path, exc)
 
     def close(self) -> None:
         """Remove every build folder (then drop its liveness lock)."""

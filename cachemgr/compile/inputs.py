@@ -26,7 +26,6 @@ import errno
 import hashlib
 import os
 import re
-import shutil
 import stat
 import tempfile
 import time
@@ -39,6 +38,7 @@ from cachemgr.compilers import CompileJob, CompilerBackend, CompilerIdentity, pr
 from cachemgr.compilers.base import read_depfile
 from cachemgr.errors import CompileError, InvalidInputError
 from cachemgr.memo import Memo
+from cachemgr.storage import fsutil
 
 #: The largest input file read (bytes): a source or header above it is refused.
 MAX_INPUT_BYTES = 64 << 20
@@ -186,8 +186,16 @@ def system_prefixes(
 
 
 def is_system(path: str, prefixes: tuple[str, ...]) -> bool:
-    """True for a file below one of ``prefixes`` (see :func:`system_prefixes`)."""
-    return path.startswith(prefixes) or os.path.realpath(path).startswith(prefixes)
+    """True for a file below one of ``prefixes`` (see :func:`system_prefixes`), by its name
+    or, links followed by the kernel (:func:`cachemgr.storage.fsutil.real_path`: a caller's
+    chain of links makes no recursion), by where it is; a file that cannot be reached is
+    not a system one."""
+    if path.startswith(prefixes):
+        return True
+    try:
+        return fsutil.real_path(path).startswith(prefixes)
+    except OSError:
+        return False
 
 
 def scan_headers(
@@ -335,20 +343,72 @@ def materialise(snap: Snapshot, root: Path, include_dirs: tuple[Path, ...]) -> P
     makes and removes no folder (``rmdir`` took 1-4 ms each on the reference host's ext4
     with ``discard``, six per miss; issue 14 item 3).
 
+    The paths are the caller's: however deep they go, nothing here recurses once per folder
+    (``Path.mkdir(parents=True)`` and ``os.makedirs`` do, and a header 1,900 folders deep
+    ended a compile in ``RecursionError``; docs/security.md, section 10).
+
     :raises ValueError: when ``snap`` is not frozen.
+    :raises InvalidInputError: a path whose mirror is longer than :data:`MAX_PATH_BYTES`
+        (named, with its length).
     """
     if snap.data is None:
         raise ValueError(f"{snap.source}: the snapshot holds no bytes")
     files = {mirror(root, Path(path)): blob for path, blob in snap.data.items()}
+    for path in [*snap.data, *map(str, include_dirs)]:
+        _check_length(path, mirror(root, Path(path)), path == str(snap.source))
     folders = {mirror(root, d) for d in include_dirs} | {dest.parent for dest in files}
     _prune(root, {str(a) for f in folders for a in (f, *f.parents)})
     for folder in sorted(folders):
-        folder.mkdir(parents=True, exist_ok=True)
+        make_folders(folder)
     for dest, blob in files.items():
         fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         with os.fdopen(fd, "wb") as fh:
             fh.write(blob)
     return mirror(root, snap.source)
+
+
+#: The longest path one system call takes on Linux, in bytes (``PATH_MAX`` less its NUL).
+MAX_PATH_BYTES = 4095
+
+
+def _check_length(path: str, mirrored: Path, is_source: bool) -> None:
+    """:raises InvalidInputError: ``mirrored`` (``path`` in the build folder's mirror) is
+    longer than :data:`MAX_PATH_BYTES`: no compiler could open it."""
+    size = len(os.fsencode(mirrored))
+    if size <= MAX_PATH_BYTES:
+        return
+    what = "kernel_source" if is_source else "header or include folder"
+    shown = path if len(path) <= 100 else f"{path[:48]}…{path[-48:]}"
+    raise InvalidInputError(
+        f"{what} {shown} ({len(os.fsencode(path))} bytes, {path.count('/')} folders deep) "
+        f"is too long to compile: its copy in the build folder would be {size} bytes, and a "
+        f"path may have at most {MAX_PATH_BYTES} (Linux PATH_MAX)"
+    )
+
+
+def make_folders(folder: Path) -> None:
+    """``folder`` and every missing folder above it, one ``mkdir`` each, without recursion
+    (``os.makedirs`` recurses once per missing folder). A folder that exists is fine.
+
+    :raises OSError: a folder cannot be made (e.g. a file has its name).
+    """
+    missing: list[Path] = []
+    at = folder
+    while True:
+        try:
+            os.mkdir(at)
+        except FileExistsError:
+            break
+        except FileNotFoundError:
+            if at.parent == at:
+                raise
+            missing.append(at)
+            at = at.parent
+            continue
+        break
+    for made in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(made)
 
 
 def empty_mirror(root: Path) -> None:
@@ -359,19 +419,27 @@ def empty_mirror(root: Path) -> None:
 
 def _prune(root: Path, keep: set[str] | None) -> None:
     """Below ``root``: remove every non-folder (links too, never followed) and every folder
-    not in ``keep`` (all folders are kept when ``keep`` is None)."""
-    try:
-        entries = list(os.scandir(root))
-    except (FileNotFoundError, NotADirectoryError):
-        return
-    for item in entries:
-        if not item.is_dir(follow_symlinks=False):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(item.path)
-        elif keep is None or item.path in keep:
-            _prune(Path(item.path), keep)
-        else:
-            shutil.rmtree(item.path, ignore_errors=True)
+    not in ``keep`` (all folders are kept when ``keep`` is None). Walked with a stack, not
+    recursion: the folders are the callers' (any depth).
+
+    :raises OSError: a folder of the tree cannot be listed (the worker gives its build
+        folder up: :meth:`cachemgr.compile.build.RunContext.after_job`).
+    """
+    stack = [root]
+    while stack:
+        folder = stack.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for item in entries:
+            if not item.is_dir(follow_symlinks=False):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(item.path)
+            elif keep is None or item.path in keep:
+                stack.append(Path(item.path))
+            else:
+                fsutil.remove_tree(Path(item.path))  # by descriptor, any depth
 
 
 def mirror(root: Path, path: Path) -> Path:

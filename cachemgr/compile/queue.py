@@ -13,6 +13,14 @@ the caller's thread when it can — a precompiled binary (SPEC §6) or a verifie
   jobs delays another caller's job by about one compile per busy caller, not 10,000; and a
   caller may have at most ``max_queued_per_caller`` jobs queued or running
   (:class:`QueueFull` beyond, which the daemon answers ``429``);
+* **reserve workers** (docs/daemon.md#fair-workers): turns order the queue, but one caller's
+  slow jobs could still hold every worker, and another caller's 0.03 s compile waited for
+  one of them to end (84.9 s). With ``reserve_workers`` R, while all ``workers`` compile,
+  up to R more jobs may start on R reserve threads, each the first waiting job (in turn
+  order) of a caller none of whose jobs is compiling: another caller's job starts at once,
+  not after a stranger's compile. At most ``workers + R`` compilers run; a single caller
+  never uses a reserve slot (it always has a job compiling when the workers are busy), so
+  its throughput is that of ``workers``;
 * **timeout**: each compiler process gets ``timeout_s`` seconds; on timeout its whole process
   group is killed (:mod:`cachemgr.compilers.process`) and the outcome is ``failed``;
 * **single-flight**: identical requests (same kernel name, same variant) in flight share one
@@ -89,6 +97,7 @@ class _Job:
     waiters: list[tuple[Future[CompileOutcome], float]] = field(default_factory=list)
     state: str = _PENDING
     turn: int = 0  # its caller's turn (fairness; see the module docstring)
+    caller: object = None  # who submitted it first (the reserve workers' rule)
     #: every caller so far is the daemon's own user (no namespaces; process.for_own_user)
     own_user: bool = False
 
@@ -114,6 +123,9 @@ class CompileQueue:
         twice ``timeout_s`` plus a minute: another process may be compiling that entry).
     :param max_queued_per_caller: jobs one caller may have queued or running (None: no
         bound); more → :class:`QueueFull`.
+    :param reserve_workers: compile slots beyond ``workers``, each only for the job of a
+        caller none of whose jobs compiles while all ``workers`` do (module docstring,
+        *reserve workers*); 0 = none.
     """
 
     def __init__(
@@ -129,8 +141,12 @@ class CompileQueue:
         max_queued_per_caller: int | None = None,
         events: Events | None = None,
         remotes: RemoteTiers | None = None,
+        reserve_workers: int = 0,
     ) -> None:
         self.settings = settings
+        self.reserve_workers = max(0, reserve_workers)
+        self._compiling: Counter[object] = Counter()  # per caller: jobs a worker compiles
+        self._workers_busy = 0  # of the ``workers`` (not the reserve) compiling now
         self.max_queued_per_caller = max_queued_per_caller
         self._turns: dict[object, int] = {}  # each caller's last turn
         self._clock = 0  # the turn of the last job started
@@ -163,6 +179,11 @@ class CompileQueue:
         self._threads = [
             threading.Thread(target=self._work, name=f"cachemgr-compile-{i}", daemon=True)
             for i in range(self.workers)
+        ] + [
+            threading.Thread(
+                target=self._work, args=(True,), name=f"cachemgr-reserve-{i}", daemon=True
+            )
+            for i in range(self.reserve_workers)
         ]
         for thread in self._threads:
             thread.start()
@@ -286,10 +307,10 @@ class CompileQueue:
             else:
                 turn = max(self._clock, self._turns.get(caller, 0)) + 1
                 self._turns[caller] = turn
-                job = _Job(p, priority, [(fut, start)], turn=turn, own_user=own)
+                job = _Job(p, priority, [(fut, start)], turn=turn, caller=caller, own_user=own)
                 self._flights[job.flight] = job
                 heapq.heappush(self._heap, (-priority, turn, next(self._seq), job))
-                self._cond.notify()
+                self._cond.notify_all()  # a worker, or else a reserve worker, takes it
         fut.add_done_callback(functools.partial(self._left, job))
         fut.add_done_callback(lambda f: self._uncount_caller(caller))
         return fut
@@ -375,44 +396,92 @@ class CompileQueue:
 
     # --- workers ------------------------------------------------------------------------------
 
-    def _next_job(self) -> _Job | None:
+    def _next_job(self, reserve: bool) -> _Job | None:
+        """The next job this worker (a ``reserve`` one or not) compiles — it counts as
+        compiling until :meth:`_release` — or None once the queue is closed and nothing
+        waits."""
         with self._cond:
             while True:
-                while self._heap:
-                    neg_prio, turn, _, job = heapq.heappop(self._heap)
-                    if job.state == _PENDING and -neg_prio == job.priority:
-                        job.state = _RUNNING
-                        self._progress_at = time.monotonic()
-                        self._clock = max(self._clock, turn)
-                        return job
-                if self._closing:
+                job = self._pick(reserve)
+                if job is not None:
+                    job.state = _RUNNING
+                    self._compiling[job.caller] += 1
+                    self._workers_busy += not reserve
+                    self._progress_at = time.monotonic()
+                    self._clock = max(self._clock, job.turn)
+                    return job
+                if self._closing and not any(j.state == _PENDING for *_, j in self._heap):
                     return None
                 self._cond.wait()
 
-    def _work(self) -> None:
+    def _pick(self, reserve: bool) -> _Job | None:
+        """Under ``self._lock``: for a worker, the first waiting job (priority, then turn);
+        for a reserve worker, while every worker compiles, the first waiting job of a caller
+        none of whose jobs compiles; else None."""
+        heap = self._heap
+        while heap and not _waiting(heap[0]):
+            heapq.heappop(heap)  # started by a reserve worker, dropped, or re-prioritised
+        if not heap:
+            return None
+        if not reserve:
+            return heapq.heappop(heap)[3]
+        if self._workers_busy < self.workers:
+            return None  # a worker is free: it takes the job
+        idle = [e for e in heap if _waiting(e) and not self._compiling[e[3].caller]]
+        if not idle:
+            return None
+        job = min(idle)[3]  # its heap entry stays, skipped as no longer waiting
+        log.info(
+            "%s of %s starts on a reserve worker: the %d workers compile other callers' jobs",
+            job.prepared.kernel,
+            job.caller,
+            self.workers,
+        )
+        self.counters["reserve_starts"] += 1
+        return job
+
+    def _release(self, job: _Job, reserve: bool) -> None:
+        """``job``'s compile is over (its publish may go on): its slot is free."""
+        with self._cond:
+            self._compiling[job.caller] -= 1
+            if self._compiling[job.caller] <= 0:
+                del self._compiling[job.caller]
+            self._workers_busy -= not reserve
+            self._cond.notify_all()  # a free worker, or a caller with nothing compiling
+
+    def _work(self, reserve: bool = False) -> None:
         """A compile slot: run jobs; while other jobs wait, hand each publish to a finisher
         thread so the next compile starts at once (as many compilers run at a time as there
-        are workers); otherwise publish here, sparing the caller a thread hop."""
+        are workers, plus the busy reserve ones); otherwise publish here, sparing the caller
+        a thread hop. The build folder is emptied after every job, whatever happened."""
         while True:
-            job = self._next_job()
+            job = self._next_job(reserve)
             if job is None:
                 return
-            with process.for_own_user(job.own_user):
-                result = self._run(job.prepared)
-            from cachemgr.compile import publisher  # a job ran: a miss (not on the hit path)
-
-            if isinstance(result, publisher.Pending) and self._work_waiting():
+            try:
                 try:
-                    self._finishers.submit(self._finish, job, result)
-                    self._ctx.after_job()  # the pending publish holds its bytes in memory
-                    continue
-                except RuntimeError:  # finishers shut down (close timed out): finish here
-                    pass
-            if isinstance(result, publisher.Pending):
-                self._finish(job, result)  # nothing else waits: no thread hop
-            else:
-                self._done(job, result)
-            self._ctx.after_job()  # the caller has its answer: not on a miss's path (item 3)
+                    with process.for_own_user(job.own_user):
+                        result = self._run(job.prepared)
+                finally:
+                    self._release(job, reserve)
+                self._answer(job, result)
+            finally:
+                self._ctx.after_job()  # the caller has its answer: not on a miss's path
+
+    def _answer(self, job: _Job, result: CompileOutcome | publisher.Pending) -> None:
+        """Publish ``result`` (in a finisher thread while other jobs wait) and answer."""
+        from cachemgr.compile import publisher  # a job ran: a miss (not on the hit path)
+
+        if isinstance(result, publisher.Pending) and self._work_waiting():
+            try:
+                self._finishers.submit(self._finish, job, result)
+                return  # the pending publish holds its bytes in memory
+            except RuntimeError:  # finishers shut down (close timed out): finish here
+                pass
+        if isinstance(result, publisher.Pending):
+            self._finish(job, result)  # nothing else waits: no thread hop
+        else:
+            self._done(job, result)
 
     def _work_waiting(self) -> bool:
         with self._lock:
@@ -595,6 +664,13 @@ class CompileQueue:
 
 #: ``tally(chip_dir, counter, amount)``: the cache counters' hook (SPEC §10).
 Tally = Callable[[Path | None, str, int], None]
+
+
+def _waiting(entry: tuple[int, int, int, _Job]) -> bool:
+    """A heap entry that still stands for a waiting job (not started, dropped or pushed
+    again at a higher priority)."""
+    job = entry[3]
+    return job.state == _PENDING and -entry[0] == job.priority
 
 
 def _resolve(

@@ -34,7 +34,7 @@ from cachemgr.compile import extraflags
 from cachemgr.config import layout, options, socs
 from cachemgr.config.options import Settings
 from cachemgr.errors import ConfigError, InvalidInputError
-from cachemgr.storage import safeio
+from cachemgr.storage import fsutil, safeio
 
 #: The largest number of elements a tensor may have (issue 4: "more than 2^31 elements").
 MAX_ELEMENTS = 2**31
@@ -484,9 +484,10 @@ def _source_path(raw: str, base_dir: Path, origin: str, check_exists: bool) -> P
 
 
 def _existing_file(raw: str, base_dir: Path, name: str, origin: str) -> Path:
-    path = Path(raw) if Path(raw).is_absolute() else base_dir / raw
-    path = path.resolve()
+    joined = Path(raw) if Path(raw).is_absolute() else base_dir / raw
+    path = Path(os.path.normpath(joined))  # named so in errors
     try:
+        path = Path(fsutil.real_path(joined))  # links followed by the kernel: no recursion
         mode = path.stat().st_mode
     except FileNotFoundError:
         raise InvalidInputError(f"{origin}: {name}={raw!r} ({path}) does not exist") from None

@@ -47,10 +47,12 @@ class LiveDir:
     def close(self) -> None:
         """Remove the folder (never following a link; folders its compilers made read-only
         or unlistable are opened up first), then drop the lock."""
-        fsutil.open_up_tree(self.path)
-        fsutil.remove_tree(self.path)
-        with contextlib.suppress(OSError):
-            os.close(self.lock_fd)
+        try:
+            fsutil.open_up_tree(self.path)
+            fsutil.remove_tree(self.path)
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(self.lock_fd)
 
 
 def make(prefix: str) -> LiveDir:

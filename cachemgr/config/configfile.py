@@ -163,6 +163,11 @@ class DaemonConfig:
             "int", 0, MAX_WORKERS, text=f"an integer ≥ 0 (0 = CPU count), at most {MAX_WORKERS}"
         ),
     )
+    # compile slots beyond `workers`, each only for a caller none of whose jobs compiles while
+    # every worker does (docs/daemon.md#fair-workers); 0 = none
+    reserve_workers: int = field(
+        default=1, metadata=rule("int", 0, MAX_WORKERS, text=f"an integer 0..{MAX_WORKERS}")
+    )
     tcp_host: str = "127.0.0.1"
     tcp_port: int = field(default=0, metadata=rule("int", 0, 65535))
     max_body_bytes: int = 1 << 20
@@ -219,6 +224,9 @@ class DaemonConfig:
     max_queued_per_caller: int = 1000
     # the highest priority a caller other than the daemon's user (or root) may ask for
     max_caller_priority: int = 0
+    # hits a second one caller (uid) other than the daemon's user or root may report to
+    # /hits (docs/daemon.md#hits-a-client-reports); 0 = 20,000 per CPU core
+    max_reported_hits_per_s: int = field(default=0, metadata=rule("int", 0))
 
     @classmethod
     def from_table(cls, table: Mapping[str, Any] | None, where: str = "[daemon]") -> DaemonConfig:

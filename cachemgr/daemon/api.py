@@ -12,7 +12,8 @@
 | POST   | /compile        | ``{"request", "base_dir", "wait", "priority"}`` → outcome or job id |
 | GET    | /jobs/{id}      | state of a submitted compile |
 | POST   | /reload         | reload config and op_cache.ini (same path as SIGHUP); admin |
-| POST   | /hits           | ``{"hits": n}``: hits a client served itself, for the counters |
+| POST   | /hits           | ``{"hits": n}``: hits a client served itself, for the counters;
+|        |                 | n ≤ 100,000, a caller's reports bounded per second (429) |
 | POST   | /stats/zero     | reset the counters of the cache served (``stats --zero``); admin |
 | POST   | /stop           | stop as on SIGTERM; admin |
 
@@ -35,6 +36,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from cachemgr.compile.results import GcResult, StatsResult
+from cachemgr.constants import MAX_HITS_PER_REPORT
 from cachemgr.daemon import peer
 from cachemgr.daemon.server import Response, error
 from cachemgr.errors import CacheMgrError
@@ -135,8 +137,10 @@ class Api:
 
     def _hits(self, body: dict[str, Any], alive: Alive) -> Response:
         hits = body.get("hits")
-        if isinstance(hits, bool) or not isinstance(hits, int) or not 0 <= hits <= 10**9:
-            return error(400, f"/hits needs an integer 'hits' 0..1e9, not {hits!r}")
+        most = MAX_HITS_PER_REPORT
+        if isinstance(hits, bool) or not isinstance(hits, int) or not 0 <= hits <= most:
+            shown = repr(hits) if len(repr(hits)) <= 40 else f"{repr(hits)[:40]}…"
+            return error(400, f"/hits needs an integer 'hits' 0..{most} (one report), not {shown}")
         return Response(200, self.service.report_hits(hits))
 
     def _compile(self, body: dict[str, Any], alive: Alive) -> Response:

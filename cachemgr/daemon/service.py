@@ -9,7 +9,6 @@ import dataclasses
 import datetime as dt
 import logging
 import os
-import shutil
 import tempfile
 import threading
 import time
@@ -39,6 +38,7 @@ from cachemgr.daemon import peer
 from cachemgr.daemon.config import DaemonConfig
 from cachemgr.daemon.governance import Governance, release_memory
 from cachemgr.daemon.heartbeat import GOVERNANCE, POOL, Heartbeats
+from cachemgr.daemon.hitbudget import HitBudget
 from cachemgr.daemon.metrics import Gauge, Metrics
 from cachemgr.daemon.state import remotes_state_dir
 from cachemgr.errors import CacheMgrError, InvalidInputError
@@ -94,6 +94,7 @@ class Service:
             lock_timeout_s=config.lock_wait_s or None,
             tally=self.counters.tally,
             max_queued_per_caller=config.max_queued_per_caller or None,
+            reserve_workers=config.reserve_workers,
             events=self.events,
             remotes=self.remotes,
         )
@@ -120,6 +121,7 @@ class Service:
             self.queue.figures,
             self.remote_stats,
         )
+        self.hit_budget = HitBudget(config.max_reported_hits_per_s)
         self._jobs: dict[str, dict[str, Any]] = {}
         self._jobs_lock = threading.Lock()
         self._reload_lock = threading.Lock()
@@ -382,8 +384,21 @@ class Service:
         return {"settings": self._settings.to_json(), "sections": dict(self._settings.sections)}
 
     def report_hits(self, hits: int) -> dict[str, Any]:
-        """Count hits that clients served from the cache themselves."""
-        self.counters.add("hits", hits)
+        """Count hits that clients served from the cache themselves: from a caller other than
+        the daemon's user or root, at most what its budget holds (:mod:`.hitbudget`).
+
+        :raises HitsRefused: not all of ``hits`` fitted in the caller's budget (those that
+            did are counted).
+        """
+        caller = peer.current()
+        if caller is None or (caller.uid is not None and caller.uid in (os.geteuid(), 0)):
+            self.counters.add("hits", hits)
+        else:
+            who = _caller_key(caller)
+            granted = self.hit_budget.take(who, hits)
+            self.counters.add("hits", granted)
+            if granted < hits:
+                raise self.hit_budget.refuse(who, hits, granted)
         return {"hits": self.counters.snapshot()["hits"]}
 
     def zero_stats(self) -> dict[str, Any]:
@@ -708,8 +723,9 @@ def _handed_back(data: dict[str, Any]) -> dict[str, Any]:
     except InvalidInputError as exc:
         error = f"handing back outputs: {exc}"
         return {**data, "status": Status.FAILED, "files": [], "error": error}
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    finally:  # by descriptor, any depth: what a compiler left there is the caller's making
+        fsutil.open_up_tree(folder)
+        fsutil.remove_tree(folder)
     return {**data, "files": [], "outputs": outputs}
 
 

@@ -241,6 +241,23 @@ def safe_unlink(path: Path, dir_fd: int | None = None) -> bool:
     return True
 
 
+def real_path(path: str | os.PathLike[str]) -> str:
+    """The absolute path, every link followed, of the existing file or folder ``path``, as
+    the kernel resolves it: opened with ``O_PATH`` (nothing read, no access time, a FIFO
+    not opened), then named through ``/proc/self/fd``. Unlike ``os.path.realpath`` and
+    ``Path.resolve``, which recurse once per link in a chain (a member's chain of 1,200
+    links ended them in ``RecursionError``), the kernel follows at most 40 links in a row.
+
+    :raises OSError: ``path`` does not exist, cannot be reached, or has too many links
+        (``ELOOP``).
+    """
+    fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    finally:
+        os.close(fd)
+
+
 def lstat_or_none(path: Path, dir_fd: int | None = None) -> os.stat_result | None:
     """``os.lstat`` (relative to ``dir_fd`` when given) that returns None when the file is
     gone (ENOENT/ESTALE)."""
