@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
+import functools
 import logging
 import subprocess
 from collections.abc import Iterator
@@ -66,22 +66,26 @@ class _Data(ctypes.Structure):
 _Sets = _Data * 2
 
 
+@functools.cache
 def _libc() -> ctypes.CDLL | None:
+    """The C library, loaded on first use: the symbols of this process (Python links it),
+    never ``ctypes.util.find_library``, which runs ``ldconfig -p`` (a process on every CLI
+    hit, and ~10 ms)."""
     try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    except OSError:  # not glibc/musl on Linux: no capabilities to speak of
+        lib = ctypes.CDLL(None, use_errno=True)
+        lib.capget, lib.capset, lib.prctl  # noqa: B018 (AttributeError: not a Linux libc)
+        return lib
+    except (OSError, AttributeError):  # no capabilities to speak of
         return None
-
-
-_LIBC = _libc()
 
 
 def _get() -> tuple[_Header, ctypes.Array[_Data]] | None:
     """This thread's capability sets, or None where they cannot be read."""
-    if _LIBC is None:
+    libc = _libc()
+    if libc is None:
         return None
     head, sets = _Header(_VERSION_3, 0), _Sets()
-    if _LIBC.capget(ctypes.byref(head), sets) != 0:
+    if libc.capget(ctypes.byref(head), sets) != 0:
         return None
     return head, sets
 
@@ -92,7 +96,8 @@ def _word(sets: ctypes.Array[_Data], name: str) -> int:
 
 def _set_inheritable(head: _Header, sets: ctypes.Array[_Data], value: int) -> bool:
     sets[0].inheritable, sets[1].inheritable = value & 0xFFFFFFFF, value >> 32
-    return _LIBC is not None and _LIBC.capset(ctypes.byref(head), sets) == 0
+    libc = _libc()
+    return libc is not None and libc.capset(ctypes.byref(head), sets) == 0
 
 
 @contextlib.contextmanager
@@ -111,22 +116,24 @@ def none_inherited() -> Iterator[None]:
         yield
         return
     head, sets = found
+    libc = _libc()
+    if libc is None:  # (found: never; for the type checker)
+        yield
+        return
     ambient = [
         cap
         for cap in range(64)
         if inheritable >> cap & 1
-        and _LIBC is not None
-        and _LIBC.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_IS_SET, cap, 0, 0) == 1
+        and libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_IS_SET, cap, 0, 0) == 1
     ]
-    assert _LIBC is not None  # (found: for the type checker)
     _set_inheritable(head, sets, 0)  # the kernel drops ambient bits outside it
-    _LIBC.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
     try:
         yield
     finally:
         back = _set_inheritable(head, sets, inheritable)
         for cap in ambient:
-            back = back and _LIBC.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_RAISE, cap, 0, 0) == 0
+            back = back and libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_RAISE, cap, 0, 0) == 0
         if not back:
             log.warning(
                 "could not put back this thread's inheritable/ambient capabilities (%s): "
