@@ -143,6 +143,8 @@ def status_lines(health: dict[str, Any]) -> list[str]:
         )
     for problem in health.get("degraded") or []:
         lines.append(f"degraded: {problem}")
+    for warning in health.get("warnings") or []:  # e.g. [remote] trust_unsigned, uploads off
+        lines.append(f"warning: {warning}")
     stuck = health.get("stuck")
     if stuck:
         lines.append(f"no progress in: {', '.join(stuck)} (systemd's watchdog will restart it)")

@@ -21,7 +21,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from cachemgr.remote import blob
+from cachemgr.remote import blob, signing
 from cachemgr.remote.config import RemoteSpec
 from cachemgr.storage.tiers import EntryFiles, TierStat
 
@@ -33,10 +33,18 @@ class RedisTier:
     """A Redis server as a storage tier (see the module docstring).
 
     :param spec: the configured remote (``redis://`` or ``rediss://`` with system CAs).
+    :param keys: what uploads are signed with and whose signatures a fetch accepts
+        (default: none — nothing is accepted, nothing can be uploaded).
     """
 
-    def __init__(self, spec: RemoteSpec, max_part_bytes: int = blob.DEFAULT_MAX_PART_BYTES):
+    def __init__(
+        self,
+        spec: RemoteSpec,
+        max_part_bytes: int = blob.DEFAULT_MAX_PART_BYTES,
+        keys: signing.Keys | None = None,
+    ):
         self.spec = spec
+        self.keys = keys or signing.Keys()
         self.name = spec.name
         self.read_only = spec.read_only
         self.max_part_bytes = max_part_bytes
@@ -85,21 +93,26 @@ class RedisTier:
     def fetch(self, soc_version: str, kernel: str, use: bool = True) -> EntryFiles | None:
         """The verified entry, or None when absent (``use``: see :meth:`fetch_blob`).
 
-        :raises blob.BadBlob: the value fails a check (tampered, truncated, another entry's).
+        :raises blob.BadBlob: the value fails a check (not signed by a trusted key, tampered,
+            truncated, another entry's, not exactly an entry's parts).
         :raises redis.RedisError, OSError: the server failed.
         """
         raw = self.fetch_blob(soc_version, kernel, use)
         if raw is None:
             return None
-        return blob.decode(raw, soc_version, kernel, self.max_part_bytes)
+        return blob.decode(raw, soc_version, kernel, self.keys, self.max_part_bytes)
 
     def put(self, entry_files: EntryFiles) -> bool:
-        """Store the entry's blob and note it in the chip's index.
+        """Store the entry's blob (signed with this site's key) and note it in the chip's index.
 
+        :raises ConfigError: no signing key.
         :raises redis.RedisError, OSError: the server failed.
         """
         pipe = self._client.pipeline(transaction=False)
-        pipe.set(self.key(entry_files.soc_version, entry_files.kernel), blob.encode(entry_files))
+        pipe.set(
+            self.key(entry_files.soc_version, entry_files.kernel),
+            blob.encode(entry_files, self.keys),
+        )
         pipe.zadd(self.index_key(entry_files.soc_version), {entry_files.kernel: time.time()})
         pipe.execute()
         return True

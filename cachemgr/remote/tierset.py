@@ -6,15 +6,21 @@
   ``failures_before_open`` in a row its breaker opens and the remote is skipped for
   ``open_s`` seconds, then one request probes it (half-open); a success closes it. One
   warning line per state change, never one per request.
-* A blob that fails verification is ``rejected`` (counted, one warning line naming the check)
-  and the lookup goes on: remote data is untrusted, it never fails a compile.
+* A blob that fails verification is ``rejected`` — not signed by a key of ``[remote]
+  trusted_keys``, signed by a retired key, tampered with, or carrying a file that is not one
+  of the entry's parts (:mod:`cachemgr.remote.blob`) — counted by reason
+  (``rejected_by_reason``), one warning line per remote, reason and signing key, and the
+  lookup goes on: remote data is untrusted, it never fails a compile.
 * :meth:`RemoteTiers.upload_later` queues an entry for upload and returns at once; the queue
   holds at most ``upload_queue`` entries, more are dropped and counted. One thread uploads.
   Only complete, verified entries go (:meth:`~cachemgr.storage.tiers.LocalTier.read`: entry.py's
-  rules, no access time changed, nothing removed). Entries the daemon *saw* (written by a
-  CANN process: issue 15 item 6) are first asked for (``EXISTS``/``HEAD``) and not sent when
-  the remote has them; an entry whose main json is unchanged since its last upload is not
-  sent again.
+  rules, no access time changed, nothing removed), signed with the site's key (no
+  ``signing_key``: no uploads), and only when every file of the entry belongs to the daemon's
+  own user or a user of ``[remote] upload_writers``: a member's planted entry stays on its
+  site (``upload_refused``, one warning line per owner; docs/remote.md#keys). Entries the
+  daemon *saw* (written by a CANN process) are first asked for (``EXISTS``/``HEAD``) and
+  not sent when the remote has them; an entry whose main json is unchanged since its last
+  upload is not sent again.
 * A remote that refuses our credentials (Redis ``WRONGPASS``/``NOAUTH``, HTTP 401/403) is
   ``disabled`` until the daemon reloads or restarts: retrying cannot help (one error line).
 """
@@ -32,8 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cachemgr.remote import blob
-from cachemgr.remote.config import RemoteConfig, RemoteSpec
+from cachemgr.remote import blob, signing
+from cachemgr.remote.config import UPLOADS_OFF, RemoteConfig, RemoteSpec, load_keys
 from cachemgr.storage.tiers import EntryFiles, LocalTier, TierStat
 
 log = logging.getLogger(__name__)
@@ -126,11 +132,20 @@ class RemoteTiers:
 
     :param tiers: the remote tier objects in lookup order (each has ``name``, ``spec``,
         ``read_only``, ``fetch``, ``put``, ``stat``, ``close``).
-    :param config: the breaker and queue tunables.
+    :param config: the breaker and queue tunables, ``upload_writers``.
+    :param keys: the site's keys (the tiers hold the same: :func:`make_tier`); default none.
     """
 
-    def __init__(self, tiers: Sequence[Any], config: RemoteConfig) -> None:
+    def __init__(
+        self, tiers: Sequence[Any], config: RemoteConfig, keys: signing.Keys | None = None
+    ) -> None:
         self.tiers = list(tiers)
+        self.keys = keys or signing.Keys()
+        #: whose files may be uploaded: the daemon's own user and ``upload_writers``
+        self.upload_uids = frozenset({os.geteuid(), *config.upload_uids})
+        self.upload_refused = 0
+        self.rejected_by: dict[str, dict[str, int]] = {t.name: {} for t in tiers}
+        self._logged: set[tuple[str, ...]] = set()  # (remote, reason, key) / (uid,) said once
         self.breakers = {
             t.name: Breaker(t.name, config.failures_before_open, config.open_s) for t in tiers
         }
@@ -143,11 +158,26 @@ class RemoteTiers:
         self._uploaded: OrderedDict[tuple[str, str, str], tuple[int, int]] = OrderedDict()
 
     @classmethod
-    def from_config(cls, config: RemoteConfig) -> RemoteTiers | None:
-        """The tiers of ``config``, or None when no remote is configured."""
+    def from_config(
+        cls, config: RemoteConfig, *, strict_key: bool = False, stat_only: bool = False
+    ) -> RemoteTiers | None:
+        """The tiers of ``config``, or None when no remote is configured. Without a
+        ``signing_key`` uploads are off (one warning line).
+
+        :param strict_key: a ``signing_key`` that cannot be used raises (the daemon); else
+            uploads are off with one warning line (:func:`~cachemgr.remote.config.load_keys`).
+        :param stat_only: the tiers only answer :meth:`stat_all` (``verify``): no key is read
+            and no trusted key is needed.
+        :raises ConfigError: no trusted key (and no ``trust_unsigned``): reading is refused;
+            ``strict_key`` and a bad private key.
+        """
         if not config.remotes:
             return None
-        return cls([make_tier(s) for s in config.remotes], config)
+        keys = signing.Keys() if stat_only else load_keys(config, strict_key)
+        writes = any(not s.read_only for s in config.remotes)
+        if not stat_only and writes and config.signing_key is None:
+            log.warning("%s", UPLOADS_OFF)
+        return cls([make_tier(s, keys) for s in config.remotes], config, keys)
 
     def _count(self, name: str, key: str, n: int = 1) -> None:
         with self._lock:
@@ -170,8 +200,7 @@ class RemoteTiers:
                 got = tier.fetch(soc_version, kernel, use=use)
             except blob.BadBlob as exc:
                 breaker.success()  # the server answered: garbage is not an outage
-                self._count(tier.name, "rejected")
-                log.warning("remote %s: %s/%s rejected: %s", tier.name, soc_version, kernel, exc)
+                self._reject(tier.name, soc_version, kernel, exc.reason, exc.key, str(exc))
                 continue
             except Exception as exc:  # any failure of a remote is isolated (item 7)
                 self._failed(tier, exc)
@@ -207,7 +236,7 @@ class RemoteTiers:
         None when no remote could tell.
 
         :param why: when given, one line per remote that did not answer is appended to it:
-            its spec (password redacted) and the reason (``ConnectionError: … Connection
+            its URL and the reason (``ConnectionError: … Connection
             refused``, or why it was skipped).
         """
         reasons = why if why is not None else []
@@ -231,14 +260,29 @@ class RemoteTiers:
 
     def reject(self, name: str, soc_version: str, kernel: str, why: str) -> None:
         """A fetched entry that the local store refused (its json does not match its
-        binaries): counted as ``rejected`` with one warning line."""
-        self._count(name, "rejected")
-        log.warning("remote %s: %s/%s rejected: %s", name, soc_version, kernel, why)
+        binaries): counted as ``rejected`` (reason ``entry``) with one warning line."""
+        self._reject(name, soc_version, kernel, "entry", "", why)
+
+    def _reject(
+        self, name: str, soc_version: str, kernel: str, reason: str, key: str, why: str
+    ) -> None:
+        """Count a rejected blob by reason; one warning line per remote, reason and signing
+        key (an attacker's flood of blobs is one line), debug after that."""
+        with self._lock:
+            self.counts[name]["rejected"] += 1
+            by = self.rejected_by.setdefault(name, {})
+            by[reason] = by.get(reason, 0) + 1
+            first = (name, reason, key) not in self._logged
+            self._logged.add((name, reason, key))
+        level = logging.WARNING if first else logging.DEBUG
+        more = " (further ones of this remote, reason and key: debug)" if first else ""
+        log.log(level, "remote %s: %s/%s rejected (%s): %s%s", name, soc_version, kernel,
+                reason, why, more)  # fmt: skip
 
     @property
     def writable(self) -> bool:
-        """True when some remote takes uploads."""
-        return any(not t.read_only for t in self.tiers)
+        """True when some remote takes uploads and this site can sign them."""
+        return self.keys.signer_name is not None and any(not t.read_only for t in self.tiers)
 
     def upload_later(
         self, kernel_cache_dir: Path, soc_version: str, kernel: str, seen: bool = False
@@ -315,9 +359,12 @@ class RemoteTiers:
         with self._lock:
             if self._uploaded.get(key) == ident:  # this very json went already
                 return 0
-        item = LocalTier(kernel_cache_dir).read(soc_version, kernel)
+        owners: set[int] = set()
+        item = LocalTier(kernel_cache_dir).read(soc_version, kernel, owners=owners)
         if item is None:
             log.debug("not uploading %s/%s: not a complete, verified entry", soc_version, kernel)
+            return 0
+        if not self._writers_trusted(soc_version, kernel, owners):
             return 0
         done = 0
         for tier in self.tiers:
@@ -341,6 +388,27 @@ class RemoteTiers:
         if done:
             self._remember(key, ident)
         return done
+
+    def _writers_trusted(self, soc_version: str, kernel: str, owners: set[int]) -> bool:
+        """True when every file of the entry belongs to the daemon's user or an
+        ``upload_writers`` user; else counted (``upload_refused``), one warning line per
+        owner."""
+        strangers = sorted(owners - self.upload_uids)
+        if not strangers:
+            return True
+        with self._lock:
+            self.upload_refused += 1
+            first = (str(strangers[0]),) not in self._logged
+            self._logged.add((str(strangers[0]),))
+        log.log(
+            logging.WARNING if first else logging.DEBUG,
+            "not uploading %s/%s: a file of it belongs to %s, not a user of [remote] "
+            "upload_writers (it stays on this site)",
+            soc_version,
+            kernel,
+            _user(strangers[0]),
+        )
+        return False
 
     def flush_indexes(self) -> None:
         """Write each remote's pending index changes (HTTP index shards; Redis needs none)."""
@@ -367,8 +435,9 @@ class RemoteTiers:
         with self._lock:
             for tier in self.tiers:
                 row: dict[str, Any] = dict(self.counts[tier.name])
+                row["rejected_by_reason"] = dict(sorted(self.rejected_by[tier.name].items()))
                 row["state"] = self.breakers[tier.name].state
-                row["url"] = tier.spec.display
+                row["url"] = tier.spec.url
                 row["read_only"] = tier.read_only
                 out[tier.name] = row
         return out
@@ -403,8 +472,8 @@ class RemoteTiers:
             tier.close()
 
 
-def make_tier(spec: RemoteSpec) -> Any:
-    """The tier object for one spec.
+def make_tier(spec: RemoteSpec, keys: signing.Keys | None = None) -> Any:
+    """The tier object for one spec, signing and verifying with ``keys``.
 
     :raises ConfigError: a kind not built yet.
     """
@@ -413,11 +482,11 @@ def make_tier(spec: RemoteSpec) -> Any:
     if spec.kind == "redis":
         from cachemgr.remote.redis_tier import RedisTier
 
-        return RedisTier(spec)
+        return RedisTier(spec, keys=keys)
     if spec.kind == "http":
         from cachemgr.remote.http_tier import HttpTier
 
-        return HttpTier(spec)
+        return HttpTier(spec, keys=keys)
     raise ConfigError(f"remote storage {spec.display}: {spec.scheme}:// is not supported yet")
 
 
@@ -431,9 +500,19 @@ def _json_ident(kernel_cache_dir: Path, soc_version: str, kernel: str) -> tuple[
 
 
 def _shown(tier: Any) -> str:
-    """A remote as errors name it: its spec as written, password redacted."""
+    """A remote as errors name it: its URL (no credentials, no attributes)."""
     spec = getattr(tier, "spec", None)
-    return spec.display if isinstance(spec, RemoteSpec) else str(tier.name)
+    return spec.url if isinstance(spec, RemoteSpec) else str(tier.name)
+
+
+def _user(uid: int) -> str:
+    """``name (uid N)``, or ``uid N`` for a uid without a name."""
+    import pwd
+
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
 
 
 def _one_line(exc: BaseException) -> str:

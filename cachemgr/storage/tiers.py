@@ -177,13 +177,19 @@ class LocalTier:
                 return None
         return EntryFiles(soc_version, kernel, files)
 
-    def read(self, soc_version: str, kernel: str) -> EntryFiles | None:
+    def read(
+        self, soc_version: str, kernel: str, owners: set[int] | None = None
+    ) -> EntryFiles | None:
         """The entry's files if it is complete and verifies (entry.py's rules: the json
         parses, every binary and sub-part named is there and matches its ``sha256``), else
         None — without side effects: a bad entry is left for the reaper (it may be a CANN
         process's write in progress on another host), and no access time changes (an upload
         is not a use: it must not reorder eviction, SPEC §5). The bytes read are checked once
-        more against the json (a file replaced meanwhile is not uploaded)."""
+        more against the json (a file replaced meanwhile is not uploaded).
+
+        :param owners: when given, the uid of every file read is added to it (from the
+            descriptor read), for the upload's writer check (docs/remote.md#keys).
+        """
         try:
             check_kernel_name(soc_version)
             check_kernel_name(kernel)
@@ -196,7 +202,9 @@ class LocalTier:
                 if desc.header and fsutil.lstat_or_none(chip / desc.header, folder.fd):
                     names.append(desc.header)
                 files = {
-                    n: fsutil.read_bytes_noatime(chip / n, folder.fd, single_link=True)
+                    n: fsutil.read_bytes_noatime(
+                        chip / n, folder.fd, single_link=True, owners=owners
+                    )
                     for n in names
                 }
         except (OSError, CacheMgrError):
