@@ -483,3 +483,39 @@ def test_error_lines_name_the_url_not_the_spec(
     assert f"PUT {http_413}/" in line and "|" not in line and "name=h413" not in line, line
     assert tiers.stats()["h413"]["url"] == http_413
     tiers.close()
+
+
+def test_bad_key_settings_are_one_line_each(tmp_path: Path) -> None:
+    """A malformed public key, two keys of one name, an unknown upload writer, a private
+    key file readable by others or not a key: one line naming the setting, never the
+    private key."""
+    from cachemgr.errors import ConfigError
+    from cachemgr.remote.config import load_keys, resolve
+
+    _, line = site_key(tmp_path)
+    base = {"storage": ["redis://127.0.0.1:1/0"]}
+    cases = {
+        "trusted_keys": {"trusted_keys": ["no-colon"]},
+        "base64 of 32 bytes": {"trusted_keys": ["k:AAAA"]},
+        "two keys named": {"trusted_keys": [line, line]},
+        "no user 'no-such-user-x'": {"upload_writers": ["no-such-user-x"]},
+        "trust_unsigned": {"trust_unsigned": "yes"},
+    }
+    for why, table in cases.items():
+        with pytest.raises(ConfigError, match=why):
+            resolve(None, {}, {**base, **table})
+    loose = tmp_path / "loose.key"
+    signing.create_key_file(loose, "loose")
+    secret = loose.read_text().split(":", 1)[1].strip()
+    loose.chmod(0o644)
+    config = resolve(None, {}, {**base, "trusted_keys": [line], "signing_key": str(loose)})
+    with pytest.raises(ConfigError, match="chmod 600") as caught:
+        load_keys(config, strict=True)
+    assert secret not in str(caught.value)
+    assert load_keys(config, strict=False).signer_name is None  # a member's run: no uploads
+    junk = tmp_path / "junk.key"
+    junk.write_text("not a key\n")
+    junk.chmod(0o600)
+    config = resolve(None, {}, {**base, "trusted_keys": [line], "signing_key": str(junk)})
+    with pytest.raises(ConfigError, match="not a private key file"):
+        load_keys(config, strict=True)
