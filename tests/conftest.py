@@ -14,7 +14,7 @@ import pytest
 from cachemgr.storage import entry
 from cachemgr.storage.store import Store
 from tests.daemon_util import Daemon, start_daemon
-from tests.remote_util import redis_server, webdav_server  # noqa: F401 - fixtures
+from tests.remote_util import nginx_server, redis_server, webdav_server  # noqa: F401 - fixtures
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -125,11 +125,15 @@ def start_daemon(
     watchdog_usec: int | None = None,
     python: str = sys.executable,
     popen_kw: dict[str, Any] | None = None,
+    prefix: Sequence[str] = (),
+    runs_as: str | None = None,
 ) -> Daemon:
     """Start ``cachemgr serve`` with ``args``; wait for READY=1 (or the socket) unless told not.
 
     ``python`` runs it (another user needs a Python it may execute); ``popen_kw`` goes to
-    :class:`subprocess.Popen` (e.g. ``user=``, ``group=``, ``extra_groups=``, ``umask=``).
+    :class:`subprocess.Popen` (e.g. ``user=``, ``group=``, ``extra_groups=``, ``umask=``);
+    ``prefix`` runs before ``python`` (e.g. ``setpriv`` options: ``tests/unit_util.py``) and
+    makes it user ``runs_as``.
     """
     env = dict(env or daemon_env(tmp))
     sock = None
@@ -144,17 +148,17 @@ def start_daemon(
     if "--socket" in args:
         socket_path = Path(args[args.index("--socket") + 1])
     log_path = tmp / f"daemon-{time.monotonic_ns()}.log"
-    as_root = AS_ROOT if (popen_kw or {}).get("user") in (None, 0, "root") else []
+    user = runs_as or (popen_kw or {}).get("user")
+    as_root = AS_ROOT if user in (None, 0, "root") else []
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            [python, "-m", "cachemgr", "-v", "serve", *as_root, *args],
+            [*prefix, python, "-m", "cachemgr", "-v", "serve", *as_root, *args],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
             text=True,
             **(popen_kw or {}),
         )
-    user = (popen_kw or {}).get("user")
     daemon = Daemon(proc, socket_path, env, sock, log_path, user=str(user) if user else None)
     if wait_ready:
         try:

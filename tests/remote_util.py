@@ -1,10 +1,13 @@
 """Real remote servers for the remote-tier tests (issue 15 item 8): ``redis-server`` on a
-random loopback port, in a tmp folder, persistence off; and the site keys every remote needs
-(docs/remote.md#keys): :func:`keys_toml`, :func:`keys_config`, :func:`trust_fields`."""
+random loopback port, in a tmp folder, persistence off; wsgidav and nginx (WebDAV); and the
+site keys every remote needs (docs/remote.md#keys): :func:`keys_toml`, :func:`keys_config`,
+:func:`trust_fields`."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -174,6 +177,101 @@ def webdav_server(tmp_path: Path) -> Iterator[WebDavServer]:
     """A real WebDAV server (wsgidav from PyPI) accepting PUT, on a random loopback port."""
     server = WebDavServer(tmp_path / "dav" / "root", free_port())
     server.root.mkdir(parents=True)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@dataclass
+class NginxServer(_ServerProcess):
+    """A running nginx (Debian's package) with its WebDAV module (``dav_methods PUT DELETE
+    MKCOL``, ``create_full_put_path off``: a ``PUT`` into a missing folder is ``409``) serving
+    ``root`` on a loopback port; its config, logs and temp files live in ``folder``.
+
+    :param max_body: ``client_max_body_size`` (nginx answers ``413`` to a bigger ``PUT``).
+    """
+
+    folder: Path
+    port: int
+    max_body: str = "64m"
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def root(self) -> Path:
+        return self.folder / "root"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def access_log(self) -> Path:
+        return self.folder / "access.log"
+
+    def files(self) -> list[Path]:
+        """Every file stored under the served folder."""
+        return sorted(p for p in self.root.rglob("*") if p.is_file())
+
+    def requests(self, method: str) -> list[str]:
+        """The access log's lines of ``method`` requests (``"PUT /a/b" 201``…)."""
+        if not self.access_log.exists():
+            return []
+        return [ln for ln in self.access_log.read_text().splitlines() if f'"{method} ' in ln]
+
+    def start(self) -> None:
+        exe = shutil.which("nginx") or "/usr/sbin/nginx"
+        if not Path(exe).exists():  # scripts/test and .ci/run install it (Debian: nginx)
+            pytest.fail("nginx is not installed: apt-get install -y nginx")
+        self.root.mkdir(parents=True, exist_ok=True)
+        user = "user root;\n" if os.geteuid() == 0 else ""  # workers write the root as we do
+        conf = self.folder / "nginx.conf"
+        conf.write_text(
+            f"{user}worker_processes 1;\npid {self.folder}/nginx.pid;\n"
+            f"error_log {self.folder}/error.log;\nevents {{ worker_connections 64; }}\n"
+            "http {\n"
+            f"  access_log {self.access_log};\n"
+            f"  client_body_temp_path {self.folder}/body;\n"
+            f"  proxy_temp_path {self.folder}/proxy;\n  fastcgi_temp_path {self.folder}/fcgi;\n"
+            f"  uwsgi_temp_path {self.folder}/uwsgi;\n  scgi_temp_path {self.folder}/scgi;\n"
+            f"  client_max_body_size {self.max_body};\n"
+            f"  server {{\n    listen 127.0.0.1:{self.port};\n    root {self.root};\n"
+            "    dav_methods PUT DELETE MKCOL;\n    create_full_put_path off;\n"
+            "    dav_access user:rw group:r all:r;\n  }\n}\n"
+        )
+        args = [exe, "-p", str(self.folder), "-c", str(conf), "-g", "daemon off;"]
+        self._spawn(args, self.folder / "nginx.out")
+
+        def up() -> bool:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return True
+            except OSError:
+                return self.proc is not None and self.proc.poll() is not None
+
+        wait_for(up, 30, f"nginx on port {self.port}")
+        assert self.proc is not None and self.proc.poll() is None, (
+            self.folder / "nginx.out"
+        ).read_text() + (self.folder / "error.log").read_text()
+
+    def stop(self) -> None:
+        """``SIGQUIT`` (a graceful stop: the master takes its worker along), then kill."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGQUIT)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(30)
+        self.proc = None
+
+
+@pytest.fixture
+def nginx_server(tmp_path: Path) -> Iterator[NginxServer]:
+    """nginx with WebDAV on a random loopback port (1 MiB bodies at most), stopped after."""
+    server = NginxServer(tmp_path / "nginx", free_port(), max_body="1m")
+    server.folder.mkdir()
     server.start()
     try:
         yield server

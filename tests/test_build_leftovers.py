@@ -105,8 +105,11 @@ def test_a_killed_queues_build_folder_is_reclaimed_by_the_next_queue(
     assert not dead.exists()
     assert _builds(tmpdir_) == set(), "the next queue removed its own folder on close"
     lines = [r.getMessage() for r in caplog.records if "dead processes" in r.getMessage()]
-    assert len(lines) == 1, lines
-    assert re.fullmatch(r"removed 1 cachemgr-build-\* folders of .* \(\d+ bytes\)", lines[0])
+    builds = [line for line in lines if "cachemgr-build-" in line]
+    assert len(builds) == 1, lines
+    assert re.fullmatch(r"removed 1 cachemgr-build-\* folders of .* \(\d+ bytes\)", builds[0])
+    # its folder of binaries waiting to be published went too (empty: they were published)
+    assert all(re.search(r"cachemgr-(build|pending)-\*", line) for line in lines), lines
 
 
 def test_a_live_queues_build_folder_stays(

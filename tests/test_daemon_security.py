@@ -456,13 +456,15 @@ def test_the_systemd_unit_scores_ok_with_what_the_daemon_needs(tmp_path: Path) -
     unit.write_text(text)
     assert _exposure(unit) <= 3.0
     # what other items need must still be there: the ambient capability (issue 9) inside the
-    # bounding set (and not reset by a later empty line), user + mount + pid namespaces
-    # (the sandbox's view; its own process ids)
+    # bounding set (and not reset by a later empty line), user + mount + pid + network
+    # namespaces (the sandbox's view; its own process ids; its own network, brought up over
+    # netlink)
     ambient = _final_list(text, "AmbientCapabilities")
     bounding = _final_list(text, "CapabilityBoundingSet")
     assert ambient == {"CAP_FOWNER"} and ambient <= bounding, (ambient, bounding)
     assert bounding == {"CAP_FOWNER"}, bounding
-    assert _final_list(text, "RestrictNamespaces") == {"user", "mnt", "pid"}
+    assert _final_list(text, "RestrictNamespaces") == {"user", "mnt", "pid", "net"}
+    assert "AF_NETLINK" in _final_list(text, "RestrictAddressFamilies")
     docs = (ROOT / "docs" / "security.md").read_text()
     for setting in ("PrivateNetwork", "PrivateUsers", "RestrictNamespaces", "UMask", "CAP_FOWNER"):
         assert setting in docs, f"docs/security.md does not say why {setting} stays open"

@@ -20,7 +20,7 @@ SECRET = "s3cr3t-Pa55"
 def test_attributes_and_defaults() -> None:
     r = parse_spec(
         "http://cache.example:8080/cache/|layout=bazel|read-only|connect-timeout=250"
-        "|operation-timeout=2000|name=site-b",
+        "|operation-timeout=2000|upload-timeout=30000|name=site-b",
         "test",
     )
     assert (r.kind, r.host, r.port, r.path, r.layout, r.read_only) == (
@@ -32,9 +32,12 @@ def test_attributes_and_defaults() -> None:
         True,
     )
     assert (r.connect_timeout_s, r.operation_timeout_s, r.name) == (0.25, 2.0, "site-b")
+    assert r.upload_timeout_s == 30.0
     d = parse_spec("rediss://cache.example/3", "test")
     assert d.kind == "redis" and d.port is None and d.path == "/3" and d.read_only is False
-    assert (d.connect_timeout_s, d.operation_timeout_s) == (0.1, 10.0)  # ccache's defaults
+    # for a LAN cache (docs/remote.md#timeouts): ccache's connect timeout, a short lookup,
+    # ccache's operation timeout for the background upload
+    assert (d.connect_timeout_s, d.operation_timeout_s, d.upload_timeout_s) == (0.1, 0.5, 10.0)
     assert d.name == "rediss://cache.example/3"
 
 
@@ -70,6 +73,7 @@ def test_password_and_token_from_files(tmp_path: Path) -> None:
         ("redis://h/zero", "database"),
         ("http:///nohost", "no host"),
         ("http://h/x|operation-timeout=soon", "milliseconds"),
+        ("http://h/x|upload-timeout=0", "milliseconds"),
     ):
         with pytest.raises(ConfigError, match=why):
             parse_spec(bad, "test")

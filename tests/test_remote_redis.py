@@ -319,7 +319,7 @@ def test_redis_killed_mid_run_compiles_go_on_and_the_tier_resumes(
 
 def test_one_remote_fetch_per_kernel_per_host(redis_server: RedisServer, tmp_path: Path) -> None:
     """Item 5: single-flight holds across the remote step — four concurrent requests for one
-    kernel at site B make one GET to Redis."""
+    kernel at site B make one read (GETRANGE) of the value."""
     cc = counting_cc(tmp_path / "cc")
     a, _ = _site(tmp_path, "a", cc, redis_server.url + "|name=r")
     b, _ = _site(tmp_path, "b", cc, redis_server.url + "|name=r")
@@ -329,7 +329,7 @@ def test_one_remote_fetch_per_kernel_per_host(redis_server: RedisServer, tmp_pat
         first = a.client.compile(data).to_json()
         kernel, soc = first["kernel_name"], Path(first["files"][0]).parent.name
         wait_for(lambda: probe.exists(RedisTier.key(soc, kernel)), 30, "the upload")
-        gets = int(probe.info("commandstats").get("cmdstat_get", {}).get("calls", 0))
+        gets = int(probe.info("commandstats").get("cmdstat_getrange", {}).get("calls", 0))
         answers: list[dict] = []
         threads = [
             threading.Thread(target=lambda: answers.append(b.client.compile(data).to_json()))
@@ -340,8 +340,8 @@ def test_one_remote_fetch_per_kernel_per_host(redis_server: RedisServer, tmp_pat
         for t in threads:
             t.join(120)
         assert [x["status"] for x in answers] == ["hit"] * 4, answers
-        after = int(probe.info("commandstats")["cmdstat_get"]["calls"])
-        assert after - gets == 1, f"{after - gets} GETs for one kernel"
+        after = int(probe.info("commandstats")["cmdstat_getrange"]["calls"])
+        assert after - gets == 1, f"{after - gets} reads (GETRANGE) for one kernel"
         assert len(calls(tmp_path / "cc")) == 1
     finally:
         a.stop()

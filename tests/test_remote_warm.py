@@ -29,6 +29,7 @@ from tests.remote_util import (
     keys_config,
     keys_toml,
     site_keys,
+    trust_fields,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -252,6 +253,43 @@ def test_warm_says_why_no_remote_index_answered(tmp_path: Path, clean_env: dict[
     error = json.loads(out.stdout)["chip_folders"][0]["error"]
     assert error.startswith("no remote index answered: redis://127.0.0.1:"), error
     assert "refused" in error.lower(), error
+
+
+def test_warm_limit_fills_past_an_evicted_row_and_drops_it(
+    redis_server: RedisServer, tmp_path: Path, clean_env: dict[str, str]
+) -> None:
+    """The index lists 4 entries, the server evicted the newest one's value (as
+    ``allkeys-lru`` does: the key goes, its index row stays): ``warm --limit 1`` still
+    fetches 1 entry — the next row — and drops the gone row from the index."""
+    from cachemgr.remote.tierset import RemoteTiers
+    from tests.conftest import publish
+
+    spec = parse_spec(redis_server.url + "|name=r", "test")
+    tiers = RemoteTiers.from_config(RemoteConfig((spec,), "test", **trust_fields(tmp_path)))
+    assert tiers is not None
+    site_a = tmp_path / "a" / "kernel_cache"
+    names = [f"te_evict{i}" for i in range(4)]
+    try:
+        for kernel in names:  # uploaded in order: the last is the newest row
+            publish(site_a / SOC, kernel, os.urandom(1500))
+            assert tiers.upload_now(site_a, SOC, kernel) == 1
+    finally:
+        tiers.close()
+    probe = redis_server.client()
+    index = RedisTier.index_key(SOC)
+    assert [n.decode() for n in probe.zrevrange(index, 0, -1)] == names[::-1]
+    assert probe.delete(RedisTier.key(SOC, names[3])) == 1  # evicted by the server
+
+    root_b = tmp_path / "b"
+    args = ["--soc", SOC, "--limit", "1", "--json", "--cache-dir", str(root_b)]
+    args += ["--config", str(keys_config(tmp_path))]
+    out = run_cli("warm", *args, "--remote", redis_server.url + "|name=r", env=clean_env)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)["chip_folders"][0]
+    assert report["fetched"] == 1 and report["fetched_names"] == [names[2]], report
+    assert (report["missing"], report["dropped_rows"]) == (1, 1), report
+    assert (root_b / "kernel_cache" / SOC / f"{names[2]}.json").is_file()
+    assert [n.decode() for n in probe.zrevrange(index, 0, -1)] == names[2::-1], "row dropped"
 
 
 def test_a_full_upload_queue_drops_and_counts(tmp_path: Path) -> None:

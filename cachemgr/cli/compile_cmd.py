@@ -31,6 +31,7 @@ from cachemgr.compile.request import load_request
 from cachemgr.compile.results import Status
 from cachemgr.config.configfile import MAX_WORKERS
 from cachemgr.errors import CacheMgrError, InvalidInputError
+from cachemgr.storage import safeio
 from cachemgr.storage.counters import CounterBook
 
 if TYPE_CHECKING:  # the hit path imports only what a hit needs (issue 14 item 1)
@@ -227,9 +228,10 @@ def compile_cmd(
     remote_cfg = remote_config.from_settings(settings, list(remotes))
     tiers = None
     if remote_cfg.remotes:  # the tiers' clients only when configured (a lean hit: issue 14)
+        from cachemgr.daemon.state import remotes_state_dir
         from cachemgr.remote.tierset import RemoteTiers
 
-        tiers = RemoteTiers.from_config(remote_cfg)
+        tiers = RemoteTiers.from_config(remote_cfg, remotes_state_dir())
     queue = CompileQueue(
         settings,
         n_workers,
@@ -243,8 +245,10 @@ def compile_cmd(
         sys.exit(_compile_here(queue, requests, replace, as_json, where))
     finally:
         queue.close()
-        if tiers is not None:  # the uploads queued by this run go before it exits
-            tiers.close()
+        if tiers is not None:  # the uploads queued by this run go, if they can go soon
+            from cachemgr.remote.tierset import EXIT_WAIT_S
+
+            counters.add("remote_uploads_dropped_at_exit", tiers.close(wait_s=EXIT_WAIT_S))
         counters.save()
 
 
@@ -314,7 +318,8 @@ def _compile_via_daemon(
 
     def one(path: Path) -> CompileOutcome | CacheMgrError:
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            # non-blocking, regular files only, capped: like every request file
+            data = json.loads(safeio.read_regular(path.resolve()).decode("utf-8"))
             if not isinstance(data, dict):
                 raise InvalidInputError(f"request {path}: a request must be a JSON object")
             data["options"] = {**overrides, **(data.get("options") or {})}

@@ -105,9 +105,13 @@ def _writable(folder: Path) -> bool:
     return os.access(path, os.W_OK | os.X_OK)
 
 
+#: The largest lock-probe cache file read (bytes); it holds a line per filesystem.
+MAX_CACHE_FILE_BYTES = 1 << 20
+
+
 def _load(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(fsutil.read_bytes_noatime(path))
+        data = json.loads(fsutil.read_bytes_noatime(path, max_bytes=MAX_CACHE_FILE_BYTES))
     except (OSError, ValueError, UnicodeDecodeError):
         return {}
     return data if isinstance(data, dict) else {}

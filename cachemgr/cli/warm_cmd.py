@@ -11,6 +11,7 @@ import click
 from cachemgr.cli import human
 from cachemgr.cli.common import emit_json, load_settings, remote_option, settings_options
 from cachemgr.cli.lockcheck import checked_for_writing
+from cachemgr.daemon.state import remotes_state_dir
 from cachemgr.errors import ConfigError
 from cachemgr.remote import config as remote_config
 from cachemgr.remote import warm
@@ -56,7 +57,7 @@ def warm_cmd(
     settings = checked_for_writing(settings, values, kw.get("config_file"))
     names = warm.read_list(list_file) if list_file is not None else None
     config = remote_config.from_settings(settings, list(remotes))
-    tiers = RemoteTiers.from_config(config)
+    tiers = RemoteTiers.from_config(config, remotes_state_dir())
     if tiers is None:
         raise ConfigError(
             "no remote tier configured: give --remote URL, CACHEMGR_REMOTE_STORAGE or "
@@ -84,9 +85,10 @@ def warm_cmd(
     else:
         for r in reports:
             cap = "no cap" if r.cap_bytes is None else f"cap {human.size(r.cap_bytes)}"
+            gone = f" ({len(r.dropped_rows)} gone from the index)" if r.dropped_rows else ""
             line = (
                 f"{r.soc_version}: {len(r.fetched)} fetched ({human.size(r.bytes)}), "
-                f"{len(r.present)} present, {len(r.missing)} missing, "
+                f"{len(r.present)} present, {len(r.missing)} missing{gone}, "
                 f"{len(r.over_limit)} over the limit ({cap}), {len(r.busy)} busy, "
                 f"{len(r.not_stored)} not stored; from {r.source} in {r.seconds:.1f} s"
             )

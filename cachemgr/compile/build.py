@@ -33,7 +33,7 @@ from cachemgr.compile.results import CompileOutcome, Policy, Status
 from cachemgr.compilers import CompileJob, CompilerBackend
 from cachemgr.config.options import Settings
 from cachemgr.errors import CacheMgrError, ConfigError, InvalidInputError
-from cachemgr.storage import chiplock, fsutil, manifest
+from cachemgr.storage import chiplock, fsutil, manifest, partcopy
 from cachemgr.storage.tiers import chip_store
 
 if TYPE_CHECKING:  # not imported on the hit path (issue 14 item 1)
@@ -314,6 +314,8 @@ class RunContext:
     events: Events | None = None
     #: the remote tiers (``cachemgr.remote.tierset.RemoteTiers``), None without remotes
     remotes: RemoteTiers | None = None
+    _pending: tempdirs.LiveDir | None = None
+    _pending_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def build_dir(self) -> Path:
         """This thread's private, empty build folder (outside any cache folder), locked as
@@ -328,6 +330,22 @@ class RunContext:
             self.local.build = path
             self.live_dirs.append(live)
         return path
+
+    def pending_dir(self) -> Path:
+        """This process's private folder of compiled binaries waiting to be published
+        (``cachemgr-pending-*``, locked as live like the build folders): a binary moves
+        there out of its build folder, which the worker empties for its next job, and is
+        copied from there into the chip folder in chunks (docs/daemon.md, "Bounded
+        memory"). Made on first use; removed by :meth:`close`.
+
+        :raises OSError: the folder cannot be made.
+        """
+        with self._pending_lock:
+            if self._pending is None:
+                tempdirs.sweep(PENDING_PREFIX)
+                self._pending = tempdirs.make(PENDING_PREFIX)
+                self.live_dirs.append(self._pending)
+            return self._pending.path
 
     def uncached_dir(self) -> Path:
         """``output_dir``; when None, a private temp folder made on first use and kept (the
@@ -356,10 +374,13 @@ class RunContext:
         for live in self.live_dirs:
             live.close()
         self.live_dirs.clear()
+        self._pending = None
 
 
 #: Prefix of the workers' private build folders in the temp folder (:meth:`RunContext.build_dir`).
 BUILD_PREFIX = "cachemgr-build-"
+#: Prefix of the folder of binaries waiting to be published (:meth:`RunContext.pending_dir`).
+PENDING_PREFIX = "cachemgr-pending-"
 
 
 def _empty(folder: Path) -> None:
@@ -463,7 +484,8 @@ def _run_uncached(p: Prepared, output_dir: Path, build: Path) -> CompileOutcome:
     binary = output_dir / result.binary.name
     doc = output_dir / result.json_path.name
     for made, dest in ((result.binary, binary), (result.json_path, doc)):
-        fsutil.atomic_write_bytes(dest, made.read_bytes(), sync=False)  # not a cache entry
+        # in chunks, never read whole (docs/daemon.md, "Bounded memory"); not a cache entry
+        fsutil.publish_temp(partcopy.copy_temp(dest, made).tmp, dest)
     return CompileOutcome(p.kernel, COMPILED, (doc, binary), request=p.request.origin)
 
 

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from cachemgr.compilers import CompileJob, CompilerBackend, CompilerIdentity, process
-from cachemgr.compilers.base import parse_depfile
+from cachemgr.compilers.base import read_depfile
 from cachemgr.errors import CompileError, InvalidInputError
 from cachemgr.memo import Memo
 
@@ -172,7 +172,8 @@ def system_prefixes(
         out = process.run_in_group(argv, job.timeout_s, Path(tmp), "probing system headers")
         names = []
         if out.returncode == 0 and (Path(tmp) / "d").is_file():
-            names = parse_depfile((Path(tmp) / "d").read_text(errors="surrogateescape"))
+            with contextlib.suppress(OSError):  # over the cap: no system folder is known
+                names = read_depfile(Path(tmp) / "d")
     found = {
         os.path.dirname(os.path.normpath(os.path.join(tmp, n))).rstrip("/") + "/"
         for n in names
@@ -283,7 +284,10 @@ def reads_not_hashed(
     """
     if job.depfile is None or not job.depfile.is_file():
         return []
-    names = parse_depfile(job.depfile.read_text(encoding="utf-8", errors="surrogateescape"))
+    try:
+        names = read_depfile(job.depfile)
+    except OSError as exc:
+        raise CompileError(f"the dependency list of {job.source}: {exc}") from exc
     root = str(mirror_root).rstrip("/") + "/"
     prefixes = system_prefixes(backend, identity, job)
     known = snap.headers or {}

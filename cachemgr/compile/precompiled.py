@@ -45,7 +45,7 @@ from cachemgr.compile.request import CompileRequest, TensorDesc
 from cachemgr.config import layout
 from cachemgr.errors import InvalidEntryError, InvalidInputError
 from cachemgr.memo import Memo
-from cachemgr.storage import entry, fsutil
+from cachemgr.storage import entry, fsutil, partcopy
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,10 @@ PACKAGE_FILE_MODE = 0o444
 _SHORT_SOC = re.compile(r"^(ascend\d+[a-z]?)\d*$")
 #: Parsed precompiled-package configs by file identity (device, inode, size, mtime).
 _configs: Memo[tuple[int, ...], list[dict[str, Any]]] = Memo("precompiled configs", 1024)
+#: The largest per-op package config read (bytes): checked by ``fstat`` before a byte is read
+#: (a member may plant a sparse 1.5 GB one; read whole, each compile's lookup held it).
+#: CANN's own per-op configs are KiB to a few MiB (docs/daemon.md, "Bounded memory").
+MAX_CONFIG_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -172,7 +176,8 @@ def item_matches(item: Mapping[str, Any], request: CompileRequest, deterministic
 
 
 def _load_config(path: Path) -> list[dict[str, Any]]:
-    """The ``binList`` of a config file (cached per file identity); [] when absent or bad."""
+    """The ``binList`` of a config file (cached per file identity); [] when absent or bad —
+    over :data:`MAX_CONFIG_BYTES` included (one warning per version of the file)."""
     st = fsutil.lstat_or_none(path)
     if st is None:
         return []
@@ -181,8 +186,16 @@ def _load_config(path: Path) -> list[dict[str, Any]]:
     if known is not None:
         return known
     try:
-        data = json.loads(fsutil.read_bytes_noatime(path))
+        data = json.loads(fsutil.read_bytes_noatime(path, max_bytes=MAX_CONFIG_BYTES))
         items = [i for i in data[BIN_LIST] if isinstance(i, dict)]
+    except fsutil.FileTooLargeError as exc:
+        log.warning(
+            "precompiled config %s is not read: %s bytes, over the %d-byte cap "
+            "(MAX_CONFIG_BYTES)", path, st.st_size, MAX_CONFIG_BYTES,
+        )  # fmt: skip
+        log.debug("precompiled config %s: %s", path, exc)
+        _configs.put(ident, [])
+        return []
     except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:  # [[[…]]] too
         log.warning("precompiled config %s is unreadable: %s", path, exc)
         return []
@@ -261,10 +274,9 @@ def pack(chip_dir: Path, kernels: Sequence[str], out_root: Path) -> list[Path]:
         rel = f"{soc}/{op_file(op_type)}/{stem}.json"
         ref = desc.binaries[0]
         suffix = ref.bin_name[len(str(data["binFileName"])) :]
-        binary = fsutil.read_bytes_noatime(chip_dir / ref.bin_name)
         doc = {**data, "binFileName": stem, "filePath": rel}
         folder = fsutil.ensure_dir(out_root / soc / op_file(op_type))
-        written.append(_write(folder / f"{stem}{suffix}", binary))
+        written.append(_copy(chip_dir / ref.bin_name, folder / f"{stem}{suffix}", ref.sha256))
         written.append(_write(folder / f"{stem}.json", _dump(doc)))
         item = {k: v for k, v in support.items() if k != "opType"}
         item["binInfo"] = {"jsonFilePath": rel}
@@ -298,12 +310,29 @@ def _add_item(config_dir: Path, stem: str, item: dict[str, Any]) -> Path:
     items: list[Any] = []
     if path.exists():
         try:
-            items = list(json.loads(path.read_text(encoding="utf-8"))[BIN_LIST])
+            raw = fsutil.read_bytes_noatime(path, max_bytes=MAX_CONFIG_BYTES)
+            items = list(json.loads(raw.decode("utf-8"))[BIN_LIST])
         except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
             raise InvalidInputError(f"pack: existing config {path} is unreadable: {exc}") from None
     items = [i for i in items if not isinstance(i, dict) or i.get("staticKey") != item["staticKey"]]
     items.append(item)
     return _write(path, _dump({BIN_LIST: items}))
+
+
+def _copy(src: Path, dest: Path, sha256: str) -> Path:
+    """Copy an entry's binary into the package in chunks (never read whole), read-only;
+    it must still hash to the json's ``sha256``.
+
+    :raises InvalidInputError: it changed since it was verified.
+    :raises OSError: it cannot be read or the copy written.
+    """
+    layout.safe_file_name(dest.name, "package file")
+    copied = partcopy.copy_temp(dest, src, mode=PACKAGE_FILE_MODE)
+    if copied.sha256 != sha256:
+        fsutil.safe_unlink(copied.tmp)
+        raise InvalidInputError(f"pack: {src} changed while it was packed (sha256 differs)")
+    fsutil.publish_temp(copied.tmp, dest)
+    return dest
 
 
 def _write(path: Path, data: bytes) -> Path:

@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import shutil
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,7 +59,7 @@ from cachemgr.storage import entry, fsutil, manifest
 from cachemgr.storage.chiplock import Hold
 from cachemgr.storage.events import Events
 from cachemgr.storage.safedir import SafeDir
-from cachemgr.storage.store import EntryHold
+from cachemgr.storage.store import EntryHold, Part
 from cachemgr.storage.tiers import LocalTier, chip_store
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,9 @@ class Pending:
     """A compiled kernel not yet published; owns the entry lock and the chip hold."""
 
     prepared: Prepared
-    files: dict[str, bytes]
+    #: the entry's parts: bytes, or a compiled binary waiting in the private pending folder
+    #: (copied in chunks, removed when the publish is finished or released)
+    files: dict[str, Part]
     main_json: dict[str, Any]
     entry_lock: EntryHold
     chip_hold: Hold
@@ -119,7 +122,10 @@ class Pending:
         with _output_folder(out, warning):
             fsutil.ensure_dir(out)
             for name, data in self.files.items():
-                fsutil.atomic_write_bytes(out / name, data)
+                if isinstance(data, bytes):
+                    fsutil.atomic_write_bytes(out / name, data)
+                else:
+                    _move(data, out / name)  # a file: moved or copied, never read whole
                 paths.append(out / name)
             doc = out / f"{p.kernel}.json"
             fsutil.atomic_write_bytes(doc, json.dumps(self.main_json).encode())
@@ -134,9 +140,14 @@ class Pending:
         )
 
     def release(self) -> None:
-        """Drop the entry lock and the chip hold without publishing."""
+        """Drop the entry lock and the chip hold (without publishing, when not finished);
+        the pending binaries are removed."""
         self.entry_lock.release()
         self.chip_hold.release()
+        for part in self.files.values():
+            if isinstance(part, Path):
+                with contextlib.suppress(OSError):
+                    fsutil.safe_unlink(part)
 
 
 def _record_manifest(p: Prepared) -> None:
@@ -224,7 +235,7 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
                     "include it by a relative name or through include_dirs"
                 )
             return _uncached(p, ctx, result, stale)
-        files, main = _payload(p, result)
+        files, main = _payload(p, result, ctx.pending_dir())
     except BaseException:
         lock.release()
         hold.release()
@@ -444,13 +455,21 @@ def _why(chip_dir: Path, exc: BaseException) -> str:
     return str(exc)
 
 
-def _payload(p: Prepared, result: CompileResult) -> tuple[dict[str, bytes], dict[str, Any]]:
-    """The entry's files and main json (with ``supportInfo`` for a future package), in
-    memory (the json was never written: ``json_in_memory``); the build folder is emptied for
-    the worker's next compile."""
+def _payload(
+    p: Prepared, result: CompileResult, pending: Path
+) -> tuple[dict[str, Part], dict[str, Any]]:
+    """The entry's files and main json (with ``supportInfo`` for a future package). The json
+    is in memory (never written: ``json_in_memory``); the binary moves to a unique name in
+    the private ``pending`` folder and is copied from there in chunks when published — never
+    read whole (docs/daemon.md, "Bounded memory"). The build folder is emptied for the
+    worker's next compile.
+
+    :raises OSError: the binary cannot be moved.
+    """
+    binary = pending / f"{uuid.uuid4().hex}-{result.binary.name}"
     try:
         main = dict(result.doc)
-        binary = result.binary.read_bytes()
+        _move(result.binary, binary)
     finally:
         for path in (result.binary, result.json_path, *result.artefacts):
             fsutil.safe_unlink(path)

@@ -14,7 +14,6 @@ leaves processes behind.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -31,7 +30,7 @@ from cachemgr.compilers.elf import ElfFile, find_entry_symbol
 from cachemgr.compilers.process import Outcome
 from cachemgr.errors import CompileError, ConfigError, InvalidInputError
 from cachemgr.memo import Memo
-from cachemgr.storage import fsutil
+from cachemgr.storage import fsutil, safeio
 
 log = logging.getLogger(__name__)
 
@@ -410,10 +409,11 @@ class CompilerBackend(ABC):
         except CompileError as exc:
             raise CompileError(job.user_view(str(exc))) from exc
         try:
-            text = output.read_text(encoding="utf-8", errors="surrogateescape")
-        except OSError as exc:
+            return read_depfile(output)
+        except FileNotFoundError as exc:
             raise CompileError(f"{argv[0]} wrote no dependency list for {job.source}") from exc
-        return parse_depfile(text)
+        except OSError as exc:
+            raise CompileError(f"the dependency list of {job.source}: {exc}") from exc
 
     def _check_outcome(self, out: Outcome, argv: list[str], job: CompileJob) -> None:
         tool = os.path.basename(argv[0])
@@ -472,7 +472,7 @@ class CompilerBackend(ABC):
             "magic": self.magic,
             "opParaSize": 0,
             "parameters": [],
-            "sha256": hashlib.sha256(elf.data).hexdigest(),
+            "sha256": elf.digest(),
             "compileInfo": {
                 "compiler": ident.name,
                 "path": ident.path,
@@ -509,6 +509,23 @@ def config_str(config: Mapping[str, object], key: str, default: str | None = Non
     if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
         raise ConfigError(f"compiler config {key}={value!r} must be a non-empty string")
     return str(value)
+
+
+#: The largest dependency listing read (bytes): a compiler run for a member writes it, so it
+#: is read capped like any file not ours (docs/daemon.md, "Bounded memory"); a listing of
+#: 10,000 headers is well under 1 MiB.
+MAX_DEPFILE_BYTES = 16 << 20
+
+
+def read_depfile(path: Path) -> list[str]:
+    """The prerequisites listed in the dependency file ``path`` (:func:`parse_depfile`),
+    read non-blocking, regular files only, at most :data:`MAX_DEPFILE_BYTES`.
+
+    :raises OSError: it cannot be read (:class:`~cachemgr.storage.safeio.UnsafeFileError`
+        over the cap, naming it).
+    """
+    raw = safeio.read_regular(path, MAX_DEPFILE_BYTES)
+    return parse_depfile(raw.decode("utf-8", "surrogateescape"))
 
 
 def parse_depfile(text: str) -> list[str]:

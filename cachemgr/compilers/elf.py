@@ -8,7 +8,9 @@ lookup free of extra tools and identical for every backend. ELF32/ELF64, either 
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +20,9 @@ from cachemgr.errors import CompileError
 log = logging.getLogger(__name__)
 
 _MAGIC = b"\x7fELF"
+#: The most bytes of one ELF part read into memory (headers, a symbol or string table, a
+#: section asked for); a kernel's are KiB.
+MAX_PART_BYTES = 64 << 20
 _SHT_SYMTAB = 2
 _SHT_DYNSYM = 11
 _SHN_UNDEF = 0
@@ -55,27 +60,61 @@ class Symbol:
 
 
 class ElfFile:
-    """An ELF file read whole into memory (kernel binaries are small: KB to a few MB).
+    """An ELF file read by parts: its headers at once, a section's bytes when asked for —
+    never the whole file (a member's kernel may compile to a 900 MB object: read whole, each
+    worker held one; docs/security.md "Memory").
 
     :raises CompileError: when the file is not ELF or its headers are truncated.
     """
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self.data = self.path.read_bytes()
-        if self.data[:4] != _MAGIC or len(self.data) < 52:
+        self._strings: dict[int, bytes] = {}
+        head = self._pread(0, 64)
+        if head[:4] != _MAGIC or len(head) < 52:
             raise CompileError(f"{self.path} is not an ELF file")
-        self._is64 = self.data[4] == 2
-        self._end = "<" if self.data[5] == 1 else ">"
+        self._head = head
+        self._is64 = head[4] == 2
+        self._end = "<" if head[5] == 1 else ">"
         try:
             self.sections = self._read_sections()
         except struct.error as exc:
             raise CompileError(f"{self.path}: truncated ELF headers ({exc})") from exc
 
+    def _pread(self, offset: int, size: int) -> bytes:
+        """``size`` bytes at ``offset`` (fewer at the end of the file).
+
+        :raises CompileError: ``size`` is over :data:`MAX_PART_BYTES`, or it cannot be read.
+        """
+        if size > MAX_PART_BYTES:
+            raise CompileError(
+                f"{self.path}: an ELF part of {size} bytes is over the {MAX_PART_BYTES}-byte "
+                "cap of what is read into memory (headers, symbol and string tables)"
+            )
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise CompileError(f"{self.path}: cannot read ({exc.strerror})") from exc
+        try:
+            return os.pread(fd, size, offset)
+        finally:
+            os.close(fd)
+
+    def digest(self) -> str:
+        """Hex SHA-256 of the whole file, read in chunks (never whole into memory).
+
+        :raises CompileError: it cannot be read.
+        """
+        try:
+            with open(self.path, "rb") as f:
+                return hashlib.file_digest(f, "sha256").hexdigest()
+        except OSError as exc:
+            raise CompileError(f"{self.path}: cannot read ({exc.strerror})") from exc
+
     @property
     def machine(self) -> int:
         """``e_machine`` (62 = x86-64, 183 = AArch64, 190 = NVIDIA CUDA)."""
-        machine: int = struct.unpack_from(self._end + "H", self.data, 18)[0]
+        machine: int = struct.unpack_from(self._end + "H", self._head, 18)[0]
         return machine
 
     def _read_sections(self) -> list[Section]:
@@ -85,29 +124,33 @@ class ElfFile:
         else:
             shoff, shentsize, shnum, shstrndx = self._unpack("I", 0x20, "HHH", 0x2E)
             fmt = "IIIIIIIIII"
+        table = self._pread(shoff, shnum * shentsize)
         raw = []
         for i in range(shnum):
-            f = struct.unpack_from(self._end + fmt, self.data, shoff + i * shentsize)
+            f = struct.unpack_from(self._end + fmt, table, i * shentsize)
             raw.append((f[0], f[1], f[4], f[5], f[6], f[9]))
-        names = raw[shstrndx] if shnum else None
-        return [
-            Section(self._cstr(names[2] + r[0]) if names else "", r[1], r[2], r[3], r[4], r[5])
-            for r in raw
-        ]
+        if not shnum or shstrndx >= shnum:
+            return [Section("", r[1], r[2], r[3], r[4], r[5]) for r in raw]
+        names = Section("", raw[shstrndx][1], raw[shstrndx][2], raw[shstrndx][3], 0, 0)
+        return [Section(self._cstr(names, r[0]), r[1], r[2], r[3], r[4], r[5]) for r in raw]
 
     def _unpack(self, off_fmt: str, off_pos: int, rest_fmt: str, rest_pos: int) -> tuple[int, ...]:
-        (shoff,) = struct.unpack_from(self._end + off_fmt, self.data, off_pos)
-        return (shoff, *struct.unpack_from(self._end + rest_fmt, self.data, rest_pos))
+        (shoff,) = struct.unpack_from(self._end + off_fmt, self._head, off_pos)
+        return (shoff, *struct.unpack_from(self._end + rest_fmt, self._head, rest_pos))
 
-    def _cstr(self, offset: int) -> str:
-        end = self.data.index(b"\0", offset)
-        return self.data[offset:end].decode("utf-8", "replace")
+    def _cstr(self, table: Section, offset: int) -> str:
+        """The NUL-terminated string at ``offset`` of string table ``table`` (read once)."""
+        data = self._strings.get(table.offset)
+        if data is None:
+            data = self._strings[table.offset] = self._pread(table.offset, table.size)
+        end = data.index(b"\0", offset)
+        return data[offset:end].decode("utf-8", "replace")
 
     def section(self, name: str) -> bytes | None:
         """Bytes of the first section called ``name``, or None if there is none."""
         for sec in self.sections:
             if sec.name == name:
-                return self.data[sec.offset : sec.offset + sec.size]
+                return self._pread(sec.offset, sec.size)
         return None
 
     def symbols(self) -> list[Symbol]:
@@ -120,15 +163,16 @@ class ElfFile:
 
     def _symbols_of(self, sec: Section) -> list[Symbol]:
         strtab = self.sections[sec.link]
+        table = self._pread(sec.offset, sec.size)
         out = []
-        for off in range(sec.offset + sec.entsize, sec.offset + sec.size, sec.entsize):
+        for off in range(sec.entsize, sec.size, sec.entsize):
             if self._is64:
-                name, info, _other, shndx = struct.unpack_from(self._end + "IBBH", self.data, off)
+                name, info, _other, shndx = struct.unpack_from(self._end + "IBBH", table, off)
             else:
                 name, _v, _s, info, _other, shndx = struct.unpack_from(
-                    self._end + "IIIBBH", self.data, off
+                    self._end + "IIIBBH", table, off
                 )
-            text = self._cstr(strtab.offset + name) if name else ""
+            text = self._cstr(strtab, name) if name else ""
             out.append(Symbol(text, info & 0xF, info >> 4, shndx != _SHN_UNDEF))
         return out
 

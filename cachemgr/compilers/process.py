@@ -7,7 +7,8 @@ with the kernel's autogroup scheduling each session is a CPU group of its own, a
 shared 2-core host a compiler in a fresh one ran 5-8 % slower under load than the same argv
 run by ``subprocess.run`` (median paired ratios of 120 interleaved runs); the group is all the
 kill needs. Its stdin is ``/dev/null``; a compiler that opened the terminal itself to read
-would be stopped (``SIGTTIN``) and killed at its timeout.
+would be stopped (``SIGTTIN``) and killed at its timeout. It holds no capability, though the
+daemon may (:mod:`.caps`: the unit's ``CAP_FOWNER``).
 
 On timeout, on any interruption (``KeyboardInterrupt``, a cancelled worker), and after a
 normal exit, the whole group gets ``SIGKILL``.
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cachemgr.compilers import caps
 from cachemgr.errors import CompileError
 
 _REAP_TIMEOUT_S = 5.0
@@ -94,14 +96,7 @@ def run_in_group(argv: list[str], timeout_s: float, cwd: Path | None, what: str)
     run = box.wrap(argv, cwd, namespaces) if box is not None else argv
     viewed = box is not None and box.in_view(namespaces)
     try:
-        proc = subprocess.Popen(
-            run,
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            process_group=0,
-        )
+        proc = caps.start(run, cwd)
     except OSError as exc:
         raise CompileError(f"cannot run {argv[0]!r} ({what}): {exc}") from exc
     try:

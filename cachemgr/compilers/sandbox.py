@@ -22,6 +22,13 @@ process (compile, dependency listing, probes) of another user:
   fall inside an allowed folder, each of them (the state folder in ``~/.local/state`` though
   HOME holds it, when ``~/.local`` is shown).
 
+  The view has its own network (a network namespace holding only its own loopback): code in
+  it reached the daemon's TCP port, another user's abstract Unix socket (abstract names
+  belong to a network namespace) and a remote cache's Redis, where it could write. A Unix
+  socket *file* is reached by its path, not through the network, and no such path of the
+  host exists in the view but in the folders shown read-only (``[sandbox] allow`` must not
+  show a folder holding one).
+
   The view has its own process ids (a pid namespace): a compiler that its input took over
   (nvcc's shell was one way in; a crafted ``.gch`` or a compiler bug another) can signal no
   process outside it — with the host's ids, ``kill -1`` killed the daemon — and every
@@ -48,7 +55,12 @@ it started is another user; a TCP caller (no credentials) is never the daemon's 
 Where bubblewrap cannot run (not installed, a kernel or systemd unit forbidding user
 namespaces), :attr:`Sandbox.isolated` is False and the daemon refuses compiles for other
 users with one line (see ``cachemgr.daemon.service``); compiles for its own user still run,
-with the limits. The systemd unit must allow ``RestrictNamespaces=user mnt pid``.
+with the limits. The systemd unit must allow ``RestrictNamespaces=user mnt pid net`` and
+``RestrictAddressFamilies=AF_NETLINK`` (bubblewrap brings the view's loopback up over
+rtnetlink, and stops when it cannot). Every process of the view starts holding no
+capability (:mod:`.caps`: bubblewrap refuses to start with one, and the unit gives the daemon
+``CAP_FOWNER``), and :func:`_probe` starts its test the same way, in a build folder of its
+own.
 
 ``[sandbox]`` keys: ``namespaces`` (``"auto"``: use the view when bubblewrap works; ``"off"``),
 ``bwrap`` and ``prlimit`` (the tools, default found on PATH), ``allow`` (more folders shown
@@ -60,11 +72,13 @@ before bubblewrap) is accepted and ignored, with a warning.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 import re
 import shutil
+import signal
 import stat
 import subprocess
 import tempfile
@@ -73,6 +87,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cachemgr.compilers import caps
 from cachemgr.constants import MIB
 from cachemgr.errors import CompileError, ConfigError
 
@@ -97,11 +112,14 @@ SYSTEM_TOP = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 #: multiarch folders) and the alternatives ``/usr/bin/cc`` may point through. Not ``/etc``
 #: whole: a daemon's token or configuration may live there.
 ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives")
-#: bwrap options of every view: a user namespace (implies a mount namespace) and a process-id
+#: bwrap options of every view: a user namespace (implies a mount namespace), a process-id
 #: namespace (the compiler can signal no process outside it, and every process in it dies
-#: with it), no capability inside it, killed with its parent, an empty root.
+#: with it), a network namespace (nothing but its own loopback: no TCP port or abstract Unix
+#: socket of the host, no remote host), no capability inside it, killed with its parent, an
+#: empty root.
 _BASE = (
-    "--unshare-user", "--unshare-pid", "--cap-drop", "ALL", "--die-with-parent", "--tmpfs", "/",
+    "--unshare-user", "--unshare-pid", "--unshare-net", "--cap-drop", "ALL", "--die-with-parent",
+    "--tmpfs", "/",
 )  # fmt: skip
 
 
@@ -380,14 +398,26 @@ def _folders(
 
 
 def _probe(box: Sandbox) -> tuple[bool, str]:
-    """Run ``true`` in the sandbox: does it work here?"""
-    argv = dataclasses.replace(box, isolated=True).wrap(["/bin/true"], None)
-    try:
-        done = subprocess.run(argv, capture_output=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return False, f"{box.bwrap} cannot run: {exc}"
-    if done.returncode != 0:
-        text = (done.stderr or done.stdout).decode("utf-8", "replace").strip().splitlines()
-        why = text[-1] if text else f"exit {done.returncode}"
-        return False, f"bubblewrap cannot make a user namespace here: {why}"
+    """Run ``true`` in the view as a compile for another user runs (same options and limits,
+    started as :func:`.caps.start` starts every compiler process, working in a build folder
+    of its own): does the view work here, with this process's capabilities, namespaces and
+    system-call filter? A probe started otherwise said "works" (or "does not") for a view
+    that real compiles did not get."""
+    with tempfile.TemporaryDirectory(prefix="cachemgr-probe-") as work:
+        argv = dataclasses.replace(box, isolated=True).wrap(["/bin/true"], Path(work))
+        try:
+            proc = caps.start(argv, work)
+        except OSError as exc:
+            return False, f"{box.bwrap} cannot run: {exc}"
+        try:
+            stdout, stderr = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # its process group, as a compile's
+            proc.communicate()
+            return False, f"{box.bwrap} did not finish within 30 s"
+    if proc.returncode != 0:
+        text = (stderr or stdout).decode("utf-8", "replace").strip().splitlines()
+        why = text[-1] if text else f"exit {proc.returncode}"
+        return False, f"bubblewrap cannot make its namespaces here: {why}"
     return True, ""

@@ -202,6 +202,21 @@ class DaemonConfig:
         default=30.0,
         metadata=rule("float", 1, MAX_SECONDS, text=f"a number of seconds 1..{MAX_SECONDS:g}"),
     )
+    # a TCP connection whose request headers with the token have not been read this many
+    # seconds after its accept is answered 408 and closed (docs/security.md, section 9)
+    auth_deadline_s: float = field(
+        default=2.0,
+        metadata=rule("float", 0.1, 60, text="a number of seconds 0.1..60"),
+    )
+    # TCP connections not authenticated yet, held per source address and in all (below
+    # max_connections_per_caller: the rest is for authenticated ones); a newcomer over either
+    # evicts the oldest unauthenticated one
+    max_unauth_per_address: int = field(
+        default=8, metadata=rule("int", 1, MAX_INT, text=f"an integer 1..{MAX_INT}")
+    )
+    max_unauth_connections: int = field(
+        default=32, metadata=rule("int", 1, MAX_INT, text=f"an integer 1..{MAX_INT}")
+    )
     # compile jobs one caller (uid) may have queued or running; more → 429
     max_queued_per_caller: int = 1000
     # the highest priority a caller other than the daemon's user (or root) may ask for

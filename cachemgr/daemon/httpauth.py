@@ -81,6 +81,7 @@ def load_token(path: str, where: str = "[daemon] tcp_token_file") -> bytes:
 def guard(token: bytes) -> Callable[[tuple[str, int]], Callable[[str, Any], Response | None]]:
     """A guard factory for :class:`cachemgr.daemon.server.HttpServer`: given the listener's
     bound ``(address, port)``, returns the check run on every request's method and headers."""
+    authenticated = bearer(token)
 
     def for_address(address: tuple[str, int]) -> Callable[[str, Any], Response | None]:
         host, port = address[0], address[1]
@@ -97,7 +98,7 @@ def guard(token: bytes) -> Callable[[tuple[str, int]], Callable[[str, Any], Resp
             origin = headers.get("Origin")
             if origin is not None and origin.strip().lower() not in origins:
                 return error(403, f"cross-site request from Origin {origin!r} refused")
-            if not _authorized(headers.get("Authorization") or "", token):
+            if not authenticated(headers):
                 return error(401, "missing or wrong 'Authorization: Bearer <token>'")
             ctype = (headers.get("Content-Type") or "").split(";")[0].strip().lower()
             if method not in ("GET", "HEAD") and ctype != "application/json":
@@ -109,6 +110,17 @@ def guard(token: bytes) -> Callable[[tuple[str, int]], Callable[[str, Any], Resp
         return check
 
     return for_address
+
+
+def bearer(token: bytes) -> Callable[[Any], bool]:
+    """The check of a request's headers (an :class:`email.message.Message`) for
+    ``Authorization: Bearer <token>``, compared in constant time. A TCP connection on which
+    it passed once is authenticated (docs/security.md#9-connections-are-bounded)."""
+
+    def check(headers: Any) -> bool:
+        return _authorized(headers.get("Authorization") or "", token)
+
+    return check
 
 
 def _authorized(header: str, token: bytes) -> bool:

@@ -30,7 +30,7 @@ from cachemgr.config import options
 from cachemgr.daemon import httpauth, rootcheck
 from cachemgr.daemon.api import Api
 from cachemgr.daemon.config import DaemonConfig
-from cachemgr.daemon.connections import Bounds
+from cachemgr.daemon.connections import bounds_of
 from cachemgr.daemon.heartbeat import MAIN, SERVER, Heartbeats
 from cachemgr.daemon.notify import Notifier
 from cachemgr.daemon.server import HttpServer
@@ -191,7 +191,10 @@ def run(
         tcp: tuple[str, int] | None = (config.tcp_host, tcp_port)
     else:
         tcp = (config.tcp_host, config.tcp_port) if config.tcp_port else None
-    tcp_guard = httpauth.guard(httpauth.load_token(config.tcp_token_file)) if tcp else None
+    token = httpauth.load_token(config.tcp_token_file) if tcp else None
+    tcp_guard = httpauth.guard(token) if token else None
+    tcp_auth = httpauth.bearer(token) if token else None
+    bounds = bounds_of(config, tcp=tcp is not None)
     notifier = Notifier()
     flags = _Flags()
     wake, wake_writer = _wakeup_pipe(flags)
@@ -201,14 +204,8 @@ def run(
     server = None
     try:
         service.start()
-        bounds = Bounds(
-            config.max_connections,
-            config.max_connections_per_caller,
-            config.idle_timeout_s,
-            config.request_timeout_s,
-        )
         server = HttpServer(
-            Api(service), socket_path, tcp, config.max_body_bytes, bounds, tcp_guard
+            Api(service), socket_path, tcp, config.max_body_bytes, bounds, tcp_guard, tcp_auth
         )
         server.start()
         service.tcp_address = server.tcp_address
@@ -368,6 +365,7 @@ def serve(
         logging.getLogger(name).setLevel(logging.DEBUG)
     if tcp_port is not None or config.tcp_port:
         httpauth.load_token(config.tcp_token_file)  # no token, no TCP: say so before anything
+        bounds_of(config, where)  # room for authenticated TCP connections
     checked = rootcheck.check_root(cli_values, resolve_with, config)
 
     def resolve() -> options.Settings:

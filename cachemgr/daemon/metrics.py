@@ -120,6 +120,7 @@ REMOTE_COUNTERS = {
     "bytes_out": "bytes of entries uploaded",
     "uploads": "entries uploaded",
     "present": "entries seen locally that the remote had already (not sent)",
+    "oversized": "entries not uploaded for their size (over the cap, or refused: HTTP 413)",
 }
 #: The states a remote can be in (``stats``' ``state``).
 REMOTE_STATES = ("ok", "failing", "disabled")

@@ -91,23 +91,33 @@ def _no_constant(name: str) -> Any:
 
 
 class RequestDeadline(Exception):
-    """A request's last byte did not arrive within its whole-request deadline (slowloris)."""
+    """A request's last byte did not arrive within its whole-request deadline (slowloris), or
+    (``auth`` true) a TCP connection did not authenticate within ``auth_deadline_s``."""
+
+    def __init__(self, auth: bool = False) -> None:
+        super().__init__("auth" if auth else "request")
+        self.auth = auth
 
 
 class _DeadlineReader(io.RawIOBase):
     """The connection as the handler reads it, with a whole-request deadline: from the first
     byte of a request (:meth:`arm`, then the first read that returns data) until its body is
     read (:meth:`disarm`) at most ``limit_s`` seconds may pass, however the bytes trickle in.
-    Each read still waits at most ``idle_s`` for the next bytes (the socket's timeout).
+    Until ``auth_by`` (``time.monotonic()`` seconds; None = no such deadline) is cleared, every
+    read ends at it too: a TCP connection that has not authenticated by then. Each read still
+    waits at most ``idle_s`` for the next bytes (the socket's timeout).
 
-    :raises RequestDeadline: from :meth:`readinto` once the deadline has passed.
+    :raises RequestDeadline: from :meth:`readinto` once a deadline has passed.
     """
 
-    def __init__(self, sock: socket.socket, idle_s: float | None, limit_s: float) -> None:
+    def __init__(
+        self, sock: socket.socket, idle_s: float | None, limit_s: float, auth_by: float | None
+    ) -> None:
         super().__init__()
         self._sock = sock
         self._idle_s = idle_s
         self.limit_s = limit_s
+        self.auth_by = auth_by
         self._armed = False
         self._deadline: float | None = None
 
@@ -122,21 +132,31 @@ class _DeadlineReader(io.RawIOBase):
         """The request is read whole: later reads (the next request's) are not timed."""
         self._armed, self._deadline = False, None
 
+    def _next_deadline(self) -> tuple[float, bool] | None:
+        """The nearest deadline and whether it is the authentication one, or None."""
+        limits = [(d, False) for d in (self._deadline,) if d is not None]
+        if self.auth_by is not None:
+            limits.append((self.auth_by, True))
+        return min(limits) if limits else None
+
     def readinto(self, buffer: Any) -> int:
-        if self._deadline is None:
-            got = self._sock.recv_into(buffer)  # waits up to idle_s for the first byte
-            if got and self._armed:
-                self._deadline = time.monotonic() + self.limit_s
-            return got
-        left = self._deadline - time.monotonic()
+        nearest = self._next_deadline()
+        # no deadline yet: wait up to idle_s (the socket's timeout) for the first byte
+        got = self._sock.recv_into(buffer) if nearest is None else self._recv_by(buffer, *nearest)
+        if got and self._armed and self._deadline is None:
+            self._deadline = time.monotonic() + self.limit_s
+        return got
+
+    def _recv_by(self, buffer: Any, deadline: float, auth: bool) -> int:
+        left = deadline - time.monotonic()
         if left <= 0:
-            raise RequestDeadline
+            raise RequestDeadline(auth)
         self._sock.settimeout(left if self._idle_s is None else min(left, self._idle_s))
         try:
             return self._sock.recv_into(buffer)
         except TimeoutError:
-            if time.monotonic() >= self._deadline:
-                raise RequestDeadline from None
+            if time.monotonic() >= deadline:
+                raise RequestDeadline(auth) from None
             raise
         finally:
             self._sock.settimeout(self._idle_s)  # writes keep the idle timeout
@@ -152,20 +172,55 @@ class _Handler(BaseHTTPRequestHandler):
     def setup(self) -> None:
         super().setup()
         limit_s = (getattr(self.server, "bounds", None) or Bounds()).request_timeout_s
-        self._reader = _DeadlineReader(self.connection, self.connection.gettimeout(), limit_s)
+        deadline_of = getattr(self.server, "auth_deadline", None)
+        auth_by = deadline_of(self.connection) if deadline_of is not None else None
+        idle_s = self.connection.gettimeout()
+        self._reader = _DeadlineReader(self.connection, idle_s, limit_s, auth_by)
         self.rfile = io.BufferedReader(self._reader)
 
     def handle_one_request(self) -> None:
         """One request, its request line, headers and body read within ``request_timeout_s``
         of its first byte ([daemon] table, :class:`~.connections.Bounds`); a slower one is
-        answered 408 and the connection closed. The answer (a long compile) is not timed."""
+        answered 408 and the connection closed, and so is a TCP connection whose request
+        headers with the token are not read ``auth_deadline_s`` after its accept. The answer
+        (a long compile) is not timed."""
         self._reader.arm()
         try:
             super().handle_one_request()
-        except RequestDeadline:
-            self._too_slow()
+        except RequestDeadline as late:
+            self._too_slow(late.auth)
 
-    def _too_slow(self) -> None:
+    def parse_request(self) -> bool:
+        """Parse the request line and headers; a TCP connection whose headers carry the
+        token is authenticated from now on, for its life (:mod:`.connections`)."""
+        if not super().parse_request():
+            return False
+        authenticates = getattr(self.server, "authenticates", None)
+        if self._reader.auth_by is None or authenticates is None:
+            return True
+        if authenticates(self.headers) and self.server.authenticated(self.connection):  # type: ignore[attr-defined]
+            self._reader.auth_by = None
+        return True
+
+    def _too_slow(self, auth: bool) -> None:
+        what = self._late_auth() if auth else self._late_request()
+        _drain(self.connection)  # what has arrived, so closing does not reset
+        if not hasattr(self, "requestline"):  # the request line itself was too slow
+            self.requestline, self.command = "", ""
+            self.request_version = self.default_request_version
+        self.send_error(408, f"{what}; closing the connection")
+        self.close_connection = True
+
+    def _late_auth(self) -> str:
+        """Log (one line per interval: :meth:`~.connections.BoundedServerMixin.note_closed`)
+        and describe a TCP connection closed for not authenticating in time."""
+        limit = self.server.bounds.auth_deadline_s  # type: ignore[attr-defined]
+        what = f"not authenticated {limit:g} s after connecting ([daemon] auth_deadline_s)"
+        self.server.note_closed("auth deadline", f"closed TCP connections {what}")  # type: ignore[attr-defined]
+        return what + ": send 'Authorization: Bearer <token>' with the first request"
+
+    def _late_request(self) -> str:
+        """Log and describe a request not read whole within its deadline."""
         limit = self._reader.limit_s
         caller = peer.peer_credentials(self.connection)
         who = caller.describe() if caller.uid is not None else "a TCP caller"
@@ -175,17 +230,7 @@ class _Handler(BaseHTTPRequestHandler):
             who,
             limit,
         )
-        with contextlib.suppress(OSError):  # what has arrived, so closing does not reset
-            self.connection.recv(1 << 16, socket.MSG_DONTWAIT)
-        if not hasattr(self, "requestline"):  # the request line itself was too slow
-            self.requestline, self.command = "", ""
-            self.request_version = self.default_request_version
-        self.send_error(
-            408,
-            f"request not complete {limit:g} s after its first byte "
-            "([daemon] request_timeout_s); closing the connection",
-        )
-        self.close_connection = True
+        return f"request not complete {limit:g} s after its first byte ([daemon] request_timeout_s)"
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         """Protocol errors (bad request line, headers) answered as JSON, like every error."""
@@ -299,8 +344,11 @@ class HttpServer:
     :param bounds: connection limits and the idle timeout (:mod:`.connections`).
     :param tcp_guard: checks every TCP request's headers before its body is read (token,
         ``Host``, ``Origin``, content type: :mod:`.httpauth`); returns a refusal or None.
+    :param tcp_authenticates: whether a TCP request's headers carry the token: a TCP
+        connection counts as unauthenticated until they do (:mod:`.connections`).
     :raises OSError: when binding fails.
-    :raises ValueError: for a non-loopback TCP host, or a TCP listener without a guard.
+    :raises ValueError: for a non-loopback TCP host, or a TCP listener without a guard and
+        a token check.
     """
 
     def __init__(
@@ -311,6 +359,7 @@ class HttpServer:
         max_body_bytes: int = MAX_BODY_BYTES,
         bounds: Bounds | None = None,
         tcp_guard: Callable[[tuple[str, int]], Guard] | None = None,
+        tcp_authenticates: Callable[[Any], bool] | None = None,
     ) -> None:
         self.socket_path = socket_path
         self._app = app
@@ -324,11 +373,11 @@ class HttpServer:
         if tcp is not None:
             if tcp[0] not in ("127.0.0.1", "localhost", "::1"):
                 raise ValueError(f"--tcp host {tcp[0]!r} is not a loopback address")
-            if tcp_guard is None:
+            if tcp_guard is None or tcp_authenticates is None:
                 raise ValueError("a TCP listener needs a guard (token, Host and Origin checks)")
             srv = _TCPServer(tcp, _Handler)
             srv.app = app  # type: ignore[attr-defined]
-            srv.bound(bounds or Bounds())
+            srv.bound(self._bounds, tcp_authenticates)
             host, port = srv.server_address[:2]  # typed str | bytes: a TCP host is a str
             address = (host if isinstance(host, str) else bytes(host).decode(), port)
             srv.guard = tcp_guard(address)  # type: ignore[attr-defined]
@@ -404,6 +453,20 @@ class HttpServer:
         for thread in self._threads:
             thread.join(timeout=10)
         fsutil.safe_unlink(self.socket_path)
+
+
+def _drain(sock: socket.socket) -> None:
+    """Read what has arrived on ``sock`` without waiting. (``MSG_DONTWAIT`` alone does not
+    do: on a socket with a timeout Python first waits up to that timeout for data.)"""
+    timeout = sock.gettimeout()
+    try:
+        sock.setblocking(False)
+        sock.recv(1 << 16)
+    except OSError:
+        pass
+    finally:
+        with contextlib.suppress(OSError):
+            sock.settimeout(timeout)
 
 
 def _unlink_stale(path: Path) -> None:

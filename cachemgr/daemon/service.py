@@ -4,6 +4,7 @@ governance, and the operations the API exposes. No HTTP here (see ``api``/``serv
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import datetime as dt
 import logging
@@ -39,6 +40,7 @@ from cachemgr.daemon.config import DaemonConfig
 from cachemgr.daemon.governance import Governance, release_memory
 from cachemgr.daemon.heartbeat import GOVERNANCE, POOL, Heartbeats
 from cachemgr.daemon.metrics import Gauge, Metrics
+from cachemgr.daemon.state import remotes_state_dir
 from cachemgr.errors import CacheMgrError, InvalidInputError
 from cachemgr.eviction import gc
 from cachemgr.peer import user_name
@@ -85,7 +87,9 @@ class Service:
         #: storage`` (issue 15)
         self._remote_cli = list(remote_cli)
         self.remote_config = remote_config.from_settings(self._settings, self._remote_cli)
-        self.remotes = RemoteTiers.from_config(self.remote_config, strict_key=True)
+        self.remotes = RemoteTiers.from_config(
+            self.remote_config, remotes_state_dir(), strict_key=True
+        )
         self.queue = CompileQueue(
             self._settings,
             workers=config.workers or os.cpu_count() or 1,
@@ -210,13 +214,9 @@ class Service:
                 new = self._resolve()
                 DaemonConfig.from_table(new.sections.get("daemon"))  # same checks as at start
                 remotes = remote_config.from_settings(new, self._remote_cli)  # password files too
-                tiers = (
-                    RemoteTiers.from_config(
-                        remotes, strict_key=True
-                    )  # keys: same checks as at start
-                    if remotes != self.remote_config
-                    else self.remotes
-                )
+                tiers = self.remotes
+                if remotes != self.remote_config:  # keys: the same checks as at start
+                    tiers = RemoteTiers.from_config(remotes, remotes_state_dir(), strict_key=True)
             except CacheMgrError as exc:
                 log.error("reload refused, keeping the old configuration: %s", exc)
                 return {"reloaded": False, "error": str(exc)}
@@ -690,8 +690,12 @@ def _outcome(future: Future[CompileOutcome]) -> tuple[int, dict[str, Any]]:
     return 200, _handed_back(future.result().to_json())
 
 
-#: The most bytes of outputs handed back in one answer.
-MAX_OUTPUT_BYTES = 256 << 20
+#: The most bytes of outputs handed back in one answer. They travel base64 in the JSON
+#: answer, built in the daemon's memory (~6 times their size at the peak): the cap keeps
+#: that under 100 MB. Debug artefacts and ``disable`` kernels are KiB to a few MiB; a larger
+#: one is compiled in the caller's own process (``--local``; docs/daemon.md, "Bounded
+#: memory").
+MAX_OUTPUT_BYTES = 16 << 20
 
 
 def _handed_back(data: dict[str, Any]) -> dict[str, Any]:
@@ -710,15 +714,32 @@ def _handed_back(data: dict[str, Any]) -> dict[str, Any]:
         return data
     outputs, total = [], 0
     try:
+        _check_output_sizes(files)
         for path in files:
-            blob = inputs.read_input(path, "output", MAX_OUTPUT_BYTES)
+            blob = inputs.read_input(path, "output", MAX_OUTPUT_BYTES - total)
             total += len(blob)
-            if total > MAX_OUTPUT_BYTES:
-                raise InvalidInputError(f"outputs over {MAX_OUTPUT_BYTES} bytes")
             outputs.append({"name": path.name, "data": base64.b64encode(blob).decode("ascii")})
+            del blob
     except InvalidInputError as exc:
         error = f"handing back outputs: {exc}"
         return {**data, "status": Status.FAILED, "files": [], "error": error}
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return {**data, "files": [], "outputs": outputs}
+
+
+def _check_output_sizes(files: list[Path]) -> None:
+    """Refuse, before a byte is read, outputs over :data:`MAX_OUTPUT_BYTES` together.
+
+    :raises InvalidInputError: one line naming the bytes, the cap and what to do.
+    """
+    total = 0
+    for path in files:
+        with contextlib.suppress(OSError):
+            total += os.lstat(path).st_size
+    if total > MAX_OUTPUT_BYTES:
+        raise InvalidInputError(
+            f"the outputs are {total} bytes, over the {MAX_OUTPUT_BYTES}-byte cap of what "
+            "the daemon hands back (MAX_OUTPUT_BYTES); compile this kernel in your own "
+            "process (cachemgr compile --local)"
+        )

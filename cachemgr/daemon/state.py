@@ -26,3 +26,9 @@ def state_dir(env: Mapping[str, str] | None = None) -> Path:
     if home:
         return Path(home) / ".local" / "state" / "cachemgr"
     return Path(platformdirs.user_state_dir("cachemgr"))
+
+
+def remotes_state_dir(env: Mapping[str, str] | None = None) -> Path:
+    """Where the remotes' breakers leave their shared state (:mod:`cachemgr.remote.breakerfile`):
+    ``<state dir>/remotes``, one user's, so runs on a host skip a failing remote together."""
+    return state_dir(env) / "remotes"

@@ -43,16 +43,21 @@ from cachemgr.config import layout
 from cachemgr.errors import InvalidEntryError
 from cachemgr.remote import signing
 from cachemgr.storage import entry
-from cachemgr.storage.tiers import EntryFiles
+from cachemgr.storage.tiers import MAX_IN_MEMORY_BYTES, EntryFiles
 
 MAGIC = b"CMGRENT\x00"
 FORMAT_VERSION = 2
 _HEAD = struct.Struct(">8sHB")
 _HLEN = struct.Struct(">I")
 MAX_HEADER_BYTES = 1 << 20
-#: Default caps (bytes): one part, one blob. A kernel binary is rarely over a few MiB.
-DEFAULT_MAX_PART_BYTES = 256 << 20
-DEFAULT_MAX_BLOB_BYTES = 512 << 20
+#: The most a blob's framing adds to its header and parts (bytes): head, key name,
+#: signature, header length.
+_FRAME_BYTES = _HEAD.size + 255 + signing.SIGNATURE_BYTES + _HLEN.size
+#: Default caps (bytes): one part, one blob — what one entry may hold in memory
+#: (:data:`cachemgr.storage.tiers.MAX_IN_MEMORY_BYTES`) and its header. A kernel binary is
+#: rarely over a few MiB; a value over the cap is refused before it is read.
+DEFAULT_MAX_PART_BYTES = MAX_IN_MEMORY_BYTES
+DEFAULT_MAX_BLOB_BYTES = MAX_IN_MEMORY_BYTES + MAX_HEADER_BYTES + _FRAME_BYTES
 
 #: Why a blob was rejected (the ``reason`` label of ``remote_rejected``), besides the
 #: signature's own reasons (``signing.UNKNOWN_KEY``, ``signing.BAD_SIGNATURE``).
@@ -169,11 +174,11 @@ def decode(
     (hlen,) = _HLEN.unpack_from(blob, hlen_at)
     if hlen > MAX_HEADER_BYTES or header_at + hlen > len(blob):
         raise BadBlob(f"header length {hlen} is out of range", key=key)
-    raw_header = blob[header_at : header_at + hlen]
+    view = memoryview(blob)  # views, not copies: a blob is held once (docs/daemon.md)
+    raw_header = bytes(view[header_at : header_at + hlen])
     if not keys.trust_unsigned:
-        why = keys.verify(
-            key, blob[sig_at:hlen_at], blob[:sig_at] + blob[hlen_at : header_at + hlen]
-        )
+        signed = bytes(view[:sig_at]) + bytes(view[hlen_at : header_at + hlen])
+        why = keys.verify(key, bytes(view[sig_at:hlen_at]), signed)
         if why is not None:
             raise BadBlob(f"blob signed by key {key!r}: {why.replace('_', ' ')}", why, key)
     header = _header(raw_header, key)
@@ -185,7 +190,7 @@ def decode(
             key,
         )
     try:
-        files = _parts(header.get("files"), blob, header_at + hlen, kernel, max_part_bytes)
+        files = _parts(header.get("files"), view, header_at + hlen, kernel, max_part_bytes)
         item = EntryFiles(soc_version, kernel, files)
         entry_parts(item)
     except BadBlob as exc:
@@ -212,7 +217,7 @@ def _header(raw: bytes, key: str) -> dict[str, object]:
 
 
 def _parts(
-    listed: object, body: bytes, offset: int, kernel: str, max_part_bytes: int
+    listed: object, body: memoryview, offset: int, kernel: str, max_part_bytes: int
 ) -> Mapping[str, bytes]:
     if not isinstance(listed, list) or not listed:
         raise BadBlob("blob header lists no files")
@@ -238,7 +243,7 @@ def _parts(
             raise BadBlob(f"{name}: blob is truncated")
         if hashlib.sha256(data).hexdigest() != digest:
             raise BadBlob(f"{name}: sha256 does not match")
-        files[name] = data
+        files[name] = bytes(data)
         offset += size
     if offset != len(body):
         raise BadBlob(f"blob has {len(body) - offset} bytes after its last file")

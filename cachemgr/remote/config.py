@@ -14,7 +14,11 @@ Attributes (timeouts in milliseconds, as ccache's):
 * ``name=`` — how the tier is named in results (``"tier": "remote:<name>"``), stats and logs;
   default ``<scheme>://<host>:<port><path>`` without credentials.
 * ``read-only`` — look up, never upload.
-* ``connect-timeout=`` (default 100 ms) and ``operation-timeout=`` (default 10000 ms).
+* ``connect-timeout=`` (default 100 ms, as ccache's), ``operation-timeout=`` (default 500 ms:
+  every request a caller may wait on — a lookup, a fetch, an index read — and the longest
+  silence allowed while one is answered) and ``upload-timeout=`` (default 10000 ms, as ccache's
+  operation timeout: an upload, in the background, which no caller waits on). The defaults
+  are for a cache on the LAN (docs/remote.md#timeouts); raise them for a remote across a WAN.
 * ``layout=flat|subdirs|bazel`` — HTTP only (ccache's layouts; ``bazel`` is ``/ac/<sha256>``).
 * ``password-file=`` — the password (Redis ``AUTH``, HTTP basic auth) read from a file instead
   of the URL; ``bearer-token-file=`` — an HTTP bearer token from a file.
@@ -51,9 +55,13 @@ log = logging.getLogger(__name__)
 ENV_VAR = "CACHEMGR_REMOTE_STORAGE"
 SCHEMES = ("redis", "rediss", "http", "https")
 LAYOUTS = ("subdirs", "flat", "bazel")
-#: ccache's defaults (``doc/MANUAL.adoc``, "Remote storage backends"), milliseconds.
+#: Timeouts (milliseconds) for a cache on the LAN (docs/remote.md#timeouts): ccache's connect
+#: timeout (``doc/MANUAL.adoc``, "Remote storage backends"); a lookup that a compile waits on
+#: gets 500 ms (a LAN server answers in a few ms; a hung one costs a caller this once, then
+#: the breaker skips it); an upload, which nobody waits on, ccache's 10 s operation timeout.
 DEFAULT_CONNECT_TIMEOUT_MS = 100
-DEFAULT_OPERATION_TIMEOUT_MS = 10_000
+DEFAULT_OPERATION_TIMEOUT_MS = 500
+DEFAULT_UPLOAD_TIMEOUT_MS = 10_000
 #: What replaces a password or token wherever a spec is shown.
 REDACTED = "********"
 #: The biggest secret file read (bytes): a password or token, not a blob.
@@ -79,6 +87,7 @@ class RemoteSpec:
     read_only: bool = False
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_MS / 1000
     operation_timeout_s: float = DEFAULT_OPERATION_TIMEOUT_MS / 1000
+    upload_timeout_s: float = DEFAULT_UPLOAD_TIMEOUT_MS / 1000
     layout: str = "subdirs"
     username: str | None = None
     password: str | None = field(default=None, repr=False)
@@ -238,7 +247,7 @@ def _attributes(attrs: Sequence[str], parts: SplitResult, bad: Any) -> dict[str,
         key, eq, value = attr.partition("=")
         if key == "read-only" and not eq:
             out["read_only"] = True
-        elif key in ("connect-timeout", "operation-timeout") and eq:
+        elif key in ("connect-timeout", "operation-timeout", "upload-timeout") and eq:
             if not value.isdigit() or int(value) == 0:
                 raise bad(f"{key} must be a positive number of milliseconds, not {value!r}")
             out[key.replace("-", "_") + "_s"] = int(value) / 1000

@@ -10,10 +10,16 @@ sha256 (64 hex digits, ``h``), in one of ccache's layouts:
   ``--disable_http_ac_validation`` (the value is not an ActionResult).
 
 So an existing bazel-remote, nginx with WebDAV, or any server that accepts ``PUT`` works. A
-WebDAV server that answers ``409 Conflict`` to a ``PUT`` into a missing folder gets the
-folder made (``MKCOL``) and the ``PUT`` once more. Basic auth comes from the URL or a
-``password-file``; a bearer token from ``bearer-token-file``. ``https://`` verifies against
-the system's CA bundle. The server owns its size (``gc`` never touches a remote).
+WebDAV server that answers ``409 Conflict`` to a ``PUT`` into a missing folder (nginx with
+``create_full_put_path off`` answers ``500``: its rename fails) gets every folder of the URL's
+path made, from the top (``MKCOL``; ``405``: it exists already — so
+``http://host/very/long/prefix`` works on an empty server), and the ``PUT`` once more. An
+upload waits ``upload-timeout``, every other request ``operation-timeout``. A blob over
+``max_blob_bytes`` is not sent, and ``413 Payload Too Large`` is that entry's problem
+(:class:`~cachemgr.remote.uploadcap.EntryTooBig`), not an outage of the server. Basic auth
+comes from the URL or a ``password-file``; a bearer token from ``bearer-token-file``.
+``https://`` verifies against the system's CA bundle. The server owns its size (``gc`` never
+touches a remote).
 
 **The index per chip** (item 6: ``warm`` and ``[remote] prefetch`` list the entries most
 recently used anywhere). An HTTP cache cannot list its keys and most cannot update an object
@@ -55,11 +61,15 @@ from cachemgr.config.configfile import redact_url
 from cachemgr.constants import short_host
 from cachemgr.remote import blob, signing
 from cachemgr.remote.config import RemoteSpec
+from cachemgr.remote.uploadcap import EntryTooBig, check_blob
 from cachemgr.storage.tiers import EntryFiles, TierStat
 
 #: The errors of an unreachable, slow or failing server (the breaker counts them).
 ERRORS: tuple[type[BaseException], ...] = (requests.RequestException, OSError)
 CHUNK_BYTES = 1 << 20
+#: Answers to a ``PUT`` into a missing folder: RFC 4918's ``409`` (wsgidav, Apache), nginx's
+#: ``500`` (``create_full_put_path off``). Folders are made and the ``PUT`` tried once more.
+NO_FOLDER = (409, 500)
 log = logging.getLogger(__name__)
 #: Format of the index objects (registry and shards).
 INDEX_FORMAT = 1
@@ -120,6 +130,7 @@ class HttpTier:
         elif spec.password is not None:
             self._session.auth = (spec.username or "", spec.password)
         self._timeout = (spec.connect_timeout_s, spec.operation_timeout_s)
+        self._upload_timeout = (spec.connect_timeout_s, spec.upload_timeout_s)
 
     @staticmethod
     def digest(soc_version: str, kernel: str) -> str:
@@ -159,7 +170,9 @@ class HttpTier:
         return True
 
     def fetch_blob(self, soc_version: str, kernel: str) -> bytes | None:
-        """``GET`` the blob, read at most ``max_blob_bytes`` (a bigger answer is refused).
+        """``GET`` the blob, read at most ``max_blob_bytes``: an answer whose
+        ``Content-Length`` is over it is refused before its body is read, and a streamed
+        read stops at the cap.
 
         :raises blob.BadBlob: the answer is over the cap.
         :raises HttpError, requests.RequestException: the server failed.
@@ -169,6 +182,12 @@ class HttpTier:
             if resp.status_code == 404:
                 return None
             self._check(resp, "GET")
+            length = resp.headers.get("Content-Length", "")
+            if length.isdigit() and int(length) > self.max_blob_bytes:
+                raise blob.BadBlob(
+                    f"answer of {length} bytes (Content-Length) is over the "
+                    f"{self.max_blob_bytes}-byte cap; not read"
+                )
             chunks, total = [], 0
             for chunk in resp.iter_content(CHUNK_BYTES):
                 total += len(chunk)
@@ -192,27 +211,45 @@ class HttpTier:
         )
 
     def put(self, entry_files: EntryFiles) -> bool:
-        """``PUT`` the blob (``MKCOL`` of missing folders on a WebDAV ``409``).
+        """``PUT`` the blob (``MKCOL`` of missing folders on a WebDAV ``409``, nginx's ``500``).
 
+        :raises EntryTooBig: the blob is over ``max_blob_bytes`` (not sent), or the server
+            answered ``413``.
         :raises HttpError, requests.RequestException: the server failed.
         """
         url = self.url(entry_files.soc_version, entry_files.kernel)
         data = blob.encode(entry_files, self.keys)
-        resp = self._session.put(url, data=data, timeout=self._timeout)
-        if resp.status_code == 409:
-            self._make_folders(url)
-            resp = self._session.put(url, data=data, timeout=self._timeout)
+        check_blob(data, self.max_blob_bytes, self.name)
+        resp = self._session.put(url, data=data, timeout=self._upload_timeout)
+        if resp.status_code in NO_FOLDER:
+            refused = self._make_folders(url)
+            resp = self._session.put(url, data=data, timeout=self._upload_timeout)
+            if resp.status_code in NO_FOLDER and refused:
+                raise HttpError(f"PUT {url}: HTTP {resp.status_code} after {refused}")
+        if resp.status_code == 413:
+            raise EntryTooBig(f"PUT {url}: HTTP 413, over the server's size limit")
         self._check(resp, "PUT")
         self.note_use(entry_files.soc_version, entry_files.kernel)
         return True
 
-    def _make_folders(self, url: str) -> None:
-        rel = url[len(self.base) + 1 :].split("/")[:-1]
-        for i in range(1, len(rel) + 1):
-            folder = f"{self.base}/{'/'.join(rel[:i])}/"
+    def _make_folders(self, url: str) -> str:
+        """``MKCOL`` every folder of ``url``'s path, from the top: a WebDAV server makes one
+        folder at a time (RFC 4918 section 9.3.1: ``409`` when the parent is missing).
+        ``201`` made it, ``405`` it exists; any other answer (a folder above the remote's
+        own that we may not make: ``403``…) is left to the ``PUT`` that follows.
+
+        :returns: the last ``MKCOL`` that was refused (``"MKCOL <url>: HTTP <status>"``), or "".
+        """
+        origin_len = len(self.base) - len(self.spec.path)
+        origin, path = url[:origin_len], url[origin_len:]
+        parts = [p for p in path.split("/")[:-1] if p]
+        refused = ""
+        for i in range(1, len(parts) + 1):
+            folder = f"{origin}/{'/'.join(parts[:i])}/"
             resp = self._session.request("MKCOL", folder, timeout=self._timeout)
-            if resp.status_code not in (201, 405):  # 405: it exists
-                self._check(resp, "MKCOL")
+            if resp.status_code >= 300 and resp.status_code != 405:
+                refused = f"MKCOL {folder}: HTTP {resp.status_code}"
+        return refused
 
     def remove(self, soc_version: str, kernel: str) -> bool:
         """``DELETE`` the entry.
@@ -224,6 +261,31 @@ class HttpTier:
             return False
         self._check(resp, "DELETE")
         return True
+
+    def forget(self, soc_version: str, kernel: str) -> bool:
+        """Drop ``kernel`` from this writer's index shard of the chip (written at the next
+        :meth:`flush_index`); other writers' shards are theirs to change.
+
+        :returns: True when this writer's shard listed it.
+        """
+        with self._index_lock:
+            found = self._shards.get(soc_version, {}).pop(kernel, None) is not None
+            if found:
+                self._dirty.add(soc_version)
+        return found
+
+    def ping(self) -> bool:
+        """True when the server answers anything to a ``HEAD`` of the base URL.
+
+        :raises requests.RequestException: it does not answer.
+        """
+        self._session.head(self.base + "/", timeout=self._timeout)
+        return True
+
+    @staticmethod
+    def timed_out(exc: BaseException) -> bool:
+        """True when ``exc`` is a timeout (connecting or waiting for an answer)."""
+        return isinstance(exc, requests.Timeout | TimeoutError)
 
     @staticmethod
     def fatal(exc: BaseException) -> bool:
@@ -361,7 +423,7 @@ class HttpTier:
         """``PUT`` a JSON object; False on ``412`` (a condition failed) when ``conflict_ok``."""
         data = json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
         resp = self._session.put(url, data=data, headers=headers, timeout=self._timeout)
-        if resp.status_code == 409:
+        if resp.status_code in NO_FOLDER:
             self._make_folders(url)
             resp = self._session.put(url, data=data, headers=headers, timeout=self._timeout)
         if resp.status_code == 412 and conflict_ok:

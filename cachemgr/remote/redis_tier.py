@@ -9,8 +9,10 @@ update: ``ZADD`` is atomic on the server.
 
 Size is the server's business: run it with ``maxmemory <bytes>`` and
 ``maxmemory-policy allkeys-lru`` so old entries go first (``gc`` never touches a remote).
-Timeouts are the spec's ``connect-timeout``/``operation-timeout``; redis-py's own retries are
-off (the breaker of :mod:`cachemgr.remote.tierset` decides when to try again).
+Timeouts are the spec's ``connect-timeout``, ``operation-timeout`` (every request but an
+upload) and ``upload-timeout`` (``SET``: a second connection pool, used by the background
+uploader only); redis-py's own retries are off (the breaker of :mod:`cachemgr.remote.tierset`
+decides when to try again).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from redis.retry import Retry
 
 from cachemgr.remote import blob, signing
 from cachemgr.remote.config import RemoteSpec
+from cachemgr.remote.uploadcap import check_blob
 from cachemgr.storage.tiers import EntryFiles, TierStat
 
 #: The errors of an unreachable, slow or failing server (the breaker counts them).
@@ -48,18 +51,9 @@ class RedisTier:
         self.name = spec.name
         self.read_only = spec.read_only
         self.max_part_bytes = max_part_bytes
-        db = spec.path.lstrip("/")
-        self._client = redis.Redis(
-            host=spec.host,
-            port=spec.port or 6379,
-            db=int(db) if db else 0,
-            username=spec.username or None,
-            password=spec.password,
-            ssl=spec.scheme == "rediss",
-            socket_connect_timeout=spec.connect_timeout_s,
-            socket_timeout=spec.operation_timeout_s,
-            retry=Retry(NoBackoff(), 0),
-        )
+        self.max_blob_bytes = blob.DEFAULT_MAX_BLOB_BYTES
+        self._client = _client(spec, spec.operation_timeout_s)
+        self._uploader = _client(spec, spec.upload_timeout_s)  # connects on its first SET
 
     @staticmethod
     def key(soc_version: str, kernel: str) -> str:
@@ -81,14 +75,30 @@ class RedisTier:
     def fetch_blob(self, soc_version: str, kernel: str, use: bool = True) -> bytes | None:
         """The raw blob, or None when absent; with ``use`` its index score becomes now.
 
+        The value's size is asked first (``STRLEN``): one over ``max_blob_bytes`` is refused
+        before a byte of it is read, and the read itself (``GETRANGE``) never returns more
+        than the cap and one byte, should the value grow in between (a member may plant
+        a 500 MB value: read whole, it cost the daemon 1.6 GB; docs/remote.md, "Caps").
+
+        :raises blob.BadBlob: the value is over the cap (naming it).
         :raises redis.RedisError, OSError: the server failed.
         """
+        key, cap = self.key(soc_version, kernel), self.max_blob_bytes
+        size = int(self._client.strlen(key))
+        if size == 0:
+            return None  # absent (an empty value is no blob either)
+        if size > cap:
+            raise blob.BadBlob(f"value of {size} bytes is over the {cap}-byte cap; not read")
         pipe = self._client.pipeline(transaction=False)  # one round trip for both
-        pipe.get(self.key(soc_version, kernel))
+        pipe.getrange(key, 0, cap)  # at most cap + 1 bytes
         if use and not self.read_only:  # a use: the index's score becomes now (only if listed: XX)
             pipe.zadd(self.index_key(soc_version), {kernel: time.time()}, xx=True)
         raw = pipe.execute()[0]
-        return bytes(raw) if raw is not None else None
+        if not raw:
+            return None  # removed in between
+        if len(raw) > cap:
+            raise blob.BadBlob(f"value grew over the {cap}-byte cap while it was read")
+        return bytes(raw)
 
     def fetch(self, soc_version: str, kernel: str, use: bool = True) -> EntryFiles | None:
         """The verified entry, or None when absent (``use``: see :meth:`fetch_blob`).
@@ -100,19 +110,21 @@ class RedisTier:
         raw = self.fetch_blob(soc_version, kernel, use)
         if raw is None:
             return None
-        return blob.decode(raw, soc_version, kernel, self.keys, self.max_part_bytes)
+        return blob.decode(
+            raw, soc_version, kernel, self.keys, self.max_part_bytes, self.max_blob_bytes
+        )
 
     def put(self, entry_files: EntryFiles) -> bool:
         """Store the entry's blob (signed with this site's key) and note it in the chip's index.
 
         :raises ConfigError: no signing key.
+        :raises EntryTooBig: the blob is over ``max_blob_bytes`` (not sent).
         :raises redis.RedisError, OSError: the server failed.
         """
-        pipe = self._client.pipeline(transaction=False)
-        pipe.set(
-            self.key(entry_files.soc_version, entry_files.kernel),
-            blob.encode(entry_files, self.keys),
-        )
+        data = blob.encode(entry_files, self.keys)
+        check_blob(data, self.max_blob_bytes, self.name)
+        pipe = self._uploader.pipeline(transaction=False)
+        pipe.set(self.key(entry_files.soc_version, entry_files.kernel), data)
         pipe.zadd(self.index_key(entry_files.soc_version), {entry_files.kernel: time.time()})
         pipe.execute()
         return True
@@ -135,6 +147,28 @@ class RedisTier:
         names = self._client.zrevrange(self.index_key(soc_version), 0, max(0, limit - 1))
         return [n.decode() if isinstance(n, bytes) else str(n) for n in names]
 
+    def forget(self, soc_version: str, kernel: str) -> bool:
+        """Drop the chip's index row of ``kernel`` when its entry is gone (evicted by the
+        server's ``allkeys-lru``), atomically: a writer that uploads it meanwhile keeps its row.
+
+        :returns: True when a row was dropped.
+        :raises redis.RedisError, OSError: the server failed.
+        """
+        keys = (self.key(soc_version, kernel), self.index_key(soc_version))
+        return bool(self._client.eval(_FORGET, 2, *keys, kernel))
+
+    def ping(self) -> bool:
+        """True when the server answers ``PING`` (within ``operation-timeout``).
+
+        :raises redis.RedisError, OSError: it does not.
+        """
+        return bool(self._client.ping())
+
+    @staticmethod
+    def timed_out(exc: BaseException) -> bool:
+        """True when ``exc`` is a timeout (the server did not answer in time)."""
+        return isinstance(exc, redis.TimeoutError | TimeoutError)
+
     @staticmethod
     def fatal(exc: BaseException) -> bool:
         """True when the server refused our credentials (``WRONGPASS``, ``NOAUTH``,
@@ -149,5 +183,30 @@ class RedisTier:
         return TierStat(self.name, entries=int(self._client.dbsize()))
 
     def close(self) -> None:
-        """Close the connection pool."""
+        """Close the connection pools."""
         self._client.close()
+        self._uploader.close()
+
+
+#: Drop an index row only while its entry's key is absent (one atomic step on the server).
+_FORGET = (
+    "if redis.call('EXISTS', KEYS[1]) == 0 then "
+    "return redis.call('ZREM', KEYS[2], ARGV[1]) end return 0"
+)
+
+
+def _client(spec: RemoteSpec, timeout_s: float) -> redis.Redis:
+    """A client of the spec's server whose requests time out after ``timeout_s`` seconds
+    (connecting after ``connect-timeout``), with redis-py's retries off."""
+    db = spec.path.lstrip("/")
+    return redis.Redis(
+        host=spec.host,
+        port=spec.port or 6379,
+        db=int(db) if db else 0,
+        username=spec.username or None,
+        password=spec.password,
+        ssl=spec.scheme == "rediss",
+        socket_connect_timeout=spec.connect_timeout_s,
+        socket_timeout=timeout_s,
+        retry=Retry(NoBackoff(), 0),
+    )

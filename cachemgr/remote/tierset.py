@@ -4,8 +4,11 @@
 * :meth:`RemoteTiers.fetch` asks each remote in order; the first verified hit wins. A remote
   that fails (down, slow past its timeout, an error) counts a failure; after
   ``failures_before_open`` in a row its breaker opens and the remote is skipped for
-  ``open_s`` seconds, then one request probes it (half-open); a success closes it. One
-  warning line per state change, never one per request.
+  ``open_s`` seconds, then one request probes it (half-open); a success closes it. A lookup
+  that times out opens it at once (a hung remote costs a process one timeout), and with a
+  state folder the open window is shared by the user's runs on the host
+  (:mod:`cachemgr.remote.breakerfile`). One warning line per state change, never one per
+  request.
 * A blob that fails verification is ``rejected`` — not signed by a key of ``[remote]
   trusted_keys``, signed by a retired key, tampered with, or carrying a file that is not one
   of the entry's parts (:mod:`cachemgr.remote.blob`) — counted by reason
@@ -21,12 +24,19 @@
   daemon *saw* (written by a CANN process) are first asked for (``EXISTS``/``HEAD``) and
   not sent when the remote has them; an entry whose main json is unchanged since its last
   upload is not sent again.
+* An entry over a remote's cap is not read whole nor sent, and a server refusing one for its
+  size (HTTP ``413``, a connection dropped while the server still answers a ping) is that
+  entry's problem: counted ``oversized``, logged once per remote, never a breaker failure
+  (docs/remote.md#sizes).
+* :meth:`RemoteTiers.close` waits a bounded time for queued uploads (a CLI run:
+  :data:`EXIT_WAIT_S`); the rest are dropped and counted.
 * A remote that refuses our credentials (Redis ``WRONGPASS``/``NOAUTH``, HTTP 401/403) is
   ``disabled`` until the daemon reloads or restarts: retrying cannot help (one error line).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -39,7 +49,10 @@ from pathlib import Path
 from typing import Any
 
 from cachemgr.remote import blob, signing
+from cachemgr.remote.breakerfile import BreakerFile
 from cachemgr.remote.config import UPLOADS_OFF, RemoteConfig, RemoteSpec, load_keys
+from cachemgr.remote.uploadcap import EntryTooBig, upload_cap
+from cachemgr.storage import fsutil
 from cachemgr.storage.tiers import EntryFiles, LocalTier, TierStat
 
 log = logging.getLogger(__name__)
@@ -54,7 +67,10 @@ COUNTERS = (
     "bytes_out",
     "uploads",
     "present",  # a seen entry the remote had already: not sent again
+    "oversized",  # not sent (over the remote's cap) or refused by the server for its size
 )
+#: Seconds a CLI run waits for its queued uploads when it exits; the rest are dropped.
+EXIT_WAIT_S = 0.4
 #: Entries remembered as uploaded (by their main json's identity) so that an entry seen twice
 #: (the compile's own upload and the watcher's event, or each reconciliation) goes once.
 UPLOADED_MEMORY = 65_536
@@ -65,10 +81,12 @@ FLUSH = "flush"
 
 @dataclass
 class Breaker:
-    """A circuit breaker for one remote (issue 15 item 7).
+    """A circuit breaker for one remote (docs/remote.md#failure-isolation).
 
-    ``ok`` → (``failures_before_open`` failures in a row) → ``failing`` for ``open_s``
-    seconds, then one probe at a time; a success → ``ok``.
+    ``ok`` → (``failures_before_open`` failures in a row, or one lookup that timed out) →
+    ``failing`` for ``open_s`` seconds, then one probe at a time; a success → ``ok``.
+    With a ``store``, opening is written to the shared state file and a new breaker starts
+    open while another run's window lasts (:mod:`cachemgr.remote.breakerfile`).
     """
 
     name: str
@@ -80,8 +98,23 @@ class Breaker:
     open_until: float = 0.0
     #: the last failure's (or the disabling) reason, one line; "" while ok
     why: str = ""
+    store: BreakerFile | None = None
     _probing: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        left = self.store.load(self.open_s) if self.store is not None else None
+        if left is None:
+            return
+        seconds, self.why = left
+        self.state, self.failures = FAILING, self.failures_before_open
+        self.open_until = self.clock() + seconds
+        log.warning(
+            "remote %s failing (%s, seen by an earlier run): skipped for %.1f s more, then probed",
+            self.name,
+            self.why,
+            seconds,
+        )
 
     def allow(self) -> bool:
         """True when a request may go to the remote now (closed, or the one probe)."""
@@ -100,6 +133,8 @@ class Breaker:
             self.why = ""
         if was != OK:
             log.warning("remote %s is back: using it again", self.name)
+            if self.store is not None:
+                self.store.clear()
 
     def disable(self, why: str) -> None:
         """The remote refused our credentials: skip it until reload (one error line)."""
@@ -108,23 +143,31 @@ class Breaker:
         if was != DISABLED:
             log.error("remote %s disabled (%s): fix its credentials, then reload", self.name, why)
 
-    def failure(self, why: str) -> None:
-        """A request failed: open the breaker after too many in a row (one warning line)."""
+    def failure(self, why: str, trip: bool = False) -> None:
+        """A request failed: open the breaker after too many in a row, or at once with
+        ``trip`` (one warning line); an open breaker's window is saved to its store.
+
+        :param trip: the failure cost a caller its timeout (a lookup timed out): every
+            further lookup would cost the same, so the remote is skipped now.
+        """
         with self._lock:
             if self.state == DISABLED:
                 return
             self.failures += 1
             self.why = why
             self._probing = False
-            opening = self.state == OK and self.failures >= self.failures_before_open
+            opening = self.state == OK and (trip or self.failures >= self.failures_before_open)
             if self.state == FAILING or opening:
                 self.open_until = self.clock() + self.open_s
             if opening:
                 self.state = FAILING
+            reopened = self.state == FAILING
         if opening:
             log.warning(
                 "remote %s failing (%s): skipped for %g s, then probed", self.name, why, self.open_s
             )
+        if reopened and self.store is not None:
+            self.store.save(self.open_s, why)
 
 
 class RemoteTiers:
@@ -133,11 +176,17 @@ class RemoteTiers:
     :param tiers: the remote tier objects in lookup order (each has ``name``, ``spec``,
         ``read_only``, ``fetch``, ``put``, ``stat``, ``close``).
     :param config: the breaker and queue tunables, ``upload_writers``.
+    :param state_dir: the user's folder for the breakers' shared state
+        (:mod:`cachemgr.remote.breakerfile`); None: each breaker lives in this process only.
     :param keys: the site's keys (the tiers hold the same: :func:`make_tier`); default none.
     """
 
     def __init__(
-        self, tiers: Sequence[Any], config: RemoteConfig, keys: signing.Keys | None = None
+        self,
+        tiers: Sequence[Any],
+        config: RemoteConfig,
+        state_dir: Path | None = None,
+        keys: signing.Keys | None = None,
     ) -> None:
         self.tiers = list(tiers)
         self.keys = keys or signing.Keys()
@@ -147,7 +196,10 @@ class RemoteTiers:
         self.rejected_by: dict[str, dict[str, int]] = {t.name: {} for t in tiers}
         self._logged: set[tuple[str, ...]] = set()  # (remote, reason, key) / (uid,) said once
         self.breakers = {
-            t.name: Breaker(t.name, config.failures_before_open, config.open_s) for t in tiers
+            t.name: Breaker(
+                t.name, config.failures_before_open, config.open_s, store=_store(t, state_dir)
+            )
+            for t in tiers
         }
         self.counts: dict[str, dict[str, int]] = {t.name: dict.fromkeys(COUNTERS, 0) for t in tiers}
         self.dropped = 0
@@ -156,13 +208,20 @@ class RemoteTiers:
         self._thread: threading.Thread | None = None
         #: (kernel cache, soc, kernel) → (inode, mtime ns) of the main json last uploaded
         self._uploaded: OrderedDict[tuple[str, str, str], tuple[int, int]] = OrderedDict()
+        self._current: Job | None = None  # the job the uploader is doing now
+        self._said_oversized: set[str] = set()  # remotes whose oversized entry was logged
 
     @classmethod
     def from_config(
-        cls, config: RemoteConfig, *, strict_key: bool = False, stat_only: bool = False
+        cls,
+        config: RemoteConfig,
+        state_dir: Path | None = None,
+        *,
+        strict_key: bool = False,
+        stat_only: bool = False,
     ) -> RemoteTiers | None:
-        """The tiers of ``config``, or None when no remote is configured. Without a
-        ``signing_key`` uploads are off (one warning line).
+        """The tiers of ``config``, or None when no remote is configured (``state_dir``: see
+        the class). Without a ``signing_key`` uploads are off (one warning line).
 
         :param strict_key: a ``signing_key`` that cannot be used raises (the daemon); else
             uploads are off with one warning line (:func:`~cachemgr.remote.config.load_keys`).
@@ -177,20 +236,24 @@ class RemoteTiers:
         writes = any(not s.read_only for s in config.remotes)
         if not stat_only and writes and config.signing_key is None:
             log.warning("%s", UPLOADS_OFF)
-        return cls([make_tier(s, keys) for s in config.remotes], config, keys)
+        tiers = [make_tier(s, keys) for s in config.remotes]
+        return cls(tiers, config, state_dir, keys)
 
     def _count(self, name: str, key: str, n: int = 1) -> None:
         with self._lock:
             self.counts[name][key] += n
 
     def fetch(
-        self, soc_version: str, kernel: str, use: bool = True
+        self, soc_version: str, kernel: str, use: bool = True, missed: list[str] | None = None
     ) -> tuple[EntryFiles, str] | None:
         """The first verified hit and its remote's name, or None. Never raises for a remote's
-        failure or garbage (counted and logged instead).
+        failure or garbage (counted and logged instead). A lookup that times out opens the
+        remote's breaker at once: a hung remote costs a process one timeout.
 
         :param use: a fetch to serve a request (True) moves the entry up in the remote's
             index ("used anywhere"); a warm fetch (False) does not.
+        :param missed: when given, the names of the remotes that answered "absent" are
+            appended to it.
         """
         for tier in self.tiers:
             breaker = self.breakers[tier.name]
@@ -202,12 +265,14 @@ class RemoteTiers:
                 breaker.success()  # the server answered: garbage is not an outage
                 self._reject(tier.name, soc_version, kernel, exc.reason, exc.key, str(exc))
                 continue
-            except Exception as exc:  # any failure of a remote is isolated (item 7)
-                self._failed(tier, exc)
+            except Exception as exc:  # any failure of a remote is isolated
+                self._failed(tier, exc, lookup=True)
                 continue
             breaker.success()
             if got is None:
                 self._count(tier.name, "misses")
+                if missed is not None:
+                    missed.append(tier.name)
                 continue
             self._count(tier.name, "hits")
             self._count(tier.name, "bytes_in", got.size)
@@ -218,15 +283,31 @@ class RemoteTiers:
             return got, tier.name
         return None
 
-    def _failed(self, tier: Any, exc: BaseException) -> None:
+    def _failed(self, tier: Any, exc: BaseException, lookup: bool = False) -> None:
         """Count a failed request; credentials refused disable the remote, anything else
-        goes to its breaker."""
+        goes to its breaker — a lookup that timed out opens it at once (``lookup``)."""
         self._count(tier.name, "errors")
         fatal = getattr(tier, "fatal", None)
         if fatal is not None and fatal(exc):
             self.breakers[tier.name].disable(_one_line(exc))
         else:
-            self.breakers[tier.name].failure(_one_line(exc))
+            self.breakers[tier.name].failure(_one_line(exc), trip=lookup and _timed_out(tier, exc))
+
+    def forget(self, name: str, soc_version: str, kernel: str) -> bool:
+        """Drop remote ``name``'s index row of ``kernel``, whose entry that remote no longer
+        has (the server evicted it); True when a row was dropped. Never raises for the
+        remote's failure (counted; a read-only remote is never written)."""
+        tier = next((t for t in self.tiers if t.name == name), None)
+        forget = getattr(tier, "forget", None)
+        if tier is None or forget is None or tier.read_only or not self.breakers[name].allow():
+            return False
+        try:
+            dropped = bool(forget(soc_version, kernel))
+        except Exception as exc:
+            self._failed(tier, exc, lookup=True)
+            return False
+        self.breakers[name].success()
+        return dropped
 
     def recent(
         self, soc_version: str, limit: int, why: list[str] | None = None
@@ -251,7 +332,7 @@ class RemoteTiers:
             try:
                 names = tier.recent(soc_version, limit)
             except Exception as exc:
-                self._failed(tier, exc)
+                self._failed(tier, exc, lookup=True)
                 reasons.append(f"{_shown(tier)}: {_one_line(exc)}")
                 continue
             breaker.success()
@@ -332,6 +413,8 @@ class RemoteTiers:
 
     def _upload_loop(self) -> None:
         while (job := self._queue.get()) is not None:
+            with self._lock:
+                self._current = job
             try:
                 if not isinstance(job, str):  # else FLUSH
                     kernel_cache_dir, soc_version, kernel, seen = job
@@ -341,6 +424,8 @@ class RemoteTiers:
             except Exception:  # the uploader must outlive any one entry
                 log.exception("upload job %s failed", job)
             finally:
+                with self._lock:
+                    self._current = None
                 self._queue.task_done()
         self._queue.task_done()
 
@@ -359,17 +444,31 @@ class RemoteTiers:
         with self._lock:
             if self._uploaded.get(key) == ident:  # this very json went already
                 return 0
+        writable = [t for t in self.tiers if not t.read_only]
+        if not writable:
+            return 0
+        cap = max(upload_cap(t) for t in writable)
         owners: set[int] = set()
-        item = LocalTier(kernel_cache_dir).read(soc_version, kernel, owners=owners)
+        try:  # never more than the biggest cap in memory
+            item = LocalTier(kernel_cache_dir).read(
+                soc_version, kernel, max_bytes=cap, owners=owners
+            )
+        except fsutil.FileTooLargeError:
+            for tier in writable:
+                self._oversized(tier, soc_version, kernel, f"over the {cap}-byte upload cap")
+            return 0
         if item is None:
             log.debug("not uploading %s/%s: not a complete, verified entry", soc_version, kernel)
             return 0
         if not self._writers_trusted(soc_version, kernel, owners):
             return 0
         done = 0
-        for tier in self.tiers:
+        for tier in writable:
             breaker = self.breakers[tier.name]
-            if tier.read_only or not breaker.allow():
+            if item.size > upload_cap(tier):  # not sent: no reader would take it
+                self._oversized(tier, soc_version, kernel, f"{item.size} bytes, over the cap")
+                continue
+            if not breaker.allow():
                 continue
             try:
                 if seen and tier.lookup(soc_version, kernel):
@@ -378,8 +477,15 @@ class RemoteTiers:
                     done += 1
                     continue
                 tier.put(item)
+            except EntryTooBig as exc:  # the server answered: this entry's problem
+                breaker.success()
+                self._oversized(tier, soc_version, kernel, str(exc))
+                continue
             except Exception as exc:
-                self._failed(tier, exc)
+                if self._answers_otherwise(tier, exc):
+                    self._oversized(tier, soc_version, kernel, f"the server dropped it: {exc}")
+                else:
+                    self._failed(tier, exc)
                 continue
             breaker.success()
             self._count(tier.name, "uploads")
@@ -409,6 +515,38 @@ class RemoteTiers:
             _user(strangers[0]),
         )
         return False
+
+    def _oversized(self, tier: Any, soc_version: str, kernel: str, why: str) -> None:
+        """An entry not uploaded for its size: counted; logged once per remote (then at
+        debug), never a failure of the remote."""
+        self._count(tier.name, "oversized")
+        first = tier.name not in self._said_oversized
+        self._said_oversized.add(tier.name)
+        log.log(
+            logging.WARNING if first else logging.DEBUG,
+            "remote %s: %s/%s not uploaded (%s): its size, not an outage%s",
+            tier.name,
+            soc_version,
+            kernel,
+            _first_line(why),
+            " (further ones: debug log)" if first else "",
+        )
+
+    def _answers_otherwise(self, tier: Any, exc: BaseException) -> bool:
+        """After an upload failed (not a timeout, not refused credentials): True when the
+        server still answers a ping — it dropped this one entry (a Redis value over its
+        ``proto-max-bulk-len``, a body over nginx's ``client_max_body_size`` cut off), which
+        is not an outage."""
+        fatal = getattr(tier, "fatal", None)
+        ping = getattr(tier, "ping", None)
+        if ping is None or _timed_out(tier, exc) or (fatal is not None and fatal(exc)):
+            return False
+        try:
+            ping()
+        except Exception:
+            return False
+        self.breakers[tier.name].success()
+        return True
 
     def flush_indexes(self) -> None:
         """Write each remote's pending index changes (HTTP index shards; Redis needs none)."""
@@ -461,15 +599,47 @@ class RemoteTiers:
             rows.append(row)
         return rows
 
-    def close(self) -> None:
-        """Stop the uploader (after the queued uploads) and close the connections."""
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join(timeout=30)
-        else:
+    def close(self, wait_s: float = 30.0) -> int:
+        """Stop the uploader after the queued uploads, waiting at most ``wait_s`` seconds,
+        and close the connections. Uploads not done by then are dropped: counted in
+        :attr:`dropped`, one warning line; their connections are left to the exiting process.
+
+        :returns: how many uploads were dropped.
+        """
+        if self._thread is None:
             self.flush_indexes()
+        else:
+            deadline = time.monotonic() + wait_s
+            with contextlib.suppress(queue.Full):
+                self._queue.put(None, timeout=wait_s)
+            self._thread.join(timeout=max(0.0, deadline - time.monotonic()))
+            if self._thread.is_alive():
+                return self._abandon(wait_s)
         for tier in self.tiers:
             tier.close()
+        return 0
+
+    def _abandon(self, wait_s: float) -> int:
+        """Drop the uploads still queued or under way (see :meth:`close`)."""
+        jobs: list[Job | None] = []
+        with self._lock:
+            jobs.append(self._current)
+            while True:
+                try:
+                    jobs.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            lost = sum(1 for j in jobs if isinstance(j, tuple))
+            self.dropped += lost
+        self._queue.put_nowait(None)  # the uploader stops when its request returns
+        if lost:
+            log.warning(
+                "%d upload(s) to the remotes not done within %g s: dropped (%s)",
+                lost,
+                wait_s,
+                ", ".join(f"{n}: {b.state}" for n, b in self.breakers.items()),
+            )
+        return lost
 
 
 def make_tier(spec: RemoteSpec, keys: signing.Keys | None = None) -> Any:
@@ -488,6 +658,23 @@ def make_tier(spec: RemoteSpec, keys: signing.Keys | None = None) -> Any:
 
         return HttpTier(spec, keys=keys)
     raise ConfigError(f"remote storage {spec.display}: {spec.scheme}:// is not supported yet")
+
+
+def _store(tier: Any, state_dir: Path | None) -> BreakerFile | None:
+    spec = getattr(tier, "spec", None)
+    if state_dir is None or not isinstance(spec, RemoteSpec):
+        return None
+    return BreakerFile(state_dir, spec.base_url)
+
+
+def _timed_out(tier: Any, exc: BaseException) -> bool:
+    """True when ``exc`` says the remote did not answer in time."""
+    check = getattr(tier, "timed_out", None)
+    return bool(check(exc)) if check is not None else isinstance(exc, TimeoutError)
+
+
+def _first_line(text: str) -> str:
+    return text.splitlines()[0] if text else ""
 
 
 def _json_ident(kernel_cache_dir: Path, soc_version: str, kernel: str) -> tuple[int, int] | None:

@@ -6,7 +6,11 @@ local folder, hit kernels compiled on another site without any change to the job
 Each entry is
 
 * listed by a remote's index per chip (:meth:`RemoteTiers.recent`: Redis' sorted set, the
-  HTTP tier's merged shards), newest first — or named by the caller (``--list FILE``);
+  HTTP tier's merged shards), newest first — or named by the caller (``--list FILE``). An
+  index row whose entry the remote no longer has (its server evicted it: Redis
+  ``allkeys-lru``) is dropped from that index (:meth:`RemoteTiers.forget`) and does not
+  count toward ``--limit``: the next rows fill it, so ``--limit N`` considers N entries that
+  are there (docs/remote.md#warming-a-host);
 * skipped when the chip folder already has it whole (a verified lookup, no access time set);
 * fetched and verified (the blob's digest, every part's sha256, caps, names:
   :mod:`cachemgr.remote.blob`); a warm fetch is not a *use*: it does not move the entry up
@@ -40,7 +44,7 @@ from typing import Any
 from cachemgr.config import versions
 from cachemgr.errors import CacheMgrError, InvalidInputError, LockBusyError
 from cachemgr.remote.tierset import RemoteTiers
-from cachemgr.storage import entry, fsutil
+from cachemgr.storage import entry, fsutil, safeio
 from cachemgr.storage.safedir import SafeDir
 from cachemgr.storage.store import EntryHold, check_kernel_name
 from cachemgr.storage.tiers import LocalTier
@@ -62,6 +66,8 @@ class WarmReport:
     fetched: list[str] = field(default_factory=list)
     present: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
+    #: index rows dropped because their remote no longer has the entry
+    dropped_rows: list[str] = field(default_factory=list)
     over_limit: list[str] = field(default_factory=list)
     busy: list[str] = field(default_factory=list)
     not_stored: list[str] = field(default_factory=list)
@@ -80,6 +86,7 @@ class WarmReport:
             "fetched": len(self.fetched),
             "present": len(self.present),
             "missing": len(self.missing),
+            "dropped_rows": len(self.dropped_rows),
             "over_limit": len(self.over_limit),
             "busy": len(self.busy),
             "not_stored": len(self.not_stored),
@@ -91,6 +98,10 @@ class WarmReport:
         }
 
 
+#: The largest ``--list`` file read (bytes): 16 MiB is ~100,000 kernel names.
+MAX_LIST_BYTES = 16 << 20
+
+
 def read_list(path: Path) -> list[str]:
     """Kernel names from a file, one a line (blank lines and ``#`` comments skipped).
 
@@ -98,9 +109,10 @@ def read_list(path: Path) -> list[str]:
         (naming the file and line).
     """
     try:
-        text = path.read_text(encoding="utf-8")
+        text = safeio.read_regular(path, MAX_LIST_BYTES, follow=True).decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        why = "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else exc.strerror
+        why = str(exc) if isinstance(exc, safeio.UnsafeFileError) else why
         raise InvalidInputError(f"--list {path}: cannot read ({why})") from exc
     names: list[str] = []
     for number, line in enumerate(text.splitlines(), 1):
@@ -127,14 +139,15 @@ def warm_chip(
     """Warm one chip folder (see the module docstring).
 
     :param names: the kernels to fetch (``--list``); None: the ``limit`` most recently used
-        of the remotes' index.
+        of the remotes' index that the remote still has (gone rows are dropped, and the
+        next ones fill their places).
     :param cap_bytes: the folder's used bytes may grow up to this many (None: no cap).
     :raises InvalidInputError: ``soc_version`` is not a flat folder name.
     """
     check_kernel_name(soc_version)
     started = time.monotonic()
     chip = kernel_cache_dir / soc_version
-    source = "list"
+    listed_by = ""
     if names is None:
         why: list[str] = []
         found = remotes.recent(soc_version, limit, why)
@@ -142,34 +155,25 @@ def warm_chip(
             report = WarmReport(soc_version, chip, "none", cap_bytes=cap_bytes)
             report.error = "no remote index answered: " + ("; ".join(why) or "no remote")
             return report
-        names, source = found[0], f"index of remote {found[1]}"
+        names, listed_by = found
+    source = f"index of remote {listed_by}" if listed_by else "list"
     report = WarmReport(soc_version, chip, source, listed=len(names), cap_bytes=cap_bytes)
-    local = LocalTier(kernel_cache_dir)
-    used = _used_bytes(chip)
+    ctx = _Warming(remotes, LocalTier(kernel_cache_dir), report, _used_bytes(chip), cap_bytes)
     for kernel in names:
-        try:
-            check_kernel_name(kernel)
-        except InvalidInputError as exc:  # an index is untrusted: a bad name is skipped
-            log.warning("warm %s: the remote index names %s", soc_version, exc)
-            report.missing.append(kernel)
-            continue
-        if local.check(soc_version, kernel, touch=False).hit:
-            report.present.append(kernel)
-            continue
-        got = remotes.fetch(soc_version, kernel, use=False)
-        if got is None:
-            report.missing.append(kernel)
-            continue
-        item, remote = got
-        if cap_bytes is not None and used + item.size > cap_bytes:
-            report.over_limit.append(kernel)
-            continue
-        outcome = _write_like_ge(remotes, local, item, remote)
-        getattr(report, outcome).append(kernel)
-        if outcome == "fetched":
-            used += item.size
-            report.bytes += item.size
-            remotes.note_local(kernel_cache_dir, soc_version, kernel)
+        ctx.one(soc_version, kernel, listed_by)
+    more_rows = len(names) >= limit  # the index had as many rows as asked: maybe more
+    while listed_by and more_rows and ctx.counted < limit:  # next rows fill the gone ones' places
+        more = remotes.recent(soc_version, len(ctx.tried) + limit - ctx.counted)
+        tried = set(ctx.tried)
+        fresh = [n for n in more[0] if n not in tried] if more else []
+        if more is None or more[1] != listed_by or not fresh:
+            break  # the index has no more rows (or another remote answers now)
+        more_rows = len(more[0]) >= len(ctx.tried) + limit - ctx.counted
+        for kernel in fresh:
+            if ctx.counted >= limit:
+                break
+            report.listed += 1
+            ctx.one(soc_version, kernel, listed_by)
     if report.fetched:
         _ensure_ini(kernel_cache_dir, sections or {})
     report.seconds = time.monotonic() - started
@@ -184,6 +188,56 @@ def warm_chip(
         len(report.over_limit),
     )
     return report
+
+
+@dataclass
+class _Warming:
+    """The state of warming one chip folder: what was tried, the bytes used, the report."""
+
+    remotes: RemoteTiers
+    local: LocalTier
+    report: WarmReport
+    used: int
+    cap_bytes: int | None
+    tried: list[str] = field(default_factory=list)
+
+    @property
+    def counted(self) -> int:
+        """Entries that count toward ``--limit``: every one tried but those not there."""
+        return len(self.tried) - len(self.report.missing)
+
+    def one(self, soc_version: str, kernel: str, listed_by: str) -> None:
+        """Warm one entry (see the module docstring); ``listed_by``: the remote whose index
+        named it ("" for ``--list``), whose row is dropped when that remote lacks it."""
+        report = self.report
+        self.tried.append(kernel)
+        try:
+            check_kernel_name(kernel)
+        except InvalidInputError as exc:  # an index is untrusted: a bad name is skipped
+            log.warning("warm %s: the remote index names %s", soc_version, exc)
+            report.missing.append(kernel)
+            return
+        if self.local.check(soc_version, kernel, touch=False).hit:
+            report.present.append(kernel)
+            return
+        missed: list[str] = []
+        got = self.remotes.fetch(soc_version, kernel, use=False, missed=missed)
+        if listed_by in missed and self.remotes.forget(listed_by, soc_version, kernel):
+            report.dropped_rows.append(kernel)
+            log.info("warm %s: %s gone from %s: index row dropped", soc_version, kernel, listed_by)
+        if got is None:
+            report.missing.append(kernel)
+            return
+        item, remote = got
+        if self.cap_bytes is not None and self.used + item.size > self.cap_bytes:
+            report.over_limit.append(kernel)
+            return
+        outcome = _write_like_ge(self.remotes, self.local, item, remote)
+        getattr(report, outcome).append(kernel)
+        if outcome == "fetched":
+            self.used += item.size
+            report.bytes += item.size
+            self.remotes.note_local(self.local.kernel_cache_dir, soc_version, kernel)
 
 
 def _write_like_ge(remotes: RemoteTiers, local: LocalTier, item: Any, remote: str) -> str:

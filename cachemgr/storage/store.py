@@ -37,7 +37,7 @@ from cachemgr.errors import (
     NoSpaceError,
 )
 from cachemgr.memo import OnceSet
-from cachemgr.storage import entry, fsutil, manifest
+from cachemgr.storage import entry, fsutil, manifest, partcopy
 from cachemgr.storage.events import Events, NoSpaceEvent
 from cachemgr.storage.safedir import DirLock, SafeDir
 
@@ -53,6 +53,20 @@ EXISTS = "exists"
 DEFAULT_LOCK_TIMEOUT_S = 120.0
 #: errno values of a full filesystem: no space (``ENOSPC``) or quota spent (``EDQUOT``).
 NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+#: One part of an entry to publish: its bytes, or a private file (a compiled binary in a
+#: build folder) copied into the chip folder in chunks (docs/daemon.md, "Bounded memory").
+Part = bytes | Path
+
+
+def part_size(part: Part) -> int:
+    """Bytes of ``part`` (a file's size by ``lstat``; 0 for a file that is gone)."""
+    if isinstance(part, bytes):
+        return len(part)
+    try:
+        return partcopy.source_size(part)
+    except OSError:
+        return 0
 
 
 def _no_space(
@@ -549,14 +563,16 @@ class Store:
     def publish(
         self,
         kernel: str,
-        files: Mapping[str, bytes],
+        files: Mapping[str, Part],
         main_json: Mapping[str, Any],
         held: EntryHold | None = None,
     ) -> PublishResult:
         """Publish an entry atomically (SPEC §3.3).
 
         :param files: every part but the main json, by file name (binaries, sub-jsons as
-            bytes, header, ``_pre.json``); names are flat (no ``/``, no ``..``).
+            bytes, header, ``_pre.json``); names are flat (no ``/``, no ``..``). A part given
+            as a :class:`~pathlib.Path` (a private file, e.g. a compiled binary) is copied
+            in chunks and hashed on the way: never read whole into memory.
         :param main_json: the kernel description; must name the given binaries with their
             correct ``sha256`` (checked before anything is written).
         :raises InvalidInputError: bad names, a json that does not match the files.
@@ -569,15 +585,15 @@ class Store:
         :raises OSError: any other write failure; no partial entry is left.
         """
         check_kernel_name(kernel)
-        payload = dict(files)
+        payload: dict[str, Part] = dict(files)
         payload[kernel + ".json"] = _dump_json(main_json)
-        self._check_payload(kernel, payload)
+        expected = self._check_payload(kernel, payload)
         try:
             with self._opened(create=True) as bound, bound._locked(kernel, held):
                 existing = bound._existing_good(kernel)
                 if existing is not None:
                     return existing
-                written = bound._write_all(kernel, payload)
+                written = bound._write_all(kernel, payload, expected)
         except PermissionError as exc:
             where = Path(exc.filename) if exc.filename else self.chip_dir
             where = where if os.path.exists(where) else self.chip_dir
@@ -587,13 +603,18 @@ class Store:
         except OSError as exc:
             if exc.errno not in NO_SPACE_ERRNOS:
                 raise
-            needed = sum(len(b) for b in payload.values())
+            needed = sum(part_size(b) for b in payload.values())
             raise _no_space(self.chip_dir, kernel, needed, exc, self.events) from exc
         log.info("published %s/%s (%d bytes)", self.chip_dir.name, kernel, written)
         paths = tuple(self.chip_dir / n for n in payload)
         return PublishResult(PUBLISHED, kernel, paths, written)
 
-    def _check_payload(self, kernel: str, payload: Mapping[str, bytes]) -> None:
+    def _check_payload(self, kernel: str, payload: Mapping[str, Part]) -> dict[str, str]:
+        """Check names, jsons and the binaries given as bytes; return the ``sha256`` each
+        binary given as a file must have (checked while it is copied: :meth:`_write_all`).
+
+        :raises InvalidInputError: a bad name or json, a binary missing or not matching.
+        """
         for name in payload:
             try:
                 layout.safe_file_name(name, "file name")
@@ -603,17 +624,25 @@ class Store:
         def read(name: str) -> bytes:
             if name not in payload:
                 raise FileNotFoundError(name)
-            return payload[name]
+            part = payload[name]
+            if isinstance(part, bytes):
+                return part
+            return fsutil.read_bytes_noatime(part, max_bytes=entry.MAX_JSON_BYTES)
 
         try:
             desc = entry.parse_entry(self.chip_dir, kernel, read=read)
-        except InvalidEntryError as exc:
+        except (InvalidEntryError, fsutil.FileTooLargeError) as exc:
             raise InvalidInputError(f"entry {kernel} is invalid: {exc}") from exc
+        expected: dict[str, str] = {}
         for ref in desc.binaries:
             if ref.bin_name not in payload:
                 raise InvalidInputError(f"entry {kernel}: binary {ref.bin_name} not given")
-            if entry.sha256_hex(payload[ref.bin_name]) != ref.sha256:
+            part = payload[ref.bin_name]
+            if not isinstance(part, bytes):
+                expected[ref.bin_name] = ref.sha256
+            elif entry.sha256_hex(part) != ref.sha256:
                 raise InvalidInputError(f"entry {kernel}: {ref.bin_name} does not match sha256")
+        return expected
 
     def _existing_good(self, kernel: str) -> PublishResult | None:
         try:
@@ -627,19 +656,29 @@ class Store:
         self._remove_files(kernel, self._names_for_removal(kernel, desc))
         return None
 
-    def _write_all(self, kernel: str, payload: Mapping[str, bytes]) -> int:
+    def _write_all(
+        self, kernel: str, payload: Mapping[str, Part], expected: Mapping[str, str]
+    ) -> int:
+        """Write every part to a temp name, then rename them into place, the main json last;
+        a part given as a file must hash to ``expected[name]`` (bytes written: returned).
+
+        :raises InvalidInputError: a file part changed since its json was made.
+        :raises OSError: a write failed; no temp file is left.
+        """
         main = kernel + ".json"
         # binaries and other parts first, then sub-jsons, the main json last (SPEC §3.3)
         order = sorted(payload, key=lambda n: (n == main, n.endswith(".json")))
         temps: list[tuple[Path, Path]] = []
+        written = 0
         try:
             for name in order:
                 dest = self.chip_dir / name
                 # no fsync: a hit verifies every binary's sha256 and parses the json, so what
                 # a power loss tears is a miss, never served (docs/compiling.md "Durability",
                 # issue 14)
-                tmp = fsutil.write_temp(dest, payload[name], dir_fd=self.dir_fd, sync=False)
+                tmp, size = self._write_part(kernel, dest, payload[name], expected.get(name))
                 temps.append((tmp, dest))
+                written += size
         except BaseException:
             for tmp, _ in temps:
                 fsutil.safe_unlink(tmp, self.dir_fd)
@@ -651,7 +690,25 @@ class Store:
                 for rest, _ in temps[i:]:
                     fsutil.safe_unlink(rest, self.dir_fd)
                 raise
-        return sum(len(b) for b in payload.values())
+        return written
+
+    def _write_part(
+        self, kernel: str, dest: Path, part: Part, sha256: str | None
+    ) -> tuple[Path, int]:
+        """One part to a temp name beside ``dest``: its path and bytes written.
+
+        :raises InvalidInputError: a file part that does not hash to ``sha256``.
+        """
+        if isinstance(part, bytes):
+            return fsutil.write_temp(dest, part, dir_fd=self.dir_fd, sync=False), len(part)
+        copied = partcopy.copy_temp(dest, part, dir_fd=self.dir_fd)
+        if sha256 is not None and copied.sha256 != sha256:
+            fsutil.safe_unlink(copied.tmp, self.dir_fd)
+            raise InvalidInputError(
+                f"entry {kernel}: {dest.name} does not match sha256 (it changed after it "
+                "was compiled); nothing was published"
+            )
+        return copied.tmp, copied.size
 
     # --- verify -------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ checks (names flat, every binary's ``sha256`` against its json) before anything 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,13 @@ from cachemgr.storage.store import (
     Store,
     check_kernel_name,
 )
+
+log = logging.getLogger(__name__)
+
+#: An entry travels to and from a remote tier in memory (a blob): one whose files are more
+#: than this together (bytes) is not read into memory, so not shared (docs/remote.md,
+#: "Caps"; docs/daemon.md, "Bounded memory"). CANN's kernels are KiB to a few MiB.
+MAX_IN_MEMORY_BYTES = 64 << 20
 
 
 def chip_store(
@@ -159,54 +167,80 @@ class LocalTier:
         """True on a verified hit (access times set to now, as for any hit; SPEC §3.3)."""
         return self.check(soc_version, kernel).hit
 
-    def fetch(self, soc_version: str, kernel: str) -> EntryFiles | None:
-        """The verified entry's files read into memory, or None on a miss. The bytes read
-        are checked once more against the json's ``sha256`` (a file replaced between the
-        lookup and the read is a miss, not a wrong entry)."""
+    def fetch(
+        self, soc_version: str, kernel: str, max_bytes: int = MAX_IN_MEMORY_BYTES
+    ) -> EntryFiles | None:
+        """The verified entry's files read into memory, or None on a miss — or when its
+        files are more than ``max_bytes`` together (their sizes are checked before they are
+        read). The bytes read are checked once more against the json's ``sha256`` (a file
+        replaced between the lookup and the read is a miss, not a wrong entry)."""
         found = self.check(soc_version, kernel, touch=False)
         if not found.hit or found.desc is None:
             return None
         files: dict[str, bytes] = {}
+        left = max_bytes
         for path in found.files:
             try:
-                files[path.name] = fsutil.read_bytes_noatime(path)
+                files[path.name] = data = fsutil.read_bytes_noatime(path, max_bytes=left)
             except FileNotFoundError:
                 return None
+            except fsutil.FileTooLargeError as exc:
+                log.info("%s/%s is not read into memory: %s", soc_version, kernel, exc)
+                return None
+            left -= len(data)
         for ref in found.desc.binaries:
             if entry.sha256_hex(files.get(ref.bin_name, b"")) != ref.sha256:
                 return None
         return EntryFiles(soc_version, kernel, files)
 
     def read(
-        self, soc_version: str, kernel: str, owners: set[int] | None = None
+        self,
+        soc_version: str,
+        kernel: str,
+        max_bytes: int = MAX_IN_MEMORY_BYTES,
+        owners: set[int] | None = None,
     ) -> EntryFiles | None:
-        """The entry's files if it is complete and verifies (entry.py's rules: the json
-        parses, every binary and sub-part named is there and matches its ``sha256``), else
-        None — without side effects: a bad entry is left for the reaper (it may be a CANN
-        process's write in progress on another host), and no access time changes (an upload
-        is not a use: it must not reorder eviction, SPEC §5). The bytes read are checked once
-        more against the json (a file replaced meanwhile is not uploaded).
+        """The entry's files if it is complete, verifies (entry.py's rules: the json
+        parses, every binary and sub-part named is there and matches its ``sha256``) and
+        its files are at most ``max_bytes`` together (sizes checked before anything is read
+        into memory, nor hashed), else None — without side effects: a bad entry is left
+        for the reaper (it may be a CANN process's write in progress on another host), and
+        no access time changes (an upload is not a use: it must not reorder eviction, SPEC
+        §5). The bytes read are checked once more against the json (a file replaced
+        meanwhile is not uploaded).
 
         :param owners: when given, the uid of every file read is added to it (from the
             descriptor read), for the upload's writer check (docs/remote.md#keys).
+        :raises fsutil.FileTooLargeError: the entry's files are over ``max_bytes`` together
+            (sizes checked first: nothing is read).
         """
         try:
             check_kernel_name(soc_version)
             check_kernel_name(kernel)
             chip = self.kernel_cache_dir / soc_version
             with fsutil.reads_keep_atime(), SafeDir.open_chip(chip) as folder:
-                desc, problems = entry.check_entry(chip, kernel, folder.fd)
-                if problems or desc is None:
-                    return None
+                desc = entry.parse_entry(chip, kernel, dir_fd=folder.fd)
                 names = [desc.json_name, *desc.sub_jsons, *(b.bin_name for b in desc.binaries)]
                 if desc.header and fsutil.lstat_or_none(chip / desc.header, folder.fd):
                     names.append(desc.header)
-                files = {
-                    n: fsutil.read_bytes_noatime(
-                        chip / n, folder.fd, single_link=True, owners=owners
+                sizes = [fsutil.lstat_or_none(chip / n, folder.fd) for n in names]
+                total = sum(st.st_size for st in sizes if st is not None)
+                if total > max_bytes:
+                    raise fsutil.FileTooLargeError(
+                        f"{soc_version}/{kernel}: {total} bytes, over the {max_bytes}-byte cap"
                     )
-                    for n in names
-                }
+                if entry.verify_entry(chip, desc, folder.fd):
+                    return None
+                files: dict[str, bytes] = {}
+                left = max_bytes
+                for n in names:
+                    data = fsutil.read_bytes_noatime(
+                        chip / n, folder.fd, single_link=True, max_bytes=left, owners=owners
+                    )
+                    files[n] = data
+                    left -= len(data)
+        except fsutil.FileTooLargeError:
+            raise
         except (OSError, CacheMgrError):
             return None
         for ref in desc.binaries:
