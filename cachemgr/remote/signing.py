@@ -202,7 +202,7 @@ class Keys:
     :param trusted: the ``trusted_keys`` (their names are unique).
     :param secret: the site's own private key (None: this site does not upload).
     :param trust_unsigned: accept blobs without checking their signature (a single-writer
-        setup that opted out: docs/remote.md#trust-unsigned).
+        setup that opted out: docs/remote.md#keys, "No trusted key").
     :raises ConfigError: the private key file's two halves do not match.
     """
 
