@@ -2,7 +2,9 @@
 what a remote adds to a local miss when it is healthy, slow and down (breaker open).
 
 Real servers on loopback: ``redis-server`` and wsgidav (HTTP, ``bazel`` layout). A remote hit
-is fetch + verify (blob digest, every part's sha256) + publish into the local chip folder.
+is fetch + verify (the writer's ed25519 signature, every part's sha256, the entry's parts) +
+publish into the local chip folder. The signature's own cost, per entry, is measured apart:
+signing an upload's header and verifying a fetched one (docs/remote.md#keys).
 """
 
 from __future__ import annotations
@@ -18,21 +20,27 @@ from pathlib import Path
 
 from bench import cases_compile
 from bench.harness import Row, ratio_of
-from cachemgr.remote import warm
+from cachemgr.remote import blob, signing, warm
 from cachemgr.remote.config import RemoteConfig, parse_spec
 from cachemgr.remote.tierset import RemoteTiers
 from cachemgr.storage.tiers import EntryFiles, LocalTier
 from tests.conftest import kernel_json
-from tests.remote_util import RedisServer, WebDavServer, free_port
+from tests.remote_util import RedisServer, WebDavServer, free_port, site_keys, trust_fields
 
 NAME = "remote"
 SOC = "Ascend910B1"
 BINARY_BYTES = 256 * 1024
 
 
+#: Where the bench's site key lives (set by :func:`run`).
+_KEYS_DIR: list[Path] = []
+
+
 def _tiers(url: str, open_s: float = 60.0, timeout_ms: int = 500) -> RemoteTiers:
     spec = parse_spec(f"{url}|operation-timeout={timeout_ms}|connect-timeout={timeout_ms}", "b")
-    tiers = RemoteTiers.from_config(RemoteConfig((spec,), "bench", 64, 3, open_s))
+    trust = trust_fields(_KEYS_DIR[0])
+    config = RemoteConfig((spec,), "bench", 64, 3, open_s, **trust)
+    tiers = RemoteTiers.from_config(config)
     assert tiers is not None
     return tiers
 
@@ -92,6 +100,36 @@ def _compile_s(work: Path, n: int) -> list[float]:
     return times
 
 
+def _sign_verify_s(keys: signing.Keys, n: int) -> tuple[list[float], list[float], float, float]:
+    """Per entry: sign an upload's signed bytes, and verify a fetched blob's signature
+    (seconds each) — the header of a real entry, as :func:`blob.encode` builds it; then the
+    CPU seconds per sign and per verify (a shared host's load does not count in them)."""
+    raw = blob.encode(_entry(0), keys)
+    klen = raw[10]
+    sig_at = 11 + klen
+    hlen_at = sig_at + signing.SIGNATURE_BYTES
+    hlen = int.from_bytes(raw[hlen_at : hlen_at + 4], "big")
+    message = raw[:sig_at] + raw[hlen_at : hlen_at + 4 + hlen]
+    signature = raw[sig_at:hlen_at]
+    name = keys.signer_name or ""
+    signs, verifies = [], []
+    for _ in range(n):
+        start = time.perf_counter()
+        keys.sign(message)
+        signs.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        assert keys.verify(name, signature, message) is None
+        verifies.append(time.perf_counter() - start)
+    cpu = time.process_time()
+    for _ in range(n):
+        keys.sign(message)
+    sign_cpu = (time.process_time() - cpu) / n
+    cpu = time.process_time()
+    for _ in range(n):
+        keys.verify(name, signature, message)
+    return signs, verifies, sign_cpu, (time.process_time() - cpu) / n
+
+
 def _miss_ms(tiers: RemoteTiers, n: int) -> list[float]:
     times = []
     for i in range(n):
@@ -123,6 +161,29 @@ def run(workdir: Path, quick: bool) -> list[Row]:
     n = 20 if quick else 200
     ms = cases_compile._ms
     rows: list[Row] = []
+    _KEYS_DIR[:] = [workdir / "keys"]
+    signs, verifies, sign_cpu, verify_cpu = _sign_verify_s(
+        site_keys(_KEYS_DIR[0]), 200 if quick else 2000
+    )
+    for what, times, cpu_s in (
+        ("sign an upload", signs, sign_cpu),
+        ("verify a fetched entry", verifies, verify_cpu),
+    ):
+        rows.append(
+            Row(
+                f"signature: {what}",
+                "p50 per entry (ed25519 over the header)",
+                ms(times),
+                "ms",
+                "",
+                None,
+                None,
+                "≤ 0.2 ms",
+                ms(times) <= 0.2,
+                f"{len(times)} entries; p99 {ms(times, 0.99):.3f} ms; CPU time "
+                f"{cpu_s * 1e3:.3f} ms per entry",
+            )
+        )
     compile_ms = ms(_compile_s(workdir, 5 if quick else 15))
     redis_dir, dav_dir = workdir / "redis", workdir / "dav"
     redis_dir.mkdir()

@@ -161,7 +161,11 @@ def _remote_row(settings: Settings, cli: tuple[str, ...] = ()) -> dict[str, Any]
     origin = "default" if not source else ("env" if source == remote_config.ENV_VAR else "file")
     if source == "--remote":
         origin = "option"
-    return {"value": remotes.display, "origin": origin, "source": source}
+    row: dict[str, Any] = {"value": remotes.display, "origin": origin, "source": source}
+    warnings = remote_config.trust_warnings(remotes)
+    if warnings:  # shown as warning lines; in --json with the row
+        row["warnings"] = warnings
+    return row
 
 
 def _shown(value: Any) -> str:
@@ -205,6 +209,9 @@ def config_report(
     except ConfigError as exc:
         return [(True, f"cachemgr: {exc}")], 2
     names.append("remote_storage")
+    warnings: list[Line] = [
+        (True, warning_line(w)) for w in data["remote_storage"].get("warnings", [])
+    ]
     tables = settings.config.rows()
     data.update(tables)
     names += list(tables)
@@ -216,9 +223,9 @@ def config_report(
     # a cache any local user can read: one line (docs/shared-cache.md#outsiders-read-nothing)
     exposed = outsiders_warning(settings.layout.kernel_cache_dir)
     if as_json:
-        lines = [(False, json_text({n: data[n] for n in names}))]
+        lines = [*warnings, (False, json_text({n: data[n] for n in names}))]
     else:
-        lines = [(False, kernel_cache_why(settings))]  # which folder, and why (SPEC §2)
+        lines = [*warnings, (False, kernel_cache_why(settings))]  # which folder, why (SPEC §2)
         for name in names:
             item = data[name]
             origin = item["origin"] + (f": {item['source']}" if item["source"] else "")

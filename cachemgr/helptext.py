@@ -27,6 +27,7 @@ TOP = (
     "  ls          List the entries: chip, kernel, op type, size, access.\n"
     "  pack        Build a package of precompiled kernels from cache entries.\n"
     "  purge       Clear chip folders (needs --soc or --all).\n"
+    "  remote      Make this site's signing key for the remote tiers.\n"
     "  serve       Run the cache daemon until SIGTERM.\n"
     "  stats       Show the hit rate, counters and fill of this cache.\n"
     "  status      Tell whether a daemon answers, with its pid and uptime.\n"

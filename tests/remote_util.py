@@ -1,5 +1,7 @@
 """Real remote servers for the remote-tier tests (issue 15 item 8): ``redis-server`` on a
-random loopback port, in a tmp folder, persistence off; wsgidav and nginx (WebDAV)."""
+random loopback port, in a tmp folder, persistence off; wsgidav and nginx (WebDAV); and the
+site keys every remote needs (docs/remote.md#keys): :func:`keys_toml`, :func:`keys_config`,
+:func:`trust_fields`."""
 
 from __future__ import annotations
 
@@ -16,7 +18,54 @@ from pathlib import Path
 import pytest
 import redis
 
+from cachemgr.remote import signing
 from tests.daemon_util import wait_for
+
+#: The key name the tests' sites sign with unless a test names another.
+TEST_KEY = "test-site"
+
+
+def site_key(folder: Path, name: str = TEST_KEY) -> tuple[Path, str]:
+    """A private key file ``<folder>/<name>.key`` (made once, mode 0600, as ``cachemgr remote
+    keygen`` makes it) and its public key line."""
+    path, public = folder / f"{name}.key", folder / f"{name}.pub"
+    if not path.exists():  # the public line is kept beside it (the key may be chowned)
+        folder.mkdir(parents=True, exist_ok=True)
+        public.write_text(signing.create_key_file(path, name).line)
+    return path, public.read_text()
+
+
+def keys_toml(folder: Path, name: str = TEST_KEY, trusted: tuple[str, ...] = ()) -> str:
+    """``[remote]`` lines: sign with the key ``name`` (made in ``folder``) and trust it and
+    the public key lines ``trusted``."""
+    path, line = site_key(folder, name)
+    keys = ", ".join(f'"{k}"' for k in (line, *trusted))
+    return f'signing_key = "{path}"\ntrusted_keys = [{keys}]\n'
+
+
+def keys_config(folder: Path, name: str = TEST_KEY) -> Path:
+    """A config file with only ``[remote]``'s keys (for a run that names its remotes with
+    ``--remote``)."""
+    cfg = folder / f"keys-{name}.toml"
+    cfg.write_text("[remote]\n" + keys_toml(folder, name))
+    return cfg
+
+
+def site_keys(folder: Path, name: str = TEST_KEY) -> signing.Keys:
+    """Keys that sign with the key ``name`` (made in ``folder``) and trust it (for a tier
+    made directly: ``RedisTier(spec, keys=...)``)."""
+    path, line = site_key(folder, name)
+    secret = signing.read_key_file(path, "test")  # this user's own key
+    return signing.Keys((signing.parse_public_key(line, "test"),), secret)
+
+
+def trust_fields(folder: Path, name: str = TEST_KEY) -> dict[str, object]:
+    """``RemoteConfig`` fields: sign with the key ``name`` (made in ``folder``), trust it."""
+    path, line = site_key(folder, name)
+    return {
+        "signing_key": path,
+        "trusted_keys": (signing.parse_public_key(line, "test"),),
+    }
 
 
 def free_port() -> int:

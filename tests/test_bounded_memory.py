@@ -18,10 +18,11 @@ import pytest
 
 from cachemgr.client import Client
 from cachemgr.compile import precompiled
+from cachemgr.remote import blob
 from cachemgr.storage import entry
 from cachemgr.storage.tiers import MAX_IN_MEMORY_BYTES
 from tests.daemon_util import Daemon, daemon_env, own_tmp, start_daemon, wait_first_scan, wait_for
-from tests.remote_util import RedisServer, redis_server  # noqa: F401 (a fixture)
+from tests.remote_util import RedisServer, keys_toml, redis_server  # noqa: F401 (a fixture)
 
 MB = 1 << 20
 SOC = "Ascend910B1"
@@ -214,12 +215,12 @@ def test_a_500_mb_redis_value_is_refused_by_its_size_unread(
     """A 500 MB garbage value under a kernel's key was read whole and hashed (1.58 GB peak).
     Its size is asked first: over the cap it is a miss naming the cap, never read."""
     cfg = tmp_path / "c.toml"
-    cfg.write_text(f'[remote]\nstorage = ["{redis_server.url}|name=r"]\n')
+    cfg.write_text(f'[remote]\nstorage = ["{redis_server.url}|name=r"]\n' + keys_toml(tmp_path))
     src = _source(tmp_path, "small", 16)
     d = _daemon(tmp_path, "--config", str(cfg))
     try:
         out = _client(d).compile(_request(src, "small"), base_dir=tmp_path)
-        key = f"cachemgr:1:{SOC}:{out.kernel_name}"
+        key = f"cachemgr:{blob.FORMAT_VERSION}:{SOC}:{out.kernel_name}"
         probe = redis_server.client()
         wait_for(lambda: probe.exists(key), 30, "the upload")
         for f in out.files:  # the local entry goes: the next request asks the remote
@@ -235,8 +236,6 @@ def test_a_500_mb_redis_value_is_refused_by_its_size_unread(
 
 
 def redis_blob_cap() -> int:
-    from cachemgr.remote import blob
-
     assert blob.DEFAULT_MAX_BLOB_BYTES < MAX_IN_MEMORY_BYTES + 2 * MB
     return blob.DEFAULT_MAX_BLOB_BYTES
 

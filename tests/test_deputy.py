@@ -24,6 +24,7 @@ import pytest
 
 from tests.compile_util import scale_request as _request
 from tests.daemon_util import AS_ROOT, Daemon, daemon_env, start_daemon, wait_for
+from tests.remote_util import keys_toml, site_key
 from tests.users_util import Runtime, Users, run_as, user_home
 
 SECRET = "TOPSECRET_4c1d9"
@@ -519,13 +520,15 @@ def test_the_daemons_secret_files_are_hidden_wherever_they_are_shown(
     (site / "include" / "tool.h").write_text("#define TOOL 2\n")
     for path in (site, site / "etc", site / "include", site / "include" / "tool.h"):
         path.chmod(0o755 if path.is_dir() else 0o644)
-    for path in (token, password):
+    key, _ = site_key(site / "etc")  # the site's signing key (docs/remote.md#keys)
+    for path in (token, password, key):
         shutil.chown(path, users.alice)
         path.chmod(0o600)
     config = (
         f'[daemon]\ntcp_token_file = "{token}"\n'
         f'[remote]\nstorage = ["redis://127.0.0.1:1/0|password-file={password}"]\n'
-        f'[sandbox]\nallow = ["{site}"]\n'
+        + keys_toml(site / "etc")
+        + f'[sandbox]\nallow = ["{site}"]\n'
     )
     daemon, root, _, bob = _setup(users, rt, config)
     try:
@@ -534,7 +537,7 @@ def test_the_daemons_secret_files_are_hidden_wherever_they_are_shown(
         probe = f'#if __has_include("{site}/include/tool.h")\n#error FOUND\n#endif\n'
         raw = _as_bob(users, rt, bob, RAW, sock, _crafted(str(bob / "p.c"), probe + kernel))
         assert "FOUND" in json.loads(raw["body"])["error"], raw  # the allowed folder is shown
-        for secret in (token, password):
+        for secret in (token, password, key):
             text = f'#include "{secret}"\n{kernel}'
             raw = _as_bob(users, rt, bob, RAW, sock, _crafted(str(bob / "s.c"), text))
             answer = json.loads(raw["body"])

@@ -9,7 +9,7 @@ from pathlib import Path
 from tests.compile_util import calls, counting_cc, request_data
 from tests.conftest import run_cli
 from tests.daemon_util import daemon_env, start_daemon, wait_for
-from tests.remote_util import RedisServer, free_port
+from tests.remote_util import RedisServer, free_port, keys_toml
 
 
 def test_remote_flags_win_and_each_remote_is_shown_everywhere(
@@ -26,7 +26,9 @@ def test_remote_flags_win_and_each_remote_is_shown_everywhere(
     down = f"redis://127.0.0.1:{free_port()}/0|name=down|connect-timeout=200"
     cc = counting_cc(tmp_path / "cc")
     cfg = tmp_path / "c.toml"
-    cfg.write_text(f'[compilers]\ncc = "{cc}"\n[remote]\nfailures_before_open = 1\n')
+    cfg.write_text(
+        f'[compilers]\ncc = "{cc}"\n[remote]\nfailures_before_open = 1\n' + keys_toml(tmp_path)
+    )
     env = daemon_env(tmp_path)
     env["CACHEMGR_REMOTE_STORAGE"] = f"redis://127.0.0.1:{port}/0|name=from_env"
     args = ["--cache-dir", str(tmp_path / "cache"), "--config", str(cfg)]
@@ -77,7 +79,7 @@ def test_remote_flag_on_compile_config_and_verify(
     req = tmp_path / "req.json"
     req.write_text(json.dumps(request_data(defines={"N": 2201, "B_N": 1})))
     cfg = tmp_path / "c.toml"
-    cfg.write_text(f'[compilers]\ncc = "{cc}"\n')
+    cfg.write_text(f'[compilers]\ncc = "{cc}"\n[remote]\n' + keys_toml(tmp_path))
     remote = redis_server.url + "|name=r"
     outs = []
     for site in ("a", "b"):
@@ -111,7 +113,10 @@ def test_force_clears_local_only_and_says_so(redis_server: RedisServer, tmp_path
     remote), says "remote tiers untouched", and the remote keeps every entry."""
     cc = counting_cc(tmp_path / "cc")
     cfg = tmp_path / "c.toml"
-    cfg.write_text(f'[compilers]\ncc = "{cc}"\n[remote]\nstorage = ["{redis_server.url}|name=r"]\n')
+    cfg.write_text(
+        f'[compilers]\ncc = "{cc}"\n[remote]\nstorage = ["{redis_server.url}|name=r"]\n'
+        + keys_toml(tmp_path)
+    )
     env = daemon_env(tmp_path)
     d = start_daemon(
         tmp_path, "--cache-dir", str(tmp_path / "cache"), "--config", str(cfg), env=env

@@ -17,7 +17,7 @@ from cachemgr.storage.tiers import EntryFiles
 from tests.compile_util import calls, counting_cc, request_data
 from tests.conftest import SOC, kernel_json
 from tests.daemon_util import daemon_env, start_daemon, wait_for
-from tests.remote_util import WebDavServer
+from tests.remote_util import WebDavServer, keys_toml, trust_fields
 
 
 def _entry(kernel: str) -> EntryFiles:
@@ -31,10 +31,10 @@ def _entry(kernel: str) -> EntryFiles:
     [("flat", ["{h}"]), ("subdirs", ["{h2}", "{rest}"]), ("bazel", ["ac", "{h}"])],
 )
 def test_layouts_put_get_head_delete(
-    webdav_server: WebDavServer, layout: str, shape: list[str]
+    webdav_server: WebDavServer, layout: str, shape: list[str], tmp_path: Path
 ) -> None:
     spec = parse_spec(f"{webdav_server.url}|layout={layout}|name=dav", "test")
-    tiers = RemoteTiers.from_config(RemoteConfig((spec,), "test"))
+    tiers = RemoteTiers.from_config(RemoteConfig((spec,), "test", **trust_fields(tmp_path)))
     assert tiers is not None
     tier = tiers.tiers[0]
     assert isinstance(tier, HttpTier)
@@ -45,7 +45,7 @@ def test_layouts_put_get_head_delete(
     parts = [p.format(h=h, h2=h[:2], rest=h[2:]) for p in shape]
     stored = webdav_server.root / "cache" / Path(*parts)
     assert webdav_server.files() == [stored]
-    assert blob.decode(stored.read_bytes(), SOC, "te_http").files == item.files
+    assert blob.decode(stored.read_bytes(), SOC, "te_http", tiers.keys).files == item.files
     assert tier.lookup(SOC, "te_http")
     got = tiers.fetch(SOC, "te_http")
     assert got is not None and got[0].files == item.files and got[1] == "dav"
@@ -68,7 +68,9 @@ def test_two_sites_share_a_kernel_over_http_bazel_layout(
         folder = tmp_path / site
         folder.mkdir()
         cfg = folder / "c.toml"
-        cfg.write_text(f'[compilers]\ncc = "{cc}"\n[remote]\nstorage = ["{remote}"]\n')
+        cfg.write_text(
+            f'[compilers]\ncc = "{cc}"\n[remote]\nstorage = ["{remote}"]\n' + keys_toml(tmp_path)
+        )
         args = ("--cache-dir", str(folder / "cache"), "--config", str(cfg))
         daemons.append(start_daemon(folder, *args, env=daemon_env(folder)))
     a, b = daemons

@@ -21,7 +21,7 @@ import pytest
 from cachemgr.remote.config import DEFAULT_OPERATION_TIMEOUT_MS
 from tests.compile_util import calls, counting_cc, request_data
 from tests.daemon_util import wait_for
-from tests.remote_util import RedisServer
+from tests.remote_util import RedisServer, keys_toml
 
 LOOKUP_S = DEFAULT_OPERATION_TIMEOUT_MS / 1000
 #: Slack for a loaded 2-core host: Python's start, the compile, scheduling (seconds); the
@@ -78,7 +78,7 @@ def _connections(server: RedisServer, probe: object) -> int:
 
 def _setup(tmp_path: Path, cc: Path, ns: tuple[int, ...]) -> tuple[Path, list[Path]]:
     cfg = tmp_path / "c.toml"
-    cfg.write_text(f'[compilers]\ncc = "{cc}"\n')
+    cfg.write_text(f'[compilers]\ncc = "{cc}"\n[remote]\n' + keys_toml(tmp_path))
     reqs = []
     for n in ns:
         req = tmp_path / f"r{n}.json"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -13,7 +12,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from cachemgr.remote import blob
+from cachemgr.remote import blob, signing
 from cachemgr.remote.config import RemoteConfig, parse_spec
 from cachemgr.remote.redis_tier import RedisTier
 from cachemgr.remote.tierset import FAILING, OK, RemoteTiers
@@ -21,7 +20,7 @@ from cachemgr.storage.tiers import EntryFiles, LocalTier
 from tests.compile_util import calls, counting_cc, request_data
 from tests.conftest import SOC, kernel_json, publish, run_cli
 from tests.daemon_util import Daemon, daemon_env, start_daemon, wait_for
-from tests.remote_util import RedisServer
+from tests.remote_util import RedisServer, keys_toml, trust_fields
 
 # --- the blob format ---------------------------------------------------------------------
 
@@ -32,43 +31,39 @@ def _entry(kernel: str = "te_blob", size: int = 3000) -> EntryFiles:
     return EntryFiles(SOC, kernel, {kernel + ".json": doc, kernel + ".o": data})
 
 
-def _reframe(raw: bytes) -> bytes:
-    """``raw`` with a fresh trailing digest (a tamperer who knows the format)."""
-    body = raw[: -blob.DIGEST_BYTES]
-    return body + hashlib.sha256(body).digest()
-
-
-def test_blob_round_trip_and_every_check() -> None:
+def test_blob_round_trip_and_every_check(tmp_path: Path) -> None:
+    keys = signing.Keys(**_keys_args(tmp_path))
     item = _entry()
-    raw = blob.encode(item)
-    assert blob.decode(raw, SOC, "te_blob").files == item.files
+    raw = blob.encode(item, keys)
+    assert blob.decode(raw, SOC, "te_blob", keys).files == item.files
     flipped = bytearray(raw)
-    flipped[-100] ^= 1  # a byte of the binary
-    header_at = blob._HEAD.size
-    hlen = int.from_bytes(raw[10:14], "big")
-    header = json.loads(raw[header_at : header_at + hlen])
-    renamed = dict(header, files=[dict(f) for f in header["files"]])
-    renamed["files"][0]["name"] = "../evil.o"
-    raw_renamed = json.dumps(renamed, separators=(",", ":")).encode()
-    bad_name = _reframe(
-        raw[:10] + len(raw_renamed).to_bytes(4, "big") + raw_renamed + raw[header_at + hlen :]
-    )
+    flipped[-100] ^= 1  # a byte of the binary: its signed sha256 no longer matches
     cases = {
-        "digest": bytes(flipped),
-        "sha256 does not match": _reframe(bytes(flipped)),  # digest fixed, part still wrong
-        "bad file": bad_name,
-        "not te_other": raw,  # another kernel's blob under this key
-        "magic": b"X" * len(raw),
-        "too short": raw[:10],
+        "sha256 does not match": (bytes(flipped), blob.CORRUPT),
+        "not te_other": (raw, blob.WRONG_ENTRY),  # another kernel's blob under this key
+        "magic": (b"X" * len(raw), blob.CORRUPT),
+        "too short": (raw[:10], blob.CORRUPT),
+        "after its last file": (raw + b"x", blob.CORRUPT),
     }
-    for why, data in cases.items():
+    for why, (data, reason) in cases.items():
         kernel = "te_other" if why == "not te_other" else "te_blob"
-        with pytest.raises(blob.BadBlob, match=why.replace("not te_other", "not ")):
-            blob.decode(data, SOC, kernel)
+        with pytest.raises(blob.BadBlob, match=why.replace("not te_other", "not ")) as caught:
+            blob.decode(data, SOC, kernel, keys)
+        assert caught.value.reason == reason, why
     with pytest.raises(blob.BadBlob, match="part cap"):
-        blob.decode(raw, SOC, "te_blob", max_part_bytes=1000)
+        blob.decode(raw, SOC, "te_blob", keys, max_part_bytes=1000)
     with pytest.raises(blob.BadBlob, match="over the"):
-        blob.decode(raw, SOC, "te_blob", max_blob_bytes=1000)
+        blob.decode(raw, SOC, "te_blob", keys, max_blob_bytes=1000)
+
+
+def _keys_args(folder: Path) -> dict[str, object]:
+    fields = trust_fields(folder)
+    path = fields["signing_key"]
+    assert isinstance(path, Path)
+    return {
+        "trusted": fields["trusted_keys"],
+        "secret": signing.read_key_file(path, "test"),
+    }
 
 
 # --- the tier and its breaker against a real server -----------------------------------
@@ -76,7 +71,14 @@ def test_blob_round_trip_and_every_check() -> None:
 
 def _tiers(server: RedisServer, open_s: float = 0.5) -> RemoteTiers:
     spec = parse_spec(server.url + "|operation-timeout=500|connect-timeout=200|name=r1", "test")
-    config = RemoteConfig((spec,), "test", upload_queue=4, failures_before_open=2, open_s=open_s)
+    config = RemoteConfig(
+        (spec,),
+        "test",
+        upload_queue=4,
+        failures_before_open=2,
+        open_s=open_s,
+        **trust_fields(server.folder),
+    )
     tiers = RemoteTiers.from_config(config)
     assert tiers is not None
     return tiers
@@ -90,7 +92,7 @@ def test_redis_tier_put_fetch_index_and_tamper(redis_server: RedisServer, tmp_pa
     chip.mkdir(parents=True)
     publish(chip, "te_r1", os.urandom(2048))
     assert tiers.upload_now(tmp_path / "kernel_cache", SOC, "te_r1") == 1
-    key = f"cachemgr:1:{SOC}:te_r1"
+    key = RedisTier.key(SOC, "te_r1")
     assert redis_server.client().exists(key) and tier.recent(SOC, 10) == ["te_r1"]
     got = tiers.fetch(SOC, "te_r1")
     assert got is not None and got[1] == "r1"
@@ -101,10 +103,8 @@ def test_redis_tier_put_fetch_index_and_tamper(redis_server: RedisServer, tmp_pa
     row = tiers.stats()["r1"]
     assert (row["hits"], row["misses"], row["rejected"], row["errors"]) == (1, 1, 1, 0)
     assert row["bytes_in"] == got[0].size and row["bytes_out"] == got[0].size
-    assert (
-        row["state"] == OK
-        and row["url"] == redis_server.url + "|operation-timeout=500|connect-timeout=200|name=r1"
-    )
+    assert row["state"] == OK and row["url"] == redis_server.url  # the URL, not the spec
+    assert row["rejected_by_reason"] == {signing.BAD_SIGNATURE: 1}  # byte 60: the signature
     assert tier.remove(SOC, "te_r1") and tier.recent(SOC, 10) == []
     tiers.close()
 
@@ -145,7 +145,7 @@ def _site(tmp: Path, name: str, cc: Path, remote: str) -> tuple[Daemon, Path]:
     folder = tmp / name
     folder.mkdir()
     cfg = folder / "c.toml"
-    cfg.write_text(f'[compilers]\ncc = "{cc}"\n[remote]\nstorage = ["{remote}"]\n')
+    cfg.write_text(f'[compilers]\ncc = "{cc}"\n[remote]\nstorage = ["{remote}"]\n' + keys_toml(tmp))
     root = folder / "cache"
     d = start_daemon(folder, "--cache-dir", str(root), "--config", str(cfg), env=daemon_env(folder))
     return d, root
@@ -164,7 +164,7 @@ def test_two_sites_share_a_kernel_through_redis(redis_server: RedisServer, tmp_p
         assert first["status"] == "compiled", first
         kernel = first["kernel_name"]
         soc = Path(first["files"][0]).parent.name
-        key = f"cachemgr:1:{soc}:{kernel}"
+        key = RedisTier.key(soc, kernel)
         wait_for(lambda: redis_server.client().exists(key), 30, "the upload from site A")
         second = b.client.compile(data).to_json()
         assert second["status"] == "hit" and second["tier"] == "remote:shared", second
@@ -197,7 +197,7 @@ def test_a_tampered_blob_is_rejected_and_the_kernel_compiles(
         data = request_data(defines={"N": 1616, "B_N": 1})
         first = a.client.compile(data).to_json()
         kernel, soc = first["kernel_name"], Path(first["files"][0]).parent.name
-        key = f"cachemgr:1:{soc}:{kernel}"
+        key = RedisTier.key(soc, kernel)
         wait_for(lambda: redis_server.client().exists(key), 30, "the upload from site A")
         size = redis_server.client().strlen(key)
         byte = redis_server.client().getrange(key, size - 40, size - 40)
@@ -287,7 +287,7 @@ def test_redis_killed_mid_run_compiles_go_on_and_the_tier_resumes(
     cfg.write_text(
         f'[compilers]\ncc = "{cc}"\n[remote]\n'
         f'storage = ["{redis_server.url}|name=r|operation-timeout=300|connect-timeout=300"]\n'
-        "failures_before_open = 2\nopen_s = 1.0\n"
+        "failures_before_open = 2\nopen_s = 1.0\n" + keys_toml(folder)
     )
     d = start_daemon(
         folder, "--cache-dir", str(folder / "cache"), "--config", str(cfg), env=daemon_env(folder)
@@ -328,7 +328,7 @@ def test_one_remote_fetch_per_kernel_per_host(redis_server: RedisServer, tmp_pat
         data = request_data(defines={"N": 2020, "B_N": 1})
         first = a.client.compile(data).to_json()
         kernel, soc = first["kernel_name"], Path(first["files"][0]).parent.name
-        wait_for(lambda: probe.exists(f"cachemgr:1:{soc}:{kernel}"), 30, "the upload")
+        wait_for(lambda: probe.exists(RedisTier.key(soc, kernel)), 30, "the upload")
         gets = int(probe.info("commandstats").get("cmdstat_getrange", {}).get("calls", 0))
         answers: list[dict] = []
         threads = [

@@ -14,7 +14,7 @@ import redis
 
 from cachemgr.client import Client
 from tests.daemon_util import wait_for
-from tests.remote_util import RedisServer
+from tests.remote_util import RedisServer, keys_toml, site_key
 from tests.shared_util import kernel_request
 from tests.test_daemon_resources import _user_daemon
 from tests.users_util import Runtime, Users
@@ -37,6 +37,8 @@ def test_reload_adds_a_remote_and_re_enables_one_whose_credentials_were_fixed(
     secret.write_text("wrong\n")
     shutil.chown(secret, users.alice)
     secret.chmod(0o600)
+    key, _ = site_key(users.base)
+    shutil.chown(key, users.alice)  # the daemon user's own key (docs/remote.md#keys)
     d = _user_daemon(users, other_runtime, users.alice, "[remote]\n")  # no remote yet
     cfg = users.base / f"{users.alice}.toml"
     client = Client(d.socket_path, timeout_s=120, local_hits=False, daemon_user=users.alice)
@@ -49,6 +51,7 @@ def test_reload_adds_a_remote_and_re_enables_one_whose_credentials_were_fixed(
         assert client.stats().to_json()["remotes"] == {}
         cfg.write_text(
             f'[remote]\nstorage = ["{redis_server.url}|name=r|password-file={secret}"]\n'
+            + keys_toml(users.base)
         )
         assert client.reload()["reloaded"] is True
         assert state() == "ok"  # the remote of the edited config is in use

@@ -22,7 +22,15 @@ from cachemgr.storage.tiers import EntryFiles
 from tests import ge_twin
 from tests.conftest import SOC, kernel_json, run_cli
 from tests.daemon_util import Daemon, daemon_env, start_daemon, wait_for
-from tests.remote_util import RedisServer, WebDavServer, free_port
+from tests.remote_util import (
+    RedisServer,
+    WebDavServer,
+    free_port,
+    keys_config,
+    keys_toml,
+    site_keys,
+    trust_fields,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -42,7 +50,7 @@ def _site(tmp: Path, name: str, remote: str, extra: str = "") -> tuple[Daemon, P
     folder = tmp / name
     folder.mkdir()
     cfg = folder / "c.toml"
-    cfg.write_text(f'[remote]\nstorage = ["{remote}"]\n{extra}')
+    cfg.write_text(f'[remote]\nstorage = ["{remote}"]\n{extra}' + keys_toml(tmp))
     root = folder / "cache"
     d = start_daemon(folder, "--cache-dir", str(root), "--config", str(cfg), env=daemon_env(folder))
     return d, root, cfg
@@ -65,11 +73,11 @@ def test_ge_entry_written_at_a_is_warmed_at_b_and_hit_there_redis(
         for kernel, extra in (("te_twin_hdr", ["--header"]), ("te_twin_plain", [])):
             out = _twin("write", str(chip_a), kernel, "--size", "4096", *extra)
             assert out.returncode == 0, out.stderr
-        keys = [f"cachemgr:1:{SOC}:te_twin_hdr", f"cachemgr:1:{SOC}:te_twin_plain"]
+        keys = [RedisTier.key(SOC, "te_twin_hdr"), RedisTier.key(SOC, "te_twin_plain")]
         wait_for(lambda: all(probe.exists(k) for k in keys), 60, "A's uploads of GE's entries")
-        assert not probe.exists(f"cachemgr:1:{SOC}:te_twin_bad"), "a bad entry never travels"
+        assert not probe.exists(RedisTier.key(SOC, "te_twin_bad")), "a bad entry never travels"
         assert (chip_a / "te_twin_bad.json").is_file(), "and the upload left it alone"
-        index = {n.decode() for n in probe.zrange(f"cachemgr:1:index:{SOC}", 0, -1)}
+        index = {n.decode() for n in probe.zrange(RedisTier.index_key(SOC), 0, -1)}
         assert index == {"te_twin_hdr", "te_twin_plain"}
         row = a.client.stats().to_json()["remotes"]["shared"]
         assert row["uploads"] == 2 and row["errors"] == 0, row
@@ -135,7 +143,7 @@ def _entry(kernel: str, size: int) -> EntryFiles:
     return EntryFiles(SOC, kernel, {kernel + ".json": doc, kernel + ".o": data})
 
 
-def test_http_index_loses_no_concurrent_writer(webdav_server: WebDavServer) -> None:
+def test_http_index_loses_no_concurrent_writer(webdav_server: WebDavServer, tmp_path: Path) -> None:
     """Eight writers (eight hosts) upload into one chip at once: after each one's next
     flush every one is listed — the shards are per writer (no update of one can be lost);
     the registry is updated with If-Match and read back, and re-asserted at every flush.
@@ -143,7 +151,8 @@ def test_http_index_loses_no_concurrent_writer(webdav_server: WebDavServer) -> N
     flush fails, keeps its changes and goes at the next one.)"""
     url = webdav_server.url + "|layout=flat|connect-timeout=5000|operation-timeout=2000"
     spec = parse_spec(url, "test")
-    writers = [HttpTier(spec, writer=f"{i:016x}") for i in range(8)]
+    keys = site_keys(tmp_path)
+    writers = [HttpTier(spec, writer=f"{i:016x}", keys=keys) for i in range(8)]
     errors: list[BaseException] = []
 
     def one(i: int) -> None:
@@ -188,12 +197,13 @@ def test_warm_stays_within_the_size_limit_and_checks_its_input(
     """``warm`` fills the chip folder up to its eviction target and no further, newest
     first; ``--list`` names kernels (a bad line is exit 2 naming file and line, nothing
     written); without a remote or with both --limit and --list: exit 2."""
-    tier = RedisTier(parse_spec(redis_server.url, "test"))
+    tier = RedisTier(parse_spec(redis_server.url, "test"), keys=site_keys(tmp_path))
     for i in range(4):  # 400 KiB each; the newest last
         tier.put(_entry(f"te_size{i}", 400 << 10))
     root = tmp_path / "cache"
     env = dict(clean_env, ASCEND_MAX_OP_CACHE_SIZE="1", ASCEND_REMAIN_CACHE_SIZE_RATIO="100")
-    base = ("--cache-dir", str(root), "--soc", SOC, "--remote", redis_server.url)
+    keys = ("--config", str(keys_config(tmp_path)))
+    base = ("--cache-dir", str(root), "--soc", SOC, "--remote", redis_server.url, *keys)
     out = run_cli("warm", "--json", *base, env=env)
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)["chip_folders"][0]
@@ -217,22 +227,25 @@ def test_warm_stays_within_the_size_limit_and_checks_its_input(
     assert both.returncode == 2 and "exclude each other" in both.stderr
     none = run_cli("warm", "--cache-dir", str(root), "--soc", SOC, env=clean_env)
     assert none.returncode == 2 and "no remote tier configured" in none.stderr
-    fresh = run_cli("warm", "--cache-dir", str(tmp_path / "c2"), "--remote", redis_server.url)
+    fresh = run_cli(
+        "warm", "--cache-dir", str(tmp_path / "c2"), "--remote", redis_server.url, *keys
+    )
     assert fresh.returncode == 2 and "--soc" in fresh.stderr, fresh.stderr
     tier.close()
 
 
 def test_warm_says_why_no_remote_index_answered(tmp_path: Path, clean_env: dict[str, str]) -> None:
     """``warm`` against remotes nobody listens on said only "no remote index answered": it
-    now names each remote's spec and its reason (connection refused), in text and ``--json``,
-    without a traceback, exit 1."""
+    now names each remote's URL (not its spec's attributes) and its reason (connection
+    refused), in text and ``--json``, without a traceback, exit 1."""
     redis_url = f"redis://127.0.0.1:{free_port()}/0|name=down|connect-timeout=500"
     http_url = f"http://127.0.0.1:{free_port()}/c|name=web"
     base = ("--cache-dir", str(tmp_path / "cache"), "--soc", SOC)
+    base += ("--config", str(keys_config(tmp_path)))
     out = run_cli("warm", *base, "--remote", redis_url, "--remote", http_url, env=clean_env)
     assert out.returncode == 1, out.stderr
     assert "no remote index answered: redis://127.0.0.1:" in out.stdout, out.stdout
-    assert "name=down" in out.stdout and "http://127.0.0.1:" in out.stdout, out.stdout
+    assert "name=down" not in out.stdout and "http://127.0.0.1:" in out.stdout, out.stdout
     assert out.stdout.lower().count("refused") >= 2, out.stdout
     assert "Traceback" not in out.stderr, out.stderr
     out = run_cli("warm", "--json", *base, "--remote", redis_url, env=clean_env)
@@ -252,7 +265,7 @@ def test_warm_limit_fills_past_an_evicted_row_and_drops_it(
     from tests.conftest import publish
 
     spec = parse_spec(redis_server.url + "|name=r", "test")
-    tiers = RemoteTiers.from_config(RemoteConfig((spec,), "test"))
+    tiers = RemoteTiers.from_config(RemoteConfig((spec,), "test", **trust_fields(tmp_path)))
     assert tiers is not None
     site_a = tmp_path / "a" / "kernel_cache"
     names = [f"te_evict{i}" for i in range(4)]
@@ -269,6 +282,7 @@ def test_warm_limit_fills_past_an_evicted_row_and_drops_it(
 
     root_b = tmp_path / "b"
     args = ["--soc", SOC, "--limit", "1", "--json", "--cache-dir", str(root_b)]
+    args += ["--config", str(keys_config(tmp_path))]
     out = run_cli("warm", *args, "--remote", redis_server.url + "|name=r", env=clean_env)
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)["chip_folders"][0]

@@ -18,16 +18,22 @@ from cachemgr.remote.http_tier import HttpTier
 from cachemgr.remote.tierset import OK, RemoteTiers
 from tests.conftest import SOC, publish
 from tests.daemon_util import wait_for
-from tests.remote_util import NginxServer, RedisServer, WebDavServer
+from tests.remote_util import NginxServer, RedisServer, WebDavServer, trust_fields
 
 PREFIX = "/very/long/prefix"
 
 
-def _tiers(url: str, failures_before_open: int = 1) -> RemoteTiers:
+def _tiers(url: str, keys_dir: Path, failures_before_open: int = 1) -> RemoteTiers:
     """One remote named ``dav`` whose first failure opens its breaker (so a wrongly blamed
-    entry shows at once)."""
+    entry shows at once), signing with a key made in ``keys_dir``."""
     spec = parse_spec(f"{url}|name=dav|operation-timeout=5000", "test")
-    config = RemoteConfig((spec,), "test", failures_before_open=failures_before_open, open_s=60)
+    config = RemoteConfig(
+        (spec,),
+        "test",
+        failures_before_open=failures_before_open,
+        open_s=60,
+        **trust_fields(keys_dir),
+    )
     tiers = RemoteTiers.from_config(config)
     assert tiers is not None
     return tiers
@@ -46,12 +52,12 @@ def _upload_and_fetch_back(tiers: RemoteTiers, kcd: Path, kernel: str) -> None:
 def test_three_level_prefix_on_wsgidav(webdav_server: WebDavServer, tmp_path: Path) -> None:
     """``http://host/very/long/prefix`` on an empty wsgidav: each folder is made from the
     top, the entry and the index land under the prefix."""
-    tiers = _tiers(f"http://127.0.0.1:{webdav_server.port}{PREFIX}")
+    tiers = _tiers(f"http://127.0.0.1:{webdav_server.port}{PREFIX}", tmp_path)
     try:
         _upload_and_fetch_back(tiers, tmp_path / "kernel_cache", "te_deep")
         h = HttpTier.digest(SOC, "te_deep")
         stored = webdav_server.root / PREFIX.lstrip("/") / h[:2] / h[2:]
-        assert stored.is_file() and blob.decode(stored.read_bytes(), SOC, "te_deep")
+        assert stored.is_file() and blob.decode(stored.read_bytes(), SOC, "te_deep", tiers.keys)
         under = webdav_server.root / PREFIX.lstrip("/")
         assert all(under in p.parents for p in webdav_server.files() if "cache" not in p.parts)
         assert tiers.stats()["dav"]["errors"] == 0
@@ -63,7 +69,7 @@ def test_three_level_prefix_on_nginx(nginx_server: NginxServer, tmp_path: Path) 
     """The same on nginx's WebDAV module with ``create_full_put_path off``: its ``PUT`` into
     a missing folder fails (``500``), the folders are made with ``MKCOL`` from the top — the
     access log shows each one — and the ``PUT`` is tried once more."""
-    tiers = _tiers(nginx_server.url + PREFIX)
+    tiers = _tiers(nginx_server.url + PREFIX, tmp_path)
     try:
         _upload_and_fetch_back(tiers, tmp_path / "kernel_cache", "te_deep")
         h = HttpTier.digest(SOC, "te_deep")
@@ -84,7 +90,7 @@ def test_413_and_the_cap_are_the_entrys_problem_not_an_outage(
     size, the entry is not sent at all (no ``PUT`` in nginx's log), counted, logged once."""
     caplog.set_level(logging.WARNING, "cachemgr.remote.tierset")
     kcd = tmp_path / "kernel_cache"
-    tiers = _tiers(nginx_server.url + "/cache")
+    tiers = _tiers(nginx_server.url + "/cache", tmp_path)
     try:
         publish(kcd / SOC, "te_big", os.urandom(2 << 20))
         assert tiers.upload_now(kcd, SOC, "te_big") == 0
@@ -118,7 +124,8 @@ def test_redis_dropping_an_oversized_value_is_not_an_outage(
     closed: the next entry uploads and is fetched back."""
     redis_server.client().config_set("proto-max-bulk-len", "1mb")
     spec = parse_spec(redis_server.url + "|name=r", "test")
-    tiers = RemoteTiers.from_config(RemoteConfig((spec,), "test", failures_before_open=1))
+    config = RemoteConfig((spec,), "test", failures_before_open=1, **trust_fields(tmp_path))
+    tiers = RemoteTiers.from_config(config)
     assert tiers is not None
     kcd = tmp_path / "kernel_cache"
     try:

@@ -230,6 +230,7 @@ COMMANDS = {
     "stop": "cachemgr.cli.serve_cmd:stop_cmd",
     "limits": "cachemgr.cli.limits_cmd:limits_group",
     "warm": "cachemgr.cli.warm_cmd:warm_cmd",
+    "remote": "cachemgr.cli.remote_cmd:remote_group",
     "completion": "cachemgr.cli.completion_cmd:completion_cmd",
 }
 
@@ -244,6 +245,7 @@ SUMMARIES = {
     "ls": "List the entries: chip, kernel, op type, size, access.",
     "pack": "Build a package of precompiled kernels from cache entries.",
     "purge": "Clear chip folders (needs --soc or --all).",
+    "remote": "Make this site's signing key for the remote tiers.",
     "serve": "Run the cache daemon until SIGTERM.",
     "stats": "Show the hit rate, counters and fill of this cache.",
     "status": "Tell whether a daemon answers, with its pid and uptime.",

@@ -177,7 +177,7 @@ def _remote_rows(settings: Any, remotes: tuple[str, ...] = ()) -> list[dict[str,
     """Each remote's state (issue 15 item 8e): one cheap request each (Redis ``DBSIZE``,
     HTTP ``HEAD``), never a download; the remotes' contents are verified when fetched."""
     config = remote_config.from_settings(settings, list(remotes))  # ConfigError: exit 2
-    tiers = RemoteTiers.from_config(config)
+    tiers = RemoteTiers.from_config(config, stat_only=True)  # no key needed to ask DBSIZE
     if tiers is None:
         return []
     try:

@@ -389,12 +389,14 @@ def _print_stats(stats: StatsResult, why: str = "") -> None:
         )
     )
     for name, rem in data.get("remotes", {}).items():  # issue 15 item 7
+        reasons = ", ".join(f"{k} {v}" for k, v in rem.get("rejected_by_reason", {}).items())
         lines.append(
             (
                 f"Remote {name}",
                 f"{rem['state']}: {rem['hits']} hits, {rem['misses']} misses, "
-                f"{rem['errors']} errors, {rem['rejected']} rejected, "
-                f"{human.size(rem['bytes_in'])} in, {human.size(rem['bytes_out'])} out",
+                f"{rem['errors']} errors, {rem['rejected']} rejected"
+                + (f" ({reasons}), " if reasons else ", ")
+                + f"{human.size(rem['bytes_in'])} in, {human.size(rem['bytes_out'])} out",
             )
         )
     for soc, row in stats.chip_folders.items():

@@ -66,6 +66,7 @@ class Rule:
             "int": "an integer",
             "float": "a number",
             "list_str": "a list of strings",
+            "bool": "true or false",
             "flag_map": "a table of lists of strings",
         }[self.kind]
         if self.lo is not None and self.hi is not None:
@@ -104,6 +105,7 @@ _KIND_CHECKS: dict[str, Callable[[Any], bool]] = {
     "int": _is_int,
     "float": lambda v: _is_int(v) or isinstance(v, float),
     "list_str": _is_str_list,
+    "bool": lambda v: isinstance(v, bool),
     "flag_map": lambda v: isinstance(v, dict) and all(_is_str_list(x) for x in v.values()),
 }
 
@@ -311,6 +313,18 @@ class RemoteTable:
     prefetch: int = field(default=0, metadata=rule("int", 0))
     prefetch_socs: tuple[str, ...] = field(
         default=(), metadata=rule("list_str", text="a list of chip names like 'Ascend910B1'")
+    )
+    #: this site's private key file (``cachemgr remote keygen NAME``); unset: no uploads
+    signing_key: str | None = _opt_str("the path of a private key file")
+    #: the public keys whose entries this site accepts, ``NAME:BASE64`` each
+    trusted_keys: tuple[str, ...] = field(
+        default=(), metadata=rule("list_str", text="a list of public keys like 'site-a:BASE64'")
+    )
+    #: accept entries without checking who signed them (one writer only: docs/remote.md)
+    trust_unsigned: bool = field(default=False, metadata=rule("bool"))
+    #: users whose CANN-written entries are uploaded (default: the daemon's own user)
+    upload_writers: tuple[str, ...] = field(
+        default=(), metadata=rule("list_str", text="a list of user names")
     )
 
 

@@ -35,8 +35,10 @@ class _Collector:
         gauges: Callable[[], Sequence[Gauge]] = lambda: (),
         queue_figures: Callable[[], Mapping[str, int]] = dict,
         remotes: Callable[[], Mapping[str, Mapping[str, Any]]] = dict,
+        upload_refused: Callable[[], int] = int,
     ) -> None:
         self.remotes = remotes
+        self.upload_refused = upload_refused
         self.counters = counters
         self.index = index
         self.limit_bytes = limit_bytes
@@ -93,6 +95,11 @@ class _Collector:
             "cachemgr_queue_jobs", "compile jobs queued or running", value=self.queue_depth()
         )
         yield from remote_metrics(self.remotes())
+        yield CounterMetricFamily(
+            "cachemgr_remote_upload_refused",
+            "entries not uploaded: a file of them belongs to a user not in [remote] upload_writers",
+            value=self.upload_refused(),
+        )
         families: dict[str, GaugeMetricFamily] = {}
         for name, text, labels, gauge_value in self.gauges():
             family = families.get(name)
@@ -126,6 +133,16 @@ def remote_metrics(rows: Mapping[str, Mapping[str, Any]]) -> Iterator[Metric]:
         for name, row in sorted(rows.items()):
             family.add_metric([name], float(row.get(counter, 0)))
         yield family
+    by_reason = CounterMetricFamily(
+        "cachemgr_remote_rejected_by_reason",
+        "entries the remote sent that were rejected, by reason (unknown_key, bad_signature, "
+        "unsigned, parts, corrupt, wrong_entry, too_large, entry)",
+        labels=["remote", "reason"],
+    )
+    for name, row in sorted(rows.items()):
+        for reason, count in sorted(dict(row.get("rejected_by_reason") or {}).items()):
+            by_reason.add_metric([name, reason], float(count))
+    yield by_reason
     state = GaugeMetricFamily(
         "cachemgr_remote_state", "1 for the state each remote is in", labels=["remote", "state"]
     )
@@ -147,11 +164,13 @@ class Metrics:
         gauges: Callable[[], Sequence[Gauge]] = lambda: (),
         queue_figures: Callable[[], Mapping[str, int]] = dict,
         remotes: Callable[[], Mapping[str, Mapping[str, Any]]] = dict,
+        upload_refused: Callable[[], int] = int,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         collector = _Collector(
-            counters, index, limit_bytes, queue_depth, gauges, queue_figures, remotes
-        )
+            counters, index, limit_bytes, queue_depth, gauges, queue_figures, remotes,
+            upload_refused,
+        )  # fmt: skip
         self.registry.register(collector)
         self.compile_seconds = Histogram(
             "cachemgr_compile_seconds",

@@ -87,7 +87,9 @@ class Service:
         #: storage`` (issue 15)
         self._remote_cli = list(remote_cli)
         self.remote_config = remote_config.from_settings(self._settings, self._remote_cli)
-        self.remotes = RemoteTiers.from_config(self.remote_config, remotes_state_dir())
+        self.remotes = RemoteTiers.from_config(
+            self.remote_config, remotes_state_dir(), strict_key=True
+        )
         self.queue = CompileQueue(
             self._settings,
             workers=config.workers or os.cpu_count() or 1,
@@ -120,6 +122,7 @@ class Service:
             self._gauges,
             self.queue.figures,
             self.remote_stats,
+            lambda: self.remotes.upload_refused if self.remotes is not None else 0,
         )
         self.hit_budget = HitBudget(config.max_reported_hits_per_s)
         self._jobs: dict[str, dict[str, Any]] = {}
@@ -213,12 +216,15 @@ class Service:
                 new = self._resolve()
                 DaemonConfig.from_table(new.sections.get("daemon"))  # same checks as at start
                 remotes = remote_config.from_settings(new, self._remote_cli)  # password files too
+                tiers = self.remotes
+                if remotes != self.remote_config:  # keys: the same checks as at start
+                    tiers = RemoteTiers.from_config(remotes, remotes_state_dir(), strict_key=True)
             except CacheMgrError as exc:
                 log.error("reload refused, keeping the old configuration: %s", exc)
                 return {"reloaded": False, "error": str(exc)}
             self._settings = new
             if remotes != self.remote_config:
-                self._replace_remotes(remotes)
+                self._replace_remotes(remotes, tiers)
             elif self.remotes is not None:  # fixed on the server's side: try again (issue 15)
                 self.remotes.enable_all()
             self.queue.update_settings(new)
@@ -228,7 +234,9 @@ class Service:
         log.info("configuration reloaded")
         return {"reloaded": True, "problems": list(new.problems)}
 
-    def _replace_remotes(self, config: remote_config.RemoteConfig) -> None:
+    def _replace_remotes(
+        self, config: remote_config.RemoteConfig, tiers: RemoteTiers | None
+    ) -> None:
         """Use the remotes of ``config`` (a reload changed ``[remote]``, a password file or
         ``CACHEMGR_REMOTE_STORAGE``'s reading): new tiers, enabled, for new compiles and
         for entries the watcher sees; the old ones finish their queued uploads and close in
@@ -236,7 +244,7 @@ class Service:
         its credentials are fixed."""
         old = self.remotes
         self.remote_config = config
-        self.remotes = RemoteTiers.from_config(config, remotes_state_dir())
+        self.remotes = tiers
         self.queue.set_remotes(self.remotes)
         writable = self.remotes is not None and self.remotes.writable
         self.governance.on_entry = self._entry_seen if writable else None
@@ -272,6 +280,14 @@ class Service:
         ``status`` show the same figures (issue 15 item 7)."""
         return self.remotes.stats() if self.remotes is not None else {}
 
+    def _rejected_by_reason(self) -> dict[str, int]:
+        """Rejected blobs by reason, summed over the remotes."""
+        total: dict[str, int] = {}
+        for row in self.remote_stats().values():
+            for reason, n in row.get("rejected_by_reason", {}).items():
+                total[reason] = total.get(reason, 0) + n
+        return dict(sorted(total.items()))
+
     def health(self) -> dict[str, Any]:
         degraded = self.degraded()
         status = "degraded" if degraded else "ok"
@@ -290,10 +306,13 @@ class Service:
         }
 
     def warnings(self) -> list[str]:
-        """What the operator should fix though the daemon works, one line each: a kernel
-        cache every local user can read (docs/shared-cache.md#outsiders-read-nothing)."""
+        """What the operator should fix though the daemon works, one ``warning: …`` line
+        each: a kernel cache every local user can read
+        (docs/shared-cache.md#outsiders-read-nothing); what weakens or limits the remote tier
+        (``trust_unsigned``, uploads off: docs/remote.md#keys)."""
         exposed = exposure.outsiders_warning(self._settings.layout.kernel_cache_dir)
-        return [exposed] if exposed else []
+        remote = [f"warning: {w}" for w in remote_config.trust_warnings(self.remote_config)]
+        return ([exposed] if exposed else []) + remote
 
     def degraded(self) -> list[str]:
         """The degraded states now, one line each (docs/troubleshooting.md): a root that
@@ -431,6 +450,10 @@ class Service:
             # per remote: hits, misses, errors, rejected, bytes in/out, state (issue 15 item 7)
             "remotes": self.remote_stats(),
             "remote_uploads_dropped": self.remotes.dropped if self.remotes is not None else 0,
+            # entries kept on this site: a file of them is not an upload_writers user's
+            "remote_upload_refused": self.remotes.upload_refused if self.remotes else 0,
+            # blobs rejected, by reason, all remotes together (per remote: remotes.<name>)
+            "remote_rejected": self._rejected_by_reason(),
             **self.governance.status(),
         }
         release_memory()  # the folder scans above held a per-file object each

@@ -23,14 +23,22 @@ Attributes (timeouts in milliseconds, as ccache's):
 * ``password-file=`` — the password (Redis ``AUTH``, HTTP basic auth) read from a file instead
   of the URL; ``bearer-token-file=`` — an HTTP bearer token from a file.
 
-Passwords and tokens are never shown: :attr:`RemoteSpec.display` (used by ``config``, logs
-and every error message) puts ``********`` in their place.
+Passwords and tokens are never shown: :attr:`RemoteSpec.display` (used by ``config``) puts
+``********`` in their place; logs and error lines name a remote by its URL
+(:attr:`RemoteSpec.url`), never by the spec with its attributes.
+
+Who may write what this site accepts (docs/remote.md#keys): ``[remote] trusted_keys`` (the
+public keys whose signatures are accepted), ``signing_key`` (this site's private key file;
+without it nothing is uploaded), ``trust_unsigned`` (the single-writer opt-out) and
+``upload_writers`` (the users whose CANN-written entries are uploaded).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
+import pwd
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +47,9 @@ from urllib.parse import SplitResult, unquote, urlsplit
 
 from cachemgr.config.configfile import redact_url
 from cachemgr.errors import ConfigError
+from cachemgr.remote import signing
+
+log = logging.getLogger(__name__)
 
 #: The environment variable naming the remotes (space-separated URLs).
 ENV_VAR = "CACHEMGR_REMOTE_STORAGE"
@@ -97,8 +108,14 @@ class RemoteSpec:
         return f"{self.scheme}://{host}{port}{self.path}"
 
     @property
+    def url(self) -> str:
+        """The URL without credentials or attributes (``scheme://host:port/path``): what log
+        and error lines name the remote by."""
+        return self.base_url
+
+    @property
     def display(self) -> str:
-        """The spec as written, password redacted: safe for ``config``, logs and errors."""
+        """The spec as written, password redacted: what ``config`` shows."""
         user = self.username or ""
         cred = ""
         if self.password is not None and not any(
@@ -111,7 +128,7 @@ class RemoteSpec:
         return "|".join((base, *self.attributes))
 
     def __str__(self) -> str:
-        return self.display
+        return self.url
 
 
 #: ``[remote] prefetch``: entries per chip the daemon downloads (0 = off; issue 15 item 6).
@@ -134,6 +151,18 @@ class RemoteConfig:
     open_s: float = float(TABLE_DEFAULTS["open_s"])
     prefetch: int = PREFETCH_DEFAULT
     prefetch_socs: tuple[str, ...] = ()
+    #: ``[remote] trusted_keys``: whose signatures a remote's entries may carry
+    trusted_keys: tuple[signing.PublicKey, ...] = ()
+    #: ``[remote] signing_key``: this site's private key file (read by :func:`load_keys`)
+    signing_key: Path | None = None
+    #: (inode, mtime ns, size) of ``signing_key`` when resolved: a key replaced in place is a
+    #: changed configuration (a reload takes it)
+    signing_key_stamp: tuple[int, int, int] | None = None
+    #: ``[remote] trust_unsigned``: signatures are not checked (one writer only)
+    trust_unsigned: bool = False
+    #: ``[remote] upload_writers`` as written, and their uids (empty: the daemon's own user)
+    upload_writers: tuple[str, ...] = ()
+    upload_uids: tuple[int, ...] = ()
 
     @property
     def display(self) -> str:
@@ -141,9 +170,9 @@ class RemoteConfig:
         return " ".join(r.display for r in self.remotes)
 
     def secret_files(self) -> list[Path]:
-        """The files the remotes' ``password-file=`` and ``bearer-token-file=`` name (the
-        compile sandbox hides their folders)."""
-        found = []
+        """The files the remotes' ``password-file=`` and ``bearer-token-file=`` name, and the
+        ``signing_key`` (the compile sandbox hides their folders)."""
+        found = [self.signing_key] if self.signing_key is not None else []
         for spec in self.remotes:
             for attr in spec.attributes:
                 key, _, value = attr.partition("=")
@@ -267,13 +296,14 @@ def resolve(
     :raises ConfigError: a bad spec, an unknown ``[remote]`` key, a bad tunable.
     """
     table = dict(table or {})
-    keys = ["storage", *TABLE_DEFAULTS, "prefetch", "prefetch_socs"]
+    keys = ["storage", *TABLE_DEFAULTS, "prefetch", "prefetch_socs", *TRUST_KEYS]
     unknown = set(table) - set(keys)
     if unknown:
         known = ", ".join(keys)
         raise ConfigError(f"{where} [remote]: unknown key {sorted(unknown)[0]!r} (known: {known})")
     tunables: dict[str, Any] = {k: _tunable(table, k, where) for k in TABLE_DEFAULTS}
     tunables.update(_prefetch(table, where))
+    tunables.update(_trust(table, where))
     if cli:
         texts, origin = [t for item in cli for t in item.split()], "--remote"
     elif env.get(ENV_VAR, "").strip():
@@ -317,6 +347,123 @@ def _prefetch(table: Mapping[str, Any], where: str) -> dict[str, Any]:
             f"expected, not {socs!r}"
         )
     return {"prefetch": count, "prefetch_socs": tuple(socs)}
+
+
+#: The ``[remote]`` keys of who may write what this site accepts (docs/remote.md#keys).
+TRUST_KEYS = ("trusted_keys", "signing_key", "trust_unsigned", "upload_writers")
+
+
+def _trust(table: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """``trusted_keys``, ``signing_key`` (its path and stamp; the file is read by
+    :func:`load_keys`), ``trust_unsigned`` and ``upload_writers`` (with their uids).
+
+    :raises ConfigError: a bad key line, two keys of one name, an unknown user.
+    """
+    at = f"{where} [remote]"
+    raw_keys = table.get("trusted_keys", [])
+    if isinstance(raw_keys, str):
+        raw_keys = [raw_keys]
+    if not isinstance(raw_keys, list) or not all(isinstance(x, str) for x in raw_keys):
+        raise ConfigError(f"{at} trusted_keys: a list of public keys 'NAME:BASE64' expected")
+    trusted = tuple(signing.parse_public_key(x, f"{at} trusted_keys") for x in raw_keys)
+    names = [k.name for k in trusted]
+    for n in names:
+        if names.count(n) > 1:
+            raise ConfigError(f"{at} trusted_keys: two keys named {n!r}")
+    path = table.get("signing_key")
+    if path is not None and (not isinstance(path, str) or not path.strip()):
+        raise ConfigError(f"{at} signing_key: the path of a private key file expected")
+    unsigned = table.get("trust_unsigned", False)
+    if not isinstance(unsigned, bool):
+        raise ConfigError(f"{at} trust_unsigned: true or false expected, not {unsigned!r}")
+    writers = table.get("upload_writers", [])
+    if not isinstance(writers, list) or not all(isinstance(x, str) for x in writers):
+        raise ConfigError(f"{at} upload_writers: a list of user names expected")
+    key = Path(path) if path else None
+    return {
+        "trusted_keys": trusted,
+        "signing_key": key,
+        "signing_key_stamp": _stamp(key),
+        "trust_unsigned": unsigned,
+        "upload_writers": tuple(writers),
+        "upload_uids": tuple(_uid(u, f"{at} upload_writers") for u in writers),
+    }
+
+
+def _stamp(path: Path | None) -> tuple[int, int, int] | None:
+    if path is None:
+        return None
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+def _uid(user: str, where: str) -> int:
+    try:
+        return pwd.getpwnam(user).pw_uid
+    except KeyError:
+        raise ConfigError(f"{where}: no user {user!r} on this host") from None
+
+
+def trust_warnings(config: RemoteConfig) -> list[str]:
+    """One line per way this configuration weakens or limits the remote tier: signatures
+    not checked (``trust_unsigned``), reading refused (no ``trusted_keys``), uploads off (no
+    ``signing_key``). Empty without remotes. ``config`` and ``status`` show them."""
+    if not config.remotes:
+        return []
+    out = []
+    if config.trust_unsigned:
+        out.append(
+            "[remote] trust_unsigned = true: entries from the remotes are accepted without "
+            "checking who signed them; anyone who can write to a remote can run code here"
+        )
+    elif not config.trusted_keys:
+        out.append(READ_REFUSED)
+    if config.signing_key is None and any(not r.read_only for r in config.remotes):
+        out.append(UPLOADS_OFF)
+    return out
+
+
+#: Why a remote is not read (one line naming the settings).
+READ_REFUSED = (
+    "reading the remotes is refused: [remote] trusted_keys is empty; add the writers' public "
+    "keys (`cachemgr remote keygen NAME` prints one), or set [remote] trust_unsigned = true "
+    "for a single-writer setup (docs/remote.md#keys)"
+)
+#: Why nothing is uploaded (one line naming the setting).
+UPLOADS_OFF = (
+    "uploads to the remotes are off: [remote] signing_key is not set "
+    "(`cachemgr remote keygen NAME` makes one)"
+)
+
+
+def load_keys(config: RemoteConfig, strict: bool) -> signing.Keys:
+    """The keys of ``config``: the trusted public keys, and the private key read from
+    ``signing_key`` (:func:`~cachemgr.remote.signing.read_key_file`).
+
+    :param strict: a private key that cannot be used (missing, another user's, readable by
+        others, malformed) raises (the daemon); else uploads are off with one warning line
+        naming why (a member's CLI run with the daemon's config file).
+    :raises ConfigError: reading is refused (no trusted key and no ``trust_unsigned``), or
+        ``strict`` and the private key cannot be used.
+    """
+    if not config.trusted_keys and not config.trust_unsigned:
+        raise ConfigError(READ_REFUSED)
+    secret = None
+    if config.signing_key is not None:
+        try:
+            secret = signing.read_key_file(config.signing_key, "[remote] signing_key")
+            keys = signing.Keys(config.trusted_keys, secret, config.trust_unsigned)
+        except ConfigError as exc:
+            if strict:
+                raise
+            log.warning("uploads to the remotes are off: %s", exc)
+            secret = None
+        else:
+            return keys
+    return signing.Keys(config.trusted_keys, None, config.trust_unsigned)
 
 
 def _tunable(table: Mapping[str, Any], key: str, where: str) -> Any:

@@ -57,8 +57,9 @@ from pathlib import Path
 
 import requests
 
+from cachemgr.config.configfile import redact_url
 from cachemgr.constants import short_host
-from cachemgr.remote import blob
+from cachemgr.remote import blob, signing
 from cachemgr.remote.config import RemoteSpec
 from cachemgr.remote.uploadcap import EntryTooBig, check_blob
 from cachemgr.storage.tiers import EntryFiles, TierStat
@@ -106,8 +107,10 @@ class HttpTier:
         spec: RemoteSpec,
         max_part_bytes: int = blob.DEFAULT_MAX_PART_BYTES,
         writer: str | None = None,
+        keys: signing.Keys | None = None,
     ):
         self.spec = spec
+        self.keys = keys or signing.Keys()  # see RedisTier
         self.writer = writer or default_writer()
         self._index_lock = threading.Lock()
         self._shards: dict[str, dict[str, float]] = {}  # soc → kernel → time (this writer's)
@@ -152,7 +155,8 @@ class HttpTier:
 
     def _check(self, resp: requests.Response, method: str) -> None:
         if resp.status_code >= 400:
-            raise HttpError(f"{method} {self.spec.display}: HTTP {resp.status_code}")
+            url = redact_url(resp.url) if resp.url else self.spec.url  # the URL, not the spec
+            raise HttpError(f"{method} {url}: HTTP {resp.status_code}")
 
     def lookup(self, soc_version: str, kernel: str) -> bool:
         """``HEAD``: True when the server has the entry.
@@ -202,7 +206,9 @@ class HttpTier:
         raw = self.fetch_blob(soc_version, kernel)
         if raw is None:
             return None
-        return blob.decode(raw, soc_version, kernel, self.max_part_bytes, self.max_blob_bytes)
+        return blob.decode(
+            raw, soc_version, kernel, self.keys, self.max_part_bytes, self.max_blob_bytes
+        )
 
     def put(self, entry_files: EntryFiles) -> bool:
         """``PUT`` the blob (``MKCOL`` of missing folders on a WebDAV ``409``, nginx's ``500``).
@@ -212,7 +218,7 @@ class HttpTier:
         :raises HttpError, requests.RequestException: the server failed.
         """
         url = self.url(entry_files.soc_version, entry_files.kernel)
-        data = blob.encode(entry_files)
+        data = blob.encode(entry_files, self.keys)
         check_blob(data, self.max_blob_bytes, self.name)
         resp = self._session.put(url, data=data, timeout=self._upload_timeout)
         if resp.status_code in NO_FOLDER:

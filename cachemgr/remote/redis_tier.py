@@ -23,7 +23,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from cachemgr.remote import blob
+from cachemgr.remote import blob, signing
 from cachemgr.remote.config import RemoteSpec
 from cachemgr.remote.uploadcap import check_blob
 from cachemgr.storage.tiers import EntryFiles, TierStat
@@ -36,10 +36,18 @@ class RedisTier:
     """A Redis server as a storage tier (see the module docstring).
 
     :param spec: the configured remote (``redis://`` or ``rediss://`` with system CAs).
+    :param keys: what uploads are signed with and whose signatures a fetch accepts
+        (default: none — nothing is accepted, nothing can be uploaded).
     """
 
-    def __init__(self, spec: RemoteSpec, max_part_bytes: int = blob.DEFAULT_MAX_PART_BYTES):
+    def __init__(
+        self,
+        spec: RemoteSpec,
+        max_part_bytes: int = blob.DEFAULT_MAX_PART_BYTES,
+        keys: signing.Keys | None = None,
+    ):
         self.spec = spec
+        self.keys = keys or signing.Keys()
         self.name = spec.name
         self.read_only = spec.read_only
         self.max_part_bytes = max_part_bytes
@@ -95,21 +103,25 @@ class RedisTier:
     def fetch(self, soc_version: str, kernel: str, use: bool = True) -> EntryFiles | None:
         """The verified entry, or None when absent (``use``: see :meth:`fetch_blob`).
 
-        :raises blob.BadBlob: the value fails a check (tampered, truncated, another entry's).
+        :raises blob.BadBlob: the value fails a check (not signed by a trusted key, tampered,
+            truncated, another entry's, not exactly an entry's parts).
         :raises redis.RedisError, OSError: the server failed.
         """
         raw = self.fetch_blob(soc_version, kernel, use)
         if raw is None:
             return None
-        return blob.decode(raw, soc_version, kernel, self.max_part_bytes, self.max_blob_bytes)
+        return blob.decode(
+            raw, soc_version, kernel, self.keys, self.max_part_bytes, self.max_blob_bytes
+        )
 
     def put(self, entry_files: EntryFiles) -> bool:
-        """Store the entry's blob and note it in the chip's index.
+        """Store the entry's blob (signed with this site's key) and note it in the chip's index.
 
+        :raises ConfigError: no signing key.
         :raises EntryTooBig: the blob is over ``max_blob_bytes`` (not sent).
         :raises redis.RedisError, OSError: the server failed.
         """
-        data = blob.encode(entry_files)
+        data = blob.encode(entry_files, self.keys)
         check_blob(data, self.max_blob_bytes, self.name)
         pipe = self._uploader.pipeline(transaction=False)
         pipe.set(self.key(entry_files.soc_version, entry_files.kernel), data)

@@ -9,15 +9,21 @@
   state folder the open window is shared by the user's runs on the host
   (:mod:`cachemgr.remote.breakerfile`). One warning line per state change, never one per
   request.
-* A blob that fails verification is ``rejected`` (counted, one warning line naming the check)
-  and the lookup goes on: remote data is untrusted, it never fails a compile.
+* A blob that fails verification is ``rejected`` — not signed by a key of ``[remote]
+  trusted_keys``, signed by a retired key, tampered with, or carrying a file that is not one
+  of the entry's parts (:mod:`cachemgr.remote.blob`) — counted by reason
+  (``rejected_by_reason``), one warning line per remote, reason and signing key, and the
+  lookup goes on: remote data is untrusted, it never fails a compile.
 * :meth:`RemoteTiers.upload_later` queues an entry for upload and returns at once; the queue
   holds at most ``upload_queue`` entries, more are dropped and counted. One thread uploads.
   Only complete, verified entries go (:meth:`~cachemgr.storage.tiers.LocalTier.read`: entry.py's
-  rules, no access time changed, nothing removed). Entries the daemon *saw* (written by a
-  CANN process: issue 15 item 6) are first asked for (``EXISTS``/``HEAD``) and not sent when
-  the remote has them; an entry whose main json is unchanged since its last upload is not
-  sent again.
+  rules, no access time changed, nothing removed), signed with the site's key (no
+  ``signing_key``: no uploads), and only when every file of the entry belongs to the daemon's
+  own user or a user of ``[remote] upload_writers``: a member's planted entry stays on its
+  site (``upload_refused``, one warning line per owner; docs/remote.md#keys). Entries the
+  daemon *saw* (written by a CANN process) are first asked for (``EXISTS``/``HEAD``) and
+  not sent when the remote has them; an entry whose main json is unchanged since its last
+  upload is not sent again.
 * An entry over a remote's cap is not read whole nor sent, and a server refusing one for its
   size (HTTP ``413``, a connection dropped while the server still answers a ping) is that
   entry's problem: counted ``oversized``, logged once per remote, never a breaker failure
@@ -42,9 +48,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cachemgr.remote import blob
+from cachemgr.remote import blob, signing
 from cachemgr.remote.breakerfile import BreakerFile
-from cachemgr.remote.config import RemoteConfig, RemoteSpec
+from cachemgr.remote.config import UPLOADS_OFF, RemoteConfig, RemoteSpec, load_keys
 from cachemgr.remote.uploadcap import EntryTooBig, upload_cap
 from cachemgr.storage import fsutil
 from cachemgr.storage.tiers import EntryFiles, LocalTier, TierStat
@@ -169,15 +175,26 @@ class RemoteTiers:
 
     :param tiers: the remote tier objects in lookup order (each has ``name``, ``spec``,
         ``read_only``, ``fetch``, ``put``, ``stat``, ``close``).
-    :param config: the breaker and queue tunables.
+    :param config: the breaker and queue tunables, ``upload_writers``.
     :param state_dir: the user's folder for the breakers' shared state
         (:mod:`cachemgr.remote.breakerfile`); None: each breaker lives in this process only.
+    :param keys: the site's keys (the tiers hold the same: :func:`make_tier`); default none.
     """
 
     def __init__(
-        self, tiers: Sequence[Any], config: RemoteConfig, state_dir: Path | None = None
+        self,
+        tiers: Sequence[Any],
+        config: RemoteConfig,
+        state_dir: Path | None = None,
+        keys: signing.Keys | None = None,
     ) -> None:
         self.tiers = list(tiers)
+        self.keys = keys or signing.Keys()
+        #: whose files may be uploaded: the daemon's own user and ``upload_writers``
+        self.upload_uids = frozenset({os.geteuid(), *config.upload_uids})
+        self.upload_refused = 0
+        self.rejected_by: dict[str, dict[str, int]] = {t.name: {} for t in tiers}
+        self._logged: set[tuple[str, ...]] = set()  # (remote, reason, key) / (uid,) said once
         self.breakers = {
             t.name: Breaker(
                 t.name, config.failures_before_open, config.open_s, store=_store(t, state_dir)
@@ -191,16 +208,39 @@ class RemoteTiers:
         self._thread: threading.Thread | None = None
         #: (kernel cache, soc, kernel) → (inode, mtime ns) of the main json last uploaded
         self._uploaded: OrderedDict[tuple[str, str, str], tuple[int, int]] = OrderedDict()
+        #: (remote, soc_version, kernel) whose value on the remote was rejected: it is not
+        #: "present" there, and a verified local entry replaces it (bounded like _uploaded)
+        self._bad_there: OrderedDict[tuple[str, str, str], None] = OrderedDict()
         self._current: Job | None = None  # the job the uploader is doing now
         self._said_oversized: set[str] = set()  # remotes whose oversized entry was logged
 
     @classmethod
-    def from_config(cls, config: RemoteConfig, state_dir: Path | None = None) -> RemoteTiers | None:
+    def from_config(
+        cls,
+        config: RemoteConfig,
+        state_dir: Path | None = None,
+        *,
+        strict_key: bool = False,
+        stat_only: bool = False,
+    ) -> RemoteTiers | None:
         """The tiers of ``config``, or None when no remote is configured (``state_dir``: see
-        the class)."""
+        the class). Without a ``signing_key`` uploads are off (one warning line).
+
+        :param strict_key: a ``signing_key`` that cannot be used raises (the daemon); else
+            uploads are off with one warning line (:func:`~cachemgr.remote.config.load_keys`).
+        :param stat_only: the tiers only answer :meth:`stat_all` (``verify``): no key is read
+            and no trusted key is needed.
+        :raises ConfigError: no trusted key (and no ``trust_unsigned``): reading is refused;
+            ``strict_key`` and a bad private key.
+        """
         if not config.remotes:
             return None
-        return cls([make_tier(s) for s in config.remotes], config, state_dir)
+        keys = signing.Keys() if stat_only else load_keys(config, strict_key)
+        writes = any(not s.read_only for s in config.remotes)
+        if not stat_only and writes and config.signing_key is None:
+            log.warning("%s", UPLOADS_OFF)
+        tiers = [make_tier(s, keys) for s in config.remotes]
+        return cls(tiers, config, state_dir, keys)
 
     def _count(self, name: str, key: str, n: int = 1) -> None:
         with self._lock:
@@ -226,8 +266,7 @@ class RemoteTiers:
                 got = tier.fetch(soc_version, kernel, use=use)
             except blob.BadBlob as exc:
                 breaker.success()  # the server answered: garbage is not an outage
-                self._count(tier.name, "rejected")
-                log.warning("remote %s: %s/%s rejected: %s", tier.name, soc_version, kernel, exc)
+                self._reject(tier.name, soc_version, kernel, exc.reason, exc.key, str(exc))
                 continue
             except Exception as exc:  # any failure of a remote is isolated
                 self._failed(tier, exc, lookup=True)
@@ -281,7 +320,7 @@ class RemoteTiers:
         None when no remote could tell.
 
         :param why: when given, one line per remote that did not answer is appended to it:
-            its spec (password redacted) and the reason (``ConnectionError: … Connection
+            its URL and the reason (``ConnectionError: … Connection
             refused``, or why it was skipped).
         """
         reasons = why if why is not None else []
@@ -305,14 +344,32 @@ class RemoteTiers:
 
     def reject(self, name: str, soc_version: str, kernel: str, why: str) -> None:
         """A fetched entry that the local store refused (its json does not match its
-        binaries): counted as ``rejected`` with one warning line."""
-        self._count(name, "rejected")
-        log.warning("remote %s: %s/%s rejected: %s", name, soc_version, kernel, why)
+        binaries): counted as ``rejected`` (reason ``entry``) with one warning line."""
+        self._reject(name, soc_version, kernel, "entry", "", why)
+
+    def _reject(
+        self, name: str, soc_version: str, kernel: str, reason: str, key: str, why: str
+    ) -> None:
+        """Count a rejected blob by reason; one warning line per remote, reason and signing
+        key (an attacker's flood of blobs is one line), debug after that."""
+        with self._lock:
+            self.counts[name]["rejected"] += 1
+            self._bad_there[(name, soc_version, kernel)] = None
+            while len(self._bad_there) > UPLOADED_MEMORY:
+                self._bad_there.popitem(last=False)
+            by = self.rejected_by.setdefault(name, {})
+            by[reason] = by.get(reason, 0) + 1
+            first = (name, reason, key) not in self._logged
+            self._logged.add((name, reason, key))
+        level = logging.WARNING if first else logging.DEBUG
+        more = " (further ones of this remote, reason and key: debug)" if first else ""
+        log.log(level, "remote %s: %s/%s rejected (%s): %s%s", name, soc_version, kernel,
+                reason, why, more)  # fmt: skip
 
     @property
     def writable(self) -> bool:
-        """True when some remote takes uploads."""
-        return any(not t.read_only for t in self.tiers)
+        """True when some remote takes uploads and this site can sign them."""
+        return self.keys.signer_name is not None and any(not t.read_only for t in self.tiers)
 
     def upload_later(
         self, kernel_cache_dir: Path, soc_version: str, kernel: str, seen: bool = False
@@ -397,14 +454,19 @@ class RemoteTiers:
         if not writable:
             return 0
         cap = max(upload_cap(t) for t in writable)
+        owners: set[int] = set()
         try:  # never more than the biggest cap in memory
-            item = LocalTier(kernel_cache_dir).read(soc_version, kernel, max_bytes=cap)
+            item = LocalTier(kernel_cache_dir).read(
+                soc_version, kernel, max_bytes=cap, owners=owners
+            )
         except fsutil.FileTooLargeError:
             for tier in writable:
                 self._oversized(tier, soc_version, kernel, f"over the {cap}-byte upload cap")
             return 0
         if item is None:
             log.debug("not uploading %s/%s: not a complete, verified entry", soc_version, kernel)
+            return 0
+        if not self._writers_trusted(soc_version, kernel, owners):
             return 0
         done = 0
         for tier in writable:
@@ -415,7 +477,11 @@ class RemoteTiers:
             if not breaker.allow():
                 continue
             try:
-                if seen and tier.lookup(soc_version, kernel):
+                if (
+                    seen
+                    and not self._was_bad(tier.name, soc_version, kernel)
+                    and tier.lookup(soc_version, kernel)
+                ):  # a value there that a lookup rejected is no copy: replaced below
                     breaker.success()
                     self._count(tier.name, "present")
                     done += 1
@@ -432,12 +498,41 @@ class RemoteTiers:
                     self._failed(tier, exc)
                 continue
             breaker.success()
+            with self._lock:
+                self._bad_there.pop((tier.name, soc_version, kernel), None)
             self._count(tier.name, "uploads")
             self._count(tier.name, "bytes_out", item.size)
             done += 1
         if done:
             self._remember(key, ident)
         return done
+
+    def _was_bad(self, name: str, soc_version: str, kernel: str) -> bool:
+        """True when a lookup on remote ``name`` rejected its value of this entry (an
+        outsider's or a damaged blob): the remote has no copy worth keeping."""
+        with self._lock:
+            return (name, soc_version, kernel) in self._bad_there
+
+    def _writers_trusted(self, soc_version: str, kernel: str, owners: set[int]) -> bool:
+        """True when every file of the entry belongs to the daemon's user or an
+        ``upload_writers`` user; else counted (``upload_refused``), one warning line per
+        owner."""
+        strangers = sorted(owners - self.upload_uids)
+        if not strangers:
+            return True
+        with self._lock:
+            self.upload_refused += 1
+            first = (str(strangers[0]),) not in self._logged
+            self._logged.add((str(strangers[0]),))
+        log.log(
+            logging.WARNING if first else logging.DEBUG,
+            "not uploading %s/%s: a file of it belongs to %s, not a user of [remote] "
+            "upload_writers (it stays on this site)",
+            soc_version,
+            kernel,
+            _user(strangers[0]),
+        )
+        return False
 
     def _oversized(self, tier: Any, soc_version: str, kernel: str, why: str) -> None:
         """An entry not uploaded for its size: counted; logged once per remote (then at
@@ -496,8 +591,9 @@ class RemoteTiers:
         with self._lock:
             for tier in self.tiers:
                 row: dict[str, Any] = dict(self.counts[tier.name])
+                row["rejected_by_reason"] = dict(sorted(self.rejected_by[tier.name].items()))
                 row["state"] = self.breakers[tier.name].state
-                row["url"] = tier.spec.display
+                row["url"] = tier.spec.url
                 row["read_only"] = tier.read_only
                 out[tier.name] = row
         return out
@@ -564,8 +660,8 @@ class RemoteTiers:
         return lost
 
 
-def make_tier(spec: RemoteSpec) -> Any:
-    """The tier object for one spec.
+def make_tier(spec: RemoteSpec, keys: signing.Keys | None = None) -> Any:
+    """The tier object for one spec, signing and verifying with ``keys``.
 
     :raises ConfigError: a kind not built yet.
     """
@@ -574,11 +670,11 @@ def make_tier(spec: RemoteSpec) -> Any:
     if spec.kind == "redis":
         from cachemgr.remote.redis_tier import RedisTier
 
-        return RedisTier(spec)
+        return RedisTier(spec, keys=keys)
     if spec.kind == "http":
         from cachemgr.remote.http_tier import HttpTier
 
-        return HttpTier(spec)
+        return HttpTier(spec, keys=keys)
     raise ConfigError(f"remote storage {spec.display}: {spec.scheme}:// is not supported yet")
 
 
@@ -609,9 +705,19 @@ def _json_ident(kernel_cache_dir: Path, soc_version: str, kernel: str) -> tuple[
 
 
 def _shown(tier: Any) -> str:
-    """A remote as errors name it: its spec as written, password redacted."""
+    """A remote as errors name it: its URL (no credentials, no attributes)."""
     spec = getattr(tier, "spec", None)
-    return spec.display if isinstance(spec, RemoteSpec) else str(tier.name)
+    return spec.url if isinstance(spec, RemoteSpec) else str(tier.name)
+
+
+def _user(uid: int) -> str:
+    """``name (uid N)``, or ``uid N`` for a uid without a name."""
+    import pwd
+
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
 
 
 def _one_line(exc: BaseException) -> str:

@@ -587,14 +587,19 @@ def read_bytes_noatime(
     *,
     single_link: bool = False,
     max_bytes: int | None = None,
+    owners: set[int] | None = None,
 ) -> bytes:
     """Read a regular file without changing its access time (atime drives eviction, SPEC §5);
     never more than ``max_bytes`` (a file growing meanwhile included).
 
+    :param owners: when given, the uid owning the file read is added to it (from the
+        descriptor read: no race with a file swapped under the name).
     :raises OSError: as :func:`_open_noatime`.
     """
     opened = _open_noatime(path, dir_fd, single_link=single_link, max_bytes=max_bytes)
     with opened as fd:
+        if owners is not None:
+            owners.add(os.fstat(fd).st_uid)
         chunks = []
         left = None if max_bytes is None else max_bytes + 1
         while chunk := os.read(

@@ -194,7 +194,11 @@ class LocalTier:
         return EntryFiles(soc_version, kernel, files)
 
     def read(
-        self, soc_version: str, kernel: str, max_bytes: int = MAX_IN_MEMORY_BYTES
+        self,
+        soc_version: str,
+        kernel: str,
+        max_bytes: int = MAX_IN_MEMORY_BYTES,
+        owners: set[int] | None = None,
     ) -> EntryFiles | None:
         """The entry's files if it is complete, verifies (entry.py's rules: the json
         parses, every binary and sub-part named is there and matches its ``sha256``) and
@@ -205,6 +209,8 @@ class LocalTier:
         §5). The bytes read are checked once more against the json (a file replaced
         meanwhile is not uploaded).
 
+        :param owners: when given, the uid of every file read is added to it (from the
+            descriptor read), for the upload's writer check (docs/remote.md#keys).
         :raises fsutil.FileTooLargeError: the entry's files are over ``max_bytes`` together
             (sizes checked first: nothing is read).
         """
@@ -229,7 +235,7 @@ class LocalTier:
                 left = max_bytes
                 for n in names:
                     data = fsutil.read_bytes_noatime(
-                        chip / n, folder.fd, single_link=True, max_bytes=left
+                        chip / n, folder.fd, single_link=True, max_bytes=left, owners=owners
                     )
                     files[n] = data
                     left -= len(data)
