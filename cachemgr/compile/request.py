@@ -484,8 +484,15 @@ def _source_path(raw: str, base_dir: Path, origin: str, check_exists: bool) -> P
 
 
 def _existing_file(raw: str, base_dir: Path, name: str, origin: str) -> Path:
-    path = Path(raw) if Path(raw).is_absolute() else base_dir / raw
-    path = path.resolve()
+    """``raw`` made absolute against ``base_dir`` and normalised *without* following a
+    symbolic link: the compiler is given the path as the caller names it, so a quoted
+    ``#include`` of a linked source resolves in the link's folder, as the caller's own
+    compiler run on that path would (docs/compiling.md#files-looked-for). It must be (a link
+    to) a regular file.
+
+    :raises InvalidInputError: missing, unreadable or not a file (one line naming it).
+    """
+    path = _abs(raw, base_dir)
     try:
         mode = path.stat().st_mode
     except FileNotFoundError:
