@@ -130,8 +130,8 @@ def test_a_header_created_in_an_earlier_include_folder_is_a_miss(tmp_path, compi
 
 
 def _git(repo: Path, *args: str) -> None:
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t"}
-    env["GIT_COMMITTER_EMAIL"] = "t@t"
+    who = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t"}
+    env = {**os.environ, **who, "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
     subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, env=env)
 
 
@@ -162,7 +162,8 @@ def test_a_branch_switch_restoring_a_shadowing_header_serves_its_own_binary(
     _git(repo, "checkout", "-q", "main")
     back = compile_via(req)
     assert back.kernel_name == on_main.kernel_name, "flat's entry served after the switch back"
-    assert _value(_object(back), tmp_path) == 1 == _by_hand(repo, "gemm.c", "-Ilocal", "-Iutilities")
+    by_hand = _by_hand(repo, "gemm.c", "-Ilocal", "-Iutilities")
+    assert _value(_object(back), tmp_path) == 1 == by_hand
 
 
 def test_a_has_include_probe_turned_true_is_a_miss(tmp_path, compile_via) -> None:
@@ -222,7 +223,8 @@ def test_an_incbin_whose_name_is_built_by_macros_is_compiled_and_not_cached(
     data = _write(proj / "table.bin", b"\x03")
     source = (
         f'#define TABLE "{data}"\n'
-        '__asm__(".section .rodata\\n.global blob\\nblob:\\n.incbin \\"" TABLE "\\"\\n.previous");\n'
+        '__asm__(".section .rodata\\n.global blob\\nblob:\\n"\n'
+        '        ".incbin \\"" TABLE "\\"\\n.previous");\n'
         "extern const char blob[];\n"
         "void scale_kernel(float *x) { x[0] *= 2; }\nint probe_value(void) { return blob[0]; }\n"
     )
@@ -231,7 +233,8 @@ def test_an_incbin_whose_name_is_built_by_macros_is_compiled_and_not_cached(
     for expected in (3, 4):
         out = compile_via(req)
         assert out.status == "compiled" and out.policy is not None
-        assert out.policy.cached is False and "cannot resolve" in str(out.policy.why_not_cached), out
+        why = str(out.policy.why_not_cached)
+        assert out.policy.cached is False and "cannot resolve" in why, out
         assert _value(_object(out), tmp_path) == expected
         _write(data, b"\x04")
 
@@ -268,3 +271,37 @@ def test_a_linked_source_reads_headers_from_the_links_folder(tmp_path, compile_v
     out = compile_via(req)
     assert _by_hand(proj, "k.c") == 1
     assert out.status == "compiled" and _value(_object(out), tmp_path) == 1
+
+
+# --- the same search through clang and nvcc --------------------------------------------------
+
+
+@pytest.mark.parametrize("compiler", ["clang", "nvcc"])
+def test_clang_and_nvcc_see_a_header_created_next_to_the_source(
+    tmp_path, clean_env, compiler
+) -> None:
+    """The search order is the same for clang and nvcc's host preprocessor: a quoted
+    header created next to the source, ahead of the include folder's, is a miss."""
+    if shutil.which(compiler) is None:
+        pytest.skip(f"{compiler} is not installed")
+    proj = tmp_path / "proj"
+    cuda = compiler == "nvcc"
+    name = "k.cu" if cuda else "k.c"
+    body = (
+        'extern "C" __global__ void scale_kernel(float *x) { x[threadIdx.x] *= V; }\n'
+        if cuda
+        else KERNEL
+    )
+    _write(proj / "src" / name, '#include "tune.h"\n' + body)
+    _write(proj / "include" / "tune.h", "#define V 2\n")
+    language = "cuda" if cuda else "c"
+    req = _request(proj / "src", name, language=language, include_dirs=["../include"])
+    compilers = {} if cuda else {"cc": compiler}
+    with CompileQueue(make_settings(tmp_path, clean_env, compilers), workers=1) as q:
+        first = q.compile(load_request(req))
+        assert first.status == "compiled", first.error
+        assert q.compile(load_request(req)).status == "hit"
+        _write(proj / "src" / "tune.h", "#define V 3\n")
+        after = q.compile(load_request(req))
+        assert after.status == "compiled" and after.kernel_name != first.kernel_name
+        assert q.compile(load_request(req)).status == "hit"

@@ -207,8 +207,9 @@ def prepare(
         snap = inputs.Snapshot(request.kernel_source, digest, None, cfg_bytes)
     elif snap.sent:  # what its bytes say, not the caller's word (docs/compiling.md)
         job = _listing_job(request, decision, timeout_s)
-        prefixes = inputs.system_prefixes(backend, identity, job)
-        snap = inputs.check_sent(snap, request.include_dirs, prefixes)
+        snap = inputs.check_sent(
+            snap, request.include_dirs, lambda: inputs.system_prefixes(backend, identity, job)
+        )
     base = keys.base_key(keys.key_material(request, opts, identity, flags, snap), request)
     where = manifest.path_of(chip_dir, request.op_type, base)
     if snap.headers is None:

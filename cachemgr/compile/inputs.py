@@ -30,7 +30,7 @@ import shutil
 import stat
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -297,18 +297,22 @@ def _optional_digest(path: str) -> str | None:
 
 
 def check_sent(
-    snap: Snapshot, include_dirs: tuple[Path, ...], prefixes: tuple[str, ...]
+    snap: Snapshot, include_dirs: tuple[Path, ...], prefixes: Callable[[], tuple[str, ...]]
 ) -> Snapshot:
     """A snapshot a caller sent, with what the daemon derives from its bytes itself instead
     of trusting the caller: the places searched in vain among the files sent (added to the
     caller's own list, which alone covers the system headers' searches) and whether embedded
     data keeps it out of the cache. Nothing of the caller's is opened: a place is present
-    when its file was sent (or it is a system file, checked here)."""
+    when its file was sent (or it is a system file, checked here). ``prefixes`` gives the
+    system folders (:func:`system_prefixes`), asked only when a place was not sent.
+
+    :raises CompileError: the system-header probe failed.
+    """
     data = snap.data or {}
     digests = {str(snap.source): snap.source_sha256, **(snap.headers or {})}
 
     def system(path: str) -> bool:
-        return is_system(path, prefixes)
+        return path not in data and is_system(path, prefixes())
 
     def present(path: str) -> bool:
         return path in data or (system(path) and searched.on_disk(path))
