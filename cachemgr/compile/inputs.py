@@ -259,7 +259,9 @@ def complete(
         for p in scan_system:
             facts.setdefault(p, _facts(p, file_digest(p, "system header")))
         look = {p: f[0] for p, f in facts.items()}
-        found = searched.search(look, dirs, searched.on_disk, lambda c: is_system(c, prefixes))
+        found = searched.search(
+            look, dirs, searched.on_disk, lambda c: is_system(c, prefixes), lambda: prefixes
+        )
         emb = embedded.resolve([facts[p][1] for p in known], src)
         new = (found.found | set(emb.files.values())) - known.keys()
         if emb.problem or not new:
@@ -315,10 +317,11 @@ def check_sent(
         return path not in data and is_system(path, prefixes())
 
     def present(path: str) -> bool:
-        return path in data or (system(path) and searched.on_disk(path))
+        return path in data or (path.startswith(prefixes()) and searched.on_disk(path))
 
     look = {p: searched.directives(b, digests[p]) for p, b in data.items()}
-    found = searched.search(look, [str(d) for d in include_dirs], present, system)
+    dirs = [str(d) for d in include_dirs]
+    found = searched.search(look, dirs, present, system, prefixes)
     uses = [embedded.uses(b, digests[p], p) for p, b in data.items()]
     emb = embedded.resolve(uses, str(snap.source))
     absent = tuple(sorted(set(snap.absent) | found.absent))

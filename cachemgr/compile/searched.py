@@ -148,23 +148,32 @@ def search(
     include_dirs: Sequence[str],
     present: Callable[[str], bool],
     system: Callable[[str], bool],
+    system_dirs: Callable[[], tuple[str, ...]],
 ) -> Searched:
     """Follow every directive of ``files`` (including path → its directives) through the
     search order: the first candidate ``present`` says exists ends a name's search (kept in
-    ``found`` unless ``system`` says it is the system's), every non-system candidate before
-    it is ``absent``."""
+    ``found`` unless ``system`` says it is the system's), every candidate before it is
+    ``absent`` unless it lies below one of ``system_dirs()`` (asked once, when needed: an
+    absent place's links cannot be followed, so it is judged by its name)."""
     out = Searched()
     dirs = [os.path.normpath(str(d)) for d in include_dirs]
+    seen: dict[str, bool | None] = {}  # place → found non-system / system / absent (None)
+    vain: set[str] = set()
     for including, names in files.items():
         for d in names:
             for place in candidates(d, including, dirs):
-                is_system = system(place)
-                if present(place):
-                    if not is_system:
-                        out.found.add(place)
-                    break
-                if not is_system:
-                    out.absent.add(place)
+                if place not in seen:
+                    seen[place] = (not system(place)) if present(place) else None
+                state = seen[place]
+                if state is None:
+                    vain.add(place)
+                    continue
+                if state:
+                    out.found.add(place)
+                break
+    if vain:
+        prefixes = system_dirs()
+        out.absent = {p for p in vain if not p.startswith(prefixes)}
     return out
 
 
