@@ -305,3 +305,37 @@ def test_clang_and_nvcc_see_a_header_created_next_to_the_source(
         after = q.compile(load_request(req))
         assert after.status == "compiled" and after.kernel_name != first.kernel_name
         assert q.compile(load_request(req)).status == "hit"
+
+
+# --- the manifest and the wire ---------------------------------------------------------------
+
+
+def test_a_version_1_manifest_is_a_miss_not_a_hit_without_the_checks(tmp_path) -> None:
+    """A manifest written before absent places were recorded names no place to check: it
+    must not answer (its variant could hide a shadowing header)."""
+    from cachemgr.storage import manifest
+
+    chip = tmp_path / "kernel_cache" / "Ascend910B1"
+    chip.mkdir(parents=True)
+    header = _write(tmp_path / "k.h", "#define V 1\n")
+    digest = __import__("hashlib").sha256(header.read_bytes()).hexdigest()
+    old = {"cachemgr_manifest": 1, "variants": [{"kernel": "te_x_" + "a" * 64, "files": [
+        [str(header), digest]]}]}  # fmt: skip
+    where = chip / "x_base.manifest"
+    where.write_text(json.dumps(old))
+    assert manifest.match(where, lambda p: digest) is None
+    manifest.record(where, "te_x_" + "b" * 64, {str(header): digest}, [str(tmp_path / "a.h")])
+    (found,) = manifest.read(where)
+    assert found.absent == (str(tmp_path / "a.h"),)
+    assert manifest.match(where, lambda p: digest, lambda places: True) == found
+    assert manifest.match(where, lambda p: digest, lambda places: False) is None
+
+
+@pytest.mark.parametrize("absent", [["relative.h"], "/a.h", [1], ["/ok.h", "/nul\0.h"]], ids=str)
+def test_a_malformed_absent_list_on_the_wire_is_one_line(absent: Any) -> None:
+    from cachemgr.compile import inputs
+    from cachemgr.errors import InvalidInputError
+
+    doc = {"source": {"path": "/k.c", "data": ""}, "headers": [], "absent": absent}
+    with pytest.raises(InvalidInputError, match=r"^/compile request: inputs\.absent"):
+        inputs.from_wire(doc, "/compile request")

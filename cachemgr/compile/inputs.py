@@ -12,10 +12,14 @@ The snapshot is taken on the caller's side — by the process that runs as the c
 :func:`from_wire`), so the daemon never opens a path a caller names on that caller's behalf.
 
 Headers are "every file the compiler reads" (SPEC §3.2) found through the compiler's
-dependency output (``-MM -MF``, :meth:`CompilerBackend.list_dependencies`), minus the
+dependency output (``-M -MF``, :meth:`CompilerBackend.list_dependencies`), minus the
 compiler's own and the system's headers (:func:`system_prefixes`): those are represented by
-the compiler's identity in the key, as ccache's ``system_headers = false``. A hit does not run
-the preprocessor: the header list comes from the manifest (:mod:`cachemgr.storage.manifest`).
+the compiler's identity in the key, as ccache's ``system_headers = false``. To them a scan
+adds what the compile looked for (:mod:`cachemgr.compile.searched`: the places searched in
+vain, kept in :attr:`Snapshot.absent`, and files a ``__has_include`` found) and the data it
+embeds (:mod:`cachemgr.compile.embedded`); see docs/compiling.md#files-looked-for. A hit does
+not run the preprocessor: the header list and the places to check come from the manifest
+(:mod:`cachemgr.storage.manifest`).
 """
 
 from __future__ import annotations
