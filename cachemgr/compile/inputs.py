@@ -289,7 +289,8 @@ def _facts(path: str, digest: str) -> tuple[tuple[searched.Directive, ...], embe
     uses = embedded.remembered(digest, path)
     if looks is None or uses is None:
         blob = read_input(path, "header")
-        looks, uses = searched.directives(blob, digest), embedded.uses(blob, digest, path)
+        actual = hashlib.sha256(blob).hexdigest()  # (changed since hashed: freeze notices)
+        looks, uses = searched.directives(blob, actual), embedded.uses(blob, actual, path)
     return looks, uses
 
 
