@@ -141,7 +141,9 @@ defines, include_dirs, extra_flags, options, the compiler and its flags, the sou
 every header it reads (system headers: the compiler's identity). The bytes hashed are the
 bytes compiled: the files are read once, by this process, and compiled from that copy.
 Header manifests (<chip folder>/*.manifest) list each kernel's headers with their
-SHA-256, so a hit never runs the preprocessor; a miss lists them first (-MM).
+SHA-256 and the places searched in vain before each (a header created there is a
+miss), so a hit never runs the preprocessor; a miss lists them first (-M). .incbin
+data is keyed; a name cachemgr cannot resolve compiles the kernel uncached.
 
 \b
 --mode force: clears the chip folder once per run of this command (also through the

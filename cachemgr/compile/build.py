@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cachemgr.compile import inputs, kernel_meta, keys, policy, precompiled, tempdirs
+from cachemgr.compile import inputs, kernel_meta, keys, policy, precompiled, searched, tempdirs
 from cachemgr.compile.request import CompileRequest, RequestOptions, resolve_options
 from cachemgr.compile.results import CompileOutcome, Policy, Status
 from cachemgr.compilers import CompileJob, CompilerBackend
@@ -207,10 +207,16 @@ def prepare(
     if snap is None:
         digest = inputs.file_digest(request.kernel_source, "kernel_source")
         snap = inputs.Snapshot(request.kernel_source, digest, None, cfg_bytes)
+    elif snap.sent:  # what its bytes say, not the caller's word (docs/compiling.md)
+        job = _listing_job(request, decision, timeout_s)
+        snap = inputs.check_sent(
+            snap, request.include_dirs, lambda: inputs.system_prefixes(backend, identity, job)
+        )
     base = keys.base_key(keys.key_material(request, opts, identity, flags, snap), request)
     where = manifest.path_of(chip_dir, request.op_type, base)
     if snap.headers is None:
         snap, scanned = _find_headers(snap, request, decision, backend, identity, where, timeout_s)
+    decision = _without_cache_if(decision, snap.uncached)
     key = keys.compute_key(keys.key_material(request, opts, identity, flags, snap))
     lock = chiplock.ChipLock(chiplock.chip_lock_path(kcache, request.soc_version))
     kernel = keys.kernel_name(request.op_type, key)
@@ -227,6 +233,34 @@ def prepare(
         snap,
         where,
         scanned,
+        note=snap.uncached,
+    )
+
+
+def _without_cache_if(decision: policy.Decision, why: str | None) -> policy.Decision:
+    """``decision`` with the cache neither read nor written when ``why`` (the note of a
+    kernel whose inputs cachemgr cannot key: :attr:`inputs.Snapshot.uncached`) is set: it is
+    compiled as with ``disable`` and the answer says why."""
+    if why is None or not decision.cache.write:
+        return decision
+    return dataclasses.replace(decision, cache=policy.CachePlan(read=False, write=False))
+
+
+def _listing_job(
+    request: CompileRequest, decision: policy.Decision, timeout_s: float
+) -> CompileJob:
+    """The job whose dependency listing names ``request``'s headers (its real files)."""
+    return CompileJob(
+        source=request.kernel_source,
+        language=request.language,
+        entry=request.kernel_entry,
+        defines=request.defines,
+        out_dir=Path("/"),
+        out_name="deps",
+        debug_flags=decision.debug.flags,
+        timeout_s=timeout_s,
+        include_dirs=request.include_dirs,
+        extra_flags=request.extra_flags,
     )
 
 
@@ -243,29 +277,21 @@ def _find_headers(
     digest (a read of the cache: not for ``disable`` or debug), else from a dependency scan
     of the caller's files (SPEC §3.2, issue 11 item 2); True when it was scanned."""
     if decision.cache.read and not decision.debug.on:
-        found = manifest.match(where, inputs.current_digest)
+        found = manifest.match(where, inputs.current_digest, searched.still_absent)
         if found is not None:
-            return dataclasses.replace(snap, headers=dict(found.files)), False
+            headers, absent = dict(found.files), found.absent
+            return dataclasses.replace(snap, headers=headers, absent=absent), False
     source = inputs.read_input(request.kernel_source, "kernel_source")
     if (
         inputs.reads_only_system_headers(source, request.language, request.include_dirs, os.environ)
         and hashlib.sha256(source).hexdigest() == snap.source_sha256
     ):
         return dataclasses.replace(snap, headers={}), True
-    job = CompileJob(
-        source=request.kernel_source,
-        language=request.language,
-        entry=request.kernel_entry,
-        defines=request.defines,
-        out_dir=Path("/"),
-        out_name="deps",
-        debug_flags=decision.debug.flags,
-        timeout_s=timeout_s,
-        include_dirs=request.include_dirs,
-        extra_flags=request.extra_flags,
-    )
-    headers = inputs.scan_headers(backend, job, identity)
-    return dataclasses.replace(snap, headers=headers), True
+    job = _listing_job(request, decision, timeout_s)
+    got = inputs.scan_headers(backend, job, identity)
+    return dataclasses.replace(
+        snap, headers=got.headers, absent=got.absent, uncached=got.uncached
+    ), True
 
 
 def freeze(p: Prepared) -> Prepared | None:
@@ -293,7 +319,7 @@ def find_cached(p: Prepared) -> CompileOutcome | None:
         return None
     if p.scanned:  # found by listing the headers: remember them, so the next hit needs no scan
         try:
-            manifest.record(p.manifest_path, p.kernel, p.inputs.headers or {})
+            manifest.record(p.manifest_path, p.kernel, p.inputs.headers or {}, p.inputs.absent)
         except OSError as exc:
             log.warning("%s: cannot write its header manifest: %s", p.kernel, exc)
     return CompileOutcome(p.kernel, HIT, result.files, request=p.request.origin)
@@ -448,6 +474,7 @@ def compile_job(p: Prepared, out_dir: Path) -> CompileJob:
     """
     root = out_dir / SOURCES_DIR
     source = inputs.materialise(p.inputs, root, p.request.include_dirs)
+    inputs.place_embedded(p.inputs, out_dir)  # the compiler runs in out_dir
     return CompileJob(
         source=source,
         language=p.request.language,
@@ -564,6 +591,8 @@ def with_policy(outcome: CompileOutcome, p: Prepared) -> CompileOutcome:
         )
     elif outcome.status == BINARY:
         why = f"a precompiled binary answered (jit_compile={opts.jit_compile})"
+    elif outcome.status == COMPILED and p.inputs.uncached:
+        why = p.inputs.uncached
     elif outcome.status == COMPILED and not d.cache.write:
         why = f"op_compiler_cache_mode={opts.op_compiler_cache_mode}"
     elif outcome.cached is False:

@@ -12,10 +12,14 @@ The snapshot is taken on the caller's side — by the process that runs as the c
 :func:`from_wire`), so the daemon never opens a path a caller names on that caller's behalf.
 
 Headers are "every file the compiler reads" (SPEC §3.2) found through the compiler's
-dependency output (``-MM -MF``, :meth:`CompilerBackend.list_dependencies`), minus the
+dependency output (``-M -MF``, :meth:`CompilerBackend.list_dependencies`), minus the
 compiler's own and the system's headers (:func:`system_prefixes`): those are represented by
-the compiler's identity in the key, as ccache's ``system_headers = false``. A hit does not run
-the preprocessor: the header list comes from the manifest (:mod:`cachemgr.storage.manifest`).
+the compiler's identity in the key, as ccache's ``system_headers = false``. To them a scan
+adds what the compile looked for (:mod:`cachemgr.compile.searched`: the places searched in
+vain, kept in :attr:`Snapshot.absent`, and files a ``__has_include`` found) and the data it
+embeds (:mod:`cachemgr.compile.embedded`); see docs/compiling.md#files-looked-for. A hit does
+not run the preprocessor: the header list and the places to check come from the manifest
+(:mod:`cachemgr.storage.manifest`).
 """
 
 from __future__ import annotations
@@ -29,11 +33,12 @@ import re
 import stat
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from cachemgr.compile import embedded, searched
 from cachemgr.compilers import CompileJob, CompilerBackend, CompilerIdentity, process
 from cachemgr.compilers.base import read_depfile
 from cachemgr.errors import CompileError, InvalidInputError
@@ -67,6 +72,11 @@ class Snapshot:
     :ivar debug_config: the ``op_debug_config`` file's bytes, read by the caller, or None.
     :ivar data: path → bytes of the source and every header once :meth:`frozen`, else None.
     :ivar sent: it came with a request (:func:`from_wire`): the daemon never reads its paths.
+    :ivar absent: the places the compiler searched in vain before it found a header, and
+        the files ``__has_include`` asked about that do not exist (absolute paths,
+        :mod:`cachemgr.compile.searched`): a hit needs every one still absent.
+    :ivar uncached: why the kernel is compiled but never cached (embedded data cachemgr
+        cannot follow: :mod:`cachemgr.compile.embedded`), or None.
     """
 
     source: Path
@@ -75,6 +85,8 @@ class Snapshot:
     debug_config: bytes | None = None
     data: Mapping[str, bytes] | None = None
     sent: bool = False
+    absent: tuple[str, ...] = ()
+    uncached: str | None = None
 
     def key_fields(self) -> dict[str, Any]:
         """What of the snapshot goes into the key (SPEC §3.2): the source's digest and each
@@ -168,7 +180,7 @@ def system_prefixes(
         empty = Path(tmp) / "empty"
         empty.write_bytes(b"")
         probe = replace(job, source=empty, out_dir=Path(tmp), include_dirs=(), defines={})
-        argv = ["-M" if w == "-MM" else w for w in backend.depend_command(probe, Path(tmp) / "d")]
+        argv = backend.depend_command(probe, Path(tmp) / "d")
         out = process.run_in_group(argv, job.timeout_s, Path(tmp), "probing system headers")
         names = []
         if out.returncode == 0 and (Path(tmp) / "d").is_file():
@@ -198,11 +210,22 @@ def is_system(path: str, prefixes: tuple[str, ...]) -> bool:
         return False
 
 
-def scan_headers(
-    backend: CompilerBackend, job: CompileJob, identity: CompilerIdentity
-) -> dict[str, str]:
-    """Run the compiler's dependency listing of ``job`` (the caller's real files) and return
-    each non-system header with its digest.
+@dataclass(frozen=True)
+class Scanned:
+    """A dependency scan's answer: ``headers`` (path → SHA-256 of every non-system file of
+    the compile: headers read, files a search found, embedded data), ``absent`` (places
+    searched in vain) and ``uncached`` (why the kernel is not to be cached, or None)."""
+
+    headers: dict[str, str]
+    absent: tuple[str, ...] = ()
+    uncached: str | None = None
+
+
+def scan_headers(backend: CompilerBackend, job: CompileJob, identity: CompilerIdentity) -> Scanned:
+    """Run the compiler's dependency listing of ``job`` (the caller's real files: ``-M``,
+    system headers included, so a project header reached from a system header — an
+    ``include_dirs`` ``features.h`` with ``#include_next`` — is not missed) and complete it
+    (:func:`complete`).
 
     :raises CompileError: the preprocessor failed (a missing header, a syntax error).
     :raises InvalidInputError: a header that cannot be read or more than :data:`MAX_HEADERS`.
@@ -212,16 +235,111 @@ def scan_headers(
         job = replace(job, out_dir=Path(tmp))
         names = backend.list_dependencies(job, Path(tmp) / "deps.d")
         out: dict[str, str] = {}
+        system: list[str] = []
         for name in names:
             path = os.path.normpath(os.path.join(tmp, name))
-            if path == str(job.source) or is_system(path, prefixes):
+            if path == str(job.source):
+                continue
+            if is_system(path, prefixes):
+                system.append(path)
                 continue
             if path.startswith(tmp + "/"):
                 raise CompileError(f"{job.source}: the compiler read {name} from its work folder")
             out[path] = file_digest(path, "header")
     if len(out) > MAX_HEADERS:
         raise InvalidInputError(f"{job.source}: reads {len(out)} headers (at most {MAX_HEADERS})")
-    return out
+    return complete(job, out, system, prefixes)
+
+
+def complete(
+    job: CompileJob, headers: Mapping[str, str], system: list[str], prefixes: tuple[str, ...]
+) -> Scanned:
+    """The headers ``headers`` the compile of ``job`` read, completed with what it looked
+    for: every file of it (and, when the request has include folders, the system headers
+    ``system`` it read) is scanned for the names it searches (:mod:`.searched`) and the data
+    it embeds (:mod:`.embedded`); an existing file found that way is added (hashed, so it is
+    mirrored and keyed) and scanned in turn, until nothing new is found.
+
+    :raises InvalidInputError: more than :data:`MAX_HEADERS` files, or embedded data that
+        cannot be read.
+    """
+    src = str(job.source)
+    known = {src: file_digest(src, "kernel_source"), **headers}
+    dirs = [str(d) for d in job.include_dirs]
+    scan_system = [p for p in system if dirs]
+    while True:
+        facts = {p: _facts(p, d) for p, d in known.items()}
+        for p in scan_system:
+            facts.setdefault(p, _facts(p, file_digest(p, "system header")))
+        look = {p: f[0] for p, f in facts.items()}
+        found = searched.search(
+            look, dirs, searched.on_disk, lambda c: is_system(c, prefixes), lambda: prefixes
+        )
+        emb = embedded.resolve([facts[p][1] for p in known], src)
+        new = (found.found | set(emb.files.values())) - known.keys()
+        if emb.problem or not new:
+            break
+        for path in sorted(new):
+            digest = _optional_digest(path)
+            if digest is not None:
+                known[path] = digest
+        if not new & known.keys():
+            break
+        if len(known) > MAX_HEADERS + 1:
+            raise InvalidInputError(f"{src}: reads over {MAX_HEADERS} files (headers, data)")
+    del known[src]
+    return Scanned(known, tuple(sorted(found.absent)), emb.problem)
+
+
+def _facts(path: str, digest: str) -> tuple[tuple[searched.Directive, ...], embedded.Uses]:
+    """The names ``path`` (content ``digest``) searches and the data it embeds; its bytes
+    are read only when they were not scanned before."""
+    looks = searched.remembered(digest)
+    uses = embedded.remembered(digest, path)
+    if looks is None or uses is None:
+        blob = read_input(path, "header")
+        actual = hashlib.sha256(blob).hexdigest()  # (changed since hashed: freeze notices)
+        looks, uses = searched.directives(blob, actual), embedded.uses(blob, actual, path)
+    return looks, uses
+
+
+def _optional_digest(path: str) -> str | None:
+    """The digest of a file a search or an ``.incbin`` found, or None when it is no regular
+    readable file (then it stays out: the compiler cannot read it either)."""
+    try:
+        return file_digest(path, "header")
+    except InvalidInputError:
+        return None
+
+
+def check_sent(
+    snap: Snapshot, include_dirs: tuple[Path, ...], prefixes: Callable[[], tuple[str, ...]]
+) -> Snapshot:
+    """A snapshot a caller sent, with what the daemon derives from its bytes itself instead
+    of trusting the caller: the places searched in vain among the files sent (added to the
+    caller's own list, which alone covers the system headers' searches) and whether embedded
+    data keeps it out of the cache. Nothing of the caller's is opened: a place is present
+    when its file was sent (or it is a system file, checked here). ``prefixes`` gives the
+    system folders (:func:`system_prefixes`), asked only when a place was not sent.
+
+    :raises CompileError: the system-header probe failed.
+    """
+    data = snap.data or {}
+    digests = {str(snap.source): snap.source_sha256, **(snap.headers or {})}
+
+    def system(path: str) -> bool:
+        return path not in data and is_system(path, prefixes())
+
+    def present(path: str) -> bool:
+        return path in data or (path.startswith(prefixes()) and searched.on_disk(path))
+
+    look = {p: searched.directives(b, digests[p]) for p, b in data.items()}
+    dirs = [str(d) for d in include_dirs]
+    found = searched.search(look, dirs, present, system, prefixes)
+    uses = [embedded.uses(b, digests[p], p) for p, b in data.items()]
+    emb = embedded.resolve(uses, str(snap.source))
+    absent = tuple(sorted(set(snap.absent) | found.absent))
+    return replace(snap, absent=absent, uncached=emb.problem)
 
 
 #: An ``#include <...>`` line in its plain form (nothing else on it but a ``//`` comment).
@@ -247,14 +365,17 @@ def reads_only_system_headers(
     include folder, no include-path variable in ``env``, and — once its plain
     ``#include <...>`` lines are taken out (without ``-I`` they resolve in the system
     folders only) — no ``include`` or ``import`` left anywhere in it, nor a digraph or
-    trigraph that could spell a ``#``. Conservative: a comment saying "include" means a
-    listing. Then a miss needs no dependency listing (its header set is empty)."""
+    trigraph that could spell a ``#``, nor an ``.incbin`` or ``#embed``. Conservative: a
+    comment saying "include" means a listing. Then a miss needs no dependency listing (its
+    header set is empty, and so is its list of places searched: without include folders a
+    ``<...>`` name is searched in the compiler's folders only)."""
     if language not in ("c", "cpp", "cuda") or include_dirs:
         return False
     if any(env.get(name) for name in INCLUDE_ENV):
         return False
     rest = _SYSTEM_INCLUDE.sub(b"", source.replace(b"\\\n", b""))
-    return not any(word in rest for word in (b"include", b"import", b"%:", b"??="))
+    words = (b"include", b"import", b"incbin", b"embed", b"%:", b"??=")
+    return not any(word in rest for word in words)
 
 
 #: An include that may be read in place rather than from the mirror: an absolute name, or a
@@ -411,6 +532,31 @@ def make_folders(folder: Path) -> None:
             os.mkdir(made)
 
 
+def place_embedded(snap: Snapshot, work: Path) -> None:
+    """Write each file ``snap``'s sources embed by a relative name (``.incbin "d.bin"``,
+    :mod:`cachemgr.compile.embedded`) into ``work`` — the folder the compiler runs in, where
+    the assembler looks — at that name, so it reads the bytes hashed, as a compile by hand
+    in the source's folder reads ``<source folder>/d.bin``.
+
+    :raises ValueError: when ``snap`` is not frozen.
+    """
+    if snap.data is None:
+        raise ValueError(f"{snap.source}: the snapshot holds no bytes")
+    digests = {str(snap.source): snap.source_sha256, **(snap.headers or {})}
+    if not any(b"incbin" in b or b".include" in b for b in snap.data.values()):
+        return
+    uses = [embedded.uses(b, digests[p], p) for p, b in snap.data.items() if p in digests]
+    for name, path in embedded.resolve(uses, str(snap.source)).files.items():
+        blob = snap.data.get(path)
+        if blob is None:
+            continue  # not there when it was hashed: the assembler says so
+        dest = work / name
+        make_folders(dest.parent)
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(blob)
+
+
 def empty_mirror(root: Path) -> None:
     """Remove every file (and link) of the mirror tree ``root``, keeping its folders for the
     next job of the same worker (:func:`materialise` removes those it does not need)."""
@@ -452,7 +598,8 @@ def mirror(root: Path, path: Path) -> Path:
 
 def to_wire(snap: Snapshot) -> dict[str, Any]:
     """The frozen snapshot as JSON: ``{"source": {"path", "data"}, "headers": [{"path",
-    "data"}], "op_debug_config": data | null}`` with ``data`` in base64.
+    "data"}], "op_debug_config": data | null, "absent": [path, ...]}`` with ``data`` in
+    base64 (``absent``: :attr:`Snapshot.absent`).
 
     :raises ValueError: when ``snap`` is not frozen.
     """
@@ -467,6 +614,7 @@ def to_wire(snap: Snapshot) -> dict[str, Any]:
         "source": {"path": src, "data": enc(snap.data[src])},
         "headers": [{"path": p, "data": enc(b)} for p, b in snap.data.items() if p != src],
         "op_debug_config": None if snap.debug_config is None else enc(snap.debug_config),
+        "absent": list(snap.absent),
     }
 
 
@@ -500,7 +648,22 @@ def from_wire(doc: Any, origin: str) -> Snapshot:
         debug_config=cfg_bytes,
         data=data,
         sent=True,
+        absent=_wire_absent(doc.get("absent", []), f"{origin}: inputs.absent"),
     )
+
+
+def _wire_absent(raw: Any, where: str) -> tuple[str, ...]:
+    """The places a caller says its compile searched in vain (:attr:`Snapshot.absent`).
+
+    :raises InvalidInputError: not a list of at most :data:`searched.MAX_ABSENT` absolute
+        paths.
+    """
+    if not isinstance(raw, list) or len(raw) > searched.MAX_ABSENT:
+        raise InvalidInputError(f"{where}: must be a list of ≤ {searched.MAX_ABSENT} paths")
+    for item in raw:
+        if not isinstance(item, str) or not item.startswith("/") or "\0" in item:
+            raise InvalidInputError(f"{where}: {str(item)[:80]!r} is not an absolute path")
+    return tuple(sorted({os.path.normpath(p) for p in raw}))
 
 
 def _wire_file(item: Any, where: str) -> tuple[str, bytes]:

@@ -155,7 +155,7 @@ def _record_manifest(p: Prepared) -> None:
     a manifest that cannot be written costs a dependency scan on the next lookup, nothing
     else."""
     try:
-        manifest.record(p.manifest_path, p.kernel, p.inputs.headers or {})
+        manifest.record(p.manifest_path, p.kernel, p.inputs.headers or {}, p.inputs.absent)
     except OSError as exc:
         log.warning("%s: cannot write its header manifest %s: %s", p.kernel, p.manifest_path, exc)
 

@@ -34,7 +34,7 @@ from cachemgr.compile import extraflags
 from cachemgr.config import layout, options, socs
 from cachemgr.config.options import Settings
 from cachemgr.errors import ConfigError, InvalidInputError
-from cachemgr.storage import fsutil, safeio
+from cachemgr.storage import safeio
 
 #: The largest number of elements a tensor may have (issue 4: "more than 2^31 elements").
 MAX_ELEMENTS = 2**31
@@ -484,10 +484,16 @@ def _source_path(raw: str, base_dir: Path, origin: str, check_exists: bool) -> P
 
 
 def _existing_file(raw: str, base_dir: Path, name: str, origin: str) -> Path:
-    joined = Path(raw) if Path(raw).is_absolute() else base_dir / raw
-    path = Path(os.path.normpath(joined))  # named so in errors
+    """``raw`` made absolute against ``base_dir`` and normalised *without* following a
+    symbolic link: the compiler is given the path as the caller names it, so a quoted
+    ``#include`` of a linked source resolves in the link's folder, as the caller's own
+    compiler run on that path would (docs/compiling.md#files-looked-for). It must be (a link
+    to) a regular file.
+
+    :raises InvalidInputError: missing, unreadable or not a file (one line naming it).
+    """
+    path = _abs(raw, base_dir)  # stat below: links followed by the kernel, no recursion
     try:
-        path = Path(fsutil.real_path(joined))  # links followed by the kernel: no recursion
         mode = path.stat().st_mode
     except FileNotFoundError:
         raise InvalidInputError(f"{origin}: {name}={raw!r} ({path}) does not exist") from None

@@ -230,15 +230,18 @@ class CompilerBackend(ABC):
         """The argv that writes ``job``'s preprocessed source (same defines/flags) to ``output``."""
 
     def depend_command(self, job: CompileJob, output: Path) -> list[str]:
-        """The argv that writes ``job``'s dependency list (make syntax, ``-MM``: every file the
-        preprocessor reads, same defines/flags/include folders) to ``output``, compiling
-        nothing. gcc, clang, nvcc and CANN's clang-based ``ccec``/``bisheng`` all take
-        ``-MM -MF`` (issue 11 item 2).
+        """The argv that writes ``job``'s dependency list (make syntax, ``-M``: every file the
+        preprocessor reads, the system's headers too, same defines/flags/include folders) to
+        ``output``, compiling nothing. ``-M``, not ``-MM``: ``-MM`` also leaves out every
+        header included *from* a system header, so a project header reached that way (an
+        include folder's ``features.h`` with ``#include_next``) would be missing from the
+        build mirror (docs/compiling.md#files-looked-for). gcc, clang, nvcc and CANN's
+        clang-based ``ccec``/``bisheng`` all take ``-M``.
 
         :raises ConfigError: when this compiler cannot list dependencies.
         """
         argv = self.preprocess_command(job, output)
-        return [("-MM" if w == "-E" else w) for w in argv]
+        return [("-M" if w == "-E" else w) for w in argv]
 
     def include_args(self, job: CompileJob) -> list[str]:
         """``-I<dir>`` for each include folder, then the extra flags, as given."""

@@ -3,19 +3,23 @@
 
 A key covers the content of every file the compiler reads, but which headers a source reads
 is known only after running the preprocessor. A manifest remembers it, so a hit never runs
-it: after a compile the headers it read (the compiler's ``-MM`` output, minus system
-headers) are recorded with their SHA-256; a lookup hashes the files named there (digests
-remembered per file identity) and, when all match, knows the full key.
+it: after a compile the headers it read (the compiler's ``-M`` output, minus system
+headers) are recorded with their SHA-256, and with them the places the compiler searched in
+vain before it found each one (``absent``: :mod:`cachemgr.compile.searched`); a lookup hashes
+the files named there (digests remembered per file identity), checks by one ``stat`` each
+that no absent place exists now and, when all hold, knows the full key.
 
 **File**: ``<chip folder>/<op_type lower-cased>_<base key>.manifest``, where the base key is
 the SHA-256 of the key material without the headers (SPEC §3.2: everything else, including
 the source's path and digest). GE never reads it. **Format** (JSON, UTF-8, at most
 :data:`MAX_BYTES`)::
 
-    {"cachemgr_manifest": 1,
-     "variants": [{"kernel": "te_add_<key>", "files": [["/abs/k.h", "<sha256>"], ...]}, ...]}
+    {"cachemgr_manifest": 2,
+     "variants": [{"kernel": "te_add_<key>", "files": [["/abs/k.h", "<sha256>"], ...],
+                   "absent": ["/abs/src/k.h", ...]}, ...]}
 
-Newest variant first, at most :data:`MAX_VARIANTS`. Every part is untrusted input: a bad
+Version 1 (no ``absent``) is read as no manifest at all: a miss, never a hit that skipped
+the checks. Newest variant first, at most :data:`MAX_VARIANTS`. Every part is untrusted input: a bad
 manifest is a miss (and is reported by ``verify``, removed by ``verify --repair``); the
 entry a matching variant names is still verified like every entry (SPEC §3.3). A manifest is
 part of the cache: counted in the chip folder's size, removed by the reclaim pass once no
@@ -27,7 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,7 +44,7 @@ from cachemgr.storage.safedir import SafeDir
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 #: The largest manifest read (bytes) and the most variants kept.
 MAX_BYTES = 1 << 20
 MAX_VARIANTS = 16
@@ -52,10 +56,12 @@ _parsed: Memo[tuple[int, ...], tuple[Variant, ...]] = Memo("parsed manifests", 4
 
 @dataclass(frozen=True)
 class Variant:
-    """One compile's headers: ``kernel`` (its entry) and ``files`` (path → SHA-256)."""
+    """One compile's headers: ``kernel`` (its entry), ``files`` (path → SHA-256) and
+    ``absent`` (absolute paths that did not exist: places searched in vain)."""
 
     kernel: str
     files: Mapping[str, str]
+    absent: tuple[str, ...] = ()
 
 
 def path_of(chip_dir: Path, op_type: str, base_key: str) -> Path:
@@ -80,31 +86,42 @@ def parse(data: bytes, name: str) -> tuple[Variant, ...]:
         raise bad("not JSON") from None
     if not isinstance(doc, dict) or doc.get("cachemgr_manifest") != FORMAT_VERSION:
         raise bad(f"not a version {FORMAT_VERSION} manifest")
+    return tuple(_variant(item, bad) for item in _variants(doc, bad))
+
+
+def _variants(doc: dict[str, Any], bad: Callable[[str], InvalidEntryError]) -> list[Any]:
     raw = doc.get("variants")
     if not isinstance(raw, list) or len(raw) > MAX_VARIANTS:
         raise bad("variants must be a list")
-    out = []
-    for item in raw:
-        if not isinstance(item, dict) or not isinstance(item.get("kernel"), str):
-            raise bad("a variant without kernel")
-        layout_ok = layout._NAME_RE.match(item["kernel"]) is not None
-        files = item.get("files")
-        if not layout_ok or not isinstance(files, list):
-            raise bad(f"variant {str(item.get('kernel'))[:80]!r} is malformed")
-        table: dict[str, str] = {}
-        for pair in files:
-            if (
-                not isinstance(pair, list)
-                or len(pair) != 2
-                or not all(isinstance(x, str) for x in pair)
-                or not pair[0].startswith("/")
-                or len(pair[1]) != 64
-                or not set(pair[1]) <= _SHA
-            ):
-                raise bad(f"variant {item['kernel']}: a file is not [absolute path, sha256]")
-            table[pair[0]] = pair[1]
-        out.append(Variant(item["kernel"], table))
-    return tuple(out)
+    return raw
+
+
+def _variant(item: Any, bad: Callable[[str], InvalidEntryError]) -> Variant:
+    """One variant of a parsed manifest document.
+
+    :raises InvalidEntryError: from ``bad``, for a malformed variant.
+    """
+    if not isinstance(item, dict) or not isinstance(item.get("kernel"), str):
+        raise bad("a variant without kernel")
+    layout_ok = layout._NAME_RE.match(item["kernel"]) is not None
+    files, absent = item.get("files"), item.get("absent")
+    if not layout_ok or not isinstance(files, list) or not isinstance(absent, list):
+        raise bad(f"variant {str(item.get('kernel'))[:80]!r} is malformed")
+    table: dict[str, str] = {}
+    for pair in files:
+        if (
+            not isinstance(pair, list)
+            or len(pair) != 2
+            or not all(isinstance(x, str) for x in pair)
+            or not pair[0].startswith("/")
+            or len(pair[1]) != 64
+            or not set(pair[1]) <= _SHA
+        ):
+            raise bad(f"variant {item['kernel']}: a file is not [absolute path, sha256]")
+        table[pair[0]] = pair[1]
+    if not all(isinstance(p, str) and p.startswith("/") for p in absent):
+        raise bad(f"variant {item['kernel']}: an absent place is not an absolute path")
+    return Variant(item["kernel"], table, tuple(absent))
 
 
 def read(path: Path, dir_fd: int | None = None) -> tuple[Variant, ...]:
@@ -145,21 +162,26 @@ def read(path: Path, dir_fd: int | None = None) -> tuple[Variant, ...]:
     return variants
 
 
-def match(path: Path, digest: Callable[[str], str | None]) -> Variant | None:
+def match(
+    path: Path,
+    digest: Callable[[str], str | None],
+    absent: Callable[[Iterable[str]], bool] = lambda places: True,
+) -> Variant | None:
     """The newest variant of ``path`` whose every file has today's digest (``digest`` of a
-    path, None when unreadable), or None (a miss; a bad manifest is a miss, logged)."""
+    path, None when unreadable) and whose absent places are all still absent (``absent``
+    of them), or None (a miss; a bad manifest is a miss, logged)."""
     try:
         variants = read(path)
     except InvalidEntryError as exc:
         log.warning("%s; treated as a miss", exc)
         return None
     for variant in variants:
-        if all(digest(p) == d for p, d in variant.files.items()):
+        if all(digest(p) == d for p, d in variant.files.items()) and absent(variant.absent):
             return variant
     return None
 
 
-def record(path: Path, kernel: str, files: Mapping[str, str]) -> None:
+def record(path: Path, kernel: str, files: Mapping[str, str], absent: Iterable[str] = ()) -> None:
     """Add (or move to the front) the variant ``kernel`` → ``files`` in the manifest
     ``path``, keeping at most :data:`MAX_VARIANTS`; written atomically (temp + rename).
     Two publishers racing may drop one variant: the next miss adds it again.
@@ -167,26 +189,40 @@ def record(path: Path, kernel: str, files: Mapping[str, str]) -> None:
     :raises OSError: when it cannot be written (the caller logs it: the entry stays valid).
     :raises UnsafePathError: ``kernel_cache`` or the chip folder is a symbolic link.
     """
+    new = Variant(kernel, dict(files), tuple(sorted(set(absent))))
     with SafeDir.open_chip(Path(path).parent, create=True) as folder:
-        _record(Path(path), kernel, files, folder.fd)
+        _record(Path(path), new, folder.fd)
 
 
-def _record(path: Path, kernel: str, files: Mapping[str, str], dir_fd: int) -> None:
+def _record(path: Path, new: Variant, dir_fd: int) -> None:
     try:
         old = read(path, dir_fd)
     except InvalidEntryError:
         old = ()
-    keep = [v for v in old if v.kernel != kernel and dict(v.files) != dict(files)]
-    variants = [Variant(kernel, dict(files)), *keep][:MAX_VARIANTS]
+    same = (dict(new.files), new.absent)
+    keep = [v for v in old if v.kernel != new.kernel and (dict(v.files), v.absent) != same]
+    variants = [new, *keep][:MAX_VARIANTS]
+    data = _encode(variants)
+    while len(data) > MAX_BYTES and len(variants) > 1:  # the oldest go first
+        variants = variants[:-1]
+        data = _encode(variants)
+    _write_unsynced(path, data, dir_fd)
+
+
+def _encode(variants: list[Variant]) -> bytes:
+    """The manifest document of ``variants`` (the format in the module docstring)."""
     doc: dict[str, Any] = {
         "cachemgr_manifest": FORMAT_VERSION,
         "variants": [
-            {"kernel": v.kernel, "files": [[p, d] for p, d in sorted(v.files.items())]}
+            {
+                "kernel": v.kernel,
+                "files": [[p, d] for p, d in sorted(v.files.items())],
+                "absent": list(v.absent),
+            }
             for v in variants
         ],
     }
-    data = json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
-    _write_unsynced(path, data, dir_fd)
+    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def _write_unsynced(dest: Path, data: bytes, dir_fd: int) -> None:
