@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import filelock
 import pytest
 
 from tests.conftest import ROOT
@@ -61,12 +62,22 @@ def _why_not() -> str | None:
 
 def _venv_with_dependencies() -> Path:
     """A world-readable virtualenv of the system Python with the project's dependencies,
-    reused while they do not change (built in a temp name, then renamed into place)."""
+    reused while they do not change (built in a temp name, then renamed into place). The
+    suite's xdist workers (and other runs) build it one at a time, under a ``flock`` on
+    ``<venv>.lock``: the others wait for it instead of running pip side by side."""
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     tag = hashlib.sha256("\n".join(sorted(deps)).encode()).hexdigest()[:12]
     venv = Path(tempfile.gettempdir()) / f"cachemgr-test-venv-{tag}"
     if (venv / ".complete").exists():
         return venv
+    with filelock.FileLock(f"{venv}.lock", timeout=900):
+        if (venv / ".complete").exists():  # another worker built it while this one waited
+            return venv
+        return _build_venv(venv, deps)
+
+
+def _build_venv(venv: Path, deps: list[str]) -> Path:
+    """Build the virtualenv ``venv`` with ``deps`` (the caller holds its lock)."""
     building = Path(tempfile.mkdtemp(prefix=f"{venv.name}.", dir=venv.parent))
     subprocess.run([SYSTEM_PYTHON, "-m", "venv", str(building)], check=True)
     pip = subprocess.run(
