@@ -66,6 +66,7 @@ def give_back_names(folder: Path, names: Iterable[str] = (), kernel_cache: bool 
 
     :param folder: a chip folder, or with ``kernel_cache`` the kernel cache folder.
     """
+    names = list(names)
     fowner = fsutil.has_cap_fowner()
     me = os.geteuid()
     try:
@@ -86,8 +87,11 @@ def give_back_names(folder: Path, names: Iterable[str] = (), kernel_cache: bool 
             return False
         for name in names:
             changed |= fsutil.share_file(opened.fd, name, fowner, st.st_gid)
-    if changed:
-        log.info("%s: group-sharing modes given back (%s)", folder, ", ".join(names) or ".")
+    if changed:  # the files' names, which are kernel names, at debug level only
+        what = f"{len(names)} file{'' if len(names) == 1 else 's'}" if names else "the folder"
+        log.info("%s: group-sharing modes given back (%s)", folder, what)
+        if names:
+            log.debug("%s: modes given back to %s", folder, ", ".join(names))
     return changed
 
 
