@@ -87,6 +87,7 @@ def _setup(tmp_path: Path, cc: Path, ns: tuple[int, ...]) -> tuple[Path, list[Pa
     return cfg, reqs
 
 
+@pytest.mark.serial  # bounds of a second or two on a whole CLI run
 def test_paused_redis_costs_one_lookup_timeout_and_the_next_run_skips_it(
     paused: RedisServer, tmp_path: Path, clean_env: dict[str, str]
 ) -> None:
@@ -128,6 +129,7 @@ def test_paused_redis_costs_one_lookup_timeout_and_the_next_run_skips_it(
     assert _connections(paused, probe) - before == 1, "only the first run tried the remote"
 
 
+@pytest.mark.serial  # bounds of a second or two on a whole CLI run
 def test_exit_drops_an_upload_the_remote_hangs_on_and_counts_it(
     paused: RedisServer, tmp_path: Path, clean_env: dict[str, str]
 ) -> None:
