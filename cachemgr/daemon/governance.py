@@ -394,7 +394,8 @@ class Governance:
             log.debug("%s: modes not given back: %s", chip, exc)
             return
         if changed:
-            log.info("%s: group-sharing modes given back on %d files", chip, changed)
+            files = "1 file" if changed == 1 else f"{changed} files"
+            log.info("%s: group-sharing modes given back on %s", chip, files)
 
     def evicting(self, path: str) -> bool:
         """True when ``path`` lies in a chip folder that this daemon is evicting now.

@@ -1,4 +1,5 @@
-"""One test at a time where it must be: a readers-writer lock across pytest-xdist workers.
+"""What the suite's pytest-xdist workers share: a readers-writer lock (one test at a time
+where it must be) and values made once per run (:func:`shared_once`).
 
 Most tests run side by side (``scripts/test`` passes ``-n``); a test marked ``serial``
 measures something other tests' load would distort (a CPU share, a latency bound, a
@@ -19,19 +20,44 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
+
+T = TypeVar("T")
 
 
 def _lock_folder(config: pytest.Config) -> Path | None:
     """The folder all workers of this run share, or None outside xdist."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return None
+    return run_folder(config)
+
+
+def run_folder(config: pytest.Config) -> Path:
+    """The folder this run's processes share: the parent of each xdist worker's base temp
+    folder (``<run>/popen-gwN``), or the base temp folder itself without xdist."""
     factory: pytest.TempPathFactory = config._tmp_path_factory  # type: ignore[attr-defined]
-    return factory.getbasetemp().parent  # <run>/popen-gwN → <run>
+    base = factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def shared_once(config: pytest.Config, name: str, make: Callable[[], T]) -> T:
+    """``make()``'s JSON-able result, made by the first worker that asks and kept in
+    ``<run folder>/<name>.json`` for the others (which wait for it under a lock): a
+    module-scoped value stays once per run when the module's tests are spread over workers."""
+    path = run_folder(config) / f"{name}.json"
+    with _flock(path.with_suffix(".lock"), fcntl.LOCK_EX):
+        if path.exists():
+            value: T = json.loads(path.read_text())
+            return value
+        value = make()
+        path.write_text(json.dumps(value))
+        return value
 
 
 @contextlib.contextmanager
