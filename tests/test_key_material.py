@@ -388,3 +388,47 @@ def test_march_native_is_keyed_by_what_gcc_resolves_it_to_here(tmp_path, clean_e
     assert keys.compute_key(material) == native.key
     without = {**material, "compiler": {**material["compiler"], "native": []}}
     assert keys.compute_key(without) != native.key != literal.key
+
+
+# --- through the daemon's sandbox, for another user ------------------------------------------
+
+
+def test_cpath_of_another_user_through_the_sandboxed_daemon(users, other_runtime) -> None:
+    """bob's CPATH folders are mirrored into the view of alice's daemon (bubblewrap): his
+    own headers, never the daemon's view of his folders (which it cannot see)."""
+    from tests.test_deputy import CLIENT, _setup
+    from tests.users_util import run_as
+
+    daemon, root, _, bob = _setup(users, other_runtime)
+    try:
+        work = bob / "work"
+        req = json.loads(_cpath_project(work).read_text())
+        for path in [work, *work.rglob("*")]:
+            shutil.chown(path, users.bob)
+        outcomes = []
+        for folder in ("c1", "c2", "c1"):
+            env = {
+                "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                "PYTHONPATH": other_runtime.pythonpath,
+                "HOME": str(bob),
+                "CACHEMGR_DAEMON_USER": users.alice,
+                "CPATH": str(work / folder),
+            }
+            run = subprocess.run(
+                [other_runtime.python, "-c", CLIENT, str(daemon.socket_path), json.dumps(req),
+                 str(work)],
+                env=env, cwd=work, capture_output=True, text=True, timeout=180, check=False,
+                **run_as(users.bob, users),  # type: ignore[arg-type]
+            )  # fmt: skip
+            assert run.returncode == 0, run.stderr
+            outcomes.append(json.loads(run.stdout))
+        one, two, back = outcomes
+        assert one["status"] == "compiled" and two["status"] == "compiled", (one, two)
+        assert two["kernel_name"] != one["kernel_name"]
+        assert back["status"] == "hit" and back["kernel_name"] == one["kernel_name"]
+        obj = next(Path(f) for f in one["files"] if f.endswith(".o"))
+        assert obj.parent.parent.parent == root and _run_kernel(obj, Path(bob)) == "2"
+        obj2 = next(Path(f) for f in two["files"] if f.endswith(".o"))
+        assert _run_kernel(obj2, Path(bob)) == "3"
+    finally:
+        daemon.stop()
