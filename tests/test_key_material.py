@@ -92,6 +92,9 @@ def test_switching_cpath_in_process_never_serves_the_other_folders_binary(
         monkeypatch.setenv("CPATH", str(tmp_path / "p" / "c1"))
         back = q.compile(load_request(req))
         assert back.status == "hit" and back.kernel_name == one.kernel_name
+        copy = _cpath_project(tmp_path / "copy")  # CPATH is keyed relative to the source
+        monkeypatch.setenv("CPATH", str(tmp_path / "copy" / "c1"))
+        assert q.compile(load_request(copy)).kernel_name == one.kernel_name
         monkeypatch.setenv("CPATH", "")  # empty: the current folder, where no k.h is
         empty = q.compile(load_request(req))
         assert empty.status == "failed" and "k.h" in str(empty.error), empty

@@ -139,8 +139,8 @@ def for_mirror(env: Mapping[str, str], root: Path, snap: inputs.Snapshot) -> dic
     for name in envvars.INCLUDE_PATHS & env.keys():
         parts = []
         for part in env[name].split(os.pathsep):
-            folder = part.rstrip("/") + "/"
+            folder = os.path.normpath(part).rstrip("/") + "/"
             used = os.path.isabs(part) and any(h.startswith(folder) for h in headers)
-            parts.append(str(inputs.mirror(root, Path(part))) if used else part)
+            parts.append(str(inputs.mirror(root, Path(folder))) if used else part)
         out[name] = os.pathsep.join(parts)
     return out

@@ -40,7 +40,7 @@ from typing import Any
 from cachemgr.compile import inputs as inputs_mod
 from cachemgr.compile.inputs import Snapshot
 from cachemgr.compile.request import CompileRequest, RequestOptions
-from cachemgr.compilers import CompileJob, CompilerBackend, CompilerIdentity, get_backend
+from cachemgr.compilers import CompileJob, CompilerBackend, CompilerIdentity, envvars, get_backend
 from cachemgr.compilers import native as native_mod
 from cachemgr.errors import InvalidInputError
 
@@ -176,8 +176,20 @@ def key_material(
             "flags": list(flags),
             "native": list(native),
         },
-        "environment": dict(environment or {}),
+        "environment": _relative_folders(environment or {}, snap),
     }
+
+
+def _relative_folders(env: Mapping[str, str], snap: Snapshot | None) -> dict[str, str]:
+    """``env`` with each absolute element of a folder list (``CPATH``…) relative to the
+    source's folder, as ``include_dirs`` are keyed: a copied project keys the same."""
+    out = dict(env)
+    for name in envvars.INCLUDE_PATHS & out.keys():
+        parts = out[name].split(os.pathsep)
+        out[name] = os.pathsep.join(
+            snap.relative(p) if snap and os.path.isabs(p) else p for p in parts
+        )
+    return out
 
 
 def compute_key(material: Mapping[str, Any]) -> str:
