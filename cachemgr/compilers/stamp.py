@@ -14,7 +14,8 @@ absolute path, so a compiler upgraded under an unchanged wrapper changes the key
 wrappers of the same compiler that add different flags never share one (their scripts
 differ). What a wrapper finds by ``PATH`` alone is not followed (docs/compiling.md#the-compiler).
 
-The ``[compilers] compiler_check`` setting picks the mode (docs/configuration.md).
+The ``[compilers] compiler_check`` setting picks the mode (config/cachemgr.toml,
+docs/compiling.md#the-compiler).
 """
 
 from __future__ import annotations
