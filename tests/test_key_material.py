@@ -385,7 +385,7 @@ def test_march_native_is_keyed_by_what_gcc_resolves_it_to_here(tmp_path, clean_e
         compilers.flags(native.request, compilers.identity("c"), frozenset(), frozenset()),
         native.inputs,
         native.backend.key_env(native.env),
-        compilers.native(native.backend, ["-march=native"]),
+        compilers.native(native.backend, ["-march=native"], compilers.identity("c")),
     )
     assert f"-march={cpu.group(1)}" in material["compiler"]["native"]
     assert keys.compute_key(material) == native.key

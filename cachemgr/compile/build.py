@@ -215,7 +215,7 @@ def prepare(
     identity = compilers.identity(request.language)
     backend = compilers.backend(request.language)
     flags = compilers.flags(request, identity, decision.debug.flags, decision.debug.emit)
-    native = compilers.native(backend, flags)
+    native = compilers.native(backend, flags, identity)
     daemon = env is not None
     caller = env if env is not None else environment.from_caller(os.environ, os.getcwd())
     cenv = environment.checked(caller, backend.env_names, request.origin, daemon)

@@ -237,6 +237,7 @@ class Compilers:
         self._searching: dict[str, CompilerBackend] = {}
         self._idents: dict[tuple[str, str], _Known] = {}
         self._flags: dict[tuple[Any, ...], tuple[str, ...]] = {}
+        self._native: dict[tuple[CompilerIdentity, tuple[str, ...]], tuple[str, ...]] = {}
 
     def _searching_backend(self, language: str) -> CompilerBackend:
         with self._lock:
@@ -312,16 +313,29 @@ class Compilers:
                 self._flags[memo] = found
         return found
 
-    def native(self, backend: CompilerBackend, flags: Sequence[str]) -> tuple[str, ...]:
+    def native(
+        self, backend: CompilerBackend, flags: Sequence[str], identity: CompilerIdentity
+    ) -> tuple[str, ...]:
         """What the ``-march=native``-style words among ``flags`` resolve to for
-        ``backend``'s compiler on this host (() when there is none; remembered by
-        :func:`cachemgr.compilers.native.resolve`).
+        ``backend``'s compiler ``identity`` on this host (() when there is none;
+        remembered here and by :func:`cachemgr.compilers.native.resolve`).
 
         :raises InvalidInputError: the backend cannot resolve them (one line).
         :raises CompileError: the compiler cannot tell.
         """
         words = native_mod.native_words(flags)
-        return backend.resolve_native(words) if words else ()
+        if not words:
+            return ()
+        memo = (identity, words)  # (:meth:`identity`: re-validated by one stat per use)
+        with self._lock:
+            found = self._native.get(memo)
+        if found is None:
+            found = backend.resolve_native(words)
+            with self._lock:
+                if len(self._native) > 256:
+                    self._native.clear()
+                self._native[memo] = found
+        return found
 
 
 def _stamp(path: str) -> tuple[int, ...]:
