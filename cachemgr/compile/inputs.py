@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from cachemgr.compile import embedded, searched
-from cachemgr.compilers import CompileJob, CompilerBackend, CompilerIdentity, process
+from cachemgr.compilers import CompileJob, CompilerBackend, CompilerIdentity, envvars, process
 from cachemgr.compilers.base import read_depfile
 from cachemgr.errors import CompileError, InvalidInputError
 from cachemgr.memo import Memo
@@ -181,7 +181,8 @@ def system_prefixes(
         empty.write_bytes(b"")
         probe = replace(job, source=empty, out_dir=Path(tmp), include_dirs=(), defines={})
         argv = backend.depend_command(probe, Path(tmp) / "d")
-        out = process.run_in_group(argv, job.timeout_s, Path(tmp), "probing system headers")
+        clean = envvars.process_env({})  # the compiler's own headers, none a variable adds
+        out = process.run_in_group(argv, job.timeout_s, Path(tmp), "probing system headers", clean)
         names = []
         if out.returncode == 0 and (Path(tmp) / "d").is_file():
             with contextlib.suppress(OSError):  # over the cap: no system folder is known

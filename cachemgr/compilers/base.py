@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from cachemgr.compilers import lineinfo, process
+from cachemgr.compilers import envvars, lineinfo, process, stamp
 from cachemgr.compilers.elf import ElfFile, find_entry_symbol
 from cachemgr.compilers.process import Outcome
 from cachemgr.errors import CompileError, ConfigError, InvalidInputError
@@ -82,6 +82,10 @@ class CompileJob:
     #: (``<mirror_root>/<absolute path>``, :func:`cachemgr.compile.inputs.mirror`): error
     #: messages name the user's path instead of this private copy
     mirror_root: Path | None = None
+    #: the caller's values of the variables this compiler reads (:mod:`.envvars`), already
+    #: translated for the build mirror; the compiler sees these and no other value of them
+    #: (None: this process's environment, as it is)
+    env: Mapping[str, str] | None = None
 
     def user_view(self, text: str) -> str:
         """``text`` (a message, a compiler's stderr) with the private build folder taken out:
@@ -97,14 +101,20 @@ class CompileJob:
 
 @dataclass(frozen=True)
 class CompilerIdentity:
-    """Which compiler: ``name`` (executable name), ``path``, ``version`` (its own version line).
+    """Which compiler: ``name`` (executable name), ``path`` (as found on PATH or configured),
+    ``version`` (its own version line), ``real_path`` (the file run: links followed) and
+    ``stamp`` (:func:`.stamp.stamp` of it and of the programs a wrapper script runs).
 
-    ``version`` is part of the cache key (SPEC §3.2).
+    ``version``, ``real_path`` and ``stamp`` are part of the cache key
+    (docs/compiling.md#the-compiler): two compilers with the same version line never
+    share an entry.
     """
 
     name: str
     path: str
     version: str
+    real_path: str = ""
+    stamp: str = ""
 
 
 @dataclass(frozen=True)
@@ -164,7 +174,7 @@ def _remembered(key: tuple[object, ...]) -> CompilerIdentity | None:
         found = data.get(_disk_key(key)) if isinstance(data, dict) else None
     except (OSError, ValueError):
         return None
-    if isinstance(found, list) and len(found) == 3 and all(isinstance(x, str) for x in found):
+    if isinstance(found, list) and len(found) == 5 and all(isinstance(x, str) for x in found):
         return CompilerIdentity(*found)
     return None
 
@@ -179,7 +189,13 @@ def _remember(key: tuple[object, ...], ident: CompilerIdentity) -> None:
             data = data if isinstance(data, dict) else {}
         except (OSError, ValueError):
             data = {}
-        data[_disk_key(key)] = [ident.name, ident.path, ident.version]
+        data[_disk_key(key)] = [
+            ident.name,
+            ident.path,
+            ident.version,
+            ident.real_path,
+            ident.stamp,
+        ]
         kept = dict(list(data.items())[-_IDENTITY_FILE_ENTRIES:])
         fsutil.ensure_dir(path.parent)
         fsutil.atomic_write_bytes(path, json.dumps(kept).encode(), mode=0o600, sync=False)
@@ -200,6 +216,9 @@ class CompilerBackend(ABC):
     #: ``magic`` and ``coreType`` written to the kernel json.
     magic: str = "RT_DEV_BINARY_MAGIC_ELF"
     core_type: str = "AiCore"
+    #: The environment variables this compiler reads that change its output
+    #: (:mod:`.envvars`, from the compiler's documentation).
+    env_names: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, config: Mapping[str, object] | None = None) -> None:
         self.config: Mapping[str, object] = dict(config or {})
@@ -266,20 +285,38 @@ class CompilerBackend(ABC):
         """Backend-specific kernel-json fields (override; default: nothing extra)."""
         return {}
 
+    def key_env(self, env: Mapping[str, str]) -> dict[str, str]:
+        """What of the compile environment ``env`` goes into the key for this compiler
+        (:func:`.envvars.key_values` of :attr:`env_names`)."""
+        return envvars.key_values(self.env_names, env)
+
+    def resolve_native(self, words: tuple[str, ...]) -> tuple[str, ...]:
+        """What ``-march=native``-style ``words`` resolve to on this host, for the key
+        (docs/compiling.md#native). This backend cannot tell: refused.
+
+        :raises InvalidInputError: always, one line naming the flag.
+        """
+        raise InvalidInputError(
+            f"extra_flags {words[0]!r}: the {self.name} backend cannot tell what it "
+            "resolves to on this host, so its binary could not be keyed by it; name the "
+            "target instead"
+        )
+
     # ----- shared machinery ------------------------------------------------------------------
 
     def identity(self) -> CompilerIdentity:
-        """Name, path and version of the compiler (cached per executable path, inode, size and
-        mtime: in this process, and across processes in :func:`identity_cache_file`).
+        """Name, path, version, real path and stamp of the compiler (:mod:`.stamp`), cached
+        per file run (and programs a wrapper runs) by path, inode, size and mtime: in this
+        process, and across processes in :func:`identity_cache_file` — so a hit runs no
+        ``--version`` once the compiler is known.
 
         :raises CompileError: naming the compiler when it is missing or ``--version`` fails.
+        :raises ConfigError: a bad ``[compilers] compiler_check``.
         """
         path = self.executable()
-        try:
-            st = os.stat(path)
-        except OSError as exc:
-            raise CompileError(f"{self.name} compiler {path} cannot be read: {exc}") from exc
-        key = (self.name, path, st.st_ino, st.st_size, st.st_mtime_ns)
+        mode = stamp.check_mode(self.config)
+        files = stamp.compiler_files(path)
+        key = (self.name, path, *stamp.stat_key(files, mode))
         cached = _identity_cache.get(key)
         if cached is not None:
             return cached
@@ -290,7 +327,13 @@ class CompilerBackend(ABC):
             if out.returncode != 0 or not text.strip():
                 msg = f"{path} --version failed (exit {out.returncode}): {out.message()}"
                 raise CompileError(msg)
-            ident = CompilerIdentity(os.path.basename(path), path, self.version_line(text))
+            ident = CompilerIdentity(
+                os.path.basename(path),
+                path,
+                self.version_line(text),
+                files[0],
+                stamp.stamp(files, mode),
+            )
             _remember(key, ident)
         _identity_cache.put(key, ident)
         return ident
@@ -328,7 +371,7 @@ class CompilerBackend(ABC):
         binary = self.binary_path(job)
         fsutil.safe_unlink(binary)
         log.debug("compiling %s: %s", job.source, " ".join(argv))
-        out = self._run(argv, job.timeout_s, job.out_dir, f"compiling {job.source}")
+        out = self._run(argv, job.timeout_s, job.out_dir, f"compiling {job.source}", job.env)
         self._check_outcome(out, argv, job)
         if not binary.is_file():
             raise CompileError(
@@ -394,10 +437,18 @@ class CompilerBackend(ABC):
         if job.timeout_s <= 0:
             raise InvalidInputError(f"timeout_s must be > 0, got {job.timeout_s}")
 
-    def _run(self, argv: list[str], timeout_s: float, cwd: Path | None, what: str) -> Outcome:
+    def _run(
+        self,
+        argv: list[str],
+        timeout_s: float,
+        cwd: Path | None,
+        what: str,
+        env: Mapping[str, str] | None = None,
+    ) -> Outcome:
         """Run ``argv`` in its own process group (see :mod:`.process`), inside the sandbox
-        and resource limits of :data:`process.current_limits` when a caller set them."""
-        return process.run_in_group(argv, timeout_s, cwd, what)
+        and resource limits of :data:`process.current_limits` when a caller set them, with
+        the job's compile environment ``env`` (:func:`.envvars.process_env`)."""
+        return process.run_in_group(argv, timeout_s, cwd, what, envvars.process_env(env))
 
     def list_dependencies(self, job: CompileJob, output: Path) -> list[str]:
         """Run :meth:`depend_command` and return the files it names (paths as the compiler
@@ -406,7 +457,8 @@ class CompilerBackend(ABC):
         :raises CompileError: the preprocessor failed (its message: a missing header...).
         """
         argv = self.depend_command(job, output)
-        out = self._run(argv, job.timeout_s, job.out_dir, f"listing the headers of {job.source}")
+        what = f"listing the headers of {job.source}"
+        out = self._run(argv, job.timeout_s, job.out_dir, what, job.env)
         try:
             self._check_outcome(out, argv, job)
         except CompileError as exc:
@@ -442,7 +494,8 @@ class CompilerBackend(ABC):
         tmp = fsutil.temp_path(dest)
         argv = self.preprocess_command(job, tmp)
         try:
-            out = self._run(argv, job.timeout_s, job.out_dir, f"preprocessing {job.source}")
+            what = f"preprocessing {job.source}"
+            out = self._run(argv, job.timeout_s, job.out_dir, what, job.env)
             self._check_outcome(out, argv, job)
             if not tmp.is_file():
                 raise CompileError(f"preprocessor {argv[0]} wrote no output for {job.source}")

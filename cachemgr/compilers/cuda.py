@@ -23,6 +23,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from cachemgr.compilers import envvars
 from cachemgr.compilers.base import CompileJob, CompilerBackend, config_str, find_executable
 from cachemgr.compilers.elf import ElfFile
 from cachemgr.errors import ConfigError, InvalidInputError
@@ -50,6 +51,8 @@ class CudaBackend(CompilerBackend):
     bin_suffix = ".cubin"
     magic = "RT_DEV_BINARY_MAGIC_CUBIN"
     core_type = "CudaSM"
+    #: nvcc's own variables and its host compiler's (:mod:`.envvars`)
+    env_names = envvars.NVCC
 
     @property
     def arch(self) -> str:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from cachemgr.compilers import envvars, native
 from cachemgr.compilers.base import CompileJob, CompilerBackend, config_str, find_executable
+from cachemgr.compilers.process import Outcome
 
 _DEFAULT_CCS = ["gcc", "clang", "cc"]
 _LANG_FLAG = {"c": "c", "cpp": "c++"}
@@ -32,6 +34,8 @@ class HostBackend(CompilerBackend):
     bin_suffix = ".o"
     magic = "RT_DEV_BINARY_MAGIC_ELF"
     core_type = "HostCPU"
+    #: ``cc`` may be gcc or clang: the variables either reads (:mod:`.envvars`)
+    env_names = envvars.GCC | envvars.CLANG
 
     def executable(self) -> str:
         """Path of ``config["cc"]`` or of gcc/clang/cc on PATH.
@@ -52,6 +56,18 @@ class HostBackend(CompilerBackend):
         for flag in sorted(wanted - {"O0"}):
             out.extend(_DEBUG_MAP.get(flag, []))
         return out
+
+    def resolve_native(self, words: tuple[str, ...]) -> tuple[str, ...]:
+        """The target flags gcc or clang expands ``-march=native``-style ``words`` to on
+        this host (:func:`.native.resolve`, remembered).
+
+        :raises CompileError: the compiler cannot tell (its message).
+        """
+
+        def run(argv: list[str]) -> Outcome:
+            return self._run(argv, 30.0, None, f"resolving {' '.join(words)}")
+
+        return native.resolve(self.identity(), words, run, "c")
 
     def unsupported_debug_flags(self, job: CompileJob) -> frozenset[str]:
         """``check_flag``: gcc/clang have no equivalent."""

@@ -22,6 +22,7 @@ import string
 from collections.abc import Mapping
 from pathlib import Path
 
+from cachemgr.compilers import envvars
 from cachemgr.compilers.base import (
     DEBUG_FLAGS,
     CompileJob,
@@ -44,6 +45,8 @@ class TemplateBackend(CompilerBackend):
 
     name = "template"
     languages = frozenset({"cce"})
+    #: ``ccec`` and ``bisheng`` are clang-based: clang's variables (:mod:`.envvars`)
+    env_names = envvars.CLANG
 
     def __init__(self, config: Mapping[str, object] | None = None) -> None:
         super().__init__(config)
