@@ -46,6 +46,9 @@ EMITS = frozenset({"cce", "loc"})
 #: Source languages some backend accepts.
 LANGUAGES = frozenset({"c", "cpp", "cuda", "cce"})
 
+#: A request's optimisation flag (gcc/clang/ccec ``-O…``, nvcc's ``-Xptxas=-O…``).
+OPTIMISATION_FLAG = re.compile(r"^(?:-O[0-3sgz]?|-Ofast|-Xptxas=-O[0-3])$")
+
 _IDENTITY_TIMEOUT_S = 30.0
 _DEFINE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _OUT_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
@@ -59,8 +62,10 @@ class CompileJob:
     ``debug_flags`` ⊆ :data:`DEBUG_FLAGS`; ``emit`` ⊆ :data:`EMITS`; ``timeout_s`` bounds the
     wall time of each compiler process (compile, then preprocess for ``cce``) in seconds.
     ``out_dir`` must exist and be private to this compile. ``include_dirs`` become ``-I<dir>``
-    (in order) and ``extra_flags`` (checked by :mod:`cachemgr.compile.extraflags`) follow the debug
-    flags, both before the defines (issue 11 item 3).
+    (in order) and ``extra_flags`` (checked by :mod:`cachemgr.compile.extraflags`) follow the
+    backend's base optimisation level, and the debug flags follow them, all before the
+    defines: a debug flag wins over the request's own flags
+    (docs/compiling.md#debug-flags-win).
     """
 
     source: Path
@@ -242,8 +247,27 @@ class CompilerBackend(ABC):
         return [("-MM" if w == "-E" else w) for w in argv]
 
     def include_args(self, job: CompileJob) -> list[str]:
-        """``-I<dir>`` for each include folder, then the extra flags, as given."""
-        return [*(f"-I{d}" for d in job.include_dirs), *job.extra_flags]
+        """``-I<dir>`` for each include folder, then the extra flags (:meth:`request_flags`)."""
+        return [*(f"-I{d}" for d in job.include_dirs), *self.request_flags(job)]
+
+    #: Debug flags that compile without optimisation: with one of them the request's own
+    #: optimisation flags are dropped (:meth:`request_flags`).
+    unoptimised_by: ClassVar[frozenset[str]] = frozenset({"O0"})
+
+    def request_flags(self, job: CompileJob) -> list[str]:
+        """The request's ``extra_flags``, less its optimisation flags (``-O…``, ``-Ofast``,
+        ``-Xptxas=-O…``) when ``job.debug_flags`` asks for an unoptimised build
+        (:attr:`unoptimised_by`): debug flags win over the request's own optimisation
+        (docs/compiling.md#debug-flags-win; CANN: ``ccec_O0`` and level 2 build at ``-O0``).
+        The backends also put their debug flags after these, so every other debug flag wins
+        too."""
+        if not job.debug_flags & self.unoptimised_by:
+            return list(job.extra_flags)
+        kept = [f for f in job.extra_flags if not OPTIMISATION_FLAG.match(f)]
+        if len(kept) != len(job.extra_flags):
+            dropped = sorted(set(job.extra_flags) - set(kept))
+            log.info("%s: debug build at -O0: the request's %s are not used", job.out_name, dropped)
+        return kept
 
     #: The compile command writes ``job.depfile`` when set (gcc, clang, nvcc).
     writes_depfile: ClassVar[bool] = False
