@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from cachemgr.compilers import lineinfo, process
-from cachemgr.compilers.elf import ElfFile, find_entry_symbol
+from cachemgr.compilers import entrycheck, lineinfo, process
+from cachemgr.compilers.elf import ElfFile, EntryMissingError, find_entry_symbol
 from cachemgr.compilers.process import Outcome
 from cachemgr.errors import CompileError, ConfigError, InvalidInputError
 from cachemgr.memo import Memo
@@ -357,7 +357,7 @@ class CompilerBackend(ABC):
                 f"{ident.name} exited 0 but wrote no binary {binary} (compiling {job.source})"
             )
         elf = ElfFile(binary)
-        kernel_name = self.find_kernel_symbol(elf, job.entry)
+        kernel_name = self._entry_symbol(job, elf)
         artefacts = self._emit(job, binary, kernel_name)
         doc = self._json_doc(job, ident, argv, elf, kernel_name)
         json_path = job.out_dir / f"{job.out_name}.json"
@@ -374,6 +374,23 @@ class CompilerBackend(ABC):
             out.seconds,
             doc,
         )
+
+    def _entry_symbol(self, job: CompileJob, elf: ElfFile) -> str:
+        """:meth:`find_kernel_symbol`, its "absent" error led by the reason the sources show
+        (a ``static`` entry, no exported function: :mod:`.entrycheck`).
+
+        :raises CompileError: the symbol is absent, not exported, or ambiguous.
+        """
+        try:
+            return self.find_kernel_symbol(elf, job.entry)
+        except EntryMissingError as exc:
+            exported = sorted(s.name for s in elf.symbols() if s.is_exported_function)
+            files = entrycheck.compiled_files(job.source, job.mirror_root)
+            why = entrycheck.missing_entry_reason(job.entry, files, exported)
+            if why is None:
+                raise
+            shown = f" (exported functions: {exported[:10]})" if exported else ""
+            raise CompileError(f"{why}{shown}") from exc
 
     def find_kernel_symbol(self, elf: ElfFile, entry: str) -> str:
         """The real symbol of ``entry`` in the binary (see :func:`.elf.find_entry_symbol`).
