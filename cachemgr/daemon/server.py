@@ -293,8 +293,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _read_and_dispatch(self, method: str) -> Response:
         if self.headers.get("Transfer-Encoding"):  # its body would be read as the next request
-            refusal = error(411, "chunked or encoded bodies are not accepted; send Content-Length")
-            return self._refuse_unread(refusal, DISCARD_MAX_BYTES)
+            chunked = error(411, "chunked or encoded bodies are not accepted; send Content-Length")
+            return self._refuse_unread(chunked, DISCARD_MAX_BYTES)
         lengths = self.headers.get_all("Content-Length") or []
         if len(lengths) > 1:  # RFC 9112 §6.3: two lengths make the framing unknowable
             self.close_connection = True
