@@ -269,6 +269,23 @@ class CompilerBackend(ABC):
             log.info("%s: debug build at -O0: the request's %s are not used", job.out_name, dropped)
         return kept
 
+    def path_map_args(self, job: CompileJob) -> list[str]:
+        """For a job compiled from a build mirror: gcc/clang flags that write the caller's
+        paths into the object instead of the mirror's (docs/compiling.md#paths-in-the-binary).
+        ``__FILE__`` and the DWARF file names lose the mirror's prefix
+        (``-ffile-prefix-map=<mirror>/=/``: ``<mirror>/a/k.c`` is ``/a/k.c``), and the
+        compile's working folder, the build folder (``DW_AT_comp_dir``), becomes the
+        source's folder. The build-folder map comes first: gcc applies the last matching
+        map, clang the longest. Nothing for a job without a mirror (its paths are the
+        caller's, or a probe's source outside the mirror)."""
+        folder = caller_folder(job)
+        if folder is None:
+            return []
+        return [
+            f"-fdebug-prefix-map={job.out_dir}={folder}",
+            f"-ffile-prefix-map={job.mirror_root}/=/",
+        ]
+
     #: The compile command writes ``job.depfile`` when set (gcc, clang, nvcc).
     writes_depfile: ClassVar[bool] = False
 
@@ -492,7 +509,8 @@ class CompilerBackend(ABC):
     def _emit_loc(self, job: CompileJob, binary: Path, kernel_name: str) -> Path:
         dest = job.out_dir / f"{job.out_name}_loc.json"
         rows = lineinfo.decode_lines(binary, lineinfo.readelf_path(self.config.get("readelf")))
-        doc = lineinfo.loc_document(job.out_name, self.bin_suffix, kernel_name, job.source, rows)
+        source = Path(job.user_view(str(job.source)))  # the caller's path, not the mirror's
+        doc = lineinfo.loc_document(job.out_name, self.bin_suffix, kernel_name, source, rows)
         fsutil.atomic_write_bytes(dest, _dumps(doc))
         return dest
 
@@ -524,6 +542,14 @@ class CompilerBackend(ABC):
         }
         doc.update(self.json_fields(job, elf, kernel_name))
         return doc
+
+
+def caller_folder(job: CompileJob) -> str | None:
+    """The caller's folder of ``job.source`` (its path without the build mirror's prefix), or
+    None for a job without a mirror or whose source is not in it."""
+    if job.mirror_root is None or not job.source.is_relative_to(job.mirror_root):
+        return None
+    return "/" + str(job.source.parent.relative_to(job.mirror_root))
 
 
 def find_executable(candidates: list[str], what: str, config_key: str | None = None) -> str:

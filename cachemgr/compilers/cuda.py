@@ -24,7 +24,13 @@ import re
 from pathlib import Path
 from typing import Any
 
-from cachemgr.compilers.base import CompileJob, CompilerBackend, config_str, find_executable
+from cachemgr.compilers.base import (
+    CompileJob,
+    CompilerBackend,
+    caller_folder,
+    config_str,
+    find_executable,
+)
 from cachemgr.compilers.elf import ElfFile
 from cachemgr.errors import ConfigError, InvalidInputError
 
@@ -87,6 +93,16 @@ class CudaBackend(CompilerBackend):
     #: optimisation level ("Optimized debugging not supported"), so the request's go.
     unoptimised_by = frozenset({"O0", "g"})
 
+    def path_map_args(self, job: CompileJob) -> list[str]:
+        """``-Xcompiler -ffile-prefix-map=<mirror>/=/``: nvcc preprocesses the source with
+        its host compiler, so ``__FILE__`` (a device ``assert``, a ``printf``) names the
+        caller's path. nvcc has no map for the device DWARF that ``-G`` and ``-lineinfo``
+        write: those name the build mirror (docs/compiling.md#paths-in-the-binary).
+        Nothing for a mirror whose path holds a comma (``-Xcompiler`` splits on commas)."""
+        if caller_folder(job) is None or "," in str(job.mirror_root):
+            return []
+        return ["-Xcompiler", f"-ffile-prefix-map={job.mirror_root}/=/"]
+
     def unsupported_debug_flags(self, job: CompileJob) -> frozenset[str]:
         """``oom``, ``instrument``, ``check_flag``: no nvcc equivalent."""
         return job.debug_flags - _DEBUG_MAP.keys()
@@ -127,6 +143,7 @@ class CudaBackend(CompilerBackend):
             self.executable(),
             mode,
             f"-arch={self.arch}",
+            *self.path_map_args(job),
             *self.include_args(job),
             *self.flags(job),
             *self.define_args(job),

@@ -85,6 +85,7 @@ class HostBackend(CompilerBackend):
             _LANG_FLAG[job.language],
             mode,
             "-fPIC",
+            *self.path_map_args(job),
             *self.base_flags(job),
             *self.include_args(job),
             *self.debug_args(job),
