@@ -204,7 +204,18 @@ class Client:
         for attempt in (1, 2):  # a kept-alive connection the server closed: retry once
             conn = self._conn()
             try:
-                conn.request(method, path, body=payload, headers=headers)
+                try:
+                    conn.request(method, path, body=payload, headers=headers)
+                except (BrokenPipeError, ConnectionResetError) as sending:
+                    # the daemon may have answered before reading it all (413: over
+                    # [daemon] max_body_bytes) and closed: its answer is still there to read
+                    try:
+                        resp = conn.getresponse()
+                        raw = resp.read()
+                    except (http.client.HTTPException, OSError):
+                        raise sending from None  # no answer: it hung up (retried once)
+                    self._drop_connection()
+                    break
                 resp = conn.getresponse()
                 raw = resp.read()
                 break

@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from cachemgr.compile import embedded, searched
+from cachemgr.compile import embedded, pathkey, searched
 from cachemgr.compilers import CompileJob, CompilerBackend, CompilerIdentity, envvars, process
 from cachemgr.compilers.base import read_depfile
 from cachemgr.errors import CompileError, InvalidInputError
@@ -144,7 +144,9 @@ def file_digest(path: Path | str, what: str = "input") -> str:
     known = _digests.get(ident)
     if known is not None:
         return known
-    digest = hashlib.sha256(read_input(path, what)).hexdigest()
+    blob = read_input(path, what)
+    digest = hashlib.sha256(blob).hexdigest()
+    pathkey.note(digest, blob)  # read once: whether it names its path (its key's folder)
     if time.time() - max(st.st_mtime, st.st_ctime) > RACY_S:
         _digests.put(ident, digest)
     return digest

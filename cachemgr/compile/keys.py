@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from cachemgr.compile import inputs as inputs_mod
+from cachemgr.compile import pathkey
 from cachemgr.compile.inputs import Snapshot
 from cachemgr.compile.request import CompileRequest, RequestOptions
 from cachemgr.compilers import CompileJob, CompilerBackend, CompilerIdentity, envvars, get_backend
@@ -177,6 +178,7 @@ def key_material(
             "native": list(native),
         },
         "environment": _relative_folders(environment or {}, snap),
+        **paths_in_binary(snap, flags),
     }
 
 
@@ -192,6 +194,19 @@ def _relative_folders(env: Mapping[str, str], snap: Snapshot | None) -> dict[str
     return out
 
 
+def paths_in_binary(snap: Snapshot | None, flags: Sequence[str]) -> dict[str, str]:
+    """``{"folder_in_binary": <the source's folder>}`` when the binary holds the caller's
+    paths (``__FILE__``, ``assert``, debug information: :mod:`cachemgr.compile.pathkey`,
+    docs/compiling.md#paths-in-the-binary), else nothing — so the keys of other compiles
+    stay as they were."""
+    if snap is None:
+        return {}
+    folder = pathkey.folder_in_binary(
+        str(snap.source), snap.source_sha256, snap.headers or {}, flags, snap.data
+    )
+    return {} if folder is None else {"folder_in_binary": folder}
+
+
 def compute_key(material: Mapping[str, Any]) -> str:
     """Hex SHA-256 (64 chars) of :func:`canonical` ``(material)``."""
     return hashlib.sha256(canonical(material)).hexdigest()
@@ -205,7 +220,10 @@ def base_key(material: Mapping[str, Any], request: CompileRequest) -> str:
         "source_path": str(request.kernel_source),
         "include_dirs": [str(d) for d in request.include_dirs],
     }
-    return compute_key({**material, "headers": None, "where": where})
+    # the folder is in "where" already; without it, a header's __FILE__ (known only once
+    # the headers are) cannot give the caller and the daemon two manifests
+    rest = {k: v for k, v in material.items() if k != "folder_in_binary"}
+    return compute_key({**rest, "headers": None, "where": where})
 
 
 def kernel_name(op_type: str, key: str) -> str:

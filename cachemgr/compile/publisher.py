@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cachemgr.compile import inputs, kernel_meta, precompiled, volatile
+from cachemgr.compile import inplace, inputs, kernel_meta, precompiled, volatile
 from cachemgr.compile.build import (
     COMPILED,
     HIT,
@@ -232,11 +232,7 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
             lock.release()
             hold.release()
             if p.inputs.sent:
-                raise CompileError(
-                    f"{p.request.origin}: the compile read {stale[0]}, which is not among the "
-                    "files sent with the request (an absolute #include or a CPATH folder); "
-                    "include it by a relative name or through include_dirs"
-                )
+                raise CompileError(inplace.refusal(p.request.origin, stale[0]))
             return _uncached(p, ctx, result, stale)
         files, main = _payload(p, result, ctx.pending_dir())
     except BaseException:

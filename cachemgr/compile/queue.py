@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cachemgr import constants
-from cachemgr.compile import build, kernel_meta, keys, precompiled
+from cachemgr.compile import build, inplace, kernel_meta, keys, precompiled
 from cachemgr.compile.build import Prepared
 from cachemgr.compile.inputs import Snapshot
 from cachemgr.compile.request import CompileRequest
@@ -504,6 +504,9 @@ class CompileQueue:
             if not isinstance(exc, CompileError | OutputFolderError):
                 log.warning("compile of %s failed: %s", p.kernel, exc)
                 log.debug("compile of %s failed", p.kernel, exc_info=True)
+            why = inplace.explain(p.inputs, p.request.origin, str(exc))
+            if isinstance(exc, CompileError) and why is not None:  # a sent absolute #include
+                exc = CompileError(why)
             return build.failed(p.kernel, exc, p.request.origin)
 
     def _finish(self, job: _Job, pending: publisher.Pending) -> None:

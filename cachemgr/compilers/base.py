@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from cachemgr.compilers import envvars, lineinfo, process, stamp
-from cachemgr.compilers.elf import ElfFile, find_entry_symbol
+from cachemgr.compilers import entrycheck, envvars, lineinfo, process, stamp
+from cachemgr.compilers.elf import ElfFile, EntryMissingError, find_entry_symbol
 from cachemgr.compilers.process import Outcome
 from cachemgr.errors import CompileError, ConfigError, InvalidInputError
 from cachemgr.memo import Memo
@@ -45,6 +45,9 @@ EMITS = frozenset({"cce", "loc"})
 #: Source languages some backend accepts.
 LANGUAGES = frozenset({"c", "cpp", "cuda", "cce"})
 
+#: A request's optimisation flag (gcc/clang/ccec ``-O…``, nvcc's ``-Xptxas=-O…``).
+OPTIMISATION_FLAG = re.compile(r"^(?:-O[0-3sgz]?|-Ofast|-Xptxas=-O[0-3])$")
+
 _IDENTITY_TIMEOUT_S = 30.0
 _DEFINE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _OUT_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
@@ -58,8 +61,10 @@ class CompileJob:
     ``debug_flags`` ⊆ :data:`DEBUG_FLAGS`; ``emit`` ⊆ :data:`EMITS`; ``timeout_s`` bounds the
     wall time of each compiler process (compile, then preprocess for ``cce``) in seconds.
     ``out_dir`` must exist and be private to this compile. ``include_dirs`` become ``-I<dir>``
-    (in order) and ``extra_flags`` (checked by :mod:`cachemgr.compile.extraflags`) follow the debug
-    flags, both before the defines (issue 11 item 3).
+    (in order) and ``extra_flags`` (checked by :mod:`cachemgr.compile.extraflags`) follow the
+    backend's base optimisation level, and the debug flags follow them, all before the
+    defines: a debug flag wins over the request's own flags
+    (docs/compiling.md#debug-flags-win).
     """
 
     source: Path
@@ -263,8 +268,44 @@ class CompilerBackend(ABC):
         return [("-M" if w == "-E" else w) for w in argv]
 
     def include_args(self, job: CompileJob) -> list[str]:
-        """``-I<dir>`` for each include folder, then the extra flags, as given."""
-        return [*(f"-I{d}" for d in job.include_dirs), *job.extra_flags]
+        """``-I<dir>`` for each include folder, then the extra flags (:meth:`request_flags`)."""
+        return [*(f"-I{d}" for d in job.include_dirs), *self.request_flags(job)]
+
+    #: Debug flags that compile without optimisation: with one of them the request's own
+    #: optimisation flags are dropped (:meth:`request_flags`).
+    unoptimised_by: ClassVar[frozenset[str]] = frozenset({"O0"})
+
+    def request_flags(self, job: CompileJob) -> list[str]:
+        """The request's ``extra_flags``, less its optimisation flags (``-O…``, ``-Ofast``,
+        ``-Xptxas=-O…``) when ``job.debug_flags`` asks for an unoptimised build
+        (:attr:`unoptimised_by`): debug flags win over the request's own optimisation
+        (docs/compiling.md#debug-flags-win; CANN: ``ccec_O0`` and level 2 build at ``-O0``).
+        The backends also put their debug flags after these, so every other debug flag wins
+        too."""
+        if not job.debug_flags & self.unoptimised_by:
+            return list(job.extra_flags)
+        kept = [f for f in job.extra_flags if not OPTIMISATION_FLAG.match(f)]
+        if len(kept) != len(job.extra_flags):
+            dropped = sorted(set(job.extra_flags) - set(kept))
+            log.info("%s: debug build at -O0: the request's %s are not used", job.out_name, dropped)
+        return kept
+
+    def path_map_args(self, job: CompileJob) -> list[str]:
+        """For a job compiled from a build mirror: gcc/clang flags that write the caller's
+        paths into the object instead of the mirror's (docs/compiling.md#paths-in-the-binary).
+        ``__FILE__`` and the DWARF file names lose the mirror's prefix
+        (``-ffile-prefix-map=<mirror>/=/``: ``<mirror>/a/k.c`` is ``/a/k.c``), and the
+        compile's working folder, the build folder (``DW_AT_comp_dir``), becomes the
+        source's folder. The build-folder map comes first: gcc applies the last matching
+        map, clang the longest. Nothing for a job without a mirror (its paths are the
+        caller's, or a probe's source outside the mirror)."""
+        folder = caller_folder(job)
+        if folder is None:
+            return []
+        return [
+            f"-fdebug-prefix-map={job.out_dir}={folder}",
+            f"-ffile-prefix-map={job.mirror_root}/=/",
+        ]
 
     #: The compile command writes ``job.depfile`` when set (gcc, clang, nvcc).
     writes_depfile: ClassVar[bool] = False
@@ -378,7 +419,7 @@ class CompilerBackend(ABC):
                 f"{ident.name} exited 0 but wrote no binary {binary} (compiling {job.source})"
             )
         elf = ElfFile(binary)
-        kernel_name = self.find_kernel_symbol(elf, job.entry)
+        kernel_name = self._entry_symbol(job, elf)
         artefacts = self._emit(job, binary, kernel_name)
         doc = self._json_doc(job, ident, argv, elf, kernel_name)
         json_path = job.out_dir / f"{job.out_name}.json"
@@ -395,6 +436,23 @@ class CompilerBackend(ABC):
             out.seconds,
             doc,
         )
+
+    def _entry_symbol(self, job: CompileJob, elf: ElfFile) -> str:
+        """:meth:`find_kernel_symbol`, its "absent" error led by the reason the sources show
+        (a ``static`` entry, no exported function: :mod:`.entrycheck`).
+
+        :raises CompileError: the symbol is absent, not exported, or ambiguous.
+        """
+        try:
+            return self.find_kernel_symbol(elf, job.entry)
+        except EntryMissingError as exc:
+            exported = sorted(s.name for s in elf.symbols() if s.is_exported_function)
+            files = entrycheck.compiled_files(job.source, job.mirror_root)
+            why = entrycheck.missing_entry_reason(job.entry, files, exported)
+            if why is None:
+                raise
+            shown = f" (exported functions: {exported[:10]})" if exported else ""
+            raise CompileError(f"{why}{shown}") from exc
 
     def find_kernel_symbol(self, elf: ElfFile, entry: str) -> str:
         """The real symbol of ``entry`` in the binary (see :func:`.elf.find_entry_symbol`).
@@ -507,7 +565,8 @@ class CompilerBackend(ABC):
     def _emit_loc(self, job: CompileJob, binary: Path, kernel_name: str) -> Path:
         dest = job.out_dir / f"{job.out_name}_loc.json"
         rows = lineinfo.decode_lines(binary, lineinfo.readelf_path(self.config.get("readelf")))
-        doc = lineinfo.loc_document(job.out_name, self.bin_suffix, kernel_name, job.source, rows)
+        source = Path(job.user_view(str(job.source)))  # the caller's path, not the mirror's
+        doc = lineinfo.loc_document(job.out_name, self.bin_suffix, kernel_name, source, rows)
         fsutil.atomic_write_bytes(dest, _dumps(doc))
         return dest
 
@@ -539,6 +598,14 @@ class CompilerBackend(ABC):
         }
         doc.update(self.json_fields(job, elf, kernel_name))
         return doc
+
+
+def caller_folder(job: CompileJob) -> str | None:
+    """The caller's folder of ``job.source`` (its path without the build mirror's prefix), or
+    None for a job without a mirror or whose source is not in it."""
+    if job.mirror_root is None or not job.source.is_relative_to(job.mirror_root):
+        return None
+    return "/" + str(job.source.parent.relative_to(job.mirror_root))
 
 
 def find_executable(candidates: list[str], what: str, config_key: str | None = None) -> str:
