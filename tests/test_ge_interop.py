@@ -24,6 +24,7 @@ from tests import ge_twin
 from tests.conftest import ROOT, SOC, run_cli
 
 HOUR = 3600
+MIB = 1 << 20
 REQUESTS = ROOT / "examples" / "requests"
 
 
@@ -285,6 +286,53 @@ def test_pre_build_entries_are_kept_counted_aged_and_hit(
     # under the limit they are evicted by access time like any entry: the oldest goes first
     report = gc_chip(chip, 1, 0, 0, force_ratio=True)
     assert report.evicted == [pre[1], "te_add_0", pre[0]]
+
+
+def test_ge_counts_pre_build_jsons_never_evicts_them_and_cachemgr_keeps_the_limit(
+    tmp_path: Path,
+) -> None:
+    """GE's ``GetFilesAccessTime`` skips a ``_pre.json`` before its ageing step, so GE's own
+    eviction never removes one while its bytes count toward the limit: left to GE they only
+    grow. cachemgr evicts them by access time (docs/eviction.md#pre-build-entries)."""
+    chip = tmp_path / "kernel_cache" / SOC
+    names = [f"te_mul_{i:02d}_pre" for i in range(12)]
+    for i, name in enumerate(names):  # ~200 KiB each (a long prebuilt_options string)
+        assert ge_twin.write_pre(chip, name, options="x" * 200_000).files
+        set_old(chip / f"{name}.json", 2 * HOUR + i)
+    before = ge_twin.directory_size(chip)
+    assert before > 2 * MIB
+    # GE: over its 1 MiB limit, it takes the eviction lock and ages... nothing
+    assert ge_twin.evict(chip, MIB, 50) == []
+    assert ge_twin.directory_size(chip) == before
+    report = gc_chip(chip, 1, 50, 1800)  # cachemgr: the same limit and aging guard
+    assert len(report.evicted) >= 7 and ge_twin.directory_size(chip) <= MIB // 2, report
+    assert set(report.evicted) == set(names[-len(report.evicted) :])  # the oldest went
+
+
+def test_ls_shows_the_op_type_of_pre_build_entries(
+    clean_env: dict[str, str], tmp_path: Path, fixture_cache: Path
+) -> None:
+    """GE names a pre-build entry ``te_<op type>_<hash>_pre`` (``te_json_assemble.cc``
+    ``GeneratePreBuildKernelName``; newer GE lower-cases it); its json records no op type."""
+    root = tmp_path / "root"
+    chip = root / "kernel_cache" / SOC
+    ge_twin.write_pre(chip, "te_add_abc123_pre")
+    ge_twin.write_pre(chip, "te_batchmatmulv2_9f0e_pre")
+    ge_twin.write_entry(chip, "te_add_abc123")
+    real = "te_Mul_cd58ce363a48125986d4fd8ef5c8df0e4f0d554e9fc856072d28d6799222c408_pre"
+    (chip / f"{real}.json").write_bytes(
+        (fixture_cache / "kernel_cache" / SOC / f"{real}.json").read_bytes()
+    )
+    rows = json.loads(run_cli("ls", "--json", "--cache-dir", str(root), env=clean_env).stdout)
+    assert {r["kernel"]: r["op_type"] for r in rows} == {
+        "te_add_abc123_pre": "add",
+        "te_batchmatmulv2_9f0e_pre": "batchmatmulv2",
+        "te_add_abc123": "add",
+        real: "Mul",
+    }
+    text = run_cli("ls", "--cache-dir", str(root), env=clean_env).stdout
+    line = next(ln for ln in text.splitlines() if "te_add_abc123_pre" in ln)
+    assert line.split()[2] == "add", line
 
 
 def test_the_daemon_keeps_pre_build_entries(tmp_path: Path) -> None:

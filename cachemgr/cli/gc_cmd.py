@@ -40,7 +40,7 @@ from cachemgr.config.options import Settings
 from cachemgr.errors import ConfigError
 from cachemgr.eviction import DryRun, chip_row, gc, purge_chip
 from cachemgr.eviction.gc import limits_json
-from cachemgr.storage import fsprobe
+from cachemgr.storage import atimes, fsprobe
 from cachemgr.storage.counters import COUNTER_NAMES, CacheCounters
 
 
@@ -326,6 +326,7 @@ def stats_cmd(
         other_kernel_caches=_other_stats(settings),
         kernel_cache_dir=str(settings.layout.kernel_cache_dir),
         limits=limits_json(settings),
+        filesystems=[a.to_json() for a in _governed_atimes(settings)],
     )
     if as_json:
         emit_json(data.to_json())
@@ -333,6 +334,13 @@ def stats_cmd(
     _print_stats(data, options.kernel_cache_reason(settings))
     if run_local:
         _note_daemon_counters(settings)
+
+
+def _governed_atimes(settings: Settings) -> list[atimes.CacheAtimes]:
+    """The access-time rule of each governed kernel cache's mount, this one first: what it
+    means for GE's own eviction (docs/interop.md#ges-eviction-and-access-times)."""
+    caches = [settings.layout.kernel_cache_dir, *settings.other_kernel_caches()]
+    return atimes.governed_atimes(caches)
 
 
 def _note_daemon_counters(settings: Settings) -> None:
@@ -415,6 +423,8 @@ def _print_stats(stats: StatsResult, why: str = "") -> None:
         )
     if not stats.chip_folders:
         lines.append(("Chip folders", "none yet"))
+    for fs in stats.filesystems or []:  # one line per governed kernel cache
+        lines.append(("Filesystem", str(fs["line"])))
     for kc, folders in (stats.other_kernel_caches or {}).items():
         for soc, row in folders.items():  # SPEC §2: every kernel cache under ASCEND_CACHE_PATH
             if row.error:
