@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from cachemgr.cli import human
 from cachemgr.config import layout
 from cachemgr.config.ini import IniLimits, OpCacheIni
 from cachemgr.config.versions import VersionStatus, installed_versions, sync_toolkit
@@ -133,6 +134,38 @@ def test_a_missing_ini_purges_says_why_and_how_many_then_stamps(
         "cache stamps match" in text.stdout
         and len(list((root / "kernel_cache" / SOC).glob("*.json"))) == 2
     )
+
+
+def test_a_purge_counts_in_the_chip_and_total_lines(
+    clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    """12 entries purged (reason no_ini) are in the chip folder's line, the total line and
+    ``--json`` (per chip folder and ``totals``), not ``0 B -> 0 B``, ``freed 0 B``."""
+    env = {**clean_env, **fake_toolkit(tmp_path / "Ascend")}
+    root = tmp_path / "root"
+    chip = root / "kernel_cache" / SOC
+    for i in range(12):
+        ge_twin.write_entry(chip, f"te_add_{i:02d}", size=7000)
+    size = ge_twin.directory_size(chip)  # every file: jsons, binaries, lock files
+    text = run_cli("gc", "--cache-dir", str(root), env=env)
+    assert text.returncode == 0, text.stdout + text.stderr
+    line = next(ln for ln in text.stdout.splitlines() if ln.startswith(f"{SOC}: ") and "->" in ln)
+    assert line.startswith(f"{SOC}: {human.size(size)} -> 0 B "), line
+    assert "purged 12 entries" in line and "reason no_ini" in line, line
+    total = text.stdout.splitlines()[-1]
+    assert total.startswith(f"total: freed {human.size(size)} in 1 chip folder; "), total
+    assert total.endswith("purged 12 entries, evicted 0 entries"), total
+    for i in range(12):  # again, for --json
+        ge_twin.write_entry(chip, f"te_add_{i:02d}", size=7000)
+    (root / "kernel_cache" / "op_cache.ini").unlink()
+    report = gc_json(root, env)
+    folder = report["chip_folders"][SOC]
+    purged = report["toolkit"]["purged"][0]
+    assert (folder["purged_entries"], folder["purged_bytes"]) == (12, purged["bytes"])
+    assert folder["purge_reason"] == "no_ini" and purged["bytes"] >= 12 * 7000
+    totals = report["totals"]
+    assert (totals["purged_entries"], totals["purged_bytes"]) == (12, purged["bytes"])
+    assert totals["freed_bytes"] >= purged["bytes"] and totals["evicted_entries"] == 0
 
 
 def test_the_ini_is_read_again_under_the_eviction_lock(tmp_path: Path) -> None:

@@ -124,8 +124,15 @@ def _gc_line(soc: str, report: ChipGc) -> str:
         else f"limit {_mib(report.max_bytes)}, target {_mib(report.target_bytes)}"
     )
     plural = human.plural
+    purged = (
+        f"purged {plural(report.purged_entries, 'entry', 'entries')} "
+        f"({_mib(report.purged_bytes)}, reason {report.purge_reason}); "
+        if report.purged_entries or report.purged_bytes
+        else ""
+    )
+    before = report.bytes_before + report.purged_bytes  # the folder as the run found it
     return (
-        f"{soc}: {_mib(report.bytes_before)} -> {_mib(report.bytes_after)} ({limit}); "
+        f"{soc}: {_mib(before)} -> {_mib(report.bytes_after)} ({limit}); {purged}"
         f"{verb} {plural(report.evicted_entries, 'entry', 'entries')} "
         f"({_mib(report.evicted_bytes)}); "
         f"kept by aging guard {report.kept_by_aging_guard}; "
@@ -267,13 +274,15 @@ def _print_gc_one(report: GcResult) -> None:
     if not folders:
         click.echo(f"no chip folders under {report.kernel_cache_dir}; nothing to do")
         return
-    entries = sum(f.evicted_entries for f in folders.values())
-    freed = sum(f.evicted_bytes + f.reclaimed.bytes for f in folders.values())
+    totals = report.totals()
     verb = "would free" if any(f.dry_run for f in folders.values()) else "freed"
+    purged = totals["purged_entries"]
     click.echo(
-        f"total: {verb} {_mib(freed)} in {human.plural(len(folders), 'chip folder')}; "
-        f"{'would evict' if verb == 'would free' else 'evicted'} "
-        f"{human.plural(entries, 'entry', 'entries')}"
+        f"total: {verb} {_mib(totals['freed_bytes'])} in "
+        f"{human.plural(len(folders), 'chip folder')}; "
+        + (f"purged {human.plural(purged, 'entry', 'entries')}, " if purged else "")
+        + f"{'would evict' if verb == 'would free' else 'evicted'} "
+        f"{human.plural(totals['evicted_entries'], 'entry', 'entries')}"
     )
 
 

@@ -173,13 +173,29 @@ def _collect_one(
             raise
         except (OSError, CacheMgrError) as exc:  # one folder's failure is not the others'
             report = _failed(chip, dry_run, exc)
-        folders[chip.name] = ChipGc.from_json(report)
+        folders[chip.name] = _with_purge(ChipGc.from_json(report), toolkit)
     return GcResult(
         str(settings.layout.kernel_cache_dir),
         limits_json(settings),
         toolkit.to_json(),
         folders,
     )
+
+
+def _with_purge(folder: ChipGc, toolkit: versions.VersionCheck) -> ChipGc:
+    """``folder``'s report with what the toolkit check purged from it (entries, bytes,
+    reason), so a purge counts in the folder's and the run's totals
+    (docs/eviction.md#toolkit-purges-in-the-report)."""
+    for purged in toolkit.purged:
+        done = purged.to_json()
+        if Path(done["chip_dir"]) == Path(folder.chip_dir) and not done.get("skipped"):
+            return dataclasses.replace(
+                folder,
+                purged_entries=int(done["entries"]),
+                purged_bytes=int(done["bytes"]),
+                purge_reason=toolkit.status.value,
+            )
+    return folder
 
 
 def _failed(chip: Path, dry_run: DryRun, exc: BaseException) -> dict[str, Any]:
