@@ -168,6 +168,48 @@ def test_a_purge_counts_in_the_chip_and_total_lines(
     assert totals["freed_bytes"] >= purged["bytes"] and totals["evicted_entries"] == 0
 
 
+def test_stamp_lines_ge_cannot_rewrite_are_rewritten_its_way_and_said(
+    clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Stamps GE reads (trimmed) but cannot rewrite (``GetNewVersionString`` compares the text
+    before ``=``): after an upgrade GE purges on every start. cachemgr's gc rewrites them as
+    GE writes them, keeps the entries, says so in one log line and in its report."""
+    spaced = (
+        "[op_compiler_cache]\nadk_version = 8.0.RC1\n  ops_version=8.0.RC1\n"
+        "max_op_cache_size = 500\nremain_cache_size_ratio=80\n"
+    )
+    # GE alone: every start after an upgrade purges again, its restamp never matches
+    kc = tmp_path / "ge" / "kernel_cache"
+    kc.mkdir(parents=True)
+    (kc / "op_cache.ini").write_text(spaced)
+    for _ in range(2):
+        ge_twin.write_entry(kc / SOC, "te_add_0")
+        assert ge_twin.init(kc, SOC, "8.0.RC2", "8.0.RC2") == "purged-upgrade"
+    # cachemgr first (the installed toolkit matches the stamps): rewritten, entries kept
+    env = {**clean_env, **fake_toolkit(tmp_path / "Ascend")}
+    root = tmp_path / "root"
+    ini = root / "kernel_cache" / "op_cache.ini"
+    ge_twin.write_entry(root / "kernel_cache" / SOC, "te_add_0")
+    ini.write_text(spaced)
+    dry = gc_json(root, env, "--dry-run")
+    assert dry["toolkit"]["stamp_lines_rewritten"] == [2, 3] and ini.read_text() == spaced
+    proc = run_cli("-v", "gc", "--cache-dir", str(root), env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert f"{ini}: rewrote stamp line(s) 2, 3 the way GE writes them" in proc.stdout
+    logged = [ln for ln in proc.stderr.splitlines() if "rewrote stamp line(s) 2, 3" in ln]
+    assert len(logged) == 1 and str(ini) in logged[0], proc.stderr
+    assert ini.read_text() == spaced.replace("adk_version = ", "adk_version=").replace(
+        "  ops_version", "ops_version"
+    )  # the limits' lines keep their spacing
+    assert (root / "kernel_cache" / SOC / "te_add_0.json").exists()
+    assert gc_json(root, env)["toolkit"]["stamp_lines_rewritten"] == []  # nothing left to do
+    # now GE's own restamp after an upgrade works: one purge, then the cache is kept
+    kc = root / "kernel_cache"
+    assert ge_twin.init(kc, SOC, "8.0.RC2", "8.0.RC2") == "purged-upgrade"
+    ge_twin.write_entry(kc / SOC, "te_add_0")
+    assert ge_twin.init(kc, SOC, "8.0.RC2", "8.0.RC2") == "kept"
+
+
 def test_the_ini_is_read_again_under_the_eviction_lock(tmp_path: Path) -> None:
     kc = tmp_path / "kernel_cache"
     for i in range(3):

@@ -79,6 +79,14 @@ def toolkit_lines(report: GcResult) -> Iterator[str]:
     toolkit = report.toolkit
     detail = str(toolkit["detail"])
     yield detail if detail.startswith("toolkit ") else f"toolkit: {detail}"
+    lines = toolkit.get("stamp_lines_rewritten") or []
+    if lines:
+        verb = "would rewrite" if toolkit.get("dry_run") else "rewrote"
+        yield (
+            f"{Path(report.kernel_cache_dir) / 'op_cache.ini'}: {verb} stamp line(s) "
+            f"{', '.join(map(str, lines))} the way GE writes them (key=value from column 1): "
+            "GE restamps only such lines and would purge the chip folders on every start"
+        )
     for purged in toolkit.get("purged", []):
         soc = Path(purged["chip_dir"]).name
         if purged.get("skipped"):
