@@ -133,7 +133,8 @@ def _gc_line(soc: str, report: ChipGc) -> str:
         f"{'would reclaim' if report.dry_run else 'reclaimed'} "
         f"{plural(rec.orphans, 'orphan')}, {plural(rec.temps, 'temp file')}, "
         f"{plural(rec.locks, 'lock file')}, "
-        f"{plural(rec.bad_entries, 'bad entry', 'bad entries')} ({_mib(rec.bytes)})"
+        f"{plural(rec.bad_entries, 'bad entry', 'bad entries')}, "
+        f"{plural(rec.ge_fatal, 'entry', 'entries')} that abort GE ({_mib(rec.bytes)})"
     )
 
 
@@ -233,6 +234,7 @@ def _count_evictions(kernel_cache_dir: Path, report: GcResult) -> None:
             continue
         counters.add("evicted_entries", folder.evicted_entries, soc)
         counters.add("evicted_bytes", folder.evicted_bytes, soc)
+        counters.add("ge_fatal_removed", folder.reclaimed.ge_fatal, soc)
     counters.flush()
 
 
@@ -264,6 +266,9 @@ def _print_gc_one(report: GcResult) -> None:
                         f"{soc}/{name} (bad entry)"
                     )
                 )
+            for line in folder.reclaimed.fatal:
+                verb = "would remove" if folder.dry_run else "removed"
+                click.echo(printable(f"  {verb} {soc}/{line}"))
     if not folders:
         click.echo(f"no chip folders under {report.kernel_cache_dir}; nothing to do")
         return
