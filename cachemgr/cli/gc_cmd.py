@@ -355,6 +355,8 @@ def _note_daemon_counters(settings: Settings) -> None:
 #: before them) and a daemon's ``queue_jobs``, its queue now (queued + running: the
 #: ``Queue`` line, shown only where there is a queue, a daemon's).
 _NOT_COUNTERS = {"hits", "misses", "queue_jobs"}
+#: Labels other than the counter's name (kept within the column the others fit in).
+_LABELS = {"ge_fatal_removed": "Fatal to GE"}  # removed: docs/interop.md#entries-that-abort-ge
 
 
 def _print_stats(stats: StatsResult, why: str = "") -> None:
@@ -372,7 +374,8 @@ def _print_stats(stats: StatsResult, why: str = "") -> None:
     # the counters, then a daemon's other whole numbers (remote_uploads_dropped)
     data = {**stats.counters, **stats.daemon}
     for key in sorted(k for k, v in data.items() if k not in _NOT_COUNTERS and _is_count(v)):
-        lines.append((key.replace("_", " ").capitalize(), str(data[key])))
+        label = _LABELS.get(key) or key.replace("_", " ").capitalize()
+        lines.append((label, str(data[key])))
     queue = data.get("queue")
     if isinstance(queue, dict):  # from a daemon: its queue now (issue 13 item 3)
         lines.append(

@@ -235,22 +235,55 @@ _DECODER = json.JSONDecoder(
 )
 
 
-def parse_like_ge(raw: bytes) -> Any:
+_FAST = json.JSONDecoder()
+
+
+def parse_like_ge(raw: bytes, exact: bool = True) -> Any:
     """The json value GE reads from ``raw`` (``ifs >> j``: BOM skipped, the first value
-    only), or None when GE's parser fails (then GE misses, it does not abort)."""
+    only), or None when GE's parser fails (then GE misses, it does not abort). ``exact``
+    also refuses what nlohmann refuses and Python accepts (``NaN``, ``Infinity``, a number
+    overflowing a double) — a hook per number, so a first pass goes without it."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         return None
     text = text.removeprefix("\ufeff").lstrip(" \t\r\n")
     try:
-        value, _ = _DECODER.raw_decode(text)
+        value, _ = (_DECODER if exact else _FAST).raw_decode(text)
     except (ValueError, RecursionError):
         return None
     return value
 
 
 Reader = Callable[[str], bytes]
+Rule = Callable[[Any, str], "Fatal | None"]
+
+
+class _Jsons:
+    """The entry's jsons, each read once: judged on a fast parse, a shape found confirmed on
+    nlohmann's exact one (a json GE cannot parse is a miss, never an abort)."""
+
+    def __init__(self, read: Reader) -> None:
+        self.read = read
+        self.raw: dict[str, bytes | None] = {}
+        self.values: dict[str, Any] = {}
+
+    def value(self, name: str) -> Any:
+        if name not in self.raw:
+            try:
+                self.raw[name] = self.read(name)
+            except (OSError, CacheMgrError):
+                self.raw[name] = None
+            raw = self.raw[name]
+            self.values[name] = None if raw is None else parse_like_ge(raw, exact=False)
+        return self.values[name]
+
+    def judge(self, rule: Rule, name: str) -> Fatal | None:
+        found = rule(self.value(name), name)
+        raw = self.raw.get(name)
+        if found is None or raw is None:
+            return None
+        return rule(parse_like_ge(raw), name)
 
 
 def entry_fatal(kernel: str, json_names: Iterable[str], read: Reader) -> Fatal | None:
@@ -263,24 +296,17 @@ def entry_fatal(kernel: str, json_names: Iterable[str], read: Reader) -> Fatal |
         (that file is then not judged).
     """
     main_name = kernel + ".json"
-    main = _load(read, main_name)
+    jsons = _Jsons(read)
     if entry.is_pre_entry(kernel):
-        return pre_fatal(main, main_name)
-    found = main_fatal(main, main_name)
+        return jsons.judge(pre_fatal, main_name)
+    found = jsons.judge(main_fatal, main_name)
     for name in json_names:
         if found is None and name != main_name and read_as_main(name):
-            found = main_fatal(_load(read, name), name)
-    for name in sub_json_names(main):
+            found = jsons.judge(main_fatal, name)
+    for name in sub_json_names(jsons.value(main_name)):
         if found is None:
-            found = sub_fatal(_load(read, name), name)
+            found = jsons.judge(sub_fatal, name)
     return found
-
-
-def _load(read: Reader, name: str) -> Any:
-    try:
-        return parse_like_ge(read(name))
-    except (OSError, CacheMgrError):
-        return None
 
 
 def chip_reader(chip_dir: Path, dir_fd: int | None) -> Reader:
