@@ -7,8 +7,9 @@ or as a separate process (also as another Unix user)::
 
     python -m tests.ge_twin write CHIP KERNEL [--kind plain|mix|dynamic] [--header] [--size N]
     python -m tests.ge_twin pre CHIP KERNEL_pre [--pattern P]
-    python -m tests.ge_twin hit CHIP KERNEL            # exit 0 on a hit, 1 on a miss
-    python -m tests.ge_twin evict CHIP MAX_BYTES RATIO_PCT
+    python -m tests.ge_twin hit CHIP KERNEL            # exit 0 on a hit, 1 on a miss,
+                                                       # SIGABRT where GE aborts
+    python -m tests.ge_twin evict CHIP MAX_BYTES RATIO_PCT [--now EPOCH_S]  # SIGABRT too
     python -m tests.ge_twin init KERNEL_CACHE SOC ADK OPS [--mode enable|force]
     python -m tests.ge_twin loop CHIP PREFIX SECONDS [--evict]  # write + hit until the end
 
@@ -18,7 +19,9 @@ API (what issue-15 tests reuse):
   ``dynamic`` (``supportInfo``, no ``opType``/``staticKey``); with or without a header; a
   ``sha256`` written upper-case on request (GE would then never hit it);
 * :func:`write_pre` — a ``<name>_pre.json`` pre-build entry;
-* :func:`hit` / :func:`hit_pre` — GE's verified lookup with its access-time update;
+* :func:`hit` / :func:`hit_pre` — GE's verified lookup with its access-time update; both,
+  and :func:`evict`, raise :class:`GeAbort` where GE's typed json conversions throw (the
+  command line then aborts: ``SIGABRT``, exit 134);
 * :func:`evict` — GE's eviction under ``op_cache_file_del.lock``: ``_pre.json`` counted,
   never deleted; each json read during the scan, its access time checked again before
   deleting (so on a ``relatime``/``strictatime`` mount it deletes nothing);
@@ -259,23 +262,104 @@ def update_access_time(path: Path) -> bool:
     return True
 
 
+class GeAbort(BaseException):
+    """nlohmann::json threw ``type_error`` and nothing in GE catches it: the process ends in
+    ``std::terminate`` (``SIGABRT``, exit 134). In this process the twin raises this (a
+    ``BaseException``: no ``except Exception`` swallows it); :func:`main` turns it into a real
+    ``abort()``."""
+
+
+def _json_type(value: object) -> str:
+    """nlohmann's ``type_name()``."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    return {list: "array", dict: "object", str: "string"}[type(value)]
+
+
+def _string(info: dict, key: str, where: str) -> str:
+    """``std::string s = j.at(key)`` / ``j.at(key).get<std::string>()``: nlohmann's
+    ``from_json`` throws ``type_error.302`` for any other type, ``null`` included."""
+    value = info[key]
+    if not isinstance(value, str):
+        raise GeAbort(
+            f"{where}: [json.exception.type_error.302] type must be string, but is "
+            f"{_json_type(value)}"
+        )
+    return value
+
+
+def _refuse(text: str) -> object:
+    raise ValueError(text)
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"number overflow parsing {text!r}")  # out_of_range.406
+    return value
+
+
+def _finite_int(text: str) -> int | float:
+    return _finite(text) if len(text) > 20 else int(text)  # beyond int64: a double
+
+
+_NLOHMANN = json.JSONDecoder(parse_constant=_refuse, parse_float=_finite, parse_int=_finite_int)
+
+
+def read_json(path: Path) -> object:
+    """``TeFileUtils::GetJsonValueFromJsonFile``: ``ifs >> j`` (BOM skipped, the first value
+    only: ``operator>>`` parses without ``strict``); a parse error is caught → None."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    text = text.removeprefix("\ufeff").lstrip(" \t\r\n")
+    try:
+        return _NLOHMANN.raw_decode(text)[0]
+    except (ValueError, RecursionError):
+        return None
+
+
 def hit(chip: Path, kernel: str, touch: bool = True) -> bool:
     """``TeCacheManager::MatchCompileCache``: parse the json
     (``CompileResultUtils::ParseCompileResult``), find the binary (``SetBinFilePath``), read
-    it (``SetKernelBin``: ``kernelName`` needed, empty file fails), compare ``sha256`` as a
-    string (``VerifyBinFileSha256``), then update the json's and the binary's atime."""
+    it (``SetKernelBin``: ``kernelName`` needed, empty file fails), the header suffix
+    (``SetHeaderFilePath``), compare ``sha256`` as a string (``VerifyBinFileSha256``), then
+    update the json's and the binary's atime. Each typed conversion raises :class:`GeAbort`
+    for another type, as GE aborts. The twin reads a ``.so`` like a ``.o`` (GE ``dlopen``s it,
+    ``SetKernelBinBySo``, then needs the same ``kernelName``)."""
     json_path = chip / f"{kernel}.json"
-    try:
-        info = json.loads(json_path.read_bytes())
-        bin_path = chip / (info["binFileName"] + info["binFileSuffix"])
-        if not bin_path.exists():
-            return False
-        if bin_path.suffix == ".o" and "kernelName" not in info:
-            return False
-        data = bin_path.read_bytes()
-    except (OSError, ValueError, KeyError, TypeError):
+    info = read_json(json_path)
+    # contains() is false on a non-object; SetBinFilePath needs both names
+    if not isinstance(info, dict) or "binFileName" not in info or "binFileSuffix" not in info:
         return False
-    if not data or not info.get("sha256") or info["sha256"] != sha256_hex(data):
+    name = _string(info, "binFileName", "CompileResultUtils::SetBinFilePath")
+    suffix = _string(info, "binFileSuffix", "CompileResultUtils::SetBinFilePath")
+    bin_path = chip / (name + suffix)
+    if not bin_path.exists():  # RealPath empty
+        return False
+    data = b""
+    reads_bin = bin_path.name.endswith((".o", ".so"))
+    if reads_bin:
+        if "kernelName" not in info:
+            return False
+        _string(info, "kernelName", "CompileResultUtils::SetKernelBin")
+        try:
+            data = bin_path.read_bytes()  # GetBufferFromBinFile: size <= 0 fails
+        except OSError:
+            return False
+        if not data:
+            return False
+    if "headerFileSuffix" in info:
+        _string(info, "headerFileSuffix", "CompileResultUtils::SetHeaderFilePath")
+    if not reads_bin or "sha256" not in info:  # kernelBin == nullptr: VerifyBinFileSha256 false
+        return False
+    sha = _string(info, "sha256", "TeCacheManager::VerifyBinFileSha256")
+    if not sha or sha != sha256_hex(data):
         return False
     if touch:
         return update_access_time(json_path) and update_access_time(bin_path)
@@ -283,14 +367,18 @@ def hit(chip: Path, kernel: str, touch: bool = True) -> bool:
 
 
 def hit_pre(chip: Path, kernel: str) -> bool:
-    """``TeCacheManager::MatchPreCompileCache``: the json must have ``pattern``; atime update."""
+    """``TeCacheManager::MatchPreCompileCache``: the json must have ``pattern`` (a string;
+    ``coreType`` and ``prebuilt_options``, when present, too — else :class:`GeAbort`); then
+    the atime update."""
     path = chip / f"{kernel}.json"
-    try:
-        info = json.loads(path.read_bytes())
-    except (OSError, ValueError):
-        return False
+    info = read_json(path)
     if not isinstance(info, dict) or "pattern" not in info:
         return False
+    where = "TeCacheManager::MatchPreCompileCache"
+    _string(info, "pattern", where)
+    for key in ("coreType", "prebuilt_options"):
+        if key in info:
+            _string(info, key, where)
     return update_access_time(path)
 
 
@@ -325,9 +413,36 @@ def _json_files(chip: Path) -> list[Path]:
     return out
 
 
+def _json_list_items(value: object) -> list:
+    """What ``for (it = jsonList.begin(); ...)`` visits: an array's items, an object's values,
+    nothing for ``null``, a primitive itself (nlohmann's primitive iterator)."""
+    if value is None:
+        return []
+    if isinstance(value, list):
+        return value
+    if isinstance(value, dict):
+        return list(value.values())
+    return [value]
+
+
+def _add_bin_file(folder: Path, info: object, files: list[tuple[Path, int]]) -> None:
+    """``AddBinFileInfoFromJson``: both names present (``find`` is false on a non-object),
+    each ``get<std::string>()`` (:class:`GeAbort` for another type), then the binary's size."""
+    if not isinstance(info, dict) or "binFileName" not in info or "binFileSuffix" not in info:
+        return
+    where = "TeCacheSpaceManager::AddBinFileInfoFromJson"
+    binary = folder / (_string(info, "binFileName", where) + _string(info, "binFileSuffix", where))
+    with contextlib.suppress(OSError):
+        files.append((binary, os.stat(binary).st_size))
+
+
 def _entry_files(path: Path) -> list[tuple[Path, int]]:
-    """``GetFilesAccessTime`` + ``AddBinFileInfoFromJson`` for one main json: the json, then
-    its binary (or the sub-jsons and their binaries). The header and lock are not listed.
+    """``GetFilesAccessTime`` + ``AddBinFileInfoFromJson``: the json, then its binary (or the
+    sub-jsons and their binaries); a ``_pre.json`` alone. The header and lock are never
+    listed: GE's eviction deletes these files only and leaves ``<kernel>.h`` behind. A
+    ``jsonList`` item that is not an object with a string ``jsonFileName`` raises
+    :class:`GeAbort` (``(*it)["jsonFileName"]``: ``type_error.305`` on a non-object, ``302``
+    converting a missing — inserted ``null`` — or non-string name).
 
     The json is *read* here (``TeFileUtils::GetJsonValueFromJsonFile``: an ``ifstream``), after
     its access time was taken: on a ``relatime`` or ``strictatime`` mount that read moves the
@@ -335,25 +450,29 @@ def _entry_files(path: Path) -> list[tuple[Path, int]]:
     files = []
     with contextlib.suppress(OSError):
         files.append((path, os.stat(path).st_size))
-    try:
-        info = json.loads(path.read_bytes())
-    except (OSError, ValueError):
+    if path.name.endswith("_pre.json"):
         return files
-    jsons = [info]
-    if "jsonList" in info:
-        jsons = []
-        for item in info["jsonList"]:
-            sub = path.parent / item["jsonFileName"]
-            try:
-                files.append((sub, os.stat(sub).st_size))
-                jsons.append(json.loads(sub.read_bytes()))
-            except (OSError, ValueError):
-                continue
-    for one in jsons:
-        if "binFileName" in one and "binFileSuffix" in one:
-            binary = path.parent / (one["binFileName"] + one["binFileSuffix"])
-            with contextlib.suppress(OSError):
-                files.append((binary, os.stat(binary).st_size))
+    info = read_json(path)
+    if info is None:
+        return files
+    if not isinstance(info, dict) or "jsonList" not in info:  # traditional pattern
+        _add_bin_file(path.parent, info, files)
+        return files
+    for item in _json_list_items(info["jsonList"]):
+        if not isinstance(item, dict):
+            raise GeAbort(
+                "TeCacheSpaceManager::GetFilesAccessTime: [json.exception.type_error.305] "
+                f"cannot use operator[] with a string argument with {_json_type(item)}"
+            )
+        item.setdefault("jsonFileName", None)  # operator[] inserts null
+        sub = path.parent / _string(item, "jsonFileName", "TeCacheSpaceManager::GetFilesAccessTime")
+        if sub.is_dir():
+            continue
+        with contextlib.suppress(OSError):
+            files.append((sub, os.stat(sub).st_size))
+        sub_info = read_json(sub)
+        if sub_info is not None:
+            _add_bin_file(path.parent, sub_info, files)
     return files
 
 
@@ -617,6 +736,7 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("chip", type=Path)
     e.add_argument("max_bytes", type=int)
     e.add_argument("ratio", type=int)
+    e.add_argument("--now", type=float, default=None, help="the clock GE's aging compares with")
     i = sub.add_parser("init")
     i.add_argument("kernel_cache", type=Path)
     i.add_argument("soc")
@@ -636,12 +756,18 @@ def main(argv: list[str] | None = None) -> int:
     if a.cmd == "pre":
         print(write_pre(a.chip, a.kernel, a.pattern).skipped or "written")
         return 0
-    if a.cmd == "hit":
-        found = hit_pre(a.chip, a.kernel) if a.kernel.endswith("_pre") else hit(a.chip, a.kernel)
-        return 0 if found else 1
-    if a.cmd == "evict":
-        print(" ".join(evict(a.chip, a.max_bytes, a.ratio)))
-        return 0
+    try:
+        if a.cmd == "hit":
+            pre = a.kernel.endswith("_pre")
+            found = hit_pre(a.chip, a.kernel) if pre else hit(a.chip, a.kernel)
+            return 0 if found else 1
+        if a.cmd == "evict":
+            print(" ".join(evict(a.chip, a.max_bytes, a.ratio, a.now)))
+            return 0
+    except GeAbort as exc:  # std::terminate: what GE's process does
+        sys.stderr.write(f"terminate called after throwing nlohmann::json type_error\n  {exc}\n")
+        sys.stderr.flush()
+        os.abort()
     if a.cmd == "init":
         print(init(a.kernel_cache, a.soc, a.adk, a.ops, a.mode))
         return 0

@@ -140,7 +140,8 @@ def _gc_line(soc: str, report: ChipGc) -> str:
         f"{'would reclaim' if report.dry_run else 'reclaimed'} "
         f"{plural(rec.orphans, 'orphan')}, {plural(rec.temps, 'temp file')}, "
         f"{plural(rec.locks, 'lock file')}, "
-        f"{plural(rec.bad_entries, 'bad entry', 'bad entries')} ({_mib(rec.bytes)})"
+        f"{plural(rec.bad_entries, 'bad entry', 'bad entries')}, "
+        f"{plural(rec.ge_fatal, 'entry', 'entries')} that abort GE ({_mib(rec.bytes)})"
     )
 
 
@@ -240,6 +241,7 @@ def _count_evictions(kernel_cache_dir: Path, report: GcResult) -> None:
             continue
         counters.add("evicted_entries", folder.evicted_entries, soc)
         counters.add("evicted_bytes", folder.evicted_bytes, soc)
+        counters.add("ge_fatal_removed", folder.reclaimed.ge_fatal, soc)
     counters.flush()
 
 
@@ -271,6 +273,9 @@ def _print_gc_one(report: GcResult) -> None:
                         f"{soc}/{name} (bad entry)"
                     )
                 )
+            for line in folder.reclaimed.fatal:
+                verb = "would remove" if folder.dry_run else "removed"
+                click.echo(printable(f"  {verb} {soc}/{line}"))
     if not folders:
         click.echo(f"no chip folders under {report.kernel_cache_dir}; nothing to do")
         return
@@ -367,6 +372,8 @@ def _note_daemon_counters(settings: Settings) -> None:
 #: before them) and a daemon's ``queue_jobs``, its queue now (queued + running: the
 #: ``Queue`` line, shown only where there is a queue, a daemon's).
 _NOT_COUNTERS = {"hits", "misses", "queue_jobs"}
+#: Labels other than the counter's name (kept within the column the others fit in).
+_LABELS = {"ge_fatal_removed": "Fatal to GE"}  # removed: docs/interop.md#entries-that-abort-ge
 
 
 def _print_stats(stats: StatsResult, why: str = "") -> None:
@@ -384,7 +391,8 @@ def _print_stats(stats: StatsResult, why: str = "") -> None:
     # the counters, then a daemon's other whole numbers (remote_uploads_dropped)
     data = {**stats.counters, **stats.daemon}
     for key in sorted(k for k, v in data.items() if k not in _NOT_COUNTERS and _is_count(v)):
-        lines.append((key.replace("_", " ").capitalize(), str(data[key])))
+        label = _LABELS.get(key) or key.replace("_", " ").capitalize()
+        lines.append((label, str(data[key])))
     queue = data.get("queue")
     if isinstance(queue, dict):  # from a daemon: its queue now (issue 13 item 3)
         lines.append(

@@ -14,15 +14,18 @@ from typing import Any
 @dataclass(frozen=True)
 class Reclaimed:
     """What the reclaim pass of one chip folder removed (SPEC §5): counts, bytes (apparent)
-    and ``"<kernel>: <problem>"`` per bad entry."""
+    and ``"<kernel>: <problem>"`` per bad entry; ``ge_fatal``/``fatal`` the entries whose json
+    makes GE abort (docs/interop.md#entries-that-abort-ge), with the offending field."""
 
     orphans: int
     temps: int
     locks: int
     manifests: int
     bad_entries: int
+    ge_fatal: int
     bytes: int
     bad: list[str]
+    fatal: list[str]
 
 
 @dataclass(frozen=True)
