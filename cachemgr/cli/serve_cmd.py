@@ -132,9 +132,15 @@ def status_cmd(socket_path: Path | None, wait_s: float, as_json: bool) -> None:
 
 
 def status_lines(health: dict[str, Any]) -> list[str]:
-    """The degraded states, the warnings (a cache every local user can read) and the first
-    scan's progress from ``/health``."""
+    """The last reload when it was refused, the degraded states, the warnings (a cache every
+    local user can read) and the first scan's progress from ``/health``."""
     lines = []
+    reload = health.get("last_reload")
+    if isinstance(reload, dict) and reload.get("ok") is False:
+        lines.append(
+            f"last reload failed at {reload.get('at')}: {reload.get('error')}; the daemon "
+            "runs on the configuration it had before"
+        )
     scan = health.get("scan")
     if isinstance(scan, dict) and scan.get("state") != "done":
         lines.append(

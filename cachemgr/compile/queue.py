@@ -164,7 +164,7 @@ class CompileQueue:
             events=events,
             remotes=remotes,
         )
-        self._compilers = keys.Compilers(settings.sections.get("compilers", {}))
+        self._compilers = keys.Compilers.of(settings)
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._heap: list[tuple[int, int, int, _Job]] = []
@@ -609,7 +609,7 @@ class CompileQueue:
 
     def update_settings(self, settings: Settings) -> None:
         """Use ``settings`` for new work (a reload); queued and running jobs keep theirs."""
-        compilers = keys.Compilers(settings.sections.get("compilers", {}))
+        compilers = keys.Compilers.of(settings)
         roots = self._given_roots + _config_roots(settings)
         with self._lock:
             self.settings, self._compilers, self.binary_dirs = settings, compilers, roots
