@@ -112,8 +112,10 @@ COMPILE_HELP = f"""Compile the kernels of REQUEST.json files, each once: a verif
 a precompiled binary, a compile, or a debug compile.
 
 Runs through the daemon that serves this cache, else in this process
-(see --socket, --local). Exit 1 when a compile failed, 2 when a request is
-invalid (and none failed), else 0.
+(see --socket, --local).
+
+Exit codes: 0 every request answered; 1 a compile failed; 2 a request is invalid
+(and none failed) or a bad option.
 
 \b
 A request is one JSON object (relative paths are relative to its file):

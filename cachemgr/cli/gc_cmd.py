@@ -145,7 +145,12 @@ def _gc_line(soc: str, report: ChipGc) -> str:
 
 
 @click.command("gc", short_help="Reclaim leftovers and evict old entries down to the limit.")
-@click.option("--ratio", metavar="N", help="Keep N % of the limit; forces a run to that target.")
+@click.option(
+    "--ratio",
+    metavar="N",
+    help="Keep N % of the limit, 0..100 (0: every entry past the aging guard goes); forces a "
+    "run to that target.",
+)
 @click.option("--min-age", metavar="SECONDS", help="Aging guard (default: min_age_s, 1800).")
 @click.option("--dry-run", is_flag=True, help="Report what would go; remove nothing.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object; chip folders by soc.")
@@ -168,9 +173,12 @@ def gc_cmd(
     locks, entries that fail verification) are reclaimed every time. After a toolkit
     upgrade (the ini's version stamps differ) every chip folder is purged first.
 
-    Runs through the daemon that serves this cache, else here (--json says which). Exit 0
-    also when another evictor is running (that chip folder is skipped); exit 1 when a file
-    could not be removed.
+    Runs through the daemon that serves this cache, else here (--json says which).
+
+    Exit codes: 0 done, also when another evictor is running (that chip folder is
+    skipped); 1 a file could not be removed, a chip folder stays over its limit because
+    everything left was accessed too recently, or the root is read-only; 2 bad input or
+    configuration.
     """
     force_ratio = int_option(ratio, "--ratio", 0, 100)
     min_age_s = _parse_min_age(min_age)
