@@ -62,7 +62,7 @@ def test_config_ls_stats_say_which_kernel_cache_and_why(
     assert "kernel_cache_<host id>" in data["kernel_cache_dir"]["why"]
     ls = _as_bob(users, other_runtime, "ls", "--host-id", host, env=env)
     assert why_env in ls.stderr and ge_folder in ls.stderr, ls.stderr
-    stats = _as_bob(users, other_runtime, "stats", "--local", "--host-id", host, env=env)
+    stats = _as_bob(users, other_runtime, "stats", "-v", "--local", "--host-id", host, env=env)
     assert "Chosen because:" in stats.stdout and ge_folder in stats.stdout, stats.stdout
 
     # --cache-dir: <dir>/kernel_cache, GE's folder for that option
@@ -89,7 +89,7 @@ def test_config_ls_stats_say_which_kernel_cache_and_why(
         assert stats["via"] == "daemon"
         used = stats["chip_folders"][SOC]["bytes"]
         assert used == entry_bytes + 500, (used, entry_bytes)
-        text = _as_bob(users, other_runtime, "stats", *args).stdout
+        text = _as_bob(users, other_runtime, "stats", "-v", *args).stdout
         assert "Chosen because:" in text and "op_compiler_cache_dir=" in text, text
     finally:
         d.stop()

@@ -177,7 +177,7 @@ def test_two_sites_share_a_kernel_through_redis(redis_server: RedisServer, tmp_p
         assert row["hits"] == 1 and row["bytes_in"] > 0 and row["state"] == "ok"
         assert a.client.stats().to_json()["remotes"]["shared"]["uploads"] == 1
         text = run_cli(
-            "stats", "--cache-dir", str(root_b), "--socket", str(b.socket_path), env=b.env
+            "stats", "-v", "--cache-dir", str(root_b), "--socket", str(b.socket_path), env=b.env
         )
         assert text.returncode == 0, text.stderr
         assert "Remote shared" in text.stdout and "ok: 1 hits, 0 misses" in text.stdout

@@ -200,7 +200,11 @@ def _remote_rows(settings: Any, remotes: tuple[str, ...] = ()) -> list[dict[str,
 @settings_options
 @remote_option
 def verify_cmd(as_json: bool, repair: bool, remotes: tuple[str, ...], **kw: Any) -> None:
-    """Check every entry (sha256, binaries, sub-parts); exit 1 if anything bad remains."""
+    """Check every entry (sha256, binaries, sub-parts); exit 1 if anything bad remains.
+
+    Exit codes: 0 nothing bad; 1 something bad remains (after --repair: what it could not
+    remove) or a chip folder could not be read; 2 bad input or configuration.
+    """
     settings = load_settings(writable=repair, **kw)
     if repair:  # it removes files: the daemon's lock checks first (issue 12 item 11)
         values = {k: kw.get(k) for k in ("op_compiler_cache_dir", "host_id", "soc_version")}

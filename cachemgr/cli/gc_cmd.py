@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 
-from cachemgr.cli import human
+from cachemgr.cli import human, stats_view
 from cachemgr.cli.common import (
     VERBOSITY,
     chip_dirs,
@@ -146,7 +146,12 @@ def _gc_line(soc: str, report: ChipGc) -> str:
 
 
 @click.command("gc", short_help="Reclaim leftovers and evict old entries down to the limit.")
-@click.option("--ratio", metavar="N", help="Keep N % of the limit; forces a run to that target.")
+@click.option(
+    "--ratio",
+    metavar="N",
+    help="Keep N % of the limit, 0..100 (0: every entry past the aging guard goes); forces a "
+    "run to that target.",
+)
 @click.option("--min-age", metavar="SECONDS", help="Aging guard (default: min_age_s, 1800).")
 @click.option("--dry-run", is_flag=True, help="Report what would go; remove nothing.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object; chip folders by soc.")
@@ -169,9 +174,12 @@ def gc_cmd(
     locks, entries that fail verification) are reclaimed every time. After a toolkit
     upgrade (the ini's version stamps differ) every chip folder is purged first.
 
-    Runs through the daemon that serves this cache, else here (--json says which). Exit 0
-    also when another evictor is running (that chip folder is skipped); exit 1 when a file
-    could not be removed.
+    Runs through the daemon that serves this cache, else here (--json says which).
+
+    Exit codes: 0 done, also when another evictor is running (that chip folder is
+    skipped); 1 a file could not be removed, a chip folder stays over its limit because
+    everything left was accessed too recently, or the root is read-only; 2 bad input or
+    configuration.
     """
     force_ratio = int_option(ratio, "--ratio", 0, 100)
     min_age_s = _parse_min_age(min_age)
@@ -299,10 +307,13 @@ def _print_gc_one(report: GcResult) -> None:
 def stats_cmd(
     as_json: bool, zero: bool, socket_path: Path | None, run_local: bool, **kw: Any
 ) -> None:
-    """Counters (hits, misses, compiles…) of this kernel cache — every daemon's and every
-    local run's, kept in the cache — and, per chip folder: entries, bytes, limit,
-    ratio, fill %, oldest and newest access. From the daemon when one serves this cache; else
-    measured here. --zero resets the counters."""
+    """The hit rate (local and remote hits), misses, compiles, evictions and each chip
+    folder's fill against its limit, like ccache -s; counters that are zero are left out.
+
+    -v shows every counter, the limits' origin, each remote and each chip folder's oldest
+    and newest access; --json gives every figure. The counters are this kernel cache's:
+    every daemon's and every local run's, kept in the cache. From the daemon when one
+    serves this cache; else measured here. --zero resets the counters."""
     settings = load_settings(writable=False, **kw)
     where = route(socket_path, run_local, settings)
     where.announce()
@@ -345,7 +356,10 @@ def stats_cmd(
     if as_json:
         emit_json(data.to_json())
         return
-    _print_stats(data, options.kernel_cache_reason(settings))
+    verbose = VERBOSITY.level > 0
+    why = options.kernel_cache_reason(settings) if verbose else ""
+    for line in stats_view.render(stats_view.lines(data, why, verbose)):
+        click.echo(line)
     if run_local:
         _note_daemon_counters(settings)
 
@@ -368,97 +382,6 @@ def _note_daemon_counters(settings: Settings) -> None:
         )
 
 
-#: Whole numbers not listed with the running totals: the hits and misses (their own lines
-#: before them) and a daemon's ``queue_jobs``, its queue now (queued + running: the
-#: ``Queue`` line, shown only where there is a queue, a daemon's).
-_NOT_COUNTERS = {"hits", "misses", "queue_jobs"}
-#: Labels other than the counter's name (kept within the column the others fit in).
-_LABELS = {"ge_fatal_removed": "Fatal to GE"}  # removed: docs/interop.md#entries-that-abort-ge
-
-
-def _print_stats(stats: StatsResult, why: str = "") -> None:
-    """ccache-like: which kernel cache and ``why`` (:func:`options.kernel_cache_reason`), hit
-    rate, every counter, the limits, each chip folder's fill (bytes of every file in it, as
-    GE counts them toward the limit; ``ls`` sums entries and labels the difference)."""
-    hits, misses = stats.hits, stats.misses
-    lookups = hits + misses
-    lines = [
-        ("Kernel cache", f"{stats.kernel_cache_dir} (via {stats.via})"),
-        *([("Chosen because", why)] if why else []),
-        ("Hits", f"{hits} / {lookups} ({human.percent(hits, lookups)})"),
-        ("Misses", f"{misses} / {lookups} ({human.percent(misses, lookups)})"),
-    ]
-    # the counters, then a daemon's other whole numbers (remote_uploads_dropped)
-    data = {**stats.counters, **stats.daemon}
-    for key in sorted(k for k, v in data.items() if k not in _NOT_COUNTERS and _is_count(v)):
-        label = _LABELS.get(key) or key.replace("_", " ").capitalize()
-        lines.append((label, str(data[key])))
-    queue = data.get("queue")
-    if isinstance(queue, dict):  # from a daemon: its queue now (issue 13 item 3)
-        lines.append(
-            (
-                "Queue",
-                f"{queue.get('queued', 0)} queued, {queue.get('running', 0)} running, "
-                f"{queue.get('waited', 0)} waited for another request's compile",
-            )
-        )
-    lim = stats.limits or {}
-    max_mb, ratio = lim["max_op_cache_size"]["value"], lim["remain_cache_size_ratio"]["value"]
-    lines.append(
-        (
-            "Limit",
-            "never evict (max_op_cache_size=-1)"
-            if lim["never_evict"]
-            else f"{max_mb} MiB per chip folder, {ratio} % kept after an eviction "
-            f"(from {lim['max_op_cache_size']['origin']})",
-        )
-    )
-    for name, rem in data.get("remotes", {}).items():  # issue 15 item 7
-        reasons = ", ".join(f"{k} {v}" for k, v in rem.get("rejected_by_reason", {}).items())
-        lines.append(
-            (
-                f"Remote {name}",
-                f"{rem['state']}: {rem['hits']} hits, {rem['misses']} misses, "
-                f"{rem['errors']} errors, {rem['rejected']} rejected"
-                + (f" ({reasons}), " if reasons else ", ")
-                + f"{human.size(rem['bytes_in'])} in, {human.size(rem['bytes_out'])} out",
-            )
-        )
-    for soc, row in stats.chip_folders.items():
-        if row.error:
-            lines.append((soc, f"cannot be read: {row.error}"))
-            continue
-        fill = "" if row.fill_pct is None else f" ({row.fill_pct:.1f} % full)"
-        of = "" if row.limit_bytes is None else f" of {human.size(row.limit_bytes)}"
-        lines.append(
-            (
-                soc,
-                f"{human.plural(row.entries, 'entry', 'entries')}, "
-                f"{human.size(row.bytes)}{of}{fill}; oldest access "
-                f"{row.oldest_access or '-'}, newest {row.newest_access or '-'}",
-            )
-        )
-    if not stats.chip_folders:
-        lines.append(("Chip folders", "none yet"))
-    for fs in stats.filesystems or []:  # one line per governed kernel cache
-        lines.append(("Filesystem", str(fs["line"])))
-    for kc, folders in (stats.other_kernel_caches or {}).items():
-        for soc, row in folders.items():  # SPEC §2: every kernel cache under ASCEND_CACHE_PATH
-            if row.error:
-                lines.append((f"{kc}/{soc}", f"cannot be read: {row.error}"))
-                continue
-            of = "" if row.limit_bytes is None else f" of {human.size(row.limit_bytes)}"
-            lines.append(
-                (
-                    f"{kc}/{soc}",
-                    f"{human.plural(row.entries, 'entry', 'entries')}, {human.size(row.bytes)}{of}",
-                )
-            )
-    width = max(len(label) for label, _ in lines)
-    for label, text in lines:
-        click.echo(f"{label + ':':<{width + 1}}  {text}")
-
-
 def _other_stats(settings: Any) -> dict[str, dict[str, ChipStats]]:
     """Per chip folder figures of the other governed kernel caches (SPEC §2), by path."""
     out = {}
@@ -466,10 +389,6 @@ def _other_stats(settings: Any) -> dict[str, dict[str, ChipStats]]:
         other = options.settings_for(settings, kc, os.environ)
         out[str(kc)] = {c.name: ChipStats.from_json(chip_row(c, other)) for c in chip_dirs(other)}
     return out
-
-
-def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @click.command("purge", short_help="Clear chip folders (needs --soc or --all).")

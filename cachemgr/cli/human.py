@@ -42,6 +42,15 @@ def percent(part: int, whole: int) -> str:
     return "-" if not whole else f"{100 * part / whole:.2f} %"
 
 
+def bar(pct: float | None, width: int = 10) -> str:
+    """``[######----]``: ``pct`` % of ``width`` cells filled (over 100 % fills every cell);
+    ``""`` for None (no limit to fill)."""
+    if pct is None:
+        return ""
+    filled = min(width, max(0, round(pct * width / 100)))
+    return "[" + "#" * filled + "-" * (width - filled) + "]"
+
+
 def table(header: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequence[int] = ()) -> None:
     """Print ``rows`` under ``header`` in aligned columns (``right``: right-aligned columns)."""
     cells = [[printable(str(c)) for c in header]] + [

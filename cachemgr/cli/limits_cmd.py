@@ -35,7 +35,7 @@ from cachemgr.errors import CacheMgrError, ConfigError
 from cachemgr.eviction.purge import chip_usage
 from cachemgr.storage import fsutil
 
-_MAX_ACCEPTED = f"-1 or 1..{ini.MAX_MB_LIMIT} (MB = MiB per chip folder; -1 = never evict)"
+_MAX_ACCEPTED = f"-1 or 1..{ini.MAX_MB_LIMIT} (MiB per chip folder; -1 = never evict)"
 _RATIO_ACCEPTED = f"{ini.RATIO_MIN_PCT}..{ini.RATIO_MAX_PCT} (percent of the limit)"
 
 
@@ -99,7 +99,7 @@ def _limits_json(settings: Settings) -> dict[str, Any]:
 @click.option(
     "--max-size",
     "max_size",
-    metavar="MB",
+    metavar="MIB",
     help=f"max_op_cache_size: {_MAX_ACCEPTED}.",
 )
 @click.option(
@@ -125,7 +125,10 @@ def set_cmd(
     adk_version/ops_version stamps (CANN ignores an ini without them); without a toolkit
     found (ASCEND_HOME_PATH, ASCEND_OPP_PATH or the config's [toolkit] table) nothing is
     written. A value not given is kept from the ini, else the one in force now. A daemon
-    serving this cache reloads it.
+    serving this cache reloads it. Sizes are in MiB (GE's MB is a MiB, 1,048,576 bytes).
+
+    Exit codes: 0 written; 1 the ini carries another toolkit's stamps (run cachemgr gc
+    first), or the daemon refused to reload it; 2 a bad value, or no toolkit found.
 
     \b
     Example:  cachemgr limits set --max-size 2000 --ratio 80
@@ -133,7 +136,7 @@ def set_cmd(
     max_mb = _parse(max_size, "--max-size", NEVER_EVICT, ini.MAX_MB_LIMIT, _MAX_ACCEPTED)
     ratio_pct = _parse(ratio, "--ratio", ini.RATIO_MIN_PCT, ini.RATIO_MAX_PCT, _RATIO_ACCEPTED)
     if max_mb is None and ratio_pct is None:
-        raise ConfigError("limits set needs --max-size MB, --ratio PCT or both (from option)")
+        raise ConfigError("limits set needs --max-size MIB, --ratio PCT or both (from option)")
     settings = load_settings(soc_version=None, **kw)
     installed = versions.installed_versions(os.environ, settings.sections)
     if not installed.complete:

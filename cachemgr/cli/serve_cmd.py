@@ -58,7 +58,8 @@ def _under_journald() -> bool:
     "--socket",
     "socket_path",
     type=click.Path(path_type=Path),
-    help="Unix socket (default $RUNTIME_DIRECTORY or $XDG_RUNTIME_DIR/cachemgr).",
+    help="Unix socket (default: $CACHEMGR_SOCKET, else cachemgr.sock in $RUNTIME_DIRECTORY, "
+    "else in $XDG_RUNTIME_DIR/cachemgr, else in /tmp/cachemgr-UID).",
 )
 @click.option(
     "--tcp-port",
@@ -106,7 +107,10 @@ def serve_cmd(
 )
 @click.option("--json", "as_json", is_flag=True, help="The daemon's /health answer as JSON.")
 def status_cmd(socket_path: Path | None, wait_s: float, as_json: bool) -> None:
-    """Is a daemon answering? Exit 0 with its pid and uptime, 1 when none answers."""
+    """Is a daemon answering? Its pid, uptime, degraded states and a refused reload.
+
+    Exit codes: 0 a daemon answers; 1 none answers (within --wait seconds).
+    """
     client = Client(socket_path or default_socket_path(), timeout_s=5, local_hits=False)
     deadline = time.monotonic() + wait_s
     delay = 0.02
@@ -132,9 +136,15 @@ def status_cmd(socket_path: Path | None, wait_s: float, as_json: bool) -> None:
 
 
 def status_lines(health: dict[str, Any]) -> list[str]:
-    """The degraded states, the warnings (a cache every local user can read) and the first
-    scan's progress from ``/health``."""
+    """The last reload when it was refused, the degraded states, the warnings (a cache every
+    local user can read) and the first scan's progress from ``/health``."""
     lines = []
+    reload = health.get("last_reload")
+    if isinstance(reload, dict) and reload.get("ok") is False:
+        lines.append(
+            f"last reload failed at {reload.get('at')}: {reload.get('error')}; the daemon "
+            "runs on the configuration it had before"
+        )
     scan = health.get("scan")
     if isinstance(scan, dict) and scan.get("state") != "done":
         lines.append(
@@ -172,8 +182,11 @@ def stop_cmd(socket_path: Path | None, wait_s: float) -> None:
     """Ask the daemon to stop (like sccache --stop-server); wait until it has exited.
 
     The daemon stops as on SIGTERM: it takes no new work, lets running compiles finish
-    and exits 0. Only its own user or root may stop it. Exit 1 when no daemon answers or it is
-    still running after --wait seconds.
+    and exits 0. Only its own user or root may stop it (root trusts the socket of a daemon
+    running as another user when CACHEMGR_DAEMON_USER names that user).
+
+    Exit codes: 0 it stopped; 1 no daemon answers, or it is still running after --wait
+    seconds; 2 the caller may not stop it, or the socket belongs to a user not trusted.
     """
     client = Client(socket_path or default_socket_path(), timeout_s=30, local_hits=False)
     try:

@@ -43,7 +43,8 @@ from cachemgr.compile.inputs import Snapshot
 from cachemgr.compile.request import CompileRequest, RequestOptions
 from cachemgr.compilers import CompileJob, CompilerBackend, CompilerIdentity, envvars, get_backend
 from cachemgr.compilers import native as native_mod
-from cachemgr.errors import InvalidInputError
+from cachemgr.config.options import Settings
+from cachemgr.errors import ConfigError, InvalidInputError
 
 #: Bump when the key material changes shape, so old and new keys never collide.
 KEY_VERSION = 3
@@ -247,22 +248,44 @@ class Compilers:
     again after :data:`COMPILER_REFRESH_S`) and the flags of each distinct job.
 
     :param config: the ``[compilers]`` table (``cc``, ``nvcc``, ``cuda_arch``, ``cce_command``…).
+    :param config_file: the config file that table was read from (None: there was none), named
+        in a bad or missing compiler setting's message so the operator knows what to edit.
     """
 
-    def __init__(self, config: Mapping[str, object]) -> None:
+    def __init__(self, config: Mapping[str, object], config_file: Path | None = None) -> None:
         self.config = dict(config)
+        self._where = (
+            f"config file {config_file}"
+            if config_file
+            else "no config file: set CACHEMGR_CONFIG or --config"
+        )
         self._lock = threading.Lock()
         self._searching: dict[str, CompilerBackend] = {}
         self._idents: dict[tuple[str, str], _Known] = {}
         self._flags: dict[tuple[Any, ...], tuple[str, ...]] = {}
         self._native: dict[tuple[CompilerIdentity, tuple[str, ...]], tuple[str, ...]] = {}
 
+    @classmethod
+    def of(cls, settings: Settings) -> Compilers:
+        """The backends of ``settings``' ``[compilers]`` table, read from its config file."""
+        return cls(settings.sections.get("compilers", {}), settings.config.path)
+
     def _searching_backend(self, language: str) -> CompilerBackend:
         with self._lock:
             found = self._searching.get(language)
             if found is None:
-                found = self._searching[language] = get_backend(language, self.config)
+                found = self._searching[language] = self._backend(language, self.config)
             return found
+
+    def _backend(self, language: str, config: Mapping[str, object]) -> CompilerBackend:
+        """:func:`get_backend`, a configuration error naming the config file it came from.
+
+        :raises InvalidInputError: unknown language. :raises ConfigError: bad config.
+        """
+        try:
+            return get_backend(language, config)
+        except ConfigError as exc:
+            raise ConfigError(f"{exc} ({self._where})") from exc
 
     def backend(self, language: str) -> CompilerBackend:
         """The backend for ``language``, pinned to the compiler :meth:`identity` found.
@@ -295,7 +318,7 @@ class Compilers:
         ident = searching.identity()
         pinned = searching
         if searching.name in _PIN_KEYS:
-            pinned = get_backend(language, {**self.config, _PIN_KEYS[searching.name]: ident.path})
+            pinned = self._backend(language, {**self.config, _PIN_KEYS[searching.name]: ident.path})
         known = (ident, _stamp(ident.path), time.monotonic(), pinned)
         with self._lock:
             self._idents[memo] = known

@@ -164,7 +164,7 @@ class CompileQueue:
             events=events,
             remotes=remotes,
         )
-        self._compilers = keys.Compilers(settings.sections.get("compilers", {}))
+        self._compilers = keys.Compilers.of(settings)
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._heap: list[tuple[int, int, int, _Job]] = []
@@ -534,8 +534,9 @@ class CompileQueue:
     def _tally_outcome(
         self, chip_dir: Path | None, outcome: CompileOutcome, requests: int, ran: bool = False
     ) -> None:
-        """Count an outcome in the cache's counters (SPEC §10): per request ``hits``,
-        ``misses``, ``binaries``, ``debug_compiles``, ``failures``; per compiler run
+        """Count an outcome in the cache's counters (docs/commands.md#what-stats-counts): per
+        request ``hits`` (``hits_from_remote`` too for an entry a remote tier sent), ``misses``,
+        ``binaries``, ``debug_compiles``, ``failures``; per compiler run
         ``compiles`` (and ``uncached`` when its kernel was not stored in the chip folder);
         requests that shared another's compile are ``coalesced``."""
         if self._tally is None:
@@ -554,6 +555,8 @@ class CompileQueue:
         per_request = per_request_names.get(status)
         if per_request:
             self._tally(chip_dir, per_request, requests)
+        if status == build.HIT and (outcome.tier or "").startswith("remote:"):
+            self._tally(chip_dir, "hits_from_remote", requests)
         if status in (build.COMPILED, build.BINARY):
             self._tally(chip_dir, "misses", requests)
         if status == build.COMPILED and ran:
@@ -606,7 +609,7 @@ class CompileQueue:
 
     def update_settings(self, settings: Settings) -> None:
         """Use ``settings`` for new work (a reload); queued and running jobs keep theirs."""
-        compilers = keys.Compilers(settings.sections.get("compilers", {}))
+        compilers = keys.Compilers.of(settings)
         roots = self._given_roots + _config_roots(settings)
         with self._lock:
             self.settings, self._compilers, self.binary_dirs = settings, compilers, roots

@@ -393,7 +393,10 @@ def _describe(err: Any) -> str:
     kind = err.validator
     if kind == "required":
         missing = [k for k in err.validator_value if k not in (value or {})]
-        return f"missing field {missing[0]!r} in {where}"
+        unknown = sorted(set(value or {}) - set(err.schema.get("properties", {})))
+        typed = _close(missing[0], unknown)
+        given = f": {typed!r} is given — did you mean {missing[0]!r}?" if typed else ""
+        return f"missing field {missing[0]!r} in {where}{given}"
     if kind == "additionalProperties":
         extra = sorted(set(value) - set(err.schema.get("properties", {})))
         known = ", ".join(sorted(err.schema.get("properties", {})))
@@ -402,7 +405,9 @@ def _describe(err: Any) -> str:
                 f"unknown field {extra[0]!r} in options: {extra[0]} goes at the top level of "
                 f"the request, beside options (options takes: {known})"
             )
-        return f"unknown field {extra[0]!r} in {where} (known: {known})"
+        meant = _close(extra[0], list(err.schema.get("properties", {})))
+        hint = f"; did you mean {meant!r}?" if meant else ""
+        return f"unknown field {extra[0]!r} in {where}{hint} (known: {known})"
     if kind == "enum":
         # as JSON spells them, each once: true and "true", 1 and "1" read the same here
         spelled = (v if isinstance(v, str) else json.dumps(v) for v in err.validator_value)
@@ -416,6 +421,15 @@ def _describe(err: Any) -> str:
     if kind == "pattern":
         return f"{where}={value!r} does not match {err.validator_value}"
     return f"{where}={_short(value)}: {err.message}"
+
+
+def _close(name: str, candidates: list[str]) -> str | None:
+    """The candidate ``name`` most resembles (``optype`` → ``op_type``), or None: difflib's
+    ratio, as click suggests a mistyped option."""
+    import difflib
+
+    found = difflib.get_close_matches(name, candidates, n=1)
+    return found[0] if found else None
 
 
 def _short(value: Any) -> str:

@@ -121,10 +121,25 @@ class TemplateBackend(CompilerBackend):
         return argv
 
 
+#: The example ``cce_command`` a message about a missing one shows.
+EXAMPLE_COMMAND = 'cce_command = "ccec -c {source} -o {output} {defines} {flags}"'
+
+
 def _parse_template(config: Mapping[str, object], key: str) -> list[str]:
+    """``config[key]`` split into argv words, every placeholder checked.
+
+    :raises ConfigError: it is missing or empty (the message names ``[compilers] KEY`` and an
+        example line), cannot be split, or has a bad placeholder.
+    """
     text = config.get(key)
-    if not isinstance(text, str) or not text.strip():
-        raise ConfigError(f"template compiler needs config {key} (got {text!r})")
+    if text is None or (isinstance(text, str) and not text.strip()):
+        given = "is not set" if text is None else "is empty"
+        raise ConfigError(
+            f"a cce kernel needs [compilers] {key}, the CANN compiler's command line; it "
+            f"{given}. Add a line like {EXAMPLE_COMMAND} under [compilers] in the config file"
+        )
+    if not isinstance(text, str):
+        raise ConfigError(f"[compilers] {key}={text!r} must be a string, e.g. {EXAMPLE_COMMAND}")
     try:
         words = shlex.split(text)
     except ValueError as exc:

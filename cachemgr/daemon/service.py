@@ -128,6 +128,8 @@ class Service:
         self._jobs: dict[str, dict[str, Any]] = {}
         self._jobs_lock = threading.Lock()
         self._reload_lock = threading.Lock()
+        #: the last reload's result for ``/health`` (``status``): None before the first
+        self.last_reload: dict[str, Any] | None = None
         self._parsed = request.ParsedRequests(PARSED_CACHE_SIZE)
         #: the compilers' sandbox (``cachemgr.compilers.sandbox``), set by ``serve``; without
         #: an isolating one, compiles for other users are refused (issue 10 item 5)
@@ -221,6 +223,7 @@ class Service:
                     tiers = RemoteTiers.from_config(remotes, remotes_state_dir(), strict_key=True)
             except CacheMgrError as exc:
                 log.error("reload refused, keeping the old configuration: %s", exc)
+                self.last_reload = _reload_result(False, str(exc))
                 return {"reloaded": False, "error": str(exc)}
             self._settings = new
             if remotes != self.remote_config:
@@ -231,6 +234,7 @@ class Service:
             self.governance.retarget()
         for problem in new.problems:
             log.warning("%s", problem)
+        self.last_reload = _reload_result(True, None)
         log.info("configuration reloaded")
         return {"reloaded": True, "problems": list(new.problems)}
 
@@ -303,6 +307,7 @@ class Service:
             "stuck": self.heartbeats.stale(),
             "remotes": self.remote_stats(),
             "warnings": self.warnings(),
+            "last_reload": self.last_reload,
         }
 
     def warnings(self) -> list[str]:
@@ -770,3 +775,11 @@ def _check_output_sizes(files: list[Path]) -> None:
             "the daemon hands back (MAX_OUTPUT_BYTES); compile this kernel in your own "
             "process (cachemgr compile --local)"
         )
+
+
+def _reload_result(ok: bool, error: str | None) -> dict[str, Any]:
+    """``{"at": ISO 8601 UTC, "ok", "error"}``: a reload's result as ``/health`` reports it
+    (SIGHUP, ``POST /reload`` and an edited ``op_cache.ini`` reload alike); ``error`` is the
+    refusal's one line, None after a reload that took effect."""
+    at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    return {"at": at, "ok": ok, "error": error}

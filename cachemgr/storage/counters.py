@@ -28,12 +28,14 @@ from pathlib import Path
 
 from cachemgr.errors import LockBusyError
 from cachemgr.storage import fsutil
+from cachemgr.storage.safedir import SafeDir, UnsafePathError
 
 log = logging.getLogger(__name__)
 
 #: SPEC §10's counters, in the order ``stats`` shows them (same names in ``/metrics``).
 COUNTER_NAMES = (
     "hits",
+    "hits_from_remote",
     "misses",
     "compiles",
     "coalesced",
@@ -63,10 +65,15 @@ class CacheCounters:
     """The counters of one kernel cache: files merged with this process's pending increments.
 
     :param kernel_cache_dir: the kernel cache whose counters these are.
+    :param create: make the kernel cache folder at a flush when it does not exist yet (a
+        compile run whose only answer was a precompiled binary made none; its count would
+        otherwise be lost with a warning). Off for readers: a cache that does not exist has
+        no counts.
     """
 
-    def __init__(self, kernel_cache_dir: Path) -> None:
+    def __init__(self, kernel_cache_dir: Path, create: bool = False) -> None:
         self.kernel_cache_dir = Path(kernel_cache_dir)
+        self._create = create
         self._lock = threading.Lock()
         # held through a whole flush and a whole read, so a read never sees increments taken
         # out of ``_pending`` but not yet in the files (a snapshot then lacked them)
@@ -98,6 +105,8 @@ class CacheCounters:
         if not any(pending.values()):
             return True
         try:
+            if self._create:
+                SafeDir.open_kernel_cache(self.kernel_cache_dir, create=True).close()
             with self._file_lock():
                 for soc, deltas in pending.items():
                     if deltas:
@@ -105,7 +114,7 @@ class CacheCounters:
                         merged = Counter(_read(path))
                         merged.update(deltas)
                         _write(path, merged)
-        except (OSError, LockBusyError) as exc:
+        except (OSError, LockBusyError, UnsafePathError) as exc:
             with self._lock:  # keep them for the next flush
                 for soc, deltas in pending.items():
                     self._pending.setdefault(soc, Counter()).update(deltas)
@@ -228,10 +237,12 @@ class CounterBook:
     a CLI run may compile for several): :class:`CacheCounters` by kernel cache folder.
 
     :param default: the current kernel cache (counts given no chip folder go there).
+    :param create: make a kernel cache folder missing at a flush (:class:`CacheCounters`).
     """
 
-    def __init__(self, default: Callable[[], Path]) -> None:
+    def __init__(self, default: Callable[[], Path], create: bool = False) -> None:
         self._default = default
+        self._create = create
         self._lock = threading.Lock()
         self._caches: dict[Path, CacheCounters] = {}
 
@@ -241,7 +252,7 @@ class CounterBook:
         with self._lock:
             found = self._caches.get(path)
             if found is None:
-                found = self._caches[path] = CacheCounters(path)
+                found = self._caches[path] = CacheCounters(path, self._create)
             return found
 
     def add(self, name: str, amount: int = 1, chip_dir: Path | None = None) -> None:
