@@ -280,15 +280,31 @@ def _print_gc_one(report: GcResult) -> None:
 @click.command("stats", short_help="Show the hit rate, counters and fill of this cache.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object; chip folders by soc.")
 @click.option("--zero", is_flag=True, help="Reset the counters of this kernel cache.")
+@click.option(
+    "--all",
+    "show_all",
+    is_flag=True,
+    help="Also every cache root the daemon governs ([daemon] govern), from the daemon at "
+    "--socket (or CACHEMGR_SOCKET, or the default socket).",
+)
 @settings_options
 @socket_option
 def stats_cmd(
-    as_json: bool, zero: bool, socket_path: Path | None, run_local: bool, **kw: Any
+    as_json: bool,
+    zero: bool,
+    show_all: bool,
+    socket_path: Path | None,
+    run_local: bool,
+    **kw: Any,
 ) -> None:
     """Counters (hits, misses, compiles…) of this kernel cache — every daemon's and every
     local run's, kept in the cache — and, per chip folder: entries, bytes, limit,
     ratio, fill %, oldest and newest access. From the daemon when one serves this cache; else
-    measured here. --zero resets the counters."""
+    measured here. --zero resets the counters. --all: the daemon's figures with every cache
+    root it governs."""
+    if show_all:
+        _stats_all(socket_path, run_local, as_json)
+        return
     settings = load_settings(writable=False, **kw)
     where = route(socket_path, run_local, settings)
     where.announce()
@@ -333,6 +349,33 @@ def stats_cmd(
     _print_stats(data, options.kernel_cache_reason(settings))
     if run_local:
         _note_daemon_counters(settings)
+
+
+def _stats_all(socket_path: Path | None, run_local: bool, as_json: bool) -> None:
+    """``stats --all``: the daemon's ``/stats`` with every governed root
+    (docs/daemon.md#governing-every-cache-on-a-build-host).
+
+    :raises ConfigError: with ``--local`` (only a daemon governs other roots).
+    :raises DaemonUnavailable: no daemon answers at the socket.
+    """
+    from cachemgr.cli.governed import governed_lines
+    from cachemgr.client import Client, default_socket_path
+
+    if run_local:
+        raise ConfigError("stats --all and --local exclude each other: a daemon governs roots")
+    env_socket = os.environ.get("CACHEMGR_SOCKET")
+    path = socket_path or (Path(env_socket) if env_socket else default_socket_path())
+    data = Client(path, timeout_s=30, local_hits=False).request("GET", "/stats")
+    if as_json:
+        emit_json(data)
+        return
+    click.echo(f"daemon at {path}")
+    governed = data.get("governed") if isinstance(data, dict) else None
+    if not governed:
+        click.echo("governed: no [daemon] govern roots")
+        return
+    for line in governed_lines(governed):
+        click.echo(line)
 
 
 def _note_daemon_counters(settings: Settings) -> None:

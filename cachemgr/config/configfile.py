@@ -229,6 +229,13 @@ class DaemonConfig:
     # hits a second one caller (uid) other than the daemon's user or root may report to
     # /hits (docs/daemon.md#hits-a-client-reports); 0 = 20,000 per CPU core
     max_reported_hits_per_s: int = field(default=0, metadata=rule("int", 0))
+    # globs of cache roots this service keeps within their own limits besides its own cache,
+    # e.g. ["/home/*/atc_data", "/data/*/cache"]: each root's kernel_cache* folders with their
+    # own op_cache.ini, as the root's owner (docs/daemon.md#governing-every-cache-on-a-build-host)
+    govern: tuple[str, ...] = field(
+        default=(),
+        metadata=rule("list_str", text="a list of absolute globs like '/home/*/atc_data'"),
+    )
 
     @classmethod
     def from_table(cls, table: Mapping[str, Any] | None, where: str = "[daemon]") -> DaemonConfig:
