@@ -19,7 +19,9 @@ API (what issue-15 tests reuse):
   ``sha256`` written upper-case on request (GE would then never hit it);
 * :func:`write_pre` — a ``<name>_pre.json`` pre-build entry;
 * :func:`hit` / :func:`hit_pre` — GE's verified lookup with its access-time update;
-* :func:`evict` — GE's eviction under ``op_cache_file_del.lock``;
+* :func:`evict` — GE's eviction under ``op_cache_file_del.lock``: ``_pre.json`` counted,
+  never deleted; each json read during the scan, its access time checked again before
+  deleting (so on a ``relatime``/``strictatime`` mount it deletes nothing);
 * :func:`init` — GE's start: ini check, create or restamp, purge;
 * :func:`read_ini` — GE's ini reading: (stamps, limits) exactly as GE computes them.
 """
@@ -49,6 +51,8 @@ MIN_CACHE_AGING_TIME = 1800
 SIZE_MB_UNIT = 1048576
 INT_MAX = 2**31 - 1
 EVICT_LOCK = "op_cache_file_del"
+#: ``cache/te_cache_space_manager.cc`` ``kPreCompileFileSuffix``.
+PRE_COMPILE_SUFFIX = "_pre.json"
 
 
 # --- locks: cache/te_cache_utils.cc, common/te_file_utils.cc ----------------------------
@@ -223,9 +227,10 @@ def write_entry(
         unlock_and_close(fd)
 
 
-def write_pre(chip: Path, kernel: str, pattern: str = "ElemWise") -> Written:
+def write_pre(chip: Path, kernel: str, pattern: str = "ElemWise", options: str = "") -> Written:
     """``TeCacheManager::SetPreCompileResult`` + ``SavePreCompileRetIntoCacheDir``:
-    ``<kernel>.json`` (``kernel`` ends with ``_pre``) with pattern, coreType, options."""
+    ``<kernel>.json`` (``kernel`` ends with ``_pre``) with pattern, coreType and
+    ``prebuilt_options`` (``options``: any string, as long as the build's options are)."""
     make_dirs(chip)
     path = chip / f"{kernel}.json"
     if path.exists():
@@ -234,7 +239,7 @@ def write_pre(chip: Path, kernel: str, pattern: str = "ElemWise") -> Written:
     if fd is None:
         return Written(kernel, (), "busy")
     try:
-        data = {"pattern": pattern, "coreType": "VectorCore", "prebuilt_options": ""}
+        data = {"pattern": pattern, "coreType": "VectorCore", "prebuilt_options": options}
         copy_to_cache(_dump(data), path)
         return Written(kernel, (path.name,))
     finally:
@@ -321,13 +326,15 @@ def _json_files(chip: Path) -> list[Path]:
 
 
 def _entry_files(path: Path) -> list[tuple[Path, int]]:
-    """``GetFilesAccessTime`` + ``AddBinFileInfoFromJson``: the json, then its binary (or the
-    sub-jsons and their binaries); a ``_pre.json`` alone. The header and lock are not listed."""
+    """``GetFilesAccessTime`` + ``AddBinFileInfoFromJson`` for one main json: the json, then
+    its binary (or the sub-jsons and their binaries). The header and lock are not listed.
+
+    The json is *read* here (``TeFileUtils::GetJsonValueFromJsonFile``: an ``ifstream``), after
+    its access time was taken: on a ``relatime`` or ``strictatime`` mount that read moves the
+    access time, which :func:`evict`'s re-check then finds changed."""
     files = []
     with contextlib.suppress(OSError):
         files.append((path, os.stat(path).st_size))
-    if path.name.endswith("_pre.json"):
-        return files
     try:
         info = json.loads(path.read_bytes())
     except (OSError, ValueError):
@@ -350,6 +357,26 @@ def _entry_files(path: Path) -> list[tuple[Path, int]]:
     return files
 
 
+def _files_access_time(jsons: list[Path]) -> list[tuple[int, Path, list[tuple[Path, int]]]]:
+    """``TeCacheSpaceManager::GetFilesAccessTime``, in its order: ``stat`` the json (its
+    access time, in whole seconds, before anything reads it); a name ending in
+    ``kPreCompileFileSuffix`` (``_pre.json``) is then skipped — never entered in the map, so
+    GE never ages or deletes it (its bytes still count: ``GetDirectorySize``); every other
+    json is read (:func:`_entry_files`) and entered under the access time taken first. Sorted
+    by that time, equal times in scan order (``std::multimap``)."""
+    items = []
+    for path in jsons:
+        try:
+            atime = int(os.stat(path).st_atime)
+        except OSError:
+            atime = 0
+        if path.name.endswith(PRE_COMPILE_SUFFIX):
+            continue
+        items.append((atime, path, _entry_files(path)))
+    items.sort(key=lambda item: item[0])
+    return items
+
+
 def _delete_file(path: Path) -> None:
     """``TeFileUtils::DeleteFile``: ``lstat``, regular files only, ``remove``."""
     try:
@@ -359,12 +386,41 @@ def _delete_file(path: Path) -> None:
         pass
 
 
+def _aging(items: list[tuple[int, Path, list[tuple[Path, int]]]], to_delete: int,
+           now: float | None) -> list[str]:  # fmt: skip
+    """``TeCacheSpaceManager::AgingCacheFileByAccessTime``: oldest first; an entry accessed
+    less than ``MIN_CACHE_AGING_TIME`` ago stops it; the json's access time is read again
+    (``stat`` of ``totalFileSizeInfos[0]``) and the entry deleted only when it is unchanged
+    since the scan — after the scan's own read moved it (``relatime``, ``strictatime``) it
+    never is; stops once ``to_delete`` bytes are gone. Returns the deleted jsons' names."""
+    deleted, gone = 0, []
+    for atime, path, files in items:
+        current = time.time() if now is None else now
+        if current - atime < MIN_CACHE_AGING_TIME:
+            break
+        if not files:
+            continue
+        try:
+            again = int(os.stat(files[0][0]).st_atime)
+        except OSError:
+            again = None
+        if again == atime:
+            for file, size in files:
+                _delete_file(file)
+                deleted += size
+            gone.append(path.name)
+        if deleted >= to_delete:
+            break
+    return gone
+
+
 def evict(chip: Path, max_bytes: int, ratio_pct: int, now: float | None = None) -> list[str]:
     """``TeCacheSpaceManager::CacheSpaceInitialize`` + ``DelCacheFileByAccessTime``: when the
-    chip folder holds ≥ ``max_bytes``, take ``op_cache_file_del.lock`` (held → skip), then
-    delete entries by the json's atime, oldest first, until ``used - max*ratio/100`` bytes
-    are gone; an entry accessed in the last 1800 s stops it; the atime is read again just
-    before deleting. Returns the evicted jsons' names ("busy" → ``["<busy>"]``)."""
+    chip folder holds ≥ ``max_bytes`` (every regular file, ``_pre.json`` included), take
+    ``op_cache_file_del.lock`` (held → skip), list the jsons
+    (``CollectCacheJsonFileAccessTime``), scan them (:func:`_files_access_time`) and age them
+    (:func:`_aging`) until ``used - max*ratio/100`` bytes are gone. Returns the evicted jsons'
+    names ("busy" → ``["<busy>"]``)."""
     used = directory_size(chip)
     if used < max_bytes:
         return []
@@ -373,33 +429,7 @@ def evict(chip: Path, max_bytes: int, ratio_pct: int, now: float | None = None) 
         return ["<busy>"]
     try:
         to_delete = used - max_bytes * ratio_pct // 100
-        items = []
-        for path in _json_files(chip):
-            try:
-                atime = int(os.stat(path).st_atime)
-            except OSError:
-                atime = 0
-            items.append((atime, path, _entry_files(path)))
-        items.sort(key=lambda item: item[0])  # std::multimap<uint64_t, ...>
-        deleted, gone = 0, []
-        for atime, path, files in items:
-            current = time.time() if now is None else now
-            if current - atime < MIN_CACHE_AGING_TIME:
-                break
-            if not files:
-                continue
-            try:
-                again = int(os.stat(files[0][0]).st_atime)
-            except OSError:
-                again = None
-            if again == atime:
-                for file, size in files:
-                    _delete_file(file)
-                    deleted += size
-                gone.append(path.name)
-            if deleted >= to_delete:
-                break
-        return gone
+        return _aging(_files_access_time(_json_files(chip)), to_delete, now)
     finally:
         unlock_and_close(fd)
 
@@ -544,7 +574,7 @@ def _delete_files_in_dir(chip: Path) -> None:
 def _loop(chip: Path, prefix: str, seconds: float, evict_too: bool = False) -> int:
     """Write and hit every kind of entry in a loop (a busy CANN process next to cachemgr);
     prints ``wrote <kernel>`` for each entry written; with ``evict_too`` also GE's eviction
-    (every entry aged, so it empties the folder)."""
+    with a clock an hour ahead (what it removes depends on the mount: :func:`evict`)."""
     end = time.monotonic() + seconds
     n = 0
     while time.monotonic() < end:

@@ -31,7 +31,12 @@ from cachemgr.storage.tiers import chip_store
 
 
 def op_type_of(kernel: str) -> str:
-    """``te_<optype>_<hash>`` → ``<optype>`` (GE's naming, SPEC §3.1); ``""`` otherwise."""
+    """``te_<optype>_<hash>`` → ``<optype>`` (GE's naming, ``assemble_json/te_json_assemble.cc``
+    ``TeJsonAssemble::GenerateKernelName``), and the same for a pre-build entry
+    ``te_<optype>_<hash>_pre`` (``GeneratePreBuildKernelName``; its json records no op type);
+    ``""`` otherwise."""
+    if entry.is_pre_entry(kernel):
+        kernel = kernel[: -len(entry.PRE_SUFFIX)]
     parts = kernel.split("_")
     if len(parts) >= 3 and parts[0] == "te":
         return "_".join(parts[1:-1])
@@ -46,8 +51,8 @@ def recorded_op_type(chip: Path, kernel: str) -> str:
     used when it is that name's op type in another case (``MatMul``). Any problem reading it
     (unreadable, not JSON, a read that would change the access time): the name's op type."""
     from_name = op_type_of(kernel)
-    if not from_name or from_name != from_name.lower():
-        return from_name
+    if not from_name or from_name != from_name.lower() or entry.is_pre_entry(kernel):
+        return from_name  # a pre-build json records no op type
     try:
         raw = fsutil.read_bytes_noatime(chip / f"{kernel}.json", max_bytes=entry.MAX_JSON_BYTES)
         data = entry.load_json_object(raw, kernel)

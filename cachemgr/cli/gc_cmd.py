@@ -40,7 +40,7 @@ from cachemgr.config.options import Settings
 from cachemgr.errors import ConfigError
 from cachemgr.eviction import DryRun, chip_row, gc, purge_chip
 from cachemgr.eviction.gc import limits_json
-from cachemgr.storage import fsprobe
+from cachemgr.storage import atimes, fsprobe
 from cachemgr.storage.counters import COUNTER_NAMES, CacheCounters
 
 
@@ -124,8 +124,15 @@ def _gc_line(soc: str, report: ChipGc) -> str:
         else f"limit {_mib(report.max_bytes)}, target {_mib(report.target_bytes)}"
     )
     plural = human.plural
+    purged = (
+        f"purged {plural(report.purged_entries, 'entry', 'entries')} "
+        f"({_mib(report.purged_bytes)}, reason {report.purge_reason}); "
+        if report.purged_entries or report.purged_bytes
+        else ""
+    )
+    before = report.bytes_before + report.purged_bytes  # the folder as the run found it
     return (
-        f"{soc}: {_mib(report.bytes_before)} -> {_mib(report.bytes_after)} ({limit}); "
+        f"{soc}: {_mib(before)} -> {_mib(report.bytes_after)} ({limit}); {purged}"
         f"{verb} {plural(report.evicted_entries, 'entry', 'entries')} "
         f"({_mib(report.evicted_bytes)}); "
         f"kept by aging guard {report.kept_by_aging_guard}; "
@@ -267,13 +274,15 @@ def _print_gc_one(report: GcResult) -> None:
     if not folders:
         click.echo(f"no chip folders under {report.kernel_cache_dir}; nothing to do")
         return
-    entries = sum(f.evicted_entries for f in folders.values())
-    freed = sum(f.evicted_bytes + f.reclaimed.bytes for f in folders.values())
+    totals = report.totals()
     verb = "would free" if any(f.dry_run for f in folders.values()) else "freed"
+    purged = totals["purged_entries"]
     click.echo(
-        f"total: {verb} {_mib(freed)} in {human.plural(len(folders), 'chip folder')}; "
-        f"{'would evict' if verb == 'would free' else 'evicted'} "
-        f"{human.plural(entries, 'entry', 'entries')}"
+        f"total: {verb} {_mib(totals['freed_bytes'])} in "
+        f"{human.plural(len(folders), 'chip folder')}; "
+        + (f"purged {human.plural(purged, 'entry', 'entries')}, " if purged else "")
+        + f"{'would evict' if verb == 'would free' else 'evicted'} "
+        f"{human.plural(totals['evicted_entries'], 'entry', 'entries')}"
     )
 
 
@@ -342,6 +351,7 @@ def stats_cmd(
         other_kernel_caches=_other_stats(settings),
         kernel_cache_dir=str(settings.layout.kernel_cache_dir),
         limits=limits_json(settings),
+        filesystems=[a.to_json() for a in _governed_atimes(settings)],
     )
     if as_json:
         emit_json(data.to_json())
@@ -376,6 +386,13 @@ def _stats_all(socket_path: Path | None, run_local: bool, as_json: bool) -> None
         return
     for line in governed_lines(governed):
         click.echo(line)
+
+
+def _governed_atimes(settings: Settings) -> list[atimes.CacheAtimes]:
+    """The access-time rule of each governed kernel cache's mount, this one first: what it
+    means for GE's own eviction (docs/interop.md#ges-eviction-and-access-times)."""
+    caches = [settings.layout.kernel_cache_dir, *settings.other_kernel_caches()]
+    return atimes.governed_atimes(caches)
 
 
 def _note_daemon_counters(settings: Settings) -> None:
@@ -458,6 +475,8 @@ def _print_stats(stats: StatsResult, why: str = "") -> None:
         )
     if not stats.chip_folders:
         lines.append(("Chip folders", "none yet"))
+    for fs in stats.filesystems or []:  # one line per governed kernel cache
+        lines.append(("Filesystem", str(fs["line"])))
     for kc, folders in (stats.other_kernel_caches or {}).items():
         for soc, row in folders.items():  # SPEC §2: every kernel cache under ASCEND_CACHE_PATH
             if row.error:

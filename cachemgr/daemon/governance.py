@@ -372,8 +372,12 @@ class Governance:
     def _give_back_file(self, path: Path) -> None:
         """``g+rw`` back on one file of the kernel cache or a chip folder that lacks it (one
         ``lstat`` for a file that has it: the daemon's own, every publish's)."""
+        if path.name.endswith(fsutil.TEMP_SUFFIX):  # a write in progress: its writer sets it
+            return
         st = fsutil.lstat_or_none(path)
         if st is None or not fsutil.plain_file(st) or st.st_mode & 0o060 == 0o060:
+            return
+        if st.st_uid == os.geteuid():  # this daemon's own: made group-sharing as it is made
             return
         kc = self.index.kernel_cache_dir
         if path.parent == kc:
@@ -407,7 +411,10 @@ class Governance:
             log.debug("%s: modes not given back: %s", chip, exc)
             return
         if changed:
-            log.info("%s: group-sharing modes given back on %d files", chip, changed)
+            log.info(
+                "%s: group-sharing modes given back on %d file%s",
+                chip, changed, "" if changed == 1 else "s",
+            )  # fmt: skip
 
     def evicting(self, path: str) -> bool:
         """True when ``path`` lies in a chip folder that this daemon is evicting now.
