@@ -722,8 +722,9 @@ class Governance:
         # not be scanned (a member's private folder), until they can: warned about once
         with self._lock:
             fresh, self._fresh = self._fresh & rescan, self._fresh - rescan
-        for soc in sorted(fresh) if self.run_as is None else ():  # new and armed now: what
-            self._give_back_chip(self.index.kernel_cache_dir / soc)  # was written before
+        # new and armed now: what was written before its watch (never in a governed root)
+        for soc in sorted(fresh) if self.run_as is None else ():
+            self._give_back_chip(self.index.kernel_cache_dir / soc)
         for soc in sorted(rescan | (set(self.index.problems) & present)):
             self._rescan(soc)
         if rescan:
