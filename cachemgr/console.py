@@ -257,6 +257,8 @@ def config_report(
             if notes.get(name):
                 shown += f" ({notes[name]})"
             lines.append((False, f"({origin}) {name} = {shown}"))
+            for lost in item.get("passed_over", ()):  # the framework's priority decided
+                lines.append((False, f"    passed over: {lost}"))
     if exposed:
         lines.append((True, exposed))
     return lines, 2 if settings.problems else 0

@@ -72,7 +72,9 @@ def test_config_ls_stats_say_which_kernel_cache_and_why(
         "--cache-dir) gives <dir>/kernel_cache — the folder GE uses for that option"
     )
     config = _as_bob(users, other_runtime, "config", "--cache-dir", str(root), env=env)
-    assert config.stdout.splitlines()[0] == why_opt, config.stdout
+    # ASCEND_CACHE_PATH is set too: the option won, and config says what lost
+    lost = f"; passed over: ASCEND_CACHE_PATH={acp} (--cache-dir comes first)"
+    assert config.stdout.splitlines()[0] == why_opt + lost, config.stdout
 
     # ls and stats totals: a chip folder with one entry and bytes that are no entry
     chip = root / "kernel_cache" / SOC

@@ -473,3 +473,36 @@ def test_the_systemd_unit_scores_ok_with_what_the_daemon_needs(tmp_path: Path) -
     docs = (ROOT / "docs" / "security.md").read_text()
     for setting in ("PrivateNetwork", "PrivateUsers", "RestrictNamespaces", "UMask", "CAP_FOWNER"):
         assert setting in docs, f"docs/security.md does not say why {setting} stays open"
+
+
+def test_the_governor_unit_scores_ok_with_only_the_rights_it_needs(tmp_path: Path) -> None:
+    """``systemd/cachemgr-governor.service`` (docs/daemon.md#the-privileges-it-needs): root
+    bounded to reading every folder and becoming each root's owner — no capability that
+    overrides write permission, ownership or the owner's rights — at ≤ 3.0; the member-facing
+    unit is a separate file, still as its own test wants it."""
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze is not installed")
+    version = subprocess.run(["systemd-analyze", "--version"], capture_output=True, text=True)
+    if int(version.stdout.split()[1]) < 250:
+        pytest.skip("systemd-analyze security --offline needs systemd >= 250")
+    text = (ROOT / "systemd" / "cachemgr-governor.service").read_text()
+    unit = tmp_path / "cachemgr-governor.service"
+    unit.write_text(text)
+    assert _exposure(unit) <= 3.0
+    bounding = _final_list(text, "CapabilityBoundingSet")
+    assert bounding == {"CAP_DAC_READ_SEARCH", "CAP_SETUID", "CAP_SETGID"}, bounding
+    assert not _final_list(text, "AmbientCapabilities")
+    assert _final_list(text, "NoNewPrivileges") == {"yes"}
+    assert "--govern-only" in _final_list(text, "ExecStart")
+    # it serves no member and no network: its socket is root's, Unix only
+    assert _final_list(text, "RestrictAddressFamilies") == {"AF_UNIX"}
+    assert _final_list(text, "RuntimeDirectoryMode") == {"0700"}
+    docs = (ROOT / "docs" / "daemon.md").read_text()
+    for cap in (
+        "CAP_DAC_READ_SEARCH",
+        "CAP_SETUID",
+        "CAP_SETGID",
+        "CAP_DAC_OVERRIDE",
+        "CAP_FOWNER",
+    ):
+        assert cap in docs, f"docs/daemon.md does not say why {cap} is (not) given"

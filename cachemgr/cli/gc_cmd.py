@@ -302,10 +302,22 @@ def _print_gc_one(report: GcResult) -> None:
 @click.command("stats", short_help="Show the hit rate, counters and fill of this cache.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object; chip folders by soc.")
 @click.option("--zero", is_flag=True, help="Reset the counters of this kernel cache.")
+@click.option(
+    "--all",
+    "show_all",
+    is_flag=True,
+    help="Also every cache root the daemon governs ([daemon] govern), from the daemon at "
+    "--socket (or CACHEMGR_SOCKET, or the default socket).",
+)
 @settings_options
 @socket_option
 def stats_cmd(
-    as_json: bool, zero: bool, socket_path: Path | None, run_local: bool, **kw: Any
+    as_json: bool,
+    zero: bool,
+    show_all: bool,
+    socket_path: Path | None,
+    run_local: bool,
+    **kw: Any,
 ) -> None:
     """The hit rate (local and remote hits), misses, compiles, evictions and each chip
     folder's fill against its limit, like ccache -s; counters that are zero are left out.
@@ -313,7 +325,11 @@ def stats_cmd(
     -v shows every counter, the limits' origin, each remote and each chip folder's oldest
     and newest access; --json gives every figure. The counters are this kernel cache's:
     every daemon's and every local run's, kept in the cache. From the daemon when one
-    serves this cache; else measured here. --zero resets the counters."""
+    serves this cache; else measured here. --zero resets the counters. --all: the daemon's
+    figures with every cache root it governs."""
+    if show_all:
+        _stats_all(socket_path, run_local, as_json)
+        return
     settings = load_settings(writable=False, **kw)
     where = route(socket_path, run_local, settings)
     where.announce()
@@ -362,6 +378,33 @@ def stats_cmd(
         click.echo(line)
     if run_local:
         _note_daemon_counters(settings)
+
+
+def _stats_all(socket_path: Path | None, run_local: bool, as_json: bool) -> None:
+    """``stats --all``: the daemon's ``/stats`` with every governed root
+    (docs/daemon.md#governing-every-cache-on-a-build-host).
+
+    :raises ConfigError: with ``--local`` (only a daemon governs other roots).
+    :raises DaemonUnavailable: no daemon answers at the socket.
+    """
+    from cachemgr.cli.governed import governed_lines
+    from cachemgr.client import Client, default_socket_path
+
+    if run_local:
+        raise ConfigError("stats --all and --local exclude each other: a daemon governs roots")
+    env_socket = os.environ.get("CACHEMGR_SOCKET")
+    path = socket_path or (Path(env_socket) if env_socket else default_socket_path())
+    data = Client(path, timeout_s=30, local_hits=False).request("GET", "/stats")
+    if as_json:
+        emit_json(data)
+        return
+    click.echo(f"daemon at {path}")
+    governed = data.get("governed") if isinstance(data, dict) else None
+    if not governed:
+        click.echo("governed: no [daemon] govern roots")
+        return
+    for line in governed_lines(governed):
+        click.echo(line)
 
 
 def _governed_atimes(settings: Settings) -> list[atimes.CacheAtimes]:

@@ -72,6 +72,12 @@ def _under_journald() -> bool:
     is_flag=True,
     help="Run even as root (refused otherwise: use a dedicated user).",
 )
+@click.option(
+    "--govern-only",
+    is_flag=True,
+    help="Only keep the [daemon] govern roots within their limits: no compiles (runs as "
+    "root, see systemd/cachemgr-governor.service).",
+)
 @remote_option
 def serve_cmd(
     config_file: Path | None,
@@ -80,6 +86,7 @@ def serve_cmd(
     socket_path: Path | None,
     tcp_port: int | None,
     allow_root: bool,
+    govern_only: bool,
     remotes: tuple[str, ...],
 ) -> None:
     """Run the cache daemon until SIGTERM (exit 0 after running compiles finish)."""
@@ -93,7 +100,11 @@ def serve_cmd(
         "op_compiler_cache_dir": op_compiler_cache_dir,
         "host_id": host_id,
     }
-    sys.exit(daemon_main.serve(cli_values, config_file, socket_path, tcp_port, allow_root, remotes))
+    sys.exit(
+        daemon_main.serve(
+            cli_values, config_file, socket_path, tcp_port, allow_root, remotes, govern_only
+        )
+    )
 
 
 @click.command("status", short_help="Tell whether a daemon answers, with its pid and uptime.")
@@ -139,6 +150,8 @@ def status_lines(health: dict[str, Any]) -> list[str]:
     """The last reload when it was refused, the degraded states, the warnings (a cache every
     local user can read) and the first scan's progress from ``/health``."""
     lines = []
+    if health.get("govern_only"):
+        lines.append("govern only: no compiles here (serve --govern-only)")
     reload = health.get("last_reload")
     if isinstance(reload, dict) and reload.get("ok") is False:
         lines.append(
@@ -146,7 +159,7 @@ def status_lines(health: dict[str, Any]) -> list[str]:
             "runs on the configuration it had before"
         )
     scan = health.get("scan")
-    if isinstance(scan, dict) and scan.get("state") != "done":
+    if isinstance(scan, dict) and scan.get("state") != "done" and not health.get("govern_only"):
         lines.append(
             f"first scan: {scan.get('state')}, {scan.get('chip_folders_done')} of "
             f"{scan.get('chip_folders_total')} chip folders, {scan.get('files')} files, "
@@ -155,6 +168,11 @@ def status_lines(health: dict[str, Any]) -> list[str]:
     for problem in health.get("degraded") or []:
         lines.append(f"degraded: {problem}")
     lines.extend(str(w) for w in health.get("warnings") or [])  # "warning: ..." each
+    governed = health.get("governed")
+    if isinstance(governed, dict):
+        from cachemgr.cli.governed import governed_lines
+
+        lines += governed_lines(governed, detail=False)
     stuck = health.get("stuck")
     if stuck:
         lines.append(f"no progress in: {', '.join(stuck)} (systemd's watchdog will restart it)")

@@ -160,6 +160,7 @@ def _decide(
         op_name=request.op_name,
         dynamic=request.dynamic,
         replace=replace,
+        framework=request.framework,
     )
 
 

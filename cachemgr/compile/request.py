@@ -108,6 +108,10 @@ class CompileRequest:
     origin: str = "request"
     include_dirs: tuple[Path, ...] = ()
     extra_flags: tuple[str, ...] = ()
+    #: the framework the request says it comes from (``tf``, ``ge``, ``atc``, ``torch_npu``):
+    #: its rule decides which ``op_debug_level`` keeps the cache on
+    #: (docs/compiling.md#debug-options-and-the-cache-per-framework); not part of the key
+    framework: str = "tf"
 
     @property
     def dynamic(self) -> bool:
@@ -369,6 +373,7 @@ def parse_request(
         origin=origin,
         include_dirs=tuple(include_dirs),
         extra_flags=tuple(f for f in flags if not f.startswith("-I")),
+        framework=data.get("framework", "tf"),
     )
     _check_attrs(req.attrs, origin)
     return req if settings is None else with_options(req, settings)

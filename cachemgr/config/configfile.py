@@ -229,6 +229,13 @@ class DaemonConfig:
     # hits a second one caller (uid) other than the daemon's user or root may report to
     # /hits (docs/daemon.md#hits-a-client-reports); 0 = 20,000 per CPU core
     max_reported_hits_per_s: int = field(default=0, metadata=rule("int", 0))
+    # globs of cache roots this service keeps within their own limits besides its own cache,
+    # e.g. ["/home/*/atc_data", "/data/*/cache"]: each root's kernel_cache* folders with their
+    # own op_cache.ini, as the root's owner (docs/daemon.md#governing-every-cache-on-a-build-host)
+    govern: tuple[str, ...] = field(
+        default=(),
+        metadata=rule("list_str", text="a list of absolute globs like '/home/*/atc_data'"),
+    )
 
     @classmethod
     def from_table(cls, table: Mapping[str, Any] | None, where: str = "[daemon]") -> DaemonConfig:
@@ -343,6 +350,17 @@ def redact_url(text: str) -> str:
     return f"{head}://{shown}@{after}"
 
 
+#: GE's names of the two cache settings (``ge.op_compiler_cache_dir`` …, the options of GE's
+#: own API), accepted in the config file for the plain ones
+#: (docs/configuration.md#every-frameworks-name): as a dotted key, a quoted key or a ``[ge]``
+#: table.
+GE_ALIASES = {
+    "ge.op_compiler_cache_dir": "op_compiler_cache_dir",
+    "ge.op_compiler_cache_mode": "op_compiler_cache_mode",
+}
+GE_TABLE = "ge"
+
+
 #: Every table of the config file and its model.
 TABLES: dict[str, type] = {
     "daemon": DaemonConfig,
@@ -398,6 +416,9 @@ class ConfigFile:
     tables: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     models: Mapping[str, Any] = field(default_factory=dict)
     lines: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    #: a top-level option set by its GE name: option → ``(table, key)`` as written
+    #: (``("ge", "op_compiler_cache_dir")``, or ``("", "ge.op_compiler_cache_dir")`` quoted)
+    aliases: Mapping[str, tuple[str, str]] = field(default_factory=dict)
 
     def where(self, table: str, key: str) -> str:
         """``config FILE:LINE`` of a key, for origins and messages."""
@@ -433,6 +454,7 @@ def empty() -> ConfigFile:
 # CLI hit, compiles none: issue 14 item 1)
 _HEADER = r"^\s*\[\s*([A-Za-z0-9_.\"' -]+?)\s*\]\s*(#.*)?$"
 _KEY = r"^\s*([A-Za-z0-9_-]+|\"[^\"]*\"|'[^']*')\s*[.=]"
+_DOTTED = r"^\s*([A-Za-z0-9_-]+)\s*\.\s*([A-Za-z0-9_-]+)\s*="
 
 
 def _lines(text: str) -> dict[tuple[str, str], int]:
@@ -452,6 +474,9 @@ def _lines(text: str) -> dict[tuple[str, str], int]:
             key = re.match(_KEY, line)
             if key:
                 out.setdefault((table, key.group(1).strip("\"'")), number)
+            dotted = re.match(_DOTTED, line) if table == "" else None
+            if dotted:  # ge.op_compiler_cache_dir = …: the key of table "ge"
+                out.setdefault((dotted.group(1), dotted.group(2)), number)
         depth = max(0, depth + line.count("[") - line.count("]"))
     return out
 
@@ -486,6 +511,7 @@ def load(path: Path, top_parsers: Mapping[str, Callable[[Any], Any]]) -> ConfigF
     lines = _lines(text)
     top = {k: v for k, v in data.items() if not isinstance(v, dict)}
     tables = {k: v for k, v in data.items() if isinstance(v, dict)}
+    aliases = _take_aliases(path, top, tables, lines)
     for key, value in top.items():
         parse = top_parsers.get(key)
         if parse is None:
@@ -494,8 +520,9 @@ def load(path: Path, top_parsers: Mapping[str, Callable[[Any], Any]]) -> ConfigF
         try:
             parse(value)
         except ValueError as exc:
-            line = lines.get(("", key))
-            raise _fail(path, line, f"{key} = {value!r} is invalid; {exc}") from None
+            where = aliases.get(key, ("", key))
+            shown = ".".join(p for p in where if p)
+            raise _fail(path, lines.get(where), f"{shown} = {value!r} is invalid; {exc}") from None
     models: dict[str, Any] = {}
     for name, table in tables.items():
         cls = TABLES.get(name)
@@ -508,7 +535,48 @@ def load(path: Path, top_parsers: Mapping[str, Callable[[Any], Any]]) -> ConfigF
         models[name] = _build_at(cls, name, table, path, lines)
     for name, cls in TABLES.items():
         models.setdefault(name, cls())
-    return ConfigFile(path, top, tables, models, lines)
+    return ConfigFile(path, top, tables, models, lines, aliases)
+
+
+def _take_aliases(
+    path: Path,
+    top: dict[str, Any],
+    tables: dict[str, Any],
+    lines: Mapping[tuple[str, str], int],
+) -> dict[str, tuple[str, str]]:
+    """Move the values set by their GE names (:data:`GE_ALIASES`) to the plain option in
+    ``top`` (both changed in place); returns option → ``(table, key)`` as written.
+
+    :raises ConfigError: an unknown ``ge.`` key, or a GE name and the plain one (or the
+        two GE spellings) both set to different values — naming both lines.
+    """
+    given: list[tuple[tuple[str, str], Any]] = []
+    for key in [k for k in top if k.startswith(GE_TABLE + ".")]:
+        given.append((("", key), top.pop(key)))
+    for key, value in (tables.pop(GE_TABLE, None) or {}).items():
+        given.append(((GE_TABLE, key), value))
+    aliases: dict[str, tuple[str, str]] = {}
+    for where, value in given:
+        spelled = ".".join(p for p in where if p)
+        name = GE_ALIASES.get(spelled)
+        if name is None:
+            accepted = ", ".join(GE_ALIASES)
+            raise _fail(
+                path, lines.get(where), f"unknown GE option {spelled!r} (accepted: {accepted})"
+            )
+        if name in top and top[name] != value:
+            first = aliases.get(name, ("", name))
+            at = lines.get(first)
+            raise _fail(
+                path,
+                lines.get(where),
+                f"{spelled} = {value!r} and {'.'.join(p for p in first if p)} = {top[name]!r}"
+                f"{f' (line {at})' if at else ''} set one setting to two values; keep one of them",
+            )
+        if name not in top:
+            top[name] = value
+            aliases[name] = where
+    return aliases
 
 
 def _build_at(

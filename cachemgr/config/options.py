@@ -30,6 +30,11 @@ ORIGIN_INI = "op_cache.ini"
 ORIGIN_ENV = "env"
 ORIGIN_DEFAULT = "default"
 
+#: torch_npu's (and ACL's) names for the two cache settings: CANN's environment-variable
+#: reference and torch_npu's (docs/configuration.md#every-frameworks-name).
+ACL_CACHE_DIR = "ACL_OP_COMPILER_CACHE_DIR"
+ACL_CACHE_MODE = "ACL_OP_COMPILER_CACHE_MODE"
+
 #: SPEC §5 / seed: default limit 500 MB (MiB) and remain ratio 50 %.
 DEFAULT_MAX_MB = 500
 DEFAULT_RATIO = 50
@@ -114,7 +119,15 @@ PATH_VALUES = frozenset(
 #: Every user-settable option (SPEC §1). Derived values (kernel_cache_dir, ini_path, limits,
 #: kernel_meta_dir) are computed in :func:`resolve` from these and their sources.
 OPTIONS: tuple[OptionSpec, ...] = (
-    OptionSpec("op_compiler_cache_mode", _parse_mode, "enable", doc="SPEC §4"),
+    # torch_npu's variable (docs/configuration.md#every-frameworks-name): an option given in
+    # the code (here: the command line or the config file) comes first, as torch_npu says
+    OptionSpec(
+        "op_compiler_cache_mode",
+        _parse_mode,
+        "enable",
+        env=ACL_CACHE_MODE,
+        doc="enable, disable or force",
+    ),
     OptionSpec("op_compiler_cache_dir", _parse_text, None, "path", doc="cache root, SPEC §2"),
     OptionSpec("host_id", _parse_text, None, env="CACHEMGR_HOST_ID", doc="SPEC §2 rule 2"),
     OptionSpec("soc_version", _parse_text, None, doc="chip folder to act on; all when unset"),
@@ -142,6 +155,9 @@ class Resolved:
     value: Any
     origin: str
     source: str = ""
+    #: the other names that also gave this setting a value and lost to ``source`` by the
+    #: framework's documented priority, one ``NAME=value (why)`` each
+    passed_over: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -235,16 +251,22 @@ class Settings:
             if name in PATH_VALUES and value:
                 value = Path(value)
             values[name] = Resolved(
-                value, item.get("origin", ORIGIN_DEFAULT), item.get("source", "")
+                value,
+                item.get("origin", ORIGIN_DEFAULT),
+                item.get("source", ""),
+                tuple(item.get("passed_over", ())),
             )
         return cls(values=values, sections=dict(sections or {}))
 
     def to_json(self) -> dict[str, dict[str, Any]]:
-        """``{name: {"value": …, "origin": …, "source": …}}`` with paths as strings."""
-        out = {}
+        """``{name: {"value": …, "origin": …, "source": …}}`` with paths as strings, and
+        ``"passed_over": [...]`` where other names set it too and lost."""
+        out: dict[str, dict[str, Any]] = {}
         for name, res in self.values.items():
             value = str(res.value) if isinstance(res.value, Path) else res.value
             out[name] = {"value": value, "origin": res.origin, "source": res.source}
+            if res.passed_over:
+                out[name]["passed_over"] = list(res.passed_over)
         return out
 
 
@@ -281,7 +303,10 @@ CLI_FLAGS = {"op_compiler_cache_dir": "--cache-dir", "soc_version": "--soc"}
 def _from_options(cli: Mapping[str, Any], config: configfile.ConfigFile) -> dict[str, Resolved]:
     found: dict[str, Resolved] = {}
     for name, raw in config.top.items():
-        found[name] = Resolved(raw, ORIGIN_OPTION, config.where("", name))
+        alias = config.aliases.get(name)
+        where = config.where(*alias) if alias else config.where("", name)
+        source = f"{where} as {'.'.join(p for p in alias if p)}" if alias else where
+        found[name] = Resolved(raw, ORIGIN_OPTION, source)
     for name, raw in cli.items():
         if raw is not None:
             if name not in _SPECS:
@@ -295,13 +320,16 @@ def _parse_all(explicit: Mapping[str, Resolved], env: Mapping[str, str]) -> dict
     out: dict[str, Resolved] = {}
     for spec in OPTIONS:
         res = explicit.get(spec.name)
+        over: tuple[str, ...] = ()
+        if res is not None and spec.env and spec.env in env:
+            over = (f"{spec.env}={env[spec.env]} (an option given to the job comes first)",)
         if res is None and spec.env and spec.env in env:
             res = Resolved(env[spec.env], ORIGIN_ENV, spec.env)
         if res is None:
             out[spec.name] = Resolved(spec.default, ORIGIN_DEFAULT)
             continue
         try:
-            out[spec.name] = Resolved(spec.parse(res.value), res.origin, res.source)
+            out[spec.name] = Resolved(spec.parse(res.value), res.origin, res.source, over)
         except ValueError as exc:
             raise ConfigError(
                 f"{spec.name}={res.value!r} (from {res.origin} {res.source}) is invalid; {exc}"
@@ -309,18 +337,35 @@ def _parse_all(explicit: Mapping[str, Resolved], env: Mapping[str, str]) -> dict
     return out
 
 
+def _passed_over(env: Mapping[str, str], names: tuple[str, ...], winner: str) -> tuple[str, ...]:
+    """The cache-folder names in ``names`` that ``env`` sets, each as ``NAME=value (…)``:
+    they lost to ``winner`` (docs/configuration.md#every-frameworks-name)."""
+    return tuple(f"{n}={env[n]} ({winner} comes first)" for n in names if env.get(n))
+
+
 def _resolve_kernel_cache(
     vals: dict[str, Resolved], env: Mapping[str, str], writable: bool
 ) -> Resolved:
-    """SPEC §2: op_compiler_cache_dir > ASCEND_CACHE_PATH > $HOME/atc_data."""
+    """The kernel cache folder (docs/configuration.md#every-frameworks-name): the
+    ``op_compiler_cache_dir`` option (command line, config file, GE's
+    ``ge.op_compiler_cache_dir``) > torch_npu's ``ACL_OP_COMPILER_CACHE_DIR`` >
+    ``ASCEND_CACHE_PATH`` > ``$HOME/atc_data``. The option and ``ACL_OP_COMPILER_CACHE_DIR``
+    give ``<dir>/kernel_cache`` (ACL hands the variable to GE as its cache dir, GE adds
+    ``kernel_cache``); the names passed over are recorded on the result."""
     check = layout.check_root if writable else layout.check_folder
     opt = vals["op_compiler_cache_dir"]
+    later: tuple[str, ...] = (ACL_CACHE_DIR, "ASCEND_CACHE_PATH")
+    if not opt.value and env.get(ACL_CACHE_DIR):
+        opt = Resolved(env[ACL_CACHE_DIR], ORIGIN_ENV, ACL_CACHE_DIR)
+        later = ("ASCEND_CACHE_PATH",)
     if opt.value:
         where = f"{opt.origin} {opt.source}"
-        root = layout.validate_path_value(str(opt.value), "op_compiler_cache_dir", where)
-        vals["op_compiler_cache_dir"] = Resolved(root, opt.origin, opt.source)
-        check(root, "op_compiler_cache_dir", where)
-        return Resolved(layout.kernel_cache_for_option(root), opt.origin, opt.source)
+        over = _passed_over(env, later, opt.source or opt.origin)
+        name = ACL_CACHE_DIR if opt.source == ACL_CACHE_DIR else "op_compiler_cache_dir"
+        root = layout.validate_path_value(str(opt.value), name, where)
+        vals["op_compiler_cache_dir"] = Resolved(root, opt.origin, opt.source, over)
+        check(root, name, where)
+        return Resolved(layout.kernel_cache_for_option(root), opt.origin, opt.source, over)
     if env.get("ASCEND_CACHE_PATH"):
         raw = env["ASCEND_CACHE_PATH"]
         root = layout.validate_path_value(raw, "ASCEND_CACHE_PATH", "env")
@@ -366,13 +411,15 @@ def kernel_cache_reason(settings: Settings) -> str:
         )
     if kc.origin == ORIGIN_DEFAULT:
         return (
-            "neither op_compiler_cache_dir (--cache-dir) nor ASCEND_CACHE_PATH is set, so "
-            "$HOME/atc_data/kernel_cache — the folder GE uses"
+            f"neither op_compiler_cache_dir (--cache-dir), {ACL_CACHE_DIR} nor "
+            "ASCEND_CACHE_PATH is set, so $HOME/atc_data/kernel_cache — the folder GE uses"
         )
     where = f"{kc.origin} {kc.source}".strip()
+    name = ACL_CACHE_DIR if kc.source == ACL_CACHE_DIR else "op_compiler_cache_dir"
+    over = "".join(f"; passed over: {p}" for p in kc.passed_over)
     return (
-        f"op_compiler_cache_dir={Path(kc.value).parent} (from {where}) gives "
-        f"<dir>/{layout.KERNEL_CACHE} — the folder GE uses for that option"
+        f"{name}={Path(kc.value).parent} (from {where}) gives "
+        f"<dir>/{layout.KERNEL_CACHE} — the folder GE uses for that option{over}"
     )
 
 

@@ -125,11 +125,16 @@ class Outcome:
     died: bool = False
 
 
-def run_jobs(jobs: Sequence[GcJob], names: bool = False) -> list[Outcome]:
+def run_jobs(
+    jobs: Sequence[GcJob], names: bool = False, run_as: tuple[int, int] | None = None
+) -> list[Outcome]:
     """Run ``jobs`` one after another in one child process; one :class:`Outcome` each.
 
     :param names: send the evicted (kept, saved, gone) names back; otherwise those lists
         are empty in the reports (their counts stay).
+    :param run_as: ``(uid, gid)``: the child runs as that user, with their groups and no
+        capability (the governor's eviction of another user's cache root:
+        docs/daemon.md#the-privileges-it-needs); needs ``CAP_SETUID`` and ``CAP_SETGID``.
     """
     if not jobs:
         return []
@@ -157,6 +162,7 @@ def run_jobs(jobs: Sequence[GcJob], names: bool = False) -> list[Outcome]:
                 env=env,
                 cwd="/",
                 close_fds=True,
+                **_as_user(run_as),
             )
         except OSError as exc:
             return _died(jobs, outcomes, f"could not start: {exc}")
@@ -175,6 +181,21 @@ def run_jobs(jobs: Sequence[GcJob], names: bool = False) -> list[Outcome]:
     if code != 0 or any(o.report is None and not o.error for o in outcomes):
         return _died(jobs, outcomes, _status(code) + (f": {tail}" if tail else ""))
     return outcomes
+
+
+def _as_user(run_as: tuple[int, int] | None) -> dict[str, Any]:
+    """``Popen`` arguments that start the child as ``run_as`` (uid, gid) with that user's
+    groups; none when it is this process's own user already."""
+    if run_as is None or run_as[0] == os.geteuid():
+        return {}
+    import pwd
+
+    uid, gid = run_as
+    try:
+        groups = os.getgrouplist(pwd.getpwuid(uid).pw_name, gid)
+    except (KeyError, OSError):
+        groups = [gid]
+    return {"user": uid, "group": gid, "extra_groups": groups}
 
 
 def _log_level() -> int:

@@ -38,6 +38,7 @@ import datetime as dt
 import gc
 import logging
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -185,6 +186,11 @@ class Governance:
     :param beat: called on every governance heartbeat (the watch check, every
         ``watch_check_interval_s``): the systemd watchdog's proof that this thread works.
     :param follow_ini: re-reads ``op_cache.ini`` when CANN edited it (issue 9 item 9).
+    :param run_as: ``(uid, gid)`` of the owner of a cache root this daemon governs for
+        another user (docs/daemon.md#governing-every-cache-on-a-build-host): its reclaim
+        and evictions run in a gc child with that user's rights only, and nothing else is
+        changed there — no modes given back, no counters file, no toolkit check, no
+        ``kernel_meta``; a chip folder that user may not change is reported once and skipped.
     """
 
     def __init__(
@@ -196,8 +202,12 @@ class Governance:
         follow_ini: Callable[[], None] | None = None,
         events: Events | None = None,
         on_entry: Callable[[str, str], None] | None = None,
+        run_as: tuple[int, int] | None = None,
     ) -> None:
         self._settings = get_settings
+        self.run_as = run_as
+        #: chip folder → why its owner may not change it, reported once (a governed root)
+        self.denied: dict[str, str] = {}
         #: told ``(soc_version, kernel)`` of each entry seen appearing in the kernel cache —
         #: by an inotify event, or at a reconciliation when its main json is newer than the
         #: last pass (other hosts' writes: SPEC §9) — e.g. to upload it (issue 15 item 6)
@@ -252,7 +262,8 @@ class Governance:
         crashed processes left (temp files, dead locks, bad entries: SPEC §9), then index the
         cache — runs in the background (issue 12 item 10: serving never waits for it). A
         publish that hits a full filesystem schedules eviction."""
-        fsutil.ensure_dir(self.index.kernel_cache_dir)
+        if self.run_as is None:  # another user's kernel cache exists: it is how it was found
+            fsutil.ensure_dir(self.index.kernel_cache_dir)
         self.events.subscribe(NoSpaceEvent, self._on_no_space)
         self._start_watcher()
         cfg = self.config
@@ -275,14 +286,15 @@ class Governance:
         threading.Thread(target=self._first_scan, name="cachemgr-first-scan", daemon=True).start()
 
     def _save_counters(self) -> None:
-        if not self.root_problem:
+        if not self.root_problem and self.run_as is None:
             self.counters.save()
 
     def _first_scan(self) -> None:
         scan = self.scan
         try:
             scan.update(state="reclaiming", started=time.monotonic())
-            self.follow_cann()  # ini edits, toolkit upgrades, modes, other kernel caches
+            if self.run_as is None:
+                self.follow_cann()  # ini edits, toolkit upgrades, modes, other kernel caches
             self.reap()
             scan.update(state=ScanState.INDEXING)
 
@@ -356,7 +368,7 @@ class Governance:
         """Account one file event; schedule eviction when a chip folder crosses its limit. A
         file that appears without ``g+rw`` (GE's ``0640``) is given back to the group at once
         where this daemon may (docs/shared-cache.md#ges-modes-given-back-on-sight)."""
-        if not removed:
+        if not removed and self.run_as is None:
             self._give_back_file(path)
         soc = self.index.file_removed(path) if removed else self.index.file_changed(path)
         if soc is not None and not removed:
@@ -431,7 +443,8 @@ class Governance:
         if watcher is not None and path.name not in watcher.modes():
             with self._lock:
                 self._fresh.add(path.name)
-        self._give_back_chip(path)
+        if self.run_as is None:
+            self._give_back_chip(path)
         if self.scheduler.running:
             with contextlib.suppress(JobLookupError):  # stopping
                 self.scheduler.modify_job("watch", next_run_time=dt.datetime.now(dt.UTC))
@@ -512,7 +525,26 @@ class Governance:
         max_mb = int(self._settings().value("max_op_cache_size"))
         if max_mb == -1 or self.index.used_bytes(soc) < max_mb * MIB:
             return
+        if self.run_as is not None and not self._owner_may_change(soc):
+            return
         self.schedule_eviction(soc)
+
+    def _owner_may_change(self, soc: str) -> bool:
+        """For a governed root: may its owner remove files in chip folder ``soc`` (write and
+        search on the folder, by its mode bits)? A folder they may not — another user's
+        private ``0700`` one, a root-run job's — is reported once (one warning line) and
+        skipped; the next reconciliation looks again."""
+        assert self.run_as is not None
+        chip = self.index.kernel_cache_dir / soc
+        why = owner_denied(chip, *self.run_as)
+        if why is None:
+            if self.denied.pop(soc, None) is not None:
+                log.info("%s: its owner may change it again; governed", chip)
+            return True
+        if self.denied.get(soc) != why:
+            log.warning("%s: skipped: %s", chip, why)
+        self.denied[soc] = why
+        return False
 
     def schedule_eviction(
         self, soc: str, ratio_pct: int | None = None, target_bytes: int | None = None
@@ -615,6 +647,7 @@ class Governance:
                     [job],
                     names=_names_log.isEnabledFor(logging.DEBUG),
                     deadline_s=self.config.gc_deadline_s,
+                    run_as=self.run_as,
                 )
             # a rescan instead of the removals' events (also after a failure: part of it may
             # have run); files added meanwhile were accounted by their own events
@@ -661,7 +694,9 @@ class Governance:
             dry_run=dry_run is eviction.DryRun.YES,
         )
         with self._gc_child_of(chip):
-            (outcome,) = _run_gc([job], names=True, deadline_s=self.config.gc_deadline_s)
+            (outcome,) = _run_gc(
+                [job], names=True, deadline_s=self.config.gc_deadline_s, run_as=self.run_as
+            )
         if outcome.report is None:
             raise gcchild.GcChildError(f"gc of {chip}: {outcome.error}")
         return outcome.report
@@ -696,7 +731,8 @@ class Governance:
         """The periodic rescan; re-checks every chip folder's limit. Other hosts' writes and
         deletes show up here (inotify does not see them, SPEC §9); a rescan that fails (an
         NFS hiccup) is logged and the next one tries again."""
-        self.follow_cann()
+        if self.run_as is None:
+            self.follow_cann()
         try:
             used = self.index.reconcile()
         except OSError as exc:
@@ -730,7 +766,8 @@ class Governance:
         # not be scanned (a member's private folder), until they can: warned about once
         with self._lock:
             fresh, self._fresh = self._fresh & rescan, self._fresh - rescan
-        for soc in sorted(fresh):  # new and armed now: what was written before its watch
+        # new and armed now: what was written before its watch (never in a governed root)
+        for soc in sorted(fresh) if self.run_as is None else ():
             self._give_back_chip(self.index.kernel_cache_dir / soc)
         for soc in sorted(rescan | (set(self.index.problems) & present)):
             self._rescan(soc)
@@ -753,7 +790,8 @@ class Governance:
             )
             return
         log.warning("the cache root of %s is writable again", self.index.kernel_cache_dir)
-        self.counters.save()
+        if self.run_as is None:
+            self.counters.save()
         for soc in self.index.chips():
             self._check_limit(soc)
 
@@ -828,14 +866,15 @@ class Governance:
         age = float(settings.value("min_age_s"))
         since = self._fatal_since_ns
         started_ns = time.time_ns() - int(float(settings.value("clock_skew_s")) * 1e9)
+        if self.run_as is not None:  # only what its owner may change (reported once)
+            chips = [c for c in chips if self._owner_may_change(c.name)]
         jobs = [
             gcchild.GcJob(chip, eviction.NEVER_EVICT, ratio, age, ge_fatal_since_ns=since)
             for chip in chips
         ]
         failed = False
-        for job, outcome in zip(
-            jobs, _run_gc(jobs, deadline_s=self.config.gc_deadline_s), strict=True
-        ):
+        done = _run_gc(jobs, deadline_s=self.config.gc_deadline_s, run_as=self.run_as)
+        for job, outcome in zip(jobs, done, strict=True):
             if outcome.error and not outcome.died:  # a death was logged already, once
                 log.warning("reaping %s failed: %s", job.chip_dir, outcome.error)
             skipped = (outcome.report or {}).get("skipped", "gc error")
@@ -844,6 +883,8 @@ class Governance:
                 self.count_eviction(outcome.report)
         if not failed:  # a folder not reclaimed (busy, deadline) is read whole again
             self._fatal_since_ns = max(0, started_ns)
+        if self.run_as is not None:  # kernel_meta is the daemon's own folder, not theirs
+            return
         try:
             reaped = kernel_meta.reap_orphans(
                 Path(settings.value("kernel_meta_dir")), self.config.kernel_meta_retention_s
@@ -884,8 +925,49 @@ def _kernel_of_json(chip: Path, stem: str) -> str | None:
     return stem
 
 
+def owner_denied(folder: Path, uid: int, gid: int) -> str | None:
+    """Why the user ``uid`` (primary group ``gid``) may not remove files in ``folder``
+    (write and search on it, by its owner, group and mode; the folder itself is not followed
+    if it is a link), or None when they may.
+
+    :returns: one phrase naming the folder's owner and mode, or None.
+    """
+    st = fsutil.lstat_or_none(folder)
+    if st is None:
+        return None  # gone: nothing to change (the index forgets it)
+    if not stat.S_ISDIR(st.st_mode):
+        return "not a folder (a link or a file): never followed"
+    mode = st.st_mode
+    if st.st_uid == uid:
+        bits = mode >> 6
+    elif st.st_gid == gid or st.st_gid in _groups_of(uid, gid):
+        bits = mode >> 3
+    else:
+        bits = mode
+    if bits & 0o3 == 0o3:
+        return None
+    return (
+        f"its owner's user (uid {uid}) may not change it (owner uid {st.st_uid}, group gid "
+        f"{st.st_gid}, mode {stat.S_IMODE(mode):04o}): the governor acts with the rights of "
+        "the root's owner only"
+    )
+
+
+def _groups_of(uid: int, gid: int) -> list[int]:
+    """The groups of user ``uid`` (their ``/etc/group`` memberships and ``gid``)."""
+    import pwd
+
+    try:
+        return os.getgrouplist(pwd.getpwuid(uid).pw_name, gid)
+    except (KeyError, OSError):
+        return [gid]
+
+
 def _run_gc(
-    jobs: list[gcchild.GcJob], names: bool = False, deadline_s: float = 0.0
+    jobs: list[gcchild.GcJob],
+    names: bool = False,
+    deadline_s: float = 0.0,
+    run_as: tuple[int, int] | None = None,
 ) -> list[gcchild.Outcome]:
     """Run gc jobs in a child process (:mod:`cachemgr.daemon.gcchild`: the scan of a large
     chip folder never enters the daemon's heap), keeping "warn once per folder" about
@@ -897,7 +979,7 @@ def _run_gc(
     told = [skew_warned.first(job.chip_dir) for job in jobs]
     for job, first in zip(jobs, told, strict=True):
         job.skew_warned = not first
-    outcomes = gcchild.run_jobs(jobs, names)
+    outcomes = gcchild.run_jobs(jobs, names, run_as=run_as)
     for job, first, outcome in zip(jobs, told, outcomes, strict=True):
         if first and not (outcome.report or {}).get("future_atimes"):
             skew_warned.forget(job.chip_dir)  # not warned about after all

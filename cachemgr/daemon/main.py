@@ -31,6 +31,7 @@ from cachemgr.daemon import httpauth, rootcheck
 from cachemgr.daemon.api import Api
 from cachemgr.daemon.config import DaemonConfig
 from cachemgr.daemon.connections import bounds_of
+from cachemgr.daemon.governor import check_globs
 from cachemgr.daemon.heartbeat import MAIN, SERVER, Heartbeats
 from cachemgr.daemon.notify import Notifier
 from cachemgr.daemon.server import HttpServer
@@ -176,6 +177,7 @@ def run(
     note: str = "",
     box: sandbox.Sandbox | None = None,
     remotes: Sequence[str] = (),
+    govern_only: bool = False,
 ) -> int:
     """Run the daemon until SIGTERM/SIGINT; return the exit code (0 on a clean stop).
 
@@ -199,7 +201,7 @@ def run(
     flags = _Flags()
     wake, wake_writer = _wakeup_pipe(flags)
     lock = _claim_socket(socket_path)
-    service = Service(resolve, config, state_dir() / "counters.json", remotes)
+    service = Service(resolve, config, state_dir() / "counters.json", remotes, govern_only)
     service.sandbox = box
     server = None
     try:
@@ -212,6 +214,8 @@ def run(
         where = f"{socket_path}" + (f" and {server.tcp_address}" if server.tcp_address else "")
         log.info("serving on %s (pid %d)", where, os.getpid())
         serving = f"serving {service.settings.value('kernel_cache_dir')}"
+        if govern_only:
+            serving = f"governing {', '.join(config.govern)}"
         notifier.ready(f"{serving}; {note}" if note else serving)
         probe = _ServerProbe(socket_path, service.heartbeats, flags)
         probe.start()
@@ -341,9 +345,15 @@ def serve(
     tcp_port: int | None,
     allow_root: bool = False,
     remotes: Sequence[str] = (),
+    govern_only: bool = False,
 ) -> int:
     """Resolve settings and the ``[daemon]`` table, check the cache root (access, fcntl
     locks, ``lock_fallback``: :mod:`cachemgr.daemon.rootcheck`), then :func:`run`.
+
+    ``govern_only`` (``serve --govern-only``, run as root under
+    ``systemd/cachemgr-governor.service``): only the ``[daemon] govern`` roots are governed,
+    nothing is compiled and the configured cache root is neither checked nor governed
+    (docs/daemon.md#the-privileges-it-needs).
 
     :raises ConfigError: running as root without ``allow_root``; a bad value (named, with
         the file); a TCP listener without a valid ``tcp_token_file`` — before anything starts.
@@ -352,17 +362,21 @@ def serve(
     :raises LocksUnavailable: fcntl locks do not work there and the fallback is "refuse".
     """
 
-    def resolve_with(values: Mapping[str, object]) -> options.Settings:
-        return options.resolve(cli=values, config_file=config_file)
+    def resolve_with(values: Mapping[str, object], writable: bool = True) -> options.Settings:
+        return options.resolve(cli=values, config_file=config_file, writable=writable)
 
-    refuse_root(allow_root)
-    settings = resolve_with(cli_values)
+    if not govern_only:  # the governor runs as root by design, capabilities bounded
+        refuse_root(allow_root)
+    settings = resolve_with(cli_values, writable=not govern_only)
     for problem in settings.problems:
         log.warning("%s", problem)
     where = f"config {config_file or os.environ.get('CACHEMGR_CONFIG', '')} [daemon]"
     config = DaemonConfig.from_table(settings.sections.get("daemon"), where)
     for name in filter(None, (n.strip() for n in config.debug_loggers.split(","))):
         logging.getLogger(name).setLevel(logging.DEBUG)
+    check_globs(config.govern, f"{where} govern")  # a bad glob: one line, before anything
+    if govern_only:
+        return _serve_govern_only(resolve_with, cli_values, config, socket_path, where)
     if tcp_port is not None or config.tcp_port:
         httpauth.load_token(config.tcp_token_file)  # no token, no TCP: say so before anything
         bounds_of(config, where)  # room for authenticated TCP connections
@@ -376,6 +390,29 @@ def serve(
     secrets = [Path(config.tcp_token_file)] if config.tcp_token_file else []
     box = _sandbox(settings, config_file, socket_path, [*secrets, *remote.secret_files()])
     return run(resolve, config, socket_path, tcp_port, checked.fallback_note, box, remotes)
+
+
+def _serve_govern_only(
+    resolve_with: Callable[..., options.Settings],
+    cli_values: Mapping[str, object],
+    config: DaemonConfig,
+    socket_path: Path | None,
+    where: str,
+) -> int:
+    """``serve --govern-only``: no compile service, so no cache-root check, no sandbox, no
+    TCP listener; the socket answers ``status``, ``stats`` and ``/metrics``.
+
+    :raises ConfigError: ``[daemon] govern`` is empty, or a TCP port is configured.
+    """
+    if not config.govern:
+        raise ConfigError(f"{where}: serve --govern-only needs govern = [globs of cache roots]")
+    if config.tcp_port:
+        raise ConfigError(f"{where}: serve --govern-only serves no TCP listener (tcp_port)")
+
+    def resolve() -> options.Settings:
+        return resolve_with(cli_values, writable=False)
+
+    return run(resolve, config, socket_path or default_socket_path(), govern_only=True)
 
 
 def _sandbox(

@@ -37,6 +37,7 @@ from cachemgr.constants import VERSION
 from cachemgr.daemon import peer
 from cachemgr.daemon.config import DaemonConfig
 from cachemgr.daemon.governance import Governance, release_memory
+from cachemgr.daemon.governor import Governor, check_globs
 from cachemgr.daemon.heartbeat import GOVERNANCE, POOL, Heartbeats
 from cachemgr.daemon.hitbudget import HitBudget
 from cachemgr.daemon.metrics import Gauge, Metrics
@@ -59,6 +60,13 @@ JOB_TTL_S = 3600.0
 PARSED_CACHE_SIZE = 4096
 
 
+class GovernOnly(CacheMgrError):
+    """A request that only a compile service answers, sent to ``serve --govern-only``."""
+
+    exit_code = 2
+    http_status = 403
+
+
 class Service:
     """Everything the daemon does, behind the API.
 
@@ -66,6 +74,10 @@ class Service:
         :class:`ConfigError` for a bad configuration.
     :param state_path: unused (counters live in the kernel cache: :mod:`cachemgr.storage.counters`);
         kept for callers that still pass the old per-user file.
+    :param govern_only: ``serve --govern-only`` (docs/daemon.md#the-privileges-it-needs):
+        the ``[daemon] govern`` roots only — no compile, lookup, hits or ``/gc`` (403), and
+        the configured cache of its own is not governed.
+    :raises ConfigError: a bad ``[daemon] govern`` glob.
     """
 
     def __init__(
@@ -74,7 +86,9 @@ class Service:
         config: DaemonConfig,
         state_path: Path,
         remote_cli: Sequence[str] = (),
+        govern_only: bool = False,
     ) -> None:
+        self.govern_only = govern_only
         self._resolve = resolve
         self._settings = resolve()
         self.daemon_config = config
@@ -124,6 +138,17 @@ class Service:
             self.remote_stats,
             lambda: self.remotes.upload_refused if self.remotes is not None else 0,
         )
+        #: every cache root the ``[daemon] govern`` globs match (docs/daemon.md)
+        self.governor = (
+            Governor(
+                check_globs(config.govern),
+                config,
+                lambda: self._settings,
+                lambda: self.heartbeats.beat(GOVERNANCE),
+            )
+            if config.govern
+            else None
+        )
         self.hit_budget = HitBudget(config.max_reported_hits_per_s)
         self._jobs: dict[str, dict[str, Any]] = {}
         self._jobs_lock = threading.Lock()
@@ -147,7 +172,11 @@ class Service:
 
     def start(self) -> None:
         """Index the cache and start governance (and ``[remote] prefetch``: at once, then
-        at every reconciliation interval)."""
+        at every reconciliation interval); the ``[daemon] govern`` roots."""
+        if self.governor is not None:
+            self.governor.start()
+        if self.govern_only:
+            return
         self.governance.start()
         if self.remotes is not None and self.remote_config.prefetch > 0:
             self.governance.scheduler.add_job(
@@ -204,6 +233,8 @@ class Service:
         self.queue.close(timeout_s=timeout_s)
         if self.remotes is not None:
             self.remotes.close()
+        if self.governor is not None:
+            self.governor.stop()
         self.governance.stop()
         self.counters.save()
 
@@ -308,6 +339,8 @@ class Service:
             "remotes": self.remote_stats(),
             "warnings": self.warnings(),
             "last_reload": self.last_reload,
+            **({"governed": self.governor.to_json()} if self.governor is not None else {}),
+            **({"govern_only": True} if self.govern_only else {}),
         }
 
     def warnings(self) -> list[str]:
@@ -395,10 +428,20 @@ class Service:
                     1.0 if mode == "polling" else 0.0,
                 )
             )
+        if self.governor is not None:  # a label per governed root (docs/daemon.md)
+            out += self.governor.gauges()
         return out
 
     def metrics(self) -> bytes:
         return self._metrics.render()
+
+    def _refuse_if_govern_only(self, what: str) -> None:
+        """:raises GovernOnly: this daemon is ``serve --govern-only``."""
+        if self.govern_only:
+            raise GovernOnly(
+                f"{what}: this daemon only governs cache roots (serve --govern-only); "
+                "compiles, lookups and hits go to the compile service's socket"
+            )
 
     def config(self, sections: bool = False) -> dict[str, Any]:
         """Settings with origins; with ``sections`` also the config file's tables, which a
@@ -413,7 +456,9 @@ class Service:
 
         :raises HitsRefused: not all of ``hits`` fitted in the caller's budget (those that
             did are counted).
+        :raises GovernOnly: ``serve --govern-only``.
         """
+        self._refuse_if_govern_only("/hits")
         caller = peer.current()
         if caller is None or (caller.uid is not None and caller.uid in (os.geteuid(), 0)):
             self.counters.add("hits", hits)
@@ -460,12 +505,16 @@ class Service:
             # blobs rejected, by reason, all remotes together (per remote: remotes.<name>)
             "remote_rejected": self._rejected_by_reason(),
             **self.governance.status(),
+            **({"governed": self.governor.to_json()} if self.governor is not None else {}),
         }
         release_memory()  # the folder scans above held a per-file object each
         return StatsResult(dict(self.counters.snapshot()), rows, figures)
 
     def lookup(self, soc_version: str, kernel_name: str) -> dict[str, Any]:
-        """A verified lookup (SPEC §3.3) counted as a hit or a miss."""
+        """A verified lookup (SPEC §3.3) counted as a hit or a miss.
+
+        :raises GovernOnly: ``serve --govern-only``."""
+        self._refuse_if_govern_only("/lookup")
         chip = self._settings.layout.chip_dir(soc_version)
         result = chip_store(chip).lookup(kernel_name)
         self.counters.add("hits" if result.hit else "misses", chip_dir=chip)
@@ -480,7 +529,10 @@ class Service:
     def gc(self, params: Mapping[str, Any]) -> GcResult:
         """``/gc``: the same run and report as ``cachemgr gc`` (toolkit check, then each
         chip folder); ``ratio`` forces a run to that target, ``min_age_s`` replaces the aging
-        guard, ``dry_run`` removes nothing, ``soc`` limits it to one chip folder."""
+        guard, ``dry_run`` removes nothing, ``soc`` limits it to one chip folder.
+
+        :raises GovernOnly: ``serve --govern-only``."""
+        self._refuse_if_govern_only("/gc")
         ratio, min_age, soc = params.get("ratio"), params.get("min_age_s"), params.get("soc")
         if ratio is not None and (
             isinstance(ratio, bool) or not isinstance(ratio, int) or not 0 <= ratio <= 100
@@ -517,7 +569,10 @@ class Service:
 
         While waiting, a caller that hangs up stops waiting; the queue drops the job once
         no one waits for it.
+
+        :raises GovernOnly: ``serve --govern-only``.
         """
+        self._refuse_if_govern_only("/compile")
         base = body.get("base_dir")
         if not isinstance(base, str) or not base.startswith("/") or "\x00" in base:
             raise InvalidInputError(
