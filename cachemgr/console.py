@@ -2,7 +2,7 @@
 verbosity, terminal-safe text, the log format, and the report of ``cachemgr config``.
 
 Both ways into the CLI use these: the click commands (:mod:`cachemgr.cli`) and the start-up
-fast path (:mod:`cachemgr.main`, issue 14 item 1), which answers ``cachemgr config`` without
+fast path (:mod:`cachemgr.main`), which answers ``cachemgr config`` without
 importing click — so the two print the same bytes by construction, not by a copy kept in
 step. Nothing here imports click.
 """
@@ -115,7 +115,8 @@ def stdout_to_devnull() -> None:
 
 # --- cachemgr config -----------------------------------------------------------------------
 
-#: The order ``config`` prints in (SPEC §1, §2, §5, §7), then anything else.
+#: The order ``config`` prints in (docs/design.md#options-and-their-origins, #where-the-cache-lives,
+#: #size-limits-and-eviction, #debug-compiles-and-kernel_meta), then anything else.
 SHOWN = (
     "op_compiler_cache_mode",
     "op_compiler_cache_dir",
@@ -136,7 +137,8 @@ SHOWN = (
 
 
 def _toolkit_rows(settings: Settings) -> dict[str, dict[str, Any]]:
-    """The installed toolkit's versions and where they were found, GE's way (SPEC §5)."""
+    """The installed toolkit's versions and where they were found, GE's way
+    (docs/design.md#size-limits-and-eviction)."""
     from cachemgr.config import versions
 
     installed = versions.installed_versions(os.environ, settings.sections)
@@ -150,7 +152,7 @@ def _toolkit_rows(settings: Settings) -> dict[str, dict[str, Any]]:
 
 
 def _remote_row(settings: Settings, cli: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The remote tiers (issue 15 item 2), passwords redacted.
+    """The remote tiers, passwords redacted.
 
     :raises ConfigError: a bad remote spec (its message is redacted).
     """
@@ -245,7 +247,8 @@ def config_report(
     if as_json:
         lines = [*warnings, (False, json_text({n: data[n] for n in names}))]
     else:
-        lines = [*warnings, (False, kernel_cache_why(settings))]  # which folder, why (SPEC §2)
+        # which folder, and why (docs/design.md#where-the-cache-lives)
+        lines = [*warnings, (False, kernel_cache_why(settings))]
         for name in names:
             item = data[name]
             if name == FILESYSTEMS:  # one line per governed kernel cache

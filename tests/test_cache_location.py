@@ -1,8 +1,10 @@
-"""Which kernel cache folder, and why, in one line (SPEC §2; ``options.kernel_cache_why``).
+"""Which kernel cache folder, and why, in one line (docs/design.md#where-the-cache-lives;
+``options.kernel_cache_why``).
 
 GE builds ``<op_compiler_cache_dir or ASCEND_CACHE_PATH or $HOME/atc_data>/kernel_cache``
-for every source (``cache/te_cache_manager.cc``, ``TeCacheManager::SetCacheDirPath``); SPEC §2
-(the seed) gives ``ASCEND_CACHE_PATH`` a per-host ``kernel_cache_<host id>``. A fresh user saw
+for every source (``cache/te_cache_manager.cc``, ``TeCacheManager::SetCacheDirPath``);
+docs/design.md#where-the-cache-lives (the seed) gives ``ASCEND_CACHE_PATH`` a per-host
+``kernel_cache_<host id>``. A fresh user saw
 ``kernel_cache_<host>`` for one source and ``kernel_cache`` for the other with no word why:
 ``config``, ``ls`` and ``stats`` now say which folder was chosen, from which source, and
 where GE's own folder is when it differs. ``ls`` (entries) and ``stats`` (every file, as GE

@@ -1,4 +1,4 @@
-"""Human output like ccache's (issue 13 item 5), through the real CLI: aligned tables with
+"""Human output like ccache's, through the real CLI: aligned tables with
 sensible units, hit rate, totals, plurals, progress bars only on a terminal, and a quiet
 exit 0 when the reader of a pipe goes away."""
 

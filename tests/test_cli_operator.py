@@ -1,4 +1,4 @@
-"""The operator's CLI (issue 13 items 4 and 6): explicit routing between a daemon and this
+"""The operator's CLI: explicit routing between a daemon and this
 process, ``limits set``, ``stop``, shell completion and ``-v``/``-q`` after the subcommand —
 all through the real CLI in subprocesses, against real daemons on real sockets."""
 
@@ -37,7 +37,7 @@ def _one_line_exit_2(proc: subprocess.CompletedProcess[str], *needles: str) -> s
     return lines[0]
 
 
-# -- item 4: routing is explicit -----------------------------------------------------------
+# -- routing is explicit -----------------------------------------------------------
 
 
 def test_a_mistyped_socket_is_an_error_not_a_silent_local_run(
@@ -133,7 +133,7 @@ def test_routing_does_not_depend_on_option_values(daemon: Daemon, cache_root: Pa
     _one_line_exit_2(named, "--workers", str(daemon.socket_path))
 
 
-# -- item 6: limits set, stop, completion, -v/-q after the subcommand -------------------------
+# -- limits set, stop, completion, -v/-q after the subcommand -------------------------
 
 
 def _toolkit(tmp_path: Path, adk: str = "8.0.RC1", ops: str = "8.0.RC1.b") -> dict[str, str]:

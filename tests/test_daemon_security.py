@@ -1,5 +1,5 @@
-"""Issue 10, the daemon side (items 5 in part, 6, 7, 8, 11 and the systemd unit): each attack
-is run for real — real daemons on real sockets, FIFOs, real Unix users where one is needed
+"""The daemon side of docs/security.md (sections 5 in part, 6, 7, 8, 11 and the systemd unit): each
+attack is run for real — real daemons on real sockets, FIFOs, real Unix users where one is needed
 (the ``users``/``other_runtime`` fixtures, root only), a fake daemon started by an outsider.
 """
 
@@ -71,7 +71,7 @@ def _raw(
     return int(head.split()[1]), json.loads(payload)
 
 
-# --- item 5: serve refuses root; each compile is logged with its caller ------------------------
+# --- security.md 5: serve refuses root; each compile is logged with its caller --------------------
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the refusal concerns root")
@@ -108,7 +108,7 @@ def test_each_compile_is_logged_with_the_callers_credentials(tmp_path: Path) -> 
         d.stop()
 
 
-# --- item 11: JSON that is not a request is a 400 with one line, never an empty reply ---------
+# --- security.md 11: JSON that is not a request is a 400 with one line, never an empty reply ------
 
 NOT_REQUESTS = [
     b"1" * 5000,  # a number of 5000 digits
@@ -147,7 +147,7 @@ def test_json_that_is_not_a_request_gets_400_with_one_line(tmp_path: Path) -> No
         d.stop()
 
 
-# --- item 8: request files never block, must be regular and under a cap -----------------------
+# --- security.md 8: request files never block, must be regular and under a cap --------------------
 
 
 def _source_request(folder: Path) -> tuple[dict, Path]:
@@ -210,7 +210,7 @@ def test_a_request_file_that_is_a_fifo_is_refused_at_once(tmp_path: Path) -> Non
         Client(tmp_path / "none.sock").compile_file(fifo)
 
 
-# --- item 6: the TCP listener ---------------------------------------------------------------
+# --- security.md 6: the TCP listener --------------------------------------------------------------
 
 
 def _token_file(tmp: Path, mode: int = 0o600) -> Path:
@@ -304,7 +304,7 @@ def test_tcp_requests_need_the_token_their_own_host_and_json(tmp_path: Path) -> 
         d.stop()
 
 
-# --- item 7: the client authenticates the daemon -------------------------------------------
+# --- security.md 7: the client authenticates the daemon -------------------------------------------
 
 FAKE_DAEMON = textwrap.dedent(
     """
@@ -455,7 +455,7 @@ def test_the_systemd_unit_scores_ok_with_what_the_daemon_needs(tmp_path: Path) -
     unit = tmp_path / "cachemgr.service"
     unit.write_text(text)
     assert _exposure(unit) <= 3.0
-    # what other items need must still be there: the ambient capability (issue 9) inside the
+    # what other items need must still be there: the ambient capability inside the
     # bounding set (and not reset by a later empty line), user + mount + pid + network
     # namespaces (the sandbox's view; its own process ids; its own network, brought up over
     # netlink)

@@ -1,4 +1,4 @@
-"""Docs a user can follow alone (issue 13 item 7): the README, the documents in ``docs/`` it
+"""Docs a user can follow alone: the README, the documents in ``docs/`` it
 links to and every ``--help`` stand on their own (no references to documents a user does not
 have, no raw markup, no link to a file or heading that is not there), the README's commands
 table is short and names every command, the help explains the option values,

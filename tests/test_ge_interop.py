@@ -1,5 +1,5 @@
 # ruff: noqa: E501  (the table of odd inis reads best one case per line)
-"""cachemgr next to CANN GE on one kernel cache (issue 9): GE's rules for inis, stamps,
+"""cachemgr next to CANN GE on one kernel cache: GE's rules for inis, stamps,
 entries, pre-build jsons, headers and lock files. Every GE-format entry here is written by
 the GE twin (``tests/ge_twin.py``), so nothing needs outside data."""
 
@@ -64,7 +64,7 @@ def gc_json(root: Path, env: dict[str, str], *args: str) -> dict:
     return json.loads(proc.stdout)
 
 
-# --- item 1: the first gc on a CANN host keeps a fresh cache -----------------------------
+# --- the first gc on a CANN host keeps a fresh cache -----------------------------
 
 
 def test_first_gc_on_a_cann_host_keeps_fresh_kernels_and_ge_keeps_them_too(
@@ -228,7 +228,7 @@ def test_the_ini_is_read_again_under_the_eviction_lock(tmp_path: Path) -> None:
     assert len(list((kc / SOC).glob("*.json"))) == 3 and not check.restamped
 
 
-# --- item 2: the same limits as GE on every ini ------------------------------------------
+# --- the same limits as GE on every ini ------------------------------------------
 
 STAMPS = "adk_version=1\nops_version=2\n"
 SEC = "[op_compiler_cache]\n"
@@ -305,7 +305,7 @@ def test_config_applies_and_warns_about_a_unit_suffix(
     assert data["remain_cache_size_ratio"]["value"] == 80
 
 
-# --- item 3: version stamps read where GE reads them -------------------------------------
+# --- version stamps read where GE reads them -------------------------------------
 
 
 @pytest.mark.parametrize("kind", ["old", "new"])
@@ -333,7 +333,7 @@ def test_unknown_installed_version_never_purges(clean_env: dict[str, str], tmp_p
     assert (root / "kernel_cache" / SOC / "te_add_0.json").exists()
 
 
-# --- item 4: GE's pre-build entries are entries ------------------------------------------
+# --- GE's pre-build entries are entries ------------------------------------------
 
 
 def test_pre_build_entries_are_kept_counted_aged_and_hit(
@@ -427,7 +427,7 @@ def test_the_daemon_keeps_pre_build_entries(tmp_path: Path) -> None:
     assert (chip / "te_Mul_cd58_pre.json").exists()  # start-up reclaim, /lookup, /gc kept it
 
 
-# --- item 5: optional parts are optional; GE's validity rules --------------------------------
+# --- optional parts are optional; GE's validity rules --------------------------------
 
 
 def test_an_entry_naming_a_header_it_does_not_have_is_valid(
@@ -462,7 +462,7 @@ def test_ge_validity_rules_upper_case_sha_and_empty_binary(tmp_path: Path) -> No
     assert ge_twin.hit(chip, "te_plain") and ge_twin.hit(chip, "te_dynamic")
 
 
-# --- item 8: lock files that GE may hold are never unlinked ---------------------------------
+# --- lock files that GE may hold are never unlinked ---------------------------------
 
 
 def test_an_entry_lock_ge_has_open_is_never_unlinked(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""Tests of cachemgr.config.ini: CANN's op_cache.ini (SPEC §5, [GE]). Real files in tmp_path."""
+"""Tests of cachemgr.config.ini: CANN's op_cache.ini (docs/design.md#size-limits-and-eviction,
+[GE]). Real files in tmp_path."""
 
 from __future__ import annotations
 
@@ -132,7 +133,7 @@ def test_bad_max_is_a_problem_naming_value_line_and_range(
     cfg = OpCacheIni.load(path)
     assert cfg.max_op_cache_size is None
     assert cfg.remain_cache_size_ratio == 80
-    # the limits GE computes for the same file (issue 9 item 2): warned about, but applied
+    # the limits GE computes for the same file: warned about, but applied
     assert cfg.limits() == (None if ge_max is None else IniLimits(ge_max, 80))
     msg = cfg.problems[0]
     assert len(cfg.problems) == (1 if ge_max is None else 2)

@@ -1,4 +1,4 @@
-"""Issue 14 item 3: what a miss does around its compiler process, pinned on real compiles.
+"""What a miss does around its compiler process, pinned on real compiles.
 
 * a worker reuses the folders of its build folder's mirror tree (no ``mkdir``/``rmdir`` per
   miss) yet a compile only ever sees its own job's folders, and nothing planted survives;

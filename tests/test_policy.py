@@ -1,4 +1,5 @@
-"""The rules as pure functions (SPEC §4, §6, §7): debug bypass, jit_compile, cache modes."""
+"""The rules as pure functions (docs/design.md#cache-modes, #precompiled-binaries,
+#debug-compiles-and-kernel_meta): debug bypass, jit_compile, cache modes."""
 
 from __future__ import annotations
 
@@ -193,7 +194,9 @@ def test_each_frameworks_debug_rule(framework: str, level: int, cached: bool, mo
     )
     assert (d.cache.read, d.cache.write) == (cached, cached), (framework, level)
     assert d.debug.on is not cached
-    if not cached:  # the level's artefacts and flags, as SPEC §7's row gives them
+    # the level's artefacts and flags, as its row of the table gives them
+    # (docs/design.md#debug-compiles-and-kernel_meta)
+    if not cached:
         assert d.debug.keep == LEVEL_ROWS[level].keep and d.debug.flags == LEVEL_ROWS[level].flags
 
 

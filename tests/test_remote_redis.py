@@ -1,4 +1,4 @@
-"""The Redis tier against a real ``redis-server`` (issue 15 items 3, 5, 7, 8a, 8c, 8d)."""
+"""The Redis tier against a real ``redis-server``."""
 
 from __future__ import annotations
 

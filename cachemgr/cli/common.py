@@ -20,7 +20,7 @@ from cachemgr.console import printable as printable
 from cachemgr.constants import MAX_SECONDS
 from cachemgr.errors import CacheMgrError, ConfigError
 
-if TYPE_CHECKING:  # imported where used: `cachemgr --help` needs neither (issue 14 item 1)
+if TYPE_CHECKING:  # imported where used: `cachemgr --help` needs neither
     from cachemgr.client import Client
     from cachemgr.config.options import Settings
 
@@ -100,7 +100,7 @@ def _with_settings_options(func: F, soc: bool) -> F:
 
 
 def remote_option(func: F) -> F:
-    """Add ``--remote URL`` (repeatable): the remote tiers, in lookup order (issue 15 item 2).
+    """Add ``--remote URL`` (repeatable): the remote tiers, in lookup order.
     Given, it replaces ``CACHEMGR_REMOTE_STORAGE`` and ``[remote] storage``."""
     return click.option(
         "--remote",
@@ -125,7 +125,7 @@ def load_settings(
     **extra: Any,
 ) -> Settings:
     """Resolve settings from the command line and environment; print each problem as a
-    warning line on stderr (SPEC §1)."""
+    warning line on stderr (docs/design.md#options-and-their-origins)."""
     cli = {
         "op_compiler_cache_dir": op_compiler_cache_dir,
         "host_id": host_id,
@@ -259,7 +259,7 @@ def route(
     settings: Settings,
     local_only: str | None = None,
 ) -> Route:
-    """Decide explicitly where a command runs (issue 13 item 4).
+    """Decide explicitly where a command runs.
 
     * ``--local``: in this process.
     * ``--socket PATH`` or ``$CACHEMGR_SOCKET``: that daemon, or an error (exit 2) when
@@ -309,7 +309,7 @@ def route(
     ours = str(settings.layout.kernel_cache_dir)
     try:
         # the answer with sections is the one a compile's local preparation asks for next:
-        # remembered by the client, one round trip serves both (issue 14 item 1)
+        # remembered by the client, one round trip serves both
         their_settings = client.config(sections=True)["settings"]
         theirs = their_settings["kernel_cache_dir"]["value"]
     except UntrustedDaemon:  # a socket of a stranger: refused, never silently local (exit 2)

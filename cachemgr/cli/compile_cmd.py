@@ -1,4 +1,4 @@
-"""``cachemgr compile`` (an in-process compile queue) and ``cachemgr pack`` (issue 4)."""
+"""``cachemgr compile`` (an in-process compile queue) and ``cachemgr pack``."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from cachemgr.errors import CacheMgrError, InvalidInputError
 from cachemgr.storage import safeio
 from cachemgr.storage.counters import CounterBook
 
-if TYPE_CHECKING:  # the hit path imports only what a hit needs (issue 14 item 1)
+if TYPE_CHECKING:  # the hit path imports only what a hit needs
     from concurrent.futures import Future
 
     from cachemgr.client import Client
@@ -235,7 +235,7 @@ def compile_cmd(
 
     remote_cfg = remote_config.from_settings(settings, list(remotes))
     tiers = None
-    if remote_cfg.remotes:  # the tiers' clients only when configured (a lean hit: issue 14)
+    if remote_cfg.remotes:  # the tiers' clients only when configured (a lean hit)
         from cachemgr.daemon.state import remotes_state_dir
         from cachemgr.remote.tierset import RemoteTiers
 
@@ -327,7 +327,7 @@ def _compile_via_daemon(
     import uuid
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
-    session = uuid.uuid4().hex  # force clears once per run, as in-process (issue 11 item 5)
+    session = uuid.uuid4().hex  # force clears once per run, as in-process
 
     def one(path: Path) -> CompileOutcome | CacheMgrError:
         try:
@@ -377,7 +377,7 @@ def _compile_via_daemon(
 
 
 def _report(outcome: CompileOutcome, as_json: bool, where: Route) -> None:
-    if outcome.warning:  # e.g. compiled but not cached: a read-only root (issue 10 item 12)
+    if outcome.warning:  # e.g. compiled but not cached: a read-only root
         click.echo(f"cachemgr: warning: {outcome.warning}", err=True)
     if outcome.note and not as_json:  # e.g. force: local only, remote tiers untouched
         click.echo(f"cachemgr: note: {outcome.note}", err=True)
@@ -457,7 +457,7 @@ def pack_cmd(
                 if kernel in named.get(chip, []):
                     raise  # named on the command line: an error
                 # --all: e.g. GE's dynamic-shape entries (supportInfo without opType and
-                # staticKey) cannot be packed; say so and go on (issue 9 item 9)
+                # staticKey) cannot be packed; say so and go on
                 warning(f"pack: skipped {kernel}: {exc}")
     written = list(dict.fromkeys(written))  # a config file shared by several kernels
     if as_json:

@@ -1,4 +1,5 @@
-"""``cachemgr config``: every resolved value with its origin (SPEC §1, like ``ccache -p``)."""
+"""``cachemgr config``: every resolved value with its origin
+(docs/design.md#options-and-their-origins, like ``ccache -p``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""``cachemgr ls`` and ``cachemgr verify`` (SPEC §3): read the cache without touching atimes."""
+"""``cachemgr ls`` and ``cachemgr verify`` (docs/design.md#cache-entries): read the cache without
+touching atimes."""
 
 from __future__ import annotations
 
@@ -179,7 +180,7 @@ def _report_json(report: VerifyReport) -> dict[str, Any]:
 
 
 def _remote_rows(settings: Any, remotes: tuple[str, ...] = ()) -> list[dict[str, Any]]:
-    """Each remote's state (issue 15 item 8e): one cheap request each (Redis ``DBSIZE``,
+    """Each remote's state: one cheap request each (Redis ``DBSIZE``,
     HTTP ``HEAD``), never a download; the remotes' contents are verified when fetched."""
     config = remote_config.from_settings(settings, list(remotes))  # ConfigError: exit 2
     tiers = RemoteTiers.from_config(config, stat_only=True)  # no key needed to ask DBSIZE
@@ -206,7 +207,7 @@ def verify_cmd(as_json: bool, repair: bool, remotes: tuple[str, ...], **kw: Any)
     remove) or a chip folder could not be read; 2 bad input or configuration.
     """
     settings = load_settings(writable=repair, **kw)
-    if repair:  # it removes files: the daemon's lock checks first (issue 12 item 11)
+    if repair:  # it removes files: the daemon's lock checks first
         values = {k: kw.get(k) for k in ("op_compiler_cache_dir", "host_id", "soc_version")}
         settings = checked_for_writing(settings, values, kw.get("config_file"))
     reports, unreadable = [], []

@@ -1,4 +1,5 @@
-"""``cachemgr gc``, ``stats`` and ``purge`` (SPEC §5): the eviction engine's commands.
+"""``cachemgr gc``, ``stats`` and ``purge`` (docs/design.md#size-limits-and-eviction): the eviction
+engine's commands.
 
 Limits with a problem: when ``Settings.problems`` is not empty (an invalid ``op_cache.ini``
 or env value), ``gc`` prints every warning and then evicts with the fallback values, as GE
@@ -235,14 +236,14 @@ def gc_cmd(
 
 
 def _writable(settings: Settings, kw: dict[str, Any]) -> Settings:
-    """The daemon's access and lock checks before this process writes (issue 12 item 11)."""
+    """The daemon's access and lock checks before this process writes."""
     values = {k: kw.get(k) for k in ("op_compiler_cache_dir", "host_id", "soc_version")}
     return checked_for_writing(settings, values, kw.get("config_file"))
 
 
 def _count_evictions(kernel_cache_dir: Path, report: GcResult) -> None:
-    """Add a local run's evictions to the cache's counters (SPEC §10; the daemon counts its
-    own runs)."""
+    """Add a local run's evictions to the cache's counters (docs/design.md#counters; the daemon
+    counts its own runs)."""
     counters = CacheCounters(kernel_cache_dir)
     for soc, folder in report.chip_folders.items():
         if folder.dry_run or folder.skipped:
@@ -258,7 +259,8 @@ def _print_gc(report: GcResult, as_json: bool) -> None:
         emit_json(report.to_json())
         return
     for one in [report, *(report.other_kernel_caches or {}).values()]:
-        if one is not report:  # SPEC §2: the other kernel caches under ASCEND_CACHE_PATH
+        # the other kernel caches under ASCEND_CACHE_PATH (docs/design.md#where-the-cache-lives)
+        if one is not report:
             click.echo(f"== {one.kernel_cache_dir}")
         _print_gc_one(one)
 
@@ -426,7 +428,8 @@ def _note_daemon_counters(settings: Settings) -> None:
 
 
 def _other_stats(settings: Any) -> dict[str, dict[str, ChipStats]]:
-    """Per chip folder figures of the other governed kernel caches (SPEC §2), by path."""
+    """Per chip folder figures of the other governed kernel caches
+    (docs/design.md#where-the-cache-lives), by path."""
     out = {}
     for kc in settings.other_kernel_caches():
         other = options.settings_for(settings, kc, os.environ)

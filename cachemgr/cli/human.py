@@ -1,4 +1,4 @@
-"""Output for people (issue 13 item 5), like ccache's: sizes in sensible units, correct
+"""Output for people, like ccache's: sizes in sensible units, correct
 plurals, aligned tables, progress bars on a terminal only, and a quiet exit when the reader
 of a pipe (``cachemgr ls | head``) has gone."""
 

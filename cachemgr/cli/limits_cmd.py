@@ -1,5 +1,5 @@
 """``cachemgr limits show|set``: the size limits of a kernel cache, and writing them to
-``op_cache.ini`` — the counterpart of ``ccache -M`` (issue 13 item 6).
+``op_cache.ini`` — the counterpart of ``ccache -M``.
 
 ``limits set`` writes GE's file exactly as GE reads it (section ``[op_compiler_cache]``,
 keys ``max_op_cache_size`` and ``remain_cache_size_ratio``) and always with the installed

@@ -24,7 +24,7 @@ from cachemgr.daemon import main as daemon_main
 from cachemgr.errors import CacheMgrError
 from cachemgr.storage import fsutil
 
-#: The daemon's log line outside journald: every line carries its time (issue 12 item 7).
+#: The daemon's log line outside journald: every line carries its time.
 TIMESTAMPED = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 

@@ -1,4 +1,4 @@
-"""``cachemgr warm``: fill this host's chip folders from the remote tiers (issue 15 item 6)."""
+"""``cachemgr warm``: fill this host's chip folders from the remote tiers."""
 
 from __future__ import annotations
 

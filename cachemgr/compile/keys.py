@@ -1,4 +1,5 @@
-"""What makes a kernel unique: the cache key and the kernel name (layer 6; SPEC §3.2).
+"""What makes a kernel unique: the cache key and the kernel name (layer 6;
+docs/design.md#keys-and-manifests).
 
 The key is the SHA-256 of a canonical serialisation (JSON, sorted keys, no whitespace,
 UTF-8) of everything that changes the binary:
@@ -23,7 +24,8 @@ GE, a model hash in vLLM-Ascend); :data:`KEY_FIELDS` lists them and the tests ch
 The *base key* is the key of everything but the headers: it names the header manifest
 (:mod:`cachemgr.storage.manifest`) telling, without running the preprocessor, which headers to hash.
 
-The kernel name is ``te_<op_type lower-cased>_<key>`` (GE's shape of name, SPEC §3.1).
+The kernel name is ``te_<op_type lower-cased>_<key>`` (GE's shape of name,
+docs/design.md#files-of-an-entry).
 """
 
 from __future__ import annotations
@@ -79,7 +81,8 @@ RACY_S = 2.0
 
 
 def canonical(material: Mapping[str, Any]) -> bytes:
-    """The canonical serialisation: JSON with sorted keys, no whitespace, UTF-8 (SPEC §3.2).
+    """The canonical serialisation: JSON with sorted keys, no whitespace, UTF-8
+    (docs/design.md#keys-and-manifests).
 
     :raises InvalidInputError: for a value that is not plain JSON (NaN, infinity, objects).
     """
@@ -96,7 +99,7 @@ def source_sha256(path: Path) -> str:
     """Hex SHA-256 of the file ``path`` (see :func:`cachemgr.compile.inputs.file_digest`).
 
     The file is opened non-blocking without following a link and must be a regular file of
-    at most ``max_bytes`` (issue 10, item 8: a source swapped for a FIFO behind the
+    at most ``max_bytes`` (a source swapped for a FIFO behind the
     parsed-request cache must not block a thread).
 
     :raises InvalidInputError: when the source cannot be read or is not a regular file of at
@@ -139,7 +142,7 @@ def key_material(
     environment: Mapping[str, str] | None = None,
     native: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Everything that changes the binary, as plain JSON values (SPEC §3.2).
+    """Everything that changes the binary, as plain JSON values (docs/design.md#keys-and-manifests).
 
     :param inputs: the snapshot of the source and headers (a bare source digest gives the
         material without paths and headers: the tests' shorthand).
@@ -228,7 +231,8 @@ def base_key(material: Mapping[str, Any], request: CompileRequest) -> str:
 
 
 def kernel_name(op_type: str, key: str) -> str:
-    """``te_<op_type lower-cased>_<key>`` (SPEC §3.1, §3.2)."""
+    """``te_<op_type lower-cased>_<key>`` (docs/design.md#files-of-an-entry,
+    #keys-and-manifests)."""
     return f"te_{op_type.lower()}_{key}"
 
 

@@ -1,13 +1,15 @@
 """The compile queue: a worker pool with priorities, timeouts, single-flight, cancel and a safe
-``force`` (layer 7; SPEC §4, §6, §7; issue 4).
+``force`` (layer 7; docs/design.md#cache-modes, #precompiled-binaries,
+#debug-compiles-and-kernel_meta).
 
 ``submit(request)`` decides everything up front (:func:`cachemgr.compile.build.prepare`), answers in
-the caller's thread when it can — a precompiled binary (SPEC §6) or a verified cache hit (SPEC
-§3.3) — and otherwise hands a job to the pool. It returns a
+the caller's thread when it can — a precompiled binary (docs/design.md#precompiled-binaries) or a
+verified cache hit (docs/design.md#writing-and-reading-an-entry) — and otherwise hands a job to the
+pool. It returns a
 :class:`concurrent.futures.Future` that resolves to a :class:`CompileOutcome`:
 
 * **priorities**: a higher ``priority`` runs sooner; equal priorities run in submit order;
-* **fairness** (issue 10, item 10): within one priority, callers (``submit(caller=…)``, the
+* **fairness**: within one priority, callers (``submit(caller=…)``, the
   daemon passes the caller's uid) take turns — each new job of a caller is stamped one turn
   after that caller's previous one (start-time fair queueing), so a caller with 10,000 queued
   jobs delays another caller's job by about one compile per busy caller, not 10,000; and a
@@ -28,7 +30,7 @@ the caller's thread when it can — a precompiled binary (SPEC §6) or a verifie
   same: a worker takes it, looks up again, and only then compiles;
 * **cancel**: ``future.cancel()`` removes that caller; a job whose callers have all gone before
   it started is dropped (a started compile finishes and is cached — nothing is wasted);
-* **force** (SPEC §4, issue 11 item 5): the first ``force`` request of a *session* for a chip
+* **force** (docs/design.md#cache-modes): the first ``force`` request of a *session* for a chip
   clears it — a session is one ``cachemgr compile`` run (all its requests), one daemon
   ``/compile`` call unless the caller names a session, one queue when none is given. It
   notes the entries present, takes the chip folder's exclusive lock
@@ -36,7 +38,7 @@ the caller's thread when it can — a precompiled binary (SPEC §6) or a verifie
   the lock shared) finish and publish, then only the entries noted are removed — a kernel an
   in-flight compile has just published and reported is kept — then work resumes.
   ``replace=True`` is the per-request "recompile and replace this one entry".
-* **snapshots** (issue 11 item 1): a job holds the bytes of its source and headers taken
+* **snapshots**: a job holds the bytes of its source and headers taken
   when submitted (:func:`cachemgr.compile.build.freeze`); the compile reads those bytes, so an
   edit made while the job waits changes nothing it builds or the key it is stored under.
 """
@@ -68,7 +70,7 @@ from cachemgr.compilers import process
 from cachemgr.config.options import Settings
 from cachemgr.errors import CacheMgrError, CompileError, InvalidInputError, OutputFolderError
 
-if TYPE_CHECKING:  # publishing is a miss's work: not imported on the hit path (issue 14)
+if TYPE_CHECKING:  # publishing is a miss's work: not imported on the hit path
     from cachemgr.compile import publisher
     from cachemgr.remote.tierset import RemoteTiers
     from cachemgr.storage.events import Events
@@ -117,8 +119,8 @@ class CompileQueue:
     :param output_dir: where kernels compiled without the cache (``disable``) are written;
         default a private temp folder made on first use (:attr:`output_dir`), left for the
         caller.
-    :param binary_dirs: precompiled package roots (SPEC §6) before those of the config file
-        (``[precompiled] paths``) and ``$ASCEND_OPP_PATH``'s built-in one.
+    :param binary_dirs: precompiled package roots (docs/design.md#precompiled-binaries) before those
+        of the config file (``[precompiled] paths``) and ``$ASCEND_OPP_PATH``'s built-in one.
     :param lock_timeout_s: how long to wait for an entry or chip lock, seconds (default:
         twice ``timeout_s`` plus a minute: another process may be compiling that entry).
     :param max_queued_per_caller: jobs one caller may have queued or running (None: no
@@ -206,12 +208,12 @@ class CompileQueue:
         (``failed`` with the compiler's message on a compile error, never an exception).
 
         :param priority: higher runs sooner.
-        :param replace: recompile and replace this one entry (SPEC §4).
+        :param replace: recompile and replace this one entry (docs/design.md#cache-modes).
         :param session: ``force`` clears a chip once per session (default: once per queue).
         :param inputs: the frozen snapshot a caller sent (the daemon); default: the request's
             files are read here.
         :param deliver: debug artefacts and ``disable`` kernels go to a private folder of the
-            job, for the caller to write where it wants (the daemon, issue 11 item 6); else
+            job, for the caller to write where it wants (the daemon); else
             to ``kernel_meta`` and the output folder, checked writable first.
         :raises InvalidInputError: a bad ``.cfg``, option or define, an unreadable source or
             header, a source that keeps changing while it is read (nothing is done).
@@ -241,7 +243,7 @@ class CompileQueue:
                     prepared = dataclasses.replace(prepared, note=note)
             outputs = prepared.decision.debug.on or not prepared.decision.cache.write
             if deliver and outputs:
-                import uuid  # here: it imports platform (issue 14 item 1)
+                import uuid  # here: it imports platform
 
                 prepared = dataclasses.replace(prepared, deliver=uuid.uuid4().hex)
             elif prepared.decision.debug.on:
@@ -373,8 +375,8 @@ class CompileQueue:
             return self.force_clear(p, session)
 
     def force_clear(self, p: Prepared, session: str | None = None) -> int:
-        """SPEC §4's safe ``force`` for ``p``'s chip: close the gate for new work, take the
-        chip lock exclusive (in-flight compiles finish first), clear, reopen.
+        """The safe ``force`` (docs/design.md#cache-modes) for ``p``'s chip: close the gate for new
+        work, take the chip lock exclusive (in-flight compiles finish first), clear, reopen.
 
         :returns: entries removed.
         :raises LockBusyError: the chip lock was not obtained within the lock timeout.
@@ -583,7 +585,7 @@ class CompileQueue:
             return len(self._flights)
 
     def figures(self) -> dict[str, int]:
-        """The queue's own figures (issue 13 item 3): ``queued`` jobs waiting for a worker,
+        """The queue's own figures: ``queued`` jobs waiting for a worker,
         ``running`` jobs a worker is compiling, and ``waited``: requests so far that joined a
         job already queued or running for the same kernel instead of starting their own."""
         with self._lock:
@@ -673,7 +675,7 @@ class CompileQueue:
         self.close()
 
 
-#: ``tally(chip_dir, counter, amount)``: the cache counters' hook (SPEC §10).
+#: ``tally(chip_dir, counter, amount)``: the cache counters' hook (docs/design.md#counters).
 Tally = Callable[[Path | None, str, int], None]
 
 

@@ -1,11 +1,13 @@
-"""Compiler backends: one small interface over every real compiler (SPEC §8, layer 6).
+"""Compiler backends: one small interface over every real compiler (docs/design.md#compilers, layer
+6).
 
 The pattern is filelock's: :class:`CompilerBackend` owns everything that is the same for every
 compiler — validating the job, running the compiler in its own process group with a timeout,
 checking that a binary came out and that it really holds the entry symbol, writing the
-``.cce`` / ``*_loc.json`` artefacts (SPEC §7) and the CANN-shaped kernel json (SPEC §3.1). A
-backend module (``host``, ``cuda``, ``template``) only says where its compiler is, which argv
-compiles a job, and how debug flags map to its own flags.
+``.cce`` / ``*_loc.json`` artefacts (docs/design.md#debug-compiles-and-kernel_meta) and the
+CANN-shaped kernel json (docs/design.md#files-of-an-entry). A backend module (``host``, ``cuda``,
+``template``) only says where its compiler is, which argv compiles a job, and how debug flags map to
+its own flags.
 
 Process rules (:mod:`.process`): the compiler runs in its own process group; on timeout, on
 any interruption and after it exits the whole group gets ``SIGKILL``, so a compile never
@@ -34,13 +36,15 @@ from cachemgr.storage import fsutil, safeio
 
 log = logging.getLogger(__name__)
 
-#: Backend-neutral debug flags the policy layer may ask for (SPEC §7 table): ``O0`` and ``g``
-#: (levels 2, ``ccec_O0``/``ccec_g``), ``oom`` (out-of-bounds checks), ``instrument`` (level 1
-#: debug instrumentation), ``check_flag`` (sync-flag checks). Each backend maps what its
-#: compiler has and logs what it has no equivalent for.
+#: Backend-neutral debug flags the policy layer may ask for
+#: (docs/design.md#debug-compiles-and-kernel_meta table): ``O0`` and ``g`` (levels 2,
+#: ``ccec_O0``/``ccec_g``), ``oom`` (out-of-bounds checks), ``instrument`` (level 1 debug
+#: instrumentation), ``check_flag`` (sync-flag checks). Each backend maps what its compiler has and
+#: logs what it has no equivalent for.
 DEBUG_FLAGS = frozenset({"O0", "g", "oom", "instrument", "check_flag"})
-#: Extra artefacts the policy layer may ask for (SPEC §7): ``cce`` → ``<out_name>.cce`` (the
-#: preprocessed source as compiled), ``loc`` → ``<out_name>_loc.json`` (source line → address).
+#: Extra artefacts the policy layer may ask for (docs/design.md#debug-compiles-and-kernel_meta):
+#: ``cce`` → ``<out_name>.cce`` (the preprocessed source as compiled), ``loc`` →
+#: ``<out_name>_loc.json`` (source line → address).
 EMITS = frozenset({"cce", "loc"})
 #: Source languages some backend accepts.
 LANGUAGES = frozenset({"c", "cpp", "cuda", "cce"})
@@ -80,7 +84,7 @@ class CompileJob:
     extra_flags: tuple[str, ...] = ()
     depfile: Path | None = None
     #: keep the json in memory (:attr:`CompileResult.doc`) instead of writing ``json_path``:
-    #: a publish takes the document itself (issue 14 item 3: a temp file, a rename, a read
+    #: a publish takes the document itself (a temp file, a rename, a read
     #: back and an unlink less per miss)
     json_in_memory: bool = False
     #: the folder that mirrors the user's files by their absolute paths
@@ -156,7 +160,7 @@ class CompileResult:
 #: Compiler identities by (backend, executable, inode, size, mtime): one per compiler.
 _identity_cache: Memo[tuple[object, ...], CompilerIdentity] = Memo("compiler identities", 256)
 #: Version lines kept on disk between processes (entries), so a one-shot ``cachemgr compile``
-#: hit runs no ``--version`` (issue 14 item 1).
+#: hit runs no ``--version``.
 _IDENTITY_FILE_ENTRIES = 64
 
 

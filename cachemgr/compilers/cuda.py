@@ -1,4 +1,5 @@
-"""CUDA backend: nvcc → cubin for one SM architecture (SPEC §8; no GPU needed to compile).
+"""CUDA backend: nvcc → cubin for one SM architecture (docs/design.md#compilers; no GPU needed to
+compile).
 
 Compiler: ``config["nvcc"]``, else ``nvcc`` on PATH, else the ``nvcc`` of the PyPI
 ``nvidia-cuda-nvcc`` wheel (``nvidia/cu13/bin`` for CUDA 13, ``nvidia/cuda_nvcc/bin`` for 12),

@@ -1,4 +1,4 @@
-"""Host C/C++ backend: gcc or clang → relocatable ELF object ``.o`` (SPEC §8).
+"""Host C/C++ backend: gcc or clang → relocatable ELF object ``.o`` (docs/design.md#compilers).
 
 Compiler: ``config["cc"]`` (a path or a name on PATH), else the first of ``gcc``, ``clang``,
 ``cc`` on PATH. Command: ``<cc> -x c|c++ -c -fPIC -O2 <-I...> <extra flags> <debug flags>

@@ -1,4 +1,5 @@
-"""Source line → binary address maps (the ``*_loc.json`` of SPEC §7), from DWARF line tables.
+"""Source line → binary address maps (the ``*_loc.json`` of
+docs/design.md#debug-compiles-and-kernel_meta), from DWARF line tables.
 
 The map is read from the ``.debug_line`` section of the binary just produced, decoded by GNU
 ``readelf --debug-dump=decodedline`` (binutils ships wherever gcc does; it decodes host objects

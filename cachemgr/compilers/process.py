@@ -2,7 +2,7 @@
 
 The compiler runs in a process group of its own (``process_group=0``), so it and everything
 it spawns (``cc1``, ``as``, ``cicc``, ``ptxas``, a wrapper script's children) share one process
-group whose id is the compiler's pid. Not a new session (``setsid``, as before issue 14 item 3):
+group whose id is the compiler's pid. Not a new session (``setsid``, as it once was):
 with the kernel's autogroup scheduling each session is a CPU group of its own, and on the
 shared 2-core host a compiler in a fresh one ran 5-8 % slower under load than the same argv
 run by ``subprocess.run`` (median paired ratios of 120 interleaved runs); the group is all the
@@ -52,9 +52,8 @@ def use_sandbox(box: Any) -> None:
 def for_own_user(own: bool) -> Iterator[None]:
     """Within the block, this thread's compiler processes are for the daemon's own user
     (``own``): the sandbox's limits apply, its view (bubblewrap) does not — it hides only
-    files that such a caller may read anyway (issue 14 item 3: ~6 ms per compiler
-    process). Everyone else's — and any process outside such a block — runs in it (issue 10
-    item 5)."""
+    files that such a caller may read anyway (~6 ms per compiler
+    process). Everyone else's — and any process outside such a block — runs in it."""
     old = getattr(_caller, "own", False)
     _caller.own = own
     try:
@@ -128,7 +127,7 @@ def _communicate(proc: subprocess.Popen[bytes], timeout_s: float) -> tuple[bytes
     pidfd in the same ``epoll`` as the pipes. ``Popen.wait`` with a timeout (Python 3.11)
     polls ``waitpid`` with sleeps doubling from 0.5 to 50 ms, and the compiler has usually
     closed its pipes a moment before it exits: under load that cost a median ~10 ms per
-    compiler process against ``subprocess.run`` (issue 14 item 3). Falls back to
+    compiler process against ``subprocess.run``. Falls back to
     ``communicate`` where pidfds are missing (Linux < 5.3).
 
     :raises subprocess.TimeoutExpired: after ``timeout_s`` seconds (the pipes stay open).

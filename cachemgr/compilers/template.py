@@ -1,4 +1,5 @@
-"""Command-template backend for the CANN toolchain (``ccec`` / ``bisheng``), SPEC §8.
+"""Command-template backend for the CANN toolchain (``ccec`` / ``bisheng``),
+docs/design.md#compilers.
 
 Config keys:
 

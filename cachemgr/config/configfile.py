@@ -1,5 +1,4 @@
-"""The config file's schema: one typed model for every table of ``config/cachemgr.toml``
-(issue 13 item 1).
+"""The config file's schema: one typed model for every table of ``config/cachemgr.toml``.
 
 Each table is a frozen dataclass (:class:`DaemonConfig`, :class:`SandboxTable`,
 :class:`CompilersTable`, :class:`PrecompiledTable`, :class:`ToolkitTable`) whose fields are
@@ -31,7 +30,7 @@ from cachemgr.storage import safeio
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
-#: ``[daemon] lock_fallback`` values (SPEC §9).
+#: ``[daemon] lock_fallback`` values (docs/design.md#sharing-and-locking).
 LOCK_FALLBACKS = ("refuse", "local")
 #: Largest config file read (bytes): ``--config /dev/zero``, a FIFO or a sparse giant (a
 #: careless ``CACHEMGR_CONFIG``) hung every command reading it, and ate memory.
@@ -142,7 +141,7 @@ class DaemonConfig:
     # reports what it did: members holding the locks of bad entries cost 5 s each
     gc_deadline_s: float = 600.0
     evict_debounce_s: float = 2.0  # crossing the limit schedules eviction this much later
-    # ...but however many file events follow, no later than this after the first (issue 12)
+    # ...but however many file events follow, no later than this after the first
     evict_max_delay_s: float = 10.0
     # how often the inotify watches are checked against the folders (re-armed after an
     # rm -rf, new chip folders armed); also the governance heartbeat
@@ -174,21 +173,22 @@ class DaemonConfig:
     tcp_port: int = field(default=0, metadata=rule("int", 0, 65535))
     max_body_bytes: int = 1 << 20
     stop_timeout_s: float = 600.0  # SIGTERM: how long running compiles may take to finish
-    # SPEC §9: what to do when fcntl locks do not work on the cache root (checked at start):
-    # "refuse" to start, or "local": serve a cache on local disk instead, and say so
+    # docs/design.md#sharing-and-locking: what to do when fcntl locks do not work on the cache root
+    # (checked at start): "refuse" to start, or "local": serve a cache on local disk instead, and
+    # say so
     lock_fallback: str = field(default="refuse", metadata=rule("str", choices=LOCK_FALLBACKS))
     # the root of that local cache; "" = $CACHE_DIRECTORY (systemd) or ~/.cache/cachemgr
     local_cache_dir: str = ""
     # how long a compile waits for another process (or host) compiling the same kernel, then
     # compiles it itself (seconds); 0 = twice the compile timeout plus a minute
     lock_wait_s: float = 0.0
-    # completed debug outputs in kernel_meta are the users' and stay (issue 11 item 7); > 0:
+    # completed debug outputs in kernel_meta are the users' and stay; > 0:
     # a dead process's output folder whose newest file is older than this goes (seconds)
     kernel_meta_retention_s: float = 0.0
     # the user the daemon runs as (e.g. "cachemgr"): the CLI, given this config, trusts its
-    # socket besides the caller's own and root's (issue 10, item 7); "" = none
+    # socket besides the caller's own and root's; "" = none
     user: str = ""
-    # issue 10: the secret the TCP listener requires (a 0600 file of the daemon's user);
+    # The secret the TCP listener requires (a 0600 file of the daemon's user);
     # without it the TCP listener does not start
     tcp_token_file: str = ""
     # connections held at once, in all and per caller uid; a silent connection is closed
@@ -292,7 +292,8 @@ class CompilersTable:
 
 @dataclass(frozen=True)
 class PrecompiledTable:
-    """``[precompiled]``: packages of precompiled kernels (SPEC §6), searched before
+    """``[precompiled]``: packages of precompiled kernels (docs/design.md#precompiled-binaries),
+    searched before
     ``$ASCEND_OPP_PATH``'s built-in ones."""
 
     paths: tuple[str, ...] = field(default=(), metadata=rule("list_str", text="a list of paths"))
@@ -308,7 +309,7 @@ class ToolkitTable:
 
 @dataclass(frozen=True)
 class RemoteTable:
-    """``[remote]``: remote storage tiers (issue 15; parsed by ``cachemgr.remote.config``,
+    """``[remote]``: remote storage tiers (parsed by ``cachemgr.remote.config``,
     which also reads ``CACHEMGR_REMOTE_STORAGE``). Passwords in ``storage`` are redacted
     wherever the table is shown (:meth:`ConfigFile.rows`)."""
 
@@ -318,8 +319,8 @@ class RemoteTable:
     upload_queue: int = field(default=256, metadata=rule("int", 1))
     failures_before_open: int = field(default=3, metadata=rule("int", 1))
     open_s: float = field(default=30.0, metadata=rule("float", 0.001))
-    #: entries per chip the daemon downloads from the remotes' index (0 = off; issue 15
-    #: item 6), into ``prefetch_socs`` (default: the chip folders present, ``soc_version``)
+    #: entries per chip the daemon downloads from the remotes' index (0 = off),
+    #: into ``prefetch_socs`` (default: the chip folders present, ``soc_version``)
     prefetch: int = field(default=0, metadata=rule("int", 0))
     prefetch_socs: tuple[str, ...] = field(
         default=(), metadata=rule("list_str", text="a list of chip names like 'Ascend910B1'")
@@ -340,7 +341,7 @@ class RemoteTable:
 
 def redact_url(text: str) -> str:
     """``text`` with the password of a ``scheme://user:password@host`` URL replaced by
-    ``********`` (issue 15 item 2: never shown by ``config``, logs or errors)."""
+    ``********`` (never shown by ``config``, logs or errors)."""
     head, sep, rest = text.partition("://")
     if not sep or "@" not in rest.split("/", 1)[0].split("|", 1)[0]:
         return text
@@ -451,7 +452,7 @@ def empty() -> ConfigFile:
 
 
 # patterns, compiled on first use by re's own cache (a run without a config file, such as a
-# CLI hit, compiles none: issue 14 item 1)
+# CLI hit, compiles none)
 _HEADER = r"^\s*\[\s*([A-Za-z0-9_.\"' -]+?)\s*\]\s*(#.*)?$"
 _KEY = r"^\s*([A-Za-z0-9_-]+|\"[^\"]*\"|'[^']*')\s*[.=]"
 _DOTTED = r"^\s*([A-Za-z0-9_-]+)\s*\.\s*([A-Za-z0-9_-]+)\s*="

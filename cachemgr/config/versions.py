@@ -1,5 +1,5 @@
 """Toolkit upgrades: compare the installed CANN versions with ``op_cache.ini``'s stamps
-(layer 5; SPEC §5, [GE]).
+(layer 5; docs/design.md#size-limits-and-eviction, [GE]).
 
 Where the installed versions come from — GE's own rule (``common/te_config_info.cc``,
 ``TeConfigInfo::InitAdkAndOppVersion`` and ``GetVersionFromVersionFile``):

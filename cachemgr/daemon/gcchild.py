@@ -1,4 +1,4 @@
-"""The daemon's gc of chip folders, run in a child process (issue 14 item 5).
+"""The daemon's gc of chip folders, run in a child process.
 
 Why a child: :func:`cachemgr.eviction.gc_chip` scans a chip folder into one Python object per
 entry and file (``entry.scan_chip``: about 1.1 KiB per entry, measured at 1,000,000 entries).
@@ -12,7 +12,8 @@ What stays exactly as it was:
 
 * the run itself: the child calls the same :func:`~cachemgr.eviction.gc_chip` with the same
   arguments, so ``op_cache_file_del.lock`` and each entry's ``.lock`` are taken with the same
-  fcntl record locks, without waiting, as CANN takes them (SPEC §3.3, §5; GE
+  fcntl record locks, without waiting, as CANN takes them
+  (docs/design.md#writing-and-reading-an-entry, #size-limits-and-eviction; GE
   ``te_cache_space_manager.cc``). The lock belongs to the child while it runs; the kernel
   drops it when the child exits or is killed, as for a killed CANN process;
 * the daemon's lock on an entry (a compile of the daemon publishing it) now also excludes
@@ -20,8 +21,8 @@ What stays exactly as it was:
   per-path thread lock of :class:`~cachemgr.storage.fsutil.FcntlLock`;
 * its log lines: each record the child logs is sent back and logged by the daemon's logger
   of the same name, at the same level (timestamps and handlers are the daemon's);
-* the state the daemon keeps between runs: ``first_seen`` (future access times, issue 12
-  item 1) goes to the child and comes back; "warned once per folder" about clock skew is
+* the state the daemon keeps between runs: ``first_seen`` (future access times)
+  goes to the child and comes back; "warned once per folder" about clock skew is
   decided by the daemon.
 
 Failures are one log line each and the daemon goes on serving: an error of one chip folder

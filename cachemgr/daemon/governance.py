@@ -1,4 +1,5 @@
-"""Continuous governance of the cache (SPEC §5, §7, §9; issue 5 item 3).
+"""Continuous governance of the cache (docs/design.md#size-limits-and-eviction,
+#debug-compiles-and-kernel_meta, #sharing-and-locking).
 
 * a watchdog observer on the kernel cache keeps :class:`UsageIndex` current from this host's
   writes; crossing a chip folder's limit schedules eviction (debounced, in the scheduler's
@@ -7,7 +8,7 @@
   the reaper (temp files, dead locks, orphans, ``kernel_meta`` folders of dead processes) and
   the saving of counters.
 
-Issue 12 (governance that degrades loudly and recovers by itself):
+Governance degrades loudly and recovers by itself (docs/troubleshooting.md#degraded-states):
 
 * the first full scan (reclaim, then the usage index) runs in the background: the daemon
   serves at once, and :attr:`Governance.scan` shows the progress in ``status`` and ``stats``;
@@ -21,11 +22,11 @@ Issue 12 (governance that degrades loudly and recovers by itself):
 * one summary line per eviction (folder, entries, bytes, before → after, seconds); the names
   only at debug level (a journal line holds 48 KiB).
 
-Issue 14 item 5 (1,000,000 entries in ≤ 100 MB): the daemon holds the usage index (an SQLite
-table, :mod:`cachemgr.daemon.usage`) and never a scan of a chip folder. The reclaim pass, the
-evictions it schedules and ``/gc`` run :func:`~cachemgr.eviction.gc_chip` in a child process
-(:mod:`cachemgr.daemon.gcchild`, which says why and what stays the same); the delete events
-of the daemon's own eviction are dropped for the rescan that follows it (:meth:`evicting`);
+Bounded memory (1,000,000 entries in ≤ 100 MB; docs/daemon.md#bounded-memory): the daemon holds the
+usage index (an SQLite table, :mod:`cachemgr.daemon.usage`) and never a scan of a chip folder. The
+reclaim pass, the evictions it schedules and ``/gc`` run :func:`~cachemgr.eviction.gc_chip` in a
+child process (:mod:`cachemgr.daemon.gcchild`, which says why and what stays the same); the delete
+events of the daemon's own eviction are dropped for the rescan that follows it (:meth:`evicting`);
 restoring group-sharing modes lists a folder as a stream.
 """
 
@@ -100,7 +101,7 @@ def release_memory() -> None:
     """Give the heap that a full scan used back to the system (glibc ``malloc_trim``).
 
     A scan of 100,000 entries briefly holds ~30 MB of per-file objects; without this the
-    daemon's resident size keeps that peak for its whole life (issue 5: RSS ≤ 80 MB).
+    daemon's resident size keeps that peak for its whole life (RSS ≤ 80 MB).
     """
     gc.collect()
     if _LIBC is not None:
@@ -141,7 +142,7 @@ class _Events(FileSystemEventHandler):
 
 
 class ScanProgress:
-    """Progress of the first full scan (issue 12 item 10): shown by ``status`` and ``stats``.
+    """Progress of the first full scan: shown by ``status`` and ``stats``.
 
     ``state``: ``pending`` → ``reclaiming`` → ``indexing`` → ``done`` (or ``failed``).
     """
@@ -185,7 +186,7 @@ class Governance:
     :param counters: where eviction results are counted.
     :param beat: called on every governance heartbeat (the watch check, every
         ``watch_check_interval_s``): the systemd watchdog's proof that this thread works.
-    :param follow_ini: re-reads ``op_cache.ini`` when CANN edited it (issue 9 item 9).
+    :param follow_ini: re-reads ``op_cache.ini`` when CANN edited it.
     :param run_as: ``(uid, gid)`` of the owner of a cache root this daemon governs for
         another user (docs/daemon.md#governing-every-cache-on-a-build-host): its reclaim
         and evictions run in a gc child with that user's rights only, and nothing else is
@@ -210,10 +211,10 @@ class Governance:
         self.denied: dict[str, str] = {}
         #: told ``(soc_version, kernel)`` of each entry seen appearing in the kernel cache —
         #: by an inotify event, or at a reconciliation when its main json is newer than the
-        #: last pass (other hosts' writes: SPEC §9) — e.g. to upload it (issue 15 item 6)
+        #: last pass (other hosts' writes: docs/design.md#sharing-and-locking) — e.g. to upload it
         self.on_entry = on_entry
         self._entries_since = time.time() - config.reconcile_interval_s
-        #: the sink the compile path tells of a full filesystem (issue 15 item 1)
+        #: the sink the compile path tells of a full filesystem
         self.events = events if events is not None else Events()
         self._follow_ini = follow_ini
         self.config = config
@@ -222,7 +223,7 @@ class Governance:
         self.index = UsageIndex(get_settings().layout.kernel_cache_dir)
         # Every job runs however late it starts (a paused process, an overloaded host) and
         # a job missed several times runs once: APScheduler's default grace (1 s) would drop
-        # a late eviction silently (issue 12 item 3).
+        # a late eviction silently.
         self.scheduler = BackgroundScheduler(
             daemon=True,
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
@@ -234,11 +235,11 @@ class Governance:
         self._due: dict[str, tuple[float, int | None, int | None]] = {}
         self.last_gc: dict[str, dict[str, object]] = {}
         self.scan = ScanProgress()
-        #: why the cache root cannot be written now (read-only, vanished), or "" (issue 12
-        #: item 6); checked with the watches, eviction and reaping wait while it is set
+        #: why the cache root cannot be written now (read-only, vanished), or "";
+        #: checked with the watches, eviction and reaping wait while it is set
         self.root_problem = ""
         #: per chip folder: kernel → when an entry with a future access time was first
-        #: seen (ns); its eviction order (issue 12 item 1)
+        #: seen (ns); its eviction order
         self._first_seen: dict[str, dict[str, int]] = {}
         #: per chip folder (path as text): held while a gc child runs there, so ``/gc``
         #: requests and the daemon's evictions start at most one child per chip folder, the
@@ -259,9 +260,9 @@ class Governance:
 
     def start(self) -> None:
         """Start watching and the periodic jobs at once; the first full scan — reclaim what
-        crashed processes left (temp files, dead locks, bad entries: SPEC §9), then index the
-        cache — runs in the background (issue 12 item 10: serving never waits for it). A
-        publish that hits a full filesystem schedules eviction."""
+        crashed processes left (temp files, dead locks, bad entries:
+        docs/design.md#sharing-and-locking), then index the cache — runs in the background (serving
+        never waits for it). A publish that hits a full filesystem schedules eviction."""
         if self.run_as is None:  # another user's kernel cache exists: it is how it was found
             fsutil.ensure_dir(self.index.kernel_cache_dir)
         self.events.subscribe(NoSpaceEvent, self._on_no_space)
@@ -467,7 +468,7 @@ class Governance:
         The removals' delete events are then dropped unhandled: the rescan after the
         eviction accounts them at once. Handling each (index update, limit check) is slower
         than the removals, and watchdog's queue of waiting events grew the daemon by ~250
-        bytes per removed file (measured: 7.5 MB for 30,000; issue 14 item 5). Created files
+        bytes per removed file (measured: 7.5 MB for 30,000). Created files
         are still handled as they come.
         """
         run = self._chip_runs.get(os.path.dirname(path))
@@ -475,7 +476,8 @@ class Governance:
 
     def _entry_seen(self, chip: Path, stem: str) -> None:
         """Tell :attr:`on_entry` of a main json that appeared (a sub-part's json is not an
-        entry: ``<kernel>_mix_aic.json`` beside ``<kernel>.json``, SPEC §3.1)."""
+        entry: ``<kernel>_mix_aic.json`` beside ``<kernel>.json``,
+        docs/design.md#files-of-an-entry)."""
         if chip.parent != self.index.kernel_cache_dir or self.on_entry is None:
             return
         for suffix in entry.PART_STEM_SUFFIXES:
@@ -488,10 +490,11 @@ class Governance:
             log.exception("handling the new entry %s/%s failed", chip.name, stem)
 
     def entries_sweep(self, socs: set[str] | None = None) -> int:
-        """Reconciliation's share of what inotify cannot see (other hosts' writes, SPEC §9):
-        every main json whose mtime is newer than the previous sweep (less the allowed clock
-        skew) is told to :attr:`on_entry`, and every json changed since then (mtime or
-        ctime) is checked for shapes that make GE abort (:meth:`_check_fatal`). With
+        """Reconciliation's share of what inotify cannot see (other hosts' writes,
+        docs/design.md#sharing-and-locking): every main json whose mtime is newer than the previous
+        sweep (less the allowed clock skew) is told to :attr:`on_entry`, and every json changed
+        since then (mtime or ctime) is checked for shapes that make GE abort (:meth:`_check_fatal`).
+        With
         ``socs`` only those chip folders (armed anew: their files were written before their
         watch) and the next sweep's start stays. Returns how many were told."""
         started = time.time()
@@ -555,7 +558,7 @@ class Governance:
 
         Each new call moves the run ``evict_debounce_s`` later, but never later than
         ``evict_max_delay_s`` after the first call: a steady stream of file events cannot
-        starve eviction (issue 12 item 8). Targets of calls merged into one run: the lowest.
+        starve eviction. Targets of calls merged into one run: the lowest.
         """
         if not self.scheduler.running:
             return
@@ -593,8 +596,8 @@ class Governance:
     def _on_no_space(self, event: NoSpaceEvent) -> None:
         """A publish hit a full filesystem (``ENOSPC``): the disk, not the limit, is full, so
         the chip folder's current usage acts as its limit — evict down to ``ratio`` % of
-        ``min(limit, used)`` bytes now, in the scheduler's thread (a target in bytes: issue 12
-        item 8 — never rounded to "0 % of the limit"). ``max_op_cache_size=-1`` (never evict)
+        ``min(limit, used)`` bytes now, in the scheduler's thread (a target in bytes,
+        never rounded to "0 % of the limit"). ``max_op_cache_size=-1`` (never evict)
         is honoured: only the error is reported."""
         chip_dir, bytes_needed = event.chip_dir, event.bytes_needed
         if chip_dir.parent != self.index.kernel_cache_dir:
@@ -729,8 +732,8 @@ class Governance:
 
     def reconcile(self) -> dict[str, int]:
         """The periodic rescan; re-checks every chip folder's limit. Other hosts' writes and
-        deletes show up here (inotify does not see them, SPEC §9); a rescan that fails (an
-        NFS hiccup) is logged and the next one tries again."""
+        deletes show up here (inotify does not see them, docs/design.md#sharing-and-locking); a
+        rescan that fails (an NFS hiccup) is logged and the next one tries again."""
         if self.run_as is None:
             self.follow_cann()
         try:
@@ -796,7 +799,7 @@ class Governance:
             self._check_limit(soc)
 
     def poll(self) -> None:
-        """Rescan the chip folders that have no inotify watch (issue 12 item 2)."""
+        """Rescan the chip folders that have no inotify watch."""
         watcher = self.watcher
         if watcher is None:
             return
@@ -808,7 +811,7 @@ class Governance:
             self._check_limit(soc)
 
     def follow_cann(self) -> None:
-        """What CANN processes change behind the daemon's back (issue 9 items 6b, 7, 9), at
+        """What CANN processes change behind the daemon's back, at
         start and on every reconciliation: an edited ``op_cache.ini`` (limits, stamps) is
         re-read; a toolkit upgrade is handled with GE's rule (``gc.sync_toolkit``); GE's
         ``0640``/``0750`` modes are given back to the group where this daemon may
@@ -817,7 +820,7 @@ class Governance:
         Failures are logged; the next reconciliation tries again."""
         if self._follow_ini is not None:
             self._follow_ini()
-        if self.root_problem:  # nothing can be changed there now (issue 12 item 6)
+        if self.root_problem:  # nothing can be changed there now
             return
         settings = self._settings()
         caches = [settings]
@@ -993,8 +996,8 @@ def _lowest(a: int | None, b: int | None) -> int | None:
 
 
 def log_eviction(soc: str, data: Mapping[str, Any]) -> None:
-    """One summary line per eviction run (folder, entries, bytes, before → after, seconds;
-    issue 12 item 7); the evicted names only at debug level, in a line of their own."""
+    """One summary line per eviction run (folder, entries, bytes, before → after,
+    seconds); the evicted names only at debug level, in a line of their own."""
     if data.get("skipped"):
         log.info("eviction of %s skipped: %s", soc, data["skipped"])
         return

@@ -1,4 +1,4 @@
-"""The TCP listener's guard (issue 10, item 6).
+"""The TCP listener's guard.
 
 The Unix socket is guarded by its mode and group; a loopback TCP port is open to every local
 user and to any web page a browser on this host opens (DNS rebinding, cross-site POSTs). So

@@ -70,7 +70,7 @@ def error(status: int, message: str) -> Response:
 
 
 def parse_body(raw: bytes) -> Any:
-    """Decode a request body as strict JSON (issue 10, item 11).
+    """Decode a request body as strict JSON.
 
     :raises ValueError: one line for anything a JSON object of text cannot be: not UTF-8,
         malformed, ``NaN``/``Infinity``, a number of more than 4300 digits, nesting deeper
@@ -430,7 +430,7 @@ class HttpServer:
 
     def socket_lost(self) -> str:
         """Why the Unix socket file is no longer ours (removed by a ``/tmp`` cleaner,
-        replaced), or ``""`` while it is (issue 12 item 4)."""
+        replaced), or ``""`` while it is."""
         try:
             st = os.lstat(self.socket_path)
         except FileNotFoundError:

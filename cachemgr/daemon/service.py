@@ -96,9 +96,9 @@ class Service:
         self.accepting = True
         self.tcp_address: tuple[str, int] | None = None
         self.counters = CounterBook(lambda: self._settings.layout.kernel_cache_dir)
-        self.events = Events()  # tier events: a full disk on publish → eviction (issue 15)
+        self.events = Events()  # tier events: a full disk on publish → eviction
         #: the remote tiers of ``--remote`` / ``CACHEMGR_REMOTE_STORAGE`` / ``[remote]
-        #: storage`` (issue 15)
+        #: storage``
         self._remote_cli = list(remote_cli)
         self.remote_config = remote_config.from_settings(self._settings, self._remote_cli)
         self.remotes = RemoteTiers.from_config(
@@ -157,7 +157,7 @@ class Service:
         self.last_reload: dict[str, Any] | None = None
         self._parsed = request.ParsedRequests(PARSED_CACHE_SIZE)
         #: the compilers' sandbox (``cachemgr.compilers.sandbox``), set by ``serve``; without
-        #: an isolating one, compiles for other users are refused (issue 10 item 5)
+        #: an isolating one, compiles for other users are refused
         self.sandbox: Any = None
 
     @property
@@ -189,7 +189,7 @@ class Service:
     def _entry_seen(self, soc_version: str, kernel: str) -> None:
         """An entry appeared in the kernel cache (a CANN process's write, another host's,
         or our own publish): queue it for upload; the uploader reads it only if it is
-        complete and verified, and skips it when the remote has it (issue 15 item 6)."""
+        complete and verified, and skips it when the remote has it."""
         if self.remotes is not None:
             kcd = self._settings.layout.kernel_cache_dir
             self.remotes.upload_later(kcd, soc_version, kernel, seen=True)
@@ -259,7 +259,7 @@ class Service:
             self._settings = new
             if remotes != self.remote_config:
                 self._replace_remotes(remotes, tiers)
-            elif self.remotes is not None:  # fixed on the server's side: try again (issue 15)
+            elif self.remotes is not None:  # fixed on the server's side: try again
                 self.remotes.enable_all()
             self.queue.update_settings(new)
             self.governance.retarget()
@@ -298,7 +298,7 @@ class Service:
             return None
 
     def _follow_ini(self) -> None:
-        """Re-read the settings when ``op_cache.ini`` changed on disk (issue 9 item 9): an
+        """Re-read the settings when ``op_cache.ini`` changed on disk: an
         edited limit or stamp takes effect within one reconciliation, without a reload."""
         now = self._ini_bytes()
         if now == self._ini_seen:
@@ -312,7 +312,7 @@ class Service:
     def remote_stats(self) -> dict[str, dict[str, Any]]:
         """Per remote: hits, misses, errors, rejected, bytes in/out, uploads, present,
         state (ok / failing / disabled), its URL (redacted) — ``stats``, ``/metrics`` and
-        ``status`` show the same figures (issue 15 item 7)."""
+        ``status`` show the same figures."""
         return self.remotes.stats() if self.remotes is not None else {}
 
     def _rejected_by_reason(self) -> dict[str, int]:
@@ -372,12 +372,12 @@ class Service:
         if stuck:
             out.append(f"no progress in: {', '.join(stuck)}")
         for name, row in sorted(self.remote_stats().items()):
-            if row["state"] != "ok":  # compiles go on locally (issue 15 item 7)
+            if row["state"] != "ok":  # compiles go on locally
                 out.append(f"remote {name} {row['state']}: compiles go on without it")
         return out
 
     def _gauges(self) -> list[Gauge]:
-        """The degraded states as gauges (issue 12; docs/troubleshooting.md)."""
+        """The degraded states as gauges (docs/troubleshooting.md)."""
         status = self.governance.status()
         scan, watch = status["scan"], status["watch"]
         out: list[Gauge] = [
@@ -497,7 +497,7 @@ class Service:
         figures: dict[str, Any] = {
             "queue_jobs": self.queue.depth(),
             "queue": self.queue.figures(),
-            # per remote: hits, misses, errors, rejected, bytes in/out, state (issue 15 item 7)
+            # per remote: hits, misses, errors, rejected, bytes in/out, state
             "remotes": self.remote_stats(),
             "remote_uploads_dropped": self.remotes.dropped if self.remotes is not None else 0,
             # entries kept on this site: a file of them is not an upload_writers user's
@@ -511,7 +511,8 @@ class Service:
         return StatsResult(dict(self.counters.snapshot()), rows, figures)
 
     def lookup(self, soc_version: str, kernel_name: str) -> dict[str, Any]:
-        """A verified lookup (SPEC §3.3) counted as a hit or a miss.
+        """A verified lookup (docs/design.md#writing-and-reading-an-entry) counted as a hit or a
+        miss.
 
         :raises GovernOnly: ``serve --govern-only``."""
         self._refuse_if_govern_only("/lookup")
@@ -588,7 +589,7 @@ class Service:
             raise InvalidInputError(f"/compile session={session!r} must be a string")
         caller = peer.current()
         own = caller is not None and caller.is_daemon_user
-        # the daemon's own user: its compiles need the limits, not the view (issue 14)
+        # the daemon's own user: its compiles need the limits, not the view
         with process.for_own_user(own):
             future = self.queue.submit(
                 req,
@@ -624,7 +625,7 @@ class Service:
 
     def _capped(self, priority: int, caller: peer.Peer | None) -> int:
         """``priority``, capped at ``[daemon] max_caller_priority`` unless the caller is the
-        daemon's own user or root (issue 10, item 10); TCP callers are capped too."""
+        daemon's own user or root; TCP callers are capped too."""
         if caller is not None and caller.uid is not None and caller.uid in (os.geteuid(), 0):
             return priority
         return min(priority, self.daemon_config.max_caller_priority)
@@ -632,7 +633,7 @@ class Service:
     def _compile_request(
         self, body: Mapping[str, Any], base: str
     ) -> tuple[request.CompileRequest, inputs.Snapshot | None]:
-        """The request and the snapshot of its files it carries (issue 10 item 5: the daemon
+        """The request and the snapshot of its files it carries (the daemon
         opens no path a caller names). A request without ``inputs`` is the daemon user's own
         (read here); from anyone else it is refused.
 
@@ -742,7 +743,7 @@ def _log_compile(
     future: Future[CompileOutcome], op_type: str, soc: str, caller: peer.Peer | None
 ) -> None:
     """One line per finished compile request: the kernel, its outcome and who asked
-    (SO_PEERCRED pid, uid, gid; "tcp" for the token-guarded TCP listener) — issue 10, item 5."""
+    (SO_PEERCRED pid, uid, gid; "tcp" for the token-guarded TCP listener)."""
     who = caller.describe() if caller is not None else "tcp (no credentials)"
     if caller is not None and caller.uid is not None:
         who += f" ({user_name(caller.uid)})"
@@ -787,7 +788,7 @@ MAX_OUTPUT_BYTES = 16 << 20
 def _handed_back(data: dict[str, Any]) -> dict[str, Any]:
     """An outcome whose files are in a private hand-back folder (``build.deliver_dir``): their
     bytes go into ``outputs`` (``[{"name", "data"}]``, base64) for the caller to write as
-    itself where it wants them (issue 11 item 6), and the folder is removed. Other outcomes
+    itself where it wants them, and the folder is removed. Other outcomes
     are returned as they are."""
     files = [Path(f) for f in data.get("files", [])]
     folders = {f.parent for f in files}

@@ -1,5 +1,5 @@
-"""Which folders of a kernel cache are watched with inotify and which are polled (issue 12,
-items 2 and 9).
+"""Which folders of a kernel cache are watched with inotify and which are polled
+(docs/daemon.md, *Governance*).
 
 One non-recursive inotify watch on the kernel cache (chip folders appear and go) and one per
 chip folder (its files), all through watchdog's one observer (watchdog 7 shares a single

@@ -1,4 +1,5 @@
-"""Reclaim what CANN leaves behind in a chip folder (SPEC §5), before eviction is planned.
+"""Reclaim what CANN leaves behind in a chip folder (docs/design.md#size-limits-and-eviction),
+before eviction is planned.
 
 * **entries whose json makes GE abort** (:mod:`cachemgr.eviction.fatal`, the shapes of
   :mod:`cachemgr.storage.gefatal`): every entry's jsons are read (without changing access
@@ -16,9 +17,10 @@
   access times) and while no ``<kernel>.json…temp`` of a live writer is beside it (GE copies
   the header before the json: ``TeCacheManager::CopyCompileRetIntoCacheDir``) — counted
   with the orphans;
-* **``*.temp``** files older than :data:`TEMP_MAX_AGE_S` (one hour, SPEC §5), and at once
-  those whose name says a process of this host made them that no longer runs (a ``kill -9``
-  mid-publish; :func:`cachemgr.storage.fsutil.temp_writer_dead`);
+* **``*.temp``** files older than :data:`TEMP_MAX_AGE_S` (one hour,
+  docs/design.md#size-limits-and-eviction), and at once those whose name says a process of this host
+  made them that no longer runs (a ``kill -9`` mid-publish;
+  :func:`cachemgr.storage.fsutil.temp_writer_dead`);
 * **``.lock`` files of entries that no longer exist**, older than an hour: taken without
   waiting, checked again while held, then unlinked (``files.reap_lock``; a lock file that a
   GE process may have open is never unlinked).
@@ -52,7 +54,8 @@ from cachemgr.storage.tiers import chip_store
 
 log = logging.getLogger(__name__)
 
-#: ``*.temp`` files older than this are leftovers of dead writers (seconds; SPEC §5).
+#: ``*.temp`` files older than this are leftovers of dead writers (seconds;
+#: docs/design.md#size-limits-and-eviction).
 TEMP_MAX_AGE_S = 3600
 #: A binary without json younger than this may be a publish between its renames (seconds).
 ORPHAN_MIN_AGE_S = 600
@@ -147,7 +150,7 @@ def reclaim(
 
 
 def after_eviction(scan: ChipScan, chip_fd: int, out: ReclaimResult) -> None:
-    """Remove the header manifests whose last entry eviction has just removed (issue 11)."""
+    """Remove the header manifests whose last entry eviction has just removed."""
     for name in sorted(scan.manifests):
         _reclaim_manifest(scan, chip_fd, name, False, out, _json_present)
 
@@ -172,7 +175,7 @@ def _reclaim_manifest(
     out: ReclaimResult,
     present: Callable[[ChipScan, int, str], bool] = _in_scan,
 ) -> None:
-    """A header manifest (issue 11) goes with the last entry it names, or when it is bad."""
+    """A header manifest goes with the last entry it names, or when it is bad."""
     kernels = manifest.kernels(scan.chip_dir / name, chip_fd)
     if kernels is not None and any(present(scan, chip_fd, k) for k in kernels):
         return
@@ -184,7 +187,8 @@ def _reclaim_manifest(
 
 def _unlink_or_deny(chip_fd: int, name: str, out: ReclaimResult) -> bool:
     """Remove ``name`` from the chip folder open as ``chip_fd``: True when it is gone (now or
-    already), False when permission was refused (a line in ``out.denied``, SPEC §9).
+    already), False when permission was refused (a line in ``out.denied``,
+    docs/design.md#sharing-and-locking).
 
     :raises OSError: anything but a permission problem (``DENIED_ERRNOS``).
     """
@@ -348,7 +352,7 @@ def _reclaim_lock(
 ) -> None:
     kernel = name[: -len(".lock")]
     if kernel in scan.entries:
-        return  # a live entry's lock: never unlinked (issue 9 item 8)
+        return  # a live entry's lock: never unlinked
     path = scan.chip_dir / name
     st = fsutil.lstat_or_none(path, chip_fd)
     if st is None or (files.LOCK_REAP_AGE_S > 0 and now_s - st.st_ctime < files.LOCK_REAP_AGE_S):

@@ -1,5 +1,5 @@
-"""The result of a ``gc`` run (SPEC §5; issue 13 item 2): :class:`GcResult` for a kernel
-cache and :class:`ChipGc` for each of its chip folders, with ``to_json``/``from_json``. The
+"""The result of a ``gc`` run (docs/design.md#size-limits-and-eviction): :class:`GcResult` for a
+kernel cache and :class:`ChipGc` for each of its chip folders, with ``to_json``/``from_json``. The
 same type crosses the library (:func:`cachemgr.eviction.gc.collect`), the daemon (``POST
 /gc``), ``Client.gc`` and ``cachemgr gc --json``; ``to_json`` writes that JSON key for key and
 in the same order. Re-exported by :mod:`cachemgr.compile.results` with the other results."""
@@ -13,9 +13,10 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Reclaimed:
-    """What the reclaim pass of one chip folder removed (SPEC §5): counts, bytes (apparent)
-    and ``"<kernel>: <problem>"`` per bad entry; ``ge_fatal``/``fatal`` the entries whose json
-    makes GE abort (docs/interop.md#entries-that-abort-ge), with the offending field."""
+    """What the reclaim pass of one chip folder removed (docs/design.md#size-limits-and-eviction):
+    counts, bytes (apparent) and ``"<kernel>: <problem>"`` per bad entry; ``ge_fatal``/``fatal`` the
+    entries whose json makes GE abort (docs/interop.md#entries-that-abort-ge), with the offending
+    field."""
 
     orphans: int
     temps: int
@@ -95,11 +96,12 @@ class ChipGc:
 
 @dataclass(frozen=True)
 class GcResult:
-    """A ``gc`` run over one kernel cache (SPEC §5): the limits applied with their origins
-    (and the problems that made any fall back), the toolkit check (SPEC §5 upgrades), each
-    chip folder by soc and — for the kernel cache asked about — the other governed kernel
-    caches under ``ASCEND_CACHE_PATH`` (SPEC §2), by path. ``via`` and ``route`` are the
-    CLI's (where it ran)."""
+    """A ``gc`` run over one kernel cache (docs/design.md#size-limits-and-eviction): the limits
+    applied with their origins (and the problems that made any fall back), the toolkit check
+    (docs/design.md#size-limits-and-eviction upgrades), each chip folder by soc and — for the kernel
+    cache asked about — the other governed kernel caches under ``ASCEND_CACHE_PATH``
+    (docs/design.md#where-the-cache-lives), by path. ``via`` and ``route`` are the CLI's (where it
+    ran)."""
 
     kernel_cache_dir: str
     limits: dict[str, Any]

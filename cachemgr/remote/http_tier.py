@@ -1,4 +1,4 @@
-"""The HTTP tier (issue 15 item 4), with requests (connection pooling, auth, TLS).
+"""The HTTP tier, with requests (connection pooling, auth, TLS).
 
 ``GET``/``PUT``/``HEAD``/``DELETE`` of one entry blob (:mod:`cachemgr.remote.blob`) at a URL
 derived from the entry's key ``cachemgr:<blob format>:<soc_version>:<kernel>`` by its
@@ -21,7 +21,7 @@ comes from the URL or a ``password-file``; a bearer token from ``bearer-token-fi
 ``https://`` verifies against the system's CA bundle. The server owns its size (``gc`` never
 touches a remote).
 
-**The index per chip** (item 6: ``warm`` and ``[remote] prefetch`` list the entries most
+**The index per chip** (``warm`` and ``[remote] prefetch`` list the entries most
 recently used anywhere). An HTTP cache cannot list its keys and most cannot update an object
 atomically (bazel-remote and nginx ignore ``If-Match`` on ``PUT``: the last writer wins), so
 one shared index object would lose concurrent writers' updates. Instead each writer (a host

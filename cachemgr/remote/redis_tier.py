@@ -1,10 +1,10 @@
-"""The Redis tier (issue 15 item 3), with redis-py.
+"""The Redis tier, with redis-py.
 
 One key per entry, ``cachemgr:<blob format>:<soc_version>:<kernel>``; its value is the entry
 blob of :mod:`cachemgr.remote.blob`. Each chip has an index, the sorted set
 ``cachemgr:<blob format>:index:<soc_version>`` (member: kernel name, score: when it was last
 uploaded or fetched, seconds since the epoch: "used anywhere"), for listing the entries most
-recently used (``warm`` and ``[remote] prefetch``, item 6). Concurrent writers never lose an
+recently used (``warm`` and ``[remote] prefetch``). Concurrent writers never lose an
 update: ``ZADD`` is atomic on the server.
 
 Size is the server's business: run it with ``maxmemory <bytes>`` and

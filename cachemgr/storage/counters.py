@@ -1,5 +1,5 @@
-"""Counters that belong to a kernel cache, not to a user or a daemon (SPEC §10; issue 12
-item 5).
+"""Counters that belong to a kernel cache, not to a user or a daemon
+(docs/design.md#counters).
 
 Design (ccache keeps one stats file per cache subfolder and sums them): one small JSON file
 per chip folder, ``<kernel cache>/cachemgr_stats_<soc>.json`` (counts not tied to a chip — a
@@ -32,7 +32,8 @@ from cachemgr.storage.safedir import SafeDir, UnsafePathError
 
 log = logging.getLogger(__name__)
 
-#: SPEC §10's counters, in the order ``stats`` shows them (same names in ``/metrics``).
+#: The counters of docs/design.md#counters, in the order ``stats`` shows them (same names in
+#: ``/metrics``).
 COUNTER_NAMES = (
     "hits",
     "hits_from_remote",
@@ -142,7 +143,8 @@ class CacheCounters:
         return {soc: _full(c) for soc, c in sorted(out.items())}
 
     def snapshot(self) -> dict[str, int]:
-        """Every counter summed over the chip folders (SPEC §10's names first)."""
+        """Every counter summed over the chip folders (the names of docs/design.md#counters
+        first)."""
         total: Counter[str] = Counter()
         for values in self.per_chip().values():
             total.update(values)
@@ -199,7 +201,7 @@ def _full(values: Mapping[str, int]) -> dict[str, int]:
 
 def _read(path: Path) -> dict[str, int]:
     """A stats file's counters; a damaged, foreign or oversized file counts as empty (it is
-    untrusted input: SPEC §9) and is replaced at the next flush."""
+    untrusted input: docs/design.md#sharing-and-locking) and is replaced at the next flush."""
     try:
         raw = fsutil.read_bytes_noatime(path, max_bytes=MAX_FILE_BYTES)
     except fsutil.FileTooLargeError:
@@ -228,7 +230,7 @@ def _read(path: Path) -> dict[str, int]:
 
 def _write(path: Path, values: Mapping[str, int]) -> None:
     data = json.dumps(dict(sorted(values.items())), sort_keys=True).encode()
-    # no fsync: counters are statistics, and a damaged file is read as empty (issue 14)
+    # no fsync: counters are statistics, and a damaged file is read as empty
     fsutil.atomic_write_bytes(path, data, sync=False)  # the folder's shared mode
 
 

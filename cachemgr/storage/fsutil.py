@@ -3,11 +3,14 @@
 Rules that hold everywhere in cachemgr:
 
 * writes go to a unique ``*.temp`` name in the destination folder and are ``rename()``-d into
-  place (SPEC §3.3), so a reader sees either nothing or a whole file;
+  place (docs/design.md#writing-and-reading-an-entry), so a reader sees either nothing or a whole
+  file;
 * locks are POSIX record locks (``fcntl(F_SETLK)``), the kind CANN's processes take and the
-  kind NFSv4 carries across hosts (SPEC §9); "busy" is a ``False`` return, not an error;
+  kind NFSv4 carries across hosts (docs/design.md#sharing-and-locking); "busy" is a ``False``
+  return, not an error;
 * removing a file that is already gone (``ENOENT``) or that another NFS host holds
-  (``ESTALE``) is normal, never fatal (SPEC §5, §9).
+  (``ESTALE``) is normal, never fatal (docs/design.md#size-limits-and-eviction,
+  #sharing-and-locking).
 """
 
 from __future__ import annotations
@@ -34,15 +37,16 @@ from cachemgr.peer import user_name as user_name
 
 log = logging.getLogger(__name__)
 
-#: Suffix of a write in progress (SPEC §3.1).
+#: Suffix of a write in progress (docs/design.md#files-of-an-entry).
 TEMP_SUFFIX = ".temp"
 #: Errors that mean "the file is not there any more" — normal in a shared cache.
 GONE_ERRNOS = frozenset({errno.ENOENT, errno.ESTALE})
-#: Files are group read/write, never world-writable (SPEC §9); others may read them only
-#: where their folder lets others in (:func:`file_mode_in`).
+#: Files are group read/write, never world-writable (docs/design.md#sharing-and-locking); others may
+#: read them only where their folder lets others in (:func:`file_mode_in`).
 FILE_MODE = 0o664
-#: Folders are group-writable and setgid so new files keep the group (SPEC §9); others get
-#: what the folder above gives them, at most ``r-x`` (:func:`dir_mode_in`).
+#: Folders are group-writable and setgid so new files keep the group
+#: (docs/design.md#sharing-and-locking); others get what the folder above gives them, at most
+#: ``r-x`` (:func:`dir_mode_in`).
 DIR_MODE = 0o2775
 #: What others may be given at most (read, and search for folders; never write).
 OTHERS_AT_MOST = 0o005
@@ -59,7 +63,8 @@ def file_mode_in(folder_mode: int) -> int:
 def dir_mode_in(parent_mode: int) -> int:
     """The mode of a folder cachemgr creates in a folder of mode ``parent_mode``: ``rwx``
     for owner and group, others' bits as the parent gives them (at most ``r-x``), setgid
-    where the parent has it (new files keep the sharing group; SPEC §2, §9)."""
+    where the parent has it (new files keep the sharing group; docs/design.md#where-the-cache-lives,
+    #sharing-and-locking)."""
     return 0o770 | (parent_mode & OTHERS_AT_MOST) | (parent_mode & stat.S_ISGID)
 
 
@@ -78,8 +83,9 @@ def file_mode_for(path: Path, dir_fd: int | None = None) -> int:
     return file_mode_in(_folder_mode(path, dir_fd))
 
 
-#: Names NFS clients give to removed files still open somewhere (SPEC §9): never ours to
-#: remove or report; they go when the last descriptor closes.
+#: Names NFS clients give to removed files still open somewhere
+#: (docs/design.md#sharing-and-locking): never ours to remove or report; they go when the last
+#: descriptor closes.
 NFS_SILLY_PREFIX = ".nfs"
 
 
@@ -107,8 +113,8 @@ def temp_writer(name: str) -> tuple[str, int] | None:
 def temp_writer_dead(name: str) -> bool:
     """True when temp file ``name`` was made by a process of *this* host that no longer runs:
     a write that can never finish (a ``kill -9`` mid-publish), reclaimable at once whatever
-    its age. Temps of other hosts, of live pids, or of unknown shape give False (SPEC §5's
-    one-hour rule applies to them)."""
+    its age. Temps of other hosts, of live pids, or of unknown shape give False
+    (the one-hour rule of docs/design.md#size-limits-and-eviction applies to them)."""
     writer = temp_writer(name)
     if writer is None or writer[0] != short_host():
         return False
@@ -166,7 +172,7 @@ def write_temp(
     :param dir_fd: the open folder of ``dest`` (every call is then relative to it).
     :param sync: fsync before returning. Cache entries pass False: every hit verifies their
         sha256, so a file a power loss left torn is a miss, never served
-        (docs/compiling.md, "Durability"; issue 14 item 3).
+        (docs/compiling.md, "Durability").
     :raises OSError: on write failure (e.g. ``ENOSPC``); nothing is left behind.
     """
     tmp = temp_path(dest)
@@ -184,7 +190,8 @@ def write_temp(
             while view:
                 written = os.write(fd, view)
                 view = view[written:]
-            os.fchmod(fd, mode)  # umask 002 style whatever the caller's umask (SPEC §9)
+            # umask 002 style whatever the caller's umask (docs/design.md#sharing-and-locking)
+            os.fchmod(fd, mode)
             if sync:
                 os.fsync(fd)
         finally:
@@ -281,7 +288,7 @@ def remove_tree_at(dir_fd: int, name: str, shown: Path) -> bool:
         could not be removed).
     :raises OSError: ``name`` cannot be examined (other than gone).
     """
-    import shutil  # here: only the commands that remove trees pay for it (issue 14)
+    import shutil  # here: only the commands that remove trees pay for it
 
     st = lstat_or_none(Path(name), dir_fd)
     if st is None:
@@ -471,7 +478,7 @@ _KEEP_ATIME: contextvars.ContextVar[bool] = contextvars.ContextVar("keep_atime",
 
 @contextlib.contextmanager
 def reads_keep_atime() -> Iterator[None]:
-    """Reads that are not hits never reorder eviction (issue 12 item 1; README: ``ls`` and
+    """Reads that are not hits never reorder eviction (README: ``ls`` and
     ``verify`` never change access times): inside this block :func:`read_bytes_noatime`
     refuses, with :class:`AtimeWouldChange`, a read whose access-time update it could
     neither avoid (``O_NOATIME``) nor undo (``utime``: owner or ``CAP_FOWNER`` only)."""
@@ -531,11 +538,12 @@ def _open_noatime(
     """Open a regular file for reading without changing its access time; yield the fd.
 
     Uses ``O_NOATIME`` where the kernel allows it (owner or CAP_FOWNER); otherwise opens
-    normally and puts the previous atime back when done. Symlinks are refused (SPEC §3.3);
-    the open never blocks (``O_NONBLOCK``) and the type is checked on the descriptor.
+    normally and puts the previous atime back when done. Symlinks are refused
+    (docs/design.md#writing-and-reading-an-entry); the open never blocks (``O_NONBLOCK``) and the
+    type is checked on the descriptor.
 
     :param dir_fd: the open folder of ``path`` (see :mod:`cachemgr.storage.safedir`).
-    :param single_link: refuse a file with more than one name (cache entries, security.md
+    :param single_link: refuse a file with more than one name (cache entries, docs/security.md
         item 2).
     :param max_bytes: refuse a larger file (size in bytes).
     :raises OSError: ``ELOOP`` for a symlink, ``ENOENT`` when gone, ``EISDIR`` for a folder,
@@ -573,8 +581,9 @@ def _open_noatime(
             raise FileTooLargeError(errno.EFBIG, msg, str(path))
         yield fd
         if restore is not None:
-            # another user's file (SPEC §9): only its owner may set times; relatime changes
-            # the atime of a read rarely, and the entry is still read correctly
+            # another user's file (docs/design.md#sharing-and-locking): only its owner may set
+            # times; relatime changes the atime of a read rarely, and the entry is still read
+            # correctly
             with contextlib.suppress(PermissionError):
                 os.utime(fd, ns=(restore.st_atime_ns, restore.st_mtime_ns))
     finally:
@@ -589,8 +598,9 @@ def read_bytes_noatime(
     max_bytes: int | None = None,
     owners: set[int] | None = None,
 ) -> bytes:
-    """Read a regular file without changing its access time (atime drives eviction, SPEC §5);
-    never more than ``max_bytes`` (a file growing meanwhile included).
+    """Read a regular file without changing its access time (atime drives eviction,
+    docs/design.md#size-limits-and-eviction); never more than ``max_bytes`` (a file growing
+    meanwhile included).
 
     :param owners: when given, the uid owning the file read is added to it (from the
         descriptor read: no race with a file swapped under the name).
@@ -622,12 +632,12 @@ def sha256_noatime(
     max_bytes: int | None = None,
 ) -> tuple[str, int]:
     """Hex SHA-256 and size (bytes) of a regular file, read in chunks of
-    :data:`READ_CHUNK_BYTES` — never whole into memory (issue 10, item 10) — without changing
+    :data:`READ_CHUNK_BYTES` — never whole into memory — without changing
     its access time; never more than ``max_bytes`` (a file growing meanwhile included).
 
     :raises OSError: as :func:`_open_noatime` (:class:`FileTooLargeError` over ``max_bytes``).
     """
-    import hashlib  # here: OpenSSL's import is a hit's cost, not every command's (issue 14)
+    import hashlib  # here: OpenSSL's import is a hit's cost, not every command's
 
     digest, size = hashlib.sha256(), 0
     with _open_noatime(path, dir_fd, single_link=single_link, max_bytes=max_bytes) as fd:
@@ -641,12 +651,14 @@ def sha256_noatime(
 
 
 def touch_atime(path: Path, now_ns: int | None = None, dir_fd: int | None = None) -> None:
-    """Set ``path``'s access time to now and keep its modification time (SPEC §3.3, [GE]).
+    """Set ``path``'s access time to now and keep its modification time
+    (docs/design.md#writing-and-reading-an-entry, [GE]).
 
-    Setting an explicit time needs ownership of the file. In a cache shared by a group (SPEC
-    §9) a hit on another user's entry must still count for eviction, so for a file we do not
-    own but may write (group-writable, umask 002) both times are set to now — the one change
-    the kernel allows a writer; the mtime of an entry's files is not used by anything.
+    Setting an explicit time needs ownership of the file. In a cache shared by a group
+    (docs/design.md#sharing-and-locking) a hit on another user's entry must still count for
+    eviction, so for a file we do not own but may write (group-writable, umask 002) both times are
+    set to now — the one change the kernel allows a writer; the mtime of an entry's files is not
+    used by anything.
 
     :param dir_fd: the open folder of ``path`` (``utimensat`` relative to it).
     :raises OSError: when the file is gone, or not writable by this user either.
@@ -654,7 +666,7 @@ def touch_atime(path: Path, now_ns: int | None = None, dir_fd: int | None = None
     name = at(path, dir_fd)
     if now_ns is None and _utimensat_atime_now(path, dir_fd):
         return  # the filesystem's own time (the NFS server's): one fast host's skew does
-        # not spread through hits (issue 12 item 1)
+        # not spread through hits
     st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     now = time.time_ns() if now_ns is None else now_ns
     try:
@@ -673,7 +685,7 @@ _AT_FDCWD, _AT_SYMLINK_NOFOLLOW = -100, 0x100
 @functools.cache
 def _libc() -> tuple[Any, Any]:
     """The C library (``ctypes``) and its ``struct timespec``, loaded on first use: ctypes
-    is imported by the commands that set access times only (issue 14 item 1)."""
+    is imported by the commands that set access times only."""
     import ctypes
 
     class Timespec(ctypes.Structure):
@@ -694,7 +706,8 @@ def _utimensat_atime_now(path: Path, dir_fd: int | None = None) -> bool:
     if utimensat is None:
         return False
     times = (timespec * 2)(timespec(0, _UTIME_NOW), timespec(0, _UTIME_OMIT))
-    where = _AT_FDCWD if dir_fd is None else dir_fd  # relative to the open folder (item 1)
+    # relative to the open folder (docs/security.md item 1)
+    where = _AT_FDCWD if dir_fd is None else dir_fd
     if utimensat(where, os.fsencode(at(path, dir_fd)), times, _AT_SYMLINK_NOFOLLOW) == 0:
         return True
     import ctypes  # loaded by _libc above
@@ -710,7 +723,8 @@ def ensure_dir(path: Path) -> Path:
 
     New folders get :func:`dir_mode_in` their parent's mode: ``rwx`` for owner and group,
     others what the parent gives them (``2770`` under a ``2770`` root), the setgid bit when
-    the parent has it (SPEC §2, §9). Never world-writable.
+    the parent has it (docs/design.md#where-the-cache-lives, #sharing-and-locking). Never
+    world-writable.
 
     :raises OSError: e.g. ``EACCES`` or ``ENOTDIR`` (a file where a folder is expected).
     """
@@ -746,9 +760,9 @@ def open_lock_file(path: Path, dir_fd: int | None = None) -> int:
     """Open (creating it if needed) a lock file for reading and writing; return the descriptor.
 
     A lock file this user creates is made group read/write whatever the umask, so the
-    other users of a shared cache can lock it too (SPEC §9), and readable by others only
-    where the folder is (:func:`file_mode_in`); a file of another user is left as it is.
-    A link, FIFO, socket, device or hard-linked file planted under the lock's name is never
+    other users of a shared cache can lock it too (docs/design.md#sharing-and-locking), and readable
+    by others only where the folder is (:func:`file_mode_in`); a file of another user is left as it
+    is. A link, FIFO, socket, device or hard-linked file planted under the lock's name is never
     opened, followed or ``chmod``ed: the name is in the cache's own namespace, so it is
     removed (the name only: ``unlinkat``) with one warning and a fresh lock file is made —
     a planted ``<kernel>.lock`` must not block its kernel forever (docs/security.md item 2).
@@ -825,7 +839,8 @@ def kind_of(st: os.stat_result) -> str:
 
 def access_hint(path: Path, want: str = "writable") -> str:
     """One line saying why ``path`` is not ``want`` (writable/readable) by this user in a
-    shared cache, and what to do (SPEC §9) — instead of CANN's silent skip.
+    shared cache, and what to do (docs/design.md#sharing-and-locking) — instead of CANN's silent
+    skip.
 
     Names the path, the user, the path's owner, group and mode, and the fix: join the group,
     or make the folder group-writable and setgid, or use another cache folder.
@@ -856,7 +871,7 @@ def access_hint(path: Path, want: str = "writable") -> str:
 
 
 def lock_access_hint(path: Path) -> str:
-    """One line for a lock file cachemgr cannot use (issue 9 item 6c): the path, its owner and
+    """One line for a lock file cachemgr cannot use: the path, its owner and
     mode (or its folder's, when the folder is what blocks), and the fix."""
     folder_ok = os.access(path.parent, os.W_OK | os.X_OK)
     target = path if folder_ok and os.path.lexists(path) else path.parent
@@ -881,17 +896,18 @@ def has_cap_fowner() -> bool:
 
 
 def share_modes(folder: Path, fowner: bool | None = None, dir_fd: int | None = None) -> int:
-    """Give a chip folder and its regular files back the group-sharing modes (SPEC §9, issue 9
-    item 6b): ``g+rw`` on files, ``g+rwxs`` on the folder. CANN GE forces ``0640`` files and
+    """Give a chip folder and its regular files back the group-sharing modes
+    (docs/design.md#sharing-and-locking): ``g+rw`` on files, ``g+rwxs`` on the
+    folder. CANN GE forces ``0640`` files and
     ``0750`` folders whatever the umask (``te_file_utils.cc`` ``CopyFileToCacheDir``,
     ``CreateMultiLevelDir``; ``te_cache_utils.cc`` ``LockAndOpenCacheFile``), which locks the
     other members of the group out. Only files this user owns, or every file with
     ``CAP_FOWNER``; never through a symlink (each file is opened ``O_NOFOLLOW`` and changed by
     descriptor). Returns how many it repaired: files that lacked ``g+rw``, and the folder when
     it lacked ``g+rwx`` — a folder cachemgr just made without the setgid bit (its parent has
-    none: SPEC §2) gets it quietly, not counted, as nothing was wrong with it. Errors on one
-    file are skipped. The folder is listed as a stream, never held as a list: a chip folder of
-    1,000,000 entries has 2,000,000 names (~170 MB as a list; issue 14 item 5).
+    none: docs/design.md#where-the-cache-lives) gets it quietly, not counted, as nothing was wrong
+    with it. Errors on one file are skipped. The folder is listed as a stream, never held as a list:
+    a chip folder of 1,000,000 entries has 2,000,000 names (~170 MB as a list).
 
     :param dir_fd: ``folder``, open (:class:`~cachemgr.storage.safedir.SafeDir`: reached without
         following a link at any step, docs/security.md item 1); it stays open.
@@ -969,7 +985,8 @@ class FcntlLock:
     """An exclusive POSIX record lock (``fcntl(F_SETLK)``) on a lock file.
 
     CANN takes the same kind of lock on ``<kernel>.lock`` and ``op_cache_file_del.lock``, so
-    cachemgr and CANN processes exclude each other, on NFSv4 across hosts too (SPEC §3.3, §9).
+    cachemgr and CANN processes exclude each other, on NFSv4 across hosts too
+    (docs/design.md#writing-and-reading-an-entry, #sharing-and-locking).
 
     POSIX locks belong to a process, not a thread, and closing *any* descriptor of the file
     drops them; so this class also holds a per-path thread lock and keeps one descriptor per
@@ -1077,7 +1094,7 @@ class FcntlLock:
         except PermissionError:
             # CANN GE forces 0640 on the lock files it creates (te_cache_utils.cc
             # LockAndOpenCacheFile): a group member may read but not write such a file. It is
-            # still respected: a read lock on it excludes GE's write lock (issue 9 item 6a).
+            # still respected: a read lock on it excludes GE's write lock.
             # Never blocking, never through a link, a plain file only (security.md item 2).
             flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
             try:

@@ -1,5 +1,5 @@
 """Header manifests: which files a kernel's compile read, as ccache's direct mode keeps them
-(layer 4, beside the store; SPEC §3.2; issue 11 item 2).
+(layer 4, beside the store; docs/design.md#keys-and-manifests).
 
 A key covers the content of every file the compiler reads, but which headers a source reads
 is known only after running the preprocessor. A manifest remembers it, so a hit never runs
@@ -10,8 +10,8 @@ the files named there (digests remembered per file identity), checks by one ``st
 that no absent place exists now and, when all hold, knows the full key.
 
 **File**: ``<chip folder>/<op_type lower-cased>_<base key>.manifest``, where the base key is
-the SHA-256 of the key material without the headers (SPEC §3.2: everything else, including
-the source's path and digest). GE never reads it. **Format** (JSON, UTF-8, at most
+the SHA-256 of the key material without the headers (docs/design.md#keys-and-manifests: everything
+else, including the source's path and digest). GE never reads it. **Format** (JSON, UTF-8, at most
 :data:`MAX_BYTES`)::
 
     {"cachemgr_manifest": 2,
@@ -21,9 +21,10 @@ the source's path and digest). GE never reads it. **Format** (JSON, UTF-8, at mo
 Version 1 (no ``absent``) is read as no manifest at all: a miss, never a hit that skipped
 the checks. Newest variant first, at most :data:`MAX_VARIANTS`. Every part is untrusted input: a bad
 manifest is a miss (and is reported by ``verify``, removed by ``verify --repair``); the
-entry a matching variant names is still verified like every entry (SPEC §3.3). A manifest is
-part of the cache: counted in the chip folder's size, removed by the reclaim pass once no
-entry it names exists any more (its last entry evicted), cleared by ``force`` and purges.
+entry a matching variant names is still verified like every entry
+(docs/design.md#writing-and-reading-an-entry). A manifest is part of the cache: counted in the chip
+folder's size, removed by the reclaim pass once no entry it names exists any more (its last entry
+evicted), cleared by ``force`` and purges.
 """
 
 from __future__ import annotations

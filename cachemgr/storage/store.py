@@ -1,4 +1,4 @@
-"""The verified store over one chip folder (layer 4; SPEC §3.3).
+"""The verified store over one chip folder (layer 4; docs/design.md#writing-and-reading-an-entry).
 
 * **lookup**: a hit is an entry whose json parses and whose every binary matches its
   ``sha256``; on a hit the json's and binaries' access times become now (mtime kept) [GE].
@@ -73,7 +73,7 @@ def _no_space(
     chip_dir: Path, kernel: str, needed: int, exc: OSError, sink: Events | None
 ) -> NoSpaceError:
     """The one-line error for a publish that hit a full filesystem; a :class:`NoSpaceEvent`
-    goes to ``sink`` (issue 15 item 1: events are objects, not module-level listeners)."""
+    goes to ``sink`` (events are objects, not module-level listeners)."""
     try:
         vfs = os.statvfs(chip_dir)
         free = f"{vfs.f_bavail * vfs.f_frsize} bytes free"
@@ -136,7 +136,7 @@ class VerifyReport:
     chip_dir: Path
     checked: int = 0
     findings: list[Finding] = field(default_factory=list)
-    #: entries not read: reading them would have changed their access time (issue 12)
+    #: entries not read: reading them would have changed their access time
     not_checked: list[str] = field(default_factory=list)
 
     @property
@@ -152,7 +152,8 @@ MAX_KERNEL_NAME_BYTES = 255 - len(".json")
 
 
 #: errno values meaning "not ours to remove now": skip the file, report it, go on (EBUSY:
-#: an NFS server refusing to remove a file another host holds open, SPEC §9).
+#: an NFS server refusing to remove a file another host holds open,
+#: docs/design.md#sharing-and-locking).
 DENIED_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.EBUSY})
 
 
@@ -176,9 +177,9 @@ class Removal:
 
 
 def removal_order(names: Iterable[str], json_name: str) -> list[str]:
-    """An entry's file names in SPEC §5's deletion order — the one order every removal uses
-    (the store's and eviction's): the main json first (a visible json means a complete
-    entry, so it must go first), then binaries and header, then the sub-jsons and
+    """An entry's file names in the deletion order of docs/design.md#size-limits-and-eviction — the
+    one order every removal uses (the store's and eviction's): the main json first (a visible json
+    means a complete entry, so it must go first), then binaries and header, then the sub-jsons and
     ``_pre.json``; each group by name."""
     rest = sorted({n for n in names if n != json_name})
     return [
@@ -195,10 +196,10 @@ def remove_entry_files(
     json_name: str,
     sizes: Mapping[str, int] | None = None,
 ) -> Removal:
-    """The one removal routine of an entry's files (SPEC §5): in :func:`removal_order`,
-    relative to the open chip folder (``unlinkat``, no link followed); files already gone
-    are normal (``ENOENT``/``ESTALE``). A refused file (:data:`DENIED_ERRNOS`, or a folder
-    under a part's name) is reported and the rest goes on — except a refused main json,
+    """The one removal routine of an entry's files (docs/design.md#size-limits-and-eviction): in
+    :func:`removal_order`, relative to the open chip folder (``unlinkat``, no link followed); files
+    already gone are normal (``ENOENT``/``ESTALE``). A refused file (:data:`DENIED_ERRNOS`, or a
+    folder under a part's name) is reported and the rest goes on — except a refused main json,
     which stops the removal so the entry stays whole. The caller holds the entry's lock.
 
     :param sizes: bytes of each file (for :attr:`Removal.bytes`).
@@ -243,7 +244,7 @@ def check_kernel_name(kernel: str) -> str:
 
 
 #: Chip folders already warned about as read-only (one warning per folder until it is
-#: writable again: issue 10 item 12, issue 12 item 6); bounded like every memo.
+#: writable again); bounded like every memo.
 _read_only_warned: OnceSet[Path] = OnceSet("read-only folders warned", 4096)
 
 
@@ -257,7 +258,7 @@ class EntryHold:
     """An entry lock (``<chip>/<kernel>.lock``, fcntl) that the caller holds: the explicit
     handle that :meth:`Store.publish`, :meth:`Store.remove` and :meth:`Store.lookup` take as
     ``held=`` instead of locking again (a POSIX lock must not be taken twice in a process:
-    closing the second descriptor would drop the first). Issue 15 item 1."""
+    closing the second descriptor would drop the first)."""
 
     chip_dir: Path
     kernel: str
@@ -344,7 +345,8 @@ class Store:
         return self.entry_lock(kernel)
 
     def lock_path(self, kernel: str) -> Path:
-        """``<chip>/<kernel>.lock``: the entry's fcntl lock file (SPEC §3.1)."""
+        """``<chip>/<kernel>.lock``: the entry's fcntl lock file
+        (docs/design.md#files-of-an-entry)."""
         return self.chip_dir / f"{kernel}.lock"
 
     def entry_lock(self, kernel: str) -> fsutil.FcntlLock:
@@ -359,7 +361,7 @@ class Store:
     def lookup(
         self, kernel: str, touch: bool = True, held: EntryHold | None = None
     ) -> LookupResult:
-        """Verified lookup of ``kernel`` (SPEC §3.3).
+        """Verified lookup of ``kernel`` (docs/design.md#writing-and-reading-an-entry).
 
         A hit sets the json's and binaries' atime to now when ``touch`` (mtime kept). A bad
         entry is removed (under its lock — ``held`` when the caller holds it — after
@@ -431,12 +433,13 @@ class Store:
     def _touch(self, files: tuple[Path, ...]) -> None:
         for path in files:
             try:
-                fsutil.touch_atime(path, None, self.dir_fd)  # the filesystem's now (issue 12)
+                fsutil.touch_atime(path, None, self.dir_fd)  # the filesystem's now
             except PermissionError:
-                # another user's file: atime needs ownership; CANN skips it too (SPEC §9)
+                # another user's file: atime needs ownership; CANN skips it too
+                # (docs/design.md#sharing-and-locking)
                 log.debug("cannot set atime of %s (not owner)", path)
             except OSError as exc:
-                if exc.errno == errno.EROFS:  # a read-only root still serves hits (issue 12)
+                if exc.errno == errno.EROFS:  # a read-only root still serves hits
                     _warn_read_only(self.chip_dir, "access times are not updated")
                     return
                 if exc.errno not in fsutil.GONE_ERRNOS:
@@ -469,7 +472,7 @@ class Store:
                 return False
             if any(p.kind == entry.UNREADABLE for p in problems):
                 # a file this user may not read is a permission problem, not damage: another
-                # user's good entry must not be deleted for it (SPEC §9)
+                # user's good entry must not be deleted for it (docs/design.md#sharing-and-locking)
                 log.warning(
                     "not removing %s/%s: %s", self.chip_dir.name, kernel, problems[0].detail
                 )
@@ -574,7 +577,7 @@ class Store:
         main_json: Mapping[str, Any],
         held: EntryHold | None = None,
     ) -> PublishResult:
-        """Publish an entry atomically (SPEC §3.3).
+        """Publish an entry atomically (docs/design.md#writing-and-reading-an-entry).
 
         :param files: every part but the main json, by file name (binaries, sub-jsons as
             bytes, header, ``_pre.json``); names are flat (no ``/``, no ``..``). A part given
@@ -586,11 +589,12 @@ class Store:
         :param held: the entry lock when the caller holds it (else it is taken here).
         :raises NoSpaceError: the filesystem is full (``ENOSPC``/``EDQUOT``): one line naming
             the chip folder and the bytes needed; ``events`` is told; no partial entry is
-            left (SPEC §3.3).
+            left (docs/design.md#writing-and-reading-an-entry).
         :raises CachePermissionError: the chip folder or the entry's lock file is not
-            writable by this user (names the path, user, group and the fix; SPEC §9) — also
-            after the one retry that follows giving GE's ``0750``/``0640`` modes back to the
-            group where this process may (docs/shared-cache.md#ges-modes-given-back-on-sight).
+            writable by this user (names the path, user, group and the fix;
+            docs/design.md#sharing-and-locking) — also after the one retry that follows giving GE's
+            ``0750``/``0640`` modes back to the group where this process may
+            (docs/shared-cache.md#ges-modes-given-back-on-sight).
         :raises OSError: any other write failure; no partial entry is left.
         """
         check_kernel_name(kernel)
@@ -684,7 +688,8 @@ class Store:
         :raises OSError: a write failed; no temp file is left.
         """
         main = kernel + ".json"
-        # binaries and other parts first, then sub-jsons, the main json last (SPEC §3.3)
+        # binaries and other parts first, then sub-jsons, the main json last
+        # (docs/design.md#writing-and-reading-an-entry)
         order = sorted(payload, key=lambda n: (n == main, n.endswith(".json")))
         temps: list[tuple[Path, Path]] = []
         written = 0
@@ -692,8 +697,8 @@ class Store:
             for name in order:
                 dest = self.chip_dir / name
                 # no fsync: a hit verifies every binary's sha256 and parses the json, so what
-                # a power loss tears is a miss, never served (docs/compiling.md "Durability",
-                # issue 14)
+                # a power loss tears is a miss, never served (docs/compiling.md
+                # "Durability")
                 tmp, size = self._write_part(kernel, dest, payload[name], expected.get(name))
                 temps.append((tmp, dest))
                 written += size
@@ -787,7 +792,7 @@ class Store:
     def _verify_manifest(
         self, scan: entry.ChipScan, name: str, report: VerifyReport, repair: bool
     ) -> None:
-        """A header manifest (issue 11) must parse and name at least one entry present.
+        """A header manifest must parse and name at least one entry present.
         Another member's manifest that a read would change the access time of is not read
         (``not_checked``, like entries): it was reported bad, and ``--repair`` removed it."""
         try:
