@@ -1,7 +1,8 @@
-"""GE's own eviction and the mount's access-time rule (docs/interop.md#ges-eviction-and-
-access-times): on a real tmpfs mounted ``relatime``, ``strictatime`` and ``noatime``, the GE
-twin's eviction — which reads each json during its scan and deletes an entry only when its
-access time is unchanged, as GE's ``AgingCacheFileByAccessTime`` does — removes nothing under
+"""GE's own eviction and the mount's access-time rule
+(docs/interop.md#ges-eviction-and-access-times): on a real tmpfs mounted ``relatime``,
+``strictatime`` and ``noatime``, the GE twin's eviction — which reads each json during its scan and
+deletes an entry only when its access time is unchanged, as GE's ``AgingCacheFileByAccessTime`` does
+— removes nothing under
 ``relatime`` and ``strictatime``, while cachemgr keeps the cache within its limit on all
 three; ``stats`` and ``config`` say which rule each governed kernel cache is on."""
 

@@ -1,6 +1,6 @@
-"""Entries whose json makes CANN GE abort are removed on sight (docs/interop.md#entries-that-
-abort-ge; the shapes: ``cachemgr/storage/gefatal.py``), and headers GE's eviction left are
-reclaimed once old (docs/eviction.md).
+"""Entries whose json makes CANN GE abort are removed on sight
+(docs/interop.md#entries-that-abort-ge; the shapes: ``cachemgr/storage/gefatal.py``), and headers
+GE's eviction left are reclaimed once old (docs/eviction.md).
 
 Each shape is planted the way a member or a torn write would leave it, next to an entry GE's
 twin (``tests/ge_twin.py``) wrote. The twin, run as its own process, aborts on it

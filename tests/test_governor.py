@@ -1,6 +1,7 @@
-"""One service for every kernel cache on a build host (docs/daemon.md#governing-every-cache-
-on-a-build-host): real users, each with a ``$HOME/atc_data`` the GE twin filled over its own
-limit, and one governor (``serve --govern-only``) run with the capability set of
+"""One service for every kernel cache on a build host
+(docs/daemon.md#governing-every-cache-on-a-build-host): real users, each with a ``$HOME/atc_data``
+the GE twin filled over its own limit, and one governor (``serve --govern-only``) run with the
+capability set of
 ``systemd/cachemgr-governor.service`` through ``setpriv``."""
 
 from __future__ import annotations

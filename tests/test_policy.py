@@ -165,9 +165,9 @@ def test_invalid_values_raise() -> None:
         cache_plan("on", False)
 
 
-#: Per framework and op_debug_level: does the cache stay on (docs/compiling.md#debug-options-
-#: and-the-cache-per-framework)? torch_npu: "ACL_OP_DEBUG_LEVEL 0 or 3"; the TF adapter, GE and
-#: ATC: "op_debug_level non-zero: the cache is not used".
+#: Per framework and op_debug_level: does the cache stay on
+#: (docs/compiling.md#debug-options-and-the-cache-per-framework)? torch_npu: "ACL_OP_DEBUG_LEVEL 0
+#: or 3"; the TF adapter, GE and ATC: "op_debug_level non-zero: the cache is not used".
 DEBUG_RULES = {
     "tf": {0: True, 1: False, 2: False, 3: False, 4: False},
     "ge": {0: True, 1: False, 2: False, 3: False, 4: False},
