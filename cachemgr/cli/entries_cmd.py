@@ -160,7 +160,7 @@ def _short_parts(kernel: str, parts: list[str]) -> str:
 def _report_json(report: VerifyReport) -> dict[str, Any]:
     return {
         "checked": report.checked,
-        "not_checked": report.not_checked,
+        "not_checked": report.not_checked + report.not_checked_files,
         "findings": [
             {
                 "name": f.name,
@@ -234,12 +234,24 @@ def verify_cmd(as_json: bool, repair: bool, remotes: tuple[str, ...], **kw: Any)
             f"checked {human.plural(checked, 'entry', 'entries')} in "
             f"{human.plural(len(reports), 'chip folder')}; {bad} bad"
         )
-        skipped = sum(len(r.not_checked) for r in reports)
-        if skipped:
-            click.echo(
-                f"not checked: {skipped} entries of other users — reading them would change "
-                "their access times (the eviction order); run verify as their owner or root",
-                err=True,
-            )
+        line = _not_checked_line(reports)
+        if line:
+            click.echo(line, err=True)
     if bad or unreadable:
         sys.exit(1)
+
+
+def _not_checked_line(reports: list[VerifyReport]) -> str:
+    """``not checked: 2 entries and 1 header manifest of other users — …``: what was not
+    read because a read would change its access time, entries and loose files counted
+    apart (a manifest is not an entry); ``""`` when everything was read."""
+    entries = sum(len(r.not_checked) for r in reports)
+    files = sum(len(r.not_checked_files) for r in reports)
+    if not entries and not files:
+        return ""
+    parts = [human.plural(entries, "entry", "entries")] if entries else []
+    parts += [human.plural(files, "header manifest")] if files else []
+    return (
+        f"not checked: {' and '.join(parts)} of other users — reading them would change "
+        "their access times (the eviction order); run verify as their owner or root"
+    )

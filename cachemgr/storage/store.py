@@ -136,8 +136,13 @@ class VerifyReport:
     chip_dir: Path
     checked: int = 0
     findings: list[Finding] = field(default_factory=list)
-    #: entries not read: reading them would have changed their access time (issue 12)
+    #: entries not read: reading them would have changed their access time (docs/commands.md,
+    #: ``verify``)
     not_checked: list[str] = field(default_factory=list)
+    #: loose files (header manifests) not read, for the same reason; not entries
+    not_checked_files: list[str] = field(default_factory=list)
+    #: entries ``--repair`` removed
+    removed: set[str] = field(default_factory=set)
 
     @property
     def bad(self) -> list[Finding]:
@@ -475,6 +480,7 @@ class Store:
                 )
                 return False
             self._remove_files(kernel, self._names_for_removal(kernel, desc))
+            manifest.remove_unnamed(self.chip_dir, self.dir_fd, {kernel})
             return True
         finally:
             if held is None:
@@ -503,9 +509,12 @@ class Store:
         kernel: str,
         desc: entry.EntryDesc | None = None,
         held: EntryHold | None = None,
+        *,
+        manifests: bool = True,
     ) -> list[str]:
-        """Remove an entry's files — json first — under its lock (``held``, or taken here).
-        Returns the names removed.
+        """Remove an entry's files — json first — under its lock (``held``, or taken here),
+        and the header manifests whose last entry it was (``manifests``; a caller that
+        clears every manifest itself passes False). Returns the entry's file names removed.
 
         ``desc`` (if known) names the parts; otherwise the json is parsed, and name grouping
         is the fallback for an unparsable json.
@@ -513,7 +522,7 @@ class Store:
         if self.dir_fd is None:
             try:
                 with self._opened() as bound:
-                    return bound.remove(kernel, desc, held)
+                    return bound.remove(kernel, desc, held, manifests=manifests)
             except FileNotFoundError:
                 return []
         with self._locked(kernel, held):
@@ -522,7 +531,10 @@ class Store:
                     desc = entry.parse_entry(self.chip_dir, kernel, dir_fd=self.dir_fd)
                 except (FileNotFoundError, InvalidEntryError):
                     desc = None
-            return self._remove_files(kernel, self._names_for_removal(kernel, desc))
+            removed = self._remove_files(kernel, self._names_for_removal(kernel, desc))
+            if manifests and kernel + ".json" in removed:
+                manifest.remove_unnamed(self.chip_dir, self.dir_fd, {kernel})
+            return removed
 
     def _remove_files(self, kernel: str, names: list[str]) -> list[str]:
         """:func:`remove_entry_files` (the one removal routine); a file this user may not
@@ -787,17 +799,21 @@ class Store:
     def _verify_manifest(
         self, scan: entry.ChipScan, name: str, report: VerifyReport, repair: bool
     ) -> None:
-        """A header manifest (issue 11) must parse and name at least one entry present.
-        Another member's manifest that a read would change the access time of is not read
-        (``not_checked``, like entries): it was reported bad, and ``--repair`` removed it."""
+        """A header manifest must parse and name at least one entry present — present now:
+        an entry ``--repair`` removed above took its last manifests with it
+        (:func:`manifest.remove_unnamed`), and those are not reported. Another member's
+        manifest that a read would change the access time of is not read
+        (``not_checked_files``): it was reported bad, and ``--repair`` removed it."""
+        if repair and fsutil.lstat_or_none(self.chip_dir / name, self.dir_fd) is None:
+            return
         try:
             kernels = manifest.kernels(self.chip_dir / name, self.dir_fd)
         except fsutil.AtimeWouldChange:
-            report.not_checked.append(name)
+            report.not_checked_files.append(name)
             return
         if kernels is None:
             problem = entry.Problem("bad_manifest", f"{name} is not a valid header manifest")
-        elif not any(k in scan.entries for k in kernels):
+        elif not any(k in scan.entries and k not in report.removed for k in kernels):
             problem = entry.Problem(entry.ORPHAN_FILE, f"{name} names no entry present")
         else:
             return
@@ -832,6 +848,8 @@ class Store:
             finding = Finding(kernel, problems)
             if repair:
                 finding.repaired = self._repair(finding, self.remove_if_bad, kernel)
+                if finding.repaired:
+                    report.removed.add(kernel)
             report.findings.append(finding)
 
 
