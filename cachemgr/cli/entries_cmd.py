@@ -22,42 +22,11 @@ from cachemgr.cli.common import (
 )
 from cachemgr.cli.lockcheck import checked_for_writing
 from cachemgr.config.options import kernel_cache_why
-from cachemgr.errors import CacheMgrError
 from cachemgr.remote import config as remote_config
 from cachemgr.remote.tierset import RemoteTiers
-from cachemgr.storage import entry, fsutil
+from cachemgr.storage import entry, fsutil, optype
 from cachemgr.storage.store import VerifyReport
 from cachemgr.storage.tiers import chip_store
-
-
-def op_type_of(kernel: str) -> str:
-    """``te_<optype>_<hash>`` → ``<optype>`` (GE's naming, SPEC §3.1); ``""`` otherwise."""
-    parts = kernel.split("_")
-    if len(parts) >= 3 and parts[0] == "te":
-        return "_".join(parts[1:-1])
-    return ""
-
-
-def recorded_op_type(chip: Path, kernel: str) -> str:
-    """The op type as the entry records it: GE names entries ``te_<OpType>_<hash>`` (case
-    kept) and :func:`op_type_of` gives that; cachemgr's own names are lower-cased
-    (``te_matmul_…``), so for a name without a capital the main json's
-    ``supportInfo.opType`` (or ``opType``) is read — without changing its access time — and
-    used when it is that name's op type in another case (``MatMul``). Any problem reading it
-    (unreadable, not JSON, a read that would change the access time): the name's op type."""
-    from_name = op_type_of(kernel)
-    if not from_name or from_name != from_name.lower():
-        return from_name
-    try:
-        raw = fsutil.read_bytes_noatime(chip / f"{kernel}.json", max_bytes=entry.MAX_JSON_BYTES)
-        data = entry.load_json_object(raw, kernel)
-    except (OSError, CacheMgrError):
-        return from_name
-    support = data.get("supportInfo")
-    for found in (support.get("opType") if isinstance(support, dict) else None, data.get("opType")):
-        if isinstance(found, str) and found.lower() == from_name:
-            return found
-    return from_name
 
 
 def _iso(ns: int) -> str:
@@ -78,7 +47,7 @@ def list_chip(chip: Path) -> tuple[list[dict[str, Any]], int]:
             {
                 "soc_version": chip.name,
                 "kernel": kernel,
-                "op_type": recorded_op_type(chip, kernel),
+                "op_type": optype.shown(chip, kernel),
                 "bytes": group.size,
                 "atime": _iso(group.atime_ns),
                 "parts": sorted(group.files),

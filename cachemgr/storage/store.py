@@ -37,7 +37,7 @@ from cachemgr.errors import (
     NoSpaceError,
 )
 from cachemgr.memo import OnceSet
-from cachemgr.storage import entry, fsutil, groupmodes, manifest, partcopy
+from cachemgr.storage import entry, fsutil, groupmodes, manifest, optype, partcopy
 from cachemgr.storage.events import Events, NoSpaceEvent
 from cachemgr.storage.safedir import DirLock, SafeDir
 
@@ -609,15 +609,14 @@ class Store:
         payload: dict[str, Part] = dict(files)
         payload[kernel + ".json"] = _dump_json(main_json)
         expected = self._check_payload(kernel, payload)
+        op_type = optype.in_json(main_json, kernel)
 
         def write() -> PublishResult | int:
             with self._opened(create=True) as bound, bound._locked(kernel, held):
                 existing = bound._existing_good(kernel)
-                return (
-                    existing
-                    if existing is not None
-                    else bound._write_all(kernel, payload, expected)
-                )
+                if existing is not None:
+                    return existing
+                return bound._write_all(kernel, payload, expected, op_type)
 
         try:  # GE's 0750 folder: given back to the group (where we may), then once more
             done = groupmodes.retry_denied(write, self.chip_dir, [self.lock_path(kernel).name])
@@ -687,10 +686,16 @@ class Store:
         return None
 
     def _write_all(
-        self, kernel: str, payload: Mapping[str, Part], expected: Mapping[str, str]
+        self,
+        kernel: str,
+        payload: Mapping[str, Part],
+        expected: Mapping[str, str],
+        op_type: str | None = None,
     ) -> int:
         """Write every part to a temp name, then rename them into place, the main json last;
         a part given as a file must hash to ``expected[name]`` (bytes written: returned).
+        ``op_type`` (the json's, when the name lower-cases it) is kept on the main json
+        (:mod:`cachemgr.storage.optype`: every user's ``ls`` shows it).
 
         :raises InvalidInputError: a file part changed since its json was made.
         :raises OSError: a write failed; no temp file is left.
@@ -708,6 +713,8 @@ class Store:
                 # issue 14)
                 tmp, size = self._write_part(kernel, dest, payload[name], expected.get(name))
                 temps.append((tmp, dest))
+                if name == main:
+                    optype.attach(self.dir_fd, tmp.name, op_type)
                 written += size
         except BaseException:
             for tmp, _ in temps:
