@@ -169,6 +169,33 @@ def warning(message: str) -> None:
     click.echo(warning_line(message), err=True)
 
 
+def error_line(message: str) -> str:
+    """``cachemgr: error: MESSAGE``, safe for a terminal."""
+    return printable(f"cachemgr: error: {message}")
+
+
+def failure(message: str) -> None:
+    """A line that explains a non-zero exit (a file not removed, a chip folder skipped): a
+    warning at default verbosity; with ``-q``, which keeps errors only, an error line — the
+    exit code is never left unexplained (docs/commands.md, "Options every command shares")."""
+    if VERBOSITY.level < 0:
+        click.echo(error_line(message), err=True)
+    else:
+        warning(message)
+
+
+def report_line(line: str, failed: bool = False, err: bool = False) -> None:
+    """A line of what a command did (``compiled …``, gc's and purge's reports, ``verify``'s
+    count): on stdout (``err``: stderr) at default verbosity, not with ``-q`` (errors only) —
+    unless it tells a failure (``failed``), which ``-q`` shows as an error line. What a
+    command is asked to show (``ls``, ``stats``, ``config``, any ``--json``) is not a
+    report: it is printed whatever the verbosity."""
+    if VERBOSITY.level >= 0:
+        click.echo(line, err=err)
+    elif failed:
+        click.echo(error_line(line), err=True)
+
+
 def int_option(raw: str | None, option: str, low: int, high: int, accepted: str = "") -> int | None:
     """A strict integer option value in ``low..high`` (no unit suffix), or None when the
     option was not given.

@@ -14,11 +14,12 @@ from cachemgr.cli.common import (
     VERBOSITY,
     chip_dirs,
     emit_json,
+    failure,
     load_settings,
     printable,
     remote_option,
+    report_line,
     settings_options,
-    warning,
 )
 from cachemgr.cli.lockcheck import checked_for_writing
 from cachemgr.config.options import kernel_cache_why
@@ -99,7 +100,7 @@ def ls_cmd(as_json: bool, raw_bytes: bool, **kw: Any) -> None:
         click.echo(_total_line(rows, used, raw_bytes), err=True)
         click.echo(kernel_cache_why(settings), err=True)
     for line in unreadable:
-        warning(f"{line}; that chip folder is not listed")
+        failure(f"{line}; that chip folder is not listed")
     if unreadable:
         sys.exit(1)
 
@@ -176,7 +177,7 @@ def verify_cmd(as_json: bool, repair: bool, remotes: tuple[str, ...], **kw: Any)
         except PermissionError:  # a member's private folder: skipped, the others verified
             unreadable.append(fsutil.access_hint(chip, "readable"))
     for line in unreadable:
-        warning(f"{line}; that chip folder is not verified")
+        failure(f"{line}; that chip folder is not verified")
     bad = sum(len(r.bad) for r in reports)
     remote_rows = _remote_rows(settings, remotes)
     if as_json:
@@ -192,20 +193,21 @@ def verify_cmd(as_json: bool, repair: bool, remotes: tuple[str, ...], **kw: Any)
         for row in remote_rows:
             held = "" if row["entries"] is None else f", {row['entries']} keys"
             why = f": {row['error']}" if row.get("error") else ""
-            click.echo(f"remote {row['name']}: {row['state']}{held}{why}")
+            report_line(f"remote {row['name']}: {row['state']}{held}{why}")
         for report in reports:
             for f in report.findings:
                 state = "REPAIRED" if f.repaired else "BAD"
                 why = "; ".join(f"{p.kind}: {p.detail}" for p in f.problems)
-                click.echo(printable(f"{state} {report.chip_dir.name}/{f.name}: {why}"))
+                line = printable(f"{state} {report.chip_dir.name}/{f.name}: {why}")
+                report_line(line, failed=not f.repaired)  # -q: BAD lines are its errors
         checked = sum(r.checked for r in reports)
-        click.echo(
+        report_line(
             f"checked {human.plural(checked, 'entry', 'entries')} in "
             f"{human.plural(len(reports), 'chip folder')}; {bad} bad"
         )
-        line = _not_checked_line(reports)
-        if line:
-            click.echo(line, err=True)
+        not_checked = _not_checked_line(reports)
+        if not_checked:
+            report_line(not_checked, err=True)
     if bad or unreadable:
         sys.exit(1)
 
