@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from cachemgr.storage import manifest
 from cachemgr.storage.tiers import chip_store
 from tests.compile_util import SOC, make_settings, scale_request
 from tests.conftest import run_cli
+from tests.test_security_fs import _hold_lock
 
 
 def _write(path: Path, text: str, age_s: float = 10.0) -> Path:
@@ -142,22 +142,6 @@ def test_eviction_keeps_the_manifest_until_its_last_entry_goes(project: Project)
     project.run("gc", "--local", "--ratio", "0", "--min-age", "0")
     assert not found.exists()
     assert project.verify().returncode == 0
-
-
-def _hold_lock(path: Path) -> subprocess.Popen[str]:
-    """Another process holding the POSIX lock on ``path`` until its stdin closes."""
-    code = (
-        "import fcntl, sys\n"
-        f"f = open({str(path)!r}, 'a+')\n"
-        "fcntl.lockf(f, fcntl.LOCK_EX)\n"
-        "print('held', flush=True)\n"
-        "sys.stdin.read()\n"
-    )
-    holder = subprocess.Popen(
-        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    assert holder.stdout is not None and holder.stdout.readline() == "held\n"
-    return holder
 
 
 def test_purge_keeps_the_manifest_of_an_entry_it_could_not_remove(
