@@ -480,7 +480,7 @@ class Store:
                 )
                 return False
             self._remove_files(kernel, self._names_for_removal(kernel, desc))
-            manifest.remove_unnamed(self.chip_dir, self.dir_fd, {kernel})
+            self._remove_manifests_of(kernel)
             return True
         finally:
             if held is None:
@@ -533,8 +533,21 @@ class Store:
                     desc = None
             removed = self._remove_files(kernel, self._names_for_removal(kernel, desc))
             if manifests and kernel + ".json" in removed:
-                manifest.remove_unnamed(self.chip_dir, self.dir_fd, {kernel})
+                self._remove_manifests_of(kernel)
             return removed
+
+    def _remove_manifests_of(self, kernel: str) -> None:
+        """The header manifests whose last entry ``kernel`` was go with it
+        (:func:`manifest.remove_unnamed`); a folder that cannot be listed now leaves them to
+        gc's reclaim pass (logged): the entry's removal is done either way."""
+        if self.dir_fd is None:  # callers run bound to the folder (``_opened``)
+            return
+        try:
+            manifest.remove_unnamed(self.chip_dir, self.dir_fd, {kernel})
+        except OSError as exc:
+            log.warning(
+                "%s: header manifests of %s left for gc: %s", self.chip_dir, kernel, exc.strerror
+            )
 
     def _remove_files(self, kernel: str, names: list[str]) -> list[str]:
         """:func:`remove_entry_files` (the one removal routine); a file this user may not
@@ -811,8 +824,8 @@ class Store:
         (:func:`manifest.remove_unnamed`), and those are not reported. Another member's
         manifest that a read would change the access time of is not read
         (``not_checked_files``): it was reported bad, and ``--repair`` removed it."""
-        if repair and fsutil.lstat_or_none(self.chip_dir / name, self.dir_fd) is None:
-            return
+        if fsutil.lstat_or_none(self.chip_dir / name, self.dir_fd) is None:
+            return  # gone with its last entry (``--repair`` above), or removed meanwhile
         try:
             kernels = manifest.kernels(self.chip_dir / name, self.dir_fd)
         except fsutil.AtimeWouldChange:
