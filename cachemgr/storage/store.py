@@ -450,16 +450,20 @@ class Store:
 
     # --- removal ------------------------------------------------------------------------
 
-    def remove_if_bad(self, kernel: str, held: EntryHold | None = None) -> bool:
+    def remove_if_bad(
+        self, kernel: str, held: EntryHold | None = None, *, manifests: bool = True
+    ) -> bool:
         """Under the entry lock (``held``, or taken here), re-check ``kernel`` and remove it
-        if it is still bad.
+        if it is still bad, with the header manifests whose last entry it was
+        (``manifests``; ``verify`` passes False: its own pass over the manifests follows,
+        one listing for every entry it removed instead of one each).
 
         :returns: True if it was removed.
         """
         if self.dir_fd is None:
             try:
                 with self._opened() as bound:
-                    return bound.remove_if_bad(kernel, held)
+                    return bound.remove_if_bad(kernel, held, manifests=manifests)
             except FileNotFoundError:
                 return False
         lock = self._locked(kernel, held)
@@ -480,7 +484,8 @@ class Store:
                 )
                 return False
             self._remove_files(kernel, self._names_for_removal(kernel, desc))
-            self._remove_manifests_of(kernel)
+            if manifests:
+                self._remove_manifests_of(kernel)
             return True
         finally:
             if held is None:
@@ -820,12 +825,12 @@ class Store:
         self, scan: entry.ChipScan, name: str, report: VerifyReport, repair: bool
     ) -> None:
         """A header manifest must parse and name at least one entry present — present now:
-        an entry ``--repair`` removed above took its last manifests with it
-        (:func:`manifest.remove_unnamed`), and those are not reported. Another member's
+        one whose last entry ``--repair`` removed above goes too (reported ``REPAIRED``),
+        one that names another entry still there stays. Another member's
         manifest that a read would change the access time of is not read
         (``not_checked_files``): it was reported bad, and ``--repair`` removed it."""
         if fsutil.lstat_or_none(self.chip_dir / name, self.dir_fd) is None:
-            return  # gone with its last entry (``--repair`` above), or removed meanwhile
+            return  # removed meanwhile (with its last entry, by another process)
         try:
             kernels = manifest.kernels(self.chip_dir / name, self.dir_fd)
         except fsutil.AtimeWouldChange:
@@ -855,6 +860,11 @@ class Store:
             finding.problems.append(entry.Problem("not_removed", f"{name}: {exc}"))
             return False
 
+    def _remove_bad_entry(self, kernel: str) -> bool:
+        """``--repair`` of one entry; its manifests are judged by the pass over them that
+        follows (:meth:`_verify_manifest`), which removes those it was the last entry of."""
+        return self.remove_if_bad(kernel, manifests=False)
+
     def _verify_one(self, kernel: str, report: VerifyReport, repair: bool) -> None:
         try:
             _, problems = entry.check_entry(self.chip_dir, kernel, self.dir_fd)
@@ -867,7 +877,7 @@ class Store:
         if problems:
             finding = Finding(kernel, problems)
             if repair:
-                finding.repaired = self._repair(finding, self.remove_if_bad, kernel)
+                finding.repaired = self._repair(finding, self._remove_bad_entry, kernel)
                 if finding.repaired:
                     report.removed.add(kernel)
             report.findings.append(finding)
