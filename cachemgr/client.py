@@ -204,7 +204,18 @@ class Client:
         for attempt in (1, 2):  # a kept-alive connection the server closed: retry once
             conn = self._conn()
             try:
-                conn.request(method, path, body=payload, headers=headers)
+                try:
+                    conn.request(method, path, body=payload, headers=headers)
+                except (BrokenPipeError, ConnectionResetError) as sending:
+                    # the daemon may have answered before reading it all (413: over
+                    # [daemon] max_body_bytes) and closed: its answer is still there to read
+                    try:
+                        resp = conn.getresponse()
+                        raw = resp.read()
+                    except (http.client.HTTPException, OSError):
+                        raise sending from None  # no answer: it hung up (retried once)
+                    self._drop_connection()
+                    break
                 resp = conn.getresponse()
                 raw = resp.read()
                 break
@@ -336,6 +347,9 @@ class Client:
         directory). ``replace`` recompiles and replaces this one entry (SPEC §4).
         ``session``: requests of one session clear a chip folder at most once with ``force``
         (default: each call is its own session, so each ``force`` call clears).
+        This caller's values of the variables its compiler reads (``CPATH``,
+        ``NVCC_APPEND_FLAGS``, ``SOURCE_DATE_EPOCH``…; docs/compiling.md#the-environment) go
+        with the request as ``compile_env``: the daemon compiles with exactly those.
 
         Debug artefacts and ``disable`` kernels are handed back by the daemon and written
         here, as the caller (issue 11 item 6): debug ones to
@@ -359,12 +373,16 @@ class Client:
             found = self._hits.lookup_prepared(prepared, start)
             if found is not None:
                 return found
+        from cachemgr.compile import environment
+
         body: dict[str, Any] = {
             "request": dict(request),
             "base_dir": base,
             "wait": wait,
             "priority": priority,
             "replace": replace,
+            # the daemon compiles with this caller's values of what its compiler reads
+            "compile_env": environment.from_caller(os.environ, os.getcwd()),
         }
         if session is not None:
             body["session"] = session

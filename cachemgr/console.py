@@ -168,6 +168,24 @@ def _remote_row(settings: Settings, cli: tuple[str, ...] = ()) -> dict[str, Any]
     return row
 
 
+#: The row of ``config`` naming each governed kernel cache's mount and its access-time rule.
+FILESYSTEMS = "kernel_cache_filesystems"
+
+
+def _filesystems_row(settings: Settings) -> dict[str, Any]:
+    """Which filesystem each governed kernel cache is on, its access-time rule and what that
+    means for GE's own eviction (docs/interop.md#ges-eviction-and-access-times)."""
+    from cachemgr.storage import atimes
+
+    caches = [settings.layout.kernel_cache_dir, *settings.other_kernel_caches()]
+    found = atimes.governed_atimes(caches)
+    return {
+        "value": [a.to_json() for a in found],
+        "origin": "mount",
+        "source": str(atimes.MOUNTINFO),
+    }
+
+
 def _shown(value: Any) -> str:
     """A value as the config file would spell it (lists and tables as JSON), unset empty."""
     if value is None:
@@ -215,6 +233,8 @@ def config_report(
     tables = settings.config.rows()
     data.update(tables)
     names += list(tables)
+    data[FILESYSTEMS] = _filesystems_row(settings)
+    names.append(FILESYSTEMS)
     from cachemgr.config.options import kernel_cache_reason, kernel_cache_why  # loaded already
     from cachemgr.storage.exposure import outsiders_warning
 
@@ -228,6 +248,10 @@ def config_report(
         lines = [*warnings, (False, kernel_cache_why(settings))]  # which folder, why (SPEC §2)
         for name in names:
             item = data[name]
+            if name == FILESYSTEMS:  # one line per governed kernel cache
+                lines += [(False, f"({item['origin']}: {fs['mount_point'] or '-'}) filesystem = "
+                           f"{fs['line']}") for fs in item["value"]]  # fmt: skip
+                continue
             origin = item["origin"] + (f": {item['source']}" if item["source"] else "")
             shown = _shown(item["value"])
             if notes.get(name):

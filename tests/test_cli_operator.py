@@ -228,6 +228,27 @@ def test_limits_set_after_a_toolkit_change_asks_for_gc_first(
     assert (chip / "te_add_1.json").exists()
 
 
+def test_limits_set_without_an_ini_says_ge_purges_and_how_many_entries(
+    clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    """No op_cache.ini: GE's rule (``DelCachedFiles``) purges the chip folders at the next
+    CANN start; ``limits set`` says so, with the entries per chip folder, before writing."""
+    root = tmp_path / "c"
+    for soc, n in ((SOC, 3), ("Ascend310P3", 2)):
+        chip = root / "kernel_cache" / soc
+        chip.mkdir(parents=True)
+        for i in range(n):
+            publish(chip, f"te_add_{i}", b"kernel%d" % i)
+    env = {**clean_env, **_toolkit(tmp_path)}
+    proc = run_cli("limits", "set", "--max-size", "900", "--cache-dir", str(root), env=env)
+    assert proc.returncode == 1 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert "op_cache.ini is missing" in proc.stderr and "nothing written" in proc.stderr
+    assert "GE's rule purges the chip folders without one" in proc.stderr, proc.stderr
+    assert "2 chip folders holding 5 entries here (Ascend310P3 2, Ascend910B1 3)" in proc.stderr
+    assert not (root / "kernel_cache" / "op_cache.ini").exists()
+    assert len(list((root / "kernel_cache" / SOC).glob("*.json"))) == 3
+
+
 def test_limits_set_reloads_the_daemon_of_that_cache(tmp_path: Path, cache_root: Path) -> None:
     env = {**daemon_env(tmp_path), **_toolkit(tmp_path)}
     d = start_daemon(tmp_path, "--cache-dir", str(cache_root), env=env)

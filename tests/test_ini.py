@@ -360,6 +360,26 @@ def test_set_changes_value_in_place_keeping_spacing_and_every_other_byte(tmp_pat
     assert OpCacheIni.load(path).limits() == IniLimits(2048, 80)
 
 
+def test_a_stamp_is_written_the_way_ge_writes_it(tmp_path: Path) -> None:
+    """GE restamps only ``adk_version=``/``ops_version=`` lines from column 1
+    (``GetNewVersionString``); cachemgr writes a stamp line so, whatever it was."""
+    path = write(
+        tmp_path,
+        "[op_compiler_cache]\n  adk_version = 7.0\nops_version\t=7.0\r\nops_version=7.0\n"
+        "max_op_cache_size = 500\n",
+    )
+    cfg = OpCacheIni.load(path)
+    assert cfg.stamp_lines_ge_cannot_rewrite() == [2, 3]
+    cfg.set("adk_version", "8.0")
+    cfg.set("ops_version", "8.0")
+    cfg.save()
+    assert path.read_text() == (
+        "[op_compiler_cache]\nadk_version=8.0\nops_version=8.0\nops_version=8.0\n"
+        "max_op_cache_size = 500\n"
+    )
+    assert OpCacheIni.load(path).stamp_lines_ge_cannot_rewrite() == []
+
+
 def test_set_adds_missing_key_after_the_sections_last_key(tmp_path: Path) -> None:
     path = write(
         tmp_path,

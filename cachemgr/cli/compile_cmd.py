@@ -217,7 +217,9 @@ def compile_cmd(
     where = route(socket_path, run_local, settings, _local_only_option(click.get_current_context()))
     where.announce()
     if where.client is not None:
-        sys.exit(_compile_via_daemon(where.client, where, requests, extra, replace, as_json))
+        sys.exit(
+            _compile_via_daemon(where.client, where, requests, extra, replace, as_json, out_dir)
+        )
     cli_values = {
         "op_compiler_cache_dir": op_compiler_cache_dir,
         "host_id": host_id,
@@ -282,8 +284,9 @@ def _compile_here(
 
 
 #: Options that only an in-process queue honours: given on the command line, they route
-#: the compile here (with an explicit ``--socket`` they are an error).
-LOCAL_ONLY = ("workers", "timeout_s", "out_dir", "binaries", "remotes")
+#: the compile here (with an explicit ``--socket`` they are an error). ``--out-dir`` is not
+#: one: the daemon hands ``disable`` kernels back and this process writes them there.
+LOCAL_ONLY = ("workers", "timeout_s", "binaries", "remotes")
 
 
 def _local_only_option(ctx: click.Context) -> str | None:
@@ -306,11 +309,15 @@ def _compile_via_daemon(
     overrides: dict[str, Any],
     replace: bool,
     as_json: bool,
+    out_dir: Path,
 ) -> int:
     """Send the requests to the daemon at once (its pool compiles them in parallel) and
     report each in order; command-line options fill what a request's own ``options`` leave
-    unset, with relative paths made absolute here (the daemon has another cwd). Returns
-    the exit code: 1 if any failed, 2 if any was invalid."""
+    unset, with relative paths made absolute here (the daemon has another cwd). Kernels
+    compiled without the cache (``disable``) come back and are written to ``out_dir`` by
+    this process, as the caller. Returns the exit code: 1 if any failed, 2 if any was
+    invalid."""
+    out_dir = out_dir.absolute()
     for name in ("op_debug_config", "debug_dir"):
         if overrides.get(name):
             overrides[name] = str(Path(overrides[name]).absolute())
@@ -327,7 +334,11 @@ def _compile_via_daemon(
                 raise InvalidInputError(f"request {path}: a request must be a JSON object")
             data["options"] = {**overrides, **(data.get("options") or {})}
             return client.compile(
-                data, base_dir=path.resolve().parent, replace=replace, session=session
+                data,
+                base_dir=path.resolve().parent,
+                replace=replace,
+                session=session,
+                out_dir=out_dir,
             )
         except OSError as exc:
             return InvalidInputError(f"request {path}: cannot read ({exc.strerror})")

@@ -42,7 +42,7 @@ from cachemgr.config.options import Settings
 from cachemgr.errors import ConfigError
 from cachemgr.eviction import DryRun, chip_row, gc, purge_chip
 from cachemgr.eviction.gc import limits_json
-from cachemgr.storage import fsprobe
+from cachemgr.storage import atimes, fsprobe
 from cachemgr.storage.counters import COUNTER_NAMES, CacheCounters
 
 
@@ -126,8 +126,15 @@ def _gc_line(soc: str, report: ChipGc) -> str:
         else f"limit {_mib(report.max_bytes)}, target {_mib(report.target_bytes)}"
     )
     plural = human.plural
+    purged = (
+        f"purged {plural(report.purged_entries, 'entry', 'entries')} "
+        f"({_mib(report.purged_bytes)}, reason {report.purge_reason}); "
+        if report.purged_entries or report.purged_bytes
+        else ""
+    )
+    before = report.bytes_before + report.purged_bytes  # the folder as the run found it
     return (
-        f"{soc}: {_mib(report.bytes_before)} -> {_mib(report.bytes_after)} ({limit}); "
+        f"{soc}: {_mib(before)} -> {_mib(report.bytes_after)} ({limit}); {purged}"
         f"{verb} {plural(report.evicted_entries, 'entry', 'entries')} "
         f"({_mib(report.evicted_bytes)}); "
         f"kept by aging guard {report.kept_by_aging_guard}; "
@@ -135,7 +142,8 @@ def _gc_line(soc: str, report: ChipGc) -> str:
         f"{'would reclaim' if report.dry_run else 'reclaimed'} "
         f"{plural(rec.orphans, 'orphan')}, {plural(rec.temps, 'temp file')}, "
         f"{plural(rec.locks, 'lock file')}, "
-        f"{plural(rec.bad_entries, 'bad entry', 'bad entries')} ({_mib(rec.bytes)})"
+        f"{plural(rec.bad_entries, 'bad entry', 'bad entries')}, "
+        f"{plural(rec.ge_fatal, 'entry', 'entries')} that abort GE ({_mib(rec.bytes)})"
     )
 
 
@@ -235,6 +243,7 @@ def _count_evictions(kernel_cache_dir: Path, report: GcResult) -> None:
             continue
         counters.add("evicted_entries", folder.evicted_entries, soc)
         counters.add("evicted_bytes", folder.evicted_bytes, soc)
+        counters.add("ge_fatal_removed", folder.reclaimed.ge_fatal, soc)
     counters.flush()
 
 
@@ -268,16 +277,21 @@ def _print_gc_one(report: GcResult) -> None:
                         f"{soc}/{name} (bad entry)"
                     )
                 )
+            for line in folder.reclaimed.fatal:
+                verb = "would remove" if folder.dry_run else "removed"
+                click.echo(printable(f"  {verb} {soc}/{line}"))
     if not folders:
         click.echo(f"no chip folders under {report.kernel_cache_dir}; nothing to do")
         return
-    entries = sum(f.evicted_entries for f in folders.values())
-    freed = sum(f.evicted_bytes + f.reclaimed.bytes for f in folders.values())
+    totals = report.totals()
     verb = "would free" if any(f.dry_run for f in folders.values()) else "freed"
+    purged = totals["purged_entries"]
     click.echo(
-        f"total: {verb} {_mib(freed)} in {human.plural(len(folders), 'chip folder')}; "
-        f"{'would evict' if verb == 'would free' else 'evicted'} "
-        f"{human.plural(entries, 'entry', 'entries')}"
+        f"total: {verb} {_mib(totals['freed_bytes'])} in "
+        f"{human.plural(len(folders), 'chip folder')}; "
+        + (f"purged {human.plural(purged, 'entry', 'entries')}, " if purged else "")
+        + f"{'would evict' if verb == 'would free' else 'evicted'} "
+        f"{human.plural(totals['evicted_entries'], 'entry', 'entries')}"
     )
 
 
@@ -330,6 +344,7 @@ def stats_cmd(
         other_kernel_caches=_other_stats(settings),
         kernel_cache_dir=str(settings.layout.kernel_cache_dir),
         limits=limits_json(settings),
+        filesystems=[a.to_json() for a in _governed_atimes(settings)],
     )
     if as_json:
         emit_json(data.to_json())
@@ -337,6 +352,13 @@ def stats_cmd(
     _print_stats(data, options.kernel_cache_reason(settings))
     if run_local:
         _note_daemon_counters(settings)
+
+
+def _governed_atimes(settings: Settings) -> list[atimes.CacheAtimes]:
+    """The access-time rule of each governed kernel cache's mount, this one first: what it
+    means for GE's own eviction (docs/interop.md#ges-eviction-and-access-times)."""
+    caches = [settings.layout.kernel_cache_dir, *settings.other_kernel_caches()]
+    return atimes.governed_atimes(caches)
 
 
 def _note_daemon_counters(settings: Settings) -> None:
@@ -354,6 +376,8 @@ def _note_daemon_counters(settings: Settings) -> None:
 #: before them) and a daemon's ``queue_jobs``, its queue now (queued + running: the
 #: ``Queue`` line, shown only where there is a queue, a daemon's).
 _NOT_COUNTERS = {"hits", "misses", "queue_jobs"}
+#: Labels other than the counter's name (kept within the column the others fit in).
+_LABELS = {"ge_fatal_removed": "Fatal to GE"}  # removed: docs/interop.md#entries-that-abort-ge
 
 
 def _print_stats(stats: StatsResult, why: str = "") -> None:
@@ -371,7 +395,8 @@ def _print_stats(stats: StatsResult, why: str = "") -> None:
     # the counters, then a daemon's other whole numbers (remote_uploads_dropped)
     data = {**stats.counters, **stats.daemon}
     for key in sorted(k for k, v in data.items() if k not in _NOT_COUNTERS and _is_count(v)):
-        lines.append((key.replace("_", " ").capitalize(), str(data[key])))
+        label = _LABELS.get(key) or key.replace("_", " ").capitalize()
+        lines.append((label, str(data[key])))
     queue = data.get("queue")
     if isinstance(queue, dict):  # from a daemon: its queue now (issue 13 item 3)
         lines.append(
@@ -419,6 +444,8 @@ def _print_stats(stats: StatsResult, why: str = "") -> None:
         )
     if not stats.chip_folders:
         lines.append(("Chip folders", "none yet"))
+    for fs in stats.filesystems or []:  # one line per governed kernel cache
+        lines.append(("Filesystem", str(fs["line"])))
     for kc, folders in (stats.other_kernel_caches or {}).items():
         for soc, row in folders.items():  # SPEC §2: every kernel cache under ASCEND_CACHE_PATH
             if row.error:

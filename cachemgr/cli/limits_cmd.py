@@ -17,6 +17,7 @@ from typing import Any
 
 import click
 
+from cachemgr.cli import human
 from cachemgr.cli.common import (
     cache_options,
     emit_json,
@@ -28,9 +29,11 @@ from cachemgr.cli.common import (
 )
 from cachemgr.client import Client, DaemonError
 from cachemgr.config import ini, versions
+from cachemgr.config.layout import CacheLayout
 from cachemgr.config.options import Settings
 from cachemgr.constants import NEVER_EVICT
 from cachemgr.errors import CacheMgrError, ConfigError
+from cachemgr.eviction.purge import chip_usage
 from cachemgr.storage import fsutil
 
 _MAX_ACCEPTED = f"-1 or 1..{ini.MAX_MB_LIMIT} (MB = MiB per chip folder; -1 = never evict)"
@@ -145,10 +148,7 @@ def set_cmd(
     cache = settings.layout
     check = versions.compare(cache, installed)
     if check.needs_purge and cache.chip_dirs():
-        raise CacheMgrError(
-            f"{check.detail}; run `cachemgr gc` first: it purges what the old toolkit "
-            "compiled and stamps the ini; then set the limits"
-        )
+        raise CacheMgrError(_purge_first(cache, check))
     current = ini.OpCacheIni.load(cache.ini_path)
     if max_mb is None:
         max_mb = current.max_op_cache_size or int(settings.value(ini.MAX_KEY))
@@ -189,6 +189,31 @@ def set_cmd(
             )
     if reloaded is not None and not reloaded.get("reloaded", True):
         sys.exit(1)
+
+
+def _purge_first(cache: CacheLayout, check: versions.VersionCheck) -> str:
+    """Why ``limits set`` writes nothing yet: GE's rule (``te_cache_space_manager.cc``
+    ``DelCachedFiles``) purges the chip folders at the next CANN start — without an ini, or
+    with stamps of another toolkit — and how many entries that is, per chip folder; ``gc``
+    applies the same rule now and stamps the ini (docs/eviction.md)."""
+    counts = []
+    total = 0
+    for chip in cache.chip_dirs():
+        try:
+            n = chip_usage(chip).entries
+        except OSError:  # a member's private folder: not counted, still purged by GE
+            counts.append(f"{chip.name} unreadable")
+            continue
+        total += n
+        counts.append(f"{chip.name} {n}")
+    why = "without one" if check.status is versions.VersionStatus.NO_INI else "after an upgrade"
+    return (
+        f"{check.detail}; nothing written: GE's rule purges the chip folders {why} — "
+        f"{human.plural(len(counts), 'chip folder')} holding "
+        f"{human.plural(total, 'entry', 'entries')} here ({', '.join(counts)}); run "
+        "`cachemgr gc` first (it applies the same rule now and stamps the ini), then set the "
+        "limits"
+    )
 
 
 def _reload(client: Client | None) -> tuple[dict[str, Any] | None, str]:

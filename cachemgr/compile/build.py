@@ -23,12 +23,21 @@ import stat
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cachemgr.compile import inputs, kernel_meta, keys, policy, precompiled, searched, tempdirs
+from cachemgr.compile import (
+    environment,
+    inputs,
+    kernel_meta,
+    keys,
+    policy,
+    precompiled,
+    searched,
+    tempdirs,
+)
 from cachemgr.compile.request import CompileRequest, RequestOptions, resolve_options
 from cachemgr.compile.results import CompileOutcome, Policy, Status
 from cachemgr.compilers import CompileJob, CompilerBackend
@@ -76,6 +85,9 @@ class Prepared:
     deliver: str | None = None
     #: :attr:`CompileOutcome.note` of the answer
     note: str | None = None
+    #: the caller's values of the variables its compiler reads (checked:
+    #: :func:`cachemgr.compile.environment.checked`); the compile runs with exactly these
+    env: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def variant(self) -> str:
@@ -178,8 +190,13 @@ def prepare(
     timeout_s: float,
     replace: bool = False,
     given: inputs.Snapshot | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> Prepared:
     """Decide everything about ``request`` and compute its key and kernel name.
+
+    ``env`` is the compile environment a daemon's caller sent (``compile_env``: checked by
+    the daemon's rules, :func:`cachemgr.compile.environment.checked`); None: this process's
+    own (:func:`cachemgr.compile.environment.from_caller`).
 
     The key covers the source and every header (SPEC §3.2): with ``given`` (the frozen
     snapshot a caller sent) from those bytes; otherwise the source is hashed here and the
@@ -198,6 +215,11 @@ def prepare(
     identity = compilers.identity(request.language)
     backend = compilers.backend(request.language)
     flags = compilers.flags(request, identity, decision.debug.flags, decision.debug.emit)
+    native = compilers.native(backend, flags, identity)
+    daemon = env is not None
+    caller = env if env is not None else environment.from_caller(os.environ, os.getcwd())
+    cenv = environment.checked(caller, backend.env_names, request.origin, daemon)
+    envkey = backend.key_env(cenv)
     kcache = settings.layout.kernel_cache_dir
     try:
         chip_dir = settings.layout.chip_dir(request.soc_version)
@@ -208,16 +230,19 @@ def prepare(
         digest = inputs.file_digest(request.kernel_source, "kernel_source")
         snap = inputs.Snapshot(request.kernel_source, digest, None, cfg_bytes)
     elif snap.sent:  # what its bytes say, not the caller's word (docs/compiling.md)
-        job = _listing_job(request, decision, timeout_s)
+        job = _listing_job(request, decision, timeout_s, cenv)
         snap = inputs.check_sent(
             snap, request.include_dirs, lambda: inputs.system_prefixes(backend, identity, job)
         )
-    base = keys.base_key(keys.key_material(request, opts, identity, flags, snap), request)
+    base_material = keys.key_material(request, opts, identity, flags, snap, envkey, native)
+    base = keys.base_key(base_material, request)
     where = manifest.path_of(chip_dir, request.op_type, base)
     if snap.headers is None:
-        snap, scanned = _find_headers(snap, request, decision, backend, identity, where, timeout_s)
+        snap, scanned = _find_headers(
+            snap, request, decision, backend, identity, where, timeout_s, cenv
+        )
     decision = _without_cache_if(decision, snap.uncached)
-    key = keys.compute_key(keys.key_material(request, opts, identity, flags, snap))
+    key = keys.compute_key(keys.key_material(request, opts, identity, flags, snap, envkey, native))
     lock = chiplock.ChipLock(chiplock.chip_lock_path(kcache, request.soc_version))
     kernel = keys.kernel_name(request.op_type, key)
     return Prepared(
@@ -234,6 +259,7 @@ def prepare(
         where,
         scanned,
         note=snap.uncached,
+        env=cenv,
     )
 
 
@@ -247,9 +273,13 @@ def _without_cache_if(decision: policy.Decision, why: str | None) -> policy.Deci
 
 
 def _listing_job(
-    request: CompileRequest, decision: policy.Decision, timeout_s: float
+    request: CompileRequest,
+    decision: policy.Decision,
+    timeout_s: float,
+    env: Mapping[str, str],
 ) -> CompileJob:
-    """The job whose dependency listing names ``request``'s headers (its real files)."""
+    """The job whose dependency listing names ``request``'s headers (its real files, with
+    the caller's compile environment ``env``: nothing to translate)."""
     return CompileJob(
         source=request.kernel_source,
         language=request.language,
@@ -261,6 +291,7 @@ def _listing_job(
         timeout_s=timeout_s,
         include_dirs=request.include_dirs,
         extra_flags=request.extra_flags,
+        env=env,
     )
 
 
@@ -272,6 +303,7 @@ def _find_headers(
     identity: Any,
     where: Path,
     timeout_s: float,
+    env: Mapping[str, str],
 ) -> tuple[inputs.Snapshot, bool]:
     """``snap`` with its headers: from the manifest when every file it names still has its
     digest (a read of the cache: not for ``disable`` or debug), else from a dependency scan
@@ -283,11 +315,11 @@ def _find_headers(
             return dataclasses.replace(snap, headers=headers, absent=absent), False
     source = inputs.read_input(request.kernel_source, "kernel_source")
     if (
-        inputs.reads_only_system_headers(source, request.language, request.include_dirs, os.environ)
+        inputs.reads_only_system_headers(source, request.language, request.include_dirs, env)
         and hashlib.sha256(source).hexdigest() == snap.source_sha256
     ):
         return dataclasses.replace(snap, headers={}), True
-    job = _listing_job(request, decision, timeout_s)
+    job = _listing_job(request, decision, timeout_s, env)
     got = inputs.scan_headers(backend, job, identity)
     return dataclasses.replace(
         snap, headers=got.headers, absent=got.absent, uncached=got.uncached
@@ -488,6 +520,7 @@ def compile_job(p: Prepared, out_dir: Path) -> CompileJob:
         include_dirs=tuple(inputs.mirror(root, d) for d in p.request.include_dirs),
         extra_flags=p.request.extra_flags,
         mirror_root=root,
+        env=environment.for_mirror(p.env, root, p.inputs),
     )
 
 

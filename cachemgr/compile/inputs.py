@@ -38,8 +38,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from cachemgr.compile import embedded, searched
-from cachemgr.compilers import CompileJob, CompilerBackend, CompilerIdentity, process
+from cachemgr.compile import embedded, pathkey, searched
+from cachemgr.compilers import CompileJob, CompilerBackend, CompilerIdentity, envvars, process
 from cachemgr.compilers.base import read_depfile
 from cachemgr.errors import CompileError, InvalidInputError
 from cachemgr.memo import Memo
@@ -144,7 +144,9 @@ def file_digest(path: Path | str, what: str = "input") -> str:
     known = _digests.get(ident)
     if known is not None:
         return known
-    digest = hashlib.sha256(read_input(path, what)).hexdigest()
+    blob = read_input(path, what)
+    digest = hashlib.sha256(blob).hexdigest()
+    pathkey.note(digest, blob)  # read once: whether it names its path (its key's folder)
     if time.time() - max(st.st_mtime, st.st_ctime) > RACY_S:
         _digests.put(ident, digest)
     return digest
@@ -181,7 +183,8 @@ def system_prefixes(
         empty.write_bytes(b"")
         probe = replace(job, source=empty, out_dir=Path(tmp), include_dirs=(), defines={})
         argv = backend.depend_command(probe, Path(tmp) / "d")
-        out = process.run_in_group(argv, job.timeout_s, Path(tmp), "probing system headers")
+        clean = envvars.process_env({})  # the compiler's own headers, none a variable adds
+        out = process.run_in_group(argv, job.timeout_s, Path(tmp), "probing system headers", clean)
         names = []
         if out.returncode == 0 and (Path(tmp) / "d").is_file():
             with contextlib.suppress(OSError):  # over the cap: no system folder is known

@@ -10,8 +10,13 @@ UTF-8) of everything that changes the binary:
   (:mod:`cachemgr.compile.inputs`; system headers are represented by the compiler's identity);
 * the options: ``deterministic``, ``precision_mode``, ``op_debug_level`` and the other
   compile options a request may carry (``aicore_num``, ``deterministic_level``, ...);
-* the compiler: its name and version line and the exact flags of the command it runs
-  (every word of the argv but the executable path and the source/output paths).
+* the compiler: its name, version line, the file really run (links followed) with its
+  stamp (size and mtime, or its SHA-256: ``[compilers] compiler_check``; a wrapper script's
+  programs too, :mod:`cachemgr.compilers.stamp`), the exact flags of the command it runs
+  (every word of the argv but the executable path and the source/output paths) and what
+  ``-march=native``-style flags resolve to on this host (:mod:`cachemgr.compilers.native`);
+* the environment: each variable this compiler reads that changes its output, as the
+  caller set it (:mod:`cachemgr.compile.environment`; unset is not the same as empty).
 
 Faults seen in the field came from keys that missed one of these (``deterministic_level`` in
 GE, a model hash in vLLM-Ascend); :data:`KEY_FIELDS` lists them and the tests change each one.
@@ -33,13 +38,15 @@ from pathlib import Path
 from typing import Any
 
 from cachemgr.compile import inputs as inputs_mod
+from cachemgr.compile import pathkey
 from cachemgr.compile.inputs import Snapshot
 from cachemgr.compile.request import CompileRequest, RequestOptions
-from cachemgr.compilers import CompileJob, CompilerBackend, CompilerIdentity, get_backend
+from cachemgr.compilers import CompileJob, CompilerBackend, CompilerIdentity, envvars, get_backend
+from cachemgr.compilers import native as native_mod
 from cachemgr.errors import InvalidInputError
 
 #: Bump when the key material changes shape, so old and new keys never collide.
-KEY_VERSION = 2
+KEY_VERSION = 3
 #: Top-level fields of the key material (documentation and tests).
 KEY_FIELDS = (
     "op_type",
@@ -56,6 +63,7 @@ KEY_FIELDS = (
     "headers",
     "options",
     "compiler",
+    "environment",
 )
 #: Placeholders for the paths in a command, so the key does not depend on where it ran.
 SOURCE_PLACEHOLDER = "/SOURCE"
@@ -127,11 +135,16 @@ def key_material(
     identity: CompilerIdentity,
     flags: Sequence[str],
     inputs: Snapshot | str,
+    environment: Mapping[str, str] | None = None,
+    native: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Everything that changes the binary, as plain JSON values (SPEC §3.2).
 
     :param inputs: the snapshot of the source and headers (a bare source digest gives the
         material without paths and headers: the tests' shorthand).
+    :param environment: the compile environment's part of the key
+        (:meth:`CompilerBackend.key_env`).
+    :param native: what the ``-march=native``-style flags among ``flags`` resolve to.
     """
     snap = inputs if isinstance(inputs, Snapshot) else None
     files = snap.key_fields() if snap else {"source_sha256": inputs}
@@ -156,8 +169,42 @@ def key_material(
         "headers": [],
         **files,
         "options": options,
-        "compiler": {"name": identity.name, "version": identity.version, "flags": list(flags)},
+        "compiler": {
+            "name": identity.name,
+            "version": identity.version,
+            "path": identity.real_path,
+            "stamp": identity.stamp,
+            "flags": list(flags),
+            "native": list(native),
+        },
+        "environment": _relative_folders(environment or {}, snap),
+        **paths_in_binary(snap, flags),
     }
+
+
+def _relative_folders(env: Mapping[str, str], snap: Snapshot | None) -> dict[str, str]:
+    """``env`` with each absolute element of a folder list (``CPATH``…) relative to the
+    source's folder, as ``include_dirs`` are keyed: a copied project keys the same."""
+    out = dict(env)
+    for name in envvars.INCLUDE_PATHS & out.keys():
+        parts = out[name].split(os.pathsep)
+        out[name] = os.pathsep.join(
+            snap.relative(p) if snap and os.path.isabs(p) else p for p in parts
+        )
+    return out
+
+
+def paths_in_binary(snap: Snapshot | None, flags: Sequence[str]) -> dict[str, str]:
+    """``{"folder_in_binary": <the source's folder>}`` when the binary holds the caller's
+    paths (``__FILE__``, ``assert``, debug information: :mod:`cachemgr.compile.pathkey`,
+    docs/compiling.md#paths-in-the-binary), else nothing — so the keys of other compiles
+    stay as they were."""
+    if snap is None:
+        return {}
+    folder = pathkey.folder_in_binary(
+        str(snap.source), snap.source_sha256, snap.headers or {}, flags, snap.data
+    )
+    return {} if folder is None else {"folder_in_binary": folder}
 
 
 def compute_key(material: Mapping[str, Any]) -> str:
@@ -173,7 +220,10 @@ def base_key(material: Mapping[str, Any], request: CompileRequest) -> str:
         "source_path": str(request.kernel_source),
         "include_dirs": [str(d) for d in request.include_dirs],
     }
-    return compute_key({**material, "headers": None, "where": where})
+    # the folder is in "where" already; without it, a header's __FILE__ (known only once
+    # the headers are) cannot give the caller and the daemon two manifests
+    rest = {k: v for k, v in material.items() if k != "folder_in_binary"}
+    return compute_key({**rest, "headers": None, "where": where})
 
 
 def kernel_name(op_type: str, key: str) -> str:
@@ -203,8 +253,9 @@ class Compilers:
         self.config = dict(config)
         self._lock = threading.Lock()
         self._searching: dict[str, CompilerBackend] = {}
-        self._idents: dict[str, _Known] = {}
+        self._idents: dict[tuple[str, str], _Known] = {}
         self._flags: dict[tuple[Any, ...], tuple[str, ...]] = {}
+        self._native: dict[tuple[CompilerIdentity, tuple[str, ...]], tuple[str, ...]] = {}
 
     def _searching_backend(self, language: str) -> CompilerBackend:
         with self._lock:
@@ -219,30 +270,36 @@ class Compilers:
         :raises InvalidInputError: unknown language. :raises ConfigError: bad config.
         :raises CompileError: the compiler is not installed (named).
         """
-        self.identity(language)
-        with self._lock:
-            return self._idents[language][3]
+        return self._known(language)[3]
 
     def identity(self, language: str) -> CompilerIdentity:
-        """The compiler's name, path and version (SPEC §3.2).
+        """The compiler's name, path, version and stamp (docs/compiling.md#the-compiler).
 
         :raises InvalidInputError: unknown language. :raises ConfigError: bad config.
         :raises CompileError: the compiler is not installed (named) or ``--version`` fails.
         """
+        return self._known(language)[0]
+
+    def _known(self, language: str) -> _Known:
+        """The compiler found for ``language`` on this process's ``PATH`` now (another
+        ``PATH`` may find another compiler), looked up again after
+        :data:`COMPILER_REFRESH_S` or when its file changed."""
+        memo = (language, os.environ.get("PATH", ""))
         with self._lock:
-            known = self._idents.get(language)
+            known = self._idents.get(memo)
         if known is not None:
             ident, stamp, at, _ = known
             if time.monotonic() - at < COMPILER_REFRESH_S and _stamp(ident.path) == stamp:
-                return ident
+                return known
         searching = self._searching_backend(language)
         ident = searching.identity()
         pinned = searching
         if searching.name in _PIN_KEYS:
             pinned = get_backend(language, {**self.config, _PIN_KEYS[searching.name]: ident.path})
+        known = (ident, _stamp(ident.path), time.monotonic(), pinned)
         with self._lock:
-            self._idents[language] = (ident, _stamp(ident.path), time.monotonic(), pinned)
-        return ident
+            self._idents[memo] = known
+        return known
 
     def flags(
         self,
@@ -272,6 +329,30 @@ class Compilers:
                 if len(self._flags) > 4096:
                     self._flags.clear()
                 self._flags[memo] = found
+        return found
+
+    def native(
+        self, backend: CompilerBackend, flags: Sequence[str], identity: CompilerIdentity
+    ) -> tuple[str, ...]:
+        """What the ``-march=native``-style words among ``flags`` resolve to for
+        ``backend``'s compiler ``identity`` on this host (() when there is none;
+        remembered here and by :func:`cachemgr.compilers.native.resolve`).
+
+        :raises InvalidInputError: the backend cannot resolve them (one line).
+        :raises CompileError: the compiler cannot tell.
+        """
+        words = native_mod.native_words(flags)
+        if not words:
+            return ()
+        memo = (identity, words)  # (:meth:`identity`: re-validated by one stat per use)
+        with self._lock:
+            found = self._native.get(memo)
+        if found is None:
+            found = backend.resolve_native(words)
+            with self._lock:
+                if len(self._native) > 256:
+                    self._native.clear()
+                self._native[memo] = found
         return found
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cachemgr.compile import inputs, kernel_meta, precompiled
+from cachemgr.compile import inplace, inputs, kernel_meta, precompiled, volatile
 from cachemgr.compile.build import (
     COMPILED,
     HIT,
@@ -168,6 +168,9 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
     :raises LockBusyError: the chip lock was not obtained within ``ctx.lock_timeout_s`` (a
         ``force`` that never ends; the entry lock's timeout compiles outside the cache).
     """
+    timed = volatile.why_uncached(p.inputs, p.env, p.backend, p.backend.identity())
+    if timed is not None:  # its binary holds the time of its compile (docs/compiling.md)
+        return _compile_outside(p, ctx, timed)
     try:
         hold = p.chip_lock.hold_shared(timeout_s=ctx.lock_timeout_s)
     except (IsADirectoryError, fsutil.NotRegularFileError) as exc:
@@ -219,7 +222,7 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
                 return remote
         build_dir = ctx.build_dir()
         job = dataclasses.replace(compile_job(p, build_dir), json_in_memory=True)
-        if inputs.may_read_in_place(p.inputs, os.environ):
+        if inputs.may_read_in_place(p.inputs, p.env):
             job = dataclasses.replace(job, depfile=build_dir / ".deps.d")
         result = p.backend.compile(job)
         stale = inputs.reads_not_hashed(
@@ -229,11 +232,7 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
             lock.release()
             hold.release()
             if p.inputs.sent:
-                raise CompileError(
-                    f"{p.request.origin}: the compile read {stale[0]}, which is not among the "
-                    "files sent with the request (an absolute #include or a CPATH folder); "
-                    "include it by a relative name or through include_dirs"
-                )
+                raise CompileError(inplace.refusal(p.request.origin, stale[0]))
             return _uncached(p, ctx, result, stale)
         files, main = _payload(p, result, ctx.pending_dir())
     except BaseException:

@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cachemgr import constants
-from cachemgr.compile import build, kernel_meta, keys, precompiled
+from cachemgr.compile import build, inplace, kernel_meta, keys, precompiled
 from cachemgr.compile.build import Prepared
 from cachemgr.compile.inputs import Snapshot
 from cachemgr.compile.request import CompileRequest
@@ -200,6 +200,7 @@ class CompileQueue:
         inputs: Snapshot | None = None,
         deliver: bool = False,
         caller: object = None,
+        env: Mapping[str, str] | None = None,
     ) -> Future[CompileOutcome]:
         """Ask for the kernel of ``request``; the future resolves to its :class:`CompileOutcome`
         (``failed`` with the compiler's message on a compile error, never an exception).
@@ -215,6 +216,8 @@ class CompileQueue:
         :raises InvalidInputError: a bad ``.cfg``, option or define, an unreadable source or
             header, a source that keeps changing while it is read (nothing is done).
         :param caller: who asks (the daemon: the caller's uid), for fairness and the bound.
+        :param env: the compile environment the caller sent (the daemon's ``compile_env``:
+            compiled with exactly these values); default: this process's environment.
         :raises QueueFull: ``caller`` has ``max_queued_per_caller`` jobs queued or running.
         :raises ConfigError: a bad ``[compilers]`` configuration.
         :raises RuntimeError: the queue is closed.
@@ -226,7 +229,7 @@ class CompileQueue:
             settings, compilers = self.settings, self._compilers
         try:
             prepared = build.prepare(
-                request, settings, compilers, self.timeout_s, replace, given=inputs
+                request, settings, compilers, self.timeout_s, replace, given=inputs, env=env
             )
             if prepared.decision.cache.clear_first:
                 removed = self._force_once(prepared, session)
@@ -253,7 +256,9 @@ class CompileQueue:
                 if frozen is not None:
                     return self._enqueue(frozen, priority, start, caller)
                 log.info("%s changed while it was read; hashing it again", request.kernel_source)
-                again = build.prepare(request, settings, compilers, self.timeout_s, replace)
+                again = build.prepare(
+                    request, settings, compilers, self.timeout_s, replace, env=env
+                )
                 prepared = dataclasses.replace(again, deliver=prepared.deliver)
         except CompileError as exc:  # before the policy was decided (a missing header...)
             early = build.failed_before_prepared(request, settings, exc, replace, inputs)
@@ -499,6 +504,9 @@ class CompileQueue:
             if not isinstance(exc, CompileError | OutputFolderError):
                 log.warning("compile of %s failed: %s", p.kernel, exc)
                 log.debug("compile of %s failed", p.kernel, exc_info=True)
+            why = inplace.explain(p.inputs, p.request.origin, str(exc))
+            if isinstance(exc, CompileError) and why is not None:  # a sent absolute #include
+                exc = CompileError(why)
             return build.failed(p.kernel, exc, p.request.origin)
 
     def _finish(self, job: _Job, pending: publisher.Pending) -> None:

@@ -327,9 +327,10 @@ class StatsResult:
     :ivar chip_folders: each chip folder by soc.
     :ivar daemon: a daemon's own figures, in its order (``queue_jobs``, ``queue``,
         ``remotes``, ``remote_uploads_dropped``, ``scan``, ``watch``); empty from a local run.
-    :ivar via, route, other_kernel_caches, kernel_cache_dir, limits: the CLI's additions
-        (where it ran, the other governed kernel caches' folders by path, the limits with
-        their origins).
+    :ivar via, route, other_kernel_caches, kernel_cache_dir, limits, filesystems: the CLI's
+        additions (where it ran, the other governed kernel caches' folders by path, the
+        limits with their origins, the access-time rule of each governed kernel cache's
+        mount: :meth:`cachemgr.storage.atimes.CacheAtimes.to_json`).
     """
 
     counters: dict[str, int]
@@ -340,9 +341,10 @@ class StatsResult:
     other_kernel_caches: dict[str, dict[str, ChipStats]] | None = None
     kernel_cache_dir: str | None = None
     limits: dict[str, Any] | None = None
+    filesystems: list[dict[str, Any]] | None = None
 
     #: the CLI's additions, in their JSON order (after the daemon's figures)
-    ADDED = ("via", "route", "other_kernel_caches", "kernel_cache_dir", "limits")
+    ADDED = ("via", "route", "other_kernel_caches", "kernel_cache_dir", "limits", "filesystems")
 
     @property
     def hits(self) -> int:
@@ -406,4 +408,5 @@ class StatsResult:
             },
             data.get("kernel_cache_dir"),
             data.get("limits"),
+            data.get("filesystems"),
         )

@@ -23,7 +23,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,10 +83,17 @@ class Outcome:
         return trim((self.stderr.strip() or self.stdout).decode("utf-8", "replace"))
 
 
-def run_in_group(argv: list[str], timeout_s: float, cwd: Path | None, what: str) -> Outcome:
+def run_in_group(
+    argv: list[str],
+    timeout_s: float,
+    cwd: Path | None,
+    what: str,
+    env: Mapping[str, str] | None = None,
+) -> Outcome:
     """Run ``argv`` in a process group of its own and wait at most ``timeout_s`` seconds.
 
     :param what: words for the error message, e.g. ``"compiling /x/add.c"``.
+    :param env: the process's environment (None: this process's own).
     :raises CompileError: when ``argv[0]`` cannot be started, or on timeout (after the whole
         process group was killed with SIGKILL and the compiler reaped).
     """
@@ -96,7 +103,7 @@ def run_in_group(argv: list[str], timeout_s: float, cwd: Path | None, what: str)
     run = box.wrap(argv, cwd, namespaces) if box is not None else argv
     viewed = box is not None and box.in_view(namespaces)
     try:
-        proc = caps.start(run, cwd)
+        proc = caps.start(run, cwd, env)
     except OSError as exc:
         raise CompileError(f"cannot run {argv[0]!r} ({what}): {exc}") from exc
     try:

@@ -87,7 +87,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cachemgr.compilers import caps
+from cachemgr.compilers import caps, envvars
 from cachemgr.constants import MIB
 from cachemgr.errors import CompileError, ConfigError
 
@@ -226,7 +226,7 @@ class Sandbox:
         if work != "/":
             args += ["--bind", work, work]
         for name in sorted(os.environ):  # the daemon's other variables may hold credentials
-            if not ENV_KEPT.match(name):
+            if not ENV_KEPT.match(name) and name not in envvars.KEYED:  # (the caller's)
                 args += ["--unsetenv", name]
         return [*args, "--chdir", work, "--setenv", "TMPDIR", "/tmp"]
 

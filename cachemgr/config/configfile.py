@@ -278,6 +278,9 @@ class CompilersTable:
     cce_suffix: str | None = _opt_str()
     cce_magic: str | None = _opt_str()
     cce_core_type: str | None = _opt_str()
+    # how a compiler is told apart in the key: its file's size and mtime, or its SHA-256
+    # (cachemgr.compilers.stamp; ccache's compiler_check)
+    compiler_check: str = field(default="mtime", metadata=rule("str", choices=("mtime", "content")))
 
 
 @dataclass(frozen=True)

@@ -513,8 +513,10 @@ class OpCacheIni:
         """Set ``key`` in ``[op_compiler_cache]`` in memory; :meth:`save` writes it.
 
         An existing ``key`` line keeps its spacing and line end (every occurrence is changed
-        when the key is duplicated); a new one is written GE's way, ``key=value``, after the
-        section's last key; the section is added at the end of the file when missing.
+        when the key is duplicated) — except a version stamp's, which is rewritten the way GE
+        writes it (:meth:`stamp_lines_ge_cannot_rewrite`); a new one is written GE's way,
+        ``key=value``, after the section's last key; the section is added at the end of the
+        file when missing.
 
         :param key: case-sensitive, e.g. ``max_op_cache_size`` (MB) or
             ``remain_cache_size_ratio`` (percent); other keys are kept as given.
@@ -525,6 +527,21 @@ class OpCacheIni:
         self._changes[key] = text
         self._apply(key, text)
         self._analyse()
+
+    def stamp_lines_ge_cannot_rewrite(self) -> list[int]:
+        """The lines (1-based) of ``[op_compiler_cache]`` holding a version stamp GE reads
+        but cannot rewrite: spaces before ``=`` or an indented key (``adk_version = 7.0``).
+        GE reads them trimmed (``LoadIniFile``), but its restamp after an upgrade
+        (``te_cache_space_manager.cc`` ``UpdateOpCacheIniFile`` → ``GetNewVersionString``)
+        replaces only a line whose text before the first ``=`` is exactly the key
+        (``sscanf "%[^=]"`` + ``strcmp``): it keeps the old stamp and so purges the chip
+        folder on every start. :meth:`set` of a stamp writes its line as GE does, ``key=value``."""
+        out = []
+        for key in _STAMPS:
+            for idx in self._scan_result.key_lines.get(key, []):
+                if self._lines[idx].text.partition("=")[0] != key:
+                    out.append(idx + 1)
+        return sorted(out)
 
     def save(self, dir_fd: int | None = None) -> None:
         """Write the ini atomically (temp file + ``rename()``, SPEC §3.3).
@@ -668,7 +685,9 @@ class OpCacheIni:
             for idx in scan.key_lines[key]:
                 line = self._lines[idx]
                 match = _KEYVAL.fullmatch(line.text)
-                if match is not None:  # always true for a key line; keeps mypy calm
+                if key in _STAMPS:  # as GE writes it (GetNewVersionString), or GE never can
+                    line.text = f"{key}={text}"
+                elif match is not None:  # always true for a key line; keeps mypy calm
                     line.text = line.text[: match.start(2)] + text + line.text[match.end(2) :]
                 if key in _STAMPS and line.end == "\r\n":
                     line.end = "\n"  # GE keeps a CR in the value: the stamp would never match

@@ -85,6 +85,9 @@ class GcJob:
     #: ``time.monotonic()`` (one clock for all processes on Linux) by which the whole child
     #: run stops: no job starts and no bad entry is waited for after it; None = no deadline
     deadline: float | None = None
+    #: check the entries whose jsons changed since then (ns since the epoch) for shapes that
+    #: make GE abort; 0 = every entry, None = none (``gc_chip``'s ``ge_fatal_since_ns``)
+    ge_fatal_since_ns: int | None = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -99,6 +102,7 @@ class GcJob:
             "skew_warned": self.skew_warned,
             "dry_run": self.dry_run,
             "deadline": self.deadline,
+            "ge_fatal_since_ns": self.ge_fatal_since_ns,
         }
 
 
@@ -278,6 +282,7 @@ def _child_job(i: int, job: dict[str, Any], names: bool, out: IO[str]) -> None:
             first_seen=first_seen,
             dry_run=collect.DryRun.YES if job.get("dry_run") else collect.DryRun.NO,
             deadline=job.get("deadline"),
+            ge_fatal_since_ns=job.get("ge_fatal_since_ns", 0),
         )
     except (OSError, CacheMgrError) as exc:
         _send(out, {"job": i, "error": str(exc)})

@@ -70,7 +70,8 @@ from cachemgr.daemon import gcchild
 from cachemgr.daemon.config import DaemonConfig
 from cachemgr.daemon.usage import UsageIndex
 from cachemgr.daemon.watch import Watcher
-from cachemgr.errors import CacheMgrError
+from cachemgr.errors import CacheMgrError, LockBusyError
+from cachemgr.eviction import fatal
 from cachemgr.eviction import gc as cache_gc
 from cachemgr.eviction.collect import skew_warned
 from cachemgr.storage import entry, fsprobe, fsutil, groupmodes
@@ -79,6 +80,8 @@ from cachemgr.storage.events import Events, NoSpaceEvent
 from cachemgr.storage.safedir import SafeDir
 
 log = logging.getLogger(__name__)
+#: Seconds before a json that aborts GE is tried again when its entry's lock was held.
+FATAL_RETRY_S = 0.5
 #: The inotify events that change usage. Opens, reads and atime updates (every hit makes
 #: several) are not subscribed at all, so hits cost the daemon no event work.
 WATCHED_EVENTS = [
@@ -237,6 +240,10 @@ class Governance:
         self._settling: set[str] = set()
         #: chip folders seen appearing and not yet watched (:meth:`folder_appeared`)
         self._fresh: set[str] = set()
+        #: the reclaim pass checks the entries whose jsons changed since this time (ns) for
+        #: shapes that make GE abort: 0 (all) for the first, then the previous pass's start
+        #: less the allowed clock skew (the watcher sees this host's new jsons at once)
+        self._fatal_since_ns = 0
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -354,14 +361,56 @@ class Governance:
         soc = self.index.file_removed(path) if removed else self.index.file_changed(path)
         if soc is not None and not removed:
             self._check_limit(soc)
-        if not removed and self.on_entry is not None and path.name.endswith(".json"):
-            self._entry_seen(path.parent, path.name[: -len(".json")])
+        if not removed and path.name.endswith(".json"):
+            if self._check_fatal(path.parent, path.name[: -len(".json")]):
+                return
+            if self.on_entry is not None:
+                self._entry_seen(path.parent, path.name[: -len(".json")])
+
+    def _check_fatal(self, chip: Path, stem: str) -> bool:
+        """Remove at once the entry of a json that appeared if its shape makes GE abort
+        (docs/interop.md#entries-that-abort-ge): one or two small reads per new json; a held
+        entry lock (a writer) is tried again in :data:`FATAL_RETRY_S`. True when removed."""
+        if chip.parent != self.index.kernel_cache_dir or self.root_problem:
+            return False
+        kernel = _kernel_of_json(chip, stem)
+        if kernel is None:
+            return False
+        try:
+            done = fatal.remove_if_fatal(chip, kernel)
+        except LockBusyError:
+            self._retry_fatal(chip, kernel)
+            return False
+        except (OSError, CacheMgrError) as exc:
+            log.debug("%s/%s: not checked for shapes that abort GE: %s", chip, kernel, exc)
+            return False
+        if not done.removed:
+            return False
+        self.counters.add("ge_fatal_removed", 1, chip)
+        return True
+
+    def _retry_fatal(self, chip: Path, kernel: str) -> None:
+        if not self.scheduler.running:
+            return
+        when = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=FATAL_RETRY_S)
+        self.scheduler.add_job(
+            self._check_fatal,
+            "date",
+            run_date=when,
+            args=[chip, kernel],
+            id=f"fatal:{chip}/{kernel}",
+            replace_existing=True,
+        )
 
     def _give_back_file(self, path: Path) -> None:
         """``g+rw`` back on one file of the kernel cache or a chip folder that lacks it (one
         ``lstat`` for a file that has it: the daemon's own, every publish's)."""
+        if path.name.endswith(fsutil.TEMP_SUFFIX):  # a write in progress: its writer sets it
+            return
         st = fsutil.lstat_or_none(path)
         if st is None or not fsutil.plain_file(st) or st.st_mode & 0o060 == 0o060:
+            return
+        if st.st_uid == os.geteuid():  # this daemon's own: made group-sharing as it is made
             return
         kc = self.index.kernel_cache_dir
         if path.parent == kc:
@@ -394,7 +443,10 @@ class Governance:
             log.debug("%s: modes not given back: %s", chip, exc)
             return
         if changed:
-            log.info("%s: group-sharing modes given back on %d files", chip, changed)
+            log.info(
+                "%s: group-sharing modes given back on %d file%s",
+                chip, changed, "" if changed == 1 else "s",
+            )  # fmt: skip
 
     def evicting(self, path: str) -> bool:
         """True when ``path`` lies in a chip folder that this daemon is evicting now.
@@ -423,13 +475,12 @@ class Governance:
             log.exception("handling the new entry %s/%s failed", chip.name, stem)
 
     def entries_sweep(self, socs: set[str] | None = None) -> int:
-        """Reconciliation's share of :attr:`on_entry`: every main json whose mtime is newer
-        than the previous sweep (less the allowed clock skew: other hosts' clocks, SPEC §9)
-        — what inotify cannot see. With ``socs`` only those chip folders (armed anew: their
-        files were written before their watch) and the next sweep's start stays. Returns
-        how many were reported."""
-        if self.on_entry is None:
-            return 0
+        """Reconciliation's share of what inotify cannot see (other hosts' writes, SPEC §9):
+        every main json whose mtime is newer than the previous sweep (less the allowed clock
+        skew) is told to :attr:`on_entry`, and every json changed since then (mtime or
+        ctime) is checked for shapes that make GE abort (:meth:`_check_fatal`). With
+        ``socs`` only those chip folders (armed anew: their files were written before their
+        watch) and the next sweep's start stays. Returns how many were told."""
         started = time.time()
         since = self._entries_since - float(self._settings().value("clock_skew_s"))
         seen = 0
@@ -442,18 +493,13 @@ class Governance:
             chips = [c for c in chips if c.name in socs]
         for chip in chips:
             try:
-                with SafeDir.open_chip(chip) as folder, os.scandir(folder.fd) as it:
-                    stems = [
-                        d.name[: -len(".json")]
-                        for d in it
-                        if d.name.endswith(".json")
-                        and d.is_file(follow_symlinks=False)
-                        and d.stat(follow_symlinks=False).st_mtime >= since
-                    ]
+                changed = _changed_jsons(chip, since)
             except (OSError, CacheMgrError) as exc:
                 log.debug("sweeping %s for new entries failed: %s", chip, exc)
                 continue
-            for stem in stems:
+            for stem, new in changed:
+                if self._check_fatal(chip, stem) or not new or self.on_entry is None:
+                    continue
                 self._entry_seen(chip, stem)
                 seen += 1
         if socs is None:
@@ -560,6 +606,7 @@ class Governance:
             target_bytes=target_bytes,
             clock_skew_s=float(settings.value("clock_skew_s")),
             first_seen=self._first_seen.setdefault(soc, {}),
+            ge_fatal_since_ns=self._fatal_since_ns,
         )
         self._settling.add(soc)
         try:
@@ -640,6 +687,10 @@ class Governance:
             value = data.get(key)
             if isinstance(value, int):
                 self.counters.add(key, value, Path(str(chip)) if chip else None)
+        reclaimed = data.get("reclaimed")
+        fatal_removed = reclaimed.get("ge_fatal") if isinstance(reclaimed, Mapping) else None
+        if isinstance(fatal_removed, int):
+            self.counters.add("ge_fatal_removed", fatal_removed, Path(str(chip)) if chip else None)
 
     def reconcile(self) -> dict[str, int]:
         """The periodic rescan; re-checks every chip folder's limit. Other hosts' writes and
@@ -775,12 +826,24 @@ class Governance:
             chips = []
         # max -1: no size eviction, only the reclaim pass; every chip folder in one child
         age = float(settings.value("min_age_s"))
-        jobs = [gcchild.GcJob(chip, eviction.NEVER_EVICT, ratio, age) for chip in chips]
+        since = self._fatal_since_ns
+        started_ns = time.time_ns() - int(float(settings.value("clock_skew_s")) * 1e9)
+        jobs = [
+            gcchild.GcJob(chip, eviction.NEVER_EVICT, ratio, age, ge_fatal_since_ns=since)
+            for chip in chips
+        ]
+        failed = False
         for job, outcome in zip(
             jobs, _run_gc(jobs, deadline_s=self.config.gc_deadline_s), strict=True
         ):
             if outcome.error and not outcome.died:  # a death was logged already, once
                 log.warning("reaping %s failed: %s", job.chip_dir, outcome.error)
+            skipped = (outcome.report or {}).get("skipped", "gc error")
+            failed = failed or skipped not in ("", "missing")
+            if outcome.report is not None:
+                self.count_eviction(outcome.report)
+        if not failed:  # a folder not reclaimed (busy, deadline) is read whole again
+            self._fatal_since_ns = max(0, started_ns)
         try:
             reaped = kernel_meta.reap_orphans(
                 Path(settings.value("kernel_meta_dir")), self.config.kernel_meta_retention_s
@@ -790,6 +853,35 @@ class Governance:
             return
         if reaped:
             log.info("reaped %d kernel_meta leftovers of dead processes", len(reaped))
+
+
+def _changed_jsons(chip: Path, since: float) -> list[tuple[str, bool]]:
+    """``(stem, new)`` of each ``*.json`` of ``chip`` changed at or after ``since`` (seconds
+    since the epoch): ``new`` when its mtime is (a new entry), else only its ctime (renamed
+    in with an old mtime, rewritten in place)."""
+    out = []
+    with SafeDir.open_chip(chip) as folder, os.scandir(folder.fd) as it:
+        for d in it:
+            if not d.name.endswith(".json") or not d.is_file(follow_symlinks=False):
+                continue
+            st = d.stat(follow_symlinks=False)
+            if max(st.st_mtime, st.st_ctime) >= since:
+                out.append((d.name[: -len(".json")], st.st_mtime >= since))
+    return out
+
+
+def _kernel_of_json(chip: Path, stem: str) -> str | None:
+    """The entry a json ``<stem>.json`` of ``chip`` belongs to: a part's
+    (``<kernel>_mix_aic``, ``_loc``...) is its kernel's when that main json exists; a
+    ``_mix_aic``/``_mix_aiv`` json without it is read by GE only through a main json's
+    ``jsonList`` (None: judged when that main json appears)."""
+    for suffix in entry.PART_STEM_SUFFIXES:
+        if stem.endswith(suffix):
+            base = stem[: -len(suffix)]
+            if fsutil.lstat_or_none(chip / f"{base}.json") is not None:
+                return base
+            return None if suffix in ("_mix_aic", "_mix_aiv") else stem
+    return stem
 
 
 def _run_gc(

@@ -21,7 +21,7 @@ from typing import Any
 from apscheduler.triggers.interval import IntervalTrigger
 
 from cachemgr import eviction
-from cachemgr.compile import build, inputs, request
+from cachemgr.compile import build, environment, inputs, request
 from cachemgr.compile.queue import CompileOutcome, CompileQueue
 from cachemgr.compile.results import (
     ChipStats,
@@ -521,6 +521,8 @@ class Service:
             )
         priority = _check_params(body)
         req, snap = self._compile_request(body, base)
+        # the caller's compile environment: compiled with exactly it, never the daemon's own
+        env = environment.from_wire(body.get("compile_env"), "/compile request")
         session = body.get("session")
         if session is not None and not isinstance(session, str):
             raise InvalidInputError(f"/compile session={session!r} must be a string")
@@ -537,6 +539,7 @@ class Service:
                 # anyone else's outputs are handed back: never written where a caller points
                 deliver=body.get("deliver") is True or not own,
                 caller=_caller_key(caller),
+                env=env,
             )
         future.add_done_callback(lambda f: _log_compile(f, req.op_type, req.soc_version, caller))
         future.add_done_callback(self._observe)

@@ -156,8 +156,10 @@ class GcReport:
                 "locks": rec.locks,
                 "manifests": rec.manifests,
                 "bad_entries": rec.bad_entries,
+                "ge_fatal": rec.ge_fatal,
                 "bytes": rec.bytes,
                 "bad": rec.bad,
+                "fatal": rec.fatal,
             },
             "not_files": self.odd,
             "seconds": round(self.seconds, 3),
@@ -193,6 +195,7 @@ def gc_chip(
     clock_skew_s: float | None = DEFAULT_CLOCK_SKEW_S,
     first_seen: dict[str, int] | None = None,
     deadline: float | None = None,
+    ge_fatal_since_ns: int | None = 0,
 ) -> GcReport:
     """Reclaim leftovers and evict least recently accessed entries of one chip folder.
 
@@ -215,6 +218,10 @@ def gc_chip(
     :param deadline: ``time.monotonic()`` by which the run stops: not started after it, and
         no bad entry is waited for after it (then nothing is evicted; the lock is released
         and the report says ``skipped="deadline"``, with what was done).
+    :param ge_fatal_since_ns: the entries checked for json shapes that make GE abort (and
+        removed at once: docs/interop.md#entries-that-abort-ge): those whose jsons changed at
+        or after this time (ns since the epoch); 0 = all (each json is read once), None =
+        none.
     :raises InvalidInputError: for bad limits (nothing is touched).
     :raises OSError: when the folder cannot be listed or locked (e.g. ``ENOLCK``).
     """
@@ -267,6 +274,7 @@ def gc_chip(
                     progress,
                     on_planned,
                     deadline,
+                    ge_fatal_since_ns,
                 )
         finally:
             lock.release()
@@ -334,13 +342,22 @@ def _run(
     progress: Progress | None,
     on_planned: Callable[[EvictionPlan], None] | None,
     deadline: float | None = None,
+    ge_fatal_since_ns: int | None = 0,
 ) -> None:
     max_mb, ratio_pct, min_age_s, force_ratio, target_bytes = limits
     scan = entry.scan_chip(report.chip_dir, chip_fd)
     report.entries_before = len(scan.entries)
     report.bytes_before = scan.used_bytes
     report.odd = dict(scan.odd)
-    report.reclaimed = reclaim(scan, chip_fd, time.time_ns(), report.dry_run, deadline)
+    report.reclaimed = reclaim(
+        scan,
+        chip_fd,
+        time.time_ns(),
+        report.dry_run,
+        deadline,
+        min_age_s=min_age_s,
+        fatal_since_ns=ge_fatal_since_ns,
+    )
     if report.reclaimed.stopped:
         _past_deadline(report)
         report.bytes_after = scan.used_bytes

@@ -79,6 +79,14 @@ def toolkit_lines(report: GcResult) -> Iterator[str]:
     toolkit = report.toolkit
     detail = str(toolkit["detail"])
     yield detail if detail.startswith("toolkit ") else f"toolkit: {detail}"
+    lines = toolkit.get("stamp_lines_rewritten") or []
+    if lines:
+        verb = "would rewrite" if toolkit.get("dry_run") else "rewrote"
+        yield (
+            f"{Path(report.kernel_cache_dir) / 'op_cache.ini'}: {verb} stamp line(s) "
+            f"{', '.join(map(str, lines))} the way GE writes them (key=value from column 1): "
+            "GE restamps only such lines and would purge the chip folders on every start"
+        )
     for purged in toolkit.get("purged", []):
         soc = Path(purged["chip_dir"]).name
         if purged.get("skipped"):
@@ -173,13 +181,29 @@ def _collect_one(
             raise
         except (OSError, CacheMgrError) as exc:  # one folder's failure is not the others'
             report = _failed(chip, dry_run, exc)
-        folders[chip.name] = ChipGc.from_json(report)
+        folders[chip.name] = _with_purge(ChipGc.from_json(report), toolkit)
     return GcResult(
         str(settings.layout.kernel_cache_dir),
         limits_json(settings),
         toolkit.to_json(),
         folders,
     )
+
+
+def _with_purge(folder: ChipGc, toolkit: versions.VersionCheck) -> ChipGc:
+    """``folder``'s report with what the toolkit check purged from it (entries, bytes,
+    reason), so a purge counts in the folder's and the run's totals
+    (docs/eviction.md#toolkit-purges-in-the-report)."""
+    for purged in toolkit.purged:
+        done = purged.to_json()
+        if Path(done["chip_dir"]) == Path(folder.chip_dir) and not done.get("skipped"):
+            return dataclasses.replace(
+                folder,
+                purged_entries=int(done["entries"]),
+                purged_bytes=int(done["bytes"]),
+                purge_reason=toolkit.status.value,
+            )
+    return folder
 
 
 def _failed(chip: Path, dry_run: DryRun, exc: BaseException) -> dict[str, Any]:

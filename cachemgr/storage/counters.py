@@ -44,6 +44,8 @@ COUNTER_NAMES = (
     "evicted_entries",
     "evicted_bytes",
     "no_space",
+    #: entries removed because their json makes GE abort (docs/interop.md#entries-that-abort-ge)
+    "ge_fatal_removed",
 )
 LOCK_NAME = "cachemgr_stats.lock"
 PREFIX = "cachemgr_stats"

@@ -34,8 +34,12 @@ here, so cachemgr never deletes what GE considers valid:
   (``CompileResultUtils::SetHeaderFilePath`` keeps an empty path when the file is missing;
   ``TeCacheManager::CopyCompileRetIntoCacheDir`` copies it only when the compile made one);
 * **R7** ``<name>_pre.json`` is a pre-build entry of its own: a JSON object with a string
-  ``pattern`` (``TeCacheManager::MatchPreCompileCache``); GE's eviction counts and ages it on
-  its own (``cache/te_cache_space_manager.cc`` ``GetFilesAccessTime``: only its own size).
+  ``pattern`` (``TeCacheManager::MatchPreCompileCache``). GE counts its bytes toward the limit
+  (``common/te_file_utils.cc`` ``TeFileUtils::GetDirectorySize``) but never ages or deletes
+  it: ``cache/te_cache_space_manager.cc`` ``GetFilesAccessTime`` skips a name ending in
+  ``kPreCompileFileSuffix`` before it enters the map ``AgingCacheFileByAccessTime`` deletes
+  from. Left to GE they only grow, so cachemgr evicts them by their own access time like any
+  entry — cachemgr's rule, not GE's (docs/eviction.md#pre-build-entries).
 
 cachemgr adds two rules of its own, for safety: names are flat (no ``/`` or ``..``), and a mix
 kernel's sub-binaries are checked against their ``sha256`` too (a hit is served whole).

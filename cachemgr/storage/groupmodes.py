@@ -86,8 +86,9 @@ def give_back_names(folder: Path, names: Iterable[str] = (), kernel_cache: bool 
             return False
         for name in names:
             changed |= fsutil.share_file(opened.fd, name, fowner, st.st_gid)
-    if changed:
-        log.info("%s: group-sharing modes given back (%s)", folder, ", ".join(names) or ".")
+    if changed:  # the kernels' names at debug only (the eviction log's rule)
+        log.info("%s: group-sharing modes given back", folder)
+        log.debug("%s: modes given back: %s", folder, ", ".join(names) or ".")
     return changed
 
 

@@ -25,6 +25,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from cachemgr.storage import entry
+
 log = logging.getLogger(__name__)
 
 #: The extended attribute of a main json that holds the op type as its json records it.
@@ -38,8 +40,12 @@ _NO_XATTR_ERRNOS = frozenset(
 
 
 def from_name(kernel: str) -> str:
-    """``te_<optype>_<hash>`` → ``<optype>`` (GE's naming: docs/interop.md); ``""`` for a
-    name of another form."""
+    """``te_<optype>_<hash>`` → ``<optype>`` (GE's naming, ``assemble_json/te_json_assemble.cc``
+    ``TeJsonAssemble::GenerateKernelName``), and the same for a pre-build entry
+    ``te_<optype>_<hash>_pre`` (``GeneratePreBuildKernelName``; its json records no op type);
+    ``""`` for a name of another form."""
+    if entry.is_pre_entry(kernel):
+        kernel = kernel[: -len(entry.PRE_SUFFIX)]
     parts = kernel.split("_")
     if len(parts) >= 3 and parts[0] == "te":
         return "_".join(parts[1:-1])
