@@ -169,6 +169,33 @@ def warning(message: str) -> None:
     click.echo(warning_line(message), err=True)
 
 
+def error_line(message: str) -> str:
+    """``cachemgr: error: MESSAGE``, safe for a terminal."""
+    return printable(f"cachemgr: error: {message}")
+
+
+def failure(message: str) -> None:
+    """A line that explains a non-zero exit (a file not removed, a chip folder skipped): a
+    warning at default verbosity; with ``-q``, which keeps errors only, an error line — the
+    exit code is never left unexplained (docs/commands.md, "Options every command shares")."""
+    if VERBOSITY.level < 0:
+        click.echo(error_line(message), err=True)
+    else:
+        warning(message)
+
+
+def report_line(line: str, failed: bool = False, err: bool = False) -> None:
+    """A line of what a command did (``compiled …``, gc's and purge's reports, ``verify``'s
+    count): on stdout (``err``: stderr) at default verbosity, not with ``-q`` (errors only) —
+    unless it tells a failure (``failed``), which ``-q`` shows as an error line. What a
+    command is asked to show (``ls``, ``stats``, ``config``, any ``--json``) is not a
+    report: it is printed whatever the verbosity."""
+    if VERBOSITY.level >= 0:
+        click.echo(line, err=err)
+    elif failed:
+        click.echo(error_line(line), err=True)
+
+
 def int_option(raw: str | None, option: str, low: int, high: int, accepted: str = "") -> int | None:
     """A strict integer option value in ``low..high`` (no unit suffix), or None when the
     option was not given.
@@ -235,19 +262,25 @@ class Route:
 
     :ivar socket: the daemon's socket (None in process).
     :ivar reason: why, in a few words (shown with ``-v`` and in ``--json``).
+    :ivar notice: a line every run shows (not with ``-q``): a daemon passed by that the
+        operator may have meant (docs/commands.md, "Routing").
     """
 
     via: str
     client: Client | None
     socket: str | None
     reason: str
+    notice: str = ""
 
     def to_json(self) -> dict[str, Any]:
         """``{"via", "socket", "reason"}``."""
         return {"via": self.via, "socket": self.socket, "reason": self.reason}
 
     def announce(self) -> None:
-        """One line on stderr with ``-v``: where the command runs and why."""
+        """The notice, if any, as a warning line; with ``-v`` one line on stderr: where the
+        command runs and why."""
+        if self.notice:
+            warning(self.notice)
         if VERBOSITY.level > 0:
             where = f"daemon at {self.socket}" if self.via == "daemon" else "this process"
             click.echo(f"cachemgr: route: {where} ({self.reason})", err=True)
@@ -330,10 +363,43 @@ def route(
                 + f"); {same_cache_hint(their_settings)}, else use --local"
             )
         return Route(
-            "local", None, None, f"the daemon at the default socket {path} serves {theirs}"
+            "local",
+            None,
+            None,
+            f"the daemon at the default socket {path} serves {theirs}",
+            _passed_by(path, theirs, settings, their_settings),
         )
     origin = named[0].split("=")[0] if named else "the default socket"
     return Route("daemon", client, str(path), f"{origin}; it serves {ours}")
+
+
+def _passed_by(path: Path, theirs: str, settings: Settings, their_settings: dict[str, Any]) -> str:
+    """The line for a daemon on the default socket that serves another cache: the command
+    runs in this process on its own cache, and says so — which daemon, which cache, how to
+    reach it — instead of changing cache without a word."""
+    kc = settings["kernel_cache_dir"]
+    ours = f"{settings.layout.kernel_cache_dir} (from {kc.origin} {kc.source}".rstrip() + ")"
+    config = _config_file_of(their_settings)
+    reach = same_cache_hint(their_settings)
+    if config:
+        reach += f" or set CACHEMGR_CONFIG={config} (the daemon's config file)"
+    return (
+        f"the daemon at the default socket {path} serves {theirs}, not this command's {ours}: "
+        f"running in this process; to use the daemon, {reach}; --local runs here without "
+        "this line"
+    )
+
+
+def _config_file_of(their_settings: dict[str, Any]) -> str | None:
+    """The config file a daemon took its cache folder from (its ``/config`` origin
+    ``config FILE:LINE``), or None when the folder came from elsewhere."""
+    for name in ("op_compiler_cache_dir", "kernel_cache_dir"):
+        source = str((their_settings.get(name) or {}).get("source") or "")
+        if source.startswith("config "):
+            rest = source.removeprefix("config ")
+            file, _, line = rest.rpartition(":")
+            return file if file and line.isdigit() else rest
+    return None
 
 
 def same_cache_hint(their_settings: dict[str, Any]) -> str:

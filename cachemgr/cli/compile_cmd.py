@@ -20,6 +20,7 @@ from cachemgr.cli.common import (
     int_option,
     load_settings,
     remote_option,
+    report_line,
     route,
     settings_options,
     socket_option,
@@ -378,9 +379,9 @@ def _compile_via_daemon(
 
 def _report(outcome: CompileOutcome, as_json: bool, where: Route) -> None:
     if outcome.warning:  # e.g. compiled but not cached: a read-only root
-        click.echo(f"cachemgr: warning: {outcome.warning}", err=True)
+        warning(outcome.warning)
     if outcome.note and not as_json:  # e.g. force: local only, remote tiers untouched
-        click.echo(f"cachemgr: note: {outcome.note}", err=True)
+        report_line(f"cachemgr: note: {outcome.note}", err=True)
     if as_json:
         doc = {**outcome.to_json(), "via": outcome.via or where.via, "route": where.to_json()}
         click.echo(json.dumps(doc, ensure_ascii=False))
@@ -391,7 +392,7 @@ def _report(outcome: CompileOutcome, as_json: bool, where: Route) -> None:
         return
     folder = outcome.files[0].parent if outcome.files else ""
     parts = " ".join(f.name.removeprefix(outcome.kernel_name) for f in outcome.files)
-    click.echo(
+    report_line(
         f"{outcome.status:8} {outcome.kernel_name}  {outcome.seconds:.3f}s  {folder}/ {parts}"
     )
 

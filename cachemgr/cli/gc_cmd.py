@@ -25,9 +25,11 @@ from cachemgr.cli.common import (
     chip_dirs,
     daemon_of_this_cache,
     emit_json,
+    failure,
     int_option,
     load_settings,
     printable,
+    report_line,
     route,
     settings_options,
     socket_option,
@@ -226,11 +228,11 @@ def gc_cmd(
     _print_gc(report, as_json)
     denied = list(gc.denied_lines(report))
     for line in denied:
-        warning(f"not removed (permission): {line}")
+        failure(f"not removed (permission): {line}")
     skipped = list(gc.skipped_lines(report))
     stuck = list(gc.stuck_lines(report))
     for line in skipped + stuck:
-        warning(line)
+        failure(line)
     if denied or skipped or stuck:
         sys.exit(1)
 
@@ -257,6 +259,8 @@ def _count_evictions(kernel_cache_dir: Path, report: GcResult) -> None:
 def _print_gc(report: GcResult, as_json: bool) -> None:
     if as_json:
         emit_json(report.to_json())
+        return
+    if VERBOSITY.level < 0:  # -q: errors only; what went wrong follows as error lines
         return
     for one in [report, *(report.other_kernel_caches or {}).values()]:
         # the other kernel caches under ASCEND_CACHE_PATH (docs/design.md#where-the-cache-lives)
@@ -469,19 +473,20 @@ def purge_cmd(purge_all: bool, yes: bool, as_json: bool, **kw: Any) -> None:
     else:
         for r in reports:
             if r.missing:
-                click.echo(f"{r.chip_dir.name}: no chip folder at {r.chip_dir}; nothing to do")
+                report_line(f"{r.chip_dir.name}: no chip folder at {r.chip_dir}; nothing to do")
                 continue
             if r.skipped:
-                click.echo(f"{r.chip_dir.name}: skipped: {r.skipped}")
+                report_line(f"{r.chip_dir.name}: skipped: {r.skipped}")
                 continue
-            click.echo(
+            report_line(
                 f"{r.chip_dir.name}: removed {human.plural(r.entries, 'entry', 'entries')}, "
                 f"{human.plural(r.files, 'file')} "
                 f"({_mib(r.bytes)}); busy {len(r.busy)}; "
-                f"writes in progress left {len(r.left_temps)}"
+                f"writes in progress left {len(r.left_temps)}",
+                failed=bool(r.busy),
             )
     denied = [f"{r.chip_dir.name}/{line}" for r in reports for line in r.denied]
     for line in denied:
-        warning(f"not removed (permission): {line}")
+        failure(f"not removed (permission): {line}")
     if denied or any(r.busy for r in reports):
         sys.exit(1)

@@ -23,6 +23,7 @@ from cachemgr.cli.common import (
     emit_json,
     int_option,
     load_settings,
+    report_line,
     route,
     socket_option,
 )
@@ -177,15 +178,15 @@ def set_cmd(
         emit_json(data)
     else:
         size = "never evict" if max_mb == NEVER_EVICT else f"{max_mb} MiB"
-        click.echo(
+        report_line(
             f"wrote {written.path}: max_op_cache_size={size}, remain_cache_size_ratio="
             f"{ratio_pct} %, adk_version={written.adk_version}, "
             f"ops_version={written.ops_version}"
         )
         if reloaded is not None:
-            click.echo(f"the daemon at {where.socket} reloaded it")
+            report_line(f"the daemon at {where.socket} reloaded it")
         if refused:
-            click.echo(
+            report_line(
                 f"the daemon at {where.socket} follows it at its next reconciliation "
                 f"(only its user or root may reload it now: {refused})"
             )

@@ -18,6 +18,7 @@ from cachemgr.cli.common import (
     daemon_socket_option,
     emit_json,
     remote_option,
+    report_line,
 )
 from cachemgr.client import Client, DaemonUnavailable, default_socket_path
 from cachemgr.daemon import main as daemon_main
@@ -225,7 +226,7 @@ def stop_cmd(socket_path: Path | None, wait_s: float) -> None:
             sys.exit(1)
         time.sleep(delay)
         delay = min(delay * 2, 0.5)
-    click.echo(f"cachemgr daemon pid {pid} stopped (socket {client.socket_path})")
+    report_line(f"cachemgr daemon pid {pid} stopped (socket {client.socket_path})")
 
 
 def _alive(pid: object) -> bool:

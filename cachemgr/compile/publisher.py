@@ -522,7 +522,7 @@ def clear_chip(chip_dir: Path, lock_timeout_s: float, noted: Noted | None = None
                 st = fsutil.lstat_or_none(chip_dir / f"{kernel}.json", folder.fd)
                 if st is None or noted[0].get(kernel) != (st.st_dev, st.st_ino):
                     continue
-            store.remove(kernel)
+            store.remove(kernel, manifests=False)  # every manifest goes below
             removed += 1
         for name in sorted(scan.orphans):
             if noted is None or name in noted[1]:

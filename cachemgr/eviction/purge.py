@@ -30,7 +30,7 @@ from cachemgr.eviction.files import (
     unlink_quiet,
 )
 from cachemgr.eviction.reclaim import TEMP_MAX_AGE_S
-from cachemgr.storage import entry, fsutil
+from cachemgr.storage import entry, fsutil, manifest
 from cachemgr.storage.safedir import SafeDir
 
 log = logging.getLogger(__name__)
@@ -149,8 +149,11 @@ def _purge(chip_fd: int, report: PurgeReport) -> None:
             report.left_temps.append(name)
         else:
             _remove_loose(chip_fd, name, fst.size, report)
-    for name, fst in [*scan.orphans.items(), *scan.manifests.items()]:
+    for name, fst in scan.orphans.items():
         _remove_loose(chip_fd, name, fst.size, report)
+    for name, fst in scan.manifests.items():  # each goes with the last entry it names
+        if manifest.stale(report.chip_dir / name, chip_fd):
+            _remove_loose(chip_fd, name, fst.size, report)
     for name in scan.locks:
         try:
             kernel_json = report.chip_dir / (name[: -len(".lock")] + ".json")

@@ -32,7 +32,6 @@ will be. With a dry run the same counts are made and nothing is removed.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -156,11 +155,7 @@ def after_eviction(scan: ChipScan, chip_fd: int, out: ReclaimResult) -> None:
 
 
 def _json_present(scan: ChipScan, chip_fd: int, kernel: str) -> bool:
-    try:
-        os.stat(f"{kernel}.json", dir_fd=chip_fd, follow_symlinks=False)
-    except OSError:
-        return False
-    return True
+    return manifest.entry_present(chip_fd, kernel)
 
 
 def _in_scan(scan: ChipScan, chip_fd: int, kernel: str) -> bool:
@@ -176,8 +171,7 @@ def _reclaim_manifest(
     present: Callable[[ChipScan, int, str], bool] = _in_scan,
 ) -> None:
     """A header manifest goes with the last entry it names, or when it is bad."""
-    kernels = manifest.kernels(scan.chip_dir / name, chip_fd)
-    if kernels is not None and any(present(scan, chip_fd, k) for k in kernels):
+    if not manifest.stale(scan.chip_dir / name, chip_fd, lambda k: present(scan, chip_fd, k)):
         return
     if not dry_run and not _unlink_or_deny(chip_fd, name, out):
         return

@@ -34,6 +34,7 @@ from cachemgr.constants import short_host
 from cachemgr.errors import LockBusyError
 from cachemgr.peer import group_name as group_name  # uid/gid → names: one definition
 from cachemgr.peer import user_name as user_name
+from cachemgr.storage import accessfix
 
 log = logging.getLogger(__name__)
 
@@ -842,8 +843,10 @@ def access_hint(path: Path, want: str = "writable") -> str:
     shared cache, and what to do (docs/design.md#sharing-and-locking) — instead of CANN's silent
     skip.
 
-    Names the path, the user, the path's owner, group and mode, and the fix: join the group,
-    or make the folder group-writable and setgid, or use another cache folder.
+    Names the path, the user, the path's owner, group and mode, and a fix that follows from
+    those modes (:func:`cachemgr.storage.accessfix.fix`: give the folder to a sharing group,
+    ``chgrp G DIR && chmod 2770 DIR``, or join the group that may already; never group
+    ``root``), or another cache folder.
     """
     user = user_name()
     head = f"{path} is not {want} by user {user}"
@@ -858,16 +861,8 @@ def access_hint(path: Path, want: str = "writable") -> str:
     head += f": it belongs to {owner}:{group}, mode {stat.filemode(st.st_mode)}"
     if st.st_uid == os.geteuid():
         return f"{head}; give yourself access (chmod u+rwX {path})"
-    if st.st_gid not in set(os.getgroups()) | {os.getegid()}:
-        return (
-            f"{head}, and {user} is not in group {group}; add {user} to it "
-            f"(usermod -aG {group} {user}, then log in again) or use another cache folder"
-        )
-    setgid = ",g+s" if stat.S_ISDIR(st.st_mode) else ""
-    return (
-        f"{head}, and group {group} may not write it; ask {owner} to run "
-        f"'chmod g+rwX{setgid} {path}' and to work with umask 002"
-    )
+    in_group = st.st_gid in set(os.getgroups()) | {os.getegid()}
+    return head + accessfix.fix(path, st, want, user, owner, group, in_group)
 
 
 def lock_access_hint(path: Path) -> str:

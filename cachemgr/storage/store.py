@@ -37,7 +37,7 @@ from cachemgr.errors import (
     NoSpaceError,
 )
 from cachemgr.memo import OnceSet
-from cachemgr.storage import entry, fsutil, groupmodes, manifest, partcopy
+from cachemgr.storage import entry, fsutil, groupmodes, manifest, optype, partcopy
 from cachemgr.storage.events import Events, NoSpaceEvent
 from cachemgr.storage.safedir import DirLock, SafeDir
 
@@ -136,8 +136,13 @@ class VerifyReport:
     chip_dir: Path
     checked: int = 0
     findings: list[Finding] = field(default_factory=list)
-    #: entries not read: reading them would have changed their access time
+    #: entries not read: reading them would have changed their access time (docs/commands.md,
+    #: ``verify``)
     not_checked: list[str] = field(default_factory=list)
+    #: loose files (header manifests) not read, for the same reason; not entries
+    not_checked_files: list[str] = field(default_factory=list)
+    #: entries ``--repair`` removed
+    removed: set[str] = field(default_factory=set)
 
     @property
     def bad(self) -> list[Finding]:
@@ -448,16 +453,20 @@ class Store:
 
     # --- removal ------------------------------------------------------------------------
 
-    def remove_if_bad(self, kernel: str, held: EntryHold | None = None) -> bool:
+    def remove_if_bad(
+        self, kernel: str, held: EntryHold | None = None, *, manifests: bool = True
+    ) -> bool:
         """Under the entry lock (``held``, or taken here), re-check ``kernel`` and remove it
-        if it is still bad.
+        if it is still bad, with the header manifests whose last entry it was
+        (``manifests``; ``verify`` passes False: its own pass over the manifests follows,
+        one listing for every entry it removed instead of one each).
 
         :returns: True if it was removed.
         """
         if self.dir_fd is None:
             try:
                 with self._opened() as bound:
-                    return bound.remove_if_bad(kernel, held)
+                    return bound.remove_if_bad(kernel, held, manifests=manifests)
             except FileNotFoundError:
                 return False
         lock = self._locked(kernel, held)
@@ -478,6 +487,8 @@ class Store:
                 )
                 return False
             self._remove_files(kernel, self._names_for_removal(kernel, desc))
+            if manifests:
+                self._remove_manifests_of(kernel)
             return True
         finally:
             if held is None:
@@ -506,9 +517,12 @@ class Store:
         kernel: str,
         desc: entry.EntryDesc | None = None,
         held: EntryHold | None = None,
+        *,
+        manifests: bool = True,
     ) -> list[str]:
-        """Remove an entry's files — json first — under its lock (``held``, or taken here).
-        Returns the names removed.
+        """Remove an entry's files — json first — under its lock (``held``, or taken here),
+        and the header manifests whose last entry it was (``manifests``; a caller that
+        clears every manifest itself passes False). Returns the entry's file names removed.
 
         ``desc`` (if known) names the parts; otherwise the json is parsed, and name grouping
         is the fallback for an unparsable json.
@@ -516,7 +530,7 @@ class Store:
         if self.dir_fd is None:
             try:
                 with self._opened() as bound:
-                    return bound.remove(kernel, desc, held)
+                    return bound.remove(kernel, desc, held, manifests=manifests)
             except FileNotFoundError:
                 return []
         with self._locked(kernel, held):
@@ -525,7 +539,23 @@ class Store:
                     desc = entry.parse_entry(self.chip_dir, kernel, dir_fd=self.dir_fd)
                 except (FileNotFoundError, InvalidEntryError):
                     desc = None
-            return self._remove_files(kernel, self._names_for_removal(kernel, desc))
+            removed = self._remove_files(kernel, self._names_for_removal(kernel, desc))
+            if manifests and kernel + ".json" in removed:
+                self._remove_manifests_of(kernel)
+            return removed
+
+    def _remove_manifests_of(self, kernel: str) -> None:
+        """The header manifests whose last entry ``kernel`` was go with it
+        (:func:`manifest.remove_unnamed`); a folder that cannot be listed now leaves them to
+        gc's reclaim pass (logged): the entry's removal is done either way."""
+        if self.dir_fd is None:  # callers run bound to the folder (``_opened``)
+            return
+        try:
+            manifest.remove_unnamed(self.chip_dir, self.dir_fd, {kernel})
+        except OSError as exc:
+            log.warning(
+                "%s: header manifests of %s left for gc: %s", self.chip_dir, kernel, exc.strerror
+            )
 
     def _remove_files(self, kernel: str, names: list[str]) -> list[str]:
         """:func:`remove_entry_files` (the one removal routine); a file this user may not
@@ -601,15 +631,14 @@ class Store:
         payload: dict[str, Part] = dict(files)
         payload[kernel + ".json"] = _dump_json(main_json)
         expected = self._check_payload(kernel, payload)
+        op_type = optype.in_json(main_json, kernel)
 
         def write() -> PublishResult | int:
             with self._opened(create=True) as bound, bound._locked(kernel, held):
                 existing = bound._existing_good(kernel)
-                return (
-                    existing
-                    if existing is not None
-                    else bound._write_all(kernel, payload, expected)
-                )
+                if existing is not None:
+                    return existing
+                return bound._write_all(kernel, payload, expected, op_type)
 
         try:  # GE's 0750 folder: given back to the group (where we may), then once more
             done = groupmodes.retry_denied(write, self.chip_dir, [self.lock_path(kernel).name])
@@ -679,10 +708,16 @@ class Store:
         return None
 
     def _write_all(
-        self, kernel: str, payload: Mapping[str, Part], expected: Mapping[str, str]
+        self,
+        kernel: str,
+        payload: Mapping[str, Part],
+        expected: Mapping[str, str],
+        op_type: str | None = None,
     ) -> int:
         """Write every part to a temp name, then rename them into place, the main json last;
         a part given as a file must hash to ``expected[name]`` (bytes written: returned).
+        ``op_type`` (the json's, when the name lower-cases it) is kept on the main json
+        (:mod:`cachemgr.storage.optype`: every user's ``ls`` shows it).
 
         :raises InvalidInputError: a file part changed since its json was made.
         :raises OSError: a write failed; no temp file is left.
@@ -701,6 +736,8 @@ class Store:
                 # "Durability")
                 tmp, size = self._write_part(kernel, dest, payload[name], expected.get(name))
                 temps.append((tmp, dest))
+                if name == main:
+                    optype.attach(self.dir_fd, tmp.name, op_type)
                 written += size
         except BaseException:
             for tmp, _ in temps:
@@ -792,17 +829,21 @@ class Store:
     def _verify_manifest(
         self, scan: entry.ChipScan, name: str, report: VerifyReport, repair: bool
     ) -> None:
-        """A header manifest must parse and name at least one entry present.
-        Another member's manifest that a read would change the access time of is not read
-        (``not_checked``, like entries): it was reported bad, and ``--repair`` removed it."""
+        """A header manifest must parse and name at least one entry present — present now:
+        one whose last entry ``--repair`` removed above goes too (reported ``REPAIRED``),
+        one that names another entry still there stays. Another member's
+        manifest that a read would change the access time of is not read
+        (``not_checked_files``): it was reported bad, and ``--repair`` removed it."""
+        if fsutil.lstat_or_none(self.chip_dir / name, self.dir_fd) is None:
+            return  # removed meanwhile (with its last entry, by another process)
         try:
             kernels = manifest.kernels(self.chip_dir / name, self.dir_fd)
         except fsutil.AtimeWouldChange:
-            report.not_checked.append(name)
+            report.not_checked_files.append(name)
             return
         if kernels is None:
             problem = entry.Problem("bad_manifest", f"{name} is not a valid header manifest")
-        elif not any(k in scan.entries for k in kernels):
+        elif not any(k in scan.entries and k not in report.removed for k in kernels):
             problem = entry.Problem(entry.ORPHAN_FILE, f"{name} names no entry present")
         else:
             return
@@ -824,6 +865,11 @@ class Store:
             finding.problems.append(entry.Problem("not_removed", f"{name}: {exc}"))
             return False
 
+    def _remove_bad_entry(self, kernel: str) -> bool:
+        """``--repair`` of one entry; its manifests are judged by the pass over them that
+        follows (:meth:`_verify_manifest`), which removes those it was the last entry of."""
+        return self.remove_if_bad(kernel, manifests=False)
+
     def _verify_one(self, kernel: str, report: VerifyReport, repair: bool) -> None:
         try:
             _, problems = entry.check_entry(self.chip_dir, kernel, self.dir_fd)
@@ -836,7 +882,9 @@ class Store:
         if problems:
             finding = Finding(kernel, problems)
             if repair:
-                finding.repaired = self._repair(finding, self.remove_if_bad, kernel)
+                finding.repaired = self._repair(finding, self._remove_bad_entry, kernel)
+                if finding.repaired:
+                    report.removed.add(kernel)
             report.findings.append(finding)
 
 
