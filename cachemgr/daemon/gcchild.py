@@ -48,7 +48,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -133,9 +133,10 @@ def run_jobs(
 
     :param names: send the evicted (kept, saved, gone) names back; otherwise those lists
         are empty in the reports (their counts stay).
-    :param run_as: ``(uid, gid)``: the child runs as that user, with their groups and no
-        capability (the governor's eviction of another user's cache root:
-        docs/daemon.md#the-privileges-it-needs); needs ``CAP_SETUID`` and ``CAP_SETGID``.
+    :param run_as: ``(uid, gid)``: the child runs as that user, with their groups, no
+        capability and a minimal environment (:func:`child_env`; the governor's eviction of
+        another user's cache root: docs/daemon.md#the-privileges-it-needs); needs
+        ``CAP_SETUID`` and ``CAP_SETGID``.
     """
     if not jobs:
         return []
@@ -146,9 +147,8 @@ def run_jobs(
         "log_level": _log_level(),
         "parent": os.getpid(),
     }
-    env = dict(os.environ)
-    root = str(Path(cachemgr.__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    as_user = _as_user(run_as)
+    env = child_env(os.environ, another_user=bool(as_user))
     with tempfile.TemporaryFile() as errors:
         try:
             # -P and cwd "/": ``-m`` would put the working folder first on the import path,
@@ -163,7 +163,7 @@ def run_jobs(
                 env=env,
                 cwd="/",
                 close_fds=True,
-                **_as_user(run_as),
+                **as_user,
             )
         except OSError as exc:
             return _died(jobs, outcomes, f"could not start: {exc}")
@@ -182,6 +182,28 @@ def run_jobs(
     if code != 0 or any(o.report is None and not o.error for o in outcomes):
         return _died(jobs, outcomes, _status(code) + (f": {tail}" if tail else ""))
     return outcomes
+
+
+#: What a gc child run as another user keeps of the daemon's environment: the program
+#: search path, the locale and the time zone (the child reads no other variable: its limits
+#: and settings come in its request).
+KEPT_FOR_ANOTHER_USER = ("PATH", "LANG", "LANGUAGE", "TZ")
+
+
+def child_env(parent: Mapping[str, str], another_user: bool) -> dict[str, str]:
+    """The gc child's environment: the daemon's own, or — when it runs as another user, who
+    can read it in ``/proc/<pid>/environ`` — only :data:`KEPT_FOR_ANOTHER_USER` and
+    ``LC_*`` (the governor's environment may hold credentials;
+    docs/daemon.md#the-privileges-it-needs). Either way ``PYTHONPATH`` starts with this
+    cachemgr's folder (then the daemon's ``PYTHONPATH``), so the child runs the same code.
+    """
+    if another_user:
+        env = {k: v for k, v in parent.items() if k in KEPT_FOR_ANOTHER_USER or k[:3] == "LC_"}
+    else:
+        env = dict(parent)
+    root = str(Path(cachemgr.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, parent.get("PYTHONPATH")]))
+    return env
 
 
 def _as_user(run_as: tuple[int, int] | None) -> dict[str, Any]:
