@@ -13,7 +13,8 @@ element means it, as gcc's CPP manual says), and a compile from the build mirror
 the mirror's copy of each folder it found a header in (:func:`for_mirror`) — the headers
 were hashed like any other. Through the daemon a variable naming a program
 (``GCC_EXEC_PREFIX``, ``COMPILER_PATH``, ``NVCC_CCBIN``), rewriting the command
-(``CCC_OVERRIDE_OPTIONS``) or a relative folder is refused in one line, and each word of
+(``CCC_OVERRIDE_OPTIONS``, a ``GCC_COMPARE_DEBUG`` starting with ``-``) or a relative folder
+is refused in one line, ``SOURCE_DATE_EPOCH`` must be digits, and each word of
 ``NVCC_PREPEND_FLAGS``/``NVCC_APPEND_FLAGS`` must pass the ``extra_flags`` allow-list
 without naming a folder. nvcc's ``-arch=native`` is refused on every route
 (docs/compiling.md#native).
@@ -79,7 +80,9 @@ def checked(
 ) -> dict[str, str]:
     """The part of ``env`` a compiler reading ``names`` gets, checked: nvcc flags never ask
     for ``-arch=native``; through the daemon (``daemon``) no variable names a program or
-    rewrites the command, every folder is absolute and nvcc's flags pass the allow-list.
+    rewrites the command (nor adds gcc switches: :func:`_check_values`), every folder is
+    absolute and nvcc's flags pass the allow-list. In-process the caller's values are kept
+    as they are: the compiler runs as the caller.
 
     :raises InvalidInputError: one line naming ``origin``, the variable and why.
     """
@@ -94,6 +97,7 @@ def checked(
             "makes the compiler run other programs or rewrites its command, and the daemon "
             "runs only its own compilers): unset it, or compile in-process"
         )
+    _check_values(out, origin)
     for name in sorted(out.keys() & envvars.INCLUDE_PATHS):
         for part in out[name].split(os.pathsep):
             if not os.path.isabs(part):
@@ -103,6 +107,34 @@ def checked(
                     "that is: send absolute folders (cachemgr.Client does)"
                 )
     return out
+
+
+def _check_values(env: Mapping[str, str], origin: str) -> None:
+    """Through the daemon: ``GCC_COMPARE_DEBUG`` never starts with ``-`` and
+    ``SOURCE_DATE_EPOCH`` is digits (or empty).
+
+    The GCC manual (``-fcompare-debug``): "If GCC_COMPARE_DEBUG is defined to a string
+    starting with a dash, then it is used for opts" — gcc splits it into switches of its
+    second compile, so ``-wrapper /bin/sh,-c,…`` ran any program as the daemon's user
+    (attack review); any other value only turns on the default ``-gtoggle`` comparison.
+    A ``SOURCE_DATE_EPOCH`` that is not a number of seconds only makes gcc fail: refused
+    before a compiler runs (docs/compiling.md#the-environment).
+
+    :raises InvalidInputError: one line naming ``origin``, the variable and why.
+    """
+    value = env.get("GCC_COMPARE_DEBUG")
+    if value is not None and value.startswith("-"):
+        raise InvalidInputError(
+            f"{origin}: GCC_COMPARE_DEBUG={value[:80]!r} starts with '-'; through the "
+            "daemon it is refused (gcc takes it as switches, which can run other programs): "
+            "set it to 1 for the default comparison, unset it, or compile in-process"
+        )
+    epoch = env.get("SOURCE_DATE_EPOCH")
+    if epoch and not (epoch.isascii() and epoch.isdigit()):  # empty: gcc ignores it
+        raise InvalidInputError(
+            f"{origin}: SOURCE_DATE_EPOCH={epoch[:80]!r} is not a number of seconds since "
+            "1970 (digits only)"
+        )
 
 
 def _check_nvcc_flags(name: str, value: str, origin: str, daemon: bool) -> None:

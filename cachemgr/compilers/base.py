@@ -506,11 +506,16 @@ class CompilerBackend(ABC):
         cwd: Path | None,
         what: str,
         env: Mapping[str, str] | None = None,
+        keep_stderr: process.Keep = process.DIAGNOSTICS,
     ) -> Outcome:
         """Run ``argv`` in its own process group (see :mod:`.process`), inside the sandbox
         and resource limits of :data:`process.current_limits` when a caller set them, with
-        the job's compile environment ``env`` (:func:`.envvars.process_env`)."""
-        return process.run_in_group(argv, timeout_s, cwd, what, envvars.process_env(env))
+        the job's compile environment ``env`` (:func:`.envvars.process_env`), keeping of
+        its output what :data:`process.DIAGNOSTICS` keeps (of stderr: ``keep_stderr``).
+        Every other caller reads only messages, the first line of ``--version``, or files
+        the compiler wrote (a dependency list, whose reader has its own cap)."""
+        env_ = envvars.process_env(env)
+        return process.run_in_group(argv, timeout_s, cwd, what, env_, keep_stderr=keep_stderr)
 
     def list_dependencies(self, job: CompileJob, output: Path) -> list[str]:
         """Run :meth:`depend_command` and return the files it names (paths as the compiler

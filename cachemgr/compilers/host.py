@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cachemgr.compilers import envvars, native
+from cachemgr.compilers import envvars, native, process
 from cachemgr.compilers.base import CompileJob, CompilerBackend, config_str, find_executable
 from cachemgr.compilers.process import Outcome
 
@@ -76,7 +76,8 @@ class HostBackend(CompilerBackend):
         """
 
         def run(argv: list[str]) -> Outcome:
-            return self._run(argv, 30.0, None, f"resolving {' '.join(words)}")
+            keep = process.up_to(native.MAX_VERBOSE_BYTES)
+            return self._run(argv, 30.0, None, f"resolving {' '.join(words)}", keep_stderr=keep)
 
         return native.resolve(self.identity(), words, run, "c")
 

@@ -43,6 +43,11 @@ _VARYING = ("cpu MHz", "bogomips", "BogoMIPS", "processor", "core id", "apicid",
 _FILE_ENTRIES = 64
 #: gcc's expanded target flags on its ``cc1`` line.
 _GCC_WORD = re.compile(r"^-m[a-z0-9]")
+#: The most bytes of ``-E -v`` stderr parsed for the expansion (1 MiB; a few KiB is usual:
+#: the commands and the header search folders). The whole of it is searched for the
+#: compiler proper's line, so past the cap the resolution is refused rather than read from
+#: a part (docs/security.md#10-streaming-limits-fairness).
+MAX_VERBOSE_BYTES = 1024 * 1024
 
 _resolved: Memo[tuple[object, ...], tuple[str, ...]] = Memo("native flags", 256)
 
@@ -74,9 +79,11 @@ def resolve(
     language_flag: str,
 ) -> tuple[str, ...]:
     """The flags ``words`` (``-march=native``…) resolve to for the compiler ``identity`` on
-    this host, remembered (module docstring); ``run`` runs an argv.
+    this host, remembered (module docstring); ``run`` runs an argv, keeping up to
+    :data:`MAX_VERBOSE_BYTES` of its stderr.
 
-    :raises CompileError: the compiler failed, or printed no expansion (its output named).
+    :raises CompileError: the compiler failed, printed more than :data:`MAX_VERBOSE_BYTES`
+        or no expansion (its output named).
     """
     memo = (identity, words, cpu_signature())
     known = _resolved.get(memo)
@@ -89,6 +96,11 @@ def resolve(
     else:
         argv = [identity.path, "-x", language_flag, *words, "-E", "-v", "-o", "/dev/null", "-"]
         out = run(argv)
+        if out.stderr_dropped:
+            raise CompileError(
+                f"{identity.path} {' '.join(words)}: its -v output is over "
+                f"{MAX_VERBOSE_BYTES} bytes; cannot tell what it resolves to"
+            )
         text = out.stderr.decode("utf-8", "replace")
         known = parse_expansion(text)
         if out.returncode != 0 or not known:
