@@ -46,7 +46,7 @@ from cachemgr.storage.counters import CounterBook
 log = logging.getLogger(__name__)
 #: A ``/metrics`` gauge: name, help, labels, value (as :mod:`cachemgr.daemon.metrics`).
 Gauge = tuple[str, str, dict[str, str], float]
-_WILD = set("*?[")
+_WILD = frozenset("*?[")
 
 
 def check_globs(globs: Iterable[str], where: str = "[daemon] govern") -> tuple[str, ...]:
