@@ -121,24 +121,45 @@ _LIBC = _load_libc()
 
 
 class _Events(FileSystemEventHandler):
+    """The watcher's events (watchdog's full events: a file moved in from a folder that is
+    not watched has an empty ``src_path``, one moved out an empty ``dest_path``). What was
+    moved in is accounted but its modes are never given back
+    (docs/security.md#3b-outsiders-read-nothing-ges-modes-are-given-back-on-sight):
+    a member may move another user's file into the cache and back. Only a write put in
+    place — a temp file renamed within its folder, as GE's ``CopyFileToCacheDir``
+    and cachemgr's publish do — is given back."""
+
     def __init__(self, gov: Governance) -> None:
         self.gov = gov
 
     def on_any_event(self, event: FileSystemEvent) -> None:
+        src, dest = str(event.src_path), str(event.dest_path or "")
         if event.is_directory:
-            if event.event_type in ("created", "moved"):  # a chip folder GE just made
-                self.gov.folder_appeared(Path(str(event.dest_path or event.src_path)))
+            if event.event_type == "created":  # a chip folder GE just made
+                self.gov.folder_appeared(Path(src))
+            elif event.event_type == "moved" and dest:  # moved in: watched, not given back
+                self.gov.folder_appeared(Path(dest), give_back=False)
             return
-        if event.event_type == "deleted" and self.gov.evicting(str(event.src_path)):
+        if event.event_type == "deleted" and self.gov.evicting(src):
             return
-        src = Path(str(event.src_path))
         if event.event_type in ("created", "modified", "closed"):
-            self.gov.file_event(src, removed=False)
+            self.gov.file_event(Path(src), removed=False)
         elif event.event_type == "deleted":
-            self.gov.file_event(src, removed=True)
+            self.gov.file_event(Path(src), removed=True)
         elif event.event_type == "moved":
-            self.gov.file_event(src, removed=True)
-            self.gov.file_event(Path(str(event.dest_path)), removed=False)
+            if src:
+                self.gov.file_event(Path(src), removed=True)
+            if dest:
+                self.gov.file_event(Path(dest), removed=False, give_back=_put_in_place(src, dest))
+
+
+def _put_in_place(src: str, dest: str) -> bool:
+    """True for a write put in place: a temp file renamed within its own folder."""
+    return (
+        bool(src)
+        and src.endswith(fsutil.TEMP_SUFFIX)
+        and os.path.dirname(src) == os.path.dirname(dest)
+    )
 
 
 class ScanProgress:
@@ -365,11 +386,13 @@ class Governance:
 
     # --- events and jobs ------------------------------------------------------------------
 
-    def file_event(self, path: Path, removed: bool) -> None:
+    def file_event(self, path: Path, removed: bool, give_back: bool = True) -> None:
         """Account one file event; schedule eviction when a chip folder crosses its limit. A
         file that appears without ``g+rw`` (GE's ``0640``) is given back to the group at once
-        where this daemon may (docs/shared-cache.md#ges-modes-given-back-on-sight)."""
-        if not removed and self.run_as is None:
+        where this daemon may (docs/shared-cache.md#ges-modes-given-back-on-sight) — unless
+        ``give_back`` is False (a file moved in:
+        docs/security.md#3b-outsiders-read-nothing-ges-modes-are-given-back-on-sight)."""
+        if not removed and give_back and self.run_as is None:
             self._give_back_file(path)
         soc = self.index.file_removed(path) if removed else self.index.file_changed(path)
         if soc is not None and not removed:
@@ -431,20 +454,22 @@ class Governance:
         elif path.parent.parent == kc:
             groupmodes.give_back_names(path.parent, [path.name])
 
-    def folder_appeared(self, path: Path) -> None:
+    def folder_appeared(self, path: Path, give_back: bool = True) -> None:
         """A folder appeared in the kernel cache (GE's ``mkdir`` of a chip folder, ``0750``):
         its modes and those of the files already in it are given back to the group now,
         where this daemon may — not at the next reconciliation, minutes later (every
         compile into it was uncached meanwhile). Its watch is armed at once by a watch check
         run now in the scheduler's thread (never here: the watcher's lock is taken there
-        before the observer's), which gives back the files written before the watch."""
+        before the observer's), which gives back the files written before the watch. A
+        folder moved in (``give_back`` False) is watched, its modes left as they are
+        (docs/security.md#3b-outsiders-read-nothing-ges-modes-are-given-back-on-sight)."""
         if path.parent != self.index.kernel_cache_dir or self.root_problem:
             return
         watcher = self.watcher
-        if watcher is not None and path.name not in watcher.modes():
+        if watcher is not None and path.name not in watcher.modes() and give_back:
             with self._lock:
                 self._fresh.add(path.name)
-        if self.run_as is None:
+        if self.run_as is None and give_back:
             self._give_back_chip(path)
         if self.scheduler.running:
             with contextlib.suppress(JobLookupError):  # stopping

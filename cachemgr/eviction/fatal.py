@@ -134,7 +134,9 @@ def named_group(chip_dir: Path, chip_fd: int, kernel: str) -> EntryGroup | None:
 def _with_named_parts(chip_dir: Path, chip_fd: int, group: EntryGroup) -> EntryGroup:
     """Add every other file of the entry: those owned by its name (one listing of the
     folder's names: only for an entry about to be removed) and the sub-jsons its
-    ``jsonList`` names."""
+    ``jsonList`` names that it owns by name too (``entry.owned_by``): a json may name any
+    file, e.g. another, valid entry's main json, which is never removed with it (and never
+    without that entry's lock; docs/design.md#files-of-an-entry)."""
     with os.scandir(chip_fd) as it:
         names = [de.name for de in it if de.name.startswith(group.kernel)]
     for name in names:
@@ -146,7 +148,8 @@ def _with_named_parts(chip_dir: Path, chip_fd: int, group: EntryGroup) -> EntryG
     except OSError:
         main = None
     for name in gefatal.sub_json_names(main):
-        _add(group, chip_fd, name)
+        if entry.owned_by(name, group.kernel):
+            _add(group, chip_fd, name)
     return group
 
 

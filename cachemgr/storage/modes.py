@@ -13,7 +13,9 @@ import contextlib
 import errno
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeAlias
 
 from cachemgr.peer import group_name, user_name
 from cachemgr.storage import accessfix
@@ -136,7 +138,14 @@ def has_cap_fowner() -> bool:
     return os.geteuid() == 0
 
 
-def share_modes(folder: Path, fowner: bool | None = None, dir_fd: int | None = None) -> int:
+#: Which files of a folder may be given back: ``(name, lstat) -> bool`` (the cache's own
+#: names, not renamed in: :func:`cachemgr.storage.groupmodes.ours`); None = every file.
+Wanted: TypeAlias = Callable[[str, os.stat_result], bool] | None
+
+
+def share_modes(
+    folder: Path, fowner: bool | None = None, dir_fd: int | None = None, wanted: Wanted = None
+) -> int:
     """Give a chip folder and its regular files back the group-sharing modes
     (docs/design.md#sharing-and-locking): ``g+rw`` on files, ``g+rwxs`` on the
     folder. CANN GE forces ``0640`` files and
@@ -152,6 +161,8 @@ def share_modes(folder: Path, fowner: bool | None = None, dir_fd: int | None = N
 
     :param dir_fd: ``folder``, open (:class:`~cachemgr.storage.safedir.SafeDir`: reached without
         following a link at any step, docs/security.md item 1); it stays open.
+    :param wanted: only the files it accepts are changed
+        (docs/security.md#3b-outsiders-read-nothing-ges-modes-are-given-back-on-sight).
     """
     fowner = has_cap_fowner() if fowner is None else fowner
     me = os.geteuid()
@@ -170,22 +181,25 @@ def share_modes(folder: Path, fowner: bool | None = None, dir_fd: int | None = N
                 changed += (st.st_mode & 0o070) != 0o070
         with os.scandir(dir_fd) as it:
             for de in it:
-                changed += _share_file(dir_fd, de.name, flags, me, fowner, st.st_gid)
+                changed += _share_file(dir_fd, de.name, flags, me, fowner, st.st_gid, wanted)
     finally:
         os.close(dir_fd)
     return changed
 
 
-def share_file(dir_fd: int, name: str, fowner: bool, gid: int) -> bool:
+def share_file(dir_fd: int, name: str, fowner: bool, gid: int, wanted: Wanted = None) -> bool:
     """Give one file of the open folder ``dir_fd`` back to the group (``g+rw``) as
     :func:`share_modes` does for each: a regular file with one name, of group ``gid`` (the
     folder's), owned by this user unless ``fowner`` (``CAP_FOWNER``); never through a link.
-    Returns True when its mode was changed; errors are False."""
+    Returns True when its mode was changed; errors are False. Only a file ``wanted`` accepts
+    (docs/security.md#3b-outsiders-read-nothing-ges-modes-are-given-back-on-sight)."""
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-    return _share_file(dir_fd, name, flags, os.geteuid(), fowner, gid)
+    return _share_file(dir_fd, name, flags, os.geteuid(), fowner, gid, wanted)
 
 
-def _share_file(dir_fd: int, name: str, flags: int, me: int, fowner: bool, gid: int) -> bool:
+def _share_file(
+    dir_fd: int, name: str, flags: int, me: int, fowner: bool, gid: int, wanted: Wanted
+) -> bool:
     """One file of :func:`share_modes`: a regular file with one link (a hard link to a file
     elsewhere is never changed), of the folder's group, lacking ``g+rw``."""
     try:
@@ -197,12 +211,16 @@ def _share_file(dir_fd: int, name: str, flags: int, me: int, fowner: bool, gid: 
             return False
         if st.st_uid != me and not fowner:
             return False
+        if wanted is not None and not wanted(name, st):
+            return False
         fd = os.open(name, flags, dir_fd=dir_fd)
     except OSError:
         return False
     try:
         again = os.fstat(fd)
         if (again.st_ino, again.st_dev) != (st.st_ino, st.st_dev) or again.st_nlink != 1:
+            return False
+        if wanted is not None and not wanted(name, again):  # renamed in meanwhile
             return False
         os.fchmod(fd, (stat.S_IMODE(again.st_mode) | 0o060) & ~0o002)
         return True
