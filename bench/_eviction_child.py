@@ -5,7 +5,7 @@ time of the pass alone (interpreter start-up excluded). Modes:
 
 * ``floor`` — one ``os.scandir`` + ``stat`` per file: the least any size accounting costs;
 * ``floorfd`` — the same over a folder descriptor (``fstatat`` per file, as gc's scan does);
-* ``floorunlink`` — the floor of a gc (issue 14 item 2): the ``floor`` pass, then ``unlink`` of
+* ``floorunlink`` — the floor of a gc: the ``floor`` pass, then ``unlink`` of
   the files named one per line in ``NAMES`` (the ones a dry run of the same gc would evict),
   one thread, in that order; ``floorunlinkthreads`` the same unlinks on gc's removal threads;
 * ``cann`` — what CANN GE's aging does before it deletes anything: list the main jsons, stat

@@ -1,4 +1,4 @@
-"""The compile queue (issue 4), side by side with the floors it is measured against.
+"""The compile queue, side by side with the floors it is measured against.
 
 * **hit**: ``CompileQueue.compile`` of an already-parsed request whose 256 KiB kernel is in the
   cache — key computed, json parsed, binary read and SHA-256-verified, atimes set. Target: p50
@@ -162,7 +162,7 @@ MANIFEST_HEADERS = 20
 
 def manifest_request(work: Path, headers: int = MANIFEST_HEADERS) -> dict[str, Any]:
     """A kernel that includes ``headers`` local headers (sources aged a minute: not racy),
-    so a hit hashes the source and every header its manifest names (issue 11)."""
+    so a hit hashes the source and every header its manifest names."""
     inc = work / "inc"
     inc.mkdir(parents=True, exist_ok=True)
     lines = []
@@ -258,7 +258,7 @@ def _miss_row(work: Path, example: str, rounds: int) -> list[Row]:
             return real_run(argv, *args, **kw)
         finally:
             # the first use of a compiler also asks its version; a miss lists its headers
-            # first (-MM, issue 11): neither is the compile being compared
+            # first (-MM): neither is the compile being compared
             if "--version" not in argv and "-MM" not in argv and "-M" not in argv:
                 compiler_s.append(time.perf_counter() - start)
 

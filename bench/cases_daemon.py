@@ -1,11 +1,11 @@
-"""The daemon (issue 5): hit latency through ``cachemgr.Client`` with 32 concurrent clients,
+"""The daemon: hit latency through ``cachemgr.Client`` with 32 concurrent clients,
 idle CPU, and RSS with 100,000 entries indexed — each beside its baseline in one run.
 
 * **hit through Client**: 32 client processes, each a session that asks for the same 256 KiB
   kernel (a compile request that hits: key computed, json parsed, binary SHA-256-verified,
   atimes set) and then pauses ``THINK_S`` (a framework worker between kernel launches).
   Baseline: the same hit through an in-process ``CompileQueue``. Targets p50 ≤ 1 ms, p99 ≤ 5 ms.
-* **throughput at saturation** (issue 14 item 4): hits per second in closed loop (no pauses)
+* **throughput at saturation**: hits per second in closed loop (no pauses)
   over the same ``WINDOW_S``: 32 ``Client`` processes vs the ceiling, the in-process queue
   hit rate the machine's cores reach (one process per core, each its own ``CompileQueue`` on
   the same cache, the request parsed once). Rounds alternate which goes first; the median of

@@ -1,9 +1,9 @@
 """Eviction: ``gc`` to 80 % on a chip folder of 100,000 entries (~200,000 files), side by side
 with its floor and a CANN-style pass that opens every json.
 
-The floor of a gc (issue 14 item 2) is what any eviction must do, measured in the same folder
+The floor of a gc is what any eviction must do, measured in the same folder
 and run: one ``scandir`` + ``stat`` pass plus the ``unlink`` of the same files (those a dry
-run of the same gc names), one thread. Targets (issues 3, 14): gc ≤ 2× that floor; peak RSS
+run of the same gc names), one thread. Targets: gc ≤ 2× that floor; peak RSS
 of the process running gc ≤ 150 MiB. Every pass runs in its own child process (times exclude
 interpreter start-up; RSS is the child's peak as the kernel reports it to the parent through
 ``wait4``). All passes see a warm page cache: the folder was just built, and written back

@@ -1,4 +1,4 @@
-"""Remote tier (issue 15 item 9): a remote hit's latency against the compile it saves, and
+"""Remote tier: a remote hit's latency against the compile it saves, and
 what a remote adds to a local miss when it is healthy, slow and down (breaker open).
 
 Real servers on loopback: ``redis-server`` and wsgidav (HTTP, ``bazel`` layout). A remote hit

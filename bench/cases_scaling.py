@@ -1,4 +1,4 @@
-"""The cost curve (issue 14 item 5): the same measures at 10,000, 100,000 and (``--large``)
+"""The cost curve: the same measures at 10,000, 100,000 and (``--large``)
 1,000,000 entries of one chip folder, so growth can be read off one run.
 
 At each size, in a folder built for it (``cases_eviction.build``: a CANN-shaped json and a
@@ -109,7 +109,7 @@ def _cpu_ticks(pid: int) -> int:
 
 def _evict(pid: int, client: Client, ini: Path) -> dict[str, float]:
     """Make the daemon evict on its own (a limit 10 % below the folder, then ``/reload``),
-    wait until it is idle again; its RSS then (issue 14 item 5: an eviction the daemon runs
+    wait until it is idle again; its RSS then (an eviction the daemon runs
     must not grow its heap back)."""
     used = sum(
         float(line.split()[1])

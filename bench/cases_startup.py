@@ -1,4 +1,4 @@
-"""CLI start-up (issue 14 item 1): whole ``cachemgr`` processes beside ``python -c pass`` of
+"""CLI start-up: whole ``cachemgr`` processes beside ``python -c pass`` of
 the same interpreter, measured in one interleaved run.
 
 * **compile hit**: ``python -m cachemgr compile REQUEST.json`` answering a verified hit, with
@@ -28,7 +28,7 @@ from bench.harness import Row, ratio_of
 NAME = "startup"
 ROUNDS = 21
 
-#: Why a row misses its target, for its note (measured on branch i14f, issue 14 item 1).
+#: Why a row misses its target, for its note (measured on branch i14f).
 GAP_CAUSES = {
     "hit": "gap: the fast path (cachemgr.main) does not answer a hit; without click the "
     "hit's own modules (request, key, policy, queue, store, entry, results: ~55 "

@@ -1,7 +1,7 @@
 """``cachemgr.Client``: how frameworks and the CLI reach a running daemon (layer 8).
 
 HTTP/1.1 with JSON bodies over the daemon's Unix socket (keep-alive, one connection per
-thread), or a loopback TCP port. The client never imports the server (STYLE.md: the CLI is a
+thread), or a loopback TCP port. The client never imports the server (.importlinter: the CLI is a
 client). Where no daemon answers, :class:`DaemonUnavailable` is raised and callers such as
 the CLI run the work in-process instead.
 
@@ -14,7 +14,7 @@ cache. Only misses — and every request the rules send elsewhere (debug, ``forc
 once. Hits served locally are reported to the daemon's counters (``POST /hits``) at most
 once a second and on :meth:`Client.close`. ``Client(local_hits=False)`` sends everything.
 
-**The caller's files travel with the request** (issue 10 item 5, issue 11 item 1). The client
+**The caller's files travel with the request**. The client
 runs as the caller: it reads the kernel source, the headers the compiler reads (from the
 header manifest, or the compiler's dependency listing on a miss) and the ``op_debug_config``
 file, and sends their bytes (:func:`cachemgr.compile.inputs.to_wire`). The daemon computes the key
@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     from cachemgr.config import options
 
 # The hit path's modules (build, keys, inputs, kernel_meta, http.client...) are imported where
-# they are used, so a CLI command that finds no daemon never pays for them (issue 14 item 1).
+# they are used, so a CLI command that finds no daemon never pays for them.
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +108,8 @@ def default_socket_path(env: Mapping[str, str] | None = None) -> Path:
 @cache
 def _unix_connection_class() -> Callable[[str, float, set[int]], http.client.HTTPConnection]:
     """:class:`http.client.HTTPConnection` over a Unix socket whose folder, file and serving
-    process belong to a trusted user (:mod:`cachemgr.sockcheck`; issue 10, item 7). Made on
-    first use: ``http.client`` pulls in ``email`` and ``ssl`` (issue 14 item 1)."""
+    process belong to a trusted user (:mod:`cachemgr.sockcheck`). Made on
+    first use: ``http.client`` pulls in ``email`` and ``ssl``."""
     import http.client
 
     class _UnixConnection(http.client.HTTPConnection):
@@ -204,7 +204,18 @@ class Client:
         for attempt in (1, 2):  # a kept-alive connection the server closed: retry once
             conn = self._conn()
             try:
-                conn.request(method, path, body=payload, headers=headers)
+                try:
+                    conn.request(method, path, body=payload, headers=headers)
+                except (BrokenPipeError, ConnectionResetError) as sending:
+                    # the daemon may have answered before reading it all (413: over
+                    # [daemon] max_body_bytes) and closed: its answer is still there to read
+                    try:
+                        resp = conn.getresponse()
+                        raw = resp.read()
+                    except (http.client.HTTPException, OSError):
+                        raise sending from None  # no answer: it hung up (retried once)
+                    self._drop_connection()
+                    break
                 resp = conn.getresponse()
                 raw = resp.read()
                 break
@@ -260,7 +271,7 @@ class Client:
         """``GET /config``: the daemon's settings with origins. With ``sections``,
         ``GET /config?sections=1`` (``{"settings": …, "sections": …}``, what local hits
         need), remembered in this process for :data:`LOCAL_CONFIG_TTL_S` seconds: the CLI's
-        routing check and the compile after it cost one round trip (issue 14 item 1).
+        routing check and the compile after it cost one round trip.
 
         :raises DaemonError: the daemon's error, or an answer that is not an object.
         """
@@ -333,12 +344,15 @@ class Client:
         dict), with ``via`` ``"client"`` for a hit served in this process, ``"daemon"``
         otherwise. With ``wait=False`` returns ``{"job_id": …}`` to poll with :meth:`job`.
         Relative paths in the request are relative to ``base_dir`` (default: the current
-        directory). ``replace`` recompiles and replaces this one entry (SPEC §4).
+        directory). ``replace`` recompiles and replaces this one entry (docs/design.md#cache-modes).
         ``session``: requests of one session clear a chip folder at most once with ``force``
         (default: each call is its own session, so each ``force`` call clears).
+        This caller's values of the variables its compiler reads (``CPATH``,
+        ``NVCC_APPEND_FLAGS``, ``SOURCE_DATE_EPOCH``…; docs/compiling.md#the-environment) go
+        with the request as ``compile_env``: the daemon compiles with exactly those.
 
         Debug artefacts and ``disable`` kernels are handed back by the daemon and written
-        here, as the caller (issue 11 item 6): debug ones to
+        here, as the caller: debug ones to
         ``<base>/kernel_meta/<host>_<pid>/`` with base = the request's ``debug_dir`` >
         ``$ASCEND_WORK_PATH`` > the current directory; ``disable`` ones to ``out_dir``
         (default: the current directory); ``files`` names the files written. A folder this
@@ -359,12 +373,16 @@ class Client:
             found = self._hits.lookup_prepared(prepared, start)
             if found is not None:
                 return found
+        from cachemgr.compile import environment
+
         body: dict[str, Any] = {
             "request": dict(request),
             "base_dir": base,
             "wait": wait,
             "priority": priority,
             "replace": replace,
+            # the daemon compiles with this caller's values of what its compiler reads
+            "compile_env": environment.from_caller(os.environ, os.getcwd()),
         }
         if session is not None:
             body["session"] = session
@@ -439,7 +457,7 @@ class Client:
 
         path = Path(path)
         try:
-            # non-blocking, regular files only, capped (issue 10, item 8)
+            # non-blocking, regular files only, capped
             data = json.loads(safeio.read_regular(path.resolve()).decode("utf-8"))
         except safeio.UnsafeFileError as exc:
             raise DaemonError(f"request file {exc}", 400) from exc

@@ -2,7 +2,7 @@
 verbosity, terminal-safe text, the log format, and the report of ``cachemgr config``.
 
 Both ways into the CLI use these: the click commands (:mod:`cachemgr.cli`) and the start-up
-fast path (:mod:`cachemgr.main`, issue 14 item 1), which answers ``cachemgr config`` without
+fast path (:mod:`cachemgr.main`), which answers ``cachemgr config`` without
 importing click — so the two print the same bytes by construction, not by a copy kept in
 step. Nothing here imports click.
 """
@@ -115,7 +115,8 @@ def stdout_to_devnull() -> None:
 
 # --- cachemgr config -----------------------------------------------------------------------
 
-#: The order ``config`` prints in (SPEC §1, §2, §5, §7), then anything else.
+#: The order ``config`` prints in (docs/design.md#options-and-their-origins, #where-the-cache-lives,
+#: #size-limits-and-eviction, #debug-compiles-and-kernel_meta), then anything else.
 SHOWN = (
     "op_compiler_cache_mode",
     "op_compiler_cache_dir",
@@ -136,7 +137,8 @@ SHOWN = (
 
 
 def _toolkit_rows(settings: Settings) -> dict[str, dict[str, Any]]:
-    """The installed toolkit's versions and where they were found, GE's way (SPEC §5)."""
+    """The installed toolkit's versions and where they were found, GE's way
+    (docs/design.md#size-limits-and-eviction)."""
     from cachemgr.config import versions
 
     installed = versions.installed_versions(os.environ, settings.sections)
@@ -150,7 +152,7 @@ def _toolkit_rows(settings: Settings) -> dict[str, dict[str, Any]]:
 
 
 def _remote_row(settings: Settings, cli: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The remote tiers (issue 15 item 2), passwords redacted.
+    """The remote tiers, passwords redacted.
 
     :raises ConfigError: a bad remote spec (its message is redacted).
     """
@@ -166,6 +168,24 @@ def _remote_row(settings: Settings, cli: tuple[str, ...] = ()) -> dict[str, Any]
     if warnings:  # shown as warning lines; in --json with the row
         row["warnings"] = warnings
     return row
+
+
+#: The row of ``config`` naming each governed kernel cache's mount and its access-time rule.
+FILESYSTEMS = "kernel_cache_filesystems"
+
+
+def _filesystems_row(settings: Settings) -> dict[str, Any]:
+    """Which filesystem each governed kernel cache is on, its access-time rule and what that
+    means for GE's own eviction (docs/interop.md#ges-eviction-and-access-times)."""
+    from cachemgr.storage import atimes
+
+    caches = [settings.layout.kernel_cache_dir, *settings.other_kernel_caches()]
+    found = atimes.governed_atimes(caches)
+    return {
+        "value": [a.to_json() for a in found],
+        "origin": "mount",
+        "source": str(atimes.MOUNTINFO),
+    }
 
 
 def _shown(value: Any) -> str:
@@ -215,6 +235,8 @@ def config_report(
     tables = settings.config.rows()
     data.update(tables)
     names += list(tables)
+    data[FILESYSTEMS] = _filesystems_row(settings)
+    names.append(FILESYSTEMS)
     from cachemgr.config.options import kernel_cache_reason, kernel_cache_why  # loaded already
     from cachemgr.storage.exposure import outsiders_warning
 
@@ -225,14 +247,21 @@ def config_report(
     if as_json:
         lines = [*warnings, (False, json_text({n: data[n] for n in names}))]
     else:
-        lines = [*warnings, (False, kernel_cache_why(settings))]  # which folder, why (SPEC §2)
+        # which folder, and why (docs/design.md#where-the-cache-lives)
+        lines = [*warnings, (False, kernel_cache_why(settings))]
         for name in names:
             item = data[name]
+            if name == FILESYSTEMS:  # one line per governed kernel cache
+                lines += [(False, f"({item['origin']}: {fs['mount_point'] or '-'}) filesystem = "
+                           f"{fs['line']}") for fs in item["value"]]  # fmt: skip
+                continue
             origin = item["origin"] + (f": {item['source']}" if item["source"] else "")
             shown = _shown(item["value"])
             if notes.get(name):
                 shown += f" ({notes[name]})"
             lines.append((False, f"({origin}) {name} = {shown}"))
+            for lost in item.get("passed_over", ()):  # the framework's priority decided
+                lines.append((False, f"    passed over: {lost}"))
     if exposed:
         lines.append((True, exposed))
     return lines, 2 if settings.problems else 0

@@ -1,4 +1,4 @@
-"""Values defined once for the whole package (issue 13 item 9).
+"""Values defined once for the whole package.
 
 A leaf module (it imports nothing of cachemgr): every layer may read it. ``pyproject.toml``
 takes the package's version from :data:`VERSION` (``[tool.setuptools.dynamic]``), so the
@@ -35,7 +35,7 @@ def automatic_lock_wait_s(compile_timeout_s: float) -> float:
 
 
 #: ``max_op_cache_size`` that turns size eviction off (GE's ``te_cache_space_manager.cc``;
-#: SPEC §5).
+#: docs/design.md#size-limits-and-eviction).
 NEVER_EVICT: Final = -1
 
 
@@ -47,7 +47,7 @@ def short_host() -> str:
     lock probes and the default ``host_id``. Read once per process (one entry cached).
     """
     # os.uname().nodename is gethostname(2) on Linux (glibc reads it from uname), without
-    # importing socket (issue 14 item 1)
+    # importing socket
     return os.uname().nodename.split(".")[0] or "host"
 
 

@@ -31,7 +31,7 @@ class InvalidInputError(CacheMgrError):
 
 
 class InvalidEntryError(CacheMgrError):
-    """A cache entry on disk does not follow CANN's format (SPEC §3.1).
+    """A cache entry on disk does not follow CANN's format (docs/design.md#files-of-an-entry).
 
     ``reason`` is a short machine-readable code (e.g. ``unreadable_json``, ``bad_name``).
     """
@@ -44,7 +44,8 @@ class InvalidEntryError(CacheMgrError):
 
 
 class CachePermissionError(CacheMgrError):
-    """The cache (or part of it) cannot be read or written by this user (SPEC §9)."""
+    """The cache (or part of it) cannot be read or written by this user
+    (docs/design.md#sharing-and-locking)."""
 
     exit_code = 2
 
@@ -52,7 +53,7 @@ class CachePermissionError(CacheMgrError):
 class LockBusyError(CacheMgrError):
     """A lock is held by someone else and the caller asked not to wait.
 
-    "Busy is not failure" (STYLE.md): non-blocking acquisition returns ``False``; this error is
+    "Busy is not failure": non-blocking acquisition returns ``False``; this error is
     raised only where a caller asked for the lock with a deadline and the deadline passed.
     """
 
@@ -75,7 +76,8 @@ class OutputFolderError(CacheMgrError):
 
 class NoSpaceError(CacheMgrError):
     """The filesystem of a chip folder is full (``ENOSPC``) or the user's quota is spent
-    (``EDQUOT``) while publishing: nothing was published, nothing partial is left (SPEC §3.3).
+    (``EDQUOT``) while publishing: nothing was published, nothing partial is left
+    (docs/design.md#writing-and-reading-an-entry).
 
     :ivar folder: the chip folder; ``bytes_needed``: the size of the entry (bytes).
     """

@@ -1,5 +1,5 @@
 """The ``cachemgr`` console script (and ``python -m cachemgr``): a start-up fast path in front
-of the click CLI (issue 14 item 1), as git and ccache answer their common cases without
+of the click CLI, as git and ccache answer their common cases without
 loading everything.
 
 Importing click with json, logging and dataclasses alone costs 2.3× ``python -c pass``

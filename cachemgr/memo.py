@@ -1,4 +1,4 @@
-"""Bounded, thread-safe memos: the package's process-wide caches (issue 13 item 9).
+"""Bounded, thread-safe memos: the package's process-wide caches.
 
 A module that remembers something across calls (a file's digest by its identity, a compiler's
 version line, a parsed manifest) owns one :class:`Memo` with a stated bound instead of a bare

@@ -1,5 +1,5 @@
 """Who is on the other end of a Unix socket: ``SO_PEERCRED`` (pid, uid, gid), as the kernel
-recorded it when the peer called ``connect``/``listen`` (issue 10, items 5 and 7).
+recorded it when the peer called ``connect``/``listen``.
 
 The daemon identifies every caller this way (logged with each compile, used for per-caller
 limits); the client checks that the process serving a socket is the user it expects. The

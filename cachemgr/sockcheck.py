@@ -1,4 +1,4 @@
-"""The client authenticates the daemon before it sends anything (issue 10, item 7).
+"""The client authenticates the daemon before it sends anything.
 
 A Unix socket is only as trustworthy as the folder it sits in: whoever may create names in
 that folder may put a fake daemon there, which would receive the caller's requests and answer

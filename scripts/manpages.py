@@ -22,7 +22,7 @@ from cachemgr.cli import COMMANDS, cli, top_help
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: The top-level help, stored for ``cachemgr --help`` without click (issue 14 item 1).
+#: The top-level help, stored for ``cachemgr --help`` without click.
 HELP_MODULE = ROOT / "cachemgr" / "helptext.py"
 
 #: The pages carry this instead of a date, so that regenerating them changes nothing.

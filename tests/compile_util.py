@@ -103,7 +103,7 @@ def counting_cc(folder: Path, sleep_s: float = 0.0, real: str = "gcc", body: str
     script.write_text(
         "#!/bin/sh\n"
         f'if [ "$1" = "--version" ]; then exec {real_path} --version; fi\n'
-        # a dependency listing (-MM, issue 11) is not a compile: not logged, never slowed
+        # a dependency listing (-MM) is not a compile: not logged, never slowed
         f'case " $* " in *" -MM "*) exec {real_path} "$@";; esac\n'
         f'echo "$$ $*" >> {folder / "calls.log"}\n'
         f"{body}\n"

@@ -39,7 +39,7 @@ pytest_plugins = ["tests.users_util"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    """``--soak``: also run the long soak tests (issue 6); without it they are skipped."""
+    """``--soak``: also run the long soak tests; without it they are skipped."""
     parser.addoption(
         "--soak", action="store_true", default=False, help="also run the long soak tests"
     )

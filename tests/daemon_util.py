@@ -15,7 +15,7 @@ from typing import Any
 
 from cachemgr.client import Client
 
-#: ``serve`` refuses root without this flag (issue 10); tests run as root in CI.
+#: ``serve`` refuses root without this flag; tests run as root in CI.
 AS_ROOT = ["--allow-root"] if os.geteuid() == 0 else []
 
 
@@ -187,7 +187,7 @@ def start_daemon(
 
 def wait_first_scan(daemon: Daemon, timeout_s: float = 60.0) -> None:
     """Wait until the daemon's first full scan (the start-up reclaim, then the usage index)
-    has finished: it runs in the background after READY=1 (issue 12 item 10)."""
+    has finished: it runs in the background after READY=1."""
     wait_for(
         lambda: daemon.client.health().get("scan", {}).get("state") in ("done", "failed"),
         timeout_s,

@@ -7,8 +7,9 @@ or as a separate process (also as another Unix user)::
 
     python -m tests.ge_twin write CHIP KERNEL [--kind plain|mix|dynamic] [--header] [--size N]
     python -m tests.ge_twin pre CHIP KERNEL_pre [--pattern P]
-    python -m tests.ge_twin hit CHIP KERNEL            # exit 0 on a hit, 1 on a miss
-    python -m tests.ge_twin evict CHIP MAX_BYTES RATIO_PCT
+    python -m tests.ge_twin hit CHIP KERNEL            # exit 0 on a hit, 1 on a miss,
+                                                       # SIGABRT where GE aborts
+    python -m tests.ge_twin evict CHIP MAX_BYTES RATIO_PCT [--now EPOCH_S]  # SIGABRT too
     python -m tests.ge_twin init KERNEL_CACHE SOC ADK OPS [--mode enable|force]
     python -m tests.ge_twin loop CHIP PREFIX SECONDS [--evict]  # write + hit until the end
 
@@ -18,8 +19,12 @@ API (what issue-15 tests reuse):
   ``dynamic`` (``supportInfo``, no ``opType``/``staticKey``); with or without a header; a
   ``sha256`` written upper-case on request (GE would then never hit it);
 * :func:`write_pre` — a ``<name>_pre.json`` pre-build entry;
-* :func:`hit` / :func:`hit_pre` — GE's verified lookup with its access-time update;
-* :func:`evict` — GE's eviction under ``op_cache_file_del.lock``;
+* :func:`hit` / :func:`hit_pre` — GE's verified lookup with its access-time update; both,
+  and :func:`evict`, raise :class:`GeAbort` where GE's typed json conversions throw (the
+  command line then aborts: ``SIGABRT``, exit 134);
+* :func:`evict` — GE's eviction under ``op_cache_file_del.lock``: ``_pre.json`` counted,
+  never deleted; each json read during the scan, its access time checked again before
+  deleting (so on a ``relatime``/``strictatime`` mount it deletes nothing);
 * :func:`init` — GE's start: ini check, create or restamp, purge;
 * :func:`read_ini` — GE's ini reading: (stamps, limits) exactly as GE computes them.
 """
@@ -49,6 +54,8 @@ MIN_CACHE_AGING_TIME = 1800
 SIZE_MB_UNIT = 1048576
 INT_MAX = 2**31 - 1
 EVICT_LOCK = "op_cache_file_del"
+#: ``cache/te_cache_space_manager.cc`` ``kPreCompileFileSuffix``.
+PRE_COMPILE_SUFFIX = "_pre.json"
 
 
 # --- locks: cache/te_cache_utils.cc, common/te_file_utils.cc ----------------------------
@@ -223,9 +230,10 @@ def write_entry(
         unlock_and_close(fd)
 
 
-def write_pre(chip: Path, kernel: str, pattern: str = "ElemWise") -> Written:
+def write_pre(chip: Path, kernel: str, pattern: str = "ElemWise", options: str = "") -> Written:
     """``TeCacheManager::SetPreCompileResult`` + ``SavePreCompileRetIntoCacheDir``:
-    ``<kernel>.json`` (``kernel`` ends with ``_pre``) with pattern, coreType, options."""
+    ``<kernel>.json`` (``kernel`` ends with ``_pre``) with pattern, coreType and
+    ``prebuilt_options`` (``options``: any string, as long as the build's options are)."""
     make_dirs(chip)
     path = chip / f"{kernel}.json"
     if path.exists():
@@ -234,7 +242,7 @@ def write_pre(chip: Path, kernel: str, pattern: str = "ElemWise") -> Written:
     if fd is None:
         return Written(kernel, (), "busy")
     try:
-        data = {"pattern": pattern, "coreType": "VectorCore", "prebuilt_options": ""}
+        data = {"pattern": pattern, "coreType": "VectorCore", "prebuilt_options": options}
         copy_to_cache(_dump(data), path)
         return Written(kernel, (path.name,))
     finally:
@@ -254,23 +262,104 @@ def update_access_time(path: Path) -> bool:
     return True
 
 
+class GeAbort(BaseException):
+    """nlohmann::json threw ``type_error`` and nothing in GE catches it: the process ends in
+    ``std::terminate`` (``SIGABRT``, exit 134). In this process the twin raises this (a
+    ``BaseException``: no ``except Exception`` swallows it); :func:`main` turns it into a real
+    ``abort()``."""
+
+
+def _json_type(value: object) -> str:
+    """nlohmann's ``type_name()``."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    return {list: "array", dict: "object", str: "string"}[type(value)]
+
+
+def _string(info: dict, key: str, where: str) -> str:
+    """``std::string s = j.at(key)`` / ``j.at(key).get<std::string>()``: nlohmann's
+    ``from_json`` throws ``type_error.302`` for any other type, ``null`` included."""
+    value = info[key]
+    if not isinstance(value, str):
+        raise GeAbort(
+            f"{where}: [json.exception.type_error.302] type must be string, but is "
+            f"{_json_type(value)}"
+        )
+    return value
+
+
+def _refuse(text: str) -> object:
+    raise ValueError(text)
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"number overflow parsing {text!r}")  # out_of_range.406
+    return value
+
+
+def _finite_int(text: str) -> int | float:
+    return _finite(text) if len(text) > 20 else int(text)  # beyond int64: a double
+
+
+_NLOHMANN = json.JSONDecoder(parse_constant=_refuse, parse_float=_finite, parse_int=_finite_int)
+
+
+def read_json(path: Path) -> object:
+    """``TeFileUtils::GetJsonValueFromJsonFile``: ``ifs >> j`` (BOM skipped, the first value
+    only: ``operator>>`` parses without ``strict``); a parse error is caught → None."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    text = text.removeprefix("\ufeff").lstrip(" \t\r\n")
+    try:
+        return _NLOHMANN.raw_decode(text)[0]
+    except (ValueError, RecursionError):
+        return None
+
+
 def hit(chip: Path, kernel: str, touch: bool = True) -> bool:
     """``TeCacheManager::MatchCompileCache``: parse the json
     (``CompileResultUtils::ParseCompileResult``), find the binary (``SetBinFilePath``), read
-    it (``SetKernelBin``: ``kernelName`` needed, empty file fails), compare ``sha256`` as a
-    string (``VerifyBinFileSha256``), then update the json's and the binary's atime."""
+    it (``SetKernelBin``: ``kernelName`` needed, empty file fails), the header suffix
+    (``SetHeaderFilePath``), compare ``sha256`` as a string (``VerifyBinFileSha256``), then
+    update the json's and the binary's atime. Each typed conversion raises :class:`GeAbort`
+    for another type, as GE aborts. The twin reads a ``.so`` like a ``.o`` (GE ``dlopen``s it,
+    ``SetKernelBinBySo``, then needs the same ``kernelName``)."""
     json_path = chip / f"{kernel}.json"
-    try:
-        info = json.loads(json_path.read_bytes())
-        bin_path = chip / (info["binFileName"] + info["binFileSuffix"])
-        if not bin_path.exists():
-            return False
-        if bin_path.suffix == ".o" and "kernelName" not in info:
-            return False
-        data = bin_path.read_bytes()
-    except (OSError, ValueError, KeyError, TypeError):
+    info = read_json(json_path)
+    # contains() is false on a non-object; SetBinFilePath needs both names
+    if not isinstance(info, dict) or "binFileName" not in info or "binFileSuffix" not in info:
         return False
-    if not data or not info.get("sha256") or info["sha256"] != sha256_hex(data):
+    name = _string(info, "binFileName", "CompileResultUtils::SetBinFilePath")
+    suffix = _string(info, "binFileSuffix", "CompileResultUtils::SetBinFilePath")
+    bin_path = chip / (name + suffix)
+    if not bin_path.exists():  # RealPath empty
+        return False
+    data = b""
+    reads_bin = bin_path.name.endswith((".o", ".so"))
+    if reads_bin:
+        if "kernelName" not in info:
+            return False
+        _string(info, "kernelName", "CompileResultUtils::SetKernelBin")
+        try:
+            data = bin_path.read_bytes()  # GetBufferFromBinFile: size <= 0 fails
+        except OSError:
+            return False
+        if not data:
+            return False
+    if "headerFileSuffix" in info:
+        _string(info, "headerFileSuffix", "CompileResultUtils::SetHeaderFilePath")
+    if not reads_bin or "sha256" not in info:  # kernelBin == nullptr: VerifyBinFileSha256 false
+        return False
+    sha = _string(info, "sha256", "TeCacheManager::VerifyBinFileSha256")
+    if not sha or sha != sha256_hex(data):
         return False
     if touch:
         return update_access_time(json_path) and update_access_time(bin_path)
@@ -278,14 +367,18 @@ def hit(chip: Path, kernel: str, touch: bool = True) -> bool:
 
 
 def hit_pre(chip: Path, kernel: str) -> bool:
-    """``TeCacheManager::MatchPreCompileCache``: the json must have ``pattern``; atime update."""
+    """``TeCacheManager::MatchPreCompileCache``: the json must have ``pattern`` (a string;
+    ``coreType`` and ``prebuilt_options``, when present, too — else :class:`GeAbort`); then
+    the atime update."""
     path = chip / f"{kernel}.json"
-    try:
-        info = json.loads(path.read_bytes())
-    except (OSError, ValueError):
-        return False
+    info = read_json(path)
     if not isinstance(info, dict) or "pattern" not in info:
         return False
+    where = "TeCacheManager::MatchPreCompileCache"
+    _string(info, "pattern", where)
+    for key in ("coreType", "prebuilt_options"):
+        if key in info:
+            _string(info, key, where)
     return update_access_time(path)
 
 
@@ -320,34 +413,87 @@ def _json_files(chip: Path) -> list[Path]:
     return out
 
 
+def _json_list_items(value: object) -> list:
+    """What ``for (it = jsonList.begin(); ...)`` visits: an array's items, an object's values,
+    nothing for ``null``, a primitive itself (nlohmann's primitive iterator)."""
+    if value is None:
+        return []
+    if isinstance(value, list):
+        return value
+    if isinstance(value, dict):
+        return list(value.values())
+    return [value]
+
+
+def _add_bin_file(folder: Path, info: object, files: list[tuple[Path, int]]) -> None:
+    """``AddBinFileInfoFromJson``: both names present (``find`` is false on a non-object),
+    each ``get<std::string>()`` (:class:`GeAbort` for another type), then the binary's size."""
+    if not isinstance(info, dict) or "binFileName" not in info or "binFileSuffix" not in info:
+        return
+    where = "TeCacheSpaceManager::AddBinFileInfoFromJson"
+    binary = folder / (_string(info, "binFileName", where) + _string(info, "binFileSuffix", where))
+    with contextlib.suppress(OSError):
+        files.append((binary, os.stat(binary).st_size))
+
+
 def _entry_files(path: Path) -> list[tuple[Path, int]]:
     """``GetFilesAccessTime`` + ``AddBinFileInfoFromJson``: the json, then its binary (or the
-    sub-jsons and their binaries); a ``_pre.json`` alone. The header and lock are not listed."""
+    sub-jsons and their binaries); a ``_pre.json`` alone. The header and lock are never
+    listed: GE's eviction deletes these files only and leaves ``<kernel>.h`` behind. A
+    ``jsonList`` item that is not an object with a string ``jsonFileName`` raises
+    :class:`GeAbort` (``(*it)["jsonFileName"]``: ``type_error.305`` on a non-object, ``302``
+    converting a missing — inserted ``null`` — or non-string name).
+
+    The json is *read* here (``TeFileUtils::GetJsonValueFromJsonFile``: an ``ifstream``), after
+    its access time was taken: on a ``relatime`` or ``strictatime`` mount that read moves the
+    access time, which :func:`evict`'s re-check then finds changed."""
     files = []
     with contextlib.suppress(OSError):
         files.append((path, os.stat(path).st_size))
     if path.name.endswith("_pre.json"):
         return files
-    try:
-        info = json.loads(path.read_bytes())
-    except (OSError, ValueError):
+    info = read_json(path)
+    if info is None:
         return files
-    jsons = [info]
-    if "jsonList" in info:
-        jsons = []
-        for item in info["jsonList"]:
-            sub = path.parent / item["jsonFileName"]
-            try:
-                files.append((sub, os.stat(sub).st_size))
-                jsons.append(json.loads(sub.read_bytes()))
-            except (OSError, ValueError):
-                continue
-    for one in jsons:
-        if "binFileName" in one and "binFileSuffix" in one:
-            binary = path.parent / (one["binFileName"] + one["binFileSuffix"])
-            with contextlib.suppress(OSError):
-                files.append((binary, os.stat(binary).st_size))
+    if not isinstance(info, dict) or "jsonList" not in info:  # traditional pattern
+        _add_bin_file(path.parent, info, files)
+        return files
+    for item in _json_list_items(info["jsonList"]):
+        if not isinstance(item, dict):
+            raise GeAbort(
+                "TeCacheSpaceManager::GetFilesAccessTime: [json.exception.type_error.305] "
+                f"cannot use operator[] with a string argument with {_json_type(item)}"
+            )
+        item.setdefault("jsonFileName", None)  # operator[] inserts null
+        sub = path.parent / _string(item, "jsonFileName", "TeCacheSpaceManager::GetFilesAccessTime")
+        if sub.is_dir():
+            continue
+        with contextlib.suppress(OSError):
+            files.append((sub, os.stat(sub).st_size))
+        sub_info = read_json(sub)
+        if sub_info is not None:
+            _add_bin_file(path.parent, sub_info, files)
     return files
+
+
+def _files_access_time(jsons: list[Path]) -> list[tuple[int, Path, list[tuple[Path, int]]]]:
+    """``TeCacheSpaceManager::GetFilesAccessTime``, in its order: ``stat`` the json (its
+    access time, in whole seconds, before anything reads it); a name ending in
+    ``kPreCompileFileSuffix`` (``_pre.json``) is then skipped — never entered in the map, so
+    GE never ages or deletes it (its bytes still count: ``GetDirectorySize``); every other
+    json is read (:func:`_entry_files`) and entered under the access time taken first. Sorted
+    by that time, equal times in scan order (``std::multimap``)."""
+    items = []
+    for path in jsons:
+        try:
+            atime = int(os.stat(path).st_atime)
+        except OSError:
+            atime = 0
+        if path.name.endswith(PRE_COMPILE_SUFFIX):
+            continue
+        items.append((atime, path, _entry_files(path)))
+    items.sort(key=lambda item: item[0])
+    return items
 
 
 def _delete_file(path: Path) -> None:
@@ -359,12 +505,41 @@ def _delete_file(path: Path) -> None:
         pass
 
 
+def _aging(items: list[tuple[int, Path, list[tuple[Path, int]]]], to_delete: int,
+           now: float | None) -> list[str]:  # fmt: skip
+    """``TeCacheSpaceManager::AgingCacheFileByAccessTime``: oldest first; an entry accessed
+    less than ``MIN_CACHE_AGING_TIME`` ago stops it; the json's access time is read again
+    (``stat`` of ``totalFileSizeInfos[0]``) and the entry deleted only when it is unchanged
+    since the scan — after the scan's own read moved it (``relatime``, ``strictatime``) it
+    never is; stops once ``to_delete`` bytes are gone. Returns the deleted jsons' names."""
+    deleted, gone = 0, []
+    for atime, path, files in items:
+        current = time.time() if now is None else now
+        if current - atime < MIN_CACHE_AGING_TIME:
+            break
+        if not files:
+            continue
+        try:
+            again = int(os.stat(files[0][0]).st_atime)
+        except OSError:
+            again = None
+        if again == atime:
+            for file, size in files:
+                _delete_file(file)
+                deleted += size
+            gone.append(path.name)
+        if deleted >= to_delete:
+            break
+    return gone
+
+
 def evict(chip: Path, max_bytes: int, ratio_pct: int, now: float | None = None) -> list[str]:
     """``TeCacheSpaceManager::CacheSpaceInitialize`` + ``DelCacheFileByAccessTime``: when the
-    chip folder holds ≥ ``max_bytes``, take ``op_cache_file_del.lock`` (held → skip), then
-    delete entries by the json's atime, oldest first, until ``used - max*ratio/100`` bytes
-    are gone; an entry accessed in the last 1800 s stops it; the atime is read again just
-    before deleting. Returns the evicted jsons' names ("busy" → ``["<busy>"]``)."""
+    chip folder holds ≥ ``max_bytes`` (every regular file, ``_pre.json`` included), take
+    ``op_cache_file_del.lock`` (held → skip), list the jsons
+    (``CollectCacheJsonFileAccessTime``), scan them (:func:`_files_access_time`) and age them
+    (:func:`_aging`) until ``used - max*ratio/100`` bytes are gone. Returns the evicted jsons'
+    names ("busy" → ``["<busy>"]``)."""
     used = directory_size(chip)
     if used < max_bytes:
         return []
@@ -373,33 +548,7 @@ def evict(chip: Path, max_bytes: int, ratio_pct: int, now: float | None = None) 
         return ["<busy>"]
     try:
         to_delete = used - max_bytes * ratio_pct // 100
-        items = []
-        for path in _json_files(chip):
-            try:
-                atime = int(os.stat(path).st_atime)
-            except OSError:
-                atime = 0
-            items.append((atime, path, _entry_files(path)))
-        items.sort(key=lambda item: item[0])  # std::multimap<uint64_t, ...>
-        deleted, gone = 0, []
-        for atime, path, files in items:
-            current = time.time() if now is None else now
-            if current - atime < MIN_CACHE_AGING_TIME:
-                break
-            if not files:
-                continue
-            try:
-                again = int(os.stat(files[0][0]).st_atime)
-            except OSError:
-                again = None
-            if again == atime:
-                for file, size in files:
-                    _delete_file(file)
-                    deleted += size
-                gone.append(path.name)
-            if deleted >= to_delete:
-                break
-        return gone
+        return _aging(_files_access_time(_json_files(chip)), to_delete, now)
     finally:
         unlock_and_close(fd)
 
@@ -544,7 +693,7 @@ def _delete_files_in_dir(chip: Path) -> None:
 def _loop(chip: Path, prefix: str, seconds: float, evict_too: bool = False) -> int:
     """Write and hit every kind of entry in a loop (a busy CANN process next to cachemgr);
     prints ``wrote <kernel>`` for each entry written; with ``evict_too`` also GE's eviction
-    (every entry aged, so it empties the folder)."""
+    with a clock an hour ahead (what it removes depends on the mount: :func:`evict`)."""
     end = time.monotonic() + seconds
     n = 0
     while time.monotonic() < end:
@@ -587,6 +736,7 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("chip", type=Path)
     e.add_argument("max_bytes", type=int)
     e.add_argument("ratio", type=int)
+    e.add_argument("--now", type=float, default=None, help="the clock GE's aging compares with")
     i = sub.add_parser("init")
     i.add_argument("kernel_cache", type=Path)
     i.add_argument("soc")
@@ -606,12 +756,18 @@ def main(argv: list[str] | None = None) -> int:
     if a.cmd == "pre":
         print(write_pre(a.chip, a.kernel, a.pattern).skipped or "written")
         return 0
-    if a.cmd == "hit":
-        found = hit_pre(a.chip, a.kernel) if a.kernel.endswith("_pre") else hit(a.chip, a.kernel)
-        return 0 if found else 1
-    if a.cmd == "evict":
-        print(" ".join(evict(a.chip, a.max_bytes, a.ratio)))
-        return 0
+    try:
+        if a.cmd == "hit":
+            pre = a.kernel.endswith("_pre")
+            found = hit_pre(a.chip, a.kernel) if pre else hit(a.chip, a.kernel)
+            return 0 if found else 1
+        if a.cmd == "evict":
+            print(" ".join(evict(a.chip, a.max_bytes, a.ratio, a.now)))
+            return 0
+    except GeAbort as exc:  # std::terminate: what GE's process does
+        sys.stderr.write(f"terminate called after throwing nlohmann::json type_error\n  {exc}\n")
+        sys.stderr.flush()
+        os.abort()
     if a.cmd == "init":
         print(init(a.kernel_cache, a.soc, a.adk, a.ops, a.mode))
         return 0

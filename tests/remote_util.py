@@ -1,4 +1,4 @@
-"""Real remote servers for the remote-tier tests (issue 15 item 8): ``redis-server`` on a
+"""Real remote servers for the remote-tier tests: ``redis-server`` on a
 random loopback port, in a tmp folder, persistence off; wsgidav and nginx (WebDAV); and the
 site keys every remote needs (docs/remote.md#keys): :func:`keys_toml`, :func:`keys_config`,
 :func:`trust_fields`."""

@@ -1,4 +1,4 @@
-"""Helpers for the shared-cache tests (issue 6): distinct tiny kernels from the examples, a
+"""Helpers for the shared-cache tests: distinct tiny kernels from the examples, a
 wrapper compiler that logs every real invocation with a timestamp, and an independent
 re-verification of what the cache served."""
 

@@ -1,4 +1,5 @@
-"""The layers contract (STYLE.md): lower layers never import higher ones."""
+"""The layers contract (docs/design.md#design-layout-of-the-code): lower layers never import higher
+ones."""
 
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ UPWARD = [
 
 @pytest.mark.parametrize(("importer", "imported"), UPWARD)
 def test_an_upward_import_breaks_a_contract(tmp_path: Path, importer: str, imported: str) -> None:
-    """The contracts cover every package (issue 13 item 9): one import pointing up, added to
+    """The contracts cover every package: one import pointing up, added to
     a copy of the package, makes lint-imports fail naming both modules."""
     shutil.copytree(
         ROOT / "cachemgr", tmp_path / "cachemgr", ignore=shutil.ignore_patterns("*.pyc")

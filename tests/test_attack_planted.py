@@ -398,7 +398,8 @@ def test_a_kernel_compiled_outside_the_cache_reaches_another_filesystem(
     cache and hand its kernel to the current directory — which is usually on another
     filesystem than ``$TMPDIR`` (work in ``/home``, ``/tmp`` a tmpfs). The hand-over was an
     ``os.replace``: ``[Errno 18] Invalid cross-device link``, exit 1, the kernel lost. Now it
-    is copied across (json last), and the compile succeeds as issue 10 item 12 says."""
+    is copied across (json last), and the compile succeeds
+    (docs/security.md#12-a-read-only-or-full-cache-root)."""
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
     root_mnt, out_mnt = tmp_path / "root", tmp_path / "work"

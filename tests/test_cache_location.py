@@ -1,8 +1,10 @@
-"""Which kernel cache folder, and why, in one line (SPEC §2; ``options.kernel_cache_why``).
+"""Which kernel cache folder, and why, in one line (docs/design.md#where-the-cache-lives;
+``options.kernel_cache_why``).
 
 GE builds ``<op_compiler_cache_dir or ASCEND_CACHE_PATH or $HOME/atc_data>/kernel_cache``
-for every source (``cache/te_cache_manager.cc``, ``TeCacheManager::SetCacheDirPath``); SPEC §2
-(the seed) gives ``ASCEND_CACHE_PATH`` a per-host ``kernel_cache_<host id>``. A fresh user saw
+for every source (``cache/te_cache_manager.cc``, ``TeCacheManager::SetCacheDirPath``);
+docs/design.md#where-the-cache-lives (the seed) gives ``ASCEND_CACHE_PATH`` a per-host
+``kernel_cache_<host id>``. A fresh user saw
 ``kernel_cache_<host>`` for one source and ``kernel_cache`` for the other with no word why:
 ``config``, ``ls`` and ``stats`` now say which folder was chosen, from which source, and
 where GE's own folder is when it differs. ``ls`` (entries) and ``stats`` (every file, as GE
@@ -62,7 +64,7 @@ def test_config_ls_stats_say_which_kernel_cache_and_why(
     assert "kernel_cache_<host id>" in data["kernel_cache_dir"]["why"]
     ls = _as_bob(users, other_runtime, "ls", "--host-id", host, env=env)
     assert why_env in ls.stderr and ge_folder in ls.stderr, ls.stderr
-    stats = _as_bob(users, other_runtime, "stats", "--local", "--host-id", host, env=env)
+    stats = _as_bob(users, other_runtime, "stats", "-v", "--local", "--host-id", host, env=env)
     assert "Chosen because:" in stats.stdout and ge_folder in stats.stdout, stats.stdout
 
     # --cache-dir: <dir>/kernel_cache, GE's folder for that option
@@ -72,7 +74,9 @@ def test_config_ls_stats_say_which_kernel_cache_and_why(
         "--cache-dir) gives <dir>/kernel_cache — the folder GE uses for that option"
     )
     config = _as_bob(users, other_runtime, "config", "--cache-dir", str(root), env=env)
-    assert config.stdout.splitlines()[0] == why_opt, config.stdout
+    # ASCEND_CACHE_PATH is set too: the option won, and config says what lost
+    lost = f"; passed over: ASCEND_CACHE_PATH={acp} (--cache-dir comes first)"
+    assert config.stdout.splitlines()[0] == why_opt + lost, config.stdout
 
     # ls and stats totals: a chip folder with one entry and bytes that are no entry
     chip = root / "kernel_cache" / SOC
@@ -89,7 +93,7 @@ def test_config_ls_stats_say_which_kernel_cache_and_why(
         assert stats["via"] == "daemon"
         used = stats["chip_folders"][SOC]["bytes"]
         assert used == entry_bytes + 500, (used, entry_bytes)
-        text = _as_bob(users, other_runtime, "stats", *args).stdout
+        text = _as_bob(users, other_runtime, "stats", "-v", *args).stdout
         assert "Chosen because:" in text and "op_compiler_cache_dir=" in text, text
     finally:
         d.stop()

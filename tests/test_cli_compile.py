@@ -1,4 +1,4 @@
-"""``cachemgr compile`` through the real CLI (issue 4): JSON output, exit codes, modes."""
+"""``cachemgr compile`` through the real CLI: JSON output, exit codes, modes."""
 
 from __future__ import annotations
 

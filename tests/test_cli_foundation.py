@@ -131,7 +131,7 @@ INI_CASES = {
 }  # fmt: skip
 
 
-#: Doubtful inis whose limits GE still computes (issue 9 item 2): warned about, applied.
+#: Doubtful inis whose limits GE still computes: warned about, applied.
 GE_LIMITS = {"crlf": 100, "duplicate": 200}
 
 
@@ -223,7 +223,7 @@ def test_verify_repair_on_a_copy(
     left = sorted(n for n in os.listdir(chip) if not n.endswith(".lock"))
     assert left == sorted(
         [
-            PRE1,  # GE's pre-build entries are entries (issue 9 item 4)
+            PRE1,  # GE's pre-build entries are entries
             PRE2,
             "te_good_1.json",
             "te_good_1.o",

@@ -1,9 +1,11 @@
-"""The real CLI: ``cachemgr gc | stats | purge`` (SPEC §5) and their bad-input contract."""
+"""The real CLI: ``cachemgr gc | stats | purge`` (docs/design.md#size-limits-and-eviction) and their
+bad-input contract."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -145,7 +147,7 @@ def test_minus_one_in_ini_evicts_nothing_but_reclaims(
     proc = gc(root, clean_env)
     assert proc.returncode == 0, proc.stderr
     assert "size eviction off (max_op_cache_size=-1)" in proc.stdout
-    assert "reclaimed 1 orphan, 0 temp files" in proc.stdout  # plurals right (issue 13)
+    assert "reclaimed 1 orphan, 0 temp files" in proc.stdout  # plurals right
     assert "would reclaim" not in proc.stdout
     assert len(kernels(chip)) == 12 and "te_gone.o" not in names(chip)
 
@@ -181,9 +183,10 @@ def test_stats_json_keys_chip_folders_by_soc(root: Path, clean_env: dict[str, st
     assert row["fill_pct"] == 120.0
     assert row["oldest_access"] < row["newest_access"]
     assert set(data) >= {"chip_folders", "limits", "kernel_cache_dir"}
-    text = run_cli("stats", "--cache-dir", str(root), env=clean_env)
-    assert f"{SOC}:      12 entries, 12.0 MiB of 10.0 MiB (120.0 % full)" in text.stdout
-    assert "Limit:            10 MiB per chip folder, 50 % kept after an eviction" in text.stdout
+    text = run_cli("stats", "-v", "--cache-dir", str(root), env=clean_env)
+    shown = re.sub(r": +", ": ", text.stdout)  # the labels' alignment aside
+    assert f"{SOC}: 12 entries, 12.0 MiB of 10.0 MiB (120.0 % full)" in shown, text.stdout
+    assert "Limit: 10 MiB per chip folder, 50 % kept after an eviction" in shown, text.stdout
     assert len(kernels(root / "kernel_cache" / SOC)) == 12
 
 
@@ -196,7 +199,7 @@ def test_purge_refuses_without_yes_off_a_terminal(root: Path, clean_env: dict[st
     proc = run_cli("purge", "--all", "--yes", "--json", "--cache-dir", str(root), env=clean_env)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["chip_folders"][SOC]["entries"] == 12
-    # lock files stay until dead and an hour old (a GE process may hold one: issue 9 item 8)
+    # lock files stay until dead and an hour old (a GE process may hold one)
     assert not kernels(chip) and all(n.endswith(".lock") for n in os.listdir(chip))
 
 

@@ -1,4 +1,4 @@
-"""Human output like ccache's (issue 13 item 5), through the real CLI: aligned tables with
+"""Human output like ccache's, through the real CLI: aligned tables with
 sensible units, hit rate, totals, plurals, progress bars only on a terminal, and a quiet
 exit 0 when the reader of a pipe goes away."""
 
@@ -191,16 +191,17 @@ def test_stats_shows_the_queue_only_from_a_daemon(tmp_path: Path) -> None:
     """``Queue jobs: 0`` was listed among the running totals (hits, compiles…) although it
     is the daemon's queue now, which the ``Queue`` line already gives (queued + running).
     The text shows the queue once, on that line, and only from a daemon (a local run has
-    none); ``--json`` keeps the daemon's ``queue_jobs``."""
+    none); ``--json`` keeps the daemon's ``queue_jobs``. (``-v``: the default report leaves
+    an empty queue out.)"""
     root = tmp_path / "cache"
     d = start_daemon(tmp_path, "--cache-dir", str(root))
     env = dict(d.env)
     env.pop("NOTIFY_SOCKET", None)
     try:
         assert run_cli("compile", REQUEST, "--cache-dir", str(root), env=env).returncode == 0
-        daemon = run_cli("stats", "--cache-dir", str(root), env=env)
+        daemon = run_cli("stats", "-v", "--cache-dir", str(root), env=env)
         as_json = run_cli("stats", "--json", "--cache-dir", str(root), env=env)
-        local = run_cli("stats", "--local", "--cache-dir", str(root), env=env)
+        local = run_cli("stats", "-v", "--local", "--cache-dir", str(root), env=env)
     finally:
         d.stop()
     for proc in (daemon, as_json, local):

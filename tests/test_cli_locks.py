@@ -1,4 +1,4 @@
-"""Every writer checks its locks (issue 12 item 11): a CLI run without a daemon probes the
+"""Every writer checks its locks: a CLI run without a daemon probes the
 cache root's fcntl locks as the daemon does (answer cached per mount) and refuses or falls
 back to the local cache by the same ``lock_fallback``; ``stats`` reports a chip folder it
 cannot read and goes on with the others."""

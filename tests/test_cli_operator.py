@@ -1,4 +1,4 @@
-"""The operator's CLI (issue 13 items 4 and 6): explicit routing between a daemon and this
+"""The operator's CLI: explicit routing between a daemon and this
 process, ``limits set``, ``stop``, shell completion and ``-v``/``-q`` after the subcommand —
 all through the real CLI in subprocesses, against real daemons on real sockets."""
 
@@ -37,7 +37,7 @@ def _one_line_exit_2(proc: subprocess.CompletedProcess[str], *needles: str) -> s
     return lines[0]
 
 
-# -- item 4: routing is explicit -----------------------------------------------------------
+# -- routing is explicit -----------------------------------------------------------
 
 
 def test_a_mistyped_socket_is_an_error_not_a_silent_local_run(
@@ -133,7 +133,7 @@ def test_routing_does_not_depend_on_option_values(daemon: Daemon, cache_root: Pa
     _one_line_exit_2(named, "--workers", str(daemon.socket_path))
 
 
-# -- item 6: limits set, stop, completion, -v/-q after the subcommand -------------------------
+# -- limits set, stop, completion, -v/-q after the subcommand -------------------------
 
 
 def _toolkit(tmp_path: Path, adk: str = "8.0.RC1", ops: str = "8.0.RC1.b") -> dict[str, str]:
@@ -226,6 +226,27 @@ def test_limits_set_after_a_toolkit_change_asks_for_gc_first(
     assert proc.returncode == 1 and "cachemgr gc" in proc.stderr, proc.stderr
     assert "adk_version=7.0" in (root / "kernel_cache" / "op_cache.ini").read_text()
     assert (chip / "te_add_1.json").exists()
+
+
+def test_limits_set_without_an_ini_says_ge_purges_and_how_many_entries(
+    clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    """No op_cache.ini: GE's rule (``DelCachedFiles``) purges the chip folders at the next
+    CANN start; ``limits set`` says so, with the entries per chip folder, before writing."""
+    root = tmp_path / "c"
+    for soc, n in ((SOC, 3), ("Ascend310P3", 2)):
+        chip = root / "kernel_cache" / soc
+        chip.mkdir(parents=True)
+        for i in range(n):
+            publish(chip, f"te_add_{i}", b"kernel%d" % i)
+    env = {**clean_env, **_toolkit(tmp_path)}
+    proc = run_cli("limits", "set", "--max-size", "900", "--cache-dir", str(root), env=env)
+    assert proc.returncode == 1 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert "op_cache.ini is missing" in proc.stderr and "nothing written" in proc.stderr
+    assert "GE's rule purges the chip folders without one" in proc.stderr, proc.stderr
+    assert "2 chip folders holding 5 entries here (Ascend310P3 2, Ascend910B1 3)" in proc.stderr
+    assert not (root / "kernel_cache" / "op_cache.ini").exists()
+    assert len(list((root / "kernel_cache" / SOC).glob("*.json"))) == 3
 
 
 def test_limits_set_reloads_the_daemon_of_that_cache(tmp_path: Path, cache_root: Path) -> None:

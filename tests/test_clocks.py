@@ -1,4 +1,4 @@
-"""Clocks (issue 12 item 1): access times in the future are suspect — warned about, ordered by
+"""Clocks: access times in the future are suspect — warned about, ordered by
 when cachemgr first saw them, and a folder left over its limit because everything is "young"
 is reported; reads that are not hits (``ls``, ``verify``) never change access times, for any
 user. Real future times set with ``os.utime``; real users (root only)."""

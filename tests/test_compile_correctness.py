@@ -1,4 +1,4 @@
-"""Issue 11: a hit is always the binary of exactly these bytes (source, headers, include
+"""A hit is always the binary of exactly these bytes (source, headers, include
 folders, flags), in-process and through the daemon; packages match exactly; force clears
 every time. Real multi-file kernels are made by each test; real gcc and nvcc compile them."""
 
@@ -68,7 +68,7 @@ def _kernel(outcome: Any) -> str:
     return outcome.kernel_name if hasattr(outcome, "kernel_name") else outcome["kernel_name"]
 
 
-# --- item 2: headers and include folders are in the key --------------------------------------
+# --- headers and include folders are in the key --------------------------------------
 
 
 def _edit_revert_cycle(compile_once, header: Path, edited: str, cold: bool = True) -> None:
@@ -206,7 +206,7 @@ def test_templated_cuda_kernel_names_its_mangled_candidates(tmp_path, clean_env)
         assert q.compile(load_request(pick)).status == "compiled"
 
 
-# --- item 1: the bytes hashed are the bytes compiled -------------------------------------------
+# --- the bytes hashed are the bytes compiled -------------------------------------------
 
 
 def _race_project(tmp_path: Path) -> tuple[Path, Path, Path]:
@@ -273,7 +273,7 @@ def test_source_edited_while_queued_through_the_daemon(tmp_path, clean_env) -> N
         daemon.stop()
 
 
-# --- item 3: extra_flags ------------------------------------------------------------------------
+# --- extra_flags ------------------------------------------------------------------------
 
 
 def test_extra_flags_are_in_the_key_and_checked(tmp_path, clean_env) -> None:
@@ -292,7 +292,7 @@ def test_extra_flags_are_in_the_key_and_checked(tmp_path, clean_env) -> None:
         assert repr(bad) in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
-# --- item 4: packages match exactly -------------------------------------------------------------
+# --- packages match exactly -------------------------------------------------------------
 
 
 def test_package_from_scale_2_never_answers_scale_3(tmp_path, clean_env) -> None:
@@ -330,7 +330,7 @@ def test_a_cubin_package_never_answers_a_c_request(tmp_path, clean_env) -> None:
     assert out.status == "compiled" and all(f.suffix != ".cubin" for f in out.files)
 
 
-# --- item 5: force means force, every time ------------------------------------------------------
+# --- force means force, every time ------------------------------------------------------
 
 
 def test_force_through_the_daemon_clears_every_time(tmp_path, clean_env) -> None:
@@ -356,7 +356,7 @@ def test_force_through_the_daemon_clears_every_time(tmp_path, clean_env) -> None
         daemon.stop()
 
 
-# --- item 2: the manifest is part of the cache ---------------------------------------------------
+# --- the manifest is part of the cache ---------------------------------------------------
 
 
 def test_manifest_is_counted_verified_and_evicted_with_its_last_entry(tmp_path, clean_env) -> None:

@@ -1,4 +1,5 @@
-"""Contract tests for the compiler backends (SPEC §7, §8), run over every backend, for real.
+"""Contract tests for the compiler backends (docs/design.md#debug-compiles-and-kernel_meta,
+#compilers), run over every backend, for real.
 
 Every backend compiles the real example kernels with a real compiler (gcc, nvcc, and the
 template backend pointed at gcc). Failure modes use small shell scripts as the compiler: one
@@ -370,7 +371,7 @@ def test_c_kernels_compute_the_right_numbers(tmp_path):
 
 
 def test_registry_maps_every_language_and_base_imports_no_backend() -> None:
-    """Issue 13 item 9: the registry is its own module; base.py never imports a backend (not
+    """The registry is its own module; base.py never imports a backend (not
     even lazily inside a function, as get_backend once did), so there is no cycle."""
     import grimp
 

@@ -48,7 +48,7 @@ def test_documented_values_are_accepted(clean_env: dict[str, str], tmp_path: Pat
 
 def test_example_op_cache_ini_is_valid() -> None:
     """The example carries the limits but no toolkit stamps: stale stamps would purge a cache
-    or be ignored; ``cachemgr limits set`` writes the installed toolkit's (issue 13 item 7)."""
+    or be ignored; ``cachemgr limits set`` writes the installed toolkit's."""
     ini = OpCacheIni.load(ROOT / "config" / "op_cache.ini")
     assert (ini.max_op_cache_size, ini.remain_cache_size_ratio) == (500, 50)
     assert ini.adk_version is None and ini.ops_version is None

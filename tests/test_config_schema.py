@@ -1,4 +1,4 @@
-"""Every table of the config file has a schema (issue 13 item 1): bad configs fail ``config``,
+"""Every table of the config file has a schema: bad configs fail ``config``,
 ``serve`` and a reload alike, with one line naming file, line, key, value and what is
 accepted; ``config`` shows every setting of every table; "never evict" reads the same
 everywhere."""

@@ -1,4 +1,4 @@
-"""Constants are defined once (issue 13 item 9): MiB, never-evict, the version, the host name."""
+"""Constants are defined once: MiB, never-evict, the version, the host name."""
 
 from __future__ import annotations
 

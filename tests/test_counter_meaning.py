@@ -1,4 +1,4 @@
-"""Counters mean what they say (issue 13 item 3): with two daemons on one root, ``compiles``
+"""Counters mean what they say: with two daemons on one root, ``compiles``
 equals the compiler runs; a request answered by the other daemon's compile is ``coalesced``
 (and a miss), not a hit; the queue's figures and the latency histograms reach ``/metrics``."""
 

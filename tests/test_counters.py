@@ -1,4 +1,4 @@
-"""Counters belong to a kernel cache (SPEC §10; issue 12 item 5): kept in the cache, added up
+"""Counters belong to a kernel cache (docs/design.md#counters): kept in the cache, added up
 over every daemon and every in-process CLI run, zeroed by ``stats --zero``."""
 
 from __future__ import annotations

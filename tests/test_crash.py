@@ -1,6 +1,7 @@
-"""Crash safety (issue 6, SPEC §3.3, §9): ``kill -9`` of a daemon in the middle of a publish
-or an eviction, or of a compiler, at random points — then a restart (which reclaims what the
-dead process left) and a full verify. No partial or corrupt entry may ever be visible.
+"""Crash safety (docs/design.md#writing-and-reading-an-entry, #sharing-and-locking): ``kill -9`` of
+a daemon in the middle of a publish or an eviction, or of a compiler, at random points — then a
+restart (which reclaims what the dead process left) and a full verify. No partial or corrupt entry
+may ever be visible.
 
 Default: 40 trials; ``--soak``: 200. The seed is printed (``CACHEMGR_TEST_SEED`` replays it).
 """

@@ -1,4 +1,4 @@
-"""Real daemons on real sockets (issue 5): API, client, reload, stop, notify, faults."""
+"""Real daemons on real sockets: API, client, reload, stop, notify, faults."""
 
 from __future__ import annotations
 
@@ -391,7 +391,7 @@ def test_cli_routes_to_a_running_daemon(daemon, cache_root: Path, tmp_path: Path
     report = json.loads(gc.stdout)
     assert gc.returncode == 0 and report["via"] == "daemon"
     assert report["chip_folders"][SOC]["evicted_entries"] == 1
-    # a named socket (here $CACHEMGR_SOCKET) means that daemon or an error (issue 13 item 4)
+    # a named socket (here $CACHEMGR_SOCKET) means that daemon or an error
     other = run_cli("stats", "--json", "--cache-dir", str(tmp_path / "elsewhere"), env=env)
     assert other.returncode == 2 and str(tmp_path / "elsewhere") in other.stderr, other.stderr
     gone = run_cli("stats", "--json", *args, "--socket", str(tmp_path / "no.sock"), env=env)

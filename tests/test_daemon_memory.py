@@ -1,4 +1,4 @@
-"""The daemon's memory with a large chip folder, and its gc child (issue 14 item 5).
+"""The daemon's memory with a large chip folder, and its gc child.
 
 The daemon keeps an index of ~20 bytes per file (an SQLite table); the start-up reclaim pass
 and the evictions it runs scan the folder into one Python object per entry (~1.1 KiB). That

@@ -1,7 +1,8 @@
-"""Issue 10, items 9 and 10 (queue side): one caller cannot take the service down — 1,000
-real idle connections from one member, a daemon out of descriptors, a caller flooding the
-queue, a caller over its queue bound, a non-owner asking for a high priority. Real daemons on
-real sockets, real users (``users``/``other_runtime``, root only), real gcc.
+"""Connections, streaming and fairness (docs/security.md sections 9 and 10, the queue side): one
+caller cannot take the service down — 1,000 real idle connections from one member, a daemon out of
+descriptors, a caller flooding the queue, a caller over its queue bound, a non-owner asking for a
+high priority. Real daemons on real sockets, real users (``users``/``other_runtime``, root only),
+real gcc.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from tests.users_util import Runtime, Users, run_as
 
 #: Descriptors of the daemon in the flood test: no more than the flood's connections, as
 #: under systemd's default soft limit (1,024) once the daemon's own files are open — the
-#: lockout of issue 10, item 9.
+#: lockout docs/security.md#9-connections-are-bounded describes.
 FLOOD_NOFILE = 1000
 
 
@@ -57,7 +58,7 @@ def _nofile(limit: int):  # a preexec_fn
     return apply
 
 
-# --- item 9: bounded connections -------------------------------------------------------------
+# --- security.md 9: bounded connections -----------------------------------------------------------
 
 FLOODER = textwrap.dedent(
     """
@@ -237,7 +238,7 @@ def test_out_of_descriptors_sheds_without_spinning(tmp_path: Path) -> None:
         d.stop()
 
 
-# --- item 10: a fair, bounded queue; priority capped for non-owners -------------------------
+# --- security.md 10: a fair, bounded queue; priority capped for non-owners ------------------------
 
 
 def _slow_cc(folder: Path, seconds: float) -> Path:
@@ -364,7 +365,7 @@ def test_priority_is_capped_for_other_users_and_callers_are_logged(
         d.proc.wait(10)
 
 
-# --- item 10: binaries are hashed in chunks, never read whole ---------------------------------
+# --- security.md 10: binaries are hashed in chunks, never read whole ------------------------------
 
 RSS_OF_CHILD = textwrap.dedent(
     """

@@ -1,4 +1,4 @@
-"""The README's first command runs the main job end to end (issue 5 item 6)."""
+"""The README's first command runs the main job end to end."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def test_scripts_demo_runs_the_main_job(tmp_path: Path, host: str) -> None:
         XDG_STATE_HOME=str(tmp_path / "state"),
         TMPDIR=str(tmp_path),
     )
-    for run in (1, 2):  # a second run starts cold too, as its text says (issue 13 item 7)
+    for run in (1, 2):  # a second run starts cold too, as its text says
         out = _demo(tmp_path, env)
         # its own cache and socket under TMPDIR: never $HOME/atc_data (CANN's working cache
         # on a build host, which its gc --ratio 80 would evict) nor a running daemon's socket
@@ -53,7 +53,7 @@ def test_scripts_demo_runs_the_main_job(tmp_path: Path, host: str) -> None:
         assert log.is_file() and "stop requested" in log.read_text(), log  # the log is kept
         assert "source .venv/bin/activate" in out and "pip install ." in out
         assert chip.is_dir()
-        # its own gc --ratio 80 keeps every kernel it just compiled (issue 9 item 1)
+        # its own gc --ratio 80 keeps every kernel it just compiled
         assert len(list(chip.glob("*.json"))) == cold.count("compiled "), out
         assert "purged" not in out.split("== cachemgr gc")[1]
     assert not (tmp_path / "atc_data").exists()

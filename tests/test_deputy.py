@@ -1,11 +1,11 @@
-"""Issue 10 item 5 and issue 11 item 6: the daemon is no deputy, and a caller's outputs are
+"""The daemon is no deputy, and a caller's outputs are
 the caller's.
 
 A real daemon runs as one user (alice, standing for the daemon user) and keeps a secret only
 it may read (``0600`` in its HOME); another real user (bob, a group member) attacks it the
-ways issue 10 lists — ``kernel_source``, ``op_debug_config``, ``#include`` and ``.incbin`` of
-that file — with the real client and with hand-made requests that bypass the client. None
-may bring the secret back: not in an answer, an error text, or a binary in the cache. Then
+ways docs/security.md section 5 lists — ``kernel_source``, ``op_debug_config``, ``#include`` and
+``.incbin`` of that file — with the real client and with hand-made requests that bypass the client.
+None may bring the secret back: not in an answer, an error text, or a binary in the cache. Then
 bob compiles debug and ``disable`` requests through the daemon from his own folder: the files
 land there, owned by him. Users and runtime come from ``tests/users_util.py`` (root only).
 """
@@ -78,7 +78,7 @@ def _as_bob(users: Users, rt: Runtime, bob: Path, code: str, *args: str) -> dict
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "PYTHONPATH": rt.pythonpath,
         "HOME": str(bob),
-        "CACHEMGR_DAEMON_USER": users.alice,  # bob trusts the daemon's socket (issue 10 item 7)
+        "CACHEMGR_DAEMON_USER": users.alice,  # bob trusts the daemon's socket
     }
     out = subprocess.run(
         [rt.python, "-c", code, *args],
@@ -285,7 +285,7 @@ def test_bad_sandbox_table_is_one_line(tmp_path, clean_env, bad: str) -> None:
 
 
 def test_a_compile_sees_only_the_allow_list_view(users: Users, other_runtime: Runtime) -> None:
-    """Attack review after issue 14: the sandbox hid a deny-list (HOME, state, config,
+    """An attack review found that the sandbox hid a deny-list (HOME, state, config,
     runtime) and showed the rest of the host. A hand-made source could ``#include`` any other
     file the daemon user may read and get its lines quoted in the failed compile's error
     text, and ``__has_include`` told whether any path existed. Now other users' compiles run

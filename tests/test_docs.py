@@ -1,4 +1,4 @@
-"""Docs a user can follow alone (issue 13 item 7): the README, the documents in ``docs/`` it
+"""Docs a user can follow alone: the README, the documents in ``docs/`` it
 links to and every ``--help`` stand on their own (no references to documents a user does not
 have, no raw markup, no link to a file or heading that is not there), the README's commands
 table is short and names every command, the help explains the option values,
@@ -207,3 +207,76 @@ def test_links_in_the_readme_and_docs_lead_somewhere() -> None:
             assert dest.is_file(), (path.name, target)
             if anchor:
                 assert anchor in _anchors(dest.read_text()), (path.name, target)
+
+
+#: A reference a reader of the repository cannot follow: a numbered section of ``SPEC``, a
+#: contract document that is not in it (with or without the word; an RFC's section is fine),
+#: or an issue of a tracker it does not have by its number ("issues" in a sentence is fine).
+OUTSIDE_REFERENCE = re.compile(r"\bSPEC\b\s*§|(?<!RFC \d{4} )§\s?\d|\bissues? \d+", re.I)
+#: ``docs/<name>.md`` or ``docs/<name>.md#<anchor>``, and the ``, #anchor`` that continue it.
+DOCS_CITATION = re.compile(r"(?<![\w/.])docs/([\w.-]+\.md)(?:#([\w-]+)((?:,\s*#[\w-]+)*))?")
+
+
+def _tracked_texts() -> dict[str, str]:
+    """Every file git tracks, by its path in the repository, that is text."""
+    names = (
+        subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True)
+        .stdout.decode()
+        .split("\0")
+    )
+    texts = {}
+    for name in filter(None, names):
+        path = ROOT / name
+        if path.is_file() and not path.is_symlink():
+            try:
+                texts[name] = path.read_text()
+            except UnicodeDecodeError:
+                continue
+    return texts
+
+
+@pytest.fixture(scope="module")
+def tracked() -> dict[str, str]:
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    return _tracked_texts()
+
+
+def test_no_tracked_file_cites_a_document_outside_the_repo(tracked: dict[str, str]) -> None:
+    """Code, config comments, tests, the request schema and the docs cited sections of
+    ``SPEC`` (a contract that is not in the repository) and the items of numbered issues
+    (history, which is in git); a new maintainer could follow neither. Every rule is stated
+    in the sentence or cited as a section of ``docs/`` (docs/design.md#the-contract) or of
+    CANN GE's source."""
+    assert len(tracked) > 200, len(tracked)
+    found = [
+        f"{name}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(0)!r}"
+        for name, text in tracked.items()
+        for m in OUTSIDE_REFERENCE.finditer(text)
+    ]
+    assert not found, f"{len(found)} references outside the repo:\n" + "\n".join(found[:50])
+
+
+def test_docs_cited_in_code_and_config_have_the_heading_they_name(
+    tracked: dict[str, str],
+) -> None:
+    """Each ``docs/<name>.md#<anchor>`` in code, tests, config, the schemas and BENCHMARKS.md names
+    a document that exists and a heading it has (the anchors GitHub makes), as the links of
+    the README and the docs do (:func:`test_links_in_the_readme_and_docs_lead_somewhere`)."""
+    anchors = {name: _anchors(text) for name, text in DOCS.items()}
+    cited, broken = 0, []
+    for where, text in tracked.items():
+        if (where.startswith("docs/") and where.endswith(".md")) or where == "README.md":
+            continue  # relative links there: the test above
+        for m in DOCS_CITATION.finditer(text):
+            doc, first, more = m.group(1), m.group(2), m.group(3) or ""
+            line = text.count("\n", 0, m.start()) + 1
+            if doc not in anchors:
+                broken.append(f"{where}:{line}: docs/{doc} does not exist")
+                continue
+            for anchor in ([first] if first else []) + re.findall(r"#([\w-]+)", more):
+                cited += 1
+                if anchor not in anchors[doc]:
+                    broken.append(f"{where}:{line}: docs/{doc}#{anchor} is no heading there")
+    assert cited > 200, cited
+    assert not broken, "\n".join(broken)

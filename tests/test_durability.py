@@ -1,4 +1,4 @@
-"""The durability model (issue 14 item 3; docs/compiling.md "Durability"): entries are published by
+"""The durability model (docs/compiling.md "Durability"): entries are published by
 atomic rename without fsync, and every hit verifies them (sha256 of every binary, the json
 parsed), so what a power loss can leave — a file of the right size full of zeros, or cut
 short — is a miss that recompiles and replaces the entry, never a served kernel.

@@ -1,4 +1,5 @@
-"""Entry model (SPEC §3.1): name grouping, parsing, verification — on CANN's real files."""
+"""Entry model (docs/design.md#files-of-an-entry): name grouping, parsing, verification — on CANN's
+real files."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The eviction engine (SPEC §5): exact plans over synthetic chip folders, then gc on real
-files, real fcntl locks and real processes."""
+"""The eviction engine (docs/design.md#size-limits-and-eviction): exact plans over synthetic chip
+folders, then gc on real files, real fcntl locks and real processes."""
 
 from __future__ import annotations
 
@@ -194,7 +194,7 @@ def test_mix_entries_are_removed_whole(chip: Path) -> None:
             os.utime(chip / name, (old, old))
     report = gc_chip(chip, 1, 1, 0, force_ratio=True)  # target 10 KiB: one entry must go
     assert report.evicted == ["te_mix_1"]
-    # json, subs, bins go; the lock file stays (a GE process may hold it: issue 9 item 8)
+    # json, subs, bins go; the lock file stays (a GE process may hold it)
     assert [n for n in names(chip) if n.startswith("te_mix_1")] == ["te_mix_1.lock"]
     assert {n for n in names(chip) if n.startswith("te_mix_2")} >= {
         "te_mix_2.json", "te_mix_2_mix_aic.json", "te_mix_2_mix_aiv.json",
@@ -239,7 +239,7 @@ def test_entry_lock_files_outlive_their_entry_until_old(
     aged: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # GE never re-checks the inode after locking (te_cache_utils.cc LockAndOpenCacheFile):
-    # the lock file of an evicted entry stays until its ctime is an hour old (issue 9 item 8)
+    # the lock file of an evicted entry stays until its ctime is an hour old
     (aged / "te_k_00.lock").write_bytes(b"")
     (aged / "te_k_11.lock").write_bytes(b"")
     report = gc_chip(aged, 10, 50)
@@ -272,7 +272,7 @@ def test_busy_eviction_lock_skips(aged: Path) -> None:
 def test_reclaims_orphans_temps_dead_locks_and_bad_entries(
     aged: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(files, "LOCK_REAP_AGE_S", 0)  # dead locks' age (item 8) tested apart
+    monkeypatch.setattr(files, "LOCK_REAP_AGE_S", 0)  # dead locks' age is tested apart
     chip = aged
     loose = {
         "te_dead.o": 2 * HOUR,  # binary with no json: reclaimed
@@ -314,7 +314,8 @@ def test_a_json_that_is_a_folder_is_reported_and_left(aged: Path) -> None:
     report = gc_chip(aged, 10, 50)
     assert report.odd == {"te_dir.json": "not_a_file"}
     assert (aged / "te_dir.json").is_dir() and (aged / "te_dir.o").exists()
-    # its 1 byte still counts in the used size (SPEC §5) and is not reclaimable: 8 must go
+    # its 1 byte still counts in the used size (docs/design.md#size-limits-and-eviction) and is not
+    # reclaimable: 8 must go
     assert sorted(report.evicted) == [f"te_k_{i:02d}" for i in range(8)] and not report.denied
 
 

@@ -1,4 +1,4 @@
-"""gc at the floor (issue 14 item 2): one ``lstat`` pass over the chip folder, however many
+"""gc at the floor: one ``lstat`` pass over the chip folder, however many
 entries, and the figures it reports still measured on the disk — on real files.
 
 Timing is ``scripts/bench --only eviction``'s job (ratios, never asserted here); these tests
@@ -70,7 +70,7 @@ def test_gc_stats_every_file_once(chip: Path) -> None:
 
 
 def test_bytes_after_counts_what_others_wrote_and_removed_meanwhile(chip: Path) -> None:
-    """Measured, not computed (issue 12 item 8), with the listing: a file another writer
+    """Measured, not computed, with the listing: a file another writer
     published during the gc is counted, files another host removed are not, a file of an
     unknown kind is lstat-ed, and a symbolic link is never counted."""
     _fill(chip)

@@ -1,5 +1,5 @@
 # ruff: noqa: E501  (the table of odd inis reads best one case per line)
-"""cachemgr next to CANN GE on one kernel cache (issue 9): GE's rules for inis, stamps,
+"""cachemgr next to CANN GE on one kernel cache: GE's rules for inis, stamps,
 entries, pre-build jsons, headers and lock files. Every GE-format entry here is written by
 the GE twin (``tests/ge_twin.py``), so nothing needs outside data."""
 
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from cachemgr.cli import human
 from cachemgr.config import layout
 from cachemgr.config.ini import IniLimits, OpCacheIni
 from cachemgr.config.versions import VersionStatus, installed_versions, sync_toolkit
@@ -24,6 +25,7 @@ from tests import ge_twin
 from tests.conftest import ROOT, SOC, run_cli
 
 HOUR = 3600
+MIB = 1 << 20
 REQUESTS = ROOT / "examples" / "requests"
 
 
@@ -62,7 +64,7 @@ def gc_json(root: Path, env: dict[str, str], *args: str) -> dict:
     return json.loads(proc.stdout)
 
 
-# --- item 1: the first gc on a CANN host keeps a fresh cache -----------------------------
+# --- the first gc on a CANN host keeps a fresh cache -----------------------------
 
 
 def test_first_gc_on_a_cann_host_keeps_fresh_kernels_and_ge_keeps_them_too(
@@ -134,6 +136,80 @@ def test_a_missing_ini_purges_says_why_and_how_many_then_stamps(
     )
 
 
+def test_a_purge_counts_in_the_chip_and_total_lines(
+    clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    """12 entries purged (reason no_ini) are in the chip folder's line, the total line and
+    ``--json`` (per chip folder and ``totals``), not ``0 B -> 0 B``, ``freed 0 B``."""
+    env = {**clean_env, **fake_toolkit(tmp_path / "Ascend")}
+    root = tmp_path / "root"
+    chip = root / "kernel_cache" / SOC
+    for i in range(12):
+        ge_twin.write_entry(chip, f"te_add_{i:02d}", size=7000)
+    size = ge_twin.directory_size(chip)  # every file: jsons, binaries, lock files
+    text = run_cli("gc", "--cache-dir", str(root), env=env)
+    assert text.returncode == 0, text.stdout + text.stderr
+    line = next(ln for ln in text.stdout.splitlines() if ln.startswith(f"{SOC}: ") and "->" in ln)
+    assert line.startswith(f"{SOC}: {human.size(size)} -> 0 B "), line
+    assert "purged 12 entries" in line and "reason no_ini" in line, line
+    total = text.stdout.splitlines()[-1]
+    assert total.startswith(f"total: freed {human.size(size)} in 1 chip folder; "), total
+    assert total.endswith("purged 12 entries, evicted 0 entries"), total
+    for i in range(12):  # again, for --json
+        ge_twin.write_entry(chip, f"te_add_{i:02d}", size=7000)
+    (root / "kernel_cache" / "op_cache.ini").unlink()
+    report = gc_json(root, env)
+    folder = report["chip_folders"][SOC]
+    purged = report["toolkit"]["purged"][0]
+    assert (folder["purged_entries"], folder["purged_bytes"]) == (12, purged["bytes"])
+    assert folder["purge_reason"] == "no_ini" and purged["bytes"] >= 12 * 7000
+    totals = report["totals"]
+    assert (totals["purged_entries"], totals["purged_bytes"]) == (12, purged["bytes"])
+    assert totals["freed_bytes"] >= purged["bytes"] and totals["evicted_entries"] == 0
+
+
+def test_stamp_lines_ge_cannot_rewrite_are_rewritten_its_way_and_said(
+    clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Stamps GE reads (trimmed) but cannot rewrite (``GetNewVersionString`` compares the text
+    before ``=``): after an upgrade GE purges on every start. cachemgr's gc rewrites them as
+    GE writes them, keeps the entries, says so in one log line and in its report."""
+    spaced = (
+        "[op_compiler_cache]\nadk_version = 8.0.RC1\n  ops_version=8.0.RC1\n"
+        "max_op_cache_size = 500\nremain_cache_size_ratio=80\n"
+    )
+    # GE alone: every start after an upgrade purges again, its restamp never matches
+    kc = tmp_path / "ge" / "kernel_cache"
+    kc.mkdir(parents=True)
+    (kc / "op_cache.ini").write_text(spaced)
+    for _ in range(2):
+        ge_twin.write_entry(kc / SOC, "te_add_0")
+        assert ge_twin.init(kc, SOC, "8.0.RC2", "8.0.RC2") == "purged-upgrade"
+    # cachemgr first (the installed toolkit matches the stamps): rewritten, entries kept
+    env = {**clean_env, **fake_toolkit(tmp_path / "Ascend")}
+    root = tmp_path / "root"
+    ini = root / "kernel_cache" / "op_cache.ini"
+    ge_twin.write_entry(root / "kernel_cache" / SOC, "te_add_0")
+    ini.write_text(spaced)
+    dry = gc_json(root, env, "--dry-run")
+    assert dry["toolkit"]["stamp_lines_rewritten"] == [2, 3] and ini.read_text() == spaced
+    proc = run_cli("-v", "gc", "--cache-dir", str(root), env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert f"{ini}: rewrote stamp line(s) 2, 3 the way GE writes them" in proc.stdout
+    logged = [ln for ln in proc.stderr.splitlines() if "rewrote stamp line(s) 2, 3" in ln]
+    assert len(logged) == 1 and str(ini) in logged[0], proc.stderr
+    assert ini.read_text() == spaced.replace("adk_version = ", "adk_version=").replace(
+        "  ops_version", "ops_version"
+    )  # the limits' lines keep their spacing
+    assert (root / "kernel_cache" / SOC / "te_add_0.json").exists()
+    assert gc_json(root, env)["toolkit"]["stamp_lines_rewritten"] == []  # nothing left to do
+    # now GE's own restamp after an upgrade works: one purge, then the cache is kept
+    kc = root / "kernel_cache"
+    assert ge_twin.init(kc, SOC, "8.0.RC2", "8.0.RC2") == "purged-upgrade"
+    ge_twin.write_entry(kc / SOC, "te_add_0")
+    assert ge_twin.init(kc, SOC, "8.0.RC2", "8.0.RC2") == "kept"
+
+
 def test_the_ini_is_read_again_under_the_eviction_lock(tmp_path: Path) -> None:
     kc = tmp_path / "kernel_cache"
     for i in range(3):
@@ -152,7 +228,7 @@ def test_the_ini_is_read_again_under_the_eviction_lock(tmp_path: Path) -> None:
     assert len(list((kc / SOC).glob("*.json"))) == 3 and not check.restamped
 
 
-# --- item 2: the same limits as GE on every ini ------------------------------------------
+# --- the same limits as GE on every ini ------------------------------------------
 
 STAMPS = "adk_version=1\nops_version=2\n"
 SEC = "[op_compiler_cache]\n"
@@ -229,7 +305,7 @@ def test_config_applies_and_warns_about_a_unit_suffix(
     assert data["remain_cache_size_ratio"]["value"] == 80
 
 
-# --- item 3: version stamps read where GE reads them -------------------------------------
+# --- version stamps read where GE reads them -------------------------------------
 
 
 @pytest.mark.parametrize("kind", ["old", "new"])
@@ -257,7 +333,7 @@ def test_unknown_installed_version_never_purges(clean_env: dict[str, str], tmp_p
     assert (root / "kernel_cache" / SOC / "te_add_0.json").exists()
 
 
-# --- item 4: GE's pre-build entries are entries ------------------------------------------
+# --- GE's pre-build entries are entries ------------------------------------------
 
 
 def test_pre_build_entries_are_kept_counted_aged_and_hit(
@@ -287,6 +363,53 @@ def test_pre_build_entries_are_kept_counted_aged_and_hit(
     assert report.evicted == [pre[1], "te_add_0", pre[0]]
 
 
+def test_ge_counts_pre_build_jsons_never_evicts_them_and_cachemgr_keeps_the_limit(
+    tmp_path: Path,
+) -> None:
+    """GE's ``GetFilesAccessTime`` skips a ``_pre.json`` before its ageing step, so GE's own
+    eviction never removes one while its bytes count toward the limit: left to GE they only
+    grow. cachemgr evicts them by access time (docs/eviction.md#pre-build-entries)."""
+    chip = tmp_path / "kernel_cache" / SOC
+    names = [f"te_mul_{i:02d}_pre" for i in range(12)]
+    for i, name in enumerate(names):  # ~200 KiB each (a long prebuilt_options string)
+        assert ge_twin.write_pre(chip, name, options="x" * 200_000).files
+        set_old(chip / f"{name}.json", 2 * HOUR + i)
+    before = ge_twin.directory_size(chip)
+    assert before > 2 * MIB
+    # GE: over its 1 MiB limit, it takes the eviction lock and ages... nothing
+    assert ge_twin.evict(chip, MIB, 50) == []
+    assert ge_twin.directory_size(chip) == before
+    report = gc_chip(chip, 1, 50, 1800)  # cachemgr: the same limit and aging guard
+    assert len(report.evicted) >= 7 and ge_twin.directory_size(chip) <= MIB // 2, report
+    assert set(report.evicted) == set(names[-len(report.evicted) :])  # the oldest went
+
+
+def test_ls_shows_the_op_type_of_pre_build_entries(
+    clean_env: dict[str, str], tmp_path: Path, fixture_cache: Path
+) -> None:
+    """GE names a pre-build entry ``te_<op type>_<hash>_pre`` (``te_json_assemble.cc``
+    ``GeneratePreBuildKernelName``; newer GE lower-cases it); its json records no op type."""
+    root = tmp_path / "root"
+    chip = root / "kernel_cache" / SOC
+    ge_twin.write_pre(chip, "te_add_abc123_pre")
+    ge_twin.write_pre(chip, "te_batchmatmulv2_9f0e_pre")
+    ge_twin.write_entry(chip, "te_add_abc123")
+    real = "te_Mul_cd58ce363a48125986d4fd8ef5c8df0e4f0d554e9fc856072d28d6799222c408_pre"
+    (chip / f"{real}.json").write_bytes(
+        (fixture_cache / "kernel_cache" / SOC / f"{real}.json").read_bytes()
+    )
+    rows = json.loads(run_cli("ls", "--json", "--cache-dir", str(root), env=clean_env).stdout)
+    assert {r["kernel"]: r["op_type"] for r in rows} == {
+        "te_add_abc123_pre": "add",
+        "te_batchmatmulv2_9f0e_pre": "batchmatmulv2",
+        "te_add_abc123": "add",
+        real: "Mul",
+    }
+    text = run_cli("ls", "--cache-dir", str(root), env=clean_env).stdout
+    line = next(ln for ln in text.splitlines() if "te_add_abc123_pre" in ln)
+    assert line.split()[2] == "add", line
+
+
 def test_the_daemon_keeps_pre_build_entries(tmp_path: Path) -> None:
     from tests.daemon_util import daemon_env, start_daemon
 
@@ -304,7 +427,7 @@ def test_the_daemon_keeps_pre_build_entries(tmp_path: Path) -> None:
     assert (chip / "te_Mul_cd58_pre.json").exists()  # start-up reclaim, /lookup, /gc kept it
 
 
-# --- item 5: optional parts are optional; GE's validity rules --------------------------------
+# --- optional parts are optional; GE's validity rules --------------------------------
 
 
 def test_an_entry_naming_a_header_it_does_not_have_is_valid(
@@ -339,7 +462,7 @@ def test_ge_validity_rules_upper_case_sha_and_empty_binary(tmp_path: Path) -> No
     assert ge_twin.hit(chip, "te_plain") and ge_twin.hit(chip, "te_dynamic")
 
 
-# --- item 8: lock files that GE may hold are never unlinked ---------------------------------
+# --- lock files that GE may hold are never unlinked ---------------------------------
 
 
 def test_an_entry_lock_ge_has_open_is_never_unlinked(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Governance that survives the real world (issue 12): a paused process, a steady stream of
+"""Governance that survives the real world: a paused process, a steady stream of
 events, a removed socket, a removed kernel cache, inotify limits, a large first scan, a
 stuck part of the daemon. Real daemons, real signals, real inotify limits (lowered inside a
 user namespace), real files."""
@@ -68,7 +68,7 @@ def _evicted(d: Daemon) -> int:
     return int(d.client.stats().to_json()["evicted_entries"])
 
 
-# --- item 3: a paused process still evicts ------------------------------------------------------
+# --- a paused process still evicts ------------------------------------------------------
 
 
 def test_eviction_due_during_a_pause_still_runs(tmp_path: Path) -> None:
@@ -90,7 +90,7 @@ def test_eviction_due_during_a_pause_still_runs(tmp_path: Path) -> None:
         d.stop()
 
 
-# --- item 7: one summary line per eviction, timestamps ------------------------------------------
+# --- one summary line per eviction, timestamps ------------------------------------------
 
 
 def test_eviction_is_one_summary_line_with_a_timestamp(tmp_path: Path) -> None:
@@ -116,7 +116,7 @@ def test_eviction_is_one_summary_line_with_a_timestamp(tmp_path: Path) -> None:
     assert all(stamp.match(line) for line in lines if line.strip()), lines[:5]
 
 
-# --- item 8: a steady stream of events does not starve eviction; targets in bytes ------------
+# --- a steady stream of events does not starve eviction; targets in bytes ------------
 
 
 def test_steady_event_stream_does_not_starve_eviction(tmp_path: Path) -> None:
@@ -177,7 +177,7 @@ def test_gc_bytes_after_is_measured(chip: Path) -> None:
     assert report.bytes_after == chip_bytes(chip) < 1024
 
 
-# --- item 4: a removed socket is re-created -----------------------------------------------------
+# --- a removed socket is re-created -----------------------------------------------------
 
 
 def test_removed_socket_is_recreated_and_serve_says_where_the_daemon_is(tmp_path: Path) -> None:
@@ -206,7 +206,7 @@ def test_removed_socket_is_recreated_and_serve_says_where_the_daemon_is(tmp_path
         d.stop()
 
 
-# --- item 9: the watcher follows the folder -----------------------------------------------------
+# --- the watcher follows the folder -----------------------------------------------------
 
 
 def _used(d: Daemon, soc: str = SOC) -> int:
@@ -237,7 +237,7 @@ def test_watch_is_rearmed_after_rm_rf_of_the_kernel_cache(tmp_path: Path) -> Non
         d.stop()
 
 
-# --- item 2: inotify limits: start anyway, poll, say so -----------------------------------------
+# --- inotify limits: start anyway, poll, say so -----------------------------------------
 
 
 def test_watch_budget_polls_the_rest_and_still_evicts(tmp_path: Path) -> None:
@@ -303,7 +303,7 @@ def test_serve_starts_with_the_inotify_watch_limit_exhausted(tmp_path: Path) -> 
     assert len(warned) == 1, "said once"
 
 
-# --- item 10: serving does not wait for the first scan ------------------------------------------
+# --- serving does not wait for the first scan ------------------------------------------
 
 
 def test_serves_before_the_first_scan_ends(tmp_path: Path) -> None:
@@ -328,7 +328,7 @@ def test_serves_before_the_first_scan_ends(tmp_path: Path) -> None:
     assert serving < log.index("first scan of"), "READY before the scan, not after"
 
 
-# --- item 12: the watchdog means the service works ----------------------------------------------
+# --- the watchdog means the service works ----------------------------------------------
 
 
 class _Systemd:

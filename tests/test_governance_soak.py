@@ -1,5 +1,5 @@
-"""Soak phase of issue 12 (``--soak``): while clients compile and hit through the daemon and a
-CANN-like writer keeps the chip folder over its limit, the daemon is paused (SIGSTOP), its
+"""Soak phase of the governance tests (``--soak``): while clients compile and hit through the daemon
+and a CANN-like writer keeps the chip folder over its limit, the daemon is paused (SIGSTOP), its
 socket is removed and the cache root is flipped read-only and back. Nothing corrupt is ever
 served, every answer is a kernel or a clear error, and usage returns under the limit after.
 Real tmpfs remounts (root only)."""

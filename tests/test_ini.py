@@ -1,4 +1,5 @@
-"""Tests of cachemgr.config.ini: CANN's op_cache.ini (SPEC §5, [GE]). Real files in tmp_path."""
+"""Tests of cachemgr.config.ini: CANN's op_cache.ini (docs/design.md#size-limits-and-eviction,
+[GE]). Real files in tmp_path."""
 
 from __future__ import annotations
 
@@ -132,7 +133,7 @@ def test_bad_max_is_a_problem_naming_value_line_and_range(
     cfg = OpCacheIni.load(path)
     assert cfg.max_op_cache_size is None
     assert cfg.remain_cache_size_ratio == 80
-    # the limits GE computes for the same file (issue 9 item 2): warned about, but applied
+    # the limits GE computes for the same file: warned about, but applied
     assert cfg.limits() == (None if ge_max is None else IniLimits(ge_max, 80))
     msg = cfg.problems[0]
     assert len(cfg.problems) == (1 if ge_max is None else 2)
@@ -358,6 +359,26 @@ def test_set_changes_value_in_place_keeping_spacing_and_every_other_byte(tmp_pat
     cfg.save()
     assert path.read_text() == original.replace("  500   ", "  2048   ")
     assert OpCacheIni.load(path).limits() == IniLimits(2048, 80)
+
+
+def test_a_stamp_is_written_the_way_ge_writes_it(tmp_path: Path) -> None:
+    """GE restamps only ``adk_version=``/``ops_version=`` lines from column 1
+    (``GetNewVersionString``); cachemgr writes a stamp line so, whatever it was."""
+    path = write(
+        tmp_path,
+        "[op_compiler_cache]\n  adk_version = 7.0\nops_version\t=7.0\r\nops_version=7.0\n"
+        "max_op_cache_size = 500\n",
+    )
+    cfg = OpCacheIni.load(path)
+    assert cfg.stamp_lines_ge_cannot_rewrite() == [2, 3]
+    cfg.set("adk_version", "8.0")
+    cfg.set("ops_version", "8.0")
+    cfg.save()
+    assert path.read_text() == (
+        "[op_compiler_cache]\nadk_version=8.0\nops_version=8.0\nops_version=8.0\n"
+        "max_op_cache_size = 500\n"
+    )
+    assert OpCacheIni.load(path).stamp_lines_ge_cannot_rewrite() == []
 
 
 def test_set_adds_missing_key_after_the_sections_last_key(tmp_path: Path) -> None:

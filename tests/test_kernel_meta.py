@@ -1,4 +1,5 @@
-"""kernel_meta (SPEC §7): one folder per compiling process, artefacts, orphan reaping."""
+"""kernel_meta (docs/design.md#debug-compiles-and-kernel_meta): one folder per compiling process,
+artefacts, orphan reaping."""
 
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ def test_process_dir_is_per_process(tmp_path: Path) -> None:
 
 
 def test_reap_orphans_removes_only_leftovers_of_dead_processes_of_this_host(tmp_path: Path) -> None:
-    """Issue 11 item 7: a completed debug output is the user's and is never reaped; only the
+    """A completed debug output is the user's and is never reaped; only the
     build folders and temp files of dead processes of this host (and a folder with nothing
     else left) are."""
     meta = tmp_path / "kernel_meta"

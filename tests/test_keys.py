@@ -1,4 +1,5 @@
-"""The cache key (SPEC §3.2): canonical, and every field that changes the binary changes it."""
+"""The cache key (docs/design.md#keys-and-manifests): canonical, and every field that changes the
+binary changes it."""
 
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ def _set(data: dict[str, Any], path: tuple[Any, ...], value: Any) -> dict[str, A
     return data
 
 
-#: (request path, new value): each is a field of SPEC §3.2 reached through a real request.
+#: (request path, new value): each is a field of docs/design.md#keys-and-manifests reached through a
+#: real request.
 REQUEST_CHANGES = [
     (("op_type",), "AddV2"),
     (("soc_version",), "Ascend910B2"),

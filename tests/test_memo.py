@@ -1,4 +1,4 @@
-"""Process-wide caches are owned, bounded objects (issue 13 item 9)."""
+"""Process-wide caches are owned, bounded objects."""
 
 from __future__ import annotations
 

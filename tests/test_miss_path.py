@@ -1,4 +1,4 @@
-"""Issue 14 item 3: what a miss does around its compiler process, pinned on real compiles.
+"""What a miss does around its compiler process, pinned on real compiles.
 
 * a worker reuses the folders of its build folder's mirror tree (no ``mkdir``/``rmdir`` per
   miss) yet a compile only ever sees its own job's folders, and nothing planted survives;
@@ -222,7 +222,7 @@ def test_a_cached_miss_writes_its_json_once_into_the_chip_folder(
 ) -> None:
     """The kernel json goes from the backend to the publish in memory: no temp file, rename,
     read back and unlink in the build folder. A compile outside the cache still writes it."""
-    from cachemgr.storage import fsutil
+    from cachemgr.storage import atomic, fsutil
 
     written: list[Path] = []
     real_write_temp = fsutil.write_temp
@@ -231,7 +231,8 @@ def test_a_cached_miss_writes_its_json_once_into_the_chip_folder(
         written.append(Path(dest))
         return real_write_temp(dest, *args, **kw)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(fsutil, "write_temp", recording)
+    monkeypatch.setattr(fsutil, "write_temp", recording)  # the store's calls
+    monkeypatch.setattr(atomic, "write_temp", recording)  # atomic_write_bytes's own
     src = tmp_path / "k.c"
     src.write_text(KERNEL)
     settings = make_settings(tmp_path, clean_env)

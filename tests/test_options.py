@@ -1,4 +1,5 @@
-"""Options with origins (SPEC §1, §2, §5): precedence, validation, GE's fallbacks."""
+"""Options with origins (docs/design.md#options-and-their-origins, #where-the-cache-lives,
+#size-limits-and-eviction): precedence, validation, GE's fallbacks."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The rules as pure functions (SPEC §4, §6, §7): debug bypass, jit_compile, cache modes."""
+"""The rules as pure functions (docs/design.md#cache-modes, #precompiled-binaries,
+#debug-compiles-and-kernel_meta): debug bypass, jit_compile, cache modes."""
 
 from __future__ import annotations
 
@@ -162,3 +163,54 @@ def test_invalid_values_raise() -> None:
         binary_first("2", False)
     with pytest.raises(InvalidInputError, match="op_compiler_cache_mode='on'"):
         cache_plan("on", False)
+
+
+#: Per framework and op_debug_level: does the cache stay on
+#: (docs/compiling.md#debug-options-and-the-cache-per-framework)? torch_npu: "ACL_OP_DEBUG_LEVEL 0
+#: or 3"; the TF adapter, GE and ATC: "op_debug_level non-zero: the cache is not used".
+DEBUG_RULES = {
+    "tf": {0: True, 1: False, 2: False, 3: False, 4: False},
+    "ge": {0: True, 1: False, 2: False, 3: False, 4: False},
+    "atc": {0: True, 1: False, 2: False, 3: False, 4: False},
+    "torch_npu": {0: True, 1: False, 2: False, 3: True, 4: False},
+}
+
+
+@pytest.mark.parametrize(
+    ("framework", "level", "cached"),
+    [(fw, lvl, on) for fw, row in DEBUG_RULES.items() for lvl, on in row.items()],
+)
+@pytest.mark.parametrize("mode", ["enable", "force"])
+def test_each_frameworks_debug_rule(framework: str, level: int, cached: bool, mode: str) -> None:
+    d = decide(
+        mode=mode,
+        jit_compile="auto",
+        level=level,
+        cfg=None,
+        op_type="Add",
+        op_name=None,
+        dynamic=False,
+        framework=framework,
+    )
+    assert (d.cache.read, d.cache.write) == (cached, cached), (framework, level)
+    assert d.debug.on is not cached
+    # the level's artefacts and flags, as its row of the table gives them
+    # (docs/design.md#debug-compiles-and-kernel_meta)
+    if not cached:
+        assert d.debug.keep == LEVEL_ROWS[level].keep and d.debug.flags == LEVEL_ROWS[level].flags
+
+
+def test_a_cfg_turns_the_cache_off_for_torch_npu_too_and_the_default_is_tf() -> None:
+    cfg = DebugConfig(frozenset({"dump_cce"}))
+    d = decide(
+        mode="enable", jit_compile="auto", level=3, cfg=cfg, op_type="Add", op_name=None,
+        dynamic=False, framework="torch_npu",
+    )  # fmt: skip
+    assert d.debug.on and not d.cache.read and "cce" in d.debug.keep
+    plain = decide(
+        mode="enable", jit_compile="auto", level=3, cfg=None, op_type="Add", op_name=None,
+        dynamic=False,
+    )  # fmt: skip
+    assert plain.debug.on and not plain.cache.write  # the seed's TF adapter rule
+    with pytest.raises(InvalidInputError, match="framework='pytorch' is unknown"):
+        debug_plan(0, None, "Add", framework="pytorch")

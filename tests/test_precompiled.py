@@ -1,4 +1,5 @@
-"""Precompiled packages in CANN's layout (SPEC §6): pack from the cache, look up, jit_compile."""
+"""Precompiled packages in CANN's layout (docs/design.md#precompiled-binaries): pack from the cache,
+look up, jit_compile."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The compile queue (issue 4) with real compilers: modes, faults, single-flight, cancel, force.
+"""The compile queue with real compilers: modes, faults, single-flight, cancel, force.
 
 Compiler invocations are counted with a wrapper script that appends to a file and then execs
 the real gcc; waits are on conditions with deadlines.
@@ -322,7 +322,7 @@ def test_priorities(tmp_path: Path, clean_env) -> None:
 
 
 def test_force_waits_for_in_flight_compiles_then_clears(tmp_path: Path, clean_env) -> None:
-    """Issue 11 item 5: force clears what was there when it was asked for; the kernels that
+    """Force clears what was there when it was asked for; the kernels that
     in-flight compiles publish meanwhile — reported "compiled" with their paths — stay."""
     wrap = counting_cc(tmp_path / "w", sleep_s=1.0)
     settings = make_settings(tmp_path, clean_env, compilers={"cc": str(wrap)})

@@ -1,8 +1,8 @@
-"""A cache root that turns read-only (or fills up) under cachemgr (issue 12 item 6; issue 10
-item 12): hits are served, a compile that succeeds returns its kernel outside the cache
-(``compiled``, ``"cached": false`` and one warning line), gc says so in one line, the daemon
-reports the state (log once, ``STATUS=``, ``/health``, a metric) and recovers by itself.
-Real read-only remounts of a real tmpfs (root only)."""
+"""A cache root that turns read-only (or fills up) under cachemgr
+(docs/security.md#12-a-read-only-or-full-cache-root): hits are served, a compile that succeeds
+returns its kernel outside the cache (``compiled``, ``"cached": false`` and one warning line), gc
+says so in one line, the daemon reports the state (log once, ``STATUS=``, ``/health``, a metric) and
+recovers by itself. Real read-only remounts of a real tmpfs (root only)."""
 
 from __future__ import annotations
 

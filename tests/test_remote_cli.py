@@ -1,5 +1,5 @@
 """``--remote`` on the command line and each remote's figures in ``stats``, ``/metrics`` and
-``status`` (issue 15 items 2 and 7) — against a real ``redis-server``."""
+``status`` — against a real ``redis-server``."""
 
 from __future__ import annotations
 

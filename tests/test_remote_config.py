@@ -1,4 +1,4 @@
-"""``[remote] storage``, ``CACHEMGR_REMOTE_STORAGE`` and ``--remote`` (issue 15 item 2):
+"""``[remote] storage``, ``CACHEMGR_REMOTE_STORAGE`` and ``--remote``:
 ccache's URL-with-attributes syntax, the first source set wins, passwords never shown."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The HTTP tier against a real WebDAV server (wsgidav) accepting PUT (issue 15 items 4,
-8b): ccache's three layouts, verification of what comes back, two sites through ``bazel``."""
+"""The HTTP tier against a real WebDAV server (wsgidav) accepting PUT:
+ccache's three layouts, verification of what comes back, two sites through ``bazel``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The Redis tier against a real ``redis-server`` (issue 15 items 3, 5, 7, 8a, 8c, 8d)."""
+"""The Redis tier against a real ``redis-server``."""
 
 from __future__ import annotations
 
@@ -177,7 +177,7 @@ def test_two_sites_share_a_kernel_through_redis(redis_server: RedisServer, tmp_p
         assert row["hits"] == 1 and row["bytes_in"] > 0 and row["state"] == "ok"
         assert a.client.stats().to_json()["remotes"]["shared"]["uploads"] == 1
         text = run_cli(
-            "stats", "--cache-dir", str(root_b), "--socket", str(b.socket_path), env=b.env
+            "stats", "-v", "--cache-dir", str(root_b), "--socket", str(b.socket_path), env=b.env
         )
         assert text.returncode == 0, text.stderr
         assert "Remote shared" in text.stdout and "ok: 1 hits, 0 misses" in text.stdout

@@ -1,4 +1,4 @@
-"""``/reload`` re-reads ``[remote]`` (issue 15; ``Service.reload``): a remote added to the
+"""``/reload`` re-reads ``[remote]`` (``Service.reload``): a remote added to the
 config file is used, and a remote disabled because Redis refused its password is enabled
 again with the credentials fixed in its password file — "fix its credentials, then reload",
 as its error line says. A real ``redis-server`` with ``requirepass``, a real daemon running as

@@ -400,6 +400,7 @@ def test_keygen_makes_a_private_file_prints_the_public_key_and_never_shows_the_s
     assert secret not in out.stdout + out.stderr and f'signing_key = "{path}"' in out.stderr
     again = run_cli("remote", "keygen", "site-a", "--out", str(path), env=clean_env)
     assert again.returncode == 2 and "exists" in again.stderr
+    assert "choose another --out FILE" in again.stderr, again.stderr  # --out was given
     assert path.read_text().strip().split(":", 1)[1] == secret, "never overwritten"
     target = tmp_path / "victim"
     target.write_text("keep\n")

@@ -1,4 +1,4 @@
-"""CANN's own entries travel too (issue 15 item 6): the daemon uploads entries written by GE
+"""CANN's own entries travel too: the daemon uploads entries written by GE
 (the GE twin, a separate process) that it sees, and ``cachemgr warm`` / ``[remote]
 prefetch`` fill a fresh site from the remotes' index per chip — real ``redis-server``, real
 wsgidav, real daemons."""
@@ -59,7 +59,7 @@ def _site(tmp: Path, name: str, remote: str, extra: str = "") -> tuple[Daemon, P
 def test_ge_entry_written_at_a_is_warmed_at_b_and_hit_there_redis(
     redis_server: RedisServer, tmp_path: Path, clean_env: dict[str, str]
 ) -> None:
-    """The proof of item 6 over Redis: the twin writes entries at site A (a bad one too);
+    """CANN's own entries travel, over Redis: the twin writes entries at site A (a bad one too);
     A's daemon uploads the complete, verified ones with GE's names; ``warm`` at site B
     (whose daemon runs and does not send them back) makes the twin at B hit them."""
     remote = redis_server.url + "|name=shared"
@@ -109,7 +109,7 @@ def test_ge_entry_written_at_a_is_warmed_at_b_and_hit_there_redis(
 def test_ge_entry_travels_over_http_bazel_and_prefetch_fills_site_b(
     webdav_server: WebDavServer, tmp_path: Path
 ) -> None:
-    """The proof of item 6 over HTTP (``bazel`` layout): A's daemon uploads the twin's entry
+    """CANN's own entries travel, over HTTP (``bazel`` layout): A's daemon uploads the twin's entry
     and its index shard; B's daemon, started with ``[remote] prefetch``, downloads it at
     start; the twin at B hits it."""
     remote = webdav_server.url + "|layout=bazel|name=bazel"

@@ -1,4 +1,4 @@
-"""Compile requests (issue 4): schema, shapes, sources, options and their origins."""
+"""Compile requests: schema, shapes, sources, options and their origins."""
 
 from __future__ import annotations
 
@@ -167,7 +167,8 @@ def test_missing_options_come_from_the_configuration(tmp_path: Path, clean_env) 
     assert opts.op_compiler_cache_mode == "disable"  # from the configuration
     assert opts.jit_compile == "true"  # the request wins
     assert opts.op_debug_level == 0 and opts.op_debug_config is None
-    assert opts.kernel_meta_dir == tmp_path / "kernel_meta"  # cwd (SPEC §7)
+    # the current folder (docs/design.md#debug-compiles-and-kernel_meta)
+    assert opts.kernel_meta_dir == tmp_path / "kernel_meta"
     assert opts.deterministic is False and opts.precision_mode == ""
     filled = parse_request(request_data(options={"jit_compile": "true"}), tmp_path, settings)
     assert filled.options["op_compiler_cache_mode"] == "disable"
@@ -188,7 +189,7 @@ def test_bad_path_characters_in_options(tmp_path: Path) -> None:
     assert "debug_dir" in message and "' '" in message
 
 
-# --- the fast schema check (issue 14 item 1) --------------------------------------------------
+# --- the fast schema check --------------------------------------------------
 
 _JSON_SCALARS = st.one_of(
     st.none(),

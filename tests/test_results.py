@@ -1,4 +1,4 @@
-"""Results are typed (issue 13 item 2): one status enum, one result type with
+"""Results are typed: one status enum, one result type with
 ``to_json``/``from_json``, and the effective policy on every compile result — in ``--json``,
 in the daemon's log line and in ``GET /jobs/{id}``."""
 
@@ -93,7 +93,7 @@ def test_daemon_job_and_log_line_carry_the_policy(tmp_path: Path) -> None:
         assert d.stop() == 0
 
 
-# --- one type per kind, round-tripped against a real daemon (issue 13 item 2) ---------------
+# --- one type per kind, round-tripped against a real daemon ---------------
 
 
 def _same_bytes(data: object, back: object) -> None:

@@ -1,4 +1,4 @@
-"""Issue 10, "Filesystem: nothing outside the cache is ever touched" (docs/security.md items
+"""docs/security.md#filesystem-nothing-outside-the-cache-is-ever-touched (its sections
 1-4): planted links, special files, an unreadable op_cache.ini and unbounded values, each run
 the way a hostile member of the sharing group would run it — as a real Unix user where the
 attack needs one (``tests/users_util.py``; root only, skipped with the reason otherwise).
@@ -151,7 +151,7 @@ def _one_line_naming(stderr: str, *needles: str) -> None:
     assert hits, f"no line names {needles}: {stderr!r}"
 
 
-# --- item 1: no link is followed at any step ------------------------------------------------
+# --- security.md 1: no link is followed at any step -----------------------------------------------
 
 
 def test_gc_purge_verify_and_compile_never_reach_through_a_planted_kernel_cache_link(
@@ -278,7 +278,7 @@ def test_a_kernel_cache_swapped_for_a_link_during_a_purge_cannot_redirect_it(
     assert "Traceback" not in err, err
     assert _snapshot(victim) == before
     left = sorted(p.name for p in (root / "moved" / SOC).iterdir())
-    # purged where it began (lock files stay: a GE process may hold one, issue 9)
+    # purged where it began (lock files stay: a GE process may hold one)
     assert not [n for n in left if n.endswith((".json", ".o"))], left
 
 
@@ -328,7 +328,7 @@ def test_kernel_meta_reaping_never_follows_a_link(tmp_path: Path) -> None:
     assert not build.exists() and (build.parent / "results.o").exists()
 
 
-# --- item 2: a planted special file affects that one item only -----------------------------
+# --- security.md 2: a planted special file affects that one item only -----------------------------
 
 
 def _compile_json(users: Users, rt: Runtime, env: dict[str, str], root: Path, *args: str) -> Any:
@@ -445,7 +445,7 @@ def test_planted_fifos_sockets_links_and_hard_links_affect_only_their_item(
     assert after == before  # never chmod-ed, written or followed (link counts back to 1)
 
 
-# --- item 3: an unreadable op_cache.ini -----------------------------------------------------
+# --- security.md 3: an unreadable op_cache.ini ----------------------------------------------------
 
 
 def _alice_daemon(
@@ -546,7 +546,7 @@ def _toolkit_env_of(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith("ASCEND_")}
 
 
-# --- item 4: bounded values in cache files --------------------------------------------------
+# --- security.md 4: bounded values in cache files -------------------------------------------------
 
 HOSTILE = {
     "digits": None,  # written out by hand: Python refuses to make such an int
@@ -666,7 +666,7 @@ def test_verify_by_another_member_leaves_a_fresh_header_manifest_alone(
     assert manifests[0].stat().st_atime_ns == st.st_atime_ns  # never read by alice
 
 
-# --- item 3b: a member's private chip folder (attack review) --------------------------------
+# --- security.md 3b: a member's private chip folder (attack review) -------------------------------
 
 
 def _two_chip_folders(users: Users, root: Path) -> dict[str, list[Path]]:

@@ -1,6 +1,6 @@
-"""Proof under load (issue 6, SPEC §9): several daemons with distinct host ids on one cache
-root, many clients doing compile, lookup, gc, force and purge, a CANN-like writer filling the
-cache past its limit — and the invariants that must hold:
+"""Proof under load (docs/design.md#sharing-and-locking): several daemons with distinct host ids on
+one cache root, many clients doing compile, lookup, gc, force and purge, a CANN-like writer filling
+the cache past its limit — and the invariants that must hold:
 
 * nothing corrupt or partial is ever served (every hit and compile is re-verified here,
   independently of cachemgr: the json's sha256 against its binary);

@@ -1,6 +1,6 @@
-"""A cache shared by users and hosts (issue 6, SPEC §9): file modes whatever the umask, NFS
-names and dead writers' leftovers, the start-up lock probe, single-flight across daemons, a
-stuck holder, and a full disk (ENOSPC) on a real small tmpfs."""
+"""A cache shared by users and hosts (docs/design.md#sharing-and-locking): file modes whatever the
+umask, NFS names and dead writers' leftovers, the start-up lock probe, single-flight across daemons,
+a stuck holder, and a full disk (ENOSPC) on a real small tmpfs."""
 
 from __future__ import annotations
 
@@ -169,10 +169,10 @@ def test_daemon_start_reclaims_what_a_killed_publish_left(tmp_path: Path) -> Non
     (chip / "te_half_1.lock").write_bytes(b"")
     (chip / NFS_NAME).write_bytes(b"x")
     d = start_daemon(tmp_path, "--cache-dir", str(root))
-    try:  # the start-up reclaim runs in the background after READY=1 (issue 12 item 10)
+    try:  # the start-up reclaim runs in the background after READY=1
         wait_first_scan(d)
         # the dead lock file stays until an hour old: a GE process may be about to lock it
-        # (issue 9 item 8; its removal when old is tested in test_eviction)
+        # (its removal when old is tested in test_eviction)
         assert sorted(os.listdir(chip)) == sorted(
             [
                 NFS_NAME,
@@ -286,7 +286,7 @@ def _fill_until_full(chip: Path, sink: Events | None = None) -> list[str]:
 def test_enospc_in_publish_leaves_nothing_and_tells_the_sink(small_fs: Path) -> None:
     chip = small_fs / "cache" / "kernel_cache" / SOC
     told: list[tuple[Path, int]] = []
-    sink = Events()  # an object passed in, not a module-level listener (issue 15 item 1)
+    sink = Events()  # an object passed in, not a module-level listener
     sink.subscribe(NoSpaceEvent, lambda e: told.append((e.chip_dir, e.bytes_needed)))
     kept = _fill_until_full(chip, sink)
     assert kept and told and told[0][0] == chip and told[0][1] > 24 * 1024
@@ -311,9 +311,7 @@ def test_enospc_through_the_daemon_evicts_then_compiles(small_fs: Path, tmp_path
     env = own_tmp(daemon_env(tmp_path), tmp_path)
     d = start_daemon(tmp_path, "--cache-dir", str(root), "--config", str(cfg), env=env)
     try:
-        full = d.client.compile(
-            kernel_request(9)
-        ).to_json()  # issue 10 item 12: the kernel, uncached
+        full = d.client.compile(kernel_request(9)).to_json()  # the kernel, uncached
         assert full["status"] == "compiled" and full["cached"] is False, full
         assert str(chip) in full["warning"] and "needs" in full["warning"], full["warning"]
         assert "\n" not in full["warning"]

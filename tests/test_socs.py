@@ -1,4 +1,4 @@
-"""Chip names are checked (issue 13 item 8): a ``soc_version`` CANN does not accept never
+"""Chip names are checked: a ``soc_version`` CANN does not accept never
 starts a second chip folder — not from the CLI, not through the daemon — and the error names
 the closest real name and the accepted list."""
 

@@ -1,4 +1,4 @@
-"""CLI start-up (issue 14 item 1): what a ``cachemgr compile`` hit, ``--help`` and ``config``
+"""CLI start-up: what a ``cachemgr compile`` hit, ``--help`` and ``config``
 import, read from ``python -X importtime`` of real processes (a real compile first, then a
 real hit; locally and through a real daemon). Times are never asserted here: the ratios are
 ``scripts/bench --only startup``'s."""

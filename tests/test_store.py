@@ -1,4 +1,5 @@
-"""Verified store (SPEC §3.3): lookup, publish, removal of bad entries, no partial entry."""
+"""Verified store (docs/design.md#writing-and-reading-an-entry): lookup, publish, removal of bad
+entries, no partial entry."""
 
 from __future__ import annotations
 

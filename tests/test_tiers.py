@@ -1,4 +1,4 @@
-"""The storage-tier interface over the local CANN-format store (issue 15 item 1): an explicit
+"""The storage-tier interface over the local CANN-format store: an explicit
 handle for a held entry lock, events as objects, the local store as a :class:`Tier`."""
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def test_local_tier_put_rejects_a_tampered_entry_and_writes_nothing(tmp_path: Pa
     assert tier.put(EntryFiles(SOC, "te_bad", {"te_bad.json": raw, "te_bad.o": data}))
 
 
-# --- one removal routine, one factory (issue 15 item 4) ------------------------------------
+# --- one removal routine, one factory ------------------------------------
 
 
 def _deletions(chip: Path, remove: object, expected: int) -> list[str]:

@@ -1,5 +1,6 @@
-"""Two Unix users in one group share one cache root (issue 6, SPEC §9); a third user, outside
-the group, gets a one-line permission error naming the folder, the user, the group and the fix.
+"""Two Unix users in one group share one cache root (docs/design.md#sharing-and-locking); a third
+user, outside the group, gets a one-line permission error naming the folder, the user, the group and
+the fix.
 
 The users, the group and the runtime they run cachemgr with are the fixtures of
 ``tests/users_util.py`` (root only; skipped with the reason otherwise).

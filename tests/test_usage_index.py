@@ -1,4 +1,4 @@
-"""The daemon's usage index (issue 14 item 5): one row per file in an in-memory SQLite table,
+"""The daemon's usage index: one row per file in an in-memory SQLite table,
 kept current by file events and periodic rescans — on real files, and through a real daemon.
 """
 

@@ -1,4 +1,5 @@
-"""Toolkit upgrades (SPEC §5): version.info read GE's way; every chip folder purged on a change."""
+"""Toolkit upgrades (docs/design.md#size-limits-and-eviction): version.info read GE's way; every
+chip folder purged on a change."""
 
 from __future__ import annotations
 

@@ -80,6 +80,27 @@ def setpriv_argv(user: str, group: str) -> list[str]:
     return [*argv, "--"]
 
 
+GOVERNOR_UNIT = ROOT / "systemd" / "cachemgr-governor.service"
+
+
+def root_setpriv_argv(unit: Path = GOVERNOR_UNIT) -> list[str]:
+    """``setpriv`` options that make a root process what systemd makes of ``unit`` run as
+    root (``User=root``): uid 0 kept, no inheritable or ambient capability, the unit's
+    bounding set — so the ``exec`` that follows gets exactly those capabilities, as under
+    systemd — and ``NoNewPrivileges=``."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("setpriv (util-linux) is not installed")
+    text = unit.read_text()
+    bounding = final_list("CapabilityBoundingSet", text)
+    caps = ",".join(["-all", *sorted(f"+{n.removeprefix('CAP_').lower()}" for n in bounding)])
+    argv = [setpriv, "--inh-caps=-all", "--ambient-caps=-all", f"--bounding-set={caps}"]
+    nnp = [ln for ln in text.splitlines() if ln.startswith("NoNewPrivileges=")]
+    if nnp and nnp[-1].endswith("=yes"):
+        argv.append("--no-new-privs")
+    return [*argv, "--"]
+
+
 def _bpf() -> list[str]:
     """The filter's instructions (C initialisers), jumps resolved from labels."""
     families = [int(getattr(socket, name)) for name in final_list("RestrictAddressFamilies")]

@@ -1,4 +1,4 @@
-"""Real Unix users for tests (issues 6, 9, 10): a group with two members and an outsider,
+"""Real Unix users for tests: a group with two members and an outsider,
 created with ``useradd``/``groupadd`` (root only; skipped with the reason otherwise) and
 removed afterwards, plus a world-readable runtime through which those users run this
 checkout's cachemgr.

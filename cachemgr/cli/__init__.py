@@ -25,8 +25,8 @@ class _Group(click.Group):
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         """The commands and their short helps (:data:`SUMMARIES`) without importing
-        a command's module: click's LazyGroup pattern, so ``--help`` starts fast (issue 14
-        item 1). ``tests/test_startup.py`` checks the summaries against the commands."""
+        a command's module: click's LazyGroup pattern, so ``--help`` starts fast.
+        ``tests/test_startup.py`` checks the summaries against the commands."""
         commands = [(n, click.Command(n, short_help=SUMMARIES[n])) for n in self.list_commands(ctx)]
         if commands:
             limit = formatter.width - 6 - max(len(name) for name, _ in commands)

@@ -20,7 +20,7 @@ from cachemgr.console import printable as printable
 from cachemgr.constants import MAX_SECONDS
 from cachemgr.errors import CacheMgrError, ConfigError
 
-if TYPE_CHECKING:  # imported where used: `cachemgr --help` needs neither (issue 14 item 1)
+if TYPE_CHECKING:  # imported where used: `cachemgr --help` needs neither
     from cachemgr.client import Client
     from cachemgr.config.options import Settings
 
@@ -100,7 +100,7 @@ def _with_settings_options(func: F, soc: bool) -> F:
 
 
 def remote_option(func: F) -> F:
-    """Add ``--remote URL`` (repeatable): the remote tiers, in lookup order (issue 15 item 2).
+    """Add ``--remote URL`` (repeatable): the remote tiers, in lookup order.
     Given, it replaces ``CACHEMGR_REMOTE_STORAGE`` and ``[remote] storage``."""
     return click.option(
         "--remote",
@@ -125,7 +125,7 @@ def load_settings(
     **extra: Any,
 ) -> Settings:
     """Resolve settings from the command line and environment; print each problem as a
-    warning line on stderr (SPEC §1)."""
+    warning line on stderr (docs/design.md#options-and-their-origins)."""
     cli = {
         "op_compiler_cache_dir": op_compiler_cache_dir,
         "host_id": host_id,
@@ -167,6 +167,33 @@ def warning(message: str) -> None:
     if VERBOSITY.level < 0:
         return
     click.echo(warning_line(message), err=True)
+
+
+def error_line(message: str) -> str:
+    """``cachemgr: error: MESSAGE``, safe for a terminal."""
+    return printable(f"cachemgr: error: {message}")
+
+
+def failure(message: str) -> None:
+    """A line that explains a non-zero exit (a file not removed, a chip folder skipped): a
+    warning at default verbosity; with ``-q``, which keeps errors only, an error line — the
+    exit code is never left unexplained (docs/commands.md, "Options every command shares")."""
+    if VERBOSITY.level < 0:
+        click.echo(error_line(message), err=True)
+    else:
+        warning(message)
+
+
+def report_line(line: str, failed: bool = False, err: bool = False) -> None:
+    """A line of what a command did (``compiled …``, gc's and purge's reports, ``verify``'s
+    count): on stdout (``err``: stderr) at default verbosity, not with ``-q`` (errors only) —
+    unless it tells a failure (``failed``), which ``-q`` shows as an error line. What a
+    command is asked to show (``ls``, ``stats``, ``config``, any ``--json``) is not a
+    report: it is printed whatever the verbosity."""
+    if VERBOSITY.level >= 0:
+        click.echo(line, err=err)
+    elif failed:
+        click.echo(error_line(line), err=True)
 
 
 def int_option(raw: str | None, option: str, low: int, high: int, accepted: str = "") -> int | None:
@@ -235,19 +262,25 @@ class Route:
 
     :ivar socket: the daemon's socket (None in process).
     :ivar reason: why, in a few words (shown with ``-v`` and in ``--json``).
+    :ivar notice: a line every run shows (not with ``-q``): a daemon passed by that the
+        operator may have meant (docs/commands.md, "Routing").
     """
 
     via: str
     client: Client | None
     socket: str | None
     reason: str
+    notice: str = ""
 
     def to_json(self) -> dict[str, Any]:
         """``{"via", "socket", "reason"}``."""
         return {"via": self.via, "socket": self.socket, "reason": self.reason}
 
     def announce(self) -> None:
-        """One line on stderr with ``-v``: where the command runs and why."""
+        """The notice, if any, as a warning line; with ``-v`` one line on stderr: where the
+        command runs and why."""
+        if self.notice:
+            warning(self.notice)
         if VERBOSITY.level > 0:
             where = f"daemon at {self.socket}" if self.via == "daemon" else "this process"
             click.echo(f"cachemgr: route: {where} ({self.reason})", err=True)
@@ -259,7 +292,7 @@ def route(
     settings: Settings,
     local_only: str | None = None,
 ) -> Route:
-    """Decide explicitly where a command runs (issue 13 item 4).
+    """Decide explicitly where a command runs.
 
     * ``--local``: in this process.
     * ``--socket PATH`` or ``$CACHEMGR_SOCKET``: that daemon, or an error (exit 2) when
@@ -309,7 +342,7 @@ def route(
     ours = str(settings.layout.kernel_cache_dir)
     try:
         # the answer with sections is the one a compile's local preparation asks for next:
-        # remembered by the client, one round trip serves both (issue 14 item 1)
+        # remembered by the client, one round trip serves both
         their_settings = client.config(sections=True)["settings"]
         theirs = their_settings["kernel_cache_dir"]["value"]
     except UntrustedDaemon:  # a socket of a stranger: refused, never silently local (exit 2)
@@ -330,10 +363,43 @@ def route(
                 + f"); {same_cache_hint(their_settings)}, else use --local"
             )
         return Route(
-            "local", None, None, f"the daemon at the default socket {path} serves {theirs}"
+            "local",
+            None,
+            None,
+            f"the daemon at the default socket {path} serves {theirs}",
+            _passed_by(path, theirs, settings, their_settings),
         )
     origin = named[0].split("=")[0] if named else "the default socket"
     return Route("daemon", client, str(path), f"{origin}; it serves {ours}")
+
+
+def _passed_by(path: Path, theirs: str, settings: Settings, their_settings: dict[str, Any]) -> str:
+    """The line for a daemon on the default socket that serves another cache: the command
+    runs in this process on its own cache, and says so — which daemon, which cache, how to
+    reach it — instead of changing cache without a word."""
+    kc = settings["kernel_cache_dir"]
+    ours = f"{settings.layout.kernel_cache_dir} (from {kc.origin} {kc.source}".rstrip() + ")"
+    config = _config_file_of(their_settings)
+    reach = same_cache_hint(their_settings)
+    if config:
+        reach += f" or set CACHEMGR_CONFIG={config} (the daemon's config file)"
+    return (
+        f"the daemon at the default socket {path} serves {theirs}, not this command's {ours}: "
+        f"running in this process; to use the daemon, {reach}; --local runs here without "
+        "this line"
+    )
+
+
+def _config_file_of(their_settings: dict[str, Any]) -> str | None:
+    """The config file a daemon took its cache folder from (its ``/config`` origin
+    ``config FILE:LINE``), or None when the folder came from elsewhere."""
+    for name in ("op_compiler_cache_dir", "kernel_cache_dir"):
+        source = str((their_settings.get(name) or {}).get("source") or "")
+        if source.startswith("config "):
+            rest = source.removeprefix("config ")
+            file, _, line = rest.rpartition(":")
+            return file if file and line.isdigit() else rest
+    return None
 
 
 def same_cache_hint(their_settings: dict[str, Any]) -> str:

@@ -1,4 +1,4 @@
-"""``cachemgr compile`` (an in-process compile queue) and ``cachemgr pack`` (issue 4)."""
+"""``cachemgr compile`` (an in-process compile queue) and ``cachemgr pack``."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from cachemgr.cli.common import (
     int_option,
     load_settings,
     remote_option,
+    report_line,
     route,
     settings_options,
     socket_option,
@@ -34,7 +35,7 @@ from cachemgr.errors import CacheMgrError, InvalidInputError
 from cachemgr.storage import safeio
 from cachemgr.storage.counters import CounterBook
 
-if TYPE_CHECKING:  # the hit path imports only what a hit needs (issue 14 item 1)
+if TYPE_CHECKING:  # the hit path imports only what a hit needs
     from concurrent.futures import Future
 
     from cachemgr.client import Client
@@ -112,8 +113,10 @@ COMPILE_HELP = f"""Compile the kernels of REQUEST.json files, each once: a verif
 a precompiled binary, a compile, or a debug compile.
 
 Runs through the daemon that serves this cache, else in this process
-(see --socket, --local). Exit 1 when a compile failed, 2 when a request is
-invalid (and none failed), else 0.
+(see --socket, --local).
+
+Exit codes: 0 every request answered; 1 a compile failed; 2 a request is invalid
+(and none failed) or a bad option.
 
 \b
 A request is one JSON object (relative paths are relative to its file):
@@ -216,7 +219,9 @@ def compile_cmd(
     where = route(socket_path, run_local, settings, _local_only_option(click.get_current_context()))
     where.announce()
     if where.client is not None:
-        sys.exit(_compile_via_daemon(where.client, where, requests, extra, replace, as_json))
+        sys.exit(
+            _compile_via_daemon(where.client, where, requests, extra, replace, as_json, out_dir)
+        )
     cli_values = {
         "op_compiler_cache_dir": op_compiler_cache_dir,
         "host_id": host_id,
@@ -224,12 +229,14 @@ def compile_cmd(
         **extra,
     }
     settings = checked_for_writing(settings, cli_values, config_file)  # as the daemon
-    counters = CounterBook(lambda: settings.layout.kernel_cache_dir)  # SPEC §10: in the cache
+    # the counters live in the cache (docs/commands.md#what-stats-counts); a run answered by
+    # precompiled binaries alone made no kernel cache folder: the flush makes it
+    counters = CounterBook(lambda: settings.layout.kernel_cache_dir, create=True)
     from cachemgr.remote import config as remote_config
 
     remote_cfg = remote_config.from_settings(settings, list(remotes))
     tiers = None
-    if remote_cfg.remotes:  # the tiers' clients only when configured (a lean hit: issue 14)
+    if remote_cfg.remotes:  # the tiers' clients only when configured (a lean hit)
         from cachemgr.daemon.state import remotes_state_dir
         from cachemgr.remote.tierset import RemoteTiers
 
@@ -281,8 +288,9 @@ def _compile_here(
 
 
 #: Options that only an in-process queue honours: given on the command line, they route
-#: the compile here (with an explicit ``--socket`` they are an error).
-LOCAL_ONLY = ("workers", "timeout_s", "out_dir", "binaries", "remotes")
+#: the compile here (with an explicit ``--socket`` they are an error). ``--out-dir`` is not
+#: one: the daemon hands ``disable`` kernels back and this process writes them there.
+LOCAL_ONLY = ("workers", "timeout_s", "binaries", "remotes")
 
 
 def _local_only_option(ctx: click.Context) -> str | None:
@@ -305,18 +313,22 @@ def _compile_via_daemon(
     overrides: dict[str, Any],
     replace: bool,
     as_json: bool,
+    out_dir: Path,
 ) -> int:
     """Send the requests to the daemon at once (its pool compiles them in parallel) and
     report each in order; command-line options fill what a request's own ``options`` leave
-    unset, with relative paths made absolute here (the daemon has another cwd). Returns
-    the exit code: 1 if any failed, 2 if any was invalid."""
+    unset, with relative paths made absolute here (the daemon has another cwd). Kernels
+    compiled without the cache (``disable``) come back and are written to ``out_dir`` by
+    this process, as the caller. Returns the exit code: 1 if any failed, 2 if any was
+    invalid."""
+    out_dir = out_dir.absolute()
     for name in ("op_debug_config", "debug_dir"):
         if overrides.get(name):
             overrides[name] = str(Path(overrides[name]).absolute())
     import uuid
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
-    session = uuid.uuid4().hex  # force clears once per run, as in-process (issue 11 item 5)
+    session = uuid.uuid4().hex  # force clears once per run, as in-process
 
     def one(path: Path) -> CompileOutcome | CacheMgrError:
         try:
@@ -326,7 +338,11 @@ def _compile_via_daemon(
                 raise InvalidInputError(f"request {path}: a request must be a JSON object")
             data["options"] = {**overrides, **(data.get("options") or {})}
             return client.compile(
-                data, base_dir=path.resolve().parent, replace=replace, session=session
+                data,
+                base_dir=path.resolve().parent,
+                replace=replace,
+                session=session,
+                out_dir=out_dir,
             )
         except OSError as exc:
             return InvalidInputError(f"request {path}: cannot read ({exc.strerror})")
@@ -362,10 +378,10 @@ def _compile_via_daemon(
 
 
 def _report(outcome: CompileOutcome, as_json: bool, where: Route) -> None:
-    if outcome.warning:  # e.g. compiled but not cached: a read-only root (issue 10 item 12)
-        click.echo(f"cachemgr: warning: {outcome.warning}", err=True)
+    if outcome.warning:  # e.g. compiled but not cached: a read-only root
+        warning(outcome.warning)
     if outcome.note and not as_json:  # e.g. force: local only, remote tiers untouched
-        click.echo(f"cachemgr: note: {outcome.note}", err=True)
+        report_line(f"cachemgr: note: {outcome.note}", err=True)
     if as_json:
         doc = {**outcome.to_json(), "via": outcome.via or where.via, "route": where.to_json()}
         click.echo(json.dumps(doc, ensure_ascii=False))
@@ -376,7 +392,7 @@ def _report(outcome: CompileOutcome, as_json: bool, where: Route) -> None:
         return
     folder = outcome.files[0].parent if outcome.files else ""
     parts = " ".join(f.name.removeprefix(outcome.kernel_name) for f in outcome.files)
-    click.echo(
+    report_line(
         f"{outcome.status:8} {outcome.kernel_name}  {outcome.seconds:.3f}s  {folder}/ {parts}"
     )
 
@@ -442,7 +458,7 @@ def pack_cmd(
                 if kernel in named.get(chip, []):
                     raise  # named on the command line: an error
                 # --all: e.g. GE's dynamic-shape entries (supportInfo without opType and
-                # staticKey) cannot be packed; say so and go on (issue 9 item 9)
+                # staticKey) cannot be packed; say so and go on
                 warning(f"pack: skipped {kernel}: {exc}")
     written = list(dict.fromkeys(written))  # a config file shared by several kernels
     if as_json:

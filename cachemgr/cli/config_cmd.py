@@ -1,4 +1,5 @@
-"""``cachemgr config``: every resolved value with its origin (SPEC §1, like ``ccache -p``)."""
+"""``cachemgr config``: every resolved value with its origin
+(docs/design.md#options-and-their-origins, like ``ccache -p``)."""
 
 from __future__ import annotations
 
@@ -31,10 +32,11 @@ def config_cmd(
     """Show every setting of every table, its value and where it came from.
 
     The options first, then each table of the config file ([daemon], [sandbox], [compilers],
-    [precompiled], [toolkit], [remote]) as table.key, set or default. Exits 2 when a value
-    was invalid and a fallback was used (each is named on stderr), or when the config file
-    has an unknown table or key or a bad value (one line naming file, line, key, value and
-    what is accepted).
+    [precompiled], [toolkit], [remote]) as table.key, set or default.
+
+    Exit codes: 0 every value valid; 2 a value was invalid and a fallback was used (each is
+    named on stderr), or the config file has an unknown table or key or a bad value (one
+    line naming file, line, key, value and what is accepted).
     """
     settings = load_settings(op_compiler_cache_dir, host_id, soc_version, config_file)
     lines, code = config_report(settings, as_json, remotes)  # shared with cachemgr.main

@@ -1,4 +1,5 @@
-"""``cachemgr ls`` and ``cachemgr verify`` (SPEC §3): read the cache without touching atimes."""
+"""``cachemgr ls`` and ``cachemgr verify`` (docs/design.md#cache-entries): read the cache without
+touching atimes."""
 
 from __future__ import annotations
 
@@ -14,50 +15,20 @@ from cachemgr.cli.common import (
     VERBOSITY,
     chip_dirs,
     emit_json,
+    failure,
     load_settings,
     printable,
     remote_option,
+    report_line,
     settings_options,
-    warning,
 )
 from cachemgr.cli.lockcheck import checked_for_writing
 from cachemgr.config.options import kernel_cache_why
-from cachemgr.errors import CacheMgrError
 from cachemgr.remote import config as remote_config
 from cachemgr.remote.tierset import RemoteTiers
-from cachemgr.storage import entry, fsutil
+from cachemgr.storage import entry, fsutil, optype
 from cachemgr.storage.store import VerifyReport
 from cachemgr.storage.tiers import chip_store
-
-
-def op_type_of(kernel: str) -> str:
-    """``te_<optype>_<hash>`` → ``<optype>`` (GE's naming, SPEC §3.1); ``""`` otherwise."""
-    parts = kernel.split("_")
-    if len(parts) >= 3 and parts[0] == "te":
-        return "_".join(parts[1:-1])
-    return ""
-
-
-def recorded_op_type(chip: Path, kernel: str) -> str:
-    """The op type as the entry records it: GE names entries ``te_<OpType>_<hash>`` (case
-    kept) and :func:`op_type_of` gives that; cachemgr's own names are lower-cased
-    (``te_matmul_…``), so for a name without a capital the main json's
-    ``supportInfo.opType`` (or ``opType``) is read — without changing its access time — and
-    used when it is that name's op type in another case (``MatMul``). Any problem reading it
-    (unreadable, not JSON, a read that would change the access time): the name's op type."""
-    from_name = op_type_of(kernel)
-    if not from_name or from_name != from_name.lower():
-        return from_name
-    try:
-        raw = fsutil.read_bytes_noatime(chip / f"{kernel}.json", max_bytes=entry.MAX_JSON_BYTES)
-        data = entry.load_json_object(raw, kernel)
-    except (OSError, CacheMgrError):
-        return from_name
-    support = data.get("supportInfo")
-    for found in (support.get("opType") if isinstance(support, dict) else None, data.get("opType")):
-        if isinstance(found, str) and found.lower() == from_name:
-            return found
-    return from_name
 
 
 def _iso(ns: int) -> str:
@@ -78,7 +49,7 @@ def list_chip(chip: Path) -> tuple[list[dict[str, Any]], int]:
             {
                 "soc_version": chip.name,
                 "kernel": kernel,
-                "op_type": recorded_op_type(chip, kernel),
+                "op_type": optype.shown(chip, kernel),
                 "bytes": group.size,
                 "atime": _iso(group.atime_ns),
                 "parts": sorted(group.files),
@@ -130,7 +101,7 @@ def ls_cmd(as_json: bool, raw_bytes: bool, **kw: Any) -> None:
         click.echo(_total_line(rows, used, raw_bytes), err=True)
         click.echo(kernel_cache_why(settings), err=True)
     for line in unreadable:
-        warning(f"{line}; that chip folder is not listed")
+        failure(f"{line}; that chip folder is not listed")
     if unreadable:
         sys.exit(1)
 
@@ -160,7 +131,7 @@ def _short_parts(kernel: str, parts: list[str]) -> str:
 def _report_json(report: VerifyReport) -> dict[str, Any]:
     return {
         "checked": report.checked,
-        "not_checked": report.not_checked,
+        "not_checked": report.not_checked + report.not_checked_files,
         "findings": [
             {
                 "name": f.name,
@@ -174,7 +145,7 @@ def _report_json(report: VerifyReport) -> dict[str, Any]:
 
 
 def _remote_rows(settings: Any, remotes: tuple[str, ...] = ()) -> list[dict[str, Any]]:
-    """Each remote's state (issue 15 item 8e): one cheap request each (Redis ``DBSIZE``,
+    """Each remote's state: one cheap request each (Redis ``DBSIZE``,
     HTTP ``HEAD``), never a download; the remotes' contents are verified when fetched."""
     config = remote_config.from_settings(settings, list(remotes))  # ConfigError: exit 2
     tiers = RemoteTiers.from_config(config, stat_only=True)  # no key needed to ask DBSIZE
@@ -195,9 +166,13 @@ def _remote_rows(settings: Any, remotes: tuple[str, ...] = ()) -> list[dict[str,
 @settings_options
 @remote_option
 def verify_cmd(as_json: bool, repair: bool, remotes: tuple[str, ...], **kw: Any) -> None:
-    """Check every entry (sha256, binaries, sub-parts); exit 1 if anything bad remains."""
+    """Check every entry (sha256, binaries, sub-parts); exit 1 if anything bad remains.
+
+    Exit codes: 0 nothing bad; 1 something bad remains (after --repair: what it could not
+    remove) or a chip folder could not be read; 2 bad input or configuration.
+    """
     settings = load_settings(writable=repair, **kw)
-    if repair:  # it removes files: the daemon's lock checks first (issue 12 item 11)
+    if repair:  # it removes files: the daemon's lock checks first
         values = {k: kw.get(k) for k in ("op_compiler_cache_dir", "host_id", "soc_version")}
         settings = checked_for_writing(settings, values, kw.get("config_file"))
     reports, unreadable = [], []
@@ -207,7 +182,7 @@ def verify_cmd(as_json: bool, repair: bool, remotes: tuple[str, ...], **kw: Any)
         except PermissionError:  # a member's private folder: skipped, the others verified
             unreadable.append(fsutil.access_hint(chip, "readable"))
     for line in unreadable:
-        warning(f"{line}; that chip folder is not verified")
+        failure(f"{line}; that chip folder is not verified")
     bad = sum(len(r.bad) for r in reports)
     remote_rows = _remote_rows(settings, remotes)
     if as_json:
@@ -223,23 +198,36 @@ def verify_cmd(as_json: bool, repair: bool, remotes: tuple[str, ...], **kw: Any)
         for row in remote_rows:
             held = "" if row["entries"] is None else f", {row['entries']} keys"
             why = f": {row['error']}" if row.get("error") else ""
-            click.echo(f"remote {row['name']}: {row['state']}{held}{why}")
+            report_line(f"remote {row['name']}: {row['state']}{held}{why}")
         for report in reports:
             for f in report.findings:
                 state = "REPAIRED" if f.repaired else "BAD"
                 why = "; ".join(f"{p.kind}: {p.detail}" for p in f.problems)
-                click.echo(printable(f"{state} {report.chip_dir.name}/{f.name}: {why}"))
+                line = printable(f"{state} {report.chip_dir.name}/{f.name}: {why}")
+                report_line(line, failed=not f.repaired)  # -q: BAD lines are its errors
         checked = sum(r.checked for r in reports)
-        click.echo(
+        report_line(
             f"checked {human.plural(checked, 'entry', 'entries')} in "
             f"{human.plural(len(reports), 'chip folder')}; {bad} bad"
         )
-        skipped = sum(len(r.not_checked) for r in reports)
-        if skipped:
-            click.echo(
-                f"not checked: {skipped} entries of other users — reading them would change "
-                "their access times (the eviction order); run verify as their owner or root",
-                err=True,
-            )
+        not_checked = _not_checked_line(reports)
+        if not_checked:
+            report_line(not_checked, err=True)
     if bad or unreadable:
         sys.exit(1)
+
+
+def _not_checked_line(reports: list[VerifyReport]) -> str:
+    """``not checked: 2 entries and 1 header manifest of other users — …``: what was not
+    read because a read would change its access time, entries and loose files counted
+    apart (a manifest is not an entry); ``""`` when everything was read."""
+    entries = sum(len(r.not_checked) for r in reports)
+    files = sum(len(r.not_checked_files) for r in reports)
+    if not entries and not files:
+        return ""
+    parts = [human.plural(entries, "entry", "entries")] if entries else []
+    parts += [human.plural(files, "header manifest")] if files else []
+    return (
+        f"not checked: {' and '.join(parts)} of other users — reading them would change "
+        "their access times (the eviction order); run verify as their owner or root"
+    )

@@ -1,4 +1,5 @@
-"""``cachemgr gc``, ``stats`` and ``purge`` (SPEC §5): the eviction engine's commands.
+"""``cachemgr gc``, ``stats`` and ``purge`` (docs/design.md#size-limits-and-eviction): the eviction
+engine's commands.
 
 Limits with a problem: when ``Settings.problems`` is not empty (an invalid ``op_cache.ini``
 or env value), ``gc`` prints every warning and then evicts with the fallback values, as GE
@@ -18,15 +19,17 @@ from typing import Any
 
 import click
 
-from cachemgr.cli import human
+from cachemgr.cli import human, stats_view
 from cachemgr.cli.common import (
     VERBOSITY,
     chip_dirs,
     daemon_of_this_cache,
     emit_json,
+    failure,
     int_option,
     load_settings,
     printable,
+    report_line,
     route,
     settings_options,
     socket_option,
@@ -40,7 +43,7 @@ from cachemgr.config.options import Settings
 from cachemgr.errors import ConfigError
 from cachemgr.eviction import DryRun, chip_row, gc, purge_chip
 from cachemgr.eviction.gc import limits_json
-from cachemgr.storage import fsprobe
+from cachemgr.storage import atimes, fsprobe
 from cachemgr.storage.counters import COUNTER_NAMES, CacheCounters
 
 
@@ -124,8 +127,15 @@ def _gc_line(soc: str, report: ChipGc) -> str:
         else f"limit {_mib(report.max_bytes)}, target {_mib(report.target_bytes)}"
     )
     plural = human.plural
+    purged = (
+        f"purged {plural(report.purged_entries, 'entry', 'entries')} "
+        f"({_mib(report.purged_bytes)}, reason {report.purge_reason}); "
+        if report.purged_entries or report.purged_bytes
+        else ""
+    )
+    before = report.bytes_before + report.purged_bytes  # the folder as the run found it
     return (
-        f"{soc}: {_mib(report.bytes_before)} -> {_mib(report.bytes_after)} ({limit}); "
+        f"{soc}: {_mib(before)} -> {_mib(report.bytes_after)} ({limit}); {purged}"
         f"{verb} {plural(report.evicted_entries, 'entry', 'entries')} "
         f"({_mib(report.evicted_bytes)}); "
         f"kept by aging guard {report.kept_by_aging_guard}; "
@@ -133,12 +143,18 @@ def _gc_line(soc: str, report: ChipGc) -> str:
         f"{'would reclaim' if report.dry_run else 'reclaimed'} "
         f"{plural(rec.orphans, 'orphan')}, {plural(rec.temps, 'temp file')}, "
         f"{plural(rec.locks, 'lock file')}, "
-        f"{plural(rec.bad_entries, 'bad entry', 'bad entries')} ({_mib(rec.bytes)})"
+        f"{plural(rec.bad_entries, 'bad entry', 'bad entries')}, "
+        f"{plural(rec.ge_fatal, 'entry', 'entries')} that abort GE ({_mib(rec.bytes)})"
     )
 
 
 @click.command("gc", short_help="Reclaim leftovers and evict old entries down to the limit.")
-@click.option("--ratio", metavar="N", help="Keep N % of the limit; forces a run to that target.")
+@click.option(
+    "--ratio",
+    metavar="N",
+    help="Keep N % of the limit, 0..100 (0: every entry past the aging guard goes); forces a "
+    "run to that target.",
+)
 @click.option("--min-age", metavar="SECONDS", help="Aging guard (default: min_age_s, 1800).")
 @click.option("--dry-run", is_flag=True, help="Report what would go; remove nothing.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object; chip folders by soc.")
@@ -161,9 +177,12 @@ def gc_cmd(
     locks, entries that fail verification) are reclaimed every time. After a toolkit
     upgrade (the ini's version stamps differ) every chip folder is purged first.
 
-    Runs through the daemon that serves this cache, else here (--json says which). Exit 0
-    also when another evictor is running (that chip folder is skipped); exit 1 when a file
-    could not be removed.
+    Runs through the daemon that serves this cache, else here (--json says which).
+
+    Exit codes: 0 done, also when another evictor is running (that chip folder is
+    skipped); 1 a file could not be removed, a chip folder stays over its limit because
+    everything left was accessed too recently, or the root is read-only; 2 bad input or
+    configuration.
     """
     force_ratio = int_option(ratio, "--ratio", 0, 100)
     min_age_s = _parse_min_age(min_age)
@@ -209,30 +228,31 @@ def gc_cmd(
     _print_gc(report, as_json)
     denied = list(gc.denied_lines(report))
     for line in denied:
-        warning(f"not removed (permission): {line}")
+        failure(f"not removed (permission): {line}")
     skipped = list(gc.skipped_lines(report))
     stuck = list(gc.stuck_lines(report))
     for line in skipped + stuck:
-        warning(line)
+        failure(line)
     if denied or skipped or stuck:
         sys.exit(1)
 
 
 def _writable(settings: Settings, kw: dict[str, Any]) -> Settings:
-    """The daemon's access and lock checks before this process writes (issue 12 item 11)."""
+    """The daemon's access and lock checks before this process writes."""
     values = {k: kw.get(k) for k in ("op_compiler_cache_dir", "host_id", "soc_version")}
     return checked_for_writing(settings, values, kw.get("config_file"))
 
 
 def _count_evictions(kernel_cache_dir: Path, report: GcResult) -> None:
-    """Add a local run's evictions to the cache's counters (SPEC §10; the daemon counts its
-    own runs)."""
+    """Add a local run's evictions to the cache's counters (docs/design.md#counters; the daemon
+    counts its own runs)."""
     counters = CacheCounters(kernel_cache_dir)
     for soc, folder in report.chip_folders.items():
         if folder.dry_run or folder.skipped:
             continue
         counters.add("evicted_entries", folder.evicted_entries, soc)
         counters.add("evicted_bytes", folder.evicted_bytes, soc)
+        counters.add("ge_fatal_removed", folder.reclaimed.ge_fatal, soc)
     counters.flush()
 
 
@@ -240,8 +260,11 @@ def _print_gc(report: GcResult, as_json: bool) -> None:
     if as_json:
         emit_json(report.to_json())
         return
+    if VERBOSITY.level < 0:  # -q: errors only; what went wrong follows as error lines
+        return
     for one in [report, *(report.other_kernel_caches or {}).values()]:
-        if one is not report:  # SPEC §2: the other kernel caches under ASCEND_CACHE_PATH
+        # the other kernel caches under ASCEND_CACHE_PATH (docs/design.md#where-the-cache-lives)
+        if one is not report:
             click.echo(f"== {one.kernel_cache_dir}")
         _print_gc_one(one)
 
@@ -264,31 +287,55 @@ def _print_gc_one(report: GcResult) -> None:
                         f"{soc}/{name} (bad entry)"
                     )
                 )
+            for line in folder.reclaimed.fatal:
+                verb = "would remove" if folder.dry_run else "removed"
+                click.echo(printable(f"  {verb} {soc}/{line}"))
     if not folders:
         click.echo(f"no chip folders under {report.kernel_cache_dir}; nothing to do")
         return
-    entries = sum(f.evicted_entries for f in folders.values())
-    freed = sum(f.evicted_bytes + f.reclaimed.bytes for f in folders.values())
+    totals = report.totals()
     verb = "would free" if any(f.dry_run for f in folders.values()) else "freed"
+    purged = totals["purged_entries"]
     click.echo(
-        f"total: {verb} {_mib(freed)} in {human.plural(len(folders), 'chip folder')}; "
-        f"{'would evict' if verb == 'would free' else 'evicted'} "
-        f"{human.plural(entries, 'entry', 'entries')}"
+        f"total: {verb} {_mib(totals['freed_bytes'])} in "
+        f"{human.plural(len(folders), 'chip folder')}; "
+        + (f"purged {human.plural(purged, 'entry', 'entries')}, " if purged else "")
+        + f"{'would evict' if verb == 'would free' else 'evicted'} "
+        f"{human.plural(totals['evicted_entries'], 'entry', 'entries')}"
     )
 
 
 @click.command("stats", short_help="Show the hit rate, counters and fill of this cache.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object; chip folders by soc.")
 @click.option("--zero", is_flag=True, help="Reset the counters of this kernel cache.")
+@click.option(
+    "--all",
+    "show_all",
+    is_flag=True,
+    help="Also every cache root the daemon governs ([daemon] govern), from the daemon at "
+    "--socket (or CACHEMGR_SOCKET, or the default socket).",
+)
 @settings_options
 @socket_option
 def stats_cmd(
-    as_json: bool, zero: bool, socket_path: Path | None, run_local: bool, **kw: Any
+    as_json: bool,
+    zero: bool,
+    show_all: bool,
+    socket_path: Path | None,
+    run_local: bool,
+    **kw: Any,
 ) -> None:
-    """Counters (hits, misses, compiles…) of this kernel cache — every daemon's and every
-    local run's, kept in the cache — and, per chip folder: entries, bytes, limit,
-    ratio, fill %, oldest and newest access. From the daemon when one serves this cache; else
-    measured here. --zero resets the counters."""
+    """The hit rate (local and remote hits), misses, compiles, evictions and each chip
+    folder's fill against its limit, like ccache -s; counters that are zero are left out.
+
+    -v shows every counter, the limits' origin, each remote and each chip folder's oldest
+    and newest access; --json gives every figure. The counters are this kernel cache's:
+    every daemon's and every local run's, kept in the cache. From the daemon when one
+    serves this cache; else measured here. --zero resets the counters. --all: the daemon's
+    figures with every cache root it governs."""
+    if show_all:
+        _stats_all(socket_path, run_local, as_json)
+        return
     settings = load_settings(writable=False, **kw)
     where = route(socket_path, run_local, settings)
     where.announce()
@@ -326,13 +373,51 @@ def stats_cmd(
         other_kernel_caches=_other_stats(settings),
         kernel_cache_dir=str(settings.layout.kernel_cache_dir),
         limits=limits_json(settings),
+        filesystems=[a.to_json() for a in _governed_atimes(settings)],
     )
     if as_json:
         emit_json(data.to_json())
         return
-    _print_stats(data, options.kernel_cache_reason(settings))
+    verbose = VERBOSITY.level > 0
+    why = options.kernel_cache_reason(settings) if verbose else ""
+    for line in stats_view.render(stats_view.lines(data, why, verbose)):
+        click.echo(line)
     if run_local:
         _note_daemon_counters(settings)
+
+
+def _stats_all(socket_path: Path | None, run_local: bool, as_json: bool) -> None:
+    """``stats --all``: the daemon's ``/stats`` with every governed root
+    (docs/daemon.md#governing-every-cache-on-a-build-host).
+
+    :raises ConfigError: with ``--local`` (only a daemon governs other roots).
+    :raises DaemonUnavailable: no daemon answers at the socket.
+    """
+    from cachemgr.cli.governed import governed_lines
+    from cachemgr.client import Client, default_socket_path
+
+    if run_local:
+        raise ConfigError("stats --all and --local exclude each other: a daemon governs roots")
+    env_socket = os.environ.get("CACHEMGR_SOCKET")
+    path = socket_path or (Path(env_socket) if env_socket else default_socket_path())
+    data = Client(path, timeout_s=30, local_hits=False).request("GET", "/stats")
+    if as_json:
+        emit_json(data)
+        return
+    click.echo(f"daemon at {path}")
+    governed = data.get("governed") if isinstance(data, dict) else None
+    if not governed:
+        click.echo("governed: no [daemon] govern roots")
+        return
+    for line in governed_lines(governed):
+        click.echo(line)
+
+
+def _governed_atimes(settings: Settings) -> list[atimes.CacheAtimes]:
+    """The access-time rule of each governed kernel cache's mount, this one first: what it
+    means for GE's own eviction (docs/interop.md#ges-eviction-and-access-times)."""
+    caches = [settings.layout.kernel_cache_dir, *settings.other_kernel_caches()]
+    return atimes.governed_atimes(caches)
 
 
 def _note_daemon_counters(settings: Settings) -> None:
@@ -346,103 +431,14 @@ def _note_daemon_counters(settings: Settings) -> None:
         )
 
 
-#: Whole numbers not listed with the running totals: the hits and misses (their own lines
-#: before them) and a daemon's ``queue_jobs``, its queue now (queued + running: the
-#: ``Queue`` line, shown only where there is a queue, a daemon's).
-_NOT_COUNTERS = {"hits", "misses", "queue_jobs"}
-
-
-def _print_stats(stats: StatsResult, why: str = "") -> None:
-    """ccache-like: which kernel cache and ``why`` (:func:`options.kernel_cache_reason`), hit
-    rate, every counter, the limits, each chip folder's fill (bytes of every file in it, as
-    GE counts them toward the limit; ``ls`` sums entries and labels the difference)."""
-    hits, misses = stats.hits, stats.misses
-    lookups = hits + misses
-    lines = [
-        ("Kernel cache", f"{stats.kernel_cache_dir} (via {stats.via})"),
-        *([("Chosen because", why)] if why else []),
-        ("Hits", f"{hits} / {lookups} ({human.percent(hits, lookups)})"),
-        ("Misses", f"{misses} / {lookups} ({human.percent(misses, lookups)})"),
-    ]
-    # the counters, then a daemon's other whole numbers (remote_uploads_dropped)
-    data = {**stats.counters, **stats.daemon}
-    for key in sorted(k for k, v in data.items() if k not in _NOT_COUNTERS and _is_count(v)):
-        lines.append((key.replace("_", " ").capitalize(), str(data[key])))
-    queue = data.get("queue")
-    if isinstance(queue, dict):  # from a daemon: its queue now (issue 13 item 3)
-        lines.append(
-            (
-                "Queue",
-                f"{queue.get('queued', 0)} queued, {queue.get('running', 0)} running, "
-                f"{queue.get('waited', 0)} waited for another request's compile",
-            )
-        )
-    lim = stats.limits or {}
-    max_mb, ratio = lim["max_op_cache_size"]["value"], lim["remain_cache_size_ratio"]["value"]
-    lines.append(
-        (
-            "Limit",
-            "never evict (max_op_cache_size=-1)"
-            if lim["never_evict"]
-            else f"{max_mb} MiB per chip folder, {ratio} % kept after an eviction "
-            f"(from {lim['max_op_cache_size']['origin']})",
-        )
-    )
-    for name, rem in data.get("remotes", {}).items():  # issue 15 item 7
-        reasons = ", ".join(f"{k} {v}" for k, v in rem.get("rejected_by_reason", {}).items())
-        lines.append(
-            (
-                f"Remote {name}",
-                f"{rem['state']}: {rem['hits']} hits, {rem['misses']} misses, "
-                f"{rem['errors']} errors, {rem['rejected']} rejected"
-                + (f" ({reasons}), " if reasons else ", ")
-                + f"{human.size(rem['bytes_in'])} in, {human.size(rem['bytes_out'])} out",
-            )
-        )
-    for soc, row in stats.chip_folders.items():
-        if row.error:
-            lines.append((soc, f"cannot be read: {row.error}"))
-            continue
-        fill = "" if row.fill_pct is None else f" ({row.fill_pct:.1f} % full)"
-        of = "" if row.limit_bytes is None else f" of {human.size(row.limit_bytes)}"
-        lines.append(
-            (
-                soc,
-                f"{human.plural(row.entries, 'entry', 'entries')}, "
-                f"{human.size(row.bytes)}{of}{fill}; oldest access "
-                f"{row.oldest_access or '-'}, newest {row.newest_access or '-'}",
-            )
-        )
-    if not stats.chip_folders:
-        lines.append(("Chip folders", "none yet"))
-    for kc, folders in (stats.other_kernel_caches or {}).items():
-        for soc, row in folders.items():  # SPEC §2: every kernel cache under ASCEND_CACHE_PATH
-            if row.error:
-                lines.append((f"{kc}/{soc}", f"cannot be read: {row.error}"))
-                continue
-            of = "" if row.limit_bytes is None else f" of {human.size(row.limit_bytes)}"
-            lines.append(
-                (
-                    f"{kc}/{soc}",
-                    f"{human.plural(row.entries, 'entry', 'entries')}, {human.size(row.bytes)}{of}",
-                )
-            )
-    width = max(len(label) for label, _ in lines)
-    for label, text in lines:
-        click.echo(f"{label + ':':<{width + 1}}  {text}")
-
-
 def _other_stats(settings: Any) -> dict[str, dict[str, ChipStats]]:
-    """Per chip folder figures of the other governed kernel caches (SPEC §2), by path."""
+    """Per chip folder figures of the other governed kernel caches
+    (docs/design.md#where-the-cache-lives), by path."""
     out = {}
     for kc in settings.other_kernel_caches():
         other = options.settings_for(settings, kc, os.environ)
         out[str(kc)] = {c.name: ChipStats.from_json(chip_row(c, other)) for c in chip_dirs(other)}
     return out
-
-
-def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @click.command("purge", short_help="Clear chip folders (needs --soc or --all).")
@@ -477,19 +473,20 @@ def purge_cmd(purge_all: bool, yes: bool, as_json: bool, **kw: Any) -> None:
     else:
         for r in reports:
             if r.missing:
-                click.echo(f"{r.chip_dir.name}: no chip folder at {r.chip_dir}; nothing to do")
+                report_line(f"{r.chip_dir.name}: no chip folder at {r.chip_dir}; nothing to do")
                 continue
             if r.skipped:
-                click.echo(f"{r.chip_dir.name}: skipped: {r.skipped}")
+                report_line(f"{r.chip_dir.name}: skipped: {r.skipped}")
                 continue
-            click.echo(
+            report_line(
                 f"{r.chip_dir.name}: removed {human.plural(r.entries, 'entry', 'entries')}, "
                 f"{human.plural(r.files, 'file')} "
                 f"({_mib(r.bytes)}); busy {len(r.busy)}; "
-                f"writes in progress left {len(r.left_temps)}"
+                f"writes in progress left {len(r.left_temps)}",
+                failed=bool(r.busy),
             )
     denied = [f"{r.chip_dir.name}/{line}" for r in reports for line in r.denied]
     for line in denied:
-        warning(f"not removed (permission): {line}")
+        failure(f"not removed (permission): {line}")
     if denied or any(r.busy for r in reports):
         sys.exit(1)

@@ -1,4 +1,4 @@
-"""Output for people (issue 13 item 5), like ccache's: sizes in sensible units, correct
+"""Output for people, like ccache's: sizes in sensible units, correct
 plurals, aligned tables, progress bars on a terminal only, and a quiet exit when the reader
 of a pipe (``cachemgr ls | head``) has gone."""
 
@@ -40,6 +40,15 @@ def plural(count: int, one: str, many: str | None = None) -> str:
 def percent(part: int, whole: int) -> str:
     """``50.00 %`` of ``whole``; ``-`` when ``whole`` is 0."""
     return "-" if not whole else f"{100 * part / whole:.2f} %"
+
+
+def bar(pct: float | None, width: int = 10) -> str:
+    """``[######----]``: ``pct`` % of ``width`` cells filled (over 100 % fills every cell);
+    ``""`` for None (no limit to fill)."""
+    if pct is None:
+        return ""
+    filled = min(width, max(0, round(pct * width / 100)))
+    return "[" + "#" * filled + "-" * (width - filled) + "]"
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequence[int] = ()) -> None:

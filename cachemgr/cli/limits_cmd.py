@@ -1,5 +1,5 @@
 """``cachemgr limits show|set``: the size limits of a kernel cache, and writing them to
-``op_cache.ini`` — the counterpart of ``ccache -M`` (issue 13 item 6).
+``op_cache.ini`` — the counterpart of ``ccache -M``.
 
 ``limits set`` writes GE's file exactly as GE reads it (section ``[op_compiler_cache]``,
 keys ``max_op_cache_size`` and ``remain_cache_size_ratio``) and always with the installed
@@ -17,22 +17,26 @@ from typing import Any
 
 import click
 
+from cachemgr.cli import human
 from cachemgr.cli.common import (
     cache_options,
     emit_json,
     int_option,
     load_settings,
+    report_line,
     route,
     socket_option,
 )
 from cachemgr.client import Client, DaemonError
 from cachemgr.config import ini, versions
+from cachemgr.config.layout import CacheLayout
 from cachemgr.config.options import Settings
 from cachemgr.constants import NEVER_EVICT
 from cachemgr.errors import CacheMgrError, ConfigError
+from cachemgr.eviction.purge import chip_usage
 from cachemgr.storage import fsutil
 
-_MAX_ACCEPTED = f"-1 or 1..{ini.MAX_MB_LIMIT} (MB = MiB per chip folder; -1 = never evict)"
+_MAX_ACCEPTED = f"-1 or 1..{ini.MAX_MB_LIMIT} (MiB per chip folder; -1 = never evict)"
 _RATIO_ACCEPTED = f"{ini.RATIO_MIN_PCT}..{ini.RATIO_MAX_PCT} (percent of the limit)"
 
 
@@ -96,7 +100,7 @@ def _limits_json(settings: Settings) -> dict[str, Any]:
 @click.option(
     "--max-size",
     "max_size",
-    metavar="MB",
+    metavar="MIB",
     help=f"max_op_cache_size: {_MAX_ACCEPTED}.",
 )
 @click.option(
@@ -122,7 +126,10 @@ def set_cmd(
     adk_version/ops_version stamps (CANN ignores an ini without them); without a toolkit
     found (ASCEND_HOME_PATH, ASCEND_OPP_PATH or the config's [toolkit] table) nothing is
     written. A value not given is kept from the ini, else the one in force now. A daemon
-    serving this cache reloads it.
+    serving this cache reloads it. Sizes are in MiB (GE's MB is a MiB, 1,048,576 bytes).
+
+    Exit codes: 0 written; 1 the ini carries another toolkit's stamps (run cachemgr gc
+    first), or the daemon refused to reload it; 2 a bad value, or no toolkit found.
 
     \b
     Example:  cachemgr limits set --max-size 2000 --ratio 80
@@ -130,7 +137,7 @@ def set_cmd(
     max_mb = _parse(max_size, "--max-size", NEVER_EVICT, ini.MAX_MB_LIMIT, _MAX_ACCEPTED)
     ratio_pct = _parse(ratio, "--ratio", ini.RATIO_MIN_PCT, ini.RATIO_MAX_PCT, _RATIO_ACCEPTED)
     if max_mb is None and ratio_pct is None:
-        raise ConfigError("limits set needs --max-size MB, --ratio PCT or both (from option)")
+        raise ConfigError("limits set needs --max-size MIB, --ratio PCT or both (from option)")
     settings = load_settings(soc_version=None, **kw)
     installed = versions.installed_versions(os.environ, settings.sections)
     if not installed.complete:
@@ -144,10 +151,7 @@ def set_cmd(
     cache = settings.layout
     check = versions.compare(cache, installed)
     if check.needs_purge and cache.chip_dirs():
-        raise CacheMgrError(
-            f"{check.detail}; run `cachemgr gc` first: it purges what the old toolkit "
-            "compiled and stamps the ini; then set the limits"
-        )
+        raise CacheMgrError(_purge_first(cache, check))
     current = ini.OpCacheIni.load(cache.ini_path)
     if max_mb is None:
         max_mb = current.max_op_cache_size or int(settings.value(ini.MAX_KEY))
@@ -174,20 +178,45 @@ def set_cmd(
         emit_json(data)
     else:
         size = "never evict" if max_mb == NEVER_EVICT else f"{max_mb} MiB"
-        click.echo(
+        report_line(
             f"wrote {written.path}: max_op_cache_size={size}, remain_cache_size_ratio="
             f"{ratio_pct} %, adk_version={written.adk_version}, "
             f"ops_version={written.ops_version}"
         )
         if reloaded is not None:
-            click.echo(f"the daemon at {where.socket} reloaded it")
+            report_line(f"the daemon at {where.socket} reloaded it")
         if refused:
-            click.echo(
+            report_line(
                 f"the daemon at {where.socket} follows it at its next reconciliation "
                 f"(only its user or root may reload it now: {refused})"
             )
     if reloaded is not None and not reloaded.get("reloaded", True):
         sys.exit(1)
+
+
+def _purge_first(cache: CacheLayout, check: versions.VersionCheck) -> str:
+    """Why ``limits set`` writes nothing yet: GE's rule (``te_cache_space_manager.cc``
+    ``DelCachedFiles``) purges the chip folders at the next CANN start — without an ini, or
+    with stamps of another toolkit — and how many entries that is, per chip folder; ``gc``
+    applies the same rule now and stamps the ini (docs/eviction.md)."""
+    counts = []
+    total = 0
+    for chip in cache.chip_dirs():
+        try:
+            n = chip_usage(chip).entries
+        except OSError:  # a member's private folder: not counted, still purged by GE
+            counts.append(f"{chip.name} unreadable")
+            continue
+        total += n
+        counts.append(f"{chip.name} {n}")
+    why = "without one" if check.status is versions.VersionStatus.NO_INI else "after an upgrade"
+    return (
+        f"{check.detail}; nothing written: GE's rule purges the chip folders {why} — "
+        f"{human.plural(len(counts), 'chip folder')} holding "
+        f"{human.plural(total, 'entry', 'entries')} here ({', '.join(counts)}); run "
+        "`cachemgr gc` first (it applies the same rule now and stamps the ini), then set the "
+        "limits"
+    )
 
 
 def _reload(client: Client | None) -> tuple[dict[str, Any] | None, str]:

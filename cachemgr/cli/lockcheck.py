@@ -1,4 +1,4 @@
-"""Every writer checks its locks (issue 12 item 11; SPEC §9).
+"""Every writer checks its locks (docs/design.md#sharing-and-locking).
 
 The daemon probes the cache root's fcntl locks before it serves; a CLI command that writes
 into the cache without a daemon (``compile``, ``gc``, ``purge``, ``verify --repair``) runs the
@@ -125,7 +125,7 @@ def checked_for_writing(
 
     A root on a read-only filesystem, or a kernel cache this user may not write, is left as
     it is: nothing is written there (hits are served, compiles return their kernel outside
-    the cache: issue 12 item 6, issue 9 item 6c).
+    the cache).
 
     :raises LocksUnavailable: locks do not work and ``lock_fallback`` is ``"refuse"``.
     :raises CachePermissionError: this user cannot write the local fallback cache.
@@ -134,7 +134,7 @@ def checked_for_writing(
     kcache = settings.layout.kernel_cache_dir
     if fsprobe.root_problem(kcache) or not _writable(kcache):
         return settings  # nothing is written there: compiles go outside the cache, and gc
-        # and purge name the folder they may not change (SPEC §9)
+        # and purge name the folder they may not change (docs/design.md#sharing-and-locking)
     where = f"config {config_file or os.environ.get('CACHEMGR_CONFIG', '')} [daemon]"
     config = DaemonConfig.from_table(settings.sections.get("daemon"), where)
 

@@ -46,7 +46,8 @@ def keygen_cmd(name: str, out: Path | None) -> None:
     try:
         public = signing.create_key_file(path, name)
     except FileExistsError:
-        raise ConfigError(f"{path} exists: a key file is never overwritten (give --out)") from None
+        hint = "choose another --out FILE" if out is not None else "give --out FILE"
+        raise ConfigError(f"{path} exists: a key file is never overwritten ({hint})") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot be created ({exc.strerror})") from exc
     click.echo(public.line)

@@ -18,13 +18,14 @@ from cachemgr.cli.common import (
     daemon_socket_option,
     emit_json,
     remote_option,
+    report_line,
 )
 from cachemgr.client import Client, DaemonUnavailable, default_socket_path
 from cachemgr.daemon import main as daemon_main
 from cachemgr.errors import CacheMgrError
 from cachemgr.storage import fsutil
 
-#: The daemon's log line outside journald: every line carries its time (issue 12 item 7).
+#: The daemon's log line outside journald: every line carries its time.
 TIMESTAMPED = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
@@ -58,7 +59,8 @@ def _under_journald() -> bool:
     "--socket",
     "socket_path",
     type=click.Path(path_type=Path),
-    help="Unix socket (default $RUNTIME_DIRECTORY or $XDG_RUNTIME_DIR/cachemgr).",
+    help="Unix socket (default: $CACHEMGR_SOCKET, else cachemgr.sock in $RUNTIME_DIRECTORY, "
+    "else in $XDG_RUNTIME_DIR/cachemgr, else in /tmp/cachemgr-UID).",
 )
 @click.option(
     "--tcp-port",
@@ -71,6 +73,12 @@ def _under_journald() -> bool:
     is_flag=True,
     help="Run even as root (refused otherwise: use a dedicated user).",
 )
+@click.option(
+    "--govern-only",
+    is_flag=True,
+    help="Only keep the [daemon] govern roots within their limits: no compiles (runs as "
+    "root, see systemd/cachemgr-governor.service).",
+)
 @remote_option
 def serve_cmd(
     config_file: Path | None,
@@ -79,6 +87,7 @@ def serve_cmd(
     socket_path: Path | None,
     tcp_port: int | None,
     allow_root: bool,
+    govern_only: bool,
     remotes: tuple[str, ...],
 ) -> None:
     """Run the cache daemon until SIGTERM (exit 0 after running compiles finish)."""
@@ -92,7 +101,11 @@ def serve_cmd(
         "op_compiler_cache_dir": op_compiler_cache_dir,
         "host_id": host_id,
     }
-    sys.exit(daemon_main.serve(cli_values, config_file, socket_path, tcp_port, allow_root, remotes))
+    sys.exit(
+        daemon_main.serve(
+            cli_values, config_file, socket_path, tcp_port, allow_root, remotes, govern_only
+        )
+    )
 
 
 @click.command("status", short_help="Tell whether a daemon answers, with its pid and uptime.")
@@ -106,7 +119,10 @@ def serve_cmd(
 )
 @click.option("--json", "as_json", is_flag=True, help="The daemon's /health answer as JSON.")
 def status_cmd(socket_path: Path | None, wait_s: float, as_json: bool) -> None:
-    """Is a daemon answering? Exit 0 with its pid and uptime, 1 when none answers."""
+    """Is a daemon answering? Its pid, uptime, degraded states and a refused reload.
+
+    Exit codes: 0 a daemon answers; 1 none answers (within --wait seconds).
+    """
     client = Client(socket_path or default_socket_path(), timeout_s=5, local_hits=False)
     deadline = time.monotonic() + wait_s
     delay = 0.02
@@ -132,11 +148,19 @@ def status_cmd(socket_path: Path | None, wait_s: float, as_json: bool) -> None:
 
 
 def status_lines(health: dict[str, Any]) -> list[str]:
-    """The degraded states, the warnings (a cache every local user can read) and the first
-    scan's progress from ``/health``."""
+    """The last reload when it was refused, the degraded states, the warnings (a cache every
+    local user can read) and the first scan's progress from ``/health``."""
     lines = []
+    if health.get("govern_only"):
+        lines.append("govern only: no compiles here (serve --govern-only)")
+    reload = health.get("last_reload")
+    if isinstance(reload, dict) and reload.get("ok") is False:
+        lines.append(
+            f"last reload failed at {reload.get('at')}: {reload.get('error')}; the daemon "
+            "runs on the configuration it had before"
+        )
     scan = health.get("scan")
-    if isinstance(scan, dict) and scan.get("state") != "done":
+    if isinstance(scan, dict) and scan.get("state") != "done" and not health.get("govern_only"):
         lines.append(
             f"first scan: {scan.get('state')}, {scan.get('chip_folders_done')} of "
             f"{scan.get('chip_folders_total')} chip folders, {scan.get('files')} files, "
@@ -145,6 +169,11 @@ def status_lines(health: dict[str, Any]) -> list[str]:
     for problem in health.get("degraded") or []:
         lines.append(f"degraded: {problem}")
     lines.extend(str(w) for w in health.get("warnings") or [])  # "warning: ..." each
+    governed = health.get("governed")
+    if isinstance(governed, dict):
+        from cachemgr.cli.governed import governed_lines
+
+        lines += governed_lines(governed, detail=False)
     stuck = health.get("stuck")
     if stuck:
         lines.append(f"no progress in: {', '.join(stuck)} (systemd's watchdog will restart it)")
@@ -172,8 +201,11 @@ def stop_cmd(socket_path: Path | None, wait_s: float) -> None:
     """Ask the daemon to stop (like sccache --stop-server); wait until it has exited.
 
     The daemon stops as on SIGTERM: it takes no new work, lets running compiles finish
-    and exits 0. Only its own user or root may stop it. Exit 1 when no daemon answers or it is
-    still running after --wait seconds.
+    and exits 0. Only its own user or root may stop it (root trusts the socket of a daemon
+    running as another user when CACHEMGR_DAEMON_USER names that user).
+
+    Exit codes: 0 it stopped; 1 no daemon answers, or it is still running after --wait
+    seconds; 2 the caller may not stop it, or the socket belongs to a user not trusted.
     """
     client = Client(socket_path or default_socket_path(), timeout_s=30, local_hits=False)
     try:
@@ -194,7 +226,7 @@ def stop_cmd(socket_path: Path | None, wait_s: float) -> None:
             sys.exit(1)
         time.sleep(delay)
         delay = min(delay * 2, 0.5)
-    click.echo(f"cachemgr daemon pid {pid} stopped (socket {client.socket_path})")
+    report_line(f"cachemgr daemon pid {pid} stopped (socket {client.socket_path})")
 
 
 def _alive(pid: object) -> bool:

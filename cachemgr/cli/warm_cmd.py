@@ -1,4 +1,4 @@
-"""``cachemgr warm``: fill this host's chip folders from the remote tiers (issue 15 item 6)."""
+"""``cachemgr warm``: fill this host's chip folders from the remote tiers."""
 
 from __future__ import annotations
 
@@ -9,7 +9,13 @@ from typing import Any
 import click
 
 from cachemgr.cli import human
-from cachemgr.cli.common import emit_json, load_settings, remote_option, settings_options
+from cachemgr.cli.common import (
+    emit_json,
+    load_settings,
+    remote_option,
+    report_line,
+    settings_options,
+)
 from cachemgr.cli.lockcheck import checked_for_writing
 from cachemgr.daemon.state import remotes_state_dir
 from cachemgr.errors import ConfigError
@@ -92,7 +98,8 @@ def warm_cmd(
                 f"{len(r.over_limit)} over the limit ({cap}), {len(r.busy)} busy, "
                 f"{len(r.not_stored)} not stored; from {r.source} in {r.seconds:.1f} s"
             )
-            click.echo(line + (f" — {r.error}" if r.error else ""))
+            failed = bool(r.error or r.not_stored or (names is not None and r.missing))
+            report_line(line + (f" — {r.error}" if r.error else ""), failed=failed)
     if any(r.error or r.not_stored or (names is not None and r.missing) for r in reports):
         sys.exit(1)
 

@@ -1,9 +1,11 @@
-"""One compile request, from decision to artefacts (layer 7½, below the queue; issue 4).
+"""One compile request, from decision to artefacts (layer 7½, below the queue).
 
-:func:`prepare` turns a request into a :class:`Prepared` job: options resolved (SPEC §1), the
-``.cfg`` read, rules applied (:func:`cachemgr.compile.policy.decide`), the compiler identified and
-the key computed (SPEC §3.2). The fast paths — :func:`find_binary` (SPEC §6) and
-:func:`find_cached` (a verified hit, SPEC §3.3) — run in the caller's thread. :func:`run` is the
+:func:`prepare` turns a request into a :class:`Prepared` job: options resolved
+(docs/design.md#options-and-their-origins), the ``.cfg`` read, rules applied
+(:func:`cachemgr.compile.policy.decide`), the compiler identified and the key computed
+(docs/design.md#keys-and-manifests). The fast paths — :func:`find_binary`
+(docs/design.md#precompiled-binaries) and :func:`find_cached` (a verified hit,
+docs/design.md#writing-and-reading-an-entry) — run in the caller's thread. :func:`run` is the
 slow path of a job that leaves the cache alone:
 
 * **disable**: compile, then move the kernel into ``output_dir`` (json last); no cache access.
@@ -23,12 +25,21 @@ import stat
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cachemgr.compile import inputs, kernel_meta, keys, policy, precompiled, searched, tempdirs
+from cachemgr.compile import (
+    environment,
+    inputs,
+    kernel_meta,
+    keys,
+    policy,
+    precompiled,
+    searched,
+    tempdirs,
+)
 from cachemgr.compile.request import CompileRequest, RequestOptions, resolve_options
 from cachemgr.compile.results import CompileOutcome, Policy, Status
 from cachemgr.compilers import CompileJob, CompilerBackend
@@ -38,7 +49,7 @@ from cachemgr.storage import chiplock, fsutil, manifest, partcopy
 from cachemgr.storage.safedir import SafeDir
 from cachemgr.storage.tiers import chip_store
 
-if TYPE_CHECKING:  # not imported on the hit path (issue 14 item 1)
+if TYPE_CHECKING:  # not imported on the hit path
     from cachemgr.remote.tierset import RemoteTiers
     from cachemgr.storage.events import Events
 
@@ -72,10 +83,13 @@ class Prepared:
     #: the headers came from a dependency listing (no manifest variant matched)
     scanned: bool = False
     #: set when the outputs (debug artefacts, ``disable`` kernels) are handed back to a caller
-    #: who writes them itself (issue 11 item 6): they go to a private folder of this job
+    #: who writes them itself: they go to a private folder of this job
     deliver: str | None = None
     #: :attr:`CompileOutcome.note` of the answer
     note: str | None = None
+    #: the caller's values of the variables its compiler reads (checked:
+    #: :func:`cachemgr.compile.environment.checked`); the compile runs with exactly these
+    env: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def variant(self) -> str:
@@ -90,12 +104,14 @@ class Prepared:
         return "cache" if self.decision.cache.write else "nocache"
 
 
-#: The largest ``.cfg`` read (bytes); SPEC §7's format is one line.
+#: The largest ``.cfg`` read (bytes); its format (docs/design.md#debug-compiles-and-kernel_meta) is
+#: one line.
 MAX_DEBUG_CONFIG_BYTES = 64 * 1024
 
 
 def read_debug_config(path: Path) -> policy.DebugConfig:
-    """Read and parse an ``op_debug_config`` ``.cfg`` file (SPEC §7).
+    """Read and parse an ``op_debug_config`` ``.cfg`` file
+    (docs/design.md#debug-compiles-and-kernel_meta).
 
     :raises InvalidInputError: unreadable file (named), or any error of
         :func:`cachemgr.compile.policy.parse_debug_config`.
@@ -120,7 +136,7 @@ def read_debug_config_bytes(path: Path) -> bytes:
 
 
 def parse_debug_config(data: bytes, path: Path | str) -> policy.DebugConfig:
-    """Parse the bytes of a ``.cfg`` (SPEC §7).
+    """Parse the bytes of a ``.cfg`` (docs/design.md#debug-compiles-and-kernel_meta).
 
     :raises InvalidInputError: not UTF-8, or any error of :func:`policy.parse_debug_config`.
     """
@@ -137,8 +153,8 @@ def _decide(
     cfg: policy.DebugConfig | None,
     replace: bool,
 ) -> policy.Decision:
-    """Every rule for ``request`` with its resolved options (:func:`policy.decide`: debug
-    SPEC §7, jit §6, cache mode §4)."""
+    """Every rule for ``request`` with its resolved options (:func:`policy.decide`: debug, jit,
+    cache mode: docs/design.md#the-policy-table)."""
     return policy.decide(
         mode=opts.op_compiler_cache_mode,
         jit_compile=opts.jit_compile,
@@ -148,6 +164,7 @@ def _decide(
         op_name=request.op_name,
         dynamic=request.dynamic,
         replace=replace,
+        framework=request.framework,
     )
 
 
@@ -178,12 +195,17 @@ def prepare(
     timeout_s: float,
     replace: bool = False,
     given: inputs.Snapshot | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> Prepared:
     """Decide everything about ``request`` and compute its key and kernel name.
 
-    The key covers the source and every header (SPEC §3.2): with ``given`` (the frozen
-    snapshot a caller sent) from those bytes; otherwise the source is hashed here and the
-    headers come from the manifest (no preprocessor run) or, when none matches, from the
+    ``env`` is the compile environment a daemon's caller sent (``compile_env``: checked by
+    the daemon's rules, :func:`cachemgr.compile.environment.checked`); None: this process's
+    own (:func:`cachemgr.compile.environment.from_caller`).
+
+    The key covers the source and every header (docs/design.md#keys-and-manifests): with ``given``
+    (the frozen snapshot a caller sent) from those bytes; otherwise the source is hashed here and
+    the headers come from the manifest (no preprocessor run) or, when none matches, from the
     compiler's dependency listing (:func:`cachemgr.compile.inputs.scan_headers`).
 
     :raises InvalidInputError: a bad ``.cfg``, a malformed define, an invalid soc_version,
@@ -198,6 +220,11 @@ def prepare(
     identity = compilers.identity(request.language)
     backend = compilers.backend(request.language)
     flags = compilers.flags(request, identity, decision.debug.flags, decision.debug.emit)
+    native = compilers.native(backend, flags, identity)
+    daemon = env is not None
+    caller = env if env is not None else environment.from_caller(os.environ, os.getcwd())
+    cenv = environment.checked(caller, backend.env_names, request.origin, daemon)
+    envkey = backend.key_env(cenv)
     kcache = settings.layout.kernel_cache_dir
     try:
         chip_dir = settings.layout.chip_dir(request.soc_version)
@@ -208,16 +235,19 @@ def prepare(
         digest = inputs.file_digest(request.kernel_source, "kernel_source")
         snap = inputs.Snapshot(request.kernel_source, digest, None, cfg_bytes)
     elif snap.sent:  # what its bytes say, not the caller's word (docs/compiling.md)
-        job = _listing_job(request, decision, timeout_s)
+        job = _listing_job(request, decision, timeout_s, cenv)
         snap = inputs.check_sent(
             snap, request.include_dirs, lambda: inputs.system_prefixes(backend, identity, job)
         )
-    base = keys.base_key(keys.key_material(request, opts, identity, flags, snap), request)
+    base_material = keys.key_material(request, opts, identity, flags, snap, envkey, native)
+    base = keys.base_key(base_material, request)
     where = manifest.path_of(chip_dir, request.op_type, base)
     if snap.headers is None:
-        snap, scanned = _find_headers(snap, request, decision, backend, identity, where, timeout_s)
+        snap, scanned = _find_headers(
+            snap, request, decision, backend, identity, where, timeout_s, cenv
+        )
     decision = _without_cache_if(decision, snap.uncached)
-    key = keys.compute_key(keys.key_material(request, opts, identity, flags, snap))
+    key = keys.compute_key(keys.key_material(request, opts, identity, flags, snap, envkey, native))
     lock = chiplock.ChipLock(chiplock.chip_lock_path(kcache, request.soc_version))
     kernel = keys.kernel_name(request.op_type, key)
     return Prepared(
@@ -234,6 +264,7 @@ def prepare(
         where,
         scanned,
         note=snap.uncached,
+        env=cenv,
     )
 
 
@@ -247,9 +278,13 @@ def _without_cache_if(decision: policy.Decision, why: str | None) -> policy.Deci
 
 
 def _listing_job(
-    request: CompileRequest, decision: policy.Decision, timeout_s: float
+    request: CompileRequest,
+    decision: policy.Decision,
+    timeout_s: float,
+    env: Mapping[str, str],
 ) -> CompileJob:
-    """The job whose dependency listing names ``request``'s headers (its real files)."""
+    """The job whose dependency listing names ``request``'s headers (its real files, with
+    the caller's compile environment ``env``: nothing to translate)."""
     return CompileJob(
         source=request.kernel_source,
         language=request.language,
@@ -261,6 +296,7 @@ def _listing_job(
         timeout_s=timeout_s,
         include_dirs=request.include_dirs,
         extra_flags=request.extra_flags,
+        env=env,
     )
 
 
@@ -272,10 +308,11 @@ def _find_headers(
     identity: Any,
     where: Path,
     timeout_s: float,
+    env: Mapping[str, str],
 ) -> tuple[inputs.Snapshot, bool]:
     """``snap`` with its headers: from the manifest when every file it names still has its
     digest (a read of the cache: not for ``disable`` or debug), else from a dependency scan
-    of the caller's files (SPEC §3.2, issue 11 item 2); True when it was scanned."""
+    of the caller's files (docs/design.md#keys-and-manifests); True when it was scanned."""
     if decision.cache.read and not decision.debug.on:
         found = manifest.match(where, inputs.current_digest, searched.still_absent)
         if found is not None:
@@ -283,11 +320,11 @@ def _find_headers(
             return dataclasses.replace(snap, headers=headers, absent=absent), False
     source = inputs.read_input(request.kernel_source, "kernel_source")
     if (
-        inputs.reads_only_system_headers(source, request.language, request.include_dirs, os.environ)
+        inputs.reads_only_system_headers(source, request.language, request.include_dirs, env)
         and hashlib.sha256(source).hexdigest() == snap.source_sha256
     ):
         return dataclasses.replace(snap, headers={}), True
-    job = _listing_job(request, decision, timeout_s)
+    job = _listing_job(request, decision, timeout_s, env)
     got = inputs.scan_headers(backend, job, identity)
     return dataclasses.replace(
         snap, headers=got.headers, absent=got.absent, uncached=got.uncached
@@ -296,7 +333,7 @@ def _find_headers(
 
 def freeze(p: Prepared) -> Prepared | None:
     """``p`` holding the bytes of its inputs, or None when one changed since it was hashed
-    (then prepare again: the bytes hashed must be the bytes compiled, issue 11 item 1).
+    (then prepare again: the bytes hashed must be the bytes compiled).
 
     :raises InvalidInputError: an input that cannot be read any more.
     """
@@ -305,7 +342,7 @@ def freeze(p: Prepared) -> Prepared | None:
 
 
 def find_binary(p: Prepared, roots: Sequence[Path]) -> CompileOutcome | None:
-    """SPEC §6: a verified precompiled binary for ``p``, or None."""
+    """docs/design.md#precompiled-binaries: a verified precompiled binary for ``p``, or None."""
     found = precompiled.find(roots, p.request, p.key, p.opts.deterministic)
     if found is None:
         return None
@@ -313,7 +350,8 @@ def find_binary(p: Prepared, roots: Sequence[Path]) -> CompileOutcome | None:
 
 
 def find_cached(p: Prepared) -> CompileOutcome | None:
-    """SPEC §3.3: a verified hit (atime set to now), or None (a bad entry is removed)."""
+    """docs/design.md#writing-and-reading-an-entry: a verified hit (atime set to now), or None (a
+    bad entry is removed)."""
     result = chip_store(p.chip_dir).lookup(p.kernel)
     if not result.hit:
         return None
@@ -338,7 +376,7 @@ class RunContext:
     live_dirs: list[tempdirs.LiveDir] = field(default_factory=list)
     #: the config file's tables (its ``[toolkit]`` stamps a new ``op_cache.ini``)
     config_sections: dict[str, Any] = field(default_factory=dict)
-    #: where tier events go (a publish on a full disk: the daemon evicts; issue 15 item 1)
+    #: where tier events go (a publish on a full disk: the daemon evicts)
     events: Events | None = None
     #: the remote tiers (``cachemgr.remote.tierset.RemoteTiers``), None without remotes
     remotes: RemoteTiers | None = None
@@ -436,7 +474,7 @@ def _empty(folder: Path) -> None:
         if name == tempdirs.LIVE_LOCK:
             continue  # the folder's liveness lock: held until RunContext.close
         if name == SOURCES_DIR and path.is_dir() and not path.is_symlink():
-            inputs.empty_mirror(path)  # its folders serve the worker's next job (issue 14)
+            inputs.empty_mirror(path)  # its folders serve the worker's next job
             continue
         if path.is_dir() and not path.is_symlink():
             fsutil.remove_tree(path)  # any depth; a part left is one warning
@@ -488,6 +526,7 @@ def compile_job(p: Prepared, out_dir: Path) -> CompileJob:
         include_dirs=tuple(inputs.mirror(root, d) for d in p.request.include_dirs),
         extra_flags=p.request.extra_flags,
         mirror_root=root,
+        env=environment.for_mirror(p.env, root, p.inputs),
     )
 
 
@@ -563,7 +602,7 @@ def failed_before_prepared(
     ``CompileError``: a compiler not installed, a header missing from the dependency
     listing). Its policy is the one decided for it when its options and rules can be had
     (``cached`` False: the compile failed); otherwise :meth:`Policy.unresolved` with the
-    error (issue 13 item 2: a policy on every result)."""
+    error (a policy on every result)."""
     text = error_text(error)
     try:
         opts = resolve_options(request, settings)
@@ -577,7 +616,7 @@ def failed_before_prepared(
 
 
 def with_policy(outcome: CompileOutcome, p: Prepared) -> CompileOutcome:
-    """``outcome`` with the policy that produced it recorded (issue 13 item 2): the jit mode
+    """``outcome`` with the policy that produced it recorded: the jit mode
     and cache mode applied, whether the kernel is in the cache and, if not, why."""
     d, opts = p.decision, p.opts
     why: str | None = None

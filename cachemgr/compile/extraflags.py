@@ -126,6 +126,12 @@ def check(flags: Sequence[object], origin: str) -> tuple[str, ...]:
         if word in _TAKES_VALUE and i + 1 < len(words):
             word = _TAKES_VALUE[word] + words[i + 1]
             i += 1
+        if word in ("-arch=native", "--gpu-architecture=native"):
+            raise InvalidInputError(
+                f"{origin}: extra_flags: {word!r} is the GPU of the host that compiles, which "
+                "the key cannot name (and without a GPU nvcc silently builds its default arch): "
+                "name the arch, e.g. -arch=sm_90 (docs/compiling.md#native)"
+            )
         why = refusal(word)
         if why:
             raise InvalidInputError(f"{origin}: extra_flags: {word!r} is not allowed: {why}")

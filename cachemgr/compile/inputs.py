@@ -1,5 +1,5 @@
-"""The bytes a compile reads: the kernel source, its headers and the ``.cfg`` (layer 6; SPEC
-§3.2; issue 11 items 1 and 2, issue 10 item 5).
+"""The bytes a compile reads: the kernel source, its headers and the ``.cfg`` (layer 6;
+docs/design.md#keys-and-manifests).
 
 A :class:`Snapshot` names every input file of one compile with its SHA-256; once
 :meth:`Snapshot.frozen` it also holds their bytes. The cache key is computed from those
@@ -11,8 +11,8 @@ The snapshot is taken on the caller's side — by the process that runs as the c
 :class:`cachemgr.Client`) — and travels with the request to the daemon (:func:`to_wire`,
 :func:`from_wire`), so the daemon never opens a path a caller names on that caller's behalf.
 
-Headers are "every file the compiler reads" (SPEC §3.2) found through the compiler's
-dependency output (``-M -MF``, :meth:`CompilerBackend.list_dependencies`), minus the
+Headers are "every file the compiler reads" (docs/design.md#keys-and-manifests) found through the
+compiler's dependency output (``-M -MF``, :meth:`CompilerBackend.list_dependencies`), minus the
 compiler's own and the system's headers (:func:`system_prefixes`): those are represented by
 the compiler's identity in the key, as ccache's ``system_headers = false``. To them a scan
 adds what the compile looked for (:mod:`cachemgr.compile.searched`: the places searched in
@@ -38,8 +38,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from cachemgr.compile import embedded, searched
-from cachemgr.compilers import CompileJob, CompilerBackend, CompilerIdentity, process
+from cachemgr.compile import embedded, pathkey, searched
+from cachemgr.compilers import CompileJob, CompilerBackend, CompilerIdentity, envvars, process
 from cachemgr.compilers.base import read_depfile
 from cachemgr.errors import CompileError, InvalidInputError
 from cachemgr.memo import Memo
@@ -89,9 +89,9 @@ class Snapshot:
     uncached: str | None = None
 
     def key_fields(self) -> dict[str, Any]:
-        """What of the snapshot goes into the key (SPEC §3.2): the source's digest and each
-        header's digest with its path relative to the source's folder — so the same project
-        built in another folder (or from a package made elsewhere) has the same key."""
+        """What of the snapshot goes into the key (docs/design.md#keys-and-manifests): the source's
+        digest and each header's digest with its path relative to the source's folder — so the same
+        project built in another folder (or from a package made elsewhere) has the same key."""
         headers = sorted([self.relative(p), d] for p, d in (self.headers or {}).items())
         return {"source_sha256": self.source_sha256, "headers": headers}
 
@@ -144,7 +144,9 @@ def file_digest(path: Path | str, what: str = "input") -> str:
     known = _digests.get(ident)
     if known is not None:
         return known
-    digest = hashlib.sha256(read_input(path, what)).hexdigest()
+    blob = read_input(path, what)
+    digest = hashlib.sha256(blob).hexdigest()
+    pathkey.note(digest, blob)  # read once: whether it names its path (its key's folder)
     if time.time() - max(st.st_mtime, st.st_ctime) > RACY_S:
         _digests.put(ident, digest)
     return digest
@@ -181,7 +183,8 @@ def system_prefixes(
         empty.write_bytes(b"")
         probe = replace(job, source=empty, out_dir=Path(tmp), include_dirs=(), defines={})
         argv = backend.depend_command(probe, Path(tmp) / "d")
-        out = process.run_in_group(argv, job.timeout_s, Path(tmp), "probing system headers")
+        clean = envvars.process_env({})  # the compiler's own headers, none a variable adds
+        out = process.run_in_group(argv, job.timeout_s, Path(tmp), "probing system headers", clean)
         names = []
         if out.returncode == 0 and (Path(tmp) / "d").is_file():
             with contextlib.suppress(OSError):  # over the cap: no system folder is known
@@ -462,7 +465,7 @@ def materialise(snap: Snapshot, root: Path, include_dirs: tuple[Path, ...]) -> P
     kept, any other is removed first (:func:`_prune`) — so a compile sees only its own
     job's folders (no other caller's paths), and a run of compiles from one source folder
     makes and removes no folder (``rmdir`` took 1-4 ms each on the reference host's ext4
-    with ``discard``, six per miss; issue 14 item 3).
+    with ``discard``, six per miss).
 
     The paths are the caller's: however deep they go, nothing here recurses once per folder
     (``Path.mkdir(parents=True)`` and ``os.makedirs`` do, and a header 1,900 folders deep

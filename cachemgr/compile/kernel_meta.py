@@ -1,11 +1,11 @@
-"""Debug artefacts in ``kernel_meta`` (layer 7; SPEC §7).
+"""Debug artefacts in ``kernel_meta`` (layer 7; docs/design.md#debug-compiles-and-kernel_meta).
 
 ``<base>/kernel_meta/`` (base = ``debug_dir`` > ``ASCEND_WORK_PATH`` > current directory)
 gets one sub-folder per compiling process, ``<host>_<pid>``, so parallel compiles never write
 the same path. A folder holds an ``.owner`` file (host, pid, and the process's start time from
 ``/proc/<pid>/stat``, so a reused pid is told apart). A completed debug output belongs to the
-user and is never reaped (SPEC §7, issue 11 item 7): :func:`reap_orphans` removes only what is
-provably a leftover of a dead process of this host — its private build folders
+user and is never reaped (docs/design.md#debug-compiles-and-kernel_meta): :func:`reap_orphans`
+removes only what is provably a leftover of a dead process of this host — its private build folders
 (``.build-*``) and temp files (``*.temp``), and its folder when nothing else is left in it.
 With an explicit retention (``[daemon] kernel_meta_retention_s``, off by default) a dead
 process's folder whose newest file is older than that goes too. Folders of other hosts and
@@ -243,9 +243,10 @@ def _stamp_owner(folder: SafeDir, ident: tuple[str, int]) -> None:
 
 
 def caller_base(options: Mapping[str, Any], env: Mapping[str, str], cwd: Path) -> tuple[Path, str]:
-    """The caller's ``kernel_meta`` base and where it came from (SPEC §7): the request's (or
-    command line's) ``debug_dir`` > ``ASCEND_WORK_PATH`` > the current directory — resolved
-    with the *caller's* environment and folder, also when the daemon compiles."""
+    """The caller's ``kernel_meta`` base and where it came from
+    (docs/design.md#debug-compiles-and-kernel_meta): the request's (or command line's) ``debug_dir``
+    > ``ASCEND_WORK_PATH`` > the current directory — resolved with the *caller's* environment and
+    folder, also when the daemon compiles."""
     if options.get("debug_dir"):
         return Path(str(options["debug_dir"])), "debug_dir"
     if env.get("ASCEND_WORK_PATH"):
@@ -328,7 +329,8 @@ def _no_space_left(folder: Path) -> bool:
 
 def compute_document(request: CompileRequest, kernel: str) -> dict[str, Any]:
     """``<kernel>_compute.json``: the operator's computation as the request describes it —
-    one placeholder node per input, the operator node, one node per output (SPEC §7)."""
+    one placeholder node per input, the operator node, one node per output
+    (docs/design.md#debug-compiles-and-kernel_meta)."""
 
     def tensors(kind: str, descs: Iterable[Any]) -> list[dict[str, Any]]:
         return [
@@ -466,9 +468,10 @@ def _orphan(
 
 
 def reap_orphans(kernel_meta_dir: Path, retention_s: float = 0.0) -> list[Path]:
-    """Remove the leftovers of dead processes of this host (SPEC §7): their build folders and
-    temp files, and their folder once nothing else is in it (``.owner`` aside). Completed
-    debug outputs stay — unless ``retention_s`` > 0 and the folder's newest file is older.
+    """Remove the leftovers of dead processes of this host
+    (docs/design.md#debug-compiles-and-kernel_meta): their build folders and temp files, and their
+    folder once nothing else is in it (``.owner`` aside). Completed debug outputs stay — unless
+    ``retention_s`` > 0 and the folder's newest file is older.
 
     Files directly in ``kernel_meta_dir`` (CANN's own) and folders of other hosts are never
     touched; symlinks are not followed: ``kernel_meta`` is opened without following a link,

@@ -2,23 +2,27 @@
 
 Nothing here touches the disk: the queue reads files and asks these functions what to do.
 
-* **Debug** (SPEC §7, seed, [GE]): debug is on when ``op_debug_level != 0`` or an
-  ``op_debug_config`` ``.cfg`` is set; then the cache is neither read nor written, whatever the
-  mode. When the ``.cfg`` also has ``op_debug_list=``, its options apply only to the listed
-  operators (bare names match the operator's name, ``OpType::X`` its type); the others compile
-  through the cache as usual. The level's and the options' rows of SPEC §7's table give the
-  artefacts kept in ``kernel_meta`` and the backend-neutral debug flags
+* **Debug** (docs/design.md#debug-compiles-and-kernel_meta, seed, [GE]): debug is on when an
+  ``op_debug_config`` ``.cfg`` is set or the ``op_debug_level`` is one the request's framework
+  compiles without its cache (:data:`CACHE_KEEPING_LEVELS`,
+  docs/compiling.md#debug-options-and-the-cache-per-framework): the TF adapter, GE and ATC keep the
+  cache at level 0 only, torch_npu at 0 and 3; then the cache is neither read nor written, whatever
+  the mode. When the ``.cfg`` also has
+  ``op_debug_list=``, its options apply only to the listed operators (bare names match the
+  operator's name, ``OpType::X`` its type); the others compile through the cache as usual. The
+  level's and the options' rows of the table in docs/design.md#debug-compiles-and-kernel_meta give
+  the artefacts kept in ``kernel_meta`` and the backend-neutral debug flags
   (:data:`cachemgr.compilers.DEBUG_FLAGS`).
-* **jit_compile** (SPEC §6, seed): ``true`` → compile online; ``false`` → a precompiled
-  binary first; ``auto`` → precompiled first only for a dynamic shape (a -1 dim or [-2]).
-  A debug compile always compiles: precompiled binaries carry no debug artefacts.
-* **Cache modes** (SPEC §4): ``enable`` reads and writes, ``disable`` neither, ``force``
-  clears the chip folder first (once; the queue makes it safe), then reads and writes.
+* **jit_compile** (docs/design.md#precompiled-binaries, seed): ``true`` → compile online; ``false``
+  → a precompiled binary first; ``auto`` → precompiled first only for a dynamic shape (a -1 dim or
+  [-2]). A debug compile always compiles: precompiled binaries carry no debug artefacts.
+* **Cache modes** (docs/design.md#cache-modes): ``enable`` reads and writes, ``disable`` neither,
+  ``force`` clears the chip folder first (once; the queue makes it safe), then reads and writes.
 
-The ``.cfg`` grammar (SPEC §7, seed, GE ``SetOpdebugConfig``): lines are trimmed; blank lines
-and ``#`` comments are skipped; ``op_debug_config = a,b,c`` (once) and ``op_debug_list = X,
-OpType::Y`` (once); options come from :data:`CFG_ROWS`; ``ccec_O0`` with ``oom`` is an error
-(CANN: "may cause an AICore Error").
+The ``.cfg`` grammar (docs/design.md#debug-compiles-and-kernel_meta, seed, GE ``SetOpdebugConfig``):
+lines are trimmed; blank lines and ``#`` comments are skipped; ``op_debug_config = a,b,c`` (once)
+and ``op_debug_list = X, OpType::Y`` (once); options come from :data:`CFG_ROWS`; ``ccec_O0`` with
+``oom`` is an error (CANN: "may cause an AICore Error").
 """
 
 from __future__ import annotations
@@ -28,14 +32,15 @@ from dataclasses import dataclass
 from cachemgr.compilers import EMITS
 from cachemgr.errors import InvalidInputError
 
-#: Artefact kinds kept in kernel_meta (SPEC §7): binary, kernel json, source as compiled,
-#: source-line map, computation description.
+#: Artefact kinds kept in kernel_meta (docs/design.md#debug-compiles-and-kernel_meta): binary,
+#: kernel json, source as compiled, source-line map, computation description.
 ARTEFACTS = frozenset({"o", "json", "cce", "loc", "compute"})
 
 
 @dataclass(frozen=True)
 class Row:
-    """One row of SPEC §7's table: artefacts ``keep`` (⊆ :data:`ARTEFACTS`) and debug
+    """One row of the table in docs/design.md#debug-compiles-and-kernel_meta: artefacts ``keep`` (⊆
+    :data:`ARTEFACTS`) and debug
     ``flags`` (⊆ :data:`cachemgr.compilers.DEBUG_FLAGS`)."""
 
     keep: frozenset[str]
@@ -43,7 +48,7 @@ class Row:
 
 
 _OJ = frozenset({"o", "json"})
-#: SPEC §7, ``op_debug_level`` rows.
+#: docs/design.md#debug-compiles-and-kernel_meta, ``op_debug_level`` rows.
 LEVEL_ROWS: dict[int, Row] = {
     0: Row(frozenset()),
     1: Row(_OJ | {"cce", "loc"}, frozenset({"instrument"})),
@@ -51,7 +56,7 @@ LEVEL_ROWS: dict[int, Row] = {
     3: Row(_OJ),
     4: Row(_OJ | {"cce", "compute"}),
 }
-#: SPEC §7, ``op_debug_config`` option rows.
+#: docs/design.md#debug-compiles-and-kernel_meta, ``op_debug_config`` option rows.
 CFG_ROWS: dict[str, Row] = {
     "oom": Row(_OJ, frozenset({"oom"})),
     "dump_bin": Row(_OJ),
@@ -70,6 +75,24 @@ OPTYPE_PREFIX = "optype::"
 CACHE_MODES = ("enable", "disable", "force")
 JIT_MODES = ("auto", "true", "false")
 
+#: The frameworks a request may say it comes from; each has its own rule for which
+#: ``op_debug_level`` keeps the cache on
+#: (docs/compiling.md#debug-options-and-the-cache-per-framework).
+FRAMEWORKS = ("tf", "ge", "atc", "torch_npu")
+#: A request that names no framework follows the TF adapter's rule (the seed's).
+DEFAULT_FRAMEWORK = "tf"
+#: Per framework, the ``op_debug_level`` values with which the cache stays on: the TF
+#: adapter (``op_debug_level`` non-zero or ``op_debug_config`` set: "不启用算子编译缓存"),
+#: ATC's ``--op_compiler_cache_mode`` and GE's ``ge.op_debug_level`` (the same rule: level
+#: non-zero disables it) keep it at 0 only; torch_npu (``ACL_OP_DEBUG_LEVEL``: "只有编译选项值
+#: 为0或3才会启用编译缓存功能") at 0 and 3. A ``.cfg`` that applies turns it off in every one.
+CACHE_KEEPING_LEVELS: dict[str, frozenset[int]] = {
+    "tf": frozenset({0}),
+    "ge": frozenset({0}),
+    "atc": frozenset({0}),
+    "torch_npu": frozenset({0, 3}),
+}
+
 
 @dataclass(frozen=True)
 class DebugConfig:
@@ -84,9 +107,9 @@ class DebugConfig:
 
 @dataclass(frozen=True)
 class DebugPlan:
-    """What debug means for one request: ``on`` (bypass the cache, SPEC §7), debug ``flags``
-    for the backend, ``emit`` (⊆ :data:`cachemgr.compilers.EMITS`) and ``keep`` (artefact kinds
-    left in kernel_meta)."""
+    """What debug means for one request: ``on`` (bypass the cache,
+    docs/design.md#debug-compiles-and-kernel_meta), debug ``flags`` for the backend, ``emit`` (⊆
+    :data:`cachemgr.compilers.EMITS`) and ``keep`` (artefact kinds left in kernel_meta)."""
 
     on: bool
     flags: frozenset[str] = frozenset()
@@ -115,7 +138,7 @@ class Decision:
 
 
 def parse_debug_config(text: str, source: str) -> DebugConfig:
-    """Parse a ``.cfg`` file's text (SPEC §7).
+    """Parse a ``.cfg`` file's text (docs/design.md#debug-compiles-and-kernel_meta).
 
     :param source: the file's path, named in every error.
     :raises InvalidInputError: an unknown option, a line that is neither a comment nor one of
@@ -180,13 +203,34 @@ def in_debug_list(cfg: DebugConfig, op_type: str, op_name: str | None) -> bool:
     return False
 
 
+def keeps_cache(framework: str, level: int) -> bool:
+    """True when ``framework`` compiles through its cache at ``op_debug_level`` ``level``
+    (:data:`CACHE_KEEPING_LEVELS`).
+
+    :raises InvalidInputError: an unknown framework (naming the accepted ones).
+    """
+    levels = CACHE_KEEPING_LEVELS.get(framework)
+    if levels is None:
+        raise InvalidInputError(
+            f"framework={framework!r} is unknown (accepted: {', '.join(FRAMEWORKS)})"
+        )
+    return level in levels
+
+
 def debug_plan(
-    level: int, cfg: DebugConfig | None, op_type: str, op_name: str | None = None
+    level: int,
+    cfg: DebugConfig | None,
+    op_type: str,
+    op_name: str | None = None,
+    framework: str = DEFAULT_FRAMEWORK,
 ) -> DebugPlan:
-    """SPEC §7 for one operator: the level's row, plus the ``.cfg`` rows when they apply.
+    """docs/design.md#debug-compiles-and-kernel_meta for one operator: the level's row, plus the
+    ``.cfg`` rows when they apply; off (the cache used, nothing kept in ``kernel_meta``) when no
+    ``.cfg`` applies and the level is one ``framework`` keeps its cache at (:func:`keeps_cache`).
 
     :param level: ``op_debug_level`` 0..4.
-    :raises InvalidInputError: for a level outside 0..4.
+    :param framework: one of :data:`FRAMEWORKS`.
+    :raises InvalidInputError: for a level outside 0..4, an unknown framework.
     """
     if level not in LEVEL_ROWS:
         raise InvalidInputError(f"op_debug_level={level!r} is outside 0..4")
@@ -194,7 +238,7 @@ def debug_plan(
     cfg_applies = cfg is not None and in_debug_list(cfg, op_type, op_name)
     if cfg is not None and cfg_applies:
         rows += [CFG_ROWS[o] for o in sorted(cfg.options)]
-    on = level != 0 or cfg_applies
+    on = not keeps_cache(framework, level) or cfg_applies
     if not on:
         return DebugPlan(False)
     keep = frozenset().union(*(r.keep for r in rows))
@@ -203,7 +247,7 @@ def debug_plan(
 
 
 def binary_first(jit_compile: str, dynamic: bool) -> bool:
-    """SPEC §6: look for a precompiled binary before compiling?
+    """docs/design.md#precompiled-binaries: look for a precompiled binary before compiling?
 
     :raises InvalidInputError: for a value other than auto/true/false.
     """
@@ -213,7 +257,7 @@ def binary_first(jit_compile: str, dynamic: bool) -> bool:
 
 
 def cache_plan(mode: str, debug_on: bool, replace: bool = False) -> CachePlan:
-    """SPEC §4 (and §7: debug bypasses the cache in every mode).
+    """docs/design.md#cache-modes (debug bypasses the cache in every mode).
 
     :param replace: the per-request "recompile and replace this one entry".
     :raises InvalidInputError: for a mode other than enable/disable/force.
@@ -237,8 +281,12 @@ def decide(
     op_name: str | None,
     dynamic: bool,
     replace: bool = False,
+    framework: str = DEFAULT_FRAMEWORK,
 ) -> Decision:
-    """Every rule at once: debug (§7) first, then jit (§6) and the cache mode (§4)."""
-    debug = debug_plan(level, cfg, op_type, op_name)
+    """Every rule at once: debug (by ``framework``'s rule) first, then jit and the
+    cache mode (docs/design.md#the-policy-table).
+
+    :raises InvalidInputError: a bad level, jit value, mode or framework."""
+    debug = debug_plan(level, cfg, op_type, op_name, framework)
     first = binary_first(jit_compile, dynamic) and not debug.on and not replace
     return Decision(debug, first, cache_plan(mode, debug.on, replace))

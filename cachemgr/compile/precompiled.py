@@ -1,5 +1,5 @@
 """Precompiled binary packages in CANN's layout: look up, and build with ``pack`` (layer 7;
-SPEC §6).
+docs/design.md#precompiled-binaries).
 
 A package root (CANN: ``$ASCEND_OPP_PATH/built-in/op_impl/ai_core/tbe/kernel/``) holds::
 
@@ -13,11 +13,11 @@ lower-case name is tried too), ``<op_file>`` the snake-case op type (``SoftmaxV2
 (``static``/``dynamic``), ``deterministic`` (``true``/``false``/``ignore``), ``implMode``,
 ``inputs``/``outputs`` (``index``, ``dtype``, ``format``, ``paramType``, ``shape`` with -1 and
 [-2]), ``attrs`` (``name``, ``dtype``, ``value``) and ``binInfo.jsonFilePath`` (relative to the
-root). Lookup matches exactly or not at all (issue 11 item 4):
+root). Lookup matches exactly or not at all:
 
 * an item with a ``staticKey`` (cachemgr's own packages, :func:`pack`) serves a request only
-  when the request's key — everything that changes the binary (SPEC §3.2: source and header
-  digests, defines, flags, language, compiler, options) — is listed in it;
+  when the request's key — everything that changes the binary (docs/design.md#keys-and-manifests:
+  source and header digests, defines, flags, language, compiler, options) — is listed in it;
 * an item without one (CANN's own packages) is matched the way CANN selects its ``binList``
   items: by the signature its ``simplifiedKey`` encodes
   (``<OpType>/d=<deterministic>,p=<precision>/<dtype>,<format>/...``, CANN opbase's
@@ -53,7 +53,7 @@ CONFIG_DIR = "config"
 BIN_LIST = "binList"
 #: The kernel json field cachemgr's queue writes with the item of a future package.
 SUPPORT_INFO = "supportInfo"
-#: Package files are read-only (SPEC §6).
+#: Package files are read-only (docs/design.md#precompiled-binaries).
 PACKAGE_FILE_MODE = 0o444
 _SHORT_SOC = re.compile(r"^(ascend\d+[a-z]?)\d*$")
 #: Parsed precompiled-package configs by file identity (device, inode, size, mtime).
@@ -230,7 +230,7 @@ def _verified(root: Path, item: Mapping[str, Any]) -> Binary | None:
 def find(
     roots: Iterable[Path], request: CompileRequest, key: str, deterministic: bool
 ) -> Binary | None:
-    """The precompiled kernel for ``request``, or None (SPEC §6).
+    """The precompiled kernel for ``request``, or None (docs/design.md#precompiled-binaries).
 
     Per package root and chip folder name: an item whose ``staticKey`` lists ``key`` first,
     then the first item *without* a ``staticKey`` (CANN's) whose signature matches; its
@@ -346,7 +346,8 @@ def _dump(doc: Mapping[str, Any]) -> bytes:
 
 
 def default_roots(env: Mapping[str, str] | None = None) -> list[Path]:
-    """CANN's built-in package under ``$ASCEND_OPP_PATH`` when it exists (SPEC §6)."""
+    """CANN's built-in package under ``$ASCEND_OPP_PATH`` when it exists
+    (docs/design.md#precompiled-binaries)."""
     env = os.environ if env is None else env
     opp = env.get("ASCEND_OPP_PATH")
     if not opp:

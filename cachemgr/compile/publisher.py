@@ -1,5 +1,5 @@
-"""Compiling through the cache: locks, a second lookup, compile, publish (layer 7½; SPEC §3.3,
-§4; issue 4).
+"""Compiling through the cache: locks, a second lookup, compile, publish (layer 7½;
+docs/design.md#writing-and-reading-an-entry, #cache-modes).
 
 :func:`compile_through_cache` is what a queue worker runs for an ``enable``/``force`` job:
 
@@ -8,7 +8,7 @@
 2. take the entry's fcntl lock (``<kernel>.lock``, the lock CANN takes too) and look up again —
    another process may have published the entry while we waited: cross-process single-flight.
    A lock still held after ``lock_timeout_s`` (a stuck compile on another host) does not fail
-   the request: it is compiled here, outside the cache (issue 6);
+   the request: it is compiled here, outside the cache;
 3. compile in the worker's private build folder (never in the chip folder);
 4. hand back a :class:`Pending` publish. Its :meth:`Pending.finish` (run on another thread, so
    the compiler slot is free for the next job at once) publishes through
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cachemgr.compile import inputs, kernel_meta, precompiled
+from cachemgr.compile import inplace, inputs, kernel_meta, precompiled, volatile
 from cachemgr.compile.build import (
     COMPILED,
     HIT,
@@ -87,7 +87,7 @@ class Pending:
         """Publish (json last), then release the locks — from any thread.
 
         A publish that fails because the cache root is read-only or full does not fail the
-        compile (issue 10 item 12, as ccache and sccache do): the kernel goes to
+        compile (as ccache and sccache do): the kernel goes to
         ``uncached_dir()`` and the outcome says ``cached: False`` with the reason.
 
         :raises InvalidInputError, OSError: the publish failed; nothing partial is left.
@@ -100,7 +100,7 @@ class Pending:
             published = store.publish(p.kernel, self.files, self.main_json, held=self.entry_lock)
             _record_manifest(p)
             _ensure_ini(p.chip_dir.parent, self.config_sections)  # logs its own failure
-            if self.remotes is not None:  # after the compile, in the background (item 5)
+            if self.remotes is not None:  # after the compile, in the background
                 self.remotes.upload_later(p.chip_dir.parent, p.chip_dir.name, p.kernel)
         except (NoSpaceError, OSError) as exc:
             if uncached_dir is None or not _cannot_store(exc):
@@ -151,7 +151,7 @@ class Pending:
 
 
 def _record_manifest(p: Prepared) -> None:
-    """Remember which headers ``p``'s compile read (issue 11 item 2), under the entry lock;
+    """Remember which headers ``p``'s compile read, under the entry lock;
     a manifest that cannot be written costs a dependency scan on the next lookup, nothing
     else."""
     try:
@@ -168,15 +168,18 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
     :raises LockBusyError: the chip lock was not obtained within ``ctx.lock_timeout_s`` (a
         ``force`` that never ends; the entry lock's timeout compiles outside the cache).
     """
+    timed = volatile.why_uncached(p.inputs, p.env, p.backend, p.backend.identity())
+    if timed is not None:  # its binary holds the time of its compile (docs/compiling.md)
+        return _compile_outside(p, ctx, timed)
     try:
         hold = p.chip_lock.hold_shared(timeout_s=ctx.lock_timeout_s)
     except (IsADirectoryError, fsutil.NotRegularFileError) as exc:
         return _compile_alone(p, ctx, _unusable_lock(exc))
     except PermissionError as exc:
-        # a kernel cache folder CANN GE created 0750: compile outside the cache (item 6c)
+        # a kernel cache folder CANN GE created 0750: compile outside the cache
         where = Path(exc.filename) if exc.filename else p.chip_dir.parent
         return _compile_alone(p, ctx, fsutil.lock_access_hint(where))
-    except OSError as exc:  # a read-only or full root (issue 12 item 6)
+    except OSError as exc:  # a read-only or full root
         if not _cannot_store(exc):
             raise
         return _compile_outside(p, ctx, _why(p.chip_dir, exc))
@@ -191,11 +194,11 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
         return _compile_alone(p, ctx, _unusable_lock(exc))
     except PermissionError:
         # e.g. a chip folder CANN GE created 0750, or its 0640 lock file in a folder we may
-        # not write: compile anyway, outside the cache, and say why in one line (item 6c)
+        # not write: compile anyway, outside the cache, and say why in one line
         hold.release()
         why = fsutil.lock_access_hint(chip_store(p.chip_dir).lock_path(p.kernel))
         return _compile_alone(p, ctx, why)
-    except OSError as exc:  # a read-only or full root (issue 12 item 6)
+    except OSError as exc:  # a read-only or full root
         hold.release()
         if not _cannot_store(exc):
             raise
@@ -219,7 +222,7 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
                 return remote
         build_dir = ctx.build_dir()
         job = dataclasses.replace(compile_job(p, build_dir), json_in_memory=True)
-        if inputs.may_read_in_place(p.inputs, os.environ):
+        if inputs.may_read_in_place(p.inputs, p.env):
             job = dataclasses.replace(job, depfile=build_dir / ".deps.d")
         result = p.backend.compile(job)
         stale = inputs.reads_not_hashed(
@@ -229,11 +232,7 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
             lock.release()
             hold.release()
             if p.inputs.sent:
-                raise CompileError(
-                    f"{p.request.origin}: the compile read {stale[0]}, which is not among the "
-                    "files sent with the request (an absolute #include or a CPATH folder); "
-                    "include it by a relative name or through include_dirs"
-                )
+                raise CompileError(inplace.refusal(p.request.origin, stale[0]))
             return _uncached(p, ctx, result, stale)
         files, main = _payload(p, result, ctx.pending_dir())
     except BaseException:
@@ -254,13 +253,13 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
 
 
 def _remote_hit(p: Prepared, ctx: RunContext, lock: EntryHold) -> CompileOutcome | None:
-    """Issue 15 item 5: on a local miss, ask the remote tiers (under the entry lock we hold,
+    """On a local miss, ask the remote tiers (under the entry lock we hold,
     so one fetch per kernel per host). A hit arrives verified (blob digest, every part's
     sha256, caps, names: :mod:`cachemgr.remote.blob`), is published into the chip folder
-    the way every entry is (json last; each binary checked against its json, SPEC §3.3),
-    then served from there. Any failure is a miss: the kernel compiles. A ``force`` request
-    is not answered from a remote (it asks for a fresh compile; the remote's entry is
-    replaced by its upload — ``force`` clears the local chip folder only)."""
+    the way every entry is (json last; each binary checked against its json,
+    docs/design.md#writing-and-reading-an-entry), then served from there. Any failure is a miss: the
+    kernel compiles. A ``force`` request is not answered from a remote (it asks for a fresh compile;
+    the remote's entry is replaced by its upload — ``force`` clears the local chip folder only)."""
     if ctx.remotes is None or p.decision.cache.clear_first:
         return None
     got = ctx.remotes.fetch(p.chip_dir.name, p.kernel)
@@ -290,7 +289,7 @@ def _uncached(
     p: Prepared, ctx: RunContext, result: CompileResult, stale: list[str]
 ) -> CompileOutcome:
     """A kernel compiled from files that changed or were not hashed: returned to the caller
-    from the private output folder, not cached (issue 11 item 1), with one warning line."""
+    from the private output folder, not cached, with one warning line."""
     warning = (
         f"{p.kernel} compiled but not cached: {stale[0]} changed while it compiled (or was "
         "read without being hashed)"
@@ -301,8 +300,8 @@ def _uncached(
 
 
 def _ensure_ini(kernel_cache_dir: Path, sections: dict[str, Any]) -> None:
-    """After a publish: create a missing ``op_cache.ini`` with the installed toolkit's stamps
-    (issue 9 item 1). GE purges a chip folder whose kernel cache has no ini
+    """After a publish: create a missing ``op_cache.ini`` with the installed toolkit's stamps.
+    GE purges a chip folder whose kernel cache has no ini
     (``te_cache_space_manager.cc`` ``DelCachedFiles``), so without it the next CANN process
     would wipe this entry. A failure is logged, never fails the publish."""
     if fsutil.lstat_or_none(kernel_cache_dir / "op_cache.ini") is not None:
@@ -317,7 +316,7 @@ def _compile_alone(p: Prepared, ctx: RunContext, why: str = "") -> CompileOutcom
     """The entry lock stayed held for ``ctx.lock_timeout_s``: the process (or host) compiling
     this kernel is stuck or very slow. Rather than fail, look once more, then compile here
     into the private output folder (``compiled``; the cache is not written: its lock is
-    not ours). Issue 6: a second host waits for the first one's compile, up to a limit."""
+    not ours). A second host waits for the first one's compile, up to a limit."""
     if why:
         log.warning("%s: compiling outside the cache: %s", p.kernel, why)
     else:
@@ -336,7 +335,7 @@ def _compile_outside(
     p: Prepared, ctx: RunContext, reason: str, warn: bool = True
 ) -> CompileOutcome:
     """Compile ``p`` into the private output folder, not the cache: ``compiled`` with
-    ``cached: False`` and one warning line naming ``reason`` (issue 10 item 12: a read-only
+    ``cached: False`` and one warning line naming ``reason`` (a read-only
     or full root, or a lock never released, must not fail a compile that succeeds).
 
     :raises CompileError: the compile failed.
@@ -487,7 +486,7 @@ Noted = tuple[dict[str, tuple[int, int]], set[str]]
 
 def note_entries(chip_dir: Path) -> Noted:
     """The entries of ``chip_dir`` now (json identity) and its loose files and manifests,
-    for :func:`clear_chip` (issue 11 item 5: what in-flight compiles publish later stays)."""
+    for :func:`clear_chip` (what in-flight compiles publish later stays)."""
     try:
         folder = SafeDir.open_chip(chip_dir)
     except FileNotFoundError:
@@ -503,9 +502,9 @@ def note_entries(chip_dir: Path) -> Noted:
 
 
 def clear_chip(chip_dir: Path, lock_timeout_s: float, noted: Noted | None = None) -> int:
-    """Remove the entries of a chip folder (``force``, SPEC §4), json first, each under its
-    entry lock; loose binaries and header manifests too. Lock files and ``*.temp`` of writers
-    in progress stay. With ``noted`` (:func:`note_entries`) only what was noted goes: an
+    """Remove the entries of a chip folder (``force``, docs/design.md#cache-modes), json first, each
+    under its entry lock; loose binaries and header manifests too. Lock files and ``*.temp`` of
+    writers in progress stay. With ``noted`` (:func:`note_entries`) only what was noted goes: an
     entry whose json changed since (published by an in-flight compile) stays.
 
     The caller holds the chip lock exclusive. :returns: the number of entries removed.
@@ -523,7 +522,7 @@ def clear_chip(chip_dir: Path, lock_timeout_s: float, noted: Noted | None = None
                 st = fsutil.lstat_or_none(chip_dir / f"{kernel}.json", folder.fd)
                 if st is None or noted[0].get(kernel) != (st.st_dev, st.st_ino):
                     continue
-            store.remove(kernel)
+            store.remove(kernel, manifests=False)  # every manifest goes below
             removed += 1
         for name in sorted(scan.orphans):
             if noted is None or name in noted[1]:

@@ -1,13 +1,15 @@
 """The compile queue: a worker pool with priorities, timeouts, single-flight, cancel and a safe
-``force`` (layer 7; SPEC §4, §6, §7; issue 4).
+``force`` (layer 7; docs/design.md#cache-modes, #precompiled-binaries,
+#debug-compiles-and-kernel_meta).
 
 ``submit(request)`` decides everything up front (:func:`cachemgr.compile.build.prepare`), answers in
-the caller's thread when it can — a precompiled binary (SPEC §6) or a verified cache hit (SPEC
-§3.3) — and otherwise hands a job to the pool. It returns a
+the caller's thread when it can — a precompiled binary (docs/design.md#precompiled-binaries) or a
+verified cache hit (docs/design.md#writing-and-reading-an-entry) — and otherwise hands a job to the
+pool. It returns a
 :class:`concurrent.futures.Future` that resolves to a :class:`CompileOutcome`:
 
 * **priorities**: a higher ``priority`` runs sooner; equal priorities run in submit order;
-* **fairness** (issue 10, item 10): within one priority, callers (``submit(caller=…)``, the
+* **fairness**: within one priority, callers (``submit(caller=…)``, the
   daemon passes the caller's uid) take turns — each new job of a caller is stamped one turn
   after that caller's previous one (start-time fair queueing), so a caller with 10,000 queued
   jobs delays another caller's job by about one compile per busy caller, not 10,000; and a
@@ -28,7 +30,7 @@ the caller's thread when it can — a precompiled binary (SPEC §6) or a verifie
   same: a worker takes it, looks up again, and only then compiles;
 * **cancel**: ``future.cancel()`` removes that caller; a job whose callers have all gone before
   it started is dropped (a started compile finishes and is cached — nothing is wasted);
-* **force** (SPEC §4, issue 11 item 5): the first ``force`` request of a *session* for a chip
+* **force** (docs/design.md#cache-modes): the first ``force`` request of a *session* for a chip
   clears it — a session is one ``cachemgr compile`` run (all its requests), one daemon
   ``/compile`` call unless the caller names a session, one queue when none is given. It
   notes the entries present, takes the chip folder's exclusive lock
@@ -36,7 +38,7 @@ the caller's thread when it can — a precompiled binary (SPEC §6) or a verifie
   the lock shared) finish and publish, then only the entries noted are removed — a kernel an
   in-flight compile has just published and reported is kept — then work resumes.
   ``replace=True`` is the per-request "recompile and replace this one entry".
-* **snapshots** (issue 11 item 1): a job holds the bytes of its source and headers taken
+* **snapshots**: a job holds the bytes of its source and headers taken
   when submitted (:func:`cachemgr.compile.build.freeze`); the compile reads those bytes, so an
   edit made while the job waits changes nothing it builds or the key it is stored under.
 """
@@ -59,7 +61,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cachemgr import constants
-from cachemgr.compile import build, kernel_meta, keys, precompiled
+from cachemgr.compile import build, inplace, kernel_meta, keys, precompiled
 from cachemgr.compile.build import Prepared
 from cachemgr.compile.inputs import Snapshot
 from cachemgr.compile.request import CompileRequest
@@ -68,7 +70,7 @@ from cachemgr.compilers import process
 from cachemgr.config.options import Settings
 from cachemgr.errors import CacheMgrError, CompileError, InvalidInputError, OutputFolderError
 
-if TYPE_CHECKING:  # publishing is a miss's work: not imported on the hit path (issue 14)
+if TYPE_CHECKING:  # publishing is a miss's work: not imported on the hit path
     from cachemgr.compile import publisher
     from cachemgr.remote.tierset import RemoteTiers
     from cachemgr.storage.events import Events
@@ -117,8 +119,8 @@ class CompileQueue:
     :param output_dir: where kernels compiled without the cache (``disable``) are written;
         default a private temp folder made on first use (:attr:`output_dir`), left for the
         caller.
-    :param binary_dirs: precompiled package roots (SPEC §6) before those of the config file
-        (``[precompiled] paths``) and ``$ASCEND_OPP_PATH``'s built-in one.
+    :param binary_dirs: precompiled package roots (docs/design.md#precompiled-binaries) before those
+        of the config file (``[precompiled] paths``) and ``$ASCEND_OPP_PATH``'s built-in one.
     :param lock_timeout_s: how long to wait for an entry or chip lock, seconds (default:
         twice ``timeout_s`` plus a minute: another process may be compiling that entry).
     :param max_queued_per_caller: jobs one caller may have queued or running (None: no
@@ -164,7 +166,7 @@ class CompileQueue:
             events=events,
             remotes=remotes,
         )
-        self._compilers = keys.Compilers(settings.sections.get("compilers", {}))
+        self._compilers = keys.Compilers.of(settings)
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._heap: list[tuple[int, int, int, _Job]] = []
@@ -200,21 +202,24 @@ class CompileQueue:
         inputs: Snapshot | None = None,
         deliver: bool = False,
         caller: object = None,
+        env: Mapping[str, str] | None = None,
     ) -> Future[CompileOutcome]:
         """Ask for the kernel of ``request``; the future resolves to its :class:`CompileOutcome`
         (``failed`` with the compiler's message on a compile error, never an exception).
 
         :param priority: higher runs sooner.
-        :param replace: recompile and replace this one entry (SPEC §4).
+        :param replace: recompile and replace this one entry (docs/design.md#cache-modes).
         :param session: ``force`` clears a chip once per session (default: once per queue).
         :param inputs: the frozen snapshot a caller sent (the daemon); default: the request's
             files are read here.
         :param deliver: debug artefacts and ``disable`` kernels go to a private folder of the
-            job, for the caller to write where it wants (the daemon, issue 11 item 6); else
+            job, for the caller to write where it wants (the daemon); else
             to ``kernel_meta`` and the output folder, checked writable first.
         :raises InvalidInputError: a bad ``.cfg``, option or define, an unreadable source or
             header, a source that keeps changing while it is read (nothing is done).
         :param caller: who asks (the daemon: the caller's uid), for fairness and the bound.
+        :param env: the compile environment the caller sent (the daemon's ``compile_env``:
+            compiled with exactly these values); default: this process's environment.
         :raises QueueFull: ``caller`` has ``max_queued_per_caller`` jobs queued or running.
         :raises ConfigError: a bad ``[compilers]`` configuration.
         :raises RuntimeError: the queue is closed.
@@ -226,7 +231,7 @@ class CompileQueue:
             settings, compilers = self.settings, self._compilers
         try:
             prepared = build.prepare(
-                request, settings, compilers, self.timeout_s, replace, given=inputs
+                request, settings, compilers, self.timeout_s, replace, given=inputs, env=env
             )
             if prepared.decision.cache.clear_first:
                 removed = self._force_once(prepared, session)
@@ -238,7 +243,7 @@ class CompileQueue:
                     prepared = dataclasses.replace(prepared, note=note)
             outputs = prepared.decision.debug.on or not prepared.decision.cache.write
             if deliver and outputs:
-                import uuid  # here: it imports platform (issue 14 item 1)
+                import uuid  # here: it imports platform
 
                 prepared = dataclasses.replace(prepared, deliver=uuid.uuid4().hex)
             elif prepared.decision.debug.on:
@@ -253,7 +258,9 @@ class CompileQueue:
                 if frozen is not None:
                     return self._enqueue(frozen, priority, start, caller)
                 log.info("%s changed while it was read; hashing it again", request.kernel_source)
-                again = build.prepare(request, settings, compilers, self.timeout_s, replace)
+                again = build.prepare(
+                    request, settings, compilers, self.timeout_s, replace, env=env
+                )
                 prepared = dataclasses.replace(again, deliver=prepared.deliver)
         except CompileError as exc:  # before the policy was decided (a missing header...)
             early = build.failed_before_prepared(request, settings, exc, replace, inputs)
@@ -368,8 +375,8 @@ class CompileQueue:
             return self.force_clear(p, session)
 
     def force_clear(self, p: Prepared, session: str | None = None) -> int:
-        """SPEC §4's safe ``force`` for ``p``'s chip: close the gate for new work, take the
-        chip lock exclusive (in-flight compiles finish first), clear, reopen.
+        """The safe ``force`` (docs/design.md#cache-modes) for ``p``'s chip: close the gate for new
+        work, take the chip lock exclusive (in-flight compiles finish first), clear, reopen.
 
         :returns: entries removed.
         :raises LockBusyError: the chip lock was not obtained within the lock timeout.
@@ -499,6 +506,9 @@ class CompileQueue:
             if not isinstance(exc, CompileError | OutputFolderError):
                 log.warning("compile of %s failed: %s", p.kernel, exc)
                 log.debug("compile of %s failed", p.kernel, exc_info=True)
+            why = inplace.explain(p.inputs, p.request.origin, str(exc))
+            if isinstance(exc, CompileError) and why is not None:  # a sent absolute #include
+                exc = CompileError(why)
             return build.failed(p.kernel, exc, p.request.origin)
 
     def _finish(self, job: _Job, pending: publisher.Pending) -> None:
@@ -526,8 +536,9 @@ class CompileQueue:
     def _tally_outcome(
         self, chip_dir: Path | None, outcome: CompileOutcome, requests: int, ran: bool = False
     ) -> None:
-        """Count an outcome in the cache's counters (SPEC §10): per request ``hits``,
-        ``misses``, ``binaries``, ``debug_compiles``, ``failures``; per compiler run
+        """Count an outcome in the cache's counters (docs/commands.md#what-stats-counts): per
+        request ``hits`` (``hits_from_remote`` too for an entry a remote tier sent), ``misses``,
+        ``binaries``, ``debug_compiles``, ``failures``; per compiler run
         ``compiles`` (and ``uncached`` when its kernel was not stored in the chip folder);
         requests that shared another's compile are ``coalesced``."""
         if self._tally is None:
@@ -546,6 +557,8 @@ class CompileQueue:
         per_request = per_request_names.get(status)
         if per_request:
             self._tally(chip_dir, per_request, requests)
+        if status == build.HIT and (outcome.tier or "").startswith("remote:"):
+            self._tally(chip_dir, "hits_from_remote", requests)
         if status in (build.COMPILED, build.BINARY):
             self._tally(chip_dir, "misses", requests)
         if status == build.COMPILED and ran:
@@ -572,7 +585,7 @@ class CompileQueue:
             return len(self._flights)
 
     def figures(self) -> dict[str, int]:
-        """The queue's own figures (issue 13 item 3): ``queued`` jobs waiting for a worker,
+        """The queue's own figures: ``queued`` jobs waiting for a worker,
         ``running`` jobs a worker is compiling, and ``waited``: requests so far that joined a
         job already queued or running for the same kernel instead of starting their own."""
         with self._lock:
@@ -598,7 +611,7 @@ class CompileQueue:
 
     def update_settings(self, settings: Settings) -> None:
         """Use ``settings`` for new work (a reload); queued and running jobs keep theirs."""
-        compilers = keys.Compilers(settings.sections.get("compilers", {}))
+        compilers = keys.Compilers.of(settings)
         roots = self._given_roots + _config_roots(settings)
         with self._lock:
             self.settings, self._compilers, self.binary_dirs = settings, compilers, roots
@@ -662,7 +675,7 @@ class CompileQueue:
         self.close()
 
 
-#: ``tally(chip_dir, counter, amount)``: the cache counters' hook (SPEC §10).
+#: ``tally(chip_dir, counter, amount)``: the cache counters' hook (docs/design.md#counters).
 Tally = Callable[[Path | None, str, int], None]
 
 

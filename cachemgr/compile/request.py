@@ -1,4 +1,4 @@
-"""Compile requests: one operator to build, read from JSON and checked (layer 6; issue 4).
+"""Compile requests: one operator to build, read from JSON and checked (layer 6).
 
 A request names the operator (``op_type``, ``soc_version``), its kernel (``language``,
 ``kernel_source``, ``kernel_entry``, ``defines``), its tensors (``inputs``/``outputs``: shape,
@@ -7,7 +7,8 @@ dtype, format), ``attrs`` and compile ``options``. The structure is checked agai
 ≥ 0, ``-1`` = dynamic dim, the shape ``[-2]`` = unknown rank, at most 2^31 elements), a source
 file that exists. A relative path is relative to the request file.
 
-Options missing from the request come from the resolved configuration (SPEC §1) through
+Options missing from the request come from the resolved configuration
+(docs/design.md#options-and-their-origins) through
 :func:`resolve_options`. Every error is one line naming the field, the value and the request
 it came from (:class:`~cachemgr.errors.InvalidInputError`).
 """
@@ -36,11 +37,11 @@ from cachemgr.config.options import Settings
 from cachemgr.errors import ConfigError, InvalidInputError
 from cachemgr.storage import safeio
 
-#: The largest number of elements a tensor may have (issue 4: "more than 2^31 elements").
+#: The largest number of elements a tensor may have ("more than 2^31 elements").
 MAX_ELEMENTS = 2**31
-#: A dim of unknown size (dynamic shape, SPEC §6).
+#: A dim of unknown size (dynamic shape, docs/design.md#precompiled-binaries).
 DYNAMIC_DIM = -1
-#: The whole shape ``[-2]``: unknown rank (SPEC §6).
+#: The whole shape ``[-2]``: unknown rank (docs/design.md#precompiled-binaries).
 UNKNOWN_RANK = -2
 #: Spellings of one dtype that are the same type (CANN accepts both); the key uses the first.
 DTYPE_ALIASES = {"float": "float32", "bf16": "bfloat16", "float64": "double"}
@@ -71,7 +72,8 @@ class TensorDesc:
 
     @property
     def dynamic(self) -> bool:
-        """True for a dynamic dim (-1) or an unknown rank ([-2]) (SPEC §6)."""
+        """True for a dynamic dim (-1) or an unknown rank ([-2])
+        (docs/design.md#precompiled-binaries)."""
         return any(d < 0 for d in self.shape)
 
     def to_json(self) -> dict[str, Any]:
@@ -81,7 +83,7 @@ class TensorDesc:
 
 @dataclass(frozen=True)
 class CompileRequest:
-    """A checked compile request (issue 4).
+    """A checked compile request.
 
     :ivar kernel_source: absolute path of the kernel source.
     :ivar options: the options the request itself set, normalised (``jit_compile`` →
@@ -89,7 +91,7 @@ class CompileRequest:
         ``deterministic`` → bool); see :func:`resolve_options` for the rest.
     :ivar origin: where it came from (the request file, or ``"request"``), for messages.
     :ivar include_dirs: absolute include folders (``include_dirs`` then the ``-I`` of
-        ``extra_flags``), in order (issue 11 item 3).
+        ``extra_flags``), in order.
     :ivar extra_flags: allowed compiler arguments (:mod:`cachemgr.compile.extraflags`), ``-I`` moved
         to ``include_dirs``.
     """
@@ -108,20 +110,27 @@ class CompileRequest:
     origin: str = "request"
     include_dirs: tuple[Path, ...] = ()
     extra_flags: tuple[str, ...] = ()
+    #: the framework the request says it comes from (``tf``, ``ge``, ``atc``, ``torch_npu``):
+    #: its rule decides which ``op_debug_level`` keeps the cache on
+    #: (docs/compiling.md#debug-options-and-the-cache-per-framework); not part of the key
+    framework: str = "tf"
 
     @property
     def dynamic(self) -> bool:
-        """True when any input or output has a -1 dim or unknown rank (SPEC §6)."""
+        """True when any input or output has a -1 dim or unknown rank
+        (docs/design.md#precompiled-binaries)."""
         return any(t.dynamic for t in (*self.inputs, *self.outputs))
 
 
 @dataclass(frozen=True)
 class RequestOptions:
-    """Every option a compile needs, from the request or else the configuration (SPEC §1).
+    """Every option a compile needs, from the request or else the configuration
+    (docs/design.md#options-and-their-origins).
 
     :ivar op_debug_config: the ``.cfg`` path, or None when unset.
     :ivar kernel_meta_dir: ``<base>/kernel_meta`` (base = request ``debug_dir`` > configured
-        ``debug_dir`` > ``ASCEND_WORK_PATH`` > current directory, SPEC §7).
+        ``debug_dir`` > ``ASCEND_WORK_PATH`` > current directory,
+        docs/design.md#debug-compiles-and-kernel_meta).
     :ivar extra: the other key-relevant options (:data:`KEY_OPTIONS` minus the two named).
     """
 
@@ -139,7 +148,7 @@ class RequestOptions:
 def schema() -> dict[str, Any]:
     """The request JSON Schema (``cachemgr/schemas/compile_request.schema.json``)."""
     # beside the package's __init__ (importlib.resources would import zipfile and tempfile
-    # on the hit path, issue 14 item 1)
+    # on the hit path)
     package = Path(__file__).parents[__name__.count(".") - 1]  # cachemgr/, wherever this is
     text = package / "schemas" / "compile_request.schema.json"
     loaded: dict[str, Any] = json.loads(text.read_text(encoding="utf-8"))
@@ -156,7 +165,7 @@ def _validator() -> Any:
 
 #: The JSON Schema keywords :func:`_compile_check` implements (draft 2020-12 semantics, as
 #: ``jsonschema`` applies them); annotations are ignored. A schema using any other keyword
-#: gets no fast check: every request then goes through ``jsonschema`` (issue 14 item 1).
+#: gets no fast check: every request then goes through ``jsonschema``.
 _CHECKED = frozenset(
     {"type", "enum", "required", "properties", "additionalProperties", "pattern", "minLength"}
     | {"items", "maxItems", "minItems", "$ref", "propertyNames", "minimum"}
@@ -269,7 +278,7 @@ def _object_checks(node: dict[str, Any], root: dict[str, Any]) -> list[Callable[
 @cache
 def _fast_check() -> Callable[[Any], bool] | None:
     """The request schema as a plain predicate (no ``jsonschema`` import: the hit path of
-    ``cachemgr compile`` must start fast, issue 14 item 1); None when the schema uses a
+    ``cachemgr compile`` must start fast); None when the schema uses a
     keyword it does not implement. True means ``jsonschema`` would accept the request too
     (``tests/test_request.py`` checks that on generated requests); False sends the request to
     ``jsonschema`` for its one-line message."""
@@ -329,7 +338,8 @@ def parse_request(
     :param base_dir: folder that relative ``kernel_source``/``op_debug_config``/``debug_dir``
         are relative to (the request file's folder).
     :param settings: when given, the options the request leaves out are filled in from it
-        now (SPEC §1); otherwise :func:`resolve_options` does it when the request is compiled.
+        now (docs/design.md#options-and-their-origins); otherwise :func:`resolve_options` does it
+        when the request is compiled.
     :param origin: where ``data`` came from, for messages (the request file).
     :param check_exists: check that ``kernel_source`` is a file; False when the request
         carries the source bytes (:mod:`cachemgr.compile.inputs`: the daemon opens no path a caller
@@ -345,7 +355,7 @@ def parse_request(
             raise InvalidInputError(f"{origin}: {_describe(errors[0])}")
     if data["soc_version"] in (".", ".."):
         raise InvalidInputError(f"{origin}: soc_version={data['soc_version']!r} is not a chip")
-    socs.check_soc_version(data["soc_version"], origin)  # it names the chip folder (issue 13)
+    socs.check_soc_version(data["soc_version"], origin)  # it names the chip folder
     inputs = tuple(_tensor(t, f"inputs[{i}]", origin) for i, t in enumerate(data["inputs"]))
     outputs = tuple(_tensor(t, f"outputs[{i}]", origin) for i, t in enumerate(data["outputs"]))
     base_dir = Path(base_dir)
@@ -369,6 +379,7 @@ def parse_request(
         origin=origin,
         include_dirs=tuple(include_dirs),
         extra_flags=tuple(f for f in flags if not f.startswith("-I")),
+        framework=data.get("framework", "tf"),
     )
     _check_attrs(req.attrs, origin)
     return req if settings is None else with_options(req, settings)
@@ -393,7 +404,10 @@ def _describe(err: Any) -> str:
     kind = err.validator
     if kind == "required":
         missing = [k for k in err.validator_value if k not in (value or {})]
-        return f"missing field {missing[0]!r} in {where}"
+        unknown = sorted(set(value or {}) - set(err.schema.get("properties", {})))
+        typed = _close(missing[0], unknown)
+        given = f": {typed!r} is given — did you mean {missing[0]!r}?" if typed else ""
+        return f"missing field {missing[0]!r} in {where}{given}"
     if kind == "additionalProperties":
         extra = sorted(set(value) - set(err.schema.get("properties", {})))
         known = ", ".join(sorted(err.schema.get("properties", {})))
@@ -402,7 +416,9 @@ def _describe(err: Any) -> str:
                 f"unknown field {extra[0]!r} in options: {extra[0]} goes at the top level of "
                 f"the request, beside options (options takes: {known})"
             )
-        return f"unknown field {extra[0]!r} in {where} (known: {known})"
+        meant = _close(extra[0], list(err.schema.get("properties", {})))
+        hint = f"; did you mean {meant!r}?" if meant else ""
+        return f"unknown field {extra[0]!r} in {where}{hint} (known: {known})"
     if kind == "enum":
         # as JSON spells them, each once: true and "true", 1 and "1" read the same here
         spelled = (v if isinstance(v, str) else json.dumps(v) for v in err.validator_value)
@@ -416,6 +432,15 @@ def _describe(err: Any) -> str:
     if kind == "pattern":
         return f"{where}={value!r} does not match {err.validator_value}"
     return f"{where}={_short(value)}: {err.message}"
+
+
+def _close(name: str, candidates: list[str]) -> str | None:
+    """The candidate ``name`` most resembles (``optype`` → ``op_type``), or None: difflib's
+    ratio, as click suggests a mistyped option."""
+    import difflib
+
+    found = difflib.get_close_matches(name, candidates, n=1)
+    return found[0] if found else None
 
 
 def _short(value: Any) -> str:
@@ -543,7 +568,8 @@ def _parse_path(name: str, value: str, base_dir: Path, origin: str) -> Path | No
 
 
 def resolve_options(request: CompileRequest, settings: Settings) -> RequestOptions:
-    """The request's options, each missing one taken from ``settings`` (SPEC §1).
+    """The request's options, each missing one taken from ``settings``
+    (docs/design.md#options-and-their-origins).
 
     ``deterministic`` defaults to off and ``precision_mode`` to unset (``""``) when neither
     the request nor the configuration sets them.
@@ -581,7 +607,8 @@ def _setting(settings: Settings, name: str, default: Any) -> Any:
 
 
 def with_options(request: CompileRequest, settings: Settings) -> CompileRequest:
-    """``request`` with every option filled in (request values win, SPEC §1)."""
+    """``request`` with every option filled in (request values win,
+    docs/design.md#options-and-their-origins)."""
     opts = resolve_options(request, settings)
     filled = {
         **request.options,

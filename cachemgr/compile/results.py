@@ -1,4 +1,4 @@
-"""The results that cross the library, the daemon, ``Client`` and the CLI (issue 13 item 2):
+"""The results that cross the library, the daemon, ``Client`` and the CLI:
 one type per kind, each with ``to_json``/``from_json`` — :class:`CompileOutcome` (one compile
 request), :class:`GcResult` (a ``gc`` run over a kernel cache; defined in
 :mod:`cachemgr.eviction.report`, below the compile path, and re-exported here) and
@@ -38,10 +38,12 @@ __all__ = [
 class Status(StrEnum):
     """What answered a compile request. A ``StrEnum``: equal to its JSON string."""
 
-    HIT = "hit"  # a verified entry of the cache (SPEC §3.3)
+    HIT = "hit"  # a verified entry of the cache (docs/design.md#writing-and-reading-an-entry)
     COMPILED = "compiled"  # a compiler run (this request's or one it shared)
-    BINARY = "binary"  # a precompiled package's binary (SPEC §6)
-    DEBUG = "debug"  # compiled for debugging in kernel_meta, bypassing the cache (SPEC §7)
+    BINARY = "binary"  # a precompiled package's binary (docs/design.md#precompiled-binaries)
+    #: compiled for debugging in kernel_meta, bypassing the cache
+    #: (docs/design.md#debug-compiles-and-kernel_meta)
+    DEBUG = "debug"
     FAILED = "failed"  # no kernel: the compiler's message says why
 
 
@@ -74,9 +76,10 @@ class Policy:
     :ivar jit_compile: the ``jit_compile`` value applied (``auto``, ``true``, ``false``);
         None when the request failed before its options were resolved.
     :ivar binary_first: True when a precompiled binary was looked for before compiling
-        (``jit_compile`` false, or auto for a dynamic shape: SPEC §6); None when unresolved.
+        (``jit_compile`` false, or auto for a dynamic shape: docs/design.md#precompiled-binaries);
+        None when unresolved.
     :ivar cache_mode: the ``op_compiler_cache_mode`` applied (``enable``, ``disable``,
-        ``force``; SPEC §4); None when unresolved.
+        ``force``; docs/design.md#cache-modes); None when unresolved.
     :ivar cached: True when the kernel answered is an entry of the cache.
     :ivar why_not_cached: one line saying why not, when ``cached`` is False
         (``unresolved: <the error>`` for a request that failed before its policy was decided).
@@ -154,23 +157,23 @@ class CompileOutcome:
     error: str | None = None
     request: str = ""
     #: for ``compiled``: True when the kernel was stored in the cache, False when it was
-    #: compiled outside it (a read-only or full root, a lock never released: issue 10 item 12)
+    #: compiled outside it (a read-only or full root, a lock never released)
     cached: bool | None = None
     #: one line for the caller: why a compiled kernel was not cached
     warning: str | None = None
     #: True when another process or host compiled this kernel while this request waited for
-    #: its entry lock: counted as ``coalesced`` (and a miss), not as a hit (issue 13 item 3)
+    #: its entry lock: counted as ``coalesced`` (and a miss), not as a hit
     coalesced: bool = False
-    #: the policy that produced it (issue 13 item 2); :meth:`Policy.unresolved` for a
+    #: the policy that produced it; :meth:`Policy.unresolved` for a
     #: request that failed before its options were resolved
     policy: Policy | None = None
-    #: for a ``hit`` served from a remote tier: ``remote:<name>`` (issue 15 item 5)
+    #: for a ``hit`` served from a remote tier: ``remote:<name>``
     tier: str | None = None
     #: who answered, for ``Client.compile``: ``client`` (a hit served in the caller's
     #: process) or ``daemon``; None inside a daemon or an in-process queue
     via: str | None = None
     #: one line for the caller about what the request did besides its kernel, e.g. the
-    #: ``force`` that cleared the local chip folder only (issue 15: remote tiers untouched)
+    #: ``force`` that cleared the local chip folder only (remote tiers untouched)
     note: str | None = None
 
     @property
@@ -320,16 +323,18 @@ class ChipStats:
 
 @dataclass(frozen=True)
 class StatsResult:
-    """What ``stats`` shows of one kernel cache (SPEC §10).
+    """What ``stats`` shows of one kernel cache (docs/design.md#counters).
 
-    :ivar counters: SPEC §10's counters summed over the chip folders (``hits``, ``misses``,
+    :ivar counters: the counters of docs/design.md#counters summed over the chip folders (``hits``,
+        ``misses``,
         ``compiles``…), in the order the cache keeps them.
     :ivar chip_folders: each chip folder by soc.
     :ivar daemon: a daemon's own figures, in its order (``queue_jobs``, ``queue``,
         ``remotes``, ``remote_uploads_dropped``, ``scan``, ``watch``); empty from a local run.
-    :ivar via, route, other_kernel_caches, kernel_cache_dir, limits: the CLI's additions
-        (where it ran, the other governed kernel caches' folders by path, the limits with
-        their origins).
+    :ivar via, route, other_kernel_caches, kernel_cache_dir, limits, filesystems: the CLI's
+        additions (where it ran, the other governed kernel caches' folders by path, the
+        limits with their origins, the access-time rule of each governed kernel cache's
+        mount: :meth:`cachemgr.storage.atimes.CacheAtimes.to_json`).
     """
 
     counters: dict[str, int]
@@ -340,9 +345,10 @@ class StatsResult:
     other_kernel_caches: dict[str, dict[str, ChipStats]] | None = None
     kernel_cache_dir: str | None = None
     limits: dict[str, Any] | None = None
+    filesystems: list[dict[str, Any]] | None = None
 
     #: the CLI's additions, in their JSON order (after the daemon's figures)
-    ADDED = ("via", "route", "other_kernel_caches", "kernel_cache_dir", "limits")
+    ADDED = ("via", "route", "other_kernel_caches", "kernel_cache_dir", "limits", "filesystems")
 
     @property
     def hits(self) -> int:
@@ -406,4 +412,5 @@ class StatsResult:
             },
             data.get("kernel_cache_dir"),
             data.get("limits"),
+            data.get("filesystems"),
         )

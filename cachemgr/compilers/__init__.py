@@ -1,4 +1,4 @@
-"""Compiler backends (layer 6, SPEC §8): one interface, one module per compiler.
+"""Compiler backends (layer 6, docs/design.md#compilers): one interface, one module per compiler.
 
 ``get_backend(language, config)`` picks the backend: ``c``/``cpp`` → :mod:`.host` (gcc/clang),
 ``cuda`` → :mod:`.cuda` (nvcc → cubin), ``cce`` → :mod:`.template` (CANN ``ccec``/``bisheng``

@@ -1,11 +1,13 @@
-"""Compiler backends: one small interface over every real compiler (SPEC §8, layer 6).
+"""Compiler backends: one small interface over every real compiler (docs/design.md#compilers, layer
+6).
 
 The pattern is filelock's: :class:`CompilerBackend` owns everything that is the same for every
 compiler — validating the job, running the compiler in its own process group with a timeout,
 checking that a binary came out and that it really holds the entry symbol, writing the
-``.cce`` / ``*_loc.json`` artefacts (SPEC §7) and the CANN-shaped kernel json (SPEC §3.1). A
-backend module (``host``, ``cuda``, ``template``) only says where its compiler is, which argv
-compiles a job, and how debug flags map to its own flags.
+``.cce`` / ``*_loc.json`` artefacts (docs/design.md#debug-compiles-and-kernel_meta) and the
+CANN-shaped kernel json (docs/design.md#files-of-an-entry). A backend module (``host``, ``cuda``,
+``template``) only says where its compiler is, which argv compiles a job, and how debug flags map to
+its own flags.
 
 Process rules (:mod:`.process`): the compiler runs in its own process group; on timeout, on
 any interruption and after it exits the whole group gets ``SIGKILL``, so a compile never
@@ -25,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from cachemgr.compilers import lineinfo, process
-from cachemgr.compilers.elf import ElfFile, find_entry_symbol
+from cachemgr.compilers import entrycheck, envvars, lineinfo, process, stamp
+from cachemgr.compilers.elf import ElfFile, EntryMissingError, find_entry_symbol
 from cachemgr.compilers.process import Outcome
 from cachemgr.errors import CompileError, ConfigError, InvalidInputError
 from cachemgr.memo import Memo
@@ -34,16 +36,21 @@ from cachemgr.storage import fsutil, safeio
 
 log = logging.getLogger(__name__)
 
-#: Backend-neutral debug flags the policy layer may ask for (SPEC §7 table): ``O0`` and ``g``
-#: (levels 2, ``ccec_O0``/``ccec_g``), ``oom`` (out-of-bounds checks), ``instrument`` (level 1
-#: debug instrumentation), ``check_flag`` (sync-flag checks). Each backend maps what its
-#: compiler has and logs what it has no equivalent for.
+#: Backend-neutral debug flags the policy layer may ask for
+#: (docs/design.md#debug-compiles-and-kernel_meta table): ``O0`` and ``g`` (levels 2,
+#: ``ccec_O0``/``ccec_g``), ``oom`` (out-of-bounds checks), ``instrument`` (level 1 debug
+#: instrumentation), ``check_flag`` (sync-flag checks). Each backend maps what its compiler has and
+#: logs what it has no equivalent for.
 DEBUG_FLAGS = frozenset({"O0", "g", "oom", "instrument", "check_flag"})
-#: Extra artefacts the policy layer may ask for (SPEC §7): ``cce`` → ``<out_name>.cce`` (the
-#: preprocessed source as compiled), ``loc`` → ``<out_name>_loc.json`` (source line → address).
+#: Extra artefacts the policy layer may ask for (docs/design.md#debug-compiles-and-kernel_meta):
+#: ``cce`` → ``<out_name>.cce`` (the preprocessed source as compiled), ``loc`` →
+#: ``<out_name>_loc.json`` (source line → address).
 EMITS = frozenset({"cce", "loc"})
 #: Source languages some backend accepts.
 LANGUAGES = frozenset({"c", "cpp", "cuda", "cce"})
+
+#: A request's optimisation flag (gcc/clang/ccec ``-O…``, nvcc's ``-Xptxas=-O…``).
+OPTIMISATION_FLAG = re.compile(r"^(?:-O[0-3sgz]?|-Ofast|-Xptxas=-O[0-3])$")
 
 _IDENTITY_TIMEOUT_S = 30.0
 _DEFINE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -58,8 +65,10 @@ class CompileJob:
     ``debug_flags`` ⊆ :data:`DEBUG_FLAGS`; ``emit`` ⊆ :data:`EMITS`; ``timeout_s`` bounds the
     wall time of each compiler process (compile, then preprocess for ``cce``) in seconds.
     ``out_dir`` must exist and be private to this compile. ``include_dirs`` become ``-I<dir>``
-    (in order) and ``extra_flags`` (checked by :mod:`cachemgr.compile.extraflags`) follow the debug
-    flags, both before the defines (issue 11 item 3).
+    (in order) and ``extra_flags`` (checked by :mod:`cachemgr.compile.extraflags`) follow the
+    backend's base optimisation level, and the debug flags follow them, all before the
+    defines: a debug flag wins over the request's own flags
+    (docs/compiling.md#debug-flags-win).
     """
 
     source: Path
@@ -75,13 +84,17 @@ class CompileJob:
     extra_flags: tuple[str, ...] = ()
     depfile: Path | None = None
     #: keep the json in memory (:attr:`CompileResult.doc`) instead of writing ``json_path``:
-    #: a publish takes the document itself (issue 14 item 3: a temp file, a rename, a read
+    #: a publish takes the document itself (a temp file, a rename, a read
     #: back and an unlink less per miss)
     json_in_memory: bool = False
     #: the folder that mirrors the user's files by their absolute paths
     #: (``<mirror_root>/<absolute path>``, :func:`cachemgr.compile.inputs.mirror`): error
     #: messages name the user's path instead of this private copy
     mirror_root: Path | None = None
+    #: the caller's values of the variables this compiler reads (:mod:`.envvars`), already
+    #: translated for the build mirror; the compiler sees these and no other value of them
+    #: (None: this process's environment, as it is)
+    env: Mapping[str, str] | None = None
 
     def user_view(self, text: str) -> str:
         """``text`` (a message, a compiler's stderr) with the private build folder taken out:
@@ -97,14 +110,20 @@ class CompileJob:
 
 @dataclass(frozen=True)
 class CompilerIdentity:
-    """Which compiler: ``name`` (executable name), ``path``, ``version`` (its own version line).
+    """Which compiler: ``name`` (executable name), ``path`` (as found on PATH or configured),
+    ``version`` (its own version line), ``real_path`` (the file run: links followed) and
+    ``stamp`` (:func:`.stamp.stamp` of it and of the programs a wrapper script runs).
 
-    ``version`` is part of the cache key (SPEC §3.2).
+    ``version``, ``real_path`` and ``stamp`` are part of the cache key
+    (docs/compiling.md#the-compiler): two compilers with the same version line never
+    share an entry.
     """
 
     name: str
     path: str
     version: str
+    real_path: str = ""
+    stamp: str = ""
 
 
 @dataclass(frozen=True)
@@ -141,7 +160,7 @@ class CompileResult:
 #: Compiler identities by (backend, executable, inode, size, mtime): one per compiler.
 _identity_cache: Memo[tuple[object, ...], CompilerIdentity] = Memo("compiler identities", 256)
 #: Version lines kept on disk between processes (entries), so a one-shot ``cachemgr compile``
-#: hit runs no ``--version`` (issue 14 item 1).
+#: hit runs no ``--version``.
 _IDENTITY_FILE_ENTRIES = 64
 
 
@@ -164,7 +183,7 @@ def _remembered(key: tuple[object, ...]) -> CompilerIdentity | None:
         found = data.get(_disk_key(key)) if isinstance(data, dict) else None
     except (OSError, ValueError):
         return None
-    if isinstance(found, list) and len(found) == 3 and all(isinstance(x, str) for x in found):
+    if isinstance(found, list) and len(found) == 5 and all(isinstance(x, str) for x in found):
         return CompilerIdentity(*found)
     return None
 
@@ -179,7 +198,13 @@ def _remember(key: tuple[object, ...], ident: CompilerIdentity) -> None:
             data = data if isinstance(data, dict) else {}
         except (OSError, ValueError):
             data = {}
-        data[_disk_key(key)] = [ident.name, ident.path, ident.version]
+        data[_disk_key(key)] = [
+            ident.name,
+            ident.path,
+            ident.version,
+            ident.real_path,
+            ident.stamp,
+        ]
         kept = dict(list(data.items())[-_IDENTITY_FILE_ENTRIES:])
         fsutil.ensure_dir(path.parent)
         fsutil.atomic_write_bytes(path, json.dumps(kept).encode(), mode=0o600, sync=False)
@@ -200,6 +225,9 @@ class CompilerBackend(ABC):
     #: ``magic`` and ``coreType`` written to the kernel json.
     magic: str = "RT_DEV_BINARY_MAGIC_ELF"
     core_type: str = "AiCore"
+    #: The environment variables this compiler reads that change its output
+    #: (:mod:`.envvars`, from the compiler's documentation).
+    env_names: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, config: Mapping[str, object] | None = None) -> None:
         self.config: Mapping[str, object] = dict(config or {})
@@ -244,8 +272,44 @@ class CompilerBackend(ABC):
         return [("-M" if w == "-E" else w) for w in argv]
 
     def include_args(self, job: CompileJob) -> list[str]:
-        """``-I<dir>`` for each include folder, then the extra flags, as given."""
-        return [*(f"-I{d}" for d in job.include_dirs), *job.extra_flags]
+        """``-I<dir>`` for each include folder, then the extra flags (:meth:`request_flags`)."""
+        return [*(f"-I{d}" for d in job.include_dirs), *self.request_flags(job)]
+
+    #: Debug flags that compile without optimisation: with one of them the request's own
+    #: optimisation flags are dropped (:meth:`request_flags`).
+    unoptimised_by: ClassVar[frozenset[str]] = frozenset({"O0"})
+
+    def request_flags(self, job: CompileJob) -> list[str]:
+        """The request's ``extra_flags``, less its optimisation flags (``-O…``, ``-Ofast``,
+        ``-Xptxas=-O…``) when ``job.debug_flags`` asks for an unoptimised build
+        (:attr:`unoptimised_by`): debug flags win over the request's own optimisation
+        (docs/compiling.md#debug-flags-win; CANN: ``ccec_O0`` and level 2 build at ``-O0``).
+        The backends also put their debug flags after these, so every other debug flag wins
+        too."""
+        if not job.debug_flags & self.unoptimised_by:
+            return list(job.extra_flags)
+        kept = [f for f in job.extra_flags if not OPTIMISATION_FLAG.match(f)]
+        if len(kept) != len(job.extra_flags):
+            dropped = sorted(set(job.extra_flags) - set(kept))
+            log.info("%s: debug build at -O0: the request's %s are not used", job.out_name, dropped)
+        return kept
+
+    def path_map_args(self, job: CompileJob) -> list[str]:
+        """For a job compiled from a build mirror: gcc/clang flags that write the caller's
+        paths into the object instead of the mirror's (docs/compiling.md#paths-in-the-binary).
+        ``__FILE__`` and the DWARF file names lose the mirror's prefix
+        (``-ffile-prefix-map=<mirror>/=/``: ``<mirror>/a/k.c`` is ``/a/k.c``), and the
+        compile's working folder, the build folder (``DW_AT_comp_dir``), becomes the
+        source's folder. The build-folder map comes first: gcc applies the last matching
+        map, clang the longest. Nothing for a job without a mirror (its paths are the
+        caller's, or a probe's source outside the mirror)."""
+        folder = caller_folder(job)
+        if folder is None:
+            return []
+        return [
+            f"-fdebug-prefix-map={job.out_dir}={folder}",
+            f"-ffile-prefix-map={job.mirror_root}/=/",
+        ]
 
     #: The compile command writes ``job.depfile`` when set (gcc, clang, nvcc).
     writes_depfile: ClassVar[bool] = False
@@ -266,20 +330,38 @@ class CompilerBackend(ABC):
         """Backend-specific kernel-json fields (override; default: nothing extra)."""
         return {}
 
+    def key_env(self, env: Mapping[str, str]) -> dict[str, str]:
+        """What of the compile environment ``env`` goes into the key for this compiler
+        (:func:`.envvars.key_values` of :attr:`env_names`)."""
+        return envvars.key_values(self.env_names, env)
+
+    def resolve_native(self, words: tuple[str, ...]) -> tuple[str, ...]:
+        """What ``-march=native``-style ``words`` resolve to on this host, for the key
+        (docs/compiling.md#native). This backend cannot tell: refused.
+
+        :raises InvalidInputError: always, one line naming the flag.
+        """
+        raise InvalidInputError(
+            f"extra_flags {words[0]!r}: the {self.name} backend cannot tell what it "
+            "resolves to on this host, so its binary could not be keyed by it; name the "
+            "target instead"
+        )
+
     # ----- shared machinery ------------------------------------------------------------------
 
     def identity(self) -> CompilerIdentity:
-        """Name, path and version of the compiler (cached per executable path, inode, size and
-        mtime: in this process, and across processes in :func:`identity_cache_file`).
+        """Name, path, version, real path and stamp of the compiler (:mod:`.stamp`), cached
+        per file run (and programs a wrapper runs) by path, inode, size and mtime: in this
+        process, and across processes in :func:`identity_cache_file` — so a hit runs no
+        ``--version`` once the compiler is known.
 
         :raises CompileError: naming the compiler when it is missing or ``--version`` fails.
+        :raises ConfigError: a bad ``[compilers] compiler_check``.
         """
         path = self.executable()
-        try:
-            st = os.stat(path)
-        except OSError as exc:
-            raise CompileError(f"{self.name} compiler {path} cannot be read: {exc}") from exc
-        key = (self.name, path, st.st_ino, st.st_size, st.st_mtime_ns)
+        mode = stamp.check_mode(self.config)
+        files = stamp.compiler_files(path)
+        key = (self.name, path, *stamp.stat_key(files, mode))
         cached = _identity_cache.get(key)
         if cached is not None:
             return cached
@@ -290,7 +372,13 @@ class CompilerBackend(ABC):
             if out.returncode != 0 or not text.strip():
                 msg = f"{path} --version failed (exit {out.returncode}): {out.message()}"
                 raise CompileError(msg)
-            ident = CompilerIdentity(os.path.basename(path), path, self.version_line(text))
+            ident = CompilerIdentity(
+                os.path.basename(path),
+                path,
+                self.version_line(text),
+                files[0],
+                stamp.stamp(files, mode),
+            )
             _remember(key, ident)
         _identity_cache.put(key, ident)
         return ident
@@ -328,14 +416,14 @@ class CompilerBackend(ABC):
         binary = self.binary_path(job)
         fsutil.safe_unlink(binary)
         log.debug("compiling %s: %s", job.source, " ".join(argv))
-        out = self._run(argv, job.timeout_s, job.out_dir, f"compiling {job.source}")
+        out = self._run(argv, job.timeout_s, job.out_dir, f"compiling {job.source}", job.env)
         self._check_outcome(out, argv, job)
         if not binary.is_file():
             raise CompileError(
                 f"{ident.name} exited 0 but wrote no binary {binary} (compiling {job.source})"
             )
         elf = ElfFile(binary)
-        kernel_name = self.find_kernel_symbol(elf, job.entry)
+        kernel_name = self._entry_symbol(job, elf)
         artefacts = self._emit(job, binary, kernel_name)
         doc = self._json_doc(job, ident, argv, elf, kernel_name)
         json_path = job.out_dir / f"{job.out_name}.json"
@@ -352,6 +440,23 @@ class CompilerBackend(ABC):
             out.seconds,
             doc,
         )
+
+    def _entry_symbol(self, job: CompileJob, elf: ElfFile) -> str:
+        """:meth:`find_kernel_symbol`, its "absent" error led by the reason the sources show
+        (a ``static`` entry, no exported function: :mod:`.entrycheck`).
+
+        :raises CompileError: the symbol is absent, not exported, or ambiguous.
+        """
+        try:
+            return self.find_kernel_symbol(elf, job.entry)
+        except EntryMissingError as exc:
+            exported = sorted(s.name for s in elf.symbols() if s.is_exported_function)
+            files = entrycheck.compiled_files(job.source, job.mirror_root)
+            why = entrycheck.missing_entry_reason(job.entry, files, exported)
+            if why is None:
+                raise
+            shown = f" (exported functions: {exported[:10]})" if exported else ""
+            raise CompileError(f"{why}{shown}") from exc
 
     def find_kernel_symbol(self, elf: ElfFile, entry: str) -> str:
         """The real symbol of ``entry`` in the binary (see :func:`.elf.find_entry_symbol`).
@@ -394,10 +499,23 @@ class CompilerBackend(ABC):
         if job.timeout_s <= 0:
             raise InvalidInputError(f"timeout_s must be > 0, got {job.timeout_s}")
 
-    def _run(self, argv: list[str], timeout_s: float, cwd: Path | None, what: str) -> Outcome:
+    def _run(
+        self,
+        argv: list[str],
+        timeout_s: float,
+        cwd: Path | None,
+        what: str,
+        env: Mapping[str, str] | None = None,
+        keep_stderr: process.Keep = process.DIAGNOSTICS,
+    ) -> Outcome:
         """Run ``argv`` in its own process group (see :mod:`.process`), inside the sandbox
-        and resource limits of :data:`process.current_limits` when a caller set them."""
-        return process.run_in_group(argv, timeout_s, cwd, what)
+        and resource limits of :data:`process.current_limits` when a caller set them, with
+        the job's compile environment ``env`` (:func:`.envvars.process_env`), keeping of
+        its output what :data:`process.DIAGNOSTICS` keeps (of stderr: ``keep_stderr``).
+        Every other caller reads only messages, the first line of ``--version``, or files
+        the compiler wrote (a dependency list, whose reader has its own cap)."""
+        env_ = envvars.process_env(env)
+        return process.run_in_group(argv, timeout_s, cwd, what, env_, keep_stderr=keep_stderr)
 
     def list_dependencies(self, job: CompileJob, output: Path) -> list[str]:
         """Run :meth:`depend_command` and return the files it names (paths as the compiler
@@ -406,7 +524,8 @@ class CompilerBackend(ABC):
         :raises CompileError: the preprocessor failed (its message: a missing header...).
         """
         argv = self.depend_command(job, output)
-        out = self._run(argv, job.timeout_s, job.out_dir, f"listing the headers of {job.source}")
+        what = f"listing the headers of {job.source}"
+        out = self._run(argv, job.timeout_s, job.out_dir, what, job.env)
         try:
             self._check_outcome(out, argv, job)
         except CompileError as exc:
@@ -442,7 +561,8 @@ class CompilerBackend(ABC):
         tmp = fsutil.temp_path(dest)
         argv = self.preprocess_command(job, tmp)
         try:
-            out = self._run(argv, job.timeout_s, job.out_dir, f"preprocessing {job.source}")
+            what = f"preprocessing {job.source}"
+            out = self._run(argv, job.timeout_s, job.out_dir, what, job.env)
             self._check_outcome(out, argv, job)
             if not tmp.is_file():
                 raise CompileError(f"preprocessor {argv[0]} wrote no output for {job.source}")
@@ -454,7 +574,8 @@ class CompilerBackend(ABC):
     def _emit_loc(self, job: CompileJob, binary: Path, kernel_name: str) -> Path:
         dest = job.out_dir / f"{job.out_name}_loc.json"
         rows = lineinfo.decode_lines(binary, lineinfo.readelf_path(self.config.get("readelf")))
-        doc = lineinfo.loc_document(job.out_name, self.bin_suffix, kernel_name, job.source, rows)
+        source = Path(job.user_view(str(job.source)))  # the caller's path, not the mirror's
+        doc = lineinfo.loc_document(job.out_name, self.bin_suffix, kernel_name, source, rows)
         fsutil.atomic_write_bytes(dest, _dumps(doc))
         return dest
 
@@ -486,6 +607,14 @@ class CompilerBackend(ABC):
         }
         doc.update(self.json_fields(job, elf, kernel_name))
         return doc
+
+
+def caller_folder(job: CompileJob) -> str | None:
+    """The caller's folder of ``job.source`` (its path without the build mirror's prefix), or
+    None for a job without a mirror or whose source is not in it."""
+    if job.mirror_root is None or not job.source.is_relative_to(job.mirror_root):
+        return None
+    return "/" + str(job.source.parent.relative_to(job.mirror_root))
 
 
 def find_executable(candidates: list[str], what: str, config_key: str | None = None) -> str:

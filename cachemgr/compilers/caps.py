@@ -37,7 +37,7 @@ import ctypes
 import functools
 import logging
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -142,10 +142,13 @@ def none_inherited() -> Iterator[None]:
             )
 
 
-def start(argv: list[str], cwd: Path | str | None) -> subprocess.Popen[bytes]:
+def start(
+    argv: list[str], cwd: Path | str | None, env: Mapping[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     """Start ``argv`` as every compiler process starts: holding no capability
     (:func:`none_inherited`), in a process group of its own (its pid), stdin ``/dev/null``,
-    stdout and stderr piped, working in ``cwd``.
+    stdout and stderr piped, working in ``cwd``, with environment ``env`` (None: this
+    process's).
 
     :raises OSError: ``argv[0]`` cannot be run.
     """
@@ -153,6 +156,7 @@ def start(argv: list[str], cwd: Path | str | None) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
             argv,
             cwd=cwd,
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -1,10 +1,12 @@
-"""CUDA backend: nvcc → cubin for one SM architecture (SPEC §8; no GPU needed to compile).
+"""CUDA backend: nvcc → cubin for one SM architecture (docs/design.md#compilers; no GPU needed to
+compile).
 
 Compiler: ``config["nvcc"]``, else ``nvcc`` on PATH, else the ``nvcc`` of the PyPI
 ``nvidia-cuda-nvcc`` wheel (``nvidia/cu13/bin`` for CUDA 13, ``nvidia/cuda_nvcc/bin`` for 12),
 else ``$CUDA_HOME/bin/nvcc`` or ``/usr/local/cuda/bin/nvcc``. Command (arch from
 ``config["cuda_arch"]``, default ``sm_90``):
-``nvcc -cubin -arch=<arch> <flags> <-D...> -x cu <src> -o <out>.cubin``.
+``nvcc -cubin -arch=<arch> <-I...> <extra flags> <debug flags> <-D...> -x cu <src> -o
+<out>.cubin``.
 Kernels should be ``extern "C" __global__`` so the symbol is the entry name.
 
 nvcc runs each of its steps (host preprocessor, ``cicc``, ``ptxas``) through ``sh -c`` and
@@ -23,7 +25,14 @@ import re
 from pathlib import Path
 from typing import Any
 
-from cachemgr.compilers.base import CompileJob, CompilerBackend, config_str, find_executable
+from cachemgr.compilers import envvars
+from cachemgr.compilers.base import (
+    CompileJob,
+    CompilerBackend,
+    caller_folder,
+    config_str,
+    find_executable,
+)
 from cachemgr.compilers.elf import ElfFile
 from cachemgr.errors import ConfigError, InvalidInputError
 
@@ -50,6 +59,8 @@ class CudaBackend(CompilerBackend):
     bin_suffix = ".cubin"
     magic = "RT_DEV_BINARY_MAGIC_CUBIN"
     core_type = "CudaSM"
+    #: nvcc's own variables and its host compiler's (:mod:`.envvars`)
+    env_names = envvars.NVCC
 
     @property
     def arch(self) -> str:
@@ -82,6 +93,20 @@ class CudaBackend(CompilerBackend):
             out.append("-lineinfo")  # line table without changing the generated code
         return out
 
+    #: ``-G`` compiles the device code without optimisation too: ptxas refuses it with an
+    #: optimisation level ("Optimized debugging not supported"), so the request's go.
+    unoptimised_by = frozenset({"O0", "g"})
+
+    def path_map_args(self, job: CompileJob) -> list[str]:
+        """``-Xcompiler -ffile-prefix-map=<mirror>/=/``: nvcc preprocesses the source with
+        its host compiler, so ``__FILE__`` (a device ``assert``, a ``printf``) names the
+        caller's path. nvcc has no map for the device DWARF that ``-G`` and ``-lineinfo``
+        write: those name the build mirror (docs/compiling.md#paths-in-the-binary).
+        Nothing for a mirror whose path holds a comma (``-Xcompiler`` splits on commas)."""
+        if caller_folder(job) is None or "," in str(job.mirror_root):
+            return []
+        return ["-Xcompiler", f"-ffile-prefix-map={job.mirror_root}/=/"]
+
     def unsupported_debug_flags(self, job: CompileJob) -> frozenset[str]:
         """``oom``, ``instrument``, ``check_flag``: no nvcc equivalent."""
         return job.debug_flags - _DEBUG_MAP.keys()
@@ -89,7 +114,8 @@ class CudaBackend(CompilerBackend):
     writes_depfile = True
 
     def command(self, job: CompileJob) -> list[str]:
-        """``nvcc -cubin -arch=<arch> <flags> <defines> -x cu <source> -o <out>.cubin``."""
+        """``nvcc -cubin -arch=<arch> <include folders, extra flags> <debug flags> <defines>
+        -x cu <source> -o <out>.cubin``."""
         return [*self._argv(job, "-cubin", self.binary_path(job)), *self.depfile_args(job)]
 
     def preprocess_command(self, job: CompileJob, output: Path) -> list[str]:
@@ -121,8 +147,9 @@ class CudaBackend(CompilerBackend):
             self.executable(),
             mode,
             f"-arch={self.arch}",
-            *self.flags(job),
+            *self.path_map_args(job),
             *self.include_args(job),
+            *self.flags(job),
             *self.define_args(job),
             "-x",
             "cu",

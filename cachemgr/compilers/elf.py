@@ -204,7 +204,11 @@ def find_entry_symbol(elf: ElfFile, entry: str) -> str:
     local = any(s.name == entry and s.defined for s in symbols)
     why = "is not exported (static?) from" if local else "is not in"
     names = sorted(s.name for s in funcs)[:10]
-    raise CompileError(f"entry symbol {entry!r} {why} {elf.path}; exported functions: {names}")
+    raise EntryMissingError(f"entry symbol {entry!r} {why} {elf.path}; exported functions: {names}")
+
+
+class EntryMissingError(CompileError):
+    """The object has no exported function that is the kernel entry (not an ambiguity)."""
 
 
 def _mangles(name: str, entry: str) -> bool:

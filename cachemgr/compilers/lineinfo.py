@@ -1,4 +1,5 @@
-"""Source line → binary address maps (the ``*_loc.json`` of SPEC §7), from DWARF line tables.
+"""Source line → binary address maps (the ``*_loc.json`` of
+docs/design.md#debug-compiles-and-kernel_meta), from DWARF line tables.
 
 The map is read from the ``.debug_line`` section of the binary just produced, decoded by GNU
 ``readelf --debug-dump=decodedline`` (binutils ships wherever gcc does; it decodes host objects
@@ -22,6 +23,12 @@ _ROW = re.compile(r"^(?P<file>\S.*?)\s+(?P<line>\d+)\s+(?P<addr>0x[0-9a-fA-F]+|\
 #: End of a sequence: ``<file> - <address>``.
 _END = re.compile(r"^\S.*?\s+-\s+(0x[0-9a-fA-F]+|\d+)\s*$")
 _READELF_TIMEOUT_S = 60.0
+#: The most bytes of ``readelf`` output parsed into a line map (8 MiB: ~100 000 rows, some
+#: 130 MB at the peak of parsing and writing them); past it the map is refused. The binary
+#: is the caller's making (inline assembly can write any ``.debug_line``), and the whole
+#: output is parsed, so it cannot be elided like a compiler's messages
+#: (docs/security.md#10-streaming-limits-fairness).
+MAX_READELF_BYTES = 8 * 1024 * 1024
 
 
 def readelf_path(config_value: object = None) -> str:
@@ -46,13 +53,20 @@ def decode_lines(binary: Path, readelf: str) -> list[dict[str, object]]:
     sandbox's view and limits (:func:`.process.run_in_group`, working in the binary's
     folder), never as the daemon outside them (attack review after the allow-list view).
 
-    :raises CompileError: when readelf fails or the binary has no line information (compile
-        with the backend's line-info flag).
+    :raises CompileError: when readelf fails, prints more than :data:`MAX_READELF_BYTES`,
+        or the binary has no line information (compile with the backend's line-info flag).
     """
     argv = [readelf, "-W", "--debug-dump=decodedline", binary.name]
-    out = process.run_in_group(argv, _READELF_TIMEOUT_S, binary.parent, f"reading {binary.name}")
+    what = f"reading {binary.name}"
+    keep = process.up_to(MAX_READELF_BYTES)
+    out = process.run_in_group(argv, _READELF_TIMEOUT_S, binary.parent, what, keep_stdout=keep)
     if out.returncode != 0:
         raise CompileError(f"readelf failed on {binary}: {out.message()[:500]}")
+    if out.stdout_dropped:
+        raise CompileError(
+            f"the line table of {binary.name} is over {MAX_READELF_BYTES} bytes as readelf "
+            "prints it; no *_loc.json is written for it (compile without emit loc)"
+        )
     rows = parse_decodedline(out.stdout.decode("utf-8", "replace"))
     if not rows:
         raise CompileError(f"{binary} has no debug line information; cannot write *_loc.json")

@@ -1,4 +1,4 @@
-"""Which backend compiles which kernel language (SPEC §8).
+"""Which backend compiles which kernel language (docs/design.md#compilers).
 
 The one place that knows every backend module: :mod:`.base` defines the contract and never
 imports a backend, the backends import :mod:`.base`, and this module imports them all — so

@@ -1,5 +1,6 @@
-"""The sandbox and resource limits of compiler processes run by the daemon (issue 10 items 5
-and 10).
+"""The sandbox and resource limits of compiler processes run by the daemon
+(docs/daemon.md, *Sandbox*;
+docs/security.md#5-callers-are-identified-the-daemon-reads-nothing-for-them).
 
 A caller's source may ``#include "/home/cachemgr/secret"`` or ``.incbin`` a file only the
 daemon user may read, test with ``__has_include`` whether any path exists, and a compiler may
@@ -38,7 +39,7 @@ process (compile, dependency listing, probes) of another user:
   (:meth:`Sandbox.check_left`): the daemon reads the outputs outside the view, where a link
   left there by a subverted compiler led it to any file of the daemon user.
 
-  Until this view (attack review after issue 14) the namespace hid a deny-list of folders
+  Until this view (an attack review) the namespace hid a deny-list of folders
   and showed the rest of the host: a failed compile's error text quoted the lines of any
   other file the daemon user could read, and ``__has_include`` told whether a path existed;
 * under **resource limits** (``prlimit``): address space (``RLIMIT_AS``), CPU time
@@ -48,8 +49,8 @@ process (compile, dependency listing, probes) of another user:
 A compile for the **daemon's own user** (a caller whose ``SO_PEERCRED`` uid is the daemon's:
 :func:`cachemgr.compilers.process.for_own_user`) runs under the limits but not in the view:
 it shows that user nothing it cannot read anyway — as its compiles without a daemon (an
-in-process queue runs no sandbox) always could — and costs ~6 ms per compiler process
-(issue 14 item 3). A job shared by several callers runs in it when any caller joined before
+in-process queue runs no sandbox) always could — and costs ~6 ms per compiler process.
+A job shared by several callers runs in it when any caller joined before
 it started is another user; a TCP caller (no credentials) is never the daemon's user.
 
 Where bubblewrap cannot run (not installed, a kernel or systemd unit forbidding user
@@ -87,7 +88,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cachemgr.compilers import caps
+from cachemgr.compilers import caps, envvars
 from cachemgr.constants import MIB
 from cachemgr.errors import CompileError, ConfigError
 
@@ -226,7 +227,7 @@ class Sandbox:
         if work != "/":
             args += ["--bind", work, work]
         for name in sorted(os.environ):  # the daemon's other variables may hold credentials
-            if not ENV_KEPT.match(name):
+            if not ENV_KEPT.match(name) and name not in envvars.KEYED:  # (the caller's)
                 args += ["--unsetenv", name]
         return [*args, "--chdir", work, "--setenv", "TMPDIR", "/tmp"]
 

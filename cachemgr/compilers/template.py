@@ -1,11 +1,15 @@
-"""Command-template backend for the CANN toolchain (``ccec`` / ``bisheng``), SPEC §8.
+"""Command-template backend for the CANN toolchain (``ccec`` / ``bisheng``),
+docs/design.md#compilers.
 
 Config keys:
 
 * ``cce_command`` (required): argv template, split like a shell line (no shell runs), e.g.
   ``"ccec -c {source} -o {output} {defines} {flags}"``. Placeholders: ``{source}``,
   ``{output}`` (the binary), ``{entry}``, ``{out_dir}``, ``{out_name}``; ``{defines}`` and
-  ``{flags}`` must stand alone as a word and expand to zero or more arguments.
+  ``{flags}`` must stand alone as a word and expand to zero or more arguments: ``{flags}``
+  is the include folders, the request's ``extra_flags`` (less its ``-O…`` for a debug build
+  at ``-O0``), then the debug flags, which so win over the request's; a word of the template
+  itself after ``{flags}`` (an ``-O2``) still wins over them.
 * ``cce_flags``: debug flag → compiler flags (a string split like a shell line, or a list).
   Defaults: ``O0`` → ``-O0``, ``g`` → ``-g``; ``loc`` (used when a line map is asked for)
   defaults to the ``g`` flags. Unmapped debug flags are logged and skipped.
@@ -22,6 +26,7 @@ import string
 from collections.abc import Mapping
 from pathlib import Path
 
+from cachemgr.compilers import envvars
 from cachemgr.compilers.base import (
     DEBUG_FLAGS,
     CompileJob,
@@ -44,6 +49,8 @@ class TemplateBackend(CompilerBackend):
 
     name = "template"
     languages = frozenset({"cce"})
+    #: ``ccec`` and ``bisheng`` are clang-based: clang's variables (:mod:`.envvars`)
+    env_names = envvars.CLANG
 
     def __init__(self, config: Mapping[str, object] | None = None) -> None:
         super().__init__(config)
@@ -106,19 +113,34 @@ class TemplateBackend(CompilerBackend):
         for word in template:
             if word == "{defines}":
                 argv.extend(self.define_args(job))
-            elif word == "{flags}":
-                argv.extend(self.flags(job))
+            elif word == "{flags}":  # debug flags last: they win (docs/compiling.md)
                 argv.extend(self.include_args(job))
+                argv.extend(self.flags(job))
             else:
                 argv.append(word.format_map(values))
         argv[0] = self.executable()
         return argv
 
 
+#: The example ``cce_command`` a message about a missing one shows.
+EXAMPLE_COMMAND = 'cce_command = "ccec -c {source} -o {output} {defines} {flags}"'
+
+
 def _parse_template(config: Mapping[str, object], key: str) -> list[str]:
+    """``config[key]`` split into argv words, every placeholder checked.
+
+    :raises ConfigError: it is missing or empty (the message names ``[compilers] KEY`` and an
+        example line), cannot be split, or has a bad placeholder.
+    """
     text = config.get(key)
-    if not isinstance(text, str) or not text.strip():
-        raise ConfigError(f"template compiler needs config {key} (got {text!r})")
+    if text is None or (isinstance(text, str) and not text.strip()):
+        given = "is not set" if text is None else "is empty"
+        raise ConfigError(
+            f"a cce kernel needs [compilers] {key}, the CANN compiler's command line; it "
+            f"{given}. Add a line like {EXAMPLE_COMMAND} under [compilers] in the config file"
+        )
+    if not isinstance(text, str):
+        raise ConfigError(f"[compilers] {key}={text!r} must be a string, e.g. {EXAMPLE_COMMAND}")
     try:
         words = shlex.split(text)
     except ValueError as exc:

@@ -1,5 +1,4 @@
-"""The config file's schema: one typed model for every table of ``config/cachemgr.toml``
-(issue 13 item 1).
+"""The config file's schema: one typed model for every table of ``config/cachemgr.toml``.
 
 Each table is a frozen dataclass (:class:`DaemonConfig`, :class:`SandboxTable`,
 :class:`CompilersTable`, :class:`PrecompiledTable`, :class:`ToolkitTable`) whose fields are
@@ -31,7 +30,7 @@ from cachemgr.storage import safeio
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
-#: ``[daemon] lock_fallback`` values (SPEC §9).
+#: ``[daemon] lock_fallback`` values (docs/design.md#sharing-and-locking).
 LOCK_FALLBACKS = ("refuse", "local")
 #: Largest config file read (bytes): ``--config /dev/zero``, a FIFO or a sparse giant (a
 #: careless ``CACHEMGR_CONFIG``) hung every command reading it, and ate memory.
@@ -142,7 +141,7 @@ class DaemonConfig:
     # reports what it did: members holding the locks of bad entries cost 5 s each
     gc_deadline_s: float = 600.0
     evict_debounce_s: float = 2.0  # crossing the limit schedules eviction this much later
-    # ...but however many file events follow, no later than this after the first (issue 12)
+    # ...but however many file events follow, no later than this after the first
     evict_max_delay_s: float = 10.0
     # how often the inotify watches are checked against the folders (re-armed after an
     # rm -rf, new chip folders armed); also the governance heartbeat
@@ -174,21 +173,22 @@ class DaemonConfig:
     tcp_port: int = field(default=0, metadata=rule("int", 0, 65535))
     max_body_bytes: int = 1 << 20
     stop_timeout_s: float = 600.0  # SIGTERM: how long running compiles may take to finish
-    # SPEC §9: what to do when fcntl locks do not work on the cache root (checked at start):
-    # "refuse" to start, or "local": serve a cache on local disk instead, and say so
+    # docs/design.md#sharing-and-locking: what to do when fcntl locks do not work on the cache root
+    # (checked at start): "refuse" to start, or "local": serve a cache on local disk instead, and
+    # say so
     lock_fallback: str = field(default="refuse", metadata=rule("str", choices=LOCK_FALLBACKS))
     # the root of that local cache; "" = $CACHE_DIRECTORY (systemd) or ~/.cache/cachemgr
     local_cache_dir: str = ""
     # how long a compile waits for another process (or host) compiling the same kernel, then
     # compiles it itself (seconds); 0 = twice the compile timeout plus a minute
     lock_wait_s: float = 0.0
-    # completed debug outputs in kernel_meta are the users' and stay (issue 11 item 7); > 0:
+    # completed debug outputs in kernel_meta are the users' and stay; > 0:
     # a dead process's output folder whose newest file is older than this goes (seconds)
     kernel_meta_retention_s: float = 0.0
     # the user the daemon runs as (e.g. "cachemgr"): the CLI, given this config, trusts its
-    # socket besides the caller's own and root's (issue 10, item 7); "" = none
+    # socket besides the caller's own and root's; "" = none
     user: str = ""
-    # issue 10: the secret the TCP listener requires (a 0600 file of the daemon's user);
+    # The secret the TCP listener requires (a 0600 file of the daemon's user);
     # without it the TCP listener does not start
     tcp_token_file: str = ""
     # connections held at once, in all and per caller uid; a silent connection is closed
@@ -229,6 +229,13 @@ class DaemonConfig:
     # hits a second one caller (uid) other than the daemon's user or root may report to
     # /hits (docs/daemon.md#hits-a-client-reports); 0 = 20,000 per CPU core
     max_reported_hits_per_s: int = field(default=0, metadata=rule("int", 0))
+    # globs of cache roots this service keeps within their own limits besides its own cache,
+    # e.g. ["/home/*/atc_data", "/data/*/cache"]: each root's kernel_cache* folders with their
+    # own op_cache.ini, as the root's owner (docs/daemon.md#governing-every-cache-on-a-build-host)
+    govern: tuple[str, ...] = field(
+        default=(),
+        metadata=rule("list_str", text="a list of absolute globs like '/home/*/atc_data'"),
+    )
 
     @classmethod
     def from_table(cls, table: Mapping[str, Any] | None, where: str = "[daemon]") -> DaemonConfig:
@@ -278,11 +285,15 @@ class CompilersTable:
     cce_suffix: str | None = _opt_str()
     cce_magic: str | None = _opt_str()
     cce_core_type: str | None = _opt_str()
+    # how a compiler is told apart in the key: its file's size and mtime, or its SHA-256
+    # (cachemgr.compilers.stamp; ccache's compiler_check)
+    compiler_check: str = field(default="mtime", metadata=rule("str", choices=("mtime", "content")))
 
 
 @dataclass(frozen=True)
 class PrecompiledTable:
-    """``[precompiled]``: packages of precompiled kernels (SPEC §6), searched before
+    """``[precompiled]``: packages of precompiled kernels (docs/design.md#precompiled-binaries),
+    searched before
     ``$ASCEND_OPP_PATH``'s built-in ones."""
 
     paths: tuple[str, ...] = field(default=(), metadata=rule("list_str", text="a list of paths"))
@@ -298,7 +309,7 @@ class ToolkitTable:
 
 @dataclass(frozen=True)
 class RemoteTable:
-    """``[remote]``: remote storage tiers (issue 15; parsed by ``cachemgr.remote.config``,
+    """``[remote]``: remote storage tiers (parsed by ``cachemgr.remote.config``,
     which also reads ``CACHEMGR_REMOTE_STORAGE``). Passwords in ``storage`` are redacted
     wherever the table is shown (:meth:`ConfigFile.rows`)."""
 
@@ -308,8 +319,8 @@ class RemoteTable:
     upload_queue: int = field(default=256, metadata=rule("int", 1))
     failures_before_open: int = field(default=3, metadata=rule("int", 1))
     open_s: float = field(default=30.0, metadata=rule("float", 0.001))
-    #: entries per chip the daemon downloads from the remotes' index (0 = off; issue 15
-    #: item 6), into ``prefetch_socs`` (default: the chip folders present, ``soc_version``)
+    #: entries per chip the daemon downloads from the remotes' index (0 = off),
+    #: into ``prefetch_socs`` (default: the chip folders present, ``soc_version``)
     prefetch: int = field(default=0, metadata=rule("int", 0))
     prefetch_socs: tuple[str, ...] = field(
         default=(), metadata=rule("list_str", text="a list of chip names like 'Ascend910B1'")
@@ -330,7 +341,7 @@ class RemoteTable:
 
 def redact_url(text: str) -> str:
     """``text`` with the password of a ``scheme://user:password@host`` URL replaced by
-    ``********`` (issue 15 item 2: never shown by ``config``, logs or errors)."""
+    ``********`` (never shown by ``config``, logs or errors)."""
     head, sep, rest = text.partition("://")
     if not sep or "@" not in rest.split("/", 1)[0].split("|", 1)[0]:
         return text
@@ -338,6 +349,17 @@ def redact_url(text: str) -> str:
     user = cred.split(":", 1)[0]
     shown = f"{user}:********" if ":" in cred else cred
     return f"{head}://{shown}@{after}"
+
+
+#: GE's names of the two cache settings (``ge.op_compiler_cache_dir`` …, the options of GE's
+#: own API), accepted in the config file for the plain ones
+#: (docs/configuration.md#every-frameworks-name): as a dotted key, a quoted key or a ``[ge]``
+#: table.
+GE_ALIASES = {
+    "ge.op_compiler_cache_dir": "op_compiler_cache_dir",
+    "ge.op_compiler_cache_mode": "op_compiler_cache_mode",
+}
+GE_TABLE = "ge"
 
 
 #: Every table of the config file and its model.
@@ -395,6 +417,9 @@ class ConfigFile:
     tables: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     models: Mapping[str, Any] = field(default_factory=dict)
     lines: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    #: a top-level option set by its GE name: option → ``(table, key)`` as written
+    #: (``("ge", "op_compiler_cache_dir")``, or ``("", "ge.op_compiler_cache_dir")`` quoted)
+    aliases: Mapping[str, tuple[str, str]] = field(default_factory=dict)
 
     def where(self, table: str, key: str) -> str:
         """``config FILE:LINE`` of a key, for origins and messages."""
@@ -427,9 +452,10 @@ def empty() -> ConfigFile:
 
 
 # patterns, compiled on first use by re's own cache (a run without a config file, such as a
-# CLI hit, compiles none: issue 14 item 1)
+# CLI hit, compiles none)
 _HEADER = r"^\s*\[\s*([A-Za-z0-9_.\"' -]+?)\s*\]\s*(#.*)?$"
 _KEY = r"^\s*([A-Za-z0-9_-]+|\"[^\"]*\"|'[^']*')\s*[.=]"
+_DOTTED = r"^\s*([A-Za-z0-9_-]+)\s*\.\s*([A-Za-z0-9_-]+)\s*="
 
 
 def _lines(text: str) -> dict[tuple[str, str], int]:
@@ -449,6 +475,9 @@ def _lines(text: str) -> dict[tuple[str, str], int]:
             key = re.match(_KEY, line)
             if key:
                 out.setdefault((table, key.group(1).strip("\"'")), number)
+            dotted = re.match(_DOTTED, line) if table == "" else None
+            if dotted:  # ge.op_compiler_cache_dir = …: the key of table "ge"
+                out.setdefault((dotted.group(1), dotted.group(2)), number)
         depth = max(0, depth + line.count("[") - line.count("]"))
     return out
 
@@ -483,6 +512,7 @@ def load(path: Path, top_parsers: Mapping[str, Callable[[Any], Any]]) -> ConfigF
     lines = _lines(text)
     top = {k: v for k, v in data.items() if not isinstance(v, dict)}
     tables = {k: v for k, v in data.items() if isinstance(v, dict)}
+    aliases = _take_aliases(path, top, tables, lines)
     for key, value in top.items():
         parse = top_parsers.get(key)
         if parse is None:
@@ -491,8 +521,9 @@ def load(path: Path, top_parsers: Mapping[str, Callable[[Any], Any]]) -> ConfigF
         try:
             parse(value)
         except ValueError as exc:
-            line = lines.get(("", key))
-            raise _fail(path, line, f"{key} = {value!r} is invalid; {exc}") from None
+            where = aliases.get(key, ("", key))
+            shown = ".".join(p for p in where if p)
+            raise _fail(path, lines.get(where), f"{shown} = {value!r} is invalid; {exc}") from None
     models: dict[str, Any] = {}
     for name, table in tables.items():
         cls = TABLES.get(name)
@@ -505,7 +536,48 @@ def load(path: Path, top_parsers: Mapping[str, Callable[[Any], Any]]) -> ConfigF
         models[name] = _build_at(cls, name, table, path, lines)
     for name, cls in TABLES.items():
         models.setdefault(name, cls())
-    return ConfigFile(path, top, tables, models, lines)
+    return ConfigFile(path, top, tables, models, lines, aliases)
+
+
+def _take_aliases(
+    path: Path,
+    top: dict[str, Any],
+    tables: dict[str, Any],
+    lines: Mapping[tuple[str, str], int],
+) -> dict[str, tuple[str, str]]:
+    """Move the values set by their GE names (:data:`GE_ALIASES`) to the plain option in
+    ``top`` (both changed in place); returns option → ``(table, key)`` as written.
+
+    :raises ConfigError: an unknown ``ge.`` key, or a GE name and the plain one (or the
+        two GE spellings) both set to different values — naming both lines.
+    """
+    given: list[tuple[tuple[str, str], Any]] = []
+    for key in [k for k in top if k.startswith(GE_TABLE + ".")]:
+        given.append((("", key), top.pop(key)))
+    for key, value in (tables.pop(GE_TABLE, None) or {}).items():
+        given.append(((GE_TABLE, key), value))
+    aliases: dict[str, tuple[str, str]] = {}
+    for where, value in given:
+        spelled = ".".join(p for p in where if p)
+        name = GE_ALIASES.get(spelled)
+        if name is None:
+            accepted = ", ".join(GE_ALIASES)
+            raise _fail(
+                path, lines.get(where), f"unknown GE option {spelled!r} (accepted: {accepted})"
+            )
+        if name in top and top[name] != value:
+            first = aliases.get(name, ("", name))
+            at = lines.get(first)
+            raise _fail(
+                path,
+                lines.get(where),
+                f"{spelled} = {value!r} and {'.'.join(p for p in first if p)} = {top[name]!r}"
+                f"{f' (line {at})' if at else ''} set one setting to two values; keep one of them",
+            )
+        if name not in top:
+            top[name] = value
+            aliases[name] = where
+    return aliases
 
 
 def _build_at(

@@ -1,4 +1,5 @@
-"""CANN's ``op_cache.ini``: read, check and rewrite it (layer 3, SPEC §5, [GE]).
+"""CANN's ``op_cache.ini``: read, check and rewrite it (layer 3,
+docs/design.md#size-limits-and-eviction, [GE]).
 
 The file lives at ``<kernel cache>/op_cache.ini``. GE (``te_cache_space_manager.cpp`` in the
 open-sourced CANN graph engine) creates it after the first compile and reads it like this::
@@ -85,7 +86,7 @@ _KEY_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
 
 @dataclass(frozen=True)
 class IniLimits:
-    """The size limits an ``op_cache.ini`` sets (SPEC §5, [GE]).
+    """The size limits an ``op_cache.ini`` sets (docs/design.md#size-limits-and-eviction, [GE]).
 
     :ivar max_op_cache_size: limit per chip folder in MB (MiB, 2^20 bytes); -1 = never evict.
     :ivar remain_cache_size_ratio: percent of the limit kept after an eviction, 1..100.
@@ -175,7 +176,8 @@ def _ge_sections(text: str) -> dict[str, list[tuple[str, str]]]:
 
 
 def ge_reading(data: bytes) -> GeReading:
-    """Read ``op_cache.ini`` bytes exactly as GE does (SPEC §5, [GE]).
+    """Read ``op_cache.ini`` bytes exactly as GE does (docs/design.md#size-limits-and-eviction,
+    [GE]).
 
     ``GetCacheInitFileCfg``: sections in ``std::map`` (byte) order; the first must be
     ``op_compiler_cache`` or GE ignores the file; inside it keys in ``std::multimap`` order,
@@ -414,7 +416,7 @@ def _read(path: Path, dir_fd: int | None = None) -> bytes | None:
         if stat.S_ISLNK(st.st_mode):
             raise UnreadableIniError(
                 f"{INI_NAME} {path} is a symlink; links inside the cache are not followed "
-                "(SPEC §3.3)"
+                "(docs/design.md#writing-and-reading-an-entry)"
             )
         if not stat.S_ISREG(st.st_mode):
             raise UnreadableIniError(f"{INI_NAME} {path} is not a regular file")
@@ -432,7 +434,8 @@ def _read(path: Path, dir_fd: int | None = None) -> bytes | None:
 
 
 class OpCacheIni:
-    """One ``op_cache.ini`` as read from disk, plus changes made with :meth:`set` (SPEC §5).
+    """One ``op_cache.ini`` as read from disk, plus changes made with :meth:`set`
+    (docs/design.md#size-limits-and-eviction).
 
     :ivar path: the file, ``<kernel cache>/op_cache.ini``.
     :ivar exists: False when the file is missing (then every value is None and there are no
@@ -505,16 +508,18 @@ class OpCacheIni:
 
     def limits(self) -> IniLimits | None:
         """The limits GE computes for this file (:func:`ge_reading`), or None when the caller
-        must fall back to env vars / defaults as GE does (SPEC §5). :attr:`problems` are
-        warnings about doubtful lines; they do not change what GE computes."""
+        must fall back to env vars / defaults as GE does (docs/design.md#size-limits-and-eviction).
+        :attr:`problems` are warnings about doubtful lines; they do not change what GE computes."""
         return self.ge.limits
 
     def set(self, key: str, value: str | int) -> None:
         """Set ``key`` in ``[op_compiler_cache]`` in memory; :meth:`save` writes it.
 
         An existing ``key`` line keeps its spacing and line end (every occurrence is changed
-        when the key is duplicated); a new one is written GE's way, ``key=value``, after the
-        section's last key; the section is added at the end of the file when missing.
+        when the key is duplicated) — except a version stamp's, which is rewritten the way GE
+        writes it (:meth:`stamp_lines_ge_cannot_rewrite`); a new one is written GE's way,
+        ``key=value``, after the section's last key; the section is added at the end of the
+        file when missing.
 
         :param key: case-sensitive, e.g. ``max_op_cache_size`` (MB) or
             ``remain_cache_size_ratio`` (percent); other keys are kept as given.
@@ -526,8 +531,24 @@ class OpCacheIni:
         self._apply(key, text)
         self._analyse()
 
+    def stamp_lines_ge_cannot_rewrite(self) -> list[int]:
+        """The lines (1-based) of ``[op_compiler_cache]`` holding a version stamp GE reads
+        but cannot rewrite: spaces before ``=`` or an indented key (``adk_version = 7.0``).
+        GE reads them trimmed (``LoadIniFile``), but its restamp after an upgrade
+        (``te_cache_space_manager.cc`` ``UpdateOpCacheIniFile`` → ``GetNewVersionString``)
+        replaces only a line whose text before the first ``=`` is exactly the key
+        (``sscanf "%[^=]"`` + ``strcmp``): it keeps the old stamp and so purges the chip
+        folder on every start. :meth:`set` of a stamp writes its line as GE does, ``key=value``."""
+        out = []
+        for key in _STAMPS:
+            for idx in self._scan_result.key_lines.get(key, []):
+                if self._lines[idx].text.partition("=")[0] != key:
+                    out.append(idx + 1)
+        return sorted(out)
+
     def save(self, dir_fd: int | None = None) -> None:
-        """Write the ini atomically (temp file + ``rename()``, SPEC §3.3).
+        """Write the ini atomically (temp file + ``rename()``,
+        docs/design.md#writing-and-reading-an-entry).
 
         Every line :meth:`set` did not change is kept byte for byte. The section is added if
         missing and the file created if missing (its folder must exist). If the file changed
@@ -601,7 +622,7 @@ class OpCacheIni:
                 (
                     scan.key_lines[present[0]][-1] + 1,
                     f"{present[0]} is set but {other} is not; the ini's limits apply only when "
-                    "both are valid (SPEC §5)",
+                    "both are valid (docs/design.md#size-limits-and-eviction)",
                 )
             )
         stamps: dict[str, str | None] = {}
@@ -668,7 +689,9 @@ class OpCacheIni:
             for idx in scan.key_lines[key]:
                 line = self._lines[idx]
                 match = _KEYVAL.fullmatch(line.text)
-                if match is not None:  # always true for a key line; keeps mypy calm
+                if key in _STAMPS:  # as GE writes it (GetNewVersionString), or GE never can
+                    line.text = f"{key}={text}"
+                elif match is not None:  # always true for a key line; keeps mypy calm
                     line.text = line.text[: match.start(2)] + text + line.text[match.end(2) :]
                 if key in _STAMPS and line.end == "\r\n":
                     line.end = "\n"  # GE keeps a CR in the value: the stamp would never match

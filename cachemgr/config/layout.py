@@ -1,4 +1,5 @@
-"""Pure path arithmetic for CANN's cache layout (layer 2; SPEC §2, §3.1, §7).
+"""Pure path arithmetic for CANN's cache layout (layer 2; docs/design.md#where-the-cache-lives,
+#files-of-an-entry, #debug-compiles-and-kernel_meta).
 
 Nothing here touches the disk except :func:`check_root`, which only looks. Names follow CANN:
 ``<root>/kernel_cache/<soc_version>/`` holds the entries of one chip (the *chip folder*).
@@ -15,17 +16,19 @@ from cachemgr.errors import ConfigError, InvalidEntryError
 from cachemgr.storage import fsutil
 from cachemgr.storage.safedir import SafeDir
 
-#: The eviction lock's file name in every chip folder (CANN GE's own name, SPEC §5).
+#: The eviction lock's file name in every chip folder (CANN GE's own name,
+#: docs/design.md#size-limits-and-eviction).
 EVICT_LOCK_NAME = "op_cache_file_del.lock"
-#: Suffix of cachemgr's header manifests beside the entries (issue 11 item 2; GE never reads
+#: Suffix of cachemgr's header manifests beside the entries (GE never reads
 #: them): ``<op>_<base key>.manifest`` (see :mod:`cachemgr.storage.manifest`).
 MANIFEST_SUFFIX = ".manifest"
-#: CANN's limits file, in the kernel cache folder (SPEC §5).
+#: CANN's limits file, in the kernel cache folder (docs/design.md#size-limits-and-eviction).
 INI_NAME = "op_cache.ini"
 KERNEL_CACHE = "kernel_cache"
 KERNEL_META = "kernel_meta"
 
-# SPEC §1: a-z A-Z 0-9 _ - . , Chinese characters, and / as separator.
+# docs/design.md#options-and-their-origins: a-z A-Z 0-9 _ - . , Chinese characters, and / as
+# separator.
 _PATH_RE = re.compile(r"^[A-Za-z0-9_\-./\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+\Z")
 _NAME_RE = re.compile(r"^[A-Za-z0-9_\-.]+\Z")
 #: A chip folder's name is a ``soc_version``. GE makes the chip folder as
@@ -47,7 +50,8 @@ def is_chip_folder(entry: os.DirEntry[str]) -> bool:
 
 
 def validate_path_value(value: str, name: str, origin: str) -> Path:
-    """Check a path option against SPEC §1's character set and return it as a ``Path``.
+    """Check a path option against the character set of docs/design.md#options-and-their-origins and
+    return it as a ``Path``.
 
     :param name: the option's name, for the message (e.g. ``op_compiler_cache_dir``).
     :param origin: where the value came from (``option``, ``env ASCEND_CACHE_PATH``, ...).
@@ -79,16 +83,18 @@ def check_root(path: Path, name: str, origin: str) -> None:
     """Check that ``path`` is, or can be created as, a writable folder; create nothing.
 
     Walks up to the first existing ancestor: it must be a folder (not a file) and writable
-    by this user (SPEC §2: "if it does not exist but is a valid path it is created").
+    by this user (docs/design.md#where-the-cache-lives: "if it does not exist but is a valid path it
+    is created").
 
     :raises ConfigError: naming the value, its origin and what is wrong — for a folder this
-        user may not write, its owner, group and mode and how to get access (SPEC §9).
+        user may not write, its owner, group and mode and how to get access
+        (docs/design.md#sharing-and-locking).
     """
     cur = check_folder(path, name, origin)
     if not os.access(cur, os.W_OK | os.X_OK):
         if cur == path and _read_only_fs(cur) and os.access(cur, os.R_OK | os.X_OK):
             return  # an existing root on a read-only filesystem: hits are served, compiles
-            # return their kernel outside the cache, gc says so (issue 12 item 6)
+            # return their kernel outside the cache, gc says so
         raise ConfigError(f"{name}={path} (from {origin}): {fsutil.access_hint(cur)}")
 
 
@@ -122,7 +128,8 @@ def _read_only_fs(path: Path) -> bool:
 def safe_file_name(value: object, field: str) -> str:
     """Validate a file name taken from an entry json (``binFileName``, ``jsonFileName``, ...).
 
-    Names are flat in the chip folder (SPEC §3.3): no ``/``, no ``..``, no NUL, not empty.
+    Names are flat in the chip folder (docs/design.md#writing-and-reading-an-entry): no ``/``, no
+    ``..``, no NUL, not empty.
 
     :raises InvalidEntryError: with reason ``bad_name``.
     """
@@ -141,7 +148,7 @@ class CacheLayout:
 
     @property
     def ini_path(self) -> Path:
-        """``<kernel cache>/op_cache.ini`` (SPEC §5, [GE])."""
+        """``<kernel cache>/op_cache.ini`` (docs/design.md#size-limits-and-eviction, [GE])."""
         return self.kernel_cache_dir / INI_NAME
 
     def chip_dir(self, soc_version: str) -> Path:
@@ -158,7 +165,7 @@ class CacheLayout:
         if os.path.islink(chip):
             raise ConfigError(
                 f"chip folder {chip} is a symlink; cachemgr never follows symlinks inside the "
-                "cache (SPEC §3.3): replace it with a folder"
+                "cache (docs/design.md#writing-and-reading-an-entry): replace it with a folder"
             )
         return chip
 
@@ -181,19 +188,21 @@ class CacheLayout:
 
 
 def kernel_cache_for_option(cache_dir: Path) -> Path:
-    """SPEC §2 rule 1: the ``op_compiler_cache_dir`` option → ``<dir>/kernel_cache``."""
+    """docs/design.md#where-the-cache-lives rule 1: the ``op_compiler_cache_dir`` option →
+    ``<dir>/kernel_cache``."""
     return cache_dir / KERNEL_CACHE
 
 
 def kernel_cache_for_env(ascend_cache_path: Path, host_id: str) -> Path:
-    """SPEC §2 rule 2: ``${ASCEND_CACHE_PATH}/kernel_cache_<host id>``.
+    """docs/design.md#where-the-cache-lives rule 2: ``${ASCEND_CACHE_PATH}/kernel_cache_<host id>``.
 
     An empty host id gives plain ``kernel_cache``, GE's own layout shared by all hosts."""
     return ascend_cache_path / (f"{KERNEL_CACHE}_{host_id}" if host_id else KERNEL_CACHE)
 
 
 def kernel_caches_under(ascend_cache_path: Path) -> list[Path]:
-    """SPEC §2: every kernel cache folder under ``${ASCEND_CACHE_PATH}`` — GE's plain
+    """docs/design.md#where-the-cache-lives: every kernel cache folder under
+    ``${ASCEND_CACHE_PATH}`` — GE's plain
     ``kernel_cache`` and the seed's ``kernel_cache_<host id>`` — real folders only (symlinks
     are not followed), sorted. Each has its own ``op_cache.ini``."""
     try:
@@ -211,10 +220,11 @@ def kernel_caches_under(ascend_cache_path: Path) -> list[Path]:
 
 
 def kernel_cache_for_home(home: Path) -> Path:
-    """SPEC §2 rule 3: ``$HOME/atc_data/kernel_cache``."""
+    """docs/design.md#where-the-cache-lives rule 3: ``$HOME/atc_data/kernel_cache``."""
     return home / "atc_data" / KERNEL_CACHE
 
 
 def kernel_meta_dir(base: Path) -> Path:
-    """SPEC §7: debug artefacts go to ``<base>/kernel_meta``."""
+    """docs/design.md#debug-compiles-and-kernel_meta: debug artefacts go to
+    ``<base>/kernel_meta``."""
     return base / KERNEL_META

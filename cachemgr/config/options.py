@@ -1,4 +1,5 @@
-"""Options and where each value came from (layer 1; SPEC §1, §2, §5).
+"""Options and where each value came from (layer 1; docs/design.md#options-and-their-origins,
+#where-the-cache-lives, #size-limits-and-eviction).
 
 One table (:data:`OPTIONS`) names every option, its type, default, unit and env var. One
 loader per source (command line / config file, ``op_cache.ini``, environment, default) feeds
@@ -30,12 +31,17 @@ ORIGIN_INI = "op_cache.ini"
 ORIGIN_ENV = "env"
 ORIGIN_DEFAULT = "default"
 
-#: SPEC §5 / seed: default limit 500 MB (MiB) and remain ratio 50 %.
+#: torch_npu's (and ACL's) names for the two cache settings: CANN's environment-variable
+#: reference and torch_npu's (docs/configuration.md#every-frameworks-name).
+ACL_CACHE_DIR = "ACL_OP_COMPILER_CACHE_DIR"
+ACL_CACHE_MODE = "ACL_OP_COMPILER_CACHE_MODE"
+
+#: docs/design.md#size-limits-and-eviction / seed: default limit 500 MB (MiB) and remain ratio 50 %.
 DEFAULT_MAX_MB = 500
 DEFAULT_RATIO = 50
 #: GE's MIN_CACHE_AGING_TIME: an entry accessed this recently is never evicted (seconds).
 DEFAULT_MIN_AGE_S = 1800
-#: Access times up to this far ahead of our clock are trusted (seconds; issue 12 item 1).
+#: Access times up to this far ahead of our clock are trusted (seconds).
 DEFAULT_CLOCK_SKEW_S = 300
 
 CACHE_MODES = ("enable", "disable", "force")
@@ -111,24 +117,47 @@ PATH_VALUES = frozenset(
     }
 )
 
-#: Every user-settable option (SPEC §1). Derived values (kernel_cache_dir, ini_path, limits,
-#: kernel_meta_dir) are computed in :func:`resolve` from these and their sources.
+#: Every user-settable option; the rules each follows: docs/design.md#options-and-their-origins.
+#: Derived values (kernel_cache_dir, ini_path, limits, kernel_meta_dir) are computed in
+#: :func:`resolve` from these and their sources.
 OPTIONS: tuple[OptionSpec, ...] = (
-    OptionSpec("op_compiler_cache_mode", _parse_mode, "enable", doc="SPEC §4"),
-    OptionSpec("op_compiler_cache_dir", _parse_text, None, "path", doc="cache root, SPEC §2"),
-    OptionSpec("host_id", _parse_text, None, env="CACHEMGR_HOST_ID", doc="SPEC §2 rule 2"),
+    # torch_npu's variable (docs/configuration.md#every-frameworks-name): an option given in
+    # the code (here: the command line or the config file) comes first, as torch_npu says
+    OptionSpec(
+        "op_compiler_cache_mode",
+        _parse_mode,
+        "enable",
+        env=ACL_CACHE_MODE,
+        doc="enable, disable or force",
+    ),
+    OptionSpec(
+        "op_compiler_cache_dir",
+        _parse_text,
+        None,
+        "path",
+        doc="the cache root, before ASCEND_CACHE_PATH",
+    ),
+    OptionSpec(
+        "host_id",
+        _parse_text,
+        None,
+        env="CACHEMGR_HOST_ID",
+        doc="kernel_cache_<id> under ASCEND_CACHE_PATH",
+    ),
     OptionSpec("soc_version", _parse_text, None, doc="chip folder to act on; all when unset"),
-    OptionSpec("jit_compile", _parse_jit, "auto", doc="SPEC §6"),
-    OptionSpec("op_debug_level", _parse_int_range(0, 4), 0, doc="SPEC §7"),
-    OptionSpec("op_debug_config", _parse_text, "", "path", doc="SPEC §7 .cfg file"),
-    OptionSpec("debug_dir", _parse_text, None, "path", doc="kernel_meta base, SPEC §7"),
-    OptionSpec("min_age_s", _parse_seconds, float(DEFAULT_MIN_AGE_S), "s", doc="SPEC §5"),
+    OptionSpec("jit_compile", _parse_jit, "auto", doc="auto, true or false"),
+    OptionSpec(
+        "op_debug_level", _parse_int_range(0, 4), 0, doc="0..4; non-zero bypasses the cache"
+    ),
+    OptionSpec("op_debug_config", _parse_text, "", "path", doc="a debug .cfg file"),
+    OptionSpec("debug_dir", _parse_text, None, "path", doc="kernel_meta base"),
+    OptionSpec("min_age_s", _parse_seconds, float(DEFAULT_MIN_AGE_S), "s", doc="aging guard"),
     OptionSpec(
         "clock_skew_s",
         _parse_seconds,
         float(DEFAULT_CLOCK_SKEW_S),
         "s",
-        doc="access times further in the future are suspect (clock skew; issue 12)",
+        doc="access times further in the future are suspect (clock skew)",
     ),
 )
 _SPECS = {spec.name: spec for spec in OPTIONS}
@@ -142,15 +171,19 @@ class Resolved:
     value: Any
     origin: str
     source: str = ""
+    #: the other names that also gave this setting a value and lost to ``source`` by the
+    #: framework's documented priority, one ``NAME=value (why)`` each
+    passed_over: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class CacheLimits:
-    """The limits in force for one kernel cache, built once per :class:`Settings` (SPEC §5,
-    GE's ``te_cache_space_manager.cc``): ``max_op_cache_size`` in MB (MiB) per chip folder,
+    """The limits in force for one kernel cache, built once per :class:`Settings`
+    (docs/design.md#size-limits-and-eviction, GE's ``te_cache_space_manager.cc``):
+    ``max_op_cache_size`` in MB (MiB) per chip folder,
     ``-1`` = never evict; the remain ratio in %; the aging guard in seconds. Every reader
     (``stats``, ``gc``, ``/metrics``, ``--json``) says "never evict" the same way:
-    :attr:`never_evict` true and :attr:`max_bytes` None (issue 13 item 1)."""
+    :attr:`never_evict` true and :attr:`max_bytes` None."""
 
     max_op_cache_size: int
     remain_cache_size_ratio: int
@@ -187,13 +220,14 @@ class CacheLimits:
 @dataclass(frozen=True)
 class Settings:
     """The resolved configuration: ``values[name]`` → :class:`Resolved`; ``problems`` are
-    one-line warnings about values that fell back (SPEC §1); ``sections`` are the config
-    file's tables (``[compilers]``, ``[daemon]``, ...) for the layers that own them."""
+    one-line warnings about values that fell back (docs/design.md#options-and-their-origins);
+    ``sections`` are the config file's tables (``[compilers]``, ``[daemon]``, ...) for the layers
+    that own them."""
 
     values: Mapping[str, Resolved]
     problems: tuple[str, ...] = ()
     sections: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    #: the checked config file: every table typed, with defaults (issue 13 item 1)
+    #: the checked config file: every table typed, with defaults
     config: configfile.ConfigFile = field(default_factory=configfile.empty)
 
     def __getitem__(self, name: str) -> Resolved:
@@ -218,7 +252,8 @@ class Settings:
         return layout.CacheLayout(Path(self.value("kernel_cache_dir")))
 
     def other_kernel_caches(self) -> list[Path]:
-        """The governed kernel cache folders besides :attr:`layout`'s (SPEC §2: every
+        """The governed kernel cache folders besides :attr:`layout`'s
+        (docs/design.md#where-the-cache-lives: every
         ``kernel_cache*`` under ``${ASCEND_CACHE_PATH}``); empty in other set-ups."""
         res = self.values.get("governed_kernel_caches")
         caches = [Path(p) for p in (res.value if res is not None else [])]
@@ -235,16 +270,22 @@ class Settings:
             if name in PATH_VALUES and value:
                 value = Path(value)
             values[name] = Resolved(
-                value, item.get("origin", ORIGIN_DEFAULT), item.get("source", "")
+                value,
+                item.get("origin", ORIGIN_DEFAULT),
+                item.get("source", ""),
+                tuple(item.get("passed_over", ())),
             )
         return cls(values=values, sections=dict(sections or {}))
 
     def to_json(self) -> dict[str, dict[str, Any]]:
-        """``{name: {"value": …, "origin": …, "source": …}}`` with paths as strings."""
-        out = {}
+        """``{name: {"value": …, "origin": …, "source": …}}`` with paths as strings, and
+        ``"passed_over": [...]`` where other names set it too and lost."""
+        out: dict[str, dict[str, Any]] = {}
         for name, res in self.values.items():
             value = str(res.value) if isinstance(res.value, Path) else res.value
             out[name] = {"value": value, "origin": res.origin, "source": res.source}
+            if res.passed_over:
+                out[name]["passed_over"] = list(res.passed_over)
         return out
 
 
@@ -281,7 +322,10 @@ CLI_FLAGS = {"op_compiler_cache_dir": "--cache-dir", "soc_version": "--soc"}
 def _from_options(cli: Mapping[str, Any], config: configfile.ConfigFile) -> dict[str, Resolved]:
     found: dict[str, Resolved] = {}
     for name, raw in config.top.items():
-        found[name] = Resolved(raw, ORIGIN_OPTION, config.where("", name))
+        alias = config.aliases.get(name)
+        where = config.where(*alias) if alias else config.where("", name)
+        source = f"{where} as {'.'.join(p for p in alias if p)}" if alias else where
+        found[name] = Resolved(raw, ORIGIN_OPTION, source)
     for name, raw in cli.items():
         if raw is not None:
             if name not in _SPECS:
@@ -295,13 +339,16 @@ def _parse_all(explicit: Mapping[str, Resolved], env: Mapping[str, str]) -> dict
     out: dict[str, Resolved] = {}
     for spec in OPTIONS:
         res = explicit.get(spec.name)
+        over: tuple[str, ...] = ()
+        if res is not None and spec.env and spec.env in env:
+            over = (f"{spec.env}={env[spec.env]} (an option given to the job comes first)",)
         if res is None and spec.env and spec.env in env:
             res = Resolved(env[spec.env], ORIGIN_ENV, spec.env)
         if res is None:
             out[spec.name] = Resolved(spec.default, ORIGIN_DEFAULT)
             continue
         try:
-            out[spec.name] = Resolved(spec.parse(res.value), res.origin, res.source)
+            out[spec.name] = Resolved(spec.parse(res.value), res.origin, res.source, over)
         except ValueError as exc:
             raise ConfigError(
                 f"{spec.name}={res.value!r} (from {res.origin} {res.source}) is invalid; {exc}"
@@ -309,18 +356,35 @@ def _parse_all(explicit: Mapping[str, Resolved], env: Mapping[str, str]) -> dict
     return out
 
 
+def _passed_over(env: Mapping[str, str], names: tuple[str, ...], winner: str) -> tuple[str, ...]:
+    """The cache-folder names in ``names`` that ``env`` sets, each as ``NAME=value (…)``:
+    they lost to ``winner`` (docs/configuration.md#every-frameworks-name)."""
+    return tuple(f"{n}={env[n]} ({winner} comes first)" for n in names if env.get(n))
+
+
 def _resolve_kernel_cache(
     vals: dict[str, Resolved], env: Mapping[str, str], writable: bool
 ) -> Resolved:
-    """SPEC §2: op_compiler_cache_dir > ASCEND_CACHE_PATH > $HOME/atc_data."""
+    """The kernel cache folder (docs/configuration.md#every-frameworks-name): the
+    ``op_compiler_cache_dir`` option (command line, config file, GE's
+    ``ge.op_compiler_cache_dir``) > torch_npu's ``ACL_OP_COMPILER_CACHE_DIR`` >
+    ``ASCEND_CACHE_PATH`` > ``$HOME/atc_data``. The option and ``ACL_OP_COMPILER_CACHE_DIR``
+    give ``<dir>/kernel_cache`` (ACL hands the variable to GE as its cache dir, GE adds
+    ``kernel_cache``); the names passed over are recorded on the result."""
     check = layout.check_root if writable else layout.check_folder
     opt = vals["op_compiler_cache_dir"]
+    later: tuple[str, ...] = (ACL_CACHE_DIR, "ASCEND_CACHE_PATH")
+    if not opt.value and env.get(ACL_CACHE_DIR):
+        opt = Resolved(env[ACL_CACHE_DIR], ORIGIN_ENV, ACL_CACHE_DIR)
+        later = ("ASCEND_CACHE_PATH",)
     if opt.value:
         where = f"{opt.origin} {opt.source}"
-        root = layout.validate_path_value(str(opt.value), "op_compiler_cache_dir", where)
-        vals["op_compiler_cache_dir"] = Resolved(root, opt.origin, opt.source)
-        check(root, "op_compiler_cache_dir", where)
-        return Resolved(layout.kernel_cache_for_option(root), opt.origin, opt.source)
+        over = _passed_over(env, later, opt.source or opt.origin)
+        name = ACL_CACHE_DIR if opt.source == ACL_CACHE_DIR else "op_compiler_cache_dir"
+        root = layout.validate_path_value(str(opt.value), name, where)
+        vals["op_compiler_cache_dir"] = Resolved(root, opt.origin, opt.source, over)
+        check(root, name, where)
+        return Resolved(layout.kernel_cache_for_option(root), opt.origin, opt.source, over)
     if env.get("ASCEND_CACHE_PATH"):
         raw = env["ASCEND_CACHE_PATH"]
         root = layout.validate_path_value(raw, "ASCEND_CACHE_PATH", "env")
@@ -337,16 +401,18 @@ def _resolve_kernel_cache(
 
 
 def kernel_cache_why(settings: Settings) -> str:
-    """One line: which kernel cache folder was chosen and why (SPEC §2), for ``config``,
+    """One line: which kernel cache folder was chosen and why
+    (docs/design.md#where-the-cache-lives), for ``config``,
     ``ls`` and ``stats``: ``kernel cache <path>: <reason>`` (:func:`kernel_cache_reason`)."""
     return f"kernel cache {settings.value('kernel_cache_dir')}: {kernel_cache_reason(settings)}"
 
 
 def kernel_cache_reason(settings: Settings) -> str:
-    """Why the kernel cache folder is where it is (SPEC §2). GE builds its folder the same way
-    for every source — ``<op_compiler_cache_dir or ASCEND_CACHE_PATH or $HOME/atc_data>/
-    kernel_cache/<soc>`` (``cache/te_cache_manager.cc``, ``TeCacheManager::SetCacheDirPath``)
-    — while SPEC §2 (the seed) gives ``ASCEND_CACHE_PATH`` a per-host
+    """Why the kernel cache folder is where it is (docs/design.md#where-the-cache-lives). GE builds
+    its folder the same way for every source — ``<op_compiler_cache_dir or ASCEND_CACHE_PATH or
+    $HOME/atc_data>/ kernel_cache/<soc>`` (``cache/te_cache_manager.cc``,
+    ``TeCacheManager::SetCacheDirPath``) — while docs/design.md#where-the-cache-lives (the seed)
+    gives ``ASCEND_CACHE_PATH`` a per-host
     ``kernel_cache_<host id>``; the reason says so whenever the two differ, and that GE's
     folder is governed too."""
     kc = settings["kernel_cache_dir"]
@@ -366,20 +432,23 @@ def kernel_cache_reason(settings: Settings) -> str:
         )
     if kc.origin == ORIGIN_DEFAULT:
         return (
-            "neither op_compiler_cache_dir (--cache-dir) nor ASCEND_CACHE_PATH is set, so "
-            "$HOME/atc_data/kernel_cache — the folder GE uses"
+            f"neither op_compiler_cache_dir (--cache-dir), {ACL_CACHE_DIR} nor "
+            "ASCEND_CACHE_PATH is set, so $HOME/atc_data/kernel_cache — the folder GE uses"
         )
     where = f"{kc.origin} {kc.source}".strip()
+    name = ACL_CACHE_DIR if kc.source == ACL_CACHE_DIR else "op_compiler_cache_dir"
+    over = "".join(f"; passed over: {p}" for p in kc.passed_over)
     return (
-        f"op_compiler_cache_dir={Path(kc.value).parent} (from {where}) gives "
-        f"<dir>/{layout.KERNEL_CACHE} — the folder GE uses for that option"
+        f"{name}={Path(kc.value).parent} (from {where}) gives "
+        f"<dir>/{layout.KERNEL_CACHE} — the folder GE uses for that option{over}"
     )
 
 
 def _governed(kcache: Resolved, env: Mapping[str, str]) -> Resolved:
-    """SPEC §2: with the cache under ``${ASCEND_CACHE_PATH}``, gc, stats and the daemon govern
-    every kernel cache folder there (``kernel_cache``, ``kernel_cache_*``), the resolved one
-    first; otherwise just the resolved one. Paths as strings."""
+    """docs/design.md#where-the-cache-lives: with the cache under ``${ASCEND_CACHE_PATH}``, gc,
+    stats and the daemon govern every kernel cache folder there (``kernel_cache``,
+    ``kernel_cache_*``), the resolved one first; otherwise just the resolved one. Paths as
+    strings."""
     caches = [str(kcache.value)]
     if kcache.source == "ASCEND_CACHE_PATH":
         root = Path(kcache.value).parent
@@ -389,7 +458,7 @@ def _governed(kcache: Resolved, env: Mapping[str, str]) -> Resolved:
 
 def settings_for(settings: Settings, kernel_cache_dir: Path, env: Mapping[str, str]) -> Settings:
     """``settings`` pointed at another governed kernel cache: its own ``op_cache.ini`` limits
-    (SPEC §2, §5), everything else the same.
+    (docs/design.md#where-the-cache-lives, #size-limits-and-eviction), everything else the same.
 
     :raises ConfigError: its ini path is a folder, a symlink or unreadable.
     """
@@ -443,12 +512,14 @@ def _env_limit(
 
 
 def _resolve_limits(ini_path: Path, env: Mapping[str, str]) -> tuple[Resolved, Resolved, list[str]]:
-    """SPEC §5: op_cache.ini's limits as GE computes them (``ini.ge_reading``); else env; else
-    500 MB / 50 %. Doubtful ini lines are warnings either way."""
+    """docs/design.md#size-limits-and-eviction: op_cache.ini's limits as GE computes them
+    (``ini.ge_reading``); else env; else 500 MB / 50 %. Doubtful ini lines are warnings either
+    way."""
     problems: list[str] = []
     try:
         ini = OpCacheIni.load(ini_path)
-    except UnreadableIniError as exc:  # another user's 0600 ini: as an invalid one (item 3)
+    # another user's 0600 ini: as an invalid one (docs/security.md item 3)
+    except UnreadableIniError as exc:
         problems.append(f"{exc}; limits come from env or defaults")
         ini = OpCacheIni(ini_path, None)
     limits = ini.limits()
@@ -476,7 +547,8 @@ def _resolve_limits(ini_path: Path, env: Mapping[str, str]) -> tuple[Resolved, R
 
 
 def _resolve_kernel_meta(vals: dict[str, Resolved], env: Mapping[str, str], cwd: Path) -> Resolved:
-    """SPEC §7: base = debug_dir > ASCEND_WORK_PATH > current directory."""
+    """docs/design.md#debug-compiles-and-kernel_meta: base = debug_dir > ASCEND_WORK_PATH > current
+    directory."""
     dbg = vals["debug_dir"]
     if dbg.value:
         base = layout.validate_path_value(str(dbg.value), "debug_dir", f"{dbg.origin} {dbg.source}")
@@ -494,7 +566,8 @@ def resolve(
     cwd: Path | None = None,
     writable: bool = True,
 ) -> Settings:
-    """Resolve every option with its origin (SPEC §1, §2, §5, §7).
+    """Resolve every option with its origin (docs/design.md#options-and-their-origins,
+    #where-the-cache-lives, #size-limits-and-eviction, #debug-compiles-and-kernel_meta).
 
     :param cli: option values given on the command line (None = not given).
     :param env: the environment (defaults to ``os.environ``); ``CACHEMGR_CONFIG`` names a
@@ -523,7 +596,7 @@ def resolve(
         path = layout.validate_path_value(str(res.value), "op_debug_config", where)
         vals["op_debug_config"] = Resolved(path, res.origin, res.source)
     kcache = _resolve_kernel_cache(vals, env, writable)
-    if vals["soc_version"].value:  # a name CANN knows, or an existing chip folder (issue 13)
+    if vals["soc_version"].value:  # a name CANN knows, or an existing chip folder
         res, chips = vals["soc_version"], layout.CacheLayout(Path(kcache.value)).chip_dirs()
         where = f"{res.origin} {res.source}".strip()
         socs.check_soc_version(str(res.value), where, [c.name for c in chips])

@@ -1,12 +1,12 @@
-"""The chip names (``soc_version``) CANN accepts, and the check every new chip folder passes
-(issue 13 item 8).
+"""The chip names (``soc_version``) CANN accepts, and the check every new chip folder passes.
 
-The kernel cache has one folder per chip, named exactly by ``soc_version`` (SPEC §2), so a
-misspelt or lower-case name (``ascend910b1``, ``Ascend999``) would silently start a second,
-cold chip folder beside the real one. CANN itself accepts only the names of its platform
-table; so does cachemgr for anything that creates a chip folder (a compile request), and
-for ``--soc`` unless a chip folder of that exact name already exists (a newer CANN may have
-written one for a chip this table does not know yet: governing it must still work).
+The kernel cache has one folder per chip, named exactly by ``soc_version``
+(docs/design.md#where-the-cache-lives), so a misspelt or lower-case name (``ascend910b1``,
+``Ascend999``) would silently start a second, cold chip folder beside the real one. CANN itself
+accepts only the names of its platform table; so does cachemgr for anything that creates a chip
+folder (a compile request), and for ``--soc`` unless a chip folder of that exact name already exists
+(a newer CANN may have written one for a chip this table does not know yet: governing it must still
+work).
 
 Source of the table — the names CANN's runtime reports and its adapters accept
 (``aclrtGetSocName``), as listed in:
@@ -67,7 +67,7 @@ def check_soc_version(value: str, origin: str, existing: Iterable[str] = ()) -> 
     """
     if value in KNOWN_SOC_VERSIONS or value in set(existing):
         return value
-    import difflib  # only for a bad name's suggestion: not on the hit path (issue 14)
+    import difflib  # only for a bad name's suggestion: not on the hit path
 
     by_lower = {name.lower(): name for name in KNOWN_SOC_VERSIONS}
     near = by_lower.get(value.lower()) or next(

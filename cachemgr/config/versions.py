@@ -1,5 +1,5 @@
 """Toolkit upgrades: compare the installed CANN versions with ``op_cache.ini``'s stamps
-(layer 5; SPEC §5, [GE]).
+(layer 5; docs/design.md#size-limits-and-eviction, [GE]).
 
 Where the installed versions come from — GE's own rule (``common/te_config_info.cc``,
 ``TeConfigInfo::InitAdkAndOppVersion`` and ``GetVersionFromVersionFile``):
@@ -50,7 +50,7 @@ from typing import Any, Protocol
 
 from cachemgr.config import layout
 from cachemgr.config.ini import ADK_KEY, MAX_INI_BYTES, OPS_KEY, OpCacheIni, UnreadableIniError
-from cachemgr.errors import ConfigError
+from cachemgr.errors import CacheMgrError, ConfigError
 from cachemgr.storage import fsutil, safeio
 from cachemgr.storage.safedir import SafeDir
 
@@ -134,6 +134,9 @@ class VersionCheck:
 
     #: the ini's bytes the decision was made on (re-checked under each eviction lock)
     ini_bytes: bytes | None = None
+    #: stamp lines (1-based) GE reads but cannot rewrite (``OpCacheIni.
+    #: stamp_lines_ge_cannot_rewrite``), rewritten the way GE writes them unless a dry run
+    stamp_lines: list[int] = field(default_factory=list)
 
     @property
     def needs_purge(self) -> bool:
@@ -159,6 +162,7 @@ class VersionCheck:
             "dry_run": self.dry_run,
             "restamped": self.restamped,
             "purged": [p.to_json() for p in self.purged],
+            "stamp_lines_rewritten": self.stamp_lines,
         }
 
 
@@ -335,7 +339,10 @@ def sync_toolkit(
     """
     check = compare(cache, installed)
     check.dry_run = dry_run
+    check.stamp_lines = _stamp_lines(cache, check)
     if not check.needs_purge:
+        if check.stamp_lines and not dry_run:
+            _rewrite_stamp_lines(cache, installed, check)
         log.info("%s", check.detail)
         return check
     chips = cache.chip_dirs()
@@ -347,15 +354,55 @@ def sync_toolkit(
         check.purged.append(purge(chip, still_needed=lambda: still_needs_purge(cache, check)))
     if not still_needs_purge(cache, check):
         check.detail += f"; the ini changed meanwhile, not restamped ({cache.ini_path})"
+        check.stamp_lines = []
     else:
         stamp_ini(cache, installed)
         check.restamped = True
+        if check.stamp_lines:
+            _log_stamp_lines(cache, check)
     check.detail += (
         f"; purged {check.purged_entries} entries in {len(chips)} chip folder(s) "
         f"(reason: {check.status.value})"
         + (f" and stamped {cache.ini_path}" if check.restamped else "")
     )
     return check
+
+
+def _stamp_lines(cache: layout.CacheLayout, check: VersionCheck) -> list[int]:
+    """The stamp lines of an ini GE uses that GE could not rewrite (spaces around ``=``, an
+    indented key): cachemgr rewrites them (docs/eviction.md#stamp-lines-ge-cannot-rewrite)."""
+    if check.status not in (VersionStatus.MATCH, VersionStatus.UPGRADED):
+        return []
+    try:
+        return OpCacheIni.load(cache.ini_path).stamp_lines_ge_cannot_rewrite()
+    except ConfigError:
+        return []
+
+
+def _rewrite_stamp_lines(
+    cache: layout.CacheLayout, installed: Installed, check: VersionCheck
+) -> None:
+    """Rewrite the stamps (the installed ones, which they equal) GE's way; an ini this user
+    may not write keeps them, said in ``detail`` and one log line, and gc goes on."""
+    try:
+        stamp_ini(cache, installed)
+    except (CacheMgrError, OSError) as exc:
+        lines = ", ".join(map(str, check.stamp_lines))
+        check.detail += f"; stamp line(s) {lines} GE cannot rewrite were left as they are: {exc}"
+        log.warning("%s: stamp line(s) %s not rewritten: %s", cache.ini_path, lines, exc)
+        check.stamp_lines = []
+        return
+    _log_stamp_lines(cache, check)
+
+
+def _log_stamp_lines(cache: layout.CacheLayout, check: VersionCheck) -> None:
+    """The one log line of a rewrite of stamp lines GE could not rewrite."""
+    log.info(
+        "%s: rewrote stamp line(s) %s the way GE writes them (key=value from column 1): "
+        "GE restamps only such lines and would purge the chip folders on every start",
+        cache.ini_path,
+        ", ".join(map(str, check.stamp_lines)),
+    )
 
 
 def stamp_ini(cache: layout.CacheLayout, installed: Installed) -> None:

@@ -47,7 +47,8 @@ Alive = Callable[[], bool]
 #: Endpoints that change the service's own state rather than use the cache: only the daemon's
 #: user and root may call them. The others stay open to every caller the socket admits —
 #: ``/compile``, ``/lookup``, ``/hits`` (every client reports its local hits) and ``/gc`` (a
-#: group member may already evict by hand: the entries are group-writable, SPEC §9).
+#: group member may already evict by hand: the entries are group-writable,
+#: docs/design.md#sharing-and-locking).
 ADMIN_ONLY = frozenset({"/reload", "/stats/zero", "/stop"})
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """The daemon's own settings: the ``[daemon]`` table of the config file (see
 ``config/cachemgr.toml``). The model lives with the other tables' in
-:mod:`cachemgr.config.configfile` (one schema for the whole file, issue 13 item 1)."""
+:mod:`cachemgr.config.configfile` (one schema for the whole file)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Bounded connections for the daemon's HTTP servers (issue 10, items 5 and 9).
+"""Bounded connections for the daemon's HTTP servers.
 
 Every accepted connection is identified (``SO_PEERCRED`` on the Unix socket: pid, uid, gid;
 TCP callers all count as one caller, ``"tcp"``) and admitted only while the daemon holds fewer

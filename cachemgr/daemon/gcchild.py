@@ -1,4 +1,4 @@
-"""The daemon's gc of chip folders, run in a child process (issue 14 item 5).
+"""The daemon's gc of chip folders, run in a child process.
 
 Why a child: :func:`cachemgr.eviction.gc_chip` scans a chip folder into one Python object per
 entry and file (``entry.scan_chip``: about 1.1 KiB per entry, measured at 1,000,000 entries).
@@ -12,7 +12,8 @@ What stays exactly as it was:
 
 * the run itself: the child calls the same :func:`~cachemgr.eviction.gc_chip` with the same
   arguments, so ``op_cache_file_del.lock`` and each entry's ``.lock`` are taken with the same
-  fcntl record locks, without waiting, as CANN takes them (SPEC §3.3, §5; GE
+  fcntl record locks, without waiting, as CANN takes them
+  (docs/design.md#writing-and-reading-an-entry, #size-limits-and-eviction; GE
   ``te_cache_space_manager.cc``). The lock belongs to the child while it runs; the kernel
   drops it when the child exits or is killed, as for a killed CANN process;
 * the daemon's lock on an entry (a compile of the daemon publishing it) now also excludes
@@ -20,8 +21,8 @@ What stays exactly as it was:
   per-path thread lock of :class:`~cachemgr.storage.fsutil.FcntlLock`;
 * its log lines: each record the child logs is sent back and logged by the daemon's logger
   of the same name, at the same level (timestamps and handlers are the daemon's);
-* the state the daemon keeps between runs: ``first_seen`` (future access times, issue 12
-  item 1) goes to the child and comes back; "warned once per folder" about clock skew is
+* the state the daemon keeps between runs: ``first_seen`` (future access times)
+  goes to the child and comes back; "warned once per folder" about clock skew is
   decided by the daemon.
 
 Failures are one log line each and the daemon goes on serving: an error of one chip folder
@@ -47,7 +48,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -85,6 +86,9 @@ class GcJob:
     #: ``time.monotonic()`` (one clock for all processes on Linux) by which the whole child
     #: run stops: no job starts and no bad entry is waited for after it; None = no deadline
     deadline: float | None = None
+    #: check the entries whose jsons changed since then (ns since the epoch) for shapes that
+    #: make GE abort; 0 = every entry, None = none (``gc_chip``'s ``ge_fatal_since_ns``)
+    ge_fatal_since_ns: int | None = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -99,6 +103,7 @@ class GcJob:
             "skew_warned": self.skew_warned,
             "dry_run": self.dry_run,
             "deadline": self.deadline,
+            "ge_fatal_since_ns": self.ge_fatal_since_ns,
         }
 
 
@@ -121,11 +126,17 @@ class Outcome:
     died: bool = False
 
 
-def run_jobs(jobs: Sequence[GcJob], names: bool = False) -> list[Outcome]:
+def run_jobs(
+    jobs: Sequence[GcJob], names: bool = False, run_as: tuple[int, int] | None = None
+) -> list[Outcome]:
     """Run ``jobs`` one after another in one child process; one :class:`Outcome` each.
 
     :param names: send the evicted (kept, saved, gone) names back; otherwise those lists
         are empty in the reports (their counts stay).
+    :param run_as: ``(uid, gid)``: the child runs as that user, with their groups, no
+        capability and a minimal environment (:func:`child_env`; the governor's eviction of
+        another user's cache root: docs/daemon.md#the-privileges-it-needs); needs
+        ``CAP_SETUID`` and ``CAP_SETGID``.
     """
     if not jobs:
         return []
@@ -136,9 +147,8 @@ def run_jobs(jobs: Sequence[GcJob], names: bool = False) -> list[Outcome]:
         "log_level": _log_level(),
         "parent": os.getpid(),
     }
-    env = dict(os.environ)
-    root = str(Path(cachemgr.__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    as_user = _as_user(run_as)
+    env = child_env(os.environ, another_user=bool(as_user))
     with tempfile.TemporaryFile() as errors:
         try:
             # -P and cwd "/": ``-m`` would put the working folder first on the import path,
@@ -153,6 +163,7 @@ def run_jobs(jobs: Sequence[GcJob], names: bool = False) -> list[Outcome]:
                 env=env,
                 cwd="/",
                 close_fds=True,
+                **as_user,
             )
         except OSError as exc:
             return _died(jobs, outcomes, f"could not start: {exc}")
@@ -171,6 +182,43 @@ def run_jobs(jobs: Sequence[GcJob], names: bool = False) -> list[Outcome]:
     if code != 0 or any(o.report is None and not o.error for o in outcomes):
         return _died(jobs, outcomes, _status(code) + (f": {tail}" if tail else ""))
     return outcomes
+
+
+#: What a gc child run as another user keeps of the daemon's environment: the program
+#: search path, the locale and the time zone (the child reads no other variable: its limits
+#: and settings come in its request).
+KEPT_FOR_ANOTHER_USER = ("PATH", "LANG", "LANGUAGE", "TZ")
+
+
+def child_env(parent: Mapping[str, str], another_user: bool) -> dict[str, str]:
+    """The gc child's environment: the daemon's own, or — when it runs as another user, who
+    can read it in ``/proc/<pid>/environ`` — only :data:`KEPT_FOR_ANOTHER_USER` and
+    ``LC_*`` (the governor's environment may hold credentials;
+    docs/daemon.md#the-privileges-it-needs). Either way ``PYTHONPATH`` starts with this
+    cachemgr's folder (then the daemon's ``PYTHONPATH``), so the child runs the same code.
+    """
+    if another_user:
+        env = {k: v for k, v in parent.items() if k in KEPT_FOR_ANOTHER_USER or k[:3] == "LC_"}
+    else:
+        env = dict(parent)
+    root = str(Path(cachemgr.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, parent.get("PYTHONPATH")]))
+    return env
+
+
+def _as_user(run_as: tuple[int, int] | None) -> dict[str, Any]:
+    """``Popen`` arguments that start the child as ``run_as`` (uid, gid) with that user's
+    groups; none when it is this process's own user already."""
+    if run_as is None or run_as[0] == os.geteuid():
+        return {}
+    import pwd
+
+    uid, gid = run_as
+    try:
+        groups = os.getgrouplist(pwd.getpwuid(uid).pw_name, gid)
+    except (KeyError, OSError):
+        groups = [gid]
+    return {"user": uid, "group": gid, "extra_groups": groups}
 
 
 def _log_level() -> int:
@@ -278,6 +326,7 @@ def _child_job(i: int, job: dict[str, Any], names: bool, out: IO[str]) -> None:
             first_seen=first_seen,
             dry_run=collect.DryRun.YES if job.get("dry_run") else collect.DryRun.NO,
             deadline=job.get("deadline"),
+            ge_fatal_since_ns=job.get("ge_fatal_since_ns", 0),
         )
     except (OSError, CacheMgrError) as exc:
         _send(out, {"job": i, "error": str(exc)})

@@ -1,4 +1,5 @@
-"""Continuous governance of the cache (SPEC §5, §7, §9; issue 5 item 3).
+"""Continuous governance of the cache (docs/design.md#size-limits-and-eviction,
+#debug-compiles-and-kernel_meta, #sharing-and-locking).
 
 * a watchdog observer on the kernel cache keeps :class:`UsageIndex` current from this host's
   writes; crossing a chip folder's limit schedules eviction (debounced, in the scheduler's
@@ -7,7 +8,7 @@
   the reaper (temp files, dead locks, orphans, ``kernel_meta`` folders of dead processes) and
   the saving of counters.
 
-Issue 12 (governance that degrades loudly and recovers by itself):
+Governance degrades loudly and recovers by itself (docs/troubleshooting.md#degraded-states):
 
 * the first full scan (reclaim, then the usage index) runs in the background: the daemon
   serves at once, and :attr:`Governance.scan` shows the progress in ``status`` and ``stats``;
@@ -21,11 +22,11 @@ Issue 12 (governance that degrades loudly and recovers by itself):
 * one summary line per eviction (folder, entries, bytes, before → after, seconds); the names
   only at debug level (a journal line holds 48 KiB).
 
-Issue 14 item 5 (1,000,000 entries in ≤ 100 MB): the daemon holds the usage index (an SQLite
-table, :mod:`cachemgr.daemon.usage`) and never a scan of a chip folder. The reclaim pass, the
-evictions it schedules and ``/gc`` run :func:`~cachemgr.eviction.gc_chip` in a child process
-(:mod:`cachemgr.daemon.gcchild`, which says why and what stays the same); the delete events
-of the daemon's own eviction are dropped for the rescan that follows it (:meth:`evicting`);
+Bounded memory (1,000,000 entries in ≤ 100 MB; docs/daemon.md#bounded-memory): the daemon holds the
+usage index (an SQLite table, :mod:`cachemgr.daemon.usage`) and never a scan of a chip folder. The
+reclaim pass, the evictions it schedules and ``/gc`` run :func:`~cachemgr.eviction.gc_chip` in a
+child process (:mod:`cachemgr.daemon.gcchild`, which says why and what stays the same); the delete
+events of the daemon's own eviction are dropped for the rescan that follows it (:meth:`evicting`);
 restoring group-sharing modes lists a folder as a stream.
 """
 
@@ -38,6 +39,7 @@ import datetime as dt
 import gc
 import logging
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -70,7 +72,8 @@ from cachemgr.daemon import gcchild
 from cachemgr.daemon.config import DaemonConfig
 from cachemgr.daemon.usage import UsageIndex
 from cachemgr.daemon.watch import Watcher
-from cachemgr.errors import CacheMgrError
+from cachemgr.errors import CacheMgrError, LockBusyError
+from cachemgr.eviction import fatal
 from cachemgr.eviction import gc as cache_gc
 from cachemgr.eviction.collect import skew_warned
 from cachemgr.storage import entry, fsprobe, fsutil, groupmodes
@@ -79,6 +82,8 @@ from cachemgr.storage.events import Events, NoSpaceEvent
 from cachemgr.storage.safedir import SafeDir
 
 log = logging.getLogger(__name__)
+#: Seconds before a json that aborts GE is tried again when its entry's lock was held.
+FATAL_RETRY_S = 0.5
 #: The inotify events that change usage. Opens, reads and atime updates (every hit makes
 #: several) are not subscribed at all, so hits cost the daemon no event work.
 WATCHED_EVENTS = [
@@ -96,7 +101,7 @@ def release_memory() -> None:
     """Give the heap that a full scan used back to the system (glibc ``malloc_trim``).
 
     A scan of 100,000 entries briefly holds ~30 MB of per-file objects; without this the
-    daemon's resident size keeps that peak for its whole life (issue 5: RSS ≤ 80 MB).
+    daemon's resident size keeps that peak for its whole life (RSS ≤ 80 MB).
     """
     gc.collect()
     if _LIBC is not None:
@@ -116,28 +121,49 @@ _LIBC = _load_libc()
 
 
 class _Events(FileSystemEventHandler):
+    """The watcher's events (watchdog's full events: a file moved in from a folder that is
+    not watched has an empty ``src_path``, one moved out an empty ``dest_path``). What was
+    moved in is accounted but its modes are never given back
+    (docs/security.md#3b-outsiders-read-nothing-ges-modes-are-given-back-on-sight):
+    a member may move another user's file into the cache and back. Only a write put in
+    place — a temp file renamed within its folder, as GE's ``CopyFileToCacheDir``
+    and cachemgr's publish do — is given back."""
+
     def __init__(self, gov: Governance) -> None:
         self.gov = gov
 
     def on_any_event(self, event: FileSystemEvent) -> None:
+        src, dest = str(event.src_path), str(event.dest_path or "")
         if event.is_directory:
-            if event.event_type in ("created", "moved"):  # a chip folder GE just made
-                self.gov.folder_appeared(Path(str(event.dest_path or event.src_path)))
+            if event.event_type == "created":  # a chip folder GE just made
+                self.gov.folder_appeared(Path(src))
+            elif event.event_type == "moved" and dest:  # moved in: watched, not given back
+                self.gov.folder_appeared(Path(dest), give_back=False)
             return
-        if event.event_type == "deleted" and self.gov.evicting(str(event.src_path)):
+        if event.event_type == "deleted" and self.gov.evicting(src):
             return
-        src = Path(str(event.src_path))
         if event.event_type in ("created", "modified", "closed"):
-            self.gov.file_event(src, removed=False)
+            self.gov.file_event(Path(src), removed=False)
         elif event.event_type == "deleted":
-            self.gov.file_event(src, removed=True)
+            self.gov.file_event(Path(src), removed=True)
         elif event.event_type == "moved":
-            self.gov.file_event(src, removed=True)
-            self.gov.file_event(Path(str(event.dest_path)), removed=False)
+            if src:
+                self.gov.file_event(Path(src), removed=True)
+            if dest:
+                self.gov.file_event(Path(dest), removed=False, give_back=_put_in_place(src, dest))
+
+
+def _put_in_place(src: str, dest: str) -> bool:
+    """True for a write put in place: a temp file renamed within its own folder."""
+    return (
+        bool(src)
+        and src.endswith(fsutil.TEMP_SUFFIX)
+        and os.path.dirname(src) == os.path.dirname(dest)
+    )
 
 
 class ScanProgress:
-    """Progress of the first full scan (issue 12 item 10): shown by ``status`` and ``stats``.
+    """Progress of the first full scan: shown by ``status`` and ``stats``.
 
     ``state``: ``pending`` → ``reclaiming`` → ``indexing`` → ``done`` (or ``failed``).
     """
@@ -181,7 +207,12 @@ class Governance:
     :param counters: where eviction results are counted.
     :param beat: called on every governance heartbeat (the watch check, every
         ``watch_check_interval_s``): the systemd watchdog's proof that this thread works.
-    :param follow_ini: re-reads ``op_cache.ini`` when CANN edited it (issue 9 item 9).
+    :param follow_ini: re-reads ``op_cache.ini`` when CANN edited it.
+    :param run_as: ``(uid, gid)`` of the owner of a cache root this daemon governs for
+        another user (docs/daemon.md#governing-every-cache-on-a-build-host): its reclaim
+        and evictions run in a gc child with that user's rights only, and nothing else is
+        changed there — no modes given back, no counters file, no toolkit check, no
+        ``kernel_meta``; a chip folder that user may not change is reported once and skipped.
     """
 
     def __init__(
@@ -193,14 +224,18 @@ class Governance:
         follow_ini: Callable[[], None] | None = None,
         events: Events | None = None,
         on_entry: Callable[[str, str], None] | None = None,
+        run_as: tuple[int, int] | None = None,
     ) -> None:
         self._settings = get_settings
+        self.run_as = run_as
+        #: chip folder → why its owner may not change it, reported once (a governed root)
+        self.denied: dict[str, str] = {}
         #: told ``(soc_version, kernel)`` of each entry seen appearing in the kernel cache —
         #: by an inotify event, or at a reconciliation when its main json is newer than the
-        #: last pass (other hosts' writes: SPEC §9) — e.g. to upload it (issue 15 item 6)
+        #: last pass (other hosts' writes: docs/design.md#sharing-and-locking) — e.g. to upload it
         self.on_entry = on_entry
         self._entries_since = time.time() - config.reconcile_interval_s
-        #: the sink the compile path tells of a full filesystem (issue 15 item 1)
+        #: the sink the compile path tells of a full filesystem
         self.events = events if events is not None else Events()
         self._follow_ini = follow_ini
         self.config = config
@@ -209,7 +244,7 @@ class Governance:
         self.index = UsageIndex(get_settings().layout.kernel_cache_dir)
         # Every job runs however late it starts (a paused process, an overloaded host) and
         # a job missed several times runs once: APScheduler's default grace (1 s) would drop
-        # a late eviction silently (issue 12 item 3).
+        # a late eviction silently.
         self.scheduler = BackgroundScheduler(
             daemon=True,
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
@@ -221,11 +256,11 @@ class Governance:
         self._due: dict[str, tuple[float, int | None, int | None]] = {}
         self.last_gc: dict[str, dict[str, object]] = {}
         self.scan = ScanProgress()
-        #: why the cache root cannot be written now (read-only, vanished), or "" (issue 12
-        #: item 6); checked with the watches, eviction and reaping wait while it is set
+        #: why the cache root cannot be written now (read-only, vanished), or "";
+        #: checked with the watches, eviction and reaping wait while it is set
         self.root_problem = ""
         #: per chip folder: kernel → when an entry with a future access time was first
-        #: seen (ns); its eviction order (issue 12 item 1)
+        #: seen (ns); its eviction order
         self._first_seen: dict[str, dict[str, int]] = {}
         #: per chip folder (path as text): held while a gc child runs there, so ``/gc``
         #: requests and the daemon's evictions start at most one child per chip folder, the
@@ -237,15 +272,20 @@ class Governance:
         self._settling: set[str] = set()
         #: chip folders seen appearing and not yet watched (:meth:`folder_appeared`)
         self._fresh: set[str] = set()
+        #: the reclaim pass checks the entries whose jsons changed since this time (ns) for
+        #: shapes that make GE abort: 0 (all) for the first, then the previous pass's start
+        #: less the allowed clock skew (the watcher sees this host's new jsons at once)
+        self._fatal_since_ns = 0
 
     # --- lifecycle ------------------------------------------------------------------------
 
     def start(self) -> None:
         """Start watching and the periodic jobs at once; the first full scan — reclaim what
-        crashed processes left (temp files, dead locks, bad entries: SPEC §9), then index the
-        cache — runs in the background (issue 12 item 10: serving never waits for it). A
-        publish that hits a full filesystem schedules eviction."""
-        fsutil.ensure_dir(self.index.kernel_cache_dir)
+        crashed processes left (temp files, dead locks, bad entries:
+        docs/design.md#sharing-and-locking), then index the cache — runs in the background (serving
+        never waits for it). A publish that hits a full filesystem schedules eviction."""
+        if self.run_as is None:  # another user's kernel cache exists: it is how it was found
+            fsutil.ensure_dir(self.index.kernel_cache_dir)
         self.events.subscribe(NoSpaceEvent, self._on_no_space)
         self._start_watcher()
         cfg = self.config
@@ -268,14 +308,15 @@ class Governance:
         threading.Thread(target=self._first_scan, name="cachemgr-first-scan", daemon=True).start()
 
     def _save_counters(self) -> None:
-        if not self.root_problem:
+        if not self.root_problem and self.run_as is None:
             self.counters.save()
 
     def _first_scan(self) -> None:
         scan = self.scan
         try:
             scan.update(state="reclaiming", started=time.monotonic())
-            self.follow_cann()  # ini edits, toolkit upgrades, modes, other kernel caches
+            if self.run_as is None:
+                self.follow_cann()  # ini edits, toolkit upgrades, modes, other kernel caches
             self.reap()
             scan.update(state=ScanState.INDEXING)
 
@@ -345,23 +386,67 @@ class Governance:
 
     # --- events and jobs ------------------------------------------------------------------
 
-    def file_event(self, path: Path, removed: bool) -> None:
+    def file_event(self, path: Path, removed: bool, give_back: bool = True) -> None:
         """Account one file event; schedule eviction when a chip folder crosses its limit. A
         file that appears without ``g+rw`` (GE's ``0640``) is given back to the group at once
-        where this daemon may (docs/shared-cache.md#ges-modes-given-back-on-sight)."""
-        if not removed:
+        where this daemon may (docs/shared-cache.md#ges-modes-given-back-on-sight) — unless
+        ``give_back`` is False (a file moved in:
+        docs/security.md#3b-outsiders-read-nothing-ges-modes-are-given-back-on-sight)."""
+        if not removed and give_back and self.run_as is None:
             self._give_back_file(path)
         soc = self.index.file_removed(path) if removed else self.index.file_changed(path)
         if soc is not None and not removed:
             self._check_limit(soc)
-        if not removed and self.on_entry is not None and path.name.endswith(".json"):
-            self._entry_seen(path.parent, path.name[: -len(".json")])
+        if not removed and path.name.endswith(".json"):
+            if self._check_fatal(path.parent, path.name[: -len(".json")]):
+                return
+            if self.on_entry is not None:
+                self._entry_seen(path.parent, path.name[: -len(".json")])
+
+    def _check_fatal(self, chip: Path, stem: str) -> bool:
+        """Remove at once the entry of a json that appeared if its shape makes GE abort
+        (docs/interop.md#entries-that-abort-ge): one or two small reads per new json; a held
+        entry lock (a writer) is tried again in :data:`FATAL_RETRY_S`. True when removed."""
+        if chip.parent != self.index.kernel_cache_dir or self.root_problem:
+            return False
+        kernel = _kernel_of_json(chip, stem)
+        if kernel is None:
+            return False
+        try:
+            done = fatal.remove_if_fatal(chip, kernel)
+        except LockBusyError:
+            self._retry_fatal(chip, kernel)
+            return False
+        except (OSError, CacheMgrError) as exc:
+            log.debug("%s/%s: not checked for shapes that abort GE: %s", chip, kernel, exc)
+            return False
+        if not done.removed:
+            return False
+        self.counters.add("ge_fatal_removed", 1, chip)
+        return True
+
+    def _retry_fatal(self, chip: Path, kernel: str) -> None:
+        if not self.scheduler.running:
+            return
+        when = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=FATAL_RETRY_S)
+        self.scheduler.add_job(
+            self._check_fatal,
+            "date",
+            run_date=when,
+            args=[chip, kernel],
+            id=f"fatal:{chip}/{kernel}",
+            replace_existing=True,
+        )
 
     def _give_back_file(self, path: Path) -> None:
         """``g+rw`` back on one file of the kernel cache or a chip folder that lacks it (one
         ``lstat`` for a file that has it: the daemon's own, every publish's)."""
+        if path.name.endswith(fsutil.TEMP_SUFFIX):  # a write in progress: its writer sets it
+            return
         st = fsutil.lstat_or_none(path)
         if st is None or not fsutil.plain_file(st) or st.st_mode & 0o060 == 0o060:
+            return
+        if st.st_uid == os.geteuid():  # this daemon's own: made group-sharing as it is made
             return
         kc = self.index.kernel_cache_dir
         if path.parent == kc:
@@ -369,20 +454,23 @@ class Governance:
         elif path.parent.parent == kc:
             groupmodes.give_back_names(path.parent, [path.name])
 
-    def folder_appeared(self, path: Path) -> None:
+    def folder_appeared(self, path: Path, give_back: bool = True) -> None:
         """A folder appeared in the kernel cache (GE's ``mkdir`` of a chip folder, ``0750``):
         its modes and those of the files already in it are given back to the group now,
         where this daemon may — not at the next reconciliation, minutes later (every
         compile into it was uncached meanwhile). Its watch is armed at once by a watch check
         run now in the scheduler's thread (never here: the watcher's lock is taken there
-        before the observer's), which gives back the files written before the watch."""
+        before the observer's), which gives back the files written before the watch. A
+        folder moved in (``give_back`` False) is watched, its modes left as they are
+        (docs/security.md#3b-outsiders-read-nothing-ges-modes-are-given-back-on-sight)."""
         if path.parent != self.index.kernel_cache_dir or self.root_problem:
             return
         watcher = self.watcher
-        if watcher is not None and path.name not in watcher.modes():
+        if watcher is not None and path.name not in watcher.modes() and give_back:
             with self._lock:
                 self._fresh.add(path.name)
-        self._give_back_chip(path)
+        if self.run_as is None and give_back:
+            self._give_back_chip(path)
         if self.scheduler.running:
             with contextlib.suppress(JobLookupError):  # stopping
                 self.scheduler.modify_job("watch", next_run_time=dt.datetime.now(dt.UTC))
@@ -394,8 +482,10 @@ class Governance:
             log.debug("%s: modes not given back: %s", chip, exc)
             return
         if changed:
-            files = "1 file" if changed == 1 else f"{changed} files"
-            log.info("%s: group-sharing modes given back on %s", chip, files)
+            log.info(
+                "%s: group-sharing modes given back on %d file%s",
+                chip, changed, "" if changed == 1 else "s",
+            )  # fmt: skip
 
     def evicting(self, path: str) -> bool:
         """True when ``path`` lies in a chip folder that this daemon is evicting now.
@@ -403,7 +493,7 @@ class Governance:
         The removals' delete events are then dropped unhandled: the rescan after the
         eviction accounts them at once. Handling each (index update, limit check) is slower
         than the removals, and watchdog's queue of waiting events grew the daemon by ~250
-        bytes per removed file (measured: 7.5 MB for 30,000; issue 14 item 5). Created files
+        bytes per removed file (measured: 7.5 MB for 30,000). Created files
         are still handled as they come.
         """
         run = self._chip_runs.get(os.path.dirname(path))
@@ -411,7 +501,8 @@ class Governance:
 
     def _entry_seen(self, chip: Path, stem: str) -> None:
         """Tell :attr:`on_entry` of a main json that appeared (a sub-part's json is not an
-        entry: ``<kernel>_mix_aic.json`` beside ``<kernel>.json``, SPEC §3.1)."""
+        entry: ``<kernel>_mix_aic.json`` beside ``<kernel>.json``,
+        docs/design.md#files-of-an-entry)."""
         if chip.parent != self.index.kernel_cache_dir or self.on_entry is None:
             return
         for suffix in entry.PART_STEM_SUFFIXES:
@@ -424,13 +515,13 @@ class Governance:
             log.exception("handling the new entry %s/%s failed", chip.name, stem)
 
     def entries_sweep(self, socs: set[str] | None = None) -> int:
-        """Reconciliation's share of :attr:`on_entry`: every main json whose mtime is newer
-        than the previous sweep (less the allowed clock skew: other hosts' clocks, SPEC §9)
-        — what inotify cannot see. With ``socs`` only those chip folders (armed anew: their
-        files were written before their watch) and the next sweep's start stays. Returns
-        how many were reported."""
-        if self.on_entry is None:
-            return 0
+        """Reconciliation's share of what inotify cannot see (other hosts' writes,
+        docs/design.md#sharing-and-locking): every main json whose mtime is newer than the previous
+        sweep (less the allowed clock skew) is told to :attr:`on_entry`, and every json changed
+        since then (mtime or ctime) is checked for shapes that make GE abort (:meth:`_check_fatal`).
+        With
+        ``socs`` only those chip folders (armed anew: their files were written before their
+        watch) and the next sweep's start stays. Returns how many were told."""
         started = time.time()
         since = self._entries_since - float(self._settings().value("clock_skew_s"))
         seen = 0
@@ -443,18 +534,13 @@ class Governance:
             chips = [c for c in chips if c.name in socs]
         for chip in chips:
             try:
-                with SafeDir.open_chip(chip) as folder, os.scandir(folder.fd) as it:
-                    stems = [
-                        d.name[: -len(".json")]
-                        for d in it
-                        if d.name.endswith(".json")
-                        and d.is_file(follow_symlinks=False)
-                        and d.stat(follow_symlinks=False).st_mtime >= since
-                    ]
+                changed = _changed_jsons(chip, since)
             except (OSError, CacheMgrError) as exc:
                 log.debug("sweeping %s for new entries failed: %s", chip, exc)
                 continue
-            for stem in stems:
+            for stem, new in changed:
+                if self._check_fatal(chip, stem) or not new or self.on_entry is None:
+                    continue
                 self._entry_seen(chip, stem)
                 seen += 1
         if socs is None:
@@ -467,7 +553,26 @@ class Governance:
         max_mb = int(self._settings().value("max_op_cache_size"))
         if max_mb == -1 or self.index.used_bytes(soc) < max_mb * MIB:
             return
+        if self.run_as is not None and not self._owner_may_change(soc):
+            return
         self.schedule_eviction(soc)
+
+    def _owner_may_change(self, soc: str) -> bool:
+        """For a governed root: may its owner remove files in chip folder ``soc`` (write and
+        search on the folder, by its mode bits)? A folder they may not — another user's
+        private ``0700`` one, a root-run job's — is reported once (one warning line) and
+        skipped; the next reconciliation looks again."""
+        assert self.run_as is not None
+        chip = self.index.kernel_cache_dir / soc
+        why = owner_denied(chip, *self.run_as)
+        if why is None:
+            if self.denied.pop(soc, None) is not None:
+                log.info("%s: its owner may change it again; governed", chip)
+            return True
+        if self.denied.get(soc) != why:
+            log.warning("%s: skipped: %s", chip, why)
+        self.denied[soc] = why
+        return False
 
     def schedule_eviction(
         self, soc: str, ratio_pct: int | None = None, target_bytes: int | None = None
@@ -478,7 +583,7 @@ class Governance:
 
         Each new call moves the run ``evict_debounce_s`` later, but never later than
         ``evict_max_delay_s`` after the first call: a steady stream of file events cannot
-        starve eviction (issue 12 item 8). Targets of calls merged into one run: the lowest.
+        starve eviction. Targets of calls merged into one run: the lowest.
         """
         if not self.scheduler.running:
             return
@@ -516,8 +621,8 @@ class Governance:
     def _on_no_space(self, event: NoSpaceEvent) -> None:
         """A publish hit a full filesystem (``ENOSPC``): the disk, not the limit, is full, so
         the chip folder's current usage acts as its limit — evict down to ``ratio`` % of
-        ``min(limit, used)`` bytes now, in the scheduler's thread (a target in bytes: issue 12
-        item 8 — never rounded to "0 % of the limit"). ``max_op_cache_size=-1`` (never evict)
+        ``min(limit, used)`` bytes now, in the scheduler's thread (a target in bytes,
+        never rounded to "0 % of the limit"). ``max_op_cache_size=-1`` (never evict)
         is honoured: only the error is reported."""
         chip_dir, bytes_needed = event.chip_dir, event.bytes_needed
         if chip_dir.parent != self.index.kernel_cache_dir:
@@ -561,6 +666,7 @@ class Governance:
             target_bytes=target_bytes,
             clock_skew_s=float(settings.value("clock_skew_s")),
             first_seen=self._first_seen.setdefault(soc, {}),
+            ge_fatal_since_ns=self._fatal_since_ns,
         )
         self._settling.add(soc)
         try:
@@ -569,6 +675,7 @@ class Governance:
                     [job],
                     names=_names_log.isEnabledFor(logging.DEBUG),
                     deadline_s=self.config.gc_deadline_s,
+                    run_as=self.run_as,
                 )
             # a rescan instead of the removals' events (also after a failure: part of it may
             # have run); files added meanwhile were accounted by their own events
@@ -615,7 +722,9 @@ class Governance:
             dry_run=dry_run is eviction.DryRun.YES,
         )
         with self._gc_child_of(chip):
-            (outcome,) = _run_gc([job], names=True, deadline_s=self.config.gc_deadline_s)
+            (outcome,) = _run_gc(
+                [job], names=True, deadline_s=self.config.gc_deadline_s, run_as=self.run_as
+            )
         if outcome.report is None:
             raise gcchild.GcChildError(f"gc of {chip}: {outcome.error}")
         return outcome.report
@@ -641,12 +750,17 @@ class Governance:
             value = data.get(key)
             if isinstance(value, int):
                 self.counters.add(key, value, Path(str(chip)) if chip else None)
+        reclaimed = data.get("reclaimed")
+        fatal_removed = reclaimed.get("ge_fatal") if isinstance(reclaimed, Mapping) else None
+        if isinstance(fatal_removed, int):
+            self.counters.add("ge_fatal_removed", fatal_removed, Path(str(chip)) if chip else None)
 
     def reconcile(self) -> dict[str, int]:
         """The periodic rescan; re-checks every chip folder's limit. Other hosts' writes and
-        deletes show up here (inotify does not see them, SPEC §9); a rescan that fails (an
-        NFS hiccup) is logged and the next one tries again."""
-        self.follow_cann()
+        deletes show up here (inotify does not see them, docs/design.md#sharing-and-locking); a
+        rescan that fails (an NFS hiccup) is logged and the next one tries again."""
+        if self.run_as is None:
+            self.follow_cann()
         try:
             used = self.index.reconcile()
         except OSError as exc:
@@ -680,7 +794,8 @@ class Governance:
         # not be scanned (a member's private folder), until they can: warned about once
         with self._lock:
             fresh, self._fresh = self._fresh & rescan, self._fresh - rescan
-        for soc in sorted(fresh):  # new and armed now: what was written before its watch
+        # new and armed now: what was written before its watch (never in a governed root)
+        for soc in sorted(fresh) if self.run_as is None else ():
             self._give_back_chip(self.index.kernel_cache_dir / soc)
         for soc in sorted(rescan | (set(self.index.problems) & present)):
             self._rescan(soc)
@@ -703,12 +818,13 @@ class Governance:
             )
             return
         log.warning("the cache root of %s is writable again", self.index.kernel_cache_dir)
-        self.counters.save()
+        if self.run_as is None:
+            self.counters.save()
         for soc in self.index.chips():
             self._check_limit(soc)
 
     def poll(self) -> None:
-        """Rescan the chip folders that have no inotify watch (issue 12 item 2)."""
+        """Rescan the chip folders that have no inotify watch."""
         watcher = self.watcher
         if watcher is None:
             return
@@ -720,7 +836,7 @@ class Governance:
             self._check_limit(soc)
 
     def follow_cann(self) -> None:
-        """What CANN processes change behind the daemon's back (issue 9 items 6b, 7, 9), at
+        """What CANN processes change behind the daemon's back, at
         start and on every reconciliation: an edited ``op_cache.ini`` (limits, stamps) is
         re-read; a toolkit upgrade is handled with GE's rule (``gc.sync_toolkit``); GE's
         ``0640``/``0750`` modes are given back to the group where this daemon may
@@ -729,7 +845,7 @@ class Governance:
         Failures are logged; the next reconciliation tries again."""
         if self._follow_ini is not None:
             self._follow_ini()
-        if self.root_problem:  # nothing can be changed there now (issue 12 item 6)
+        if self.root_problem:  # nothing can be changed there now
             return
         settings = self._settings()
         caches = [settings]
@@ -776,12 +892,27 @@ class Governance:
             chips = []
         # max -1: no size eviction, only the reclaim pass; every chip folder in one child
         age = float(settings.value("min_age_s"))
-        jobs = [gcchild.GcJob(chip, eviction.NEVER_EVICT, ratio, age) for chip in chips]
-        for job, outcome in zip(
-            jobs, _run_gc(jobs, deadline_s=self.config.gc_deadline_s), strict=True
-        ):
+        since = self._fatal_since_ns
+        started_ns = time.time_ns() - int(float(settings.value("clock_skew_s")) * 1e9)
+        if self.run_as is not None:  # only what its owner may change (reported once)
+            chips = [c for c in chips if self._owner_may_change(c.name)]
+        jobs = [
+            gcchild.GcJob(chip, eviction.NEVER_EVICT, ratio, age, ge_fatal_since_ns=since)
+            for chip in chips
+        ]
+        failed = False
+        done = _run_gc(jobs, deadline_s=self.config.gc_deadline_s, run_as=self.run_as)
+        for job, outcome in zip(jobs, done, strict=True):
             if outcome.error and not outcome.died:  # a death was logged already, once
                 log.warning("reaping %s failed: %s", job.chip_dir, outcome.error)
+            skipped = (outcome.report or {}).get("skipped", "gc error")
+            failed = failed or skipped not in ("", "missing")
+            if outcome.report is not None:
+                self.count_eviction(outcome.report)
+        if not failed:  # a folder not reclaimed (busy, deadline) is read whole again
+            self._fatal_since_ns = max(0, started_ns)
+        if self.run_as is not None:  # kernel_meta is the daemon's own folder, not theirs
+            return
         try:
             reaped = kernel_meta.reap_orphans(
                 Path(settings.value("kernel_meta_dir")), self.config.kernel_meta_retention_s
@@ -793,8 +924,78 @@ class Governance:
             log.info("reaped %d kernel_meta leftovers of dead processes", len(reaped))
 
 
+def _changed_jsons(chip: Path, since: float) -> list[tuple[str, bool]]:
+    """``(stem, new)`` of each ``*.json`` of ``chip`` changed at or after ``since`` (seconds
+    since the epoch): ``new`` when its mtime is (a new entry), else only its ctime (renamed
+    in with an old mtime, rewritten in place)."""
+    out = []
+    with SafeDir.open_chip(chip) as folder, os.scandir(folder.fd) as it:
+        for d in it:
+            if not d.name.endswith(".json") or not d.is_file(follow_symlinks=False):
+                continue
+            st = d.stat(follow_symlinks=False)
+            if max(st.st_mtime, st.st_ctime) >= since:
+                out.append((d.name[: -len(".json")], st.st_mtime >= since))
+    return out
+
+
+def _kernel_of_json(chip: Path, stem: str) -> str | None:
+    """The entry a json ``<stem>.json`` of ``chip`` belongs to: a part's
+    (``<kernel>_mix_aic``, ``_loc``...) is its kernel's when that main json exists; a
+    ``_mix_aic``/``_mix_aiv`` json without it is read by GE only through a main json's
+    ``jsonList`` (None: judged when that main json appears)."""
+    for suffix in entry.PART_STEM_SUFFIXES:
+        if stem.endswith(suffix):
+            base = stem[: -len(suffix)]
+            if fsutil.lstat_or_none(chip / f"{base}.json") is not None:
+                return base
+            return None if suffix in ("_mix_aic", "_mix_aiv") else stem
+    return stem
+
+
+def owner_denied(folder: Path, uid: int, gid: int) -> str | None:
+    """Why the user ``uid`` (primary group ``gid``) may not remove files in ``folder``
+    (write and search on it, by its owner, group and mode; the folder itself is not followed
+    if it is a link), or None when they may.
+
+    :returns: one phrase naming the folder's owner and mode, or None.
+    """
+    st = fsutil.lstat_or_none(folder)
+    if st is None:
+        return None  # gone: nothing to change (the index forgets it)
+    if not stat.S_ISDIR(st.st_mode):
+        return "not a folder (a link or a file): never followed"
+    mode = st.st_mode
+    if st.st_uid == uid:
+        bits = mode >> 6
+    elif st.st_gid == gid or st.st_gid in _groups_of(uid, gid):
+        bits = mode >> 3
+    else:
+        bits = mode
+    if bits & 0o3 == 0o3:
+        return None
+    return (
+        f"its owner's user (uid {uid}) may not change it (owner uid {st.st_uid}, group gid "
+        f"{st.st_gid}, mode {stat.S_IMODE(mode):04o}): the governor acts with the rights of "
+        "the root's owner only"
+    )
+
+
+def _groups_of(uid: int, gid: int) -> list[int]:
+    """The groups of user ``uid`` (their ``/etc/group`` memberships and ``gid``)."""
+    import pwd
+
+    try:
+        return os.getgrouplist(pwd.getpwuid(uid).pw_name, gid)
+    except (KeyError, OSError):
+        return [gid]
+
+
 def _run_gc(
-    jobs: list[gcchild.GcJob], names: bool = False, deadline_s: float = 0.0
+    jobs: list[gcchild.GcJob],
+    names: bool = False,
+    deadline_s: float = 0.0,
+    run_as: tuple[int, int] | None = None,
 ) -> list[gcchild.Outcome]:
     """Run gc jobs in a child process (:mod:`cachemgr.daemon.gcchild`: the scan of a large
     chip folder never enters the daemon's heap), keeping "warn once per folder" about
@@ -806,7 +1007,7 @@ def _run_gc(
     told = [skew_warned.first(job.chip_dir) for job in jobs]
     for job, first in zip(jobs, told, strict=True):
         job.skew_warned = not first
-    outcomes = gcchild.run_jobs(jobs, names)
+    outcomes = gcchild.run_jobs(jobs, names, run_as=run_as)
     for job, first, outcome in zip(jobs, told, outcomes, strict=True):
         if first and not (outcome.report or {}).get("future_atimes"):
             skew_warned.forget(job.chip_dir)  # not warned about after all
@@ -820,8 +1021,8 @@ def _lowest(a: int | None, b: int | None) -> int | None:
 
 
 def log_eviction(soc: str, data: Mapping[str, Any]) -> None:
-    """One summary line per eviction run (folder, entries, bytes, before → after, seconds;
-    issue 12 item 7); the evicted names only at debug level, in a line of their own."""
+    """One summary line per eviction run (folder, entries, bytes, before → after,
+    seconds); the evicted names only at debug level, in a line of their own."""
     if data.get("skipped"):
         log.info("eviction of %s skipped: %s", soc, data["skipped"])
         return

@@ -1,4 +1,4 @@
-"""Heartbeats: the systemd watchdog means the service works (issue 12, item 12).
+"""Heartbeats: the systemd watchdog means the service works.
 
 The main loop, the request server (a real ``/health`` request over the daemon's own socket
 succeeds) and the governance thread (a scheduler job runs) each :meth:`Heartbeats.beat`; the

@@ -1,4 +1,4 @@
-"""The TCP listener's guard (issue 10, item 6).
+"""The TCP listener's guard.
 
 The Unix socket is guarded by its mode and group; a loopback TCP port is open to every local
 user and to any web page a browser on this host opens (DNS rebinding, cross-site POSTs). So
@@ -17,16 +17,13 @@ Without a token file the TCP listener does not start (exit 2, one line).
 
 from __future__ import annotations
 
-import errno
 import hmac
-import os
-import stat
 from collections.abc import Callable
 from typing import Any
 
 from cachemgr.daemon.server import Response, error
 from cachemgr.errors import ConfigError
-from cachemgr.peer import user_name
+from cachemgr.storage import secretfile
 
 #: Shortest token accepted (characters): 128 bits as hex.
 MIN_TOKEN_CHARS = 32
@@ -46,29 +43,7 @@ def load_token(path: str, where: str = "[daemon] tcp_token_file") -> bytes:
             f"the TCP listener needs a secret token: set {where} to a file of mode 0600 "
             "(e.g. `openssl rand -hex 32 > FILE && chmod 600 FILE`)"
         )
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-    try:
-        fd = os.open(path, flags)
-    except OSError as exc:
-        why = "is a symbolic link" if exc.errno == errno.ELOOP else exc.strerror
-        raise ConfigError(f"{where}={path!r}: cannot read it ({why})") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ConfigError(f"{where}={path!r} is not a regular file")
-        if st.st_uid != os.geteuid():
-            raise ConfigError(
-                f"{where}={path!r} belongs to {user_name(st.st_uid)}, not to the daemon's user "
-                f"{user_name(os.geteuid())}; chown it"
-            )
-        if st.st_mode & 0o077:
-            raise ConfigError(
-                f"{where}={path!r} has mode {stat.S_IMODE(st.st_mode):04o}; others could read "
-                "the token: chmod 600 it"
-            )
-        raw = os.read(fd, MAX_TOKEN_FILE_BYTES + 1)
-    finally:
-        os.close(fd)
+    raw = secretfile.read_private(path, where, MAX_TOKEN_FILE_BYTES, "the token")
     token = raw.strip()
     if len(raw) > MAX_TOKEN_FILE_BYTES or len(token) < MIN_TOKEN_CHARS or b"\n" in token:
         raise ConfigError(

@@ -2,11 +2,11 @@
 the loop reacts; SIGHUP and ``/reload`` share one path).
 
 Start: resolve the config (a bad one exits non-zero naming it) → check the cache root (this
-user may write it; fcntl locks work, else ``lock_fallback``: SPEC §9) → refuse if a live daemon
-owns the socket ("already running, pid N"), reclaim a dead one's socket → reclaim what crashed
-processes left, index the cache and start governance → serve → ``READY=1``. SIGHUP: reload,
-keeping the old config on error. SIGTERM or SIGINT: ``STOPPING=1``, stop taking work, finish
-what runs, exit 0.
+user may write it; fcntl locks work, else ``lock_fallback``: docs/design.md#sharing-and-locking) →
+refuse if a live daemon owns the socket ("already running, pid N"), reclaim a dead one's socket →
+reclaim what crashed processes left, index the cache and start governance → serve → ``READY=1``.
+SIGHUP: reload, keeping the old config on error. SIGTERM or SIGINT: ``STOPPING=1``, stop taking
+work, finish what runs, exit 0.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from cachemgr.daemon import httpauth, rootcheck
 from cachemgr.daemon.api import Api
 from cachemgr.daemon.config import DaemonConfig
 from cachemgr.daemon.connections import bounds_of
+from cachemgr.daemon.governor import check_globs
 from cachemgr.daemon.heartbeat import MAIN, SERVER, Heartbeats
 from cachemgr.daemon.notify import Notifier
 from cachemgr.daemon.server import HttpServer
@@ -112,7 +113,7 @@ def _socket_origin() -> str:
 
 def _holder(socket_path: Path) -> str:
     """One line on the daemon that holds ``<socket>.lock``: its pid, where it serves, and
-    whether it answers there (issue 12 item 4: a daemon whose socket file was removed)."""
+    whether it answers there (a daemon whose socket file was removed)."""
     pid = _pid_of(socket_path)
     try:
         Client(socket_path, timeout_s=2).health()
@@ -176,16 +177,18 @@ def run(
     note: str = "",
     box: sandbox.Sandbox | None = None,
     remotes: Sequence[str] = (),
+    govern_only: bool = False,
 ) -> int:
     """Run the daemon until SIGTERM/SIGINT; return the exit code (0 on a clean stop).
 
-    ``note`` is added to systemd's ``STATUS=`` (e.g. a local-cache fallback, SPEC §9).
+    ``note`` is added to systemd's ``STATUS=`` (e.g. a local-cache fallback,
+    docs/design.md#sharing-and-locking).
 
     :raises ConfigError: bad configuration at start (before anything is started).
     :raises AlreadyRunning: a live daemon owns ``socket_path``.
     """
     # Many handler threads each do short bursts of work: a shorter GIL switch interval than
-    # CPython's 5 ms keeps one burst from making the others wait (hit latency, issue 5).
+    # CPython's 5 ms keeps one burst from making the others wait (hit latency).
     sys.setswitchinterval(0.0005)
     if tcp_port is not None:  # from the command line: 0 picks a free port
         tcp: tuple[str, int] | None = (config.tcp_host, tcp_port)
@@ -199,7 +202,7 @@ def run(
     flags = _Flags()
     wake, wake_writer = _wakeup_pipe(flags)
     lock = _claim_socket(socket_path)
-    service = Service(resolve, config, state_dir() / "counters.json", remotes)
+    service = Service(resolve, config, state_dir() / "counters.json", remotes, govern_only)
     service.sandbox = box
     server = None
     try:
@@ -212,6 +215,8 @@ def run(
         where = f"{socket_path}" + (f" and {server.tcp_address}" if server.tcp_address else "")
         log.info("serving on %s (pid %d)", where, os.getpid())
         serving = f"serving {service.settings.value('kernel_cache_dir')}"
+        if govern_only:
+            serving = f"governing {', '.join(config.govern)}"
         notifier.ready(f"{serving}; {note}" if note else serving)
         probe = _ServerProbe(socket_path, service.heartbeats, flags)
         probe.start()
@@ -259,7 +264,7 @@ class _ServerProbe(threading.Thread):
 #: Seconds between checks of the socket file and probes of the request server (at most).
 #: Each probe is a connection and a handler thread, ~0.9 ms of CPU: at 2 s an idle daemon
 #: used 13 ms of CPU per 10 s (perf stat task-clock), at 5 s 9 ms — under the bench's one
-#: tick (issue 14); systemd's watchdog and the 60 s heartbeat timeout need far less often.
+#: tick; systemd's watchdog and the 60 s heartbeat timeout need far less often.
 PROBE_INTERVAL_S = 5.0
 
 
@@ -270,7 +275,7 @@ def probe_interval(heartbeats: Heartbeats) -> float:
 
 
 def _check_socket(server: HttpServer | None) -> None:
-    """Re-create a socket file that was removed or replaced (issue 12 item 4)."""
+    """Re-create a socket file that was removed or replaced."""
     if server is None:
         return
     why = server.socket_lost()
@@ -293,7 +298,7 @@ def _loop(
 ) -> None:
     """React to signals; every tick check the socket file and, when every part of the
     daemon made progress (:class:`~cachemgr.daemon.heartbeat.Heartbeats`), ping systemd's
-    watchdog (issue 12 item 12)."""
+    watchdog."""
     interval = notifier.watchdog_interval_s
     every = probe_interval(service.heartbeats)
     tick = min(interval, every) if interval else every
@@ -302,7 +307,7 @@ def _loop(
         service.heartbeats.beat(MAIN)
         _check_socket(server)
         degraded = service.degraded()
-        if degraded != shown:  # STATUS= follows the degraded states (issue 12 item 6)
+        if degraded != shown:  # STATUS= follows the degraded states
             shown = degraded
             serving = f"serving {service.settings.value('kernel_cache_dir')}"
             notifier.status("degraded: " + "; ".join(degraded) if degraded else serving)
@@ -320,8 +325,7 @@ def _loop(
 
 def refuse_root(allow_root: bool) -> None:
     """The daemon compiles for others and removes files in a shared folder: as root a
-    mistake (or a planted link) reaches the whole system. Refuse unless told explicitly
-    (issue 10, item 5).
+    mistake (or a planted link) reaches the whole system. Refuse unless told explicitly.
 
     :raises ConfigError: running as root without ``--allow-root``.
     """
@@ -341,28 +345,38 @@ def serve(
     tcp_port: int | None,
     allow_root: bool = False,
     remotes: Sequence[str] = (),
+    govern_only: bool = False,
 ) -> int:
     """Resolve settings and the ``[daemon]`` table, check the cache root (access, fcntl
     locks, ``lock_fallback``: :mod:`cachemgr.daemon.rootcheck`), then :func:`run`.
 
+    ``govern_only`` (``serve --govern-only``, run as root under
+    ``systemd/cachemgr-governor.service``): only the ``[daemon] govern`` roots are governed,
+    nothing is compiled and the configured cache root is neither checked nor governed
+    (docs/daemon.md#the-privileges-it-needs).
+
     :raises ConfigError: running as root without ``allow_root``; a bad value (named, with
         the file); a TCP listener without a valid ``tcp_token_file`` — before anything starts.
     :raises CachePermissionError: this user cannot write the kernel cache (one line naming
-        the folder, the user, the group and the fix; SPEC §9).
+        the folder, the user, the group and the fix; docs/design.md#sharing-and-locking).
     :raises LocksUnavailable: fcntl locks do not work there and the fallback is "refuse".
     """
 
-    def resolve_with(values: Mapping[str, object]) -> options.Settings:
-        return options.resolve(cli=values, config_file=config_file)
+    def resolve_with(values: Mapping[str, object], writable: bool = True) -> options.Settings:
+        return options.resolve(cli=values, config_file=config_file, writable=writable)
 
-    refuse_root(allow_root)
-    settings = resolve_with(cli_values)
+    if not govern_only:  # the governor runs as root by design, capabilities bounded
+        refuse_root(allow_root)
+    settings = resolve_with(cli_values, writable=not govern_only)
     for problem in settings.problems:
         log.warning("%s", problem)
     where = f"config {config_file or os.environ.get('CACHEMGR_CONFIG', '')} [daemon]"
     config = DaemonConfig.from_table(settings.sections.get("daemon"), where)
     for name in filter(None, (n.strip() for n in config.debug_loggers.split(","))):
         logging.getLogger(name).setLevel(logging.DEBUG)
+    check_globs(config.govern, f"{where} govern")  # a bad glob: one line, before anything
+    if govern_only:
+        return _serve_govern_only(resolve_with, cli_values, config, socket_path, where)
     if tcp_port is not None or config.tcp_port:
         httpauth.load_token(config.tcp_token_file)  # no token, no TCP: say so before anything
         bounds_of(config, where)  # room for authenticated TCP connections
@@ -378,13 +392,36 @@ def serve(
     return run(resolve, config, socket_path, tcp_port, checked.fallback_note, box, remotes)
 
 
+def _serve_govern_only(
+    resolve_with: Callable[..., options.Settings],
+    cli_values: Mapping[str, object],
+    config: DaemonConfig,
+    socket_path: Path | None,
+    where: str,
+) -> int:
+    """``serve --govern-only``: no compile service, so no cache-root check, no sandbox, no
+    TCP listener; the socket answers ``status``, ``stats`` and ``/metrics``.
+
+    :raises ConfigError: ``[daemon] govern`` is empty, or a TCP port is configured.
+    """
+    if not config.govern:
+        raise ConfigError(f"{where}: serve --govern-only needs govern = [globs of cache roots]")
+    if config.tcp_port:
+        raise ConfigError(f"{where}: serve --govern-only serves no TCP listener (tcp_port)")
+
+    def resolve() -> options.Settings:
+        return resolve_with(cli_values, writable=False)
+
+    return run(resolve, config, socket_path or default_socket_path(), govern_only=True)
+
+
 def _sandbox(
     settings: options.Settings,
     config_file: Path | None,
     socket_path: Path,
     secret_files: list[Path],
 ) -> sandbox.Sandbox:
-    """The compilers' sandbox (issue 10 item 5): the daemon user's private folders — HOME,
+    """The compilers' sandbox: the daemon user's private folders — HOME,
     state, config and runtime folders, and the folders of ``secret_files`` (the TCP token,
     remotes' password and token files) — hidden from every compiler process it runs.
 

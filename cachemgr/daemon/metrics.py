@@ -110,7 +110,7 @@ class _Collector:
 
 
 #: Each remote's counters in ``stats`` (``remotes.<name>.<counter>``) and their help texts;
-#: ``/metrics`` names them ``cachemgr_remote_<counter>{remote="<name>"}`` (issue 15 item 7).
+#: ``/metrics`` names them ``cachemgr_remote_<counter>{remote="<name>"}``.
 REMOTE_COUNTERS = {
     "hits": "entries fetched from the remote and served",
     "misses": "lookups the remote answered without the entry",

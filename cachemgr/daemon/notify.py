@@ -1,4 +1,5 @@
-"""The systemd notify protocol (``sd_notify``), spoken over ``$NOTIFY_SOCKET`` (SPEC §0).
+"""The systemd notify protocol (``sd_notify``), spoken over ``$NOTIFY_SOCKET``
+(docs/design.md#who-it-is-for).
 
 A datagram of ``KEY=VALUE`` lines to the socket systemd names; an abstract socket is written
 with a leading ``@``. Without ``NOTIFY_SOCKET`` every call is a no-op, so the daemon runs the

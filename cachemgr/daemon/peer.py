@@ -1,5 +1,5 @@
-"""Who is calling: the peer credentials of the connection a handler thread serves (issue 10
-item 5). The transport sets them per request (:func:`serving`); the service reads them
+"""Who is calling: the peer credentials of the connection a handler thread serves.
+The transport sets them per request (:func:`serving`); the service reads them
 (:func:`current`) to log each compile with its caller and to accept a request that names
 paths instead of carrying its files' bytes only from the daemon's own user.
 """

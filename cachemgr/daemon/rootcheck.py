@@ -1,4 +1,4 @@
-"""The daemon's start-up checks of its cache root (SPEC §9; issue 6).
+"""The daemon's start-up checks of its cache root (docs/design.md#sharing-and-locking).
 
 Before it serves, the daemon checks that this user can write the kernel cache (a user outside
 the sharing group gets one line naming the folder, the user, the group and the fix) and that
@@ -60,9 +60,9 @@ def local_cache_root(config: DaemonConfig, env: Mapping[str, str] | None = None)
 
 
 def check_access(settings: options.Settings) -> None:
-    """Refuse a kernel cache this user cannot write (SPEC §9). A chip folder it cannot read
-    or write is never refused: one warning here when it can be read (served, never evicted),
-    else from the usage index's scan (skipped; docs/security.md item 3).
+    """Refuse a kernel cache this user cannot write (docs/design.md#sharing-and-locking). A chip
+    folder it cannot read or write is never refused: one warning here when it can be read (served,
+    never evicted), else from the usage index's scan (skipped; docs/security.md item 3).
 
     :raises CachePermissionError: the first problem, one line (path, user, group, fix).
     :raises UnsafePathError: the kernel cache folder is a symbolic link (nothing is probed,

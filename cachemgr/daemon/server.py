@@ -35,6 +35,11 @@ log = logging.getLogger(__name__)
 
 #: Largest request body accepted (bytes); larger → 413.
 MAX_BODY_BYTES = 1 << 20
+#: A body refused unread (413, 411) is read and thrown away after the
+#: answer — at most this many bytes, for at most :data:`DISCARD_MAX_S` seconds — so the
+#: caller's send completes and it reads the answer, instead of a reset while still sending.
+DISCARD_MAX_BYTES = 64 << 20
+DISCARD_MAX_S = 5.0
 SOCKET_MODE = 0o660
 
 
@@ -65,7 +70,7 @@ def error(status: int, message: str) -> Response:
 
 
 def parse_body(raw: bytes) -> Any:
-    """Decode a request body as strict JSON (issue 10, item 11).
+    """Decode a request body as strict JSON.
 
     :raises ValueError: one line for anything a JSON object of text cannot be: not UTF-8,
         malformed, ``NaN``/``Infinity``, a number of more than 4300 digits, nesting deeper
@@ -168,6 +173,8 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "cachemgr"
     # reads time out after [daemon] idle_timeout_s, set per connection (connections.py)
     timeout = None
+    #: bytes of the current request's body refused unread (thrown away after the answer)
+    _unread = 0
 
     def setup(self) -> None:
         super().setup()
@@ -261,21 +268,33 @@ class _Handler(BaseHTTPRequestHandler):
         self._serve("DELETE")
 
     def _serve(self, method: str) -> None:
+        self._unread = 0
         resp = self._read_and_dispatch(method)
         data = resp.encode()
         try:
             self.send_response(resp.status)
             self.send_header("Content-Type", resp.content_type)
             self.send_header("Content-Length", str(len(data)))
+            if self.close_connection:
+                self.send_header("Connection", "close")
             self.end_headers()
             self.wfile.write(data)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
+        if self._unread:
+            discard_body(self.connection, self._unread)
+
+    def _refuse_unread(self, resp: Response, length: int) -> Response:
+        """``resp``, answered before the body of ``length`` bytes is read: the connection
+        closes after it, the body read and thrown away first (:func:`discard_body`)."""
+        self.close_connection = True
+        self._unread = length
+        return resp
 
     def _read_and_dispatch(self, method: str) -> Response:
-        if self.headers.get("Transfer-Encoding"):
-            self.close_connection = True  # its body would be read as the next request
-            return error(411, "chunked or encoded bodies are not accepted; send Content-Length")
+        if self.headers.get("Transfer-Encoding"):  # its body would be read as the next request
+            chunked = error(411, "chunked or encoded bodies are not accepted; send Content-Length")
+            return self._refuse_unread(chunked, DISCARD_MAX_BYTES)
         lengths = self.headers.get_all("Content-Length") or []
         if len(lengths) > 1:  # RFC 9112 §6.3: two lengths make the framing unknowable
             self.close_connection = True
@@ -286,13 +305,12 @@ class _Handler(BaseHTTPRequestHandler):
             return error(400, f"Content-Length {given[:40]!r} is not a number of bytes")
         length = int(given)
         limit = getattr(self.server, "max_body_bytes", MAX_BODY_BYTES)
-        if length > limit:
-            self.close_connection = True  # do not read a body we refuse
-            return error(413, f"request body of {length} bytes is over the {limit}-byte limit")
+        if length > limit:  # do not read a body we refuse: throw it away after the answer
+            return self._refuse_unread(error(413, too_large(length, limit)), length)
         guard: Guard | None = getattr(self.server, "guard", None)
         if guard is not None:
             refusal = guard(self.command, self.headers)
-            if refusal is not None:
+            if refusal is not None:  # an unauthenticated caller: no time spent on its body
                 self.close_connection = True
                 return refusal
         raw = self.rfile.read(length) if length else b""
@@ -412,7 +430,7 @@ class HttpServer:
 
     def socket_lost(self) -> str:
         """Why the Unix socket file is no longer ours (removed by a ``/tmp`` cleaner,
-        replaced), or ``""`` while it is (issue 12 item 4)."""
+        replaced), or ``""`` while it is."""
         try:
             st = os.lstat(self.socket_path)
         except FileNotFoundError:
@@ -453,6 +471,43 @@ class HttpServer:
         for thread in self._threads:
             thread.join(timeout=10)
         fsutil.safe_unlink(self.socket_path)
+
+
+def too_large(length: int, limit: int) -> str:
+    """The 413 message: the body's size (bytes), the limit and the setting that raises it
+    (docs/daemon.md: a request's inputs count against ``[daemon] max_body_bytes``)."""
+    return (
+        f"request body of {length} bytes is over the daemon's {limit}-byte limit "
+        f"([daemon] max_body_bytes): set max_body_bytes = {length} or more in the "
+        "[daemon] table of the daemon's config file and restart it"
+    )
+
+
+def discard_body(sock: socket.socket, length: int) -> None:
+    """After answering a request whose body was refused unread: end the sending side (the
+    caller reads the answer, then EOF), then read and throw away up to ``length`` bytes
+    (at most :data:`DISCARD_MAX_BYTES`, for at most :data:`DISCARD_MAX_S` seconds) so the
+    caller's send is not reset while it still sends. Never raises."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_WR)
+    timeout = sock.gettimeout()
+    deadline = time.monotonic() + DISCARD_MAX_S
+    left = min(length, DISCARD_MAX_BYTES)
+    try:
+        while left > 0:
+            wait = deadline - time.monotonic()
+            if wait <= 0:
+                break
+            sock.settimeout(wait)
+            chunk = sock.recv(min(left, 1 << 16))
+            if not chunk:
+                break
+            left -= len(chunk)
+    except OSError:
+        pass
+    finally:
+        with contextlib.suppress(OSError):
+            sock.settimeout(timeout)
 
 
 def _drain(sock: socket.socket) -> None:

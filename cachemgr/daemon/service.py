@@ -21,7 +21,7 @@ from typing import Any
 from apscheduler.triggers.interval import IntervalTrigger
 
 from cachemgr import eviction
-from cachemgr.compile import build, inputs, request
+from cachemgr.compile import build, environment, inputs, request
 from cachemgr.compile.queue import CompileOutcome, CompileQueue
 from cachemgr.compile.results import (
     ChipStats,
@@ -37,6 +37,7 @@ from cachemgr.constants import VERSION
 from cachemgr.daemon import peer
 from cachemgr.daemon.config import DaemonConfig
 from cachemgr.daemon.governance import Governance, release_memory
+from cachemgr.daemon.governor import Governor, check_globs
 from cachemgr.daemon.heartbeat import GOVERNANCE, POOL, Heartbeats
 from cachemgr.daemon.hitbudget import HitBudget
 from cachemgr.daemon.metrics import Gauge, Metrics
@@ -59,6 +60,13 @@ JOB_TTL_S = 3600.0
 PARSED_CACHE_SIZE = 4096
 
 
+class GovernOnly(CacheMgrError):
+    """A request that only a compile service answers, sent to ``serve --govern-only``."""
+
+    exit_code = 2
+    http_status = 403
+
+
 class Service:
     """Everything the daemon does, behind the API.
 
@@ -66,6 +74,10 @@ class Service:
         :class:`ConfigError` for a bad configuration.
     :param state_path: unused (counters live in the kernel cache: :mod:`cachemgr.storage.counters`);
         kept for callers that still pass the old per-user file.
+    :param govern_only: ``serve --govern-only`` (docs/daemon.md#the-privileges-it-needs):
+        the ``[daemon] govern`` roots only — no compile, lookup, hits or ``/gc`` (403), and
+        the configured cache of its own is not governed.
+    :raises ConfigError: a bad ``[daemon] govern`` glob.
     """
 
     def __init__(
@@ -74,7 +86,9 @@ class Service:
         config: DaemonConfig,
         state_path: Path,
         remote_cli: Sequence[str] = (),
+        govern_only: bool = False,
     ) -> None:
+        self.govern_only = govern_only
         self._resolve = resolve
         self._settings = resolve()
         self.daemon_config = config
@@ -82,9 +96,9 @@ class Service:
         self.accepting = True
         self.tcp_address: tuple[str, int] | None = None
         self.counters = CounterBook(lambda: self._settings.layout.kernel_cache_dir)
-        self.events = Events()  # tier events: a full disk on publish → eviction (issue 15)
+        self.events = Events()  # tier events: a full disk on publish → eviction
         #: the remote tiers of ``--remote`` / ``CACHEMGR_REMOTE_STORAGE`` / ``[remote]
-        #: storage`` (issue 15)
+        #: storage``
         self._remote_cli = list(remote_cli)
         self.remote_config = remote_config.from_settings(self._settings, self._remote_cli)
         self.remotes = RemoteTiers.from_config(
@@ -124,13 +138,26 @@ class Service:
             self.remote_stats,
             lambda: self.remotes.upload_refused if self.remotes is not None else 0,
         )
+        #: every cache root the ``[daemon] govern`` globs match (docs/daemon.md)
+        self.governor = (
+            Governor(
+                check_globs(config.govern),
+                config,
+                lambda: self._settings,
+                lambda: self.heartbeats.beat(GOVERNANCE),
+            )
+            if config.govern
+            else None
+        )
         self.hit_budget = HitBudget(config.max_reported_hits_per_s)
         self._jobs: dict[str, dict[str, Any]] = {}
         self._jobs_lock = threading.Lock()
         self._reload_lock = threading.Lock()
+        #: the last reload's result for ``/health`` (``status``): None before the first
+        self.last_reload: dict[str, Any] | None = None
         self._parsed = request.ParsedRequests(PARSED_CACHE_SIZE)
         #: the compilers' sandbox (``cachemgr.compilers.sandbox``), set by ``serve``; without
-        #: an isolating one, compiles for other users are refused (issue 10 item 5)
+        #: an isolating one, compiles for other users are refused
         self.sandbox: Any = None
 
     @property
@@ -145,7 +172,11 @@ class Service:
 
     def start(self) -> None:
         """Index the cache and start governance (and ``[remote] prefetch``: at once, then
-        at every reconciliation interval)."""
+        at every reconciliation interval); the ``[daemon] govern`` roots."""
+        if self.governor is not None:
+            self.governor.start()
+        if self.govern_only:
+            return
         self.governance.start()
         if self.remotes is not None and self.remote_config.prefetch > 0:
             self.governance.scheduler.add_job(
@@ -158,7 +189,7 @@ class Service:
     def _entry_seen(self, soc_version: str, kernel: str) -> None:
         """An entry appeared in the kernel cache (a CANN process's write, another host's,
         or our own publish): queue it for upload; the uploader reads it only if it is
-        complete and verified, and skips it when the remote has it (issue 15 item 6)."""
+        complete and verified, and skips it when the remote has it."""
         if self.remotes is not None:
             kcd = self._settings.layout.kernel_cache_dir
             self.remotes.upload_later(kcd, soc_version, kernel, seen=True)
@@ -202,6 +233,8 @@ class Service:
         self.queue.close(timeout_s=timeout_s)
         if self.remotes is not None:
             self.remotes.close()
+        if self.governor is not None:
+            self.governor.stop()
         self.governance.stop()
         self.counters.save()
 
@@ -221,16 +254,18 @@ class Service:
                     tiers = RemoteTiers.from_config(remotes, remotes_state_dir(), strict_key=True)
             except CacheMgrError as exc:
                 log.error("reload refused, keeping the old configuration: %s", exc)
+                self.last_reload = _reload_result(False, str(exc))
                 return {"reloaded": False, "error": str(exc)}
             self._settings = new
             if remotes != self.remote_config:
                 self._replace_remotes(remotes, tiers)
-            elif self.remotes is not None:  # fixed on the server's side: try again (issue 15)
+            elif self.remotes is not None:  # fixed on the server's side: try again
                 self.remotes.enable_all()
             self.queue.update_settings(new)
             self.governance.retarget()
         for problem in new.problems:
             log.warning("%s", problem)
+        self.last_reload = _reload_result(True, None)
         log.info("configuration reloaded")
         return {"reloaded": True, "problems": list(new.problems)}
 
@@ -263,7 +298,7 @@ class Service:
             return None
 
     def _follow_ini(self) -> None:
-        """Re-read the settings when ``op_cache.ini`` changed on disk (issue 9 item 9): an
+        """Re-read the settings when ``op_cache.ini`` changed on disk: an
         edited limit or stamp takes effect within one reconciliation, without a reload."""
         now = self._ini_bytes()
         if now == self._ini_seen:
@@ -277,7 +312,7 @@ class Service:
     def remote_stats(self) -> dict[str, dict[str, Any]]:
         """Per remote: hits, misses, errors, rejected, bytes in/out, uploads, present,
         state (ok / failing / disabled), its URL (redacted) — ``stats``, ``/metrics`` and
-        ``status`` show the same figures (issue 15 item 7)."""
+        ``status`` show the same figures."""
         return self.remotes.stats() if self.remotes is not None else {}
 
     def _rejected_by_reason(self) -> dict[str, int]:
@@ -303,6 +338,9 @@ class Service:
             "stuck": self.heartbeats.stale(),
             "remotes": self.remote_stats(),
             "warnings": self.warnings(),
+            "last_reload": self.last_reload,
+            **({"governed": self.governor.to_json()} if self.governor is not None else {}),
+            **({"govern_only": True} if self.govern_only else {}),
         }
 
     def warnings(self) -> list[str]:
@@ -334,12 +372,12 @@ class Service:
         if stuck:
             out.append(f"no progress in: {', '.join(stuck)}")
         for name, row in sorted(self.remote_stats().items()):
-            if row["state"] != "ok":  # compiles go on locally (issue 15 item 7)
+            if row["state"] != "ok":  # compiles go on locally
                 out.append(f"remote {name} {row['state']}: compiles go on without it")
         return out
 
     def _gauges(self) -> list[Gauge]:
-        """The degraded states as gauges (issue 12; docs/troubleshooting.md)."""
+        """The degraded states as gauges (docs/troubleshooting.md)."""
         status = self.governance.status()
         scan, watch = status["scan"], status["watch"]
         out: list[Gauge] = [
@@ -390,10 +428,20 @@ class Service:
                     1.0 if mode == "polling" else 0.0,
                 )
             )
+        if self.governor is not None:  # a label per governed root (docs/daemon.md)
+            out += self.governor.gauges()
         return out
 
     def metrics(self) -> bytes:
         return self._metrics.render()
+
+    def _refuse_if_govern_only(self, what: str) -> None:
+        """:raises GovernOnly: this daemon is ``serve --govern-only``."""
+        if self.govern_only:
+            raise GovernOnly(
+                f"{what}: this daemon only governs cache roots (serve --govern-only); "
+                "compiles, lookups and hits go to the compile service's socket"
+            )
 
     def config(self, sections: bool = False) -> dict[str, Any]:
         """Settings with origins; with ``sections`` also the config file's tables, which a
@@ -408,7 +456,9 @@ class Service:
 
         :raises HitsRefused: not all of ``hits`` fitted in the caller's budget (those that
             did are counted).
+        :raises GovernOnly: ``serve --govern-only``.
         """
+        self._refuse_if_govern_only("/hits")
         caller = peer.current()
         if caller is None or (caller.uid is not None and caller.uid in (os.geteuid(), 0)):
             self.counters.add("hits", hits)
@@ -447,7 +497,7 @@ class Service:
         figures: dict[str, Any] = {
             "queue_jobs": self.queue.depth(),
             "queue": self.queue.figures(),
-            # per remote: hits, misses, errors, rejected, bytes in/out, state (issue 15 item 7)
+            # per remote: hits, misses, errors, rejected, bytes in/out, state
             "remotes": self.remote_stats(),
             "remote_uploads_dropped": self.remotes.dropped if self.remotes is not None else 0,
             # entries kept on this site: a file of them is not an upload_writers user's
@@ -455,12 +505,17 @@ class Service:
             # blobs rejected, by reason, all remotes together (per remote: remotes.<name>)
             "remote_rejected": self._rejected_by_reason(),
             **self.governance.status(),
+            **({"governed": self.governor.to_json()} if self.governor is not None else {}),
         }
         release_memory()  # the folder scans above held a per-file object each
         return StatsResult(dict(self.counters.snapshot()), rows, figures)
 
     def lookup(self, soc_version: str, kernel_name: str) -> dict[str, Any]:
-        """A verified lookup (SPEC §3.3) counted as a hit or a miss."""
+        """A verified lookup (docs/design.md#writing-and-reading-an-entry) counted as a hit or a
+        miss.
+
+        :raises GovernOnly: ``serve --govern-only``."""
+        self._refuse_if_govern_only("/lookup")
         chip = self._settings.layout.chip_dir(soc_version)
         result = chip_store(chip).lookup(kernel_name)
         self.counters.add("hits" if result.hit else "misses", chip_dir=chip)
@@ -475,7 +530,10 @@ class Service:
     def gc(self, params: Mapping[str, Any]) -> GcResult:
         """``/gc``: the same run and report as ``cachemgr gc`` (toolkit check, then each
         chip folder); ``ratio`` forces a run to that target, ``min_age_s`` replaces the aging
-        guard, ``dry_run`` removes nothing, ``soc`` limits it to one chip folder."""
+        guard, ``dry_run`` removes nothing, ``soc`` limits it to one chip folder.
+
+        :raises GovernOnly: ``serve --govern-only``."""
+        self._refuse_if_govern_only("/gc")
         ratio, min_age, soc = params.get("ratio"), params.get("min_age_s"), params.get("soc")
         if ratio is not None and (
             isinstance(ratio, bool) or not isinstance(ratio, int) or not 0 <= ratio <= 100
@@ -512,7 +570,10 @@ class Service:
 
         While waiting, a caller that hangs up stops waiting; the queue drops the job once
         no one waits for it.
+
+        :raises GovernOnly: ``serve --govern-only``.
         """
+        self._refuse_if_govern_only("/compile")
         base = body.get("base_dir")
         if not isinstance(base, str) or not base.startswith("/") or "\x00" in base:
             raise InvalidInputError(
@@ -521,12 +582,14 @@ class Service:
             )
         priority = _check_params(body)
         req, snap = self._compile_request(body, base)
+        # the caller's compile environment: compiled with exactly it, never the daemon's own
+        env = environment.from_wire(body.get("compile_env"), "/compile request")
         session = body.get("session")
         if session is not None and not isinstance(session, str):
             raise InvalidInputError(f"/compile session={session!r} must be a string")
         caller = peer.current()
         own = caller is not None and caller.is_daemon_user
-        # the daemon's own user: its compiles need the limits, not the view (issue 14)
+        # the daemon's own user: its compiles need the limits, not the view
         with process.for_own_user(own):
             future = self.queue.submit(
                 req,
@@ -537,6 +600,7 @@ class Service:
                 # anyone else's outputs are handed back: never written where a caller points
                 deliver=body.get("deliver") is True or not own,
                 caller=_caller_key(caller),
+                env=env,
             )
         future.add_done_callback(lambda f: _log_compile(f, req.op_type, req.soc_version, caller))
         future.add_done_callback(self._observe)
@@ -561,7 +625,7 @@ class Service:
 
     def _capped(self, priority: int, caller: peer.Peer | None) -> int:
         """``priority``, capped at ``[daemon] max_caller_priority`` unless the caller is the
-        daemon's own user or root (issue 10, item 10); TCP callers are capped too."""
+        daemon's own user or root; TCP callers are capped too."""
         if caller is not None and caller.uid is not None and caller.uid in (os.geteuid(), 0):
             return priority
         return min(priority, self.daemon_config.max_caller_priority)
@@ -569,7 +633,7 @@ class Service:
     def _compile_request(
         self, body: Mapping[str, Any], base: str
     ) -> tuple[request.CompileRequest, inputs.Snapshot | None]:
-        """The request and the snapshot of its files it carries (issue 10 item 5: the daemon
+        """The request and the snapshot of its files it carries (the daemon
         opens no path a caller names). A request without ``inputs`` is the daemon user's own
         (read here); from anyone else it is refused.
 
@@ -679,7 +743,7 @@ def _log_compile(
     future: Future[CompileOutcome], op_type: str, soc: str, caller: peer.Peer | None
 ) -> None:
     """One line per finished compile request: the kernel, its outcome and who asked
-    (SO_PEERCRED pid, uid, gid; "tcp" for the token-guarded TCP listener) — issue 10, item 5."""
+    (SO_PEERCRED pid, uid, gid; "tcp" for the token-guarded TCP listener)."""
     who = caller.describe() if caller is not None else "tcp (no credentials)"
     if caller is not None and caller.uid is not None:
         who += f" ({user_name(caller.uid)})"
@@ -724,7 +788,7 @@ MAX_OUTPUT_BYTES = 16 << 20
 def _handed_back(data: dict[str, Any]) -> dict[str, Any]:
     """An outcome whose files are in a private hand-back folder (``build.deliver_dir``): their
     bytes go into ``outputs`` (``[{"name", "data"}]``, base64) for the caller to write as
-    itself where it wants them (issue 11 item 6), and the folder is removed. Other outcomes
+    itself where it wants them, and the folder is removed. Other outcomes
     are returned as they are."""
     files = [Path(f) for f in data.get("files", [])]
     folders = {f.parent for f in files}
@@ -767,3 +831,11 @@ def _check_output_sizes(files: list[Path]) -> None:
             "the daemon hands back (MAX_OUTPUT_BYTES); compile this kernel in your own "
             "process (cachemgr compile --local)"
         )
+
+
+def _reload_result(ok: bool, error: str | None) -> dict[str, Any]:
+    """``{"at": ISO 8601 UTC, "ok", "error"}``: a reload's result as ``/health`` reports it
+    (SIGHUP, ``POST /reload`` and an edited ``op_cache.ini`` reload alike); ``error`` is the
+    refusal's one line, None after a reload that took effect."""
+    at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    return {"at": at, "ok": ok, "error": error}

@@ -1,6 +1,6 @@
 """The daemon's state folder: ``$STATE_DIRECTORY`` (systemd ``StateDirectory=``) or the user
 state dir. Counters are not kept here but in the kernel cache (:mod:`cachemgr.storage.counters`,
-issue 12 item 5); the socket's place is in :mod:`cachemgr.client`.
+docs/design.md#counters); the socket's place is in :mod:`cachemgr.client`.
 """
 
 from __future__ import annotations

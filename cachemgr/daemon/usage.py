@@ -1,12 +1,13 @@
-"""Usage of each chip folder, kept current from file events and periodic scans (SPEC §5, §9).
+"""Usage of each chip folder, kept current from file events and periodic scans
+(docs/design.md#size-limits-and-eviction, #sharing-and-locking).
 
 Used bytes of a chip folder = sum of the apparent sizes of its regular files [GE]. The index
 keeps one size per file name so that a delete event (which carries no size) can be
 subtracted; names are kept as 64-bit xxhash digests, not strings. inotify sees only this
 host's writes: the periodic :meth:`UsageIndex.reconcile` rescans each chip folder, which is
-how other hosts' writes and any drift are caught (SPEC §9).
+how other hosts' writes and any drift are caught (docs/design.md#sharing-and-locking).
 
-Why SQLite (issue 14 item 5): the daemon must hold 1,000,000 entries (about 2,000,000 files)
+Why SQLite: the daemon must hold 1,000,000 entries (about 2,000,000 files)
 in at most 100 MB of resident memory. A Python ``dict[int, int]`` costs about 100 bytes per
 file (two int objects and a hash slot): 200 MB for 2,000,000 files. An in-memory SQLite
 table keyed by the digest (``INTEGER PRIMARY KEY``: the row id itself, so no second index)

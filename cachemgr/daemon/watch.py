@@ -1,5 +1,5 @@
-"""Which folders of a kernel cache are watched with inotify and which are polled (issue 12,
-items 2 and 9).
+"""Which folders of a kernel cache are watched with inotify and which are polled
+(docs/daemon.md, *Governance*).
 
 One non-recursive inotify watch on the kernel cache (chip folders appear and go) and one per
 chip folder (its files), all through watchdog's one observer (watchdog 7 shares a single
@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
-from watchdog.observers import Observer
 from watchdog.observers.api import ObservedWatch
+from watchdog.observers.inotify import InotifyObserver
 
 from cachemgr.config.layout import is_chip_folder
 from cachemgr.storage import fsutil
@@ -94,7 +94,8 @@ class Watcher:
         self._budget = budget
         self._lock = threading.Lock()
         self._folders: dict[str, _Folder] = {}  # "" = the kernel cache itself, else the soc
-        self._observer = Observer()
+        # full events: a file moved in from outside is a move with no source, not a creation
+        self._observer = InotifyObserver(generate_full_events=True)
         self._observer.daemon = True
         self._overflowed = False
         self._warned: set[str] = set()

@@ -1,4 +1,4 @@
-"""Eviction engine (layer 5; SPEC §5, [GE]): plan, then act.
+"""Eviction engine (layer 5; docs/design.md#size-limits-and-eviction, [GE]): plan, then act.
 
 * :func:`plan_eviction` — a pure function over a chip-folder snapshot: which entries go;
 * :func:`gc_chip` — reclaim leftovers and apply the plan under ``op_cache_file_del.lock``;
@@ -10,8 +10,8 @@ Sizes are apparent bytes; limits are in MB = MiB (2**20), as GE computes them.
 
 The names below are loaded on first use (PEP 562 ``__getattr__``), not when the package is:
 importing :mod:`cachemgr.eviction.report` (the gc result types, which the compile path's
-typed results re-export) must not load the eviction machinery on a CLI hit (issue 14 item 1;
-``tests/test_startup.py``).
+typed results re-export) must not load the eviction machinery on a CLI hit
+(``tests/test_startup.py``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""``gc`` of one chip folder: plan, then act, under CANN's eviction lock (SPEC §5, [GE]).
+"""``gc`` of one chip folder: plan, then act, under CANN's eviction lock
+(docs/design.md#size-limits-and-eviction, [GE]).
 
 Steps, as ccache's cleanup and GE's ``CacheSpaceInitialize`` do them:
 
@@ -15,7 +16,7 @@ Steps, as ccache's cleanup and GE's ``CacheSpaceInitialize`` do them:
 5. measure what is left with one name listing (sizes of known names from the scan, an
    ``lstat`` only for names it did not see): one ``lstat`` per file in the whole run.
 
-Cost (issue 14 item 2, ``scripts/bench --only eviction``): the scan groups while it lists,
+Cost (``scripts/bench --only eviction``): the scan groups while it lists,
 so a gc is one ``scandir`` + ``lstat`` pass, the plan, and the unlinks.
 
 Entries are removed here by name rather than through ``Store.remove``, which parses the json
@@ -119,7 +120,7 @@ class GcReport:
     odd: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
     #: entries whose access time lies beyond the clock-skew tolerance in the future, and
-    #: the largest such skew (seconds), at this run's scan, before eviction (issue 12 item 1)
+    #: the largest such skew (seconds), at this run's scan, before eviction
     future_atimes: int = 0
     max_skew_s: float = 0.0
 
@@ -156,8 +157,10 @@ class GcReport:
                 "locks": rec.locks,
                 "manifests": rec.manifests,
                 "bad_entries": rec.bad_entries,
+                "ge_fatal": rec.ge_fatal,
                 "bytes": rec.bytes,
                 "bad": rec.bad,
+                "fatal": rec.fatal,
             },
             "not_files": self.odd,
             "seconds": round(self.seconds, 3),
@@ -193,6 +196,7 @@ def gc_chip(
     clock_skew_s: float | None = DEFAULT_CLOCK_SKEW_S,
     first_seen: dict[str, int] | None = None,
     deadline: float | None = None,
+    ge_fatal_since_ns: int | None = 0,
 ) -> GcReport:
     """Reclaim leftovers and evict least recently accessed entries of one chip folder.
 
@@ -211,10 +215,14 @@ def gc_chip(
     :param clock_skew_s: access times more than this many seconds in the future are
         suspect: warned about once per folder (skew, owner) and ordered by when cachemgr
         first saw them (``first_seen``, kernel → ns, updated here; the daemon keeps it
-        between runs) — issue 12 item 1.
+        between runs).
     :param deadline: ``time.monotonic()`` by which the run stops: not started after it, and
         no bad entry is waited for after it (then nothing is evicted; the lock is released
         and the report says ``skipped="deadline"``, with what was done).
+    :param ge_fatal_since_ns: the entries checked for json shapes that make GE abort (and
+        removed at once: docs/interop.md#entries-that-abort-ge): those whose jsons changed at
+        or after this time (ns since the epoch); 0 = all (each json is read once), None =
+        none.
     :raises InvalidInputError: for bad limits (nothing is touched).
     :raises OSError: when the folder cannot be listed or locked (e.g. ``ENOLCK``).
     """
@@ -231,7 +239,8 @@ def gc_chip(
     except OSError as exc:
         if not isinstance(exc, NotADirectoryError) and exc.errno not in fsutil.GONE_ERRNOS:
             raise
-        report.skipped = SKIP_MISSING  # also ESTALE: another NFS host removed it (SPEC §9)
+        # also ESTALE: another NFS host removed it (docs/design.md#sharing-and-locking)
+        report.skipped = SKIP_MISSING
         return report
     lock = fsutil.FcntlLock(chip_dir / layout.EVICT_LOCK_NAME, chip_fd)
     try:
@@ -267,6 +276,7 @@ def gc_chip(
                     progress,
                     on_planned,
                     deadline,
+                    ge_fatal_since_ns,
                 )
         finally:
             lock.release()
@@ -299,7 +309,7 @@ def _take_evict_lock(lock: fsutil.FcntlLock) -> bool:
     were given back to the group where this process may (:mod:`cachemgr.storage.groupmodes`).
 
     :raises CachePermissionError: neither a write lock nor a read lock with cachemgr's
-        companion lock is possible (one line: path, owner, mode, fix; issue 9 item 6c).
+        companion lock is possible (one line: path, owner, mode, fix).
     """
     try:  # GE's 0750 folder or 0640 lock: given back to the group where we may, then again
         return groupmodes.retry_denied(
@@ -334,13 +344,22 @@ def _run(
     progress: Progress | None,
     on_planned: Callable[[EvictionPlan], None] | None,
     deadline: float | None = None,
+    ge_fatal_since_ns: int | None = 0,
 ) -> None:
     max_mb, ratio_pct, min_age_s, force_ratio, target_bytes = limits
     scan = entry.scan_chip(report.chip_dir, chip_fd)
     report.entries_before = len(scan.entries)
     report.bytes_before = scan.used_bytes
     report.odd = dict(scan.odd)
-    report.reclaimed = reclaim(scan, chip_fd, time.time_ns(), report.dry_run, deadline)
+    report.reclaimed = reclaim(
+        scan,
+        chip_fd,
+        time.time_ns(),
+        report.dry_run,
+        deadline,
+        min_age_s=min_age_s,
+        fatal_since_ns=ge_fatal_since_ns,
+    )
     if report.reclaimed.stopped:
         _past_deadline(report)
         report.bytes_after = scan.used_bytes
@@ -372,7 +391,7 @@ def _run(
         _evict(chip_fd, scan, plan, report, progress)
         if plan.kernels:
             after_eviction(scan, chip_fd, report.reclaimed)
-    # measured, not computed: reclaim, other writers and files gone meanwhile (issue 12 item 8)
+    # measured, not computed: reclaim, other writers and files gone meanwhile
     report.bytes_after = (
         scan.used_bytes - report.evicted_bytes if report.dry_run else _bytes_after(chip_fd, scan)
     )
@@ -419,16 +438,16 @@ def _note_skew(
 
 
 def _bytes_after(chip_fd: int, scan: ChipScan) -> int:
-    """Apparent bytes of the regular files in the folder open as ``chip_fd`` now (SPEC §5),
-    measured by listing it again: a name the scan knew is counted with the size the scan
-    saw, a name it did not know is ``lstat``-ed (regular files only), a name no longer
-    listed is not counted.
+    """Apparent bytes of the regular files in the folder open as ``chip_fd`` now
+    (docs/design.md#size-limits-and-eviction), measured by listing it again: a name the scan knew is
+    counted with the size the scan saw, a name it did not know is ``lstat``-ed (regular files only),
+    a name no longer listed is not counted.
 
-    One listing instead of a second ``lstat`` of every file (issue 14 item 2: that pass cost
+    One listing instead of a second ``lstat`` of every file (that pass cost
     as much as the scan's own ``stat`` calls), streamed (no list of every name: gc's peak
     memory stays the scan's). Entry files are published by ``rename`` and never rewritten in
     place, so a name keeps its size while it is listed; the daemon's periodic reconciliation
-    ``lstat``-s everything anyway (SPEC §9).
+    ``lstat``-s everything anyway (docs/design.md#sharing-and-locking).
     """
     entries = scan.entries
     tables = (scan.orphans, scan.temps, scan.locks, scan.silly, scan.manifests)

@@ -1,5 +1,6 @@
-"""Removing files of a chip folder the way SPEC §5 asks: whole entries, json first; files that
-are already gone are normal; a file we may not remove is reported and the run goes on."""
+"""Removing files of a chip folder the way docs/design.md#size-limits-and-eviction asks: whole
+entries, json first; files that are already gone are normal; a file we may not remove is reported
+and the run goes on."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ Removal = store.Removal
 
 
 def deletion_order(group: EntryGroup) -> list[str]:
-    """An entry's file names in SPEC §5's deletion order
+    """An entry's file names in the deletion order of docs/design.md#size-limits-and-eviction
     (:func:`cachemgr.storage.store.removal_order`, the one definition of it)."""
     return store.removal_order(group.files, group.json_name)
 
@@ -75,8 +76,9 @@ def reap_lock(
     *,
     chip_fd: int | None = None,
 ) -> bool:
-    """Remove a dead entry lock file (SPEC §5, issue 9 item 8): never while its entry lives,
-    never while anyone holds it, never when it was touched in the last ``min_age_s`` seconds.
+    """Remove a dead entry lock file (docs/design.md#size-limits-and-eviction): never while its
+    entry lives, never while anyone holds it, never when it was touched in the last ``min_age_s``
+    seconds.
 
     Takes the lock without waiting, then — holding it — checks that ``entry_json`` (the
     entry's main json) is absent and that the file's ctime is old enough (``fstat``), and only

@@ -1,7 +1,8 @@
-"""Garbage collection of a whole kernel cache (SPEC §5): the toolkit-version check, then
-reclaim and eviction of each chip folder. One function serves ``cachemgr gc`` run locally
-and the daemon's ``/gc``, so both answer with the same :class:`cachemgr.results.GcResult`
-(JSON: ``{"kernel_cache_dir", "limits": {name: {value, origin, source}, "problems"},
+"""Garbage collection of a whole kernel cache (docs/design.md#size-limits-and-eviction): the
+toolkit-version check, then reclaim and eviction of each chip folder. One function serves
+``cachemgr gc`` run locally and the daemon's ``/gc``, so both answer with the same
+:class:`cachemgr.results.GcResult` (JSON: ``{"kernel_cache_dir", "limits": {name: {value, origin,
+source}, "problems"},
 "toolkit": {...}, "chip_folders": {soc: ChipGc}, "other_kernel_caches"}``).
 """
 
@@ -67,7 +68,8 @@ def limits_json(settings: Settings) -> dict[str, Any]:
 def sync_toolkit(
     settings: Settings, dry_run: bool, env: Mapping[str, str] | None = None
 ) -> versions.VersionCheck:
-    """SPEC §5 toolkit upgrade: purge every chip folder and restamp when versions changed."""
+    """docs/design.md#size-limits-and-eviction toolkit upgrade: purge every chip folder and restamp
+    when versions changed."""
     installed = versions.installed_versions(os.environ if env is None else env, settings.sections)
     return versions.sync_toolkit(settings.layout, installed, purge_chip, dry_run=dry_run)
 
@@ -79,6 +81,14 @@ def toolkit_lines(report: GcResult) -> Iterator[str]:
     toolkit = report.toolkit
     detail = str(toolkit["detail"])
     yield detail if detail.startswith("toolkit ") else f"toolkit: {detail}"
+    lines = toolkit.get("stamp_lines_rewritten") or []
+    if lines:
+        verb = "would rewrite" if toolkit.get("dry_run") else "rewrote"
+        yield (
+            f"{Path(report.kernel_cache_dir) / 'op_cache.ini'}: {verb} stamp line(s) "
+            f"{', '.join(map(str, lines))} the way GE writes them (key=value from column 1): "
+            "GE restamps only such lines and would purge the chip folders on every start"
+        )
     for purged in toolkit.get("purged", []):
         soc = Path(purged["chip_dir"]).name
         if purged.get("skipped"):
@@ -110,17 +120,17 @@ def collect(
     run_chip: ChipRunner | None = None,
 ) -> GcResult:
     """Run gc over the kernel cache of ``settings`` and return the JSON report; the other
-    governed kernel caches (SPEC §2) are under ``other_kernel_caches``, by path, each with
-    its own limits, toolkit check and chip folders.
+    governed kernel caches (docs/design.md#where-the-cache-lives) are under ``other_kernel_caches``,
+    by path, each with its own limits, toolkit check and chip folders.
 
     :param force_ratio: keep this percent of the limit, even below the trigger (``--ratio``).
     :param min_age_s: aging guard in seconds (default: the ``min_age_s`` setting).
     :param run_chip: runs one chip folder's :func:`gc_chip` and returns its report as JSON;
         in this process by default (the daemon runs it in a child process:
-        ``cachemgr.daemon.gcchild``, issue 14 item 5).
+        ``cachemgr.daemon.gcchild``).
     :raises InvalidInputError: bad limits (nothing is touched).
-    :raises CacheNotWritableError: the root is read-only or vanished (one line; issue 10
-        item 12) — not with a dry run, which only reads.
+    :raises CacheNotWritableError: the root is read-only or vanished (one line) — not
+        with a dry run, which only reads.
     :raises OSError: a chip folder that cannot be listed or locked.
     """
     problem = fsprobe.root_problem(settings.layout.kernel_cache_dir)
@@ -132,7 +142,8 @@ def collect(
     run = run_chip or _in_process
     report = _collect_one(settings, force_ratio, min_age_s, dry_run, soc, progress_for, run)
     others = {}
-    for kc in settings.other_kernel_caches() if include_others else []:  # SPEC §2
+    # every kernel cache under ASCEND_CACHE_PATH (docs/design.md#where-the-cache-lives)
+    for kc in settings.other_kernel_caches() if include_others else []:
         other = options.settings_for(settings, kc, os.environ)
         others[str(kc)] = _collect_one(
             other, force_ratio, min_age_s, dry_run, soc, progress_for, run
@@ -173,13 +184,29 @@ def _collect_one(
             raise
         except (OSError, CacheMgrError) as exc:  # one folder's failure is not the others'
             report = _failed(chip, dry_run, exc)
-        folders[chip.name] = ChipGc.from_json(report)
+        folders[chip.name] = _with_purge(ChipGc.from_json(report), toolkit)
     return GcResult(
         str(settings.layout.kernel_cache_dir),
         limits_json(settings),
         toolkit.to_json(),
         folders,
     )
+
+
+def _with_purge(folder: ChipGc, toolkit: versions.VersionCheck) -> ChipGc:
+    """``folder``'s report with what the toolkit check purged from it (entries, bytes,
+    reason), so a purge counts in the folder's and the run's totals
+    (docs/eviction.md#toolkit-purges-in-the-report)."""
+    for purged in toolkit.purged:
+        done = purged.to_json()
+        if Path(done["chip_dir"]) == Path(folder.chip_dir) and not done.get("skipped"):
+            return dataclasses.replace(
+                folder,
+                purged_entries=int(done["entries"]),
+                purged_bytes=int(done["bytes"]),
+                purge_reason=toolkit.status.value,
+            )
+    return folder
 
 
 def _failed(chip: Path, dry_run: DryRun, exc: BaseException) -> dict[str, Any]:
@@ -194,7 +221,7 @@ def _failed(chip: Path, dry_run: DryRun, exc: BaseException) -> dict[str, Any]:
 
 def stuck_lines(report: GcResult) -> Iterator[str]:
     """One line per chip folder left over its limit because everything left is young
-    (issue 12 item 1: reported, never hidden)."""
+    (reported, never hidden)."""
     for soc, folder in report.all_chip_folders():
         if folder.stuck_over_limit:
             future = folder.future_atimes

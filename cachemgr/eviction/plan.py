@@ -1,6 +1,8 @@
-"""The eviction plan: a pure function over one chip-folder snapshot (SPEC §5, [GE]).
+"""The eviction plan: a pure function over one chip-folder snapshot
+(docs/design.md#size-limits-and-eviction, [GE]).
 
-Rules, as GE's ``TeCacheSpaceManager`` applies them and SPEC §5 states them:
+Rules, as GE's ``TeCacheSpaceManager`` applies them and docs/design.md#size-limits-and-eviction
+states them:
 
 * used size = apparent bytes of every regular file in the chip folder (``ChipScan.used_bytes``);
 * trigger: used ≥ max; target: used ≤ max × ratio / 100, MB = MiB = 2**20 bytes;
@@ -106,7 +108,8 @@ def plan_eviction(
     clock_skew_s: float | None = None,
     first_seen: Mapping[str, int] | None = None,
 ) -> EvictionPlan:
-    """Plan the eviction of one chip folder from a snapshot; pure (SPEC §5, [GE]).
+    """Plan the eviction of one chip folder from a snapshot; pure
+    (docs/design.md#size-limits-and-eviction, [GE]).
 
     :param scan: the chip folder's snapshot (``entry.scan_chip``), after reclaim.
     :param max_mb: limit in MB (MiB, 2**20 bytes), or -1 = never evict (empty plan).
@@ -116,11 +119,11 @@ def plan_eviction(
     :param force_ratio: evict down to the target even below the trigger (``gc --ratio``).
     :param target_bytes: evict down to this many bytes (when lower than the ratio's target)
         even below the trigger: after ``ENOSPC`` the daemon's target is a number of bytes,
-        never a percent rounded down to 0 (issue 12 item 8).
+        never a percent rounded down to 0.
     :param clock_skew_s: an access time more than this many seconds after ``now_ns`` is
         suspect (written or hit by a host whose clock runs ahead, common on NFS): it is not
         trusted but replaced by ``first_seen[kernel]`` (ns; default ``now_ns``), the time
-        cachemgr first saw it (issue 12 item 1). None trusts every access time.
+        cachemgr first saw it. None trusts every access time.
     :raises InvalidInputError: for a bad ``max_mb``, ``ratio_pct`` or ``min_age_s``.
     """
     check_limits(max_mb, ratio_pct, min_age_s)

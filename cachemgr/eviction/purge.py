@@ -1,9 +1,9 @@
 """Clearing a chip folder (``cachemgr purge``, toolkit upgrades) and measuring it (``stats``).
 
-Purge is the safe form of the seed's ``force`` (SPEC §4, §5): it waits for the eviction lock
-(so no gc or other purge runs), then removes every entry under the entry's own lock, so a
-publish in progress finishes first. Writes in progress (``*.temp`` younger than an hour) are
-left to their writers.
+Purge is the safe form of the seed's ``force`` (docs/design.md#cache-modes,
+#size-limits-and-eviction): it waits for the eviction lock (so no gc or other purge runs), then
+removes every entry under the entry's own lock, so a publish in progress finishes first. Writes in
+progress (``*.temp`` younger than an hour) are left to their writers.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from cachemgr.eviction.files import (
     unlink_quiet,
 )
 from cachemgr.eviction.reclaim import TEMP_MAX_AGE_S
-from cachemgr.storage import entry, fsutil
+from cachemgr.storage import entry, fsutil, manifest
 from cachemgr.storage.safedir import SafeDir
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,8 @@ def purge_chip(
     lock_wait_s: float = PURGE_LOCK_WAIT_S,
     still_needed: Callable[[], bool] | None = None,
 ) -> PurgeReport:
-    """Remove every entry, orphan and old temp of one chip folder (SPEC §4, §5).
+    """Remove every entry, orphan and old temp of one chip folder (docs/design.md#cache-modes,
+    #size-limits-and-eviction).
 
     Waits up to ``lock_wait_s`` seconds for ``op_cache_file_del.lock`` (held by a gc or
     another purge), then takes each entry's lock (up to 10 s each; still busy → reported and
@@ -148,8 +149,11 @@ def _purge(chip_fd: int, report: PurgeReport) -> None:
             report.left_temps.append(name)
         else:
             _remove_loose(chip_fd, name, fst.size, report)
-    for name, fst in [*scan.orphans.items(), *scan.manifests.items()]:
+    for name, fst in scan.orphans.items():
         _remove_loose(chip_fd, name, fst.size, report)
+    for name, fst in scan.manifests.items():  # each goes with the last entry it names
+        if manifest.stale(report.chip_dir / name, chip_fd):
+            _remove_loose(chip_fd, name, fst.size, report)
     for name in scan.locks:
         try:
             kernel_json = report.chip_dir / (name[: -len(".lock")] + ".json")
@@ -236,13 +240,14 @@ def chip_usage(chip_dir: Path) -> ChipUsage:
 
 def _usage_stream(dir_fd: int) -> tuple[int, int, int | None, int | None]:
     """Entries, apparent bytes and the oldest/newest main-json access time (ns) of the open
-    chip folder, counted as it is listed: nothing per file is kept (issue 14 item 5: the
+    chip folder, counted as it is listed: nothing per file is kept (the
     daemon answers ``stats`` for 1,000,000 entries without ~1 GB of scan objects).
 
-    The same rules as ``entry.scan_chip`` (SPEC §3.1, §5): regular files with one link (or
-    NFS's ``.nfs*`` names) count; a ``<stem>.json`` is an entry unless its stem is a part
-    suffix away from another such json (``<kernel>_mix_aic.json`` beside ``<kernel>.json``),
-    which costs one ``lstat`` per part-like json.
+    The same rules as ``entry.scan_chip`` (docs/design.md#files-of-an-entry,
+    #size-limits-and-eviction): regular files with one link (or NFS's ``.nfs*`` names) count; a
+    ``<stem>.json`` is an entry unless its stem is a part suffix away from another such json
+    (``<kernel>_mix_aic.json`` beside ``<kernel>.json``), which costs one ``lstat`` per part-like
+    json.
     """
     entries = used = 0
     oldest: int | None = None
@@ -297,7 +302,7 @@ def _iso(ns: int | None) -> str | None:
 def chip_row(chip_dir: Path, settings: Settings) -> dict[str, Any]:
     """:func:`chip_stats`, or ``{"chip_dir", "error"}`` when the folder cannot be read (e.g.
     ``ESTALE`` on an NFS root, ``EACCES``): ``stats`` reports it and goes on with the other
-    folders (issue 12 item 11)."""
+    folders."""
     try:
         return chip_stats(chip_dir, settings)
     except OSError as exc:

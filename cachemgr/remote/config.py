@@ -1,13 +1,14 @@
-"""Remote storage configuration, ccache's way (issue 15 item 2; ccache ``remote_storage``).
+"""Remote storage configuration, ccache's way (ccache ``remote_storage``).
 
 A remote is one URL with optional ``|``-separated attributes, as ccache writes them::
 
     redis://:secret@cache.example:6379/0|read-only|operation-timeout=2000
     http://cache.example:8080/cache|layout=bazel|bearer-token-file=/etc/cachemgr/token
 
-Sources, the first one set wins (like every cachemgr setting, SPEC §1): ``--remote`` on the
-CLI, the environment variable ``CACHEMGR_REMOTE_STORAGE`` (space-separated), the config
-file's ``[remote] storage`` (a TOML list, or one space-separated string).
+Sources, the first one set wins (like every cachemgr setting,
+docs/design.md#options-and-their-origins): ``--remote`` on the CLI, the environment variable
+``CACHEMGR_REMOTE_STORAGE`` (space-separated), the config file's ``[remote] storage`` (a TOML list,
+or one space-separated string).
 
 Attributes (timeouts in milliseconds, as ccache's):
 
@@ -131,7 +132,7 @@ class RemoteSpec:
         return self.url
 
 
-#: ``[remote] prefetch``: entries per chip the daemon downloads (0 = off; issue 15 item 6).
+#: ``[remote] prefetch``: entries per chip the daemon downloads (0 = off).
 PREFETCH_DEFAULT = 0
 
 

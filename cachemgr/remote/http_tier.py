@@ -1,4 +1,4 @@
-"""The HTTP tier (issue 15 item 4), with requests (connection pooling, auth, TLS).
+"""The HTTP tier, with requests (connection pooling, auth, TLS).
 
 ``GET``/``PUT``/``HEAD``/``DELETE`` of one entry blob (:mod:`cachemgr.remote.blob`) at a URL
 derived from the entry's key ``cachemgr:<blob format>:<soc_version>:<kernel>`` by its
@@ -21,7 +21,7 @@ comes from the URL or a ``password-file``; a bearer token from ``bearer-token-fi
 ``https://`` verifies against the system's CA bundle. The server owns its size (``gc`` never
 touches a remote).
 
-**The index per chip** (item 6: ``warm`` and ``[remote] prefetch`` list the entries most
+**The index per chip** (``warm`` and ``[remote] prefetch`` list the entries most
 recently used anywhere). An HTTP cache cannot list its keys and most cannot update an object
 atomically (bazel-remote and nginx ignore ``If-Match`` on ``PUT``: the last writer wins), so
 one shared index object would lose concurrent writers' updates. Instead each writer (a host
@@ -53,7 +53,9 @@ import re
 import ssl
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 
 import requests
 
@@ -76,6 +78,14 @@ INDEX_FORMAT = 1
 #: The biggest index object read (bytes); a writer keeps at most INDEX_KEEP names per chip.
 MAX_INDEX_BYTES = 8 << 20
 INDEX_KEEP = 20_000
+#: The most writers' shards :meth:`HttpTier.recent` reads per chip (bounds a read to
+#: 64 × ``MAX_INDEX_BYTES`` on the wire, one shard in memory at a time).
+MAX_INDEX_WRITERS = 64
+#: A shard of n names has n + 2 commas (between its four members, between its names;
+#: names have none): more is more than n names, known before parsing.
+_DOC_COMMAS = 2
+#: What :meth:`HttpTier._read_shard` returns for a shard over a cap (compared by identity).
+_REFUSED: Mapping[str, float] = MappingProxyType({})
 #: Attempts to get a writer into a chip's registry (read, add, PUT, read back).
 REGISTER_ATTEMPTS = 8
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,200}")
@@ -344,17 +354,48 @@ class HttpTier:
 
     def recent(self, soc_version: str, limit: int) -> list[str]:
         """The chip's kernel names, most recently uploaded or fetched by any writer first
-        (at most ``limit``): every writer's shard merged, the newest time winning.
+        (at most ``limit``): the writers' shards merged, the newest time winning.
+
+        The index is untrusted (anyone who can write to the server can list writers and
+        fill shards), so the read is bounded (docs/remote.md#sizes): at most
+        :data:`MAX_INDEX_WRITERS` shards are read (this writer's own first, then the
+        registry's order), one at a time; a shard over ``MAX_INDEX_BYTES`` or with more than
+        ``INDEX_KEEP`` names (counted before it is parsed) is passed over; and between
+        shards only the newest ``limit`` names are kept. Whatever was passed over is one
+        warning line naming the caps.
 
         :raises HttpError, requests.RequestException: the server failed.
         """
-        merged: dict[str, float] = {}
+        want = max(0, limit)
         writers, _ = self._read_registry(soc_version)
-        for writer in writers:
-            for name, when in (self._read_shard(soc_version, writer) or {}).items():
+        mine = [self.writer] if self.writer in writers else []
+        chosen = (mine + [w for w in writers if w != self.writer])[:MAX_INDEX_WRITERS]
+        merged: dict[str, float] = {}
+        refused = 0
+        for writer in chosen:
+            shard = self._read_shard(soc_version, writer, quiet=True)
+            if shard is _REFUSED:
+                refused += 1
+                continue
+            for name, when in (shard or {}).items():
                 merged[name] = max(when, merged.get(name, 0.0))
-        ordered = sorted(merged.items(), key=lambda kv: (-kv[1], kv[0]))
-        return [name for name, _ in ordered[: max(0, limit)]]
+            if len(merged) > want:  # the newest ``want`` now are a superset of the final ones
+                merged = dict(_newest(merged, want))
+        if refused or len(writers) > len(chosen):
+            log.warning(
+                "remote %s: the %s index: %d of %d writers' shards read, %d passed over "
+                "(caps: %d writers, %d bytes and %d names a shard, %d names kept)",
+                self.name,
+                soc_version,
+                len(chosen) - refused,
+                len(writers),
+                refused,
+                MAX_INDEX_WRITERS,
+                MAX_INDEX_BYTES,
+                INDEX_KEEP,
+                want,
+            )
+        return [name for name, _ in _newest(merged, want)]
 
     def _register(self, soc: str) -> None:
         """Get this writer into the chip's registry without losing another writer's entry
@@ -375,7 +416,7 @@ class HttpTier:
         log.warning("remote %s: could not list this host in the %s index", self.name, soc)
 
     def _read_registry(self, soc: str) -> tuple[list[str], str | None]:
-        raw, etag = self._get_object(self.key_url(self.registry_key(soc)))
+        raw, etag, _ = self._get_object(self.key_url(self.registry_key(soc)))
         doc = _json_object(raw, self.name, "index registry")
         if doc is None or doc.get("soc_version") != soc:
             return [], etag
@@ -384,8 +425,22 @@ class HttpTier:
             return [], etag
         return [w for w in writers if isinstance(w, str) and _WRITER.fullmatch(w)], etag
 
-    def _read_shard(self, soc: str, writer: str) -> dict[str, float] | None:
-        raw, _ = self._get_object(self.key_url(self.shard_key(soc, writer)))
+    def _read_shard(self, soc: str, writer: str, quiet: bool = False) -> Mapping[str, float] | None:
+        """One writer's shard (kernel → time); None when absent or malformed;
+        :data:`_REFUSED` when over ``MAX_INDEX_BYTES`` or ``INDEX_KEEP`` names (logged here
+        unless ``quiet``: :meth:`recent` says it once for all shards)."""
+        raw, _, over = self._get_object(self.key_url(self.shard_key(soc, writer)), quiet)
+        if over or (raw is not None and raw.count(b",") > INDEX_KEEP + _DOC_COMMAS):
+            if not quiet:
+                log.warning(
+                    "remote %s: the %s index shard of %s is over %d bytes or %d names; not read",
+                    self.name,
+                    soc,
+                    writer,
+                    MAX_INDEX_BYTES,
+                    INDEX_KEEP,
+                )
+            return _REFUSED
         doc = _json_object(raw, self.name, "index shard")
         if doc is None or doc.get("soc_version") != soc or doc.get("writer") != writer:
             return None
@@ -398,20 +453,27 @@ class HttpTier:
             if _NAME.fullmatch(k) and ".." not in k and isinstance(v, int | float)
         }
 
-    def _get_object(self, url: str) -> tuple[bytes | None, str | None]:
-        """``GET`` a small object (at most ``MAX_INDEX_BYTES``): its bytes and ETag."""
+    def _get_object(self, url: str, quiet: bool = False) -> tuple[bytes | None, str | None, bool]:
+        """``GET`` a small object (at most ``MAX_INDEX_BYTES``): its bytes (None when absent
+        or over the cap), its ETag, and whether it was over the cap (one warning line unless
+        ``quiet``)."""
         with self._session.get(url, timeout=self._timeout, stream=True) as resp:
             if resp.status_code == 404:
-                return None, None
+                return None, None, False
             self._check(resp, "GET")
             chunks, total = [], 0
             for chunk in resp.iter_content(CHUNK_BYTES):
                 total += len(chunk)
                 if total > MAX_INDEX_BYTES:
-                    log.warning("remote %s: an index object is over %d bytes", self.name, total)
-                    return None, None
+                    if not quiet:
+                        log.warning(
+                            "remote %s: an index object is over the %d-byte cap; not read",
+                            self.name,
+                            MAX_INDEX_BYTES,
+                        )
+                    return None, None, True
                 chunks.append(chunk)
-            return b"".join(chunks), resp.headers.get("ETag")
+            return b"".join(chunks), resp.headers.get("ETag"), False
 
     def _put_object(
         self,
@@ -458,3 +520,8 @@ def _json_object(raw: bytes | None, name: str, what: str) -> dict[str, object] |
         log.warning("remote %s: %s is not a format-%d object; ignored", name, what, INDEX_FORMAT)
         return None
     return doc
+
+
+def _newest(names: dict[str, float], n: int) -> list[tuple[str, float]]:
+    """The ``n`` newest (name, time) of ``names``, newest first (ties by name)."""
+    return sorted(names.items(), key=lambda kv: (-kv[1], kv[0]))[:n]

@@ -1,11 +1,12 @@
-"""The Redis tier (issue 15 item 3), with redis-py.
+"""The Redis tier, with redis-py.
 
 One key per entry, ``cachemgr:<blob format>:<soc_version>:<kernel>``; its value is the entry
 blob of :mod:`cachemgr.remote.blob`. Each chip has an index, the sorted set
 ``cachemgr:<blob format>:index:<soc_version>`` (member: kernel name, score: when it was last
 uploaded or fetched, seconds since the epoch: "used anywhere"), for listing the entries most
-recently used (``warm`` and ``[remote] prefetch``, item 6). Concurrent writers never lose an
-update: ``ZADD`` is atomic on the server.
+recently used (``warm`` and ``[remote] prefetch``). Concurrent writers never lose an
+update: ``ZADD`` is atomic on the server. The index is read within caps on the server
+(:meth:`RedisTier.recent`): anyone who can write to it can add members of any size.
 
 Size is the server's business: run it with ``maxmemory <bytes>`` and
 ``maxmemory-policy allkeys-lru`` so old entries go first (``gc`` never touches a remote).
@@ -17,6 +18,7 @@ decides when to try again).
 
 from __future__ import annotations
 
+import logging
 import time
 
 import redis
@@ -26,10 +28,12 @@ from redis.retry import Retry
 from cachemgr.remote import blob, signing
 from cachemgr.remote.config import RemoteSpec
 from cachemgr.remote.uploadcap import check_blob
+from cachemgr.storage.store import MAX_KERNEL_NAME_BYTES
 from cachemgr.storage.tiers import EntryFiles, TierStat
 
 #: The errors of an unreachable, slow or failing server (the breaker counts them).
 ERRORS: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
+log = logging.getLogger(__name__)
 
 
 class RedisTier:
@@ -142,10 +146,39 @@ class RedisTier:
     def recent(self, soc_version: str, limit: int) -> list[str]:
         """The chip's kernel names, most recently uploaded first (at most ``limit``).
 
+        The index is untrusted (anyone who can write to the server can add members of up to
+        512 MB each), so it is read with a bounded script on the server (:data:`_RECENT`):
+        the answer holds at most ``limit`` names of at most ``MAX_KERNEL_NAME_BYTES``
+        (250) bytes each in a kernel name's characters, so this process never holds more
+        than ``limit`` × 250 bytes of it (docs/remote.md#sizes). The scan stops after
+        :data:`MAX_SKIPPED` other members, or after half of ``operation-timeout`` on the
+        server (the answer comes in time, the server is not held longer). Members passed
+        over, or a scan stopped, are one warning line naming the caps.
+
         :raises redis.RedisError, OSError: the server failed.
         """
-        names = self._client.zrevrange(self.index_key(soc_version), 0, max(0, limit - 1))
-        return [n.decode() if isinstance(n, bytes) else str(n) for n in names]
+        want = max(0, limit)
+        if want == 0:
+            return []
+        index = self.index_key(soc_version)
+        budget_ms = int(self.spec.operation_timeout_s * 1000 / 2)
+        args = (want, MAX_KERNEL_NAME_BYTES, MAX_SKIPPED, budget_ms)
+        reply = self._client.eval(_RECENT, 1, index, *args)
+        skipped, stopped = int(reply[0]), bool(reply[1])
+        if skipped or stopped:
+            log.warning(
+                "remote %s: index %s: %d member(s) passed over (caps: %d bytes a name, a "
+                "kernel name's characters, %d names a read, %d passed over, %d ms a read%s)",
+                self.name,
+                index,
+                skipped,
+                MAX_KERNEL_NAME_BYTES,
+                want,
+                MAX_SKIPPED,
+                budget_ms,
+                "; the read stopped at a cap" if stopped else "",
+            )
+        return [n.decode() if isinstance(n, bytes) else str(n) for n in reply[2:]]
 
     def forget(self, soc_version: str, kernel: str) -> bool:
         """Drop the chip's index row of ``kernel`` when its entry is gone (evicted by the
@@ -187,6 +220,40 @@ class RedisTier:
         self._client.close()
         self._uploader.close()
 
+
+#: Index members passed over (too long, not a kernel name) before :meth:`RedisTier.recent`
+#: stops reading: a writer of the index cannot make a read scan more than this many.
+MAX_SKIPPED = 256
+
+#: The chip's newest members, bounded on the server. KEYS[1]: the index; ARGV: the most
+#: names returned, the longest name (bytes), the most members passed over, the longest the
+#: scan may run (ms). One member is read at a time (``ZREVRANGE i i``: the script holds one
+#: member; copying a 4 MiB one into the script costs the server ~5-10 ms, hence the time
+#: budget). Returns {passed over, 1 if it stopped at a cap else 0, name, name, ...}.
+_RECENT = """
+local want, longest = tonumber(ARGV[1]), tonumber(ARGV[2])
+local most, budget_us = tonumber(ARGV[3]), tonumber(ARGV[4]) * 1000
+local function now_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local started = now_us()
+local out, skipped, i = {0, 0}, 0, 0
+while #out - 2 < want do
+  local m = redis.call('ZREVRANGE', KEYS[1], i, i)[1]
+  if not m then break end
+  i = i + 1
+  if #m > 0 and #m <= longest and not string.find(m, '[^A-Za-z0-9_.%-]') then
+    out[#out + 1] = m
+  else
+    skipped = skipped + 1
+    if skipped >= most then out[2] = 1 break end
+  end
+  if now_us() - started > budget_us then out[2] = 1 break end
+end
+out[1] = skipped
+return out
+"""
 
 #: Drop an index row only while its entry's key is absent (one atomic step on the server).
 _FORGET = (

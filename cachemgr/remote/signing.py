@@ -26,13 +26,13 @@ import base64
 import binascii
 import os
 import re
-import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cachemgr.errors import ConfigError
+from cachemgr.storage import secretfile
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import (
@@ -128,28 +128,7 @@ def read_key_file(path: Path, where: str) -> SecretKey:
 
     :raises ConfigError: one line naming the file and ``where``; the content is never shown.
     """
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-    try:
-        fd = os.open(path, flags)
-    except OSError as exc:
-        raise ConfigError(f"{where} {path}: {exc.strerror}") from exc
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ConfigError(f"{where} {path}: not a regular file")
-        if st.st_uid != os.geteuid():
-            raise ConfigError(
-                f"{where} {path}: owned by uid {st.st_uid}, not by this user (uid "
-                f"{os.geteuid()}): the key must be the daemon user's own"
-            )
-        if st.st_mode & 0o077:
-            raise ConfigError(
-                f"{where} {path}: mode {stat.S_IMODE(st.st_mode):04o} lets others read or "
-                "write the private key; chmod 600 it"
-            )
-        raw = os.read(fd, MAX_KEY_FILE_BYTES + 1)
-    finally:
-        os.close(fd)
+    raw = secretfile.read_private(path, where, MAX_KEY_FILE_BYTES, "the private key")
     if len(raw) > MAX_KEY_FILE_BYTES:
         raise ConfigError(f"{where} {path}: longer than {MAX_KEY_FILE_BYTES} bytes")
     try:

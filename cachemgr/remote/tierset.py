@@ -1,5 +1,4 @@
-"""The remote tiers in order, each behind a circuit breaker, with a bounded upload queue
-(issue 15 items 5 and 7).
+"""The remote tiers in order, each behind a circuit breaker, with a bounded upload queue.
 
 * :meth:`RemoteTiers.fetch` asks each remote in order; the first verified hit wins. A remote
   that fails (down, slow past its timeout, an error) counts a failure; after
@@ -280,7 +279,7 @@ class RemoteTiers:
             self._count(tier.name, "hits")
             self._count(tier.name, "bytes_in", got.size)
             note_use = getattr(tier, "note_use", None)
-            if use and note_use is not None and not tier.read_only:  # used anywhere (item 6)
+            if use and note_use is not None and not tier.read_only:  # used anywhere
                 note_use(soc_version, kernel)
                 self._enqueue(FLUSH)
             return got, tier.name

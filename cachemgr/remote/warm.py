@@ -1,4 +1,4 @@
-"""Warming a host from the remote tiers (issue 15 item 6): ``cachemgr warm`` and the daemon's
+"""Warming a host from the remote tiers: ``cachemgr warm`` and the daemon's
 ``[remote] prefetch`` download the entries most recently used anywhere for this host's chips
 into the local chip folders, so that CANN processes (ATC, torch_npu), which read only their
 local folder, hit kernels compiled on another site without any change to the job.
@@ -268,7 +268,8 @@ def _write_like_ge(remotes: RemoteTiers, local: LocalTier, item: Any, remote: st
 
 
 def _used_bytes(chip: Path) -> int:
-    """The chip folder's used bytes (SPEC §5: regular files' apparent sizes); 0 if absent."""
+    """The chip folder's used bytes (docs/design.md#size-limits-and-eviction: regular files'
+    apparent sizes); 0 if absent."""
     try:
         return entry.scan_chip(chip).used_bytes
     except FileNotFoundError:

@@ -1,4 +1,4 @@
-"""The chip-folder lock that makes ``force`` safe (layer 6; SPEC §4).
+"""The chip-folder lock that makes ``force`` safe (layer 6; docs/design.md#cache-modes).
 
 ``force`` clears a chip folder. Publishers (compiles that will add an entry) hold the chip lock
 *shared* from before they compile until their entry is published; ``force`` takes it
@@ -14,8 +14,8 @@ so eviction never mistakes it for an entry's lock):
 
 The locks are Linux open-file-description locks (``F_OFD_SETLK``): byte-range locks that
 conflict between threads of one process as between processes (each acquisition opens its own
-descriptor), and that NFSv4 carries across hosts like any POSIX lock (SPEC §9). Waiting polls
-with a short backoff so a deadline can be kept.
+descriptor), and that NFSv4 carries across hosts like any POSIX lock
+(docs/design.md#sharing-and-locking). Waiting polls with a short backoff so a deadline can be kept.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Counters that belong to a kernel cache, not to a user or a daemon (SPEC §10; issue 12
-item 5).
+"""Counters that belong to a kernel cache, not to a user or a daemon
+(docs/design.md#counters).
 
 Design (ccache keeps one stats file per cache subfolder and sums them): one small JSON file
 per chip folder, ``<kernel cache>/cachemgr_stats_<soc>.json`` (counts not tied to a chip — a
@@ -28,12 +28,15 @@ from pathlib import Path
 
 from cachemgr.errors import LockBusyError
 from cachemgr.storage import fsutil
+from cachemgr.storage.safedir import SafeDir, UnsafePathError
 
 log = logging.getLogger(__name__)
 
-#: SPEC §10's counters, in the order ``stats`` shows them (same names in ``/metrics``).
+#: The counters of docs/design.md#counters, in the order ``stats`` shows them (same names in
+#: ``/metrics``).
 COUNTER_NAMES = (
     "hits",
+    "hits_from_remote",
     "misses",
     "compiles",
     "coalesced",
@@ -44,6 +47,8 @@ COUNTER_NAMES = (
     "evicted_entries",
     "evicted_bytes",
     "no_space",
+    #: entries removed because their json makes GE abort (docs/interop.md#entries-that-abort-ge)
+    "ge_fatal_removed",
 )
 LOCK_NAME = "cachemgr_stats.lock"
 PREFIX = "cachemgr_stats"
@@ -61,10 +66,15 @@ class CacheCounters:
     """The counters of one kernel cache: files merged with this process's pending increments.
 
     :param kernel_cache_dir: the kernel cache whose counters these are.
+    :param create: make the kernel cache folder at a flush when it does not exist yet (a
+        compile run whose only answer was a precompiled binary made none; its count would
+        otherwise be lost with a warning). Off for readers: a cache that does not exist has
+        no counts.
     """
 
-    def __init__(self, kernel_cache_dir: Path) -> None:
+    def __init__(self, kernel_cache_dir: Path, create: bool = False) -> None:
         self.kernel_cache_dir = Path(kernel_cache_dir)
+        self._create = create
         self._lock = threading.Lock()
         # held through a whole flush and a whole read, so a read never sees increments taken
         # out of ``_pending`` but not yet in the files (a snapshot then lacked them)
@@ -96,6 +106,8 @@ class CacheCounters:
         if not any(pending.values()):
             return True
         try:
+            if self._create:
+                SafeDir.open_kernel_cache(self.kernel_cache_dir, create=True).close()
             with self._file_lock():
                 for soc, deltas in pending.items():
                     if deltas:
@@ -103,7 +115,7 @@ class CacheCounters:
                         merged = Counter(_read(path))
                         merged.update(deltas)
                         _write(path, merged)
-        except (OSError, LockBusyError) as exc:
+        except (OSError, LockBusyError, UnsafePathError) as exc:
             with self._lock:  # keep them for the next flush
                 for soc, deltas in pending.items():
                     self._pending.setdefault(soc, Counter()).update(deltas)
@@ -131,7 +143,8 @@ class CacheCounters:
         return {soc: _full(c) for soc, c in sorted(out.items())}
 
     def snapshot(self) -> dict[str, int]:
-        """Every counter summed over the chip folders (SPEC §10's names first)."""
+        """Every counter summed over the chip folders (the names of docs/design.md#counters
+        first)."""
         total: Counter[str] = Counter()
         for values in self.per_chip().values():
             total.update(values)
@@ -188,7 +201,7 @@ def _full(values: Mapping[str, int]) -> dict[str, int]:
 
 def _read(path: Path) -> dict[str, int]:
     """A stats file's counters; a damaged, foreign or oversized file counts as empty (it is
-    untrusted input: SPEC §9) and is replaced at the next flush."""
+    untrusted input: docs/design.md#sharing-and-locking) and is replaced at the next flush."""
     try:
         raw = fsutil.read_bytes_noatime(path, max_bytes=MAX_FILE_BYTES)
     except fsutil.FileTooLargeError:
@@ -217,7 +230,7 @@ def _read(path: Path) -> dict[str, int]:
 
 def _write(path: Path, values: Mapping[str, int]) -> None:
     data = json.dumps(dict(sorted(values.items())), sort_keys=True).encode()
-    # no fsync: counters are statistics, and a damaged file is read as empty (issue 14)
+    # no fsync: counters are statistics, and a damaged file is read as empty
     fsutil.atomic_write_bytes(path, data, sync=False)  # the folder's shared mode
 
 
@@ -226,10 +239,12 @@ class CounterBook:
     a CLI run may compile for several): :class:`CacheCounters` by kernel cache folder.
 
     :param default: the current kernel cache (counts given no chip folder go there).
+    :param create: make a kernel cache folder missing at a flush (:class:`CacheCounters`).
     """
 
-    def __init__(self, default: Callable[[], Path]) -> None:
+    def __init__(self, default: Callable[[], Path], create: bool = False) -> None:
         self._default = default
+        self._create = create
         self._lock = threading.Lock()
         self._caches: dict[Path, CacheCounters] = {}
 
@@ -239,7 +254,7 @@ class CounterBook:
         with self._lock:
             found = self._caches.get(path)
             if found is None:
-                found = self._caches[path] = CacheCounters(path)
+                found = self._caches[path] = CacheCounters(path, self._create)
             return found
 
     def add(self, name: str, amount: int = 1, chip_dir: Path | None = None) -> None:

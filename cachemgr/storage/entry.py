@@ -1,4 +1,5 @@
-"""CANN's cache entry format (layer 3; SPEC §3.1, §3.3 [GE]).
+"""CANN's cache entry format (layer 3; docs/design.md#files-of-an-entry,
+#writing-and-reading-an-entry [GE]).
 
 Grammar of one chip folder (flat; names are CANN's):
 
@@ -11,8 +12,9 @@ Grammar of one chip folder (flat; names are CANN's):
 * ``<kernel>_mix_aic.json`` / ``_mix_aiv.json`` and their binaries, for mix kernels;
 * ``<kernel>.lock``            the entry's fcntl lock; ``op_cache_file_del.lock`` the evictor's;
 * ``*.temp``                   writes in progress;
-* ``.nfs*``                    NFS "silly renames" of removed files still open somewhere (SPEC
-  §9): counted in the used bytes (they hold space until closed) and otherwise left alone.
+* ``.nfs*``                    NFS "silly renames" of removed files still open somewhere
+  (docs/design.md#sharing-and-locking): counted in the used bytes (they hold space until closed) and
+  otherwise left alone.
 
 GE's validity rules — the one place they are listed (GE = ``hicann/ge``,
 ``compiler/opcompiler/op_compile_adapter/source/``). An entry GE would serve is never called bad
@@ -34,8 +36,12 @@ here, so cachemgr never deletes what GE considers valid:
   (``CompileResultUtils::SetHeaderFilePath`` keeps an empty path when the file is missing;
   ``TeCacheManager::CopyCompileRetIntoCacheDir`` copies it only when the compile made one);
 * **R7** ``<name>_pre.json`` is a pre-build entry of its own: a JSON object with a string
-  ``pattern`` (``TeCacheManager::MatchPreCompileCache``); GE's eviction counts and ages it on
-  its own (``cache/te_cache_space_manager.cc`` ``GetFilesAccessTime``: only its own size).
+  ``pattern`` (``TeCacheManager::MatchPreCompileCache``). GE counts its bytes toward the limit
+  (``common/te_file_utils.cc`` ``TeFileUtils::GetDirectorySize``) but never ages or deletes
+  it: ``cache/te_cache_space_manager.cc`` ``GetFilesAccessTime`` skips a name ending in
+  ``kPreCompileFileSuffix`` before it enters the map ``AgingCacheFileByAccessTime`` deletes
+  from. Left to GE they only grow, so cachemgr evicts them by their own access time like any
+  entry — cachemgr's rule, not GE's (docs/eviction.md#pre-build-entries).
 
 cachemgr adds two rules of its own, for safety: names are flat (no ``/`` or ``..``), and a mix
 kernel's sub-binaries are checked against their ``sha256`` too (a hit is served whole).
@@ -73,7 +79,7 @@ KERNEL_BIN_SUFFIXES = (".o", ".so")
 
 # Problem kinds reported by verify (stable strings: they appear in --json output).
 SHA256_MISMATCH = "sha256_mismatch"
-#: Not read: the read would have changed the entry's access time (issue 12 item 1). Not a
+#: Not read: the read would have changed the entry's access time. Not a
 #: problem of the entry: never repaired.
 NOT_CHECKED = "not_checked"
 EMPTY_BINARY = "empty_binary"
@@ -107,7 +113,8 @@ class FileStat(NamedTuple):
     """What one ``lstat`` tells about a file: apparent size (bytes) and times (ns).
 
     A named tuple: a scan of 100,000 entries makes 200,000 of these, and a tuple is the
-    cheapest immutable record Python builds (SPEC §5 eviction budget).
+    cheapest immutable record Python builds (docs/design.md#size-limits-and-eviction eviction
+    budget).
     """
 
     size: int
@@ -125,8 +132,9 @@ class EntryGroup:
     ``files`` maps file name → :class:`FileStat` and includes the main json. ``resolved`` is
     False when no file named like a binary was found next to the json, so the json must be
     opened to learn its ``binFileName`` (see :func:`resolve_group`). ``atime_ns`` is the main
-    json's access time (ns) as the scan saw it: the eviction order (SPEC §5, [GE]); a field,
-    not a lookup, because planning reads it for every entry (issue 14 item 2).
+    json's access time (ns) as the scan saw it: the eviction order
+    (docs/design.md#size-limits-and-eviction, [GE]); a field, not a lookup, because planning reads
+    it for every entry.
     """
 
     kernel: str
@@ -151,7 +159,8 @@ class EntryGroup:
 class ChipScan:
     """One pass over a chip folder: entries, and everything that is not part of one.
 
-    ``used_bytes`` is the sum of the apparent sizes of all regular files (SPEC §5, [GE]).
+    ``used_bytes`` is the sum of the apparent sizes of all regular files
+    (docs/design.md#size-limits-and-eviction, [GE]).
     """
 
     chip_dir: Path
@@ -181,7 +190,8 @@ def kernel_of_part(stem: str, mains: set[str] | dict[str, Any]) -> str | None:
 
 def owned_by(name: str, kernel: str) -> bool:
     """True when file ``name`` belongs to ``kernel`` by name: ``<kernel>.<ext>`` or
-    ``<kernel><part suffix>.<ext>`` (SPEC §3.1). Removal of an entry is limited to these."""
+    ``<kernel><part suffix>.<ext>`` (docs/design.md#files-of-an-entry). Removal of an entry is
+    limited to these."""
     stem = name.split(".", 1)[0] if "." in name else name
     if name.startswith(kernel + "."):
         return True
@@ -227,7 +237,7 @@ def _lstat_all(chip_dir: Path, scan: ChipScan, dir_fd: int | None) -> _Listing:
 
 def _lstat_fd(dir_fd: int, scan: ChipScan) -> _Listing:
     """List and ``lstat`` the folder, bucketing each file by its name's stem on the way: one
-    pass over the names, no second dictionary of every file (issue 14 item 2: the grouping
+    pass over the names, no second dictionary of every file (the grouping
     cost as much as the listing)."""
     out = _Listing({}, {})
     by_stem, loose = out
@@ -270,10 +280,11 @@ def _lstat_fd(dir_fd: int, scan: ChipScan) -> _Listing:
 
 
 def scan_chip(chip_dir: Path, dir_fd: int | None = None) -> ChipScan:
-    """Group a chip folder's files into entries by name, opening no file (SPEC §3.1, §5).
+    """Group a chip folder's files into entries by name, opening no file
+    (docs/design.md#files-of-an-entry, #size-limits-and-eviction).
 
     A missing chip folder gives an empty scan, also when another NFS host removed it
-    (``ESTALE``, SPEC §9).
+    (``ESTALE``, docs/design.md#sharing-and-locking).
 
     A file ``<kernel>.<ext>`` (ext not ``lock``/``temp``) belongs to the entry whose main json
     is ``<kernel>.json``; every other file is placed by :func:`_place` (parts such as
@@ -376,7 +387,8 @@ class EntryDesc:
 
     def file_names(self) -> list[str]:
         """Every file of the entry in deletion order: main json first, then binaries, header
-        and sub-jsons (SPEC §5). A ``_pre.json`` is an entry of its own (rule R7)."""
+        and sub-jsons (docs/design.md#size-limits-and-eviction). A ``_pre.json`` is an entry of its
+        own (rule R7)."""
         names = [self.json_name]
         names += [b.bin_name for b in self.binaries]
         if self.header:
@@ -469,7 +481,7 @@ def _reading(
 
     :raises InvalidEntryError: a folder, not a regular file, a hard link, too large,
         unreadable.
-    :raises FileNotFoundError: gone (also ``ESTALE``, SPEC §9).
+    :raises FileNotFoundError: gone (also ``ESTALE``, docs/design.md#sharing-and-locking).
     """
     try:
         if dir_fd is None:
@@ -490,7 +502,8 @@ def _reading(
     except fsutil.AtimeWouldChange as exc:  # ls/verify by a non-owner: not read, not bad
         raise InvalidEntryError(f"{name}: {exc.strerror}", NOT_CHECKED) from exc
     except OSError as exc:
-        if exc.errno in fsutil.GONE_ERRNOS:  # ESTALE: removed by another NFS host (SPEC §9)
+        # ESTALE: removed by another NFS host (docs/design.md#sharing-and-locking)
+        if exc.errno in fsutil.GONE_ERRNOS:
             raise FileNotFoundError(exc.errno, exc.strerror, str(chip_dir / name)) from exc
         raise InvalidEntryError(f"{name}: cannot read ({exc.strerror})", UNREADABLE) from exc
 
@@ -501,7 +514,8 @@ def parse_entry(
     read: Callable[[str], bytes] | None = None,
     dir_fd: int | None = None,
 ) -> EntryDesc:
-    """Open and parse ``<kernel>.json`` and the sub-jsons it lists (SPEC §3.1).
+    """Open and parse ``<kernel>.json`` and the sub-jsons it lists
+    (docs/design.md#files-of-an-entry).
 
     Reads without changing access times. ``read(name) -> bytes`` replaces the disk read (the
     store uses it to check an entry before publishing it). ``dir_fd``: the open chip folder.
@@ -562,7 +576,7 @@ class Problem:
 
 
 def sha256_hex(data: bytes) -> str:
-    """Hex SHA-256 of ``data`` (the json's ``sha256`` field, SPEC §3.1)."""
+    """Hex SHA-256 of ``data`` (the json's ``sha256`` field, docs/design.md#files-of-an-entry)."""
     return hashlib.sha256(data).hexdigest()
 
 

@@ -1,5 +1,5 @@
-"""Events a storage tier reports, passed as objects to a sink the caller owns (issue 15
-item 1) — never through module-level listener lists.
+"""Events a storage tier reports, passed as objects to a sink the caller owns —
+never through module-level listener lists.
 
 A :class:`Events` sink is made by whoever wants to hear (the daemon makes one and gives it to
 its compile queue and its governance); code that publishes takes the sink as a parameter.
@@ -20,7 +20,8 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class NoSpaceEvent:
     """A publish into ``chip_dir`` failed on a full filesystem (``ENOSPC``/``EDQUOT``) and
-    needed ``bytes_needed`` bytes (SPEC §5, §9: the daemon evicts that chip folder)."""
+    needed ``bytes_needed`` bytes (docs/design.md#size-limits-and-eviction, #sharing-and-locking:
+    the daemon evicts that chip folder)."""
 
     chip_dir: Path
     bytes_needed: int

@@ -1,4 +1,4 @@
-"""Start-up checks of a cache root shared by users and hosts (SPEC §9).
+"""Start-up checks of a cache root shared by users and hosts (docs/design.md#sharing-and-locking).
 
 * :func:`probe_locks` — do fcntl locks work on the root? A lock is taken on a probe file and
   a child process, through its own open file description, must see it as held (POSIX record
@@ -136,7 +136,7 @@ def local_lock_reason(mount: Mount | None) -> str | None:
         return None
     return (
         f"{mount.mount_point} is an {mount.fstype} mount with {found[0]}: its fcntl locks are "
-        "not seen by other hosts (SPEC §9 needs NFSv4 locks)"
+        "not seen by other hosts (docs/design.md#sharing-and-locking needs NFSv4 locks)"
     )
 
 
@@ -175,7 +175,7 @@ def probe_locks(
 
 
 def _probe_fd(folder: Path, path: Path, fd: int, timeout_s: float) -> LockProbe:
-    import subprocess  # here: only a lock probe runs a child, a CLI hit does not (issue 14)
+    import subprocess  # here: only a lock probe runs a child, a CLI hit does not
 
     try:
         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
@@ -226,7 +226,8 @@ def _remove_dead_probes(folder: Path) -> None:
 
 
 def access_problems(kernel_cache_dir: Path) -> list[str]:
-    """Why this user cannot write the kernel cache folder, one line, or none (SPEC §9).
+    """Why this user cannot write the kernel cache folder, one line, or none
+    (docs/design.md#sharing-and-locking).
 
     Checks the kernel cache folder (or its first existing parent). Each line names the path,
     the user, the owner, group and mode and what to do
@@ -256,7 +257,8 @@ def chip_access_problems(kernel_cache_dir: Path) -> dict[Path, str]:
 
 
 def world_writable(kernel_cache_dir: Path) -> list[Path]:
-    """Folders of the kernel cache that anyone may write (SPEC §9: never world-writable)."""
+    """Folders of the kernel cache that anyone may write (docs/design.md#sharing-and-locking: never
+    world-writable)."""
     found = []
     paths = [Path(kernel_cache_dir)]
     with contextlib.suppress(OSError):
@@ -281,7 +283,7 @@ VANISHED_ERRNOS = frozenset({errno.ESTALE, errno.EIO})
 
 
 def root_problem(kernel_cache_dir: Path) -> str:
-    """Why the kernel cache cannot be written now, in one line, or ``""`` (issue 12 item 6).
+    """Why the kernel cache cannot be written now, in one line, or ``""``.
 
     Checks the mount of the kernel cache (or, when it does not exist yet, of its nearest
     existing parent): a read-only filesystem (``ST_RDONLY``: remounted read-only, e.g. after

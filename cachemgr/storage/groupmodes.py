@@ -17,6 +17,11 @@ or one holding ``CAP_FOWNER`` (the systemd unit's ``AmbientCapabilities=CAP_FOWN
 Only folders of the cache are changed, each reached without following a link at any step
 (:class:`~cachemgr.storage.safedir.SafeDir`, docs/security.md item 1), and only regular files
 with one name (``fsutil.share_modes``). Others never get a bit they lacked, nor ``o+w``.
+
+Only the cache's own files (:func:`ours`): a name of the cache's namespace, and not renamed in
+from elsewhere — a member may move another user's file from a group folder on the same
+filesystem into a chip folder, wait for its modes to be given back, and move it back
+(docs/security.md#3b-outsiders-read-nothing-ges-modes-are-given-back-on-sight).
 """
 
 from __future__ import annotations
@@ -38,6 +43,45 @@ T = TypeVar("T")
 
 #: A folder's group bits that sharing needs (``g+rwx`` and setgid: new files keep the group).
 FOLDER_BITS = 0o2070
+#: Endings of the files of a chip folder (docs/design.md#files-of-an-entry): an entry's jsons
+#: (``<kernel>.json``, ``_mix_aic.json``, ``_pre.json``...), binaries, header, locks (the
+#: entry's and ``op_cache_file_del.lock``) and cachemgr's header manifests.
+CHIP_ENDINGS = (".json", ".o", ".so", ".cubin", ".h", ".lock", ".manifest")
+#: The files of the kernel cache folder itself: CANN's ``op_cache.ini`` and chip locks
+#: (``<soc>.chip.lock``).
+KERNEL_CACHE_NAMES = ("op_cache.ini",)
+KERNEL_CACHE_ENDINGS = (".lock",)
+#: Nanoseconds a file's ``ctime`` may pass its ``mtime`` and still be one written here: GE and
+#: cachemgr write a temp file and ``rename()`` it into place just after (``te_file_utils.cc``
+#: ``CopyFileToCacheDir``); a file renamed in from elsewhere keeps its old ``mtime``.
+RENAMED_IN_SLACK_NS = 2_000_000_000
+
+
+def ours(kernel_cache: bool = False) -> Callable[[str, os.stat_result], bool]:
+    """The rule that says which files of a chip folder (or, ``kernel_cache``, of the kernel
+    cache folder) may have their modes given back
+    (docs/security.md#3b-outsiders-read-nothing-ges-modes-are-given-back-on-sight):
+
+    * a name of the cache's namespace (:data:`CHIP_ENDINGS`, :data:`KERNEL_CACHE_NAMES`);
+    * a lock file (``.lock``) only when empty: GE runs ``chmod`` on a lock at every open
+      (``te_cache_utils.cc`` ``LockAndOpenCacheFile``), so its ``ctime`` says nothing, and
+      it never writes one;
+    * any other file only when its ``ctime`` is at most :data:`RENAMED_IN_SLACK_NS` past its
+      ``mtime``: a ``rename()`` changes only the ``ctime``, and GE writes each file fresh.
+    """
+
+    def wanted(name: str, st: os.stat_result) -> bool:
+        if kernel_cache:
+            named = name in KERNEL_CACHE_NAMES or name.endswith(KERNEL_CACHE_ENDINGS)
+        else:
+            named = name.endswith(CHIP_ENDINGS)
+        if not named:
+            return False
+        if name.endswith(".lock"):
+            return st.st_size == 0
+        return st.st_ctime_ns - st.st_mtime_ns <= RENAMED_IN_SLACK_NS
+
+    return wanted
 
 
 def _open(folder: Path, kernel_cache: bool) -> SafeDir:
@@ -47,7 +91,8 @@ def _open(folder: Path, kernel_cache: bool) -> SafeDir:
 
 def give_back_folder(folder: Path, kernel_cache: bool = False) -> int:
     """``fsutil.share_modes`` of a chip folder (or, ``kernel_cache``, of the kernel cache
-    folder ``<root>/kernel_cache``) and of every regular file in it, the folder reached
+    folder ``<root>/kernel_cache``) and of every regular file of the cache's own in it
+    (:func:`ours`), the folder reached
     without following a link. Returns how many were repaired (0: nothing to do, or not
     allowed: neither the owner nor ``CAP_FOWNER``).
 
@@ -55,18 +100,18 @@ def give_back_folder(folder: Path, kernel_cache: bool = False) -> int:
     :raises CacheMgrError: the folder, or one above it, is a link.
     """
     with _open(folder, kernel_cache) as opened:
-        return fsutil.share_modes(folder, dir_fd=opened.fd)
+        return fsutil.share_modes(folder, dir_fd=opened.fd, wanted=ours(kernel_cache))
 
 
 def give_back_names(folder: Path, names: Iterable[str] = (), kernel_cache: bool = False) -> bool:
     """Give the group back ``folder`` itself and the files ``names`` in it (only those: a
-    refused operation must not scan a chip folder of a million entries), where this process
-    may. Returns True when a mode was changed — the refused operation may then be tried
-    again. Never raises: a folder that cannot be opened (or is a link) is left as it is.
+    refused operation must not scan a chip folder of a million entries; only the cache's own,
+    :func:`ours`), where this process may. Returns True when a mode was changed — the
+    refused operation may then be tried again. Never raises: a folder that cannot be opened
+    (or is a link) is left as it is.
 
     :param folder: a chip folder, or with ``kernel_cache`` the kernel cache folder.
     """
-    names = list(names)
     fowner = fsutil.has_cap_fowner()
     me = os.geteuid()
     try:
@@ -85,13 +130,12 @@ def give_back_names(folder: Path, names: Iterable[str] = (), kernel_cache: bool 
         except OSError as exc:
             log.debug("%s: folder mode not given back: %s", folder, exc)
             return False
+        wanted = ours(kernel_cache)
         for name in names:
-            changed |= fsutil.share_file(opened.fd, name, fowner, st.st_gid)
-    if changed:  # the files' names, which are kernel names, at debug level only
-        what = f"{len(names)} file{'' if len(names) == 1 else 's'}" if names else "the folder"
-        log.info("%s: group-sharing modes given back (%s)", folder, what)
-        if names:
-            log.debug("%s: modes given back to %s", folder, ", ".join(names))
+            changed |= fsutil.share_file(opened.fd, name, fowner, st.st_gid, wanted)
+    if changed:  # the kernels' names at debug only (the eviction log's rule)
+        log.info("%s: group-sharing modes given back", folder)
+        log.debug("%s: modes given back: %s", folder, ", ".join(names) or ".")
     return changed
 
 

@@ -1,5 +1,5 @@
 """Header manifests: which files a kernel's compile read, as ccache's direct mode keeps them
-(layer 4, beside the store; SPEC §3.2; issue 11 item 2).
+(layer 4, beside the store; docs/design.md#keys-and-manifests).
 
 A key covers the content of every file the compiler reads, but which headers a source reads
 is known only after running the preprocessor. A manifest remembers it, so a hit never runs
@@ -10,8 +10,8 @@ the files named there (digests remembered per file identity), checks by one ``st
 that no absent place exists now and, when all hold, knows the full key.
 
 **File**: ``<chip folder>/<op_type lower-cased>_<base key>.manifest``, where the base key is
-the SHA-256 of the key material without the headers (SPEC §3.2: everything else, including
-the source's path and digest). GE never reads it. **Format** (JSON, UTF-8, at most
+the SHA-256 of the key material without the headers (docs/design.md#keys-and-manifests: everything
+else, including the source's path and digest). GE never reads it. **Format** (JSON, UTF-8, at most
 :data:`MAX_BYTES`)::
 
     {"cachemgr_manifest": 2,
@@ -21,9 +21,13 @@ the source's path and digest). GE never reads it. **Format** (JSON, UTF-8, at mo
 Version 1 (no ``absent``) is read as no manifest at all: a miss, never a hit that skipped
 the checks. Newest variant first, at most :data:`MAX_VARIANTS`. Every part is untrusted input: a bad
 manifest is a miss (and is reported by ``verify``, removed by ``verify --repair``); the
-entry a matching variant names is still verified like every entry (SPEC §3.3). A manifest is
-part of the cache: counted in the chip folder's size, removed by the reclaim pass once no
-entry it names exists any more (its last entry evicted), cleared by ``force`` and purges.
+entry a matching variant names is still verified like every entry
+(docs/design.md#writing-and-reading-an-entry). A manifest is part of the cache: counted in the chip
+folder's size, and it **goes with the last entry it names**, wherever an entry is removed — eviction
+and gc's reclaim pass, a purge, ``verify --repair``, a bad entry removed on lookup
+(:func:`remove_unnamed`) — so no removal leaves a manifest that ``verify`` then reports; it stays
+while another entry it names is present.
+``force`` clears them all. See docs/commands.md (``verify``).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -255,3 +259,69 @@ def kernels(path: Path, dir_fd: int | None = None) -> set[str] | None:
         return {v.kernel for v in read(path, dir_fd)}
     except InvalidEntryError:
         return None
+
+
+def entry_present(dir_fd: int, kernel: str) -> bool:
+    """True when ``<kernel>.json`` is in the chip folder open as ``dir_fd`` (a visible main
+    json means a complete entry: :mod:`cachemgr.storage.store`)."""
+    try:
+        os.stat(f"{kernel}.json", dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        return False
+    return True
+
+
+def stale(path: Path, dir_fd: int, present: Callable[[str], bool] | None = None) -> bool:
+    """True when the manifest ``path`` is bad or names no entry present: it goes (gc's
+    reclaim pass, purge). ``present`` tells whether a kernel's entry is there (default:
+    :func:`entry_present` in the folder ``dir_fd``)."""
+    named = kernels(path, dir_fd)
+    if named is None:
+        return True
+    is_present = present or (lambda kernel: entry_present(dir_fd, kernel))
+    return not any(is_present(k) for k in named)
+
+
+def unnamed(path: Path, dir_fd: int, gone: Collection[str] | None = None) -> bool:
+    """True when the manifest ``path`` parses and names no entry present (each kernel's
+    json looked up in the folder ``dir_fd``) — and, with ``gone``, names one of those
+    kernels (a manifest of other entries is not this removal's business). A bad manifest,
+    one that is gone, or one another member's read would change the access time of
+    (inside :func:`fsutil.reads_keep_atime`) is not: ``verify`` reports those."""
+    try:
+        if fsutil.lstat_or_none(path, dir_fd) is None:
+            return False
+        kernels = {v.kernel for v in read(path, dir_fd)}
+    except (InvalidEntryError, OSError):
+        return False
+    if gone is not None and not kernels & set(gone):
+        return False
+    return not any(entry_present(dir_fd, k) for k in kernels)
+
+
+def remove_unnamed(chip_dir: Path, dir_fd: int, gone: Collection[str]) -> list[str]:
+    """Remove the manifests of the chip folder (open as ``dir_fd``) that name one of the
+    kernels ``gone`` (entries just removed) and no entry present: a manifest goes with the
+    last entry it names. The folder is listed as a stream (one ``scandir``); only
+    ``*.manifest`` names are read. Returns the names removed; a manifest this user may not
+    remove is logged and left (``verify`` reports it; gc's reclaim pass retries it).
+
+    :raises OSError: the folder cannot be listed.
+    """
+    if not gone:
+        return []
+    removed = []
+    with os.scandir(dir_fd) as it:
+        names = [de.name for de in it if de.name.endswith(layout.MANIFEST_SUFFIX)]
+    for name in names:
+        if not unnamed(Path(chip_dir) / name, dir_fd, gone):
+            continue
+        try:
+            if fsutil.safe_unlink(Path(chip_dir) / name, dir_fd):
+                removed.append(name)
+        except OSError as exc:
+            log.warning("not removing %s/%s: %s", Path(chip_dir).name, name, exc.strerror)
+    if removed:
+        shown = ", ".join(f"{Path(chip_dir).name}/{n}" for n in removed)
+        log.info("removed header manifest %s with the last entry it names", shown)
+    return removed

@@ -1,5 +1,5 @@
-"""Folders of the cache reached without following links (layer 0; SPEC §9, docs/security.md
-item 1).
+"""Folders of the cache reached without following links (layer 0;
+docs/design.md#sharing-and-locking, docs/security.md item 1).
 
 The cache root is group-writable, so any member may replace ``kernel_cache``, a chip folder
 or any file below it by a symbolic link — before an operation, or in the middle of one.
@@ -79,7 +79,7 @@ class SafeDir:
     ) -> None:
         self.fd = fd
         # the path is for messages: a child's is joined only when asked (each pathlib join
-        # re-parses; a hit opens two folders, issue 14 item 1's lookup profile)
+        # re-parses; a hit opens two folders: the profile of a lookup)
         self._path = path if path is None or isinstance(path, Path) else Path(path)
         self._parent, self._name = parent, name
 
@@ -98,7 +98,8 @@ class SafeDir:
         """Open ``anchor/parts[0]/parts[1]/...``: the anchor as configured, each part with
         ``O_NOFOLLOW`` relative to the one above. With ``create`` missing parts are made
         (``fsutil.dir_mode_in`` the parent's mode whatever the umask: group-writable,
-        others no more than the parent gives them, setgid where it has it; SPEC §9).
+        others no more than the parent gives them, setgid where it has it;
+        docs/design.md#sharing-and-locking).
 
         :raises UnsafePathError: a part is a symbolic link or not a folder (names it).
         :raises FileNotFoundError: a part (or the anchor) is missing and ``create`` is off.
@@ -106,7 +107,8 @@ class SafeDir:
         """
         anchor = anchor if isinstance(anchor, Path) else Path(anchor)
         if create:
-            fsutil.ensure_dir(anchor)  # the configured root: created as configured (SPEC §2)
+            # the configured root: created as configured (docs/design.md#where-the-cache-lives)
+            fsutil.ensure_dir(anchor)
         fd = os.open(anchor, os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC)
         here = cls(fd, anchor)
         try:

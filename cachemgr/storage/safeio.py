@@ -1,4 +1,4 @@
-"""Reading the request files a caller names safely (issue 10, item 8); the kernel source and
+"""Reading the request files a caller names safely; the kernel source and
 its headers are read the same way by :func:`cachemgr.compile.inputs.read_input`.
 
 A caller may name, or swap in behind a cached check, a FIFO (blocks a reader forever), a

@@ -1,4 +1,4 @@
-"""The verified store over one chip folder (layer 4; SPEC §3.3).
+"""The verified store over one chip folder (layer 4; docs/design.md#writing-and-reading-an-entry).
 
 * **lookup**: a hit is an entry whose json parses and whose every binary matches its
   ``sha256``; on a hit the json's and binaries' access times become now (mtime kept) [GE].
@@ -37,7 +37,7 @@ from cachemgr.errors import (
     NoSpaceError,
 )
 from cachemgr.memo import OnceSet
-from cachemgr.storage import entry, fsutil, groupmodes, manifest, partcopy
+from cachemgr.storage import entry, fsutil, groupmodes, manifest, optype, partcopy
 from cachemgr.storage.events import Events, NoSpaceEvent
 from cachemgr.storage.safedir import DirLock, SafeDir
 
@@ -73,7 +73,7 @@ def _no_space(
     chip_dir: Path, kernel: str, needed: int, exc: OSError, sink: Events | None
 ) -> NoSpaceError:
     """The one-line error for a publish that hit a full filesystem; a :class:`NoSpaceEvent`
-    goes to ``sink`` (issue 15 item 1: events are objects, not module-level listeners)."""
+    goes to ``sink`` (events are objects, not module-level listeners)."""
     try:
         vfs = os.statvfs(chip_dir)
         free = f"{vfs.f_bavail * vfs.f_frsize} bytes free"
@@ -136,8 +136,13 @@ class VerifyReport:
     chip_dir: Path
     checked: int = 0
     findings: list[Finding] = field(default_factory=list)
-    #: entries not read: reading them would have changed their access time (issue 12)
+    #: entries not read: reading them would have changed their access time (docs/commands.md,
+    #: ``verify``)
     not_checked: list[str] = field(default_factory=list)
+    #: loose files (header manifests) not read, for the same reason; not entries
+    not_checked_files: list[str] = field(default_factory=list)
+    #: entries ``--repair`` removed
+    removed: set[str] = field(default_factory=set)
 
     @property
     def bad(self) -> list[Finding]:
@@ -152,7 +157,8 @@ MAX_KERNEL_NAME_BYTES = 255 - len(".json")
 
 
 #: errno values meaning "not ours to remove now": skip the file, report it, go on (EBUSY:
-#: an NFS server refusing to remove a file another host holds open, SPEC §9).
+#: an NFS server refusing to remove a file another host holds open,
+#: docs/design.md#sharing-and-locking).
 DENIED_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.EBUSY})
 
 
@@ -176,9 +182,9 @@ class Removal:
 
 
 def removal_order(names: Iterable[str], json_name: str) -> list[str]:
-    """An entry's file names in SPEC §5's deletion order — the one order every removal uses
-    (the store's and eviction's): the main json first (a visible json means a complete
-    entry, so it must go first), then binaries and header, then the sub-jsons and
+    """An entry's file names in the deletion order of docs/design.md#size-limits-and-eviction — the
+    one order every removal uses (the store's and eviction's): the main json first (a visible json
+    means a complete entry, so it must go first), then binaries and header, then the sub-jsons and
     ``_pre.json``; each group by name."""
     rest = sorted({n for n in names if n != json_name})
     return [
@@ -195,10 +201,10 @@ def remove_entry_files(
     json_name: str,
     sizes: Mapping[str, int] | None = None,
 ) -> Removal:
-    """The one removal routine of an entry's files (SPEC §5): in :func:`removal_order`,
-    relative to the open chip folder (``unlinkat``, no link followed); files already gone
-    are normal (``ENOENT``/``ESTALE``). A refused file (:data:`DENIED_ERRNOS`, or a folder
-    under a part's name) is reported and the rest goes on — except a refused main json,
+    """The one removal routine of an entry's files (docs/design.md#size-limits-and-eviction): in
+    :func:`removal_order`, relative to the open chip folder (``unlinkat``, no link followed); files
+    already gone are normal (``ENOENT``/``ESTALE``). A refused file (:data:`DENIED_ERRNOS`, or a
+    folder under a part's name) is reported and the rest goes on — except a refused main json,
     which stops the removal so the entry stays whole. The caller holds the entry's lock.
 
     :param sizes: bytes of each file (for :attr:`Removal.bytes`).
@@ -243,7 +249,7 @@ def check_kernel_name(kernel: str) -> str:
 
 
 #: Chip folders already warned about as read-only (one warning per folder until it is
-#: writable again: issue 10 item 12, issue 12 item 6); bounded like every memo.
+#: writable again); bounded like every memo.
 _read_only_warned: OnceSet[Path] = OnceSet("read-only folders warned", 4096)
 
 
@@ -257,7 +263,7 @@ class EntryHold:
     """An entry lock (``<chip>/<kernel>.lock``, fcntl) that the caller holds: the explicit
     handle that :meth:`Store.publish`, :meth:`Store.remove` and :meth:`Store.lookup` take as
     ``held=`` instead of locking again (a POSIX lock must not be taken twice in a process:
-    closing the second descriptor would drop the first). Issue 15 item 1."""
+    closing the second descriptor would drop the first)."""
 
     chip_dir: Path
     kernel: str
@@ -344,7 +350,8 @@ class Store:
         return self.entry_lock(kernel)
 
     def lock_path(self, kernel: str) -> Path:
-        """``<chip>/<kernel>.lock``: the entry's fcntl lock file (SPEC §3.1)."""
+        """``<chip>/<kernel>.lock``: the entry's fcntl lock file
+        (docs/design.md#files-of-an-entry)."""
         return self.chip_dir / f"{kernel}.lock"
 
     def entry_lock(self, kernel: str) -> fsutil.FcntlLock:
@@ -359,7 +366,7 @@ class Store:
     def lookup(
         self, kernel: str, touch: bool = True, held: EntryHold | None = None
     ) -> LookupResult:
-        """Verified lookup of ``kernel`` (SPEC §3.3).
+        """Verified lookup of ``kernel`` (docs/design.md#writing-and-reading-an-entry).
 
         A hit sets the json's and binaries' atime to now when ``touch`` (mtime kept). A bad
         entry is removed (under its lock — ``held`` when the caller holds it — after
@@ -431,12 +438,13 @@ class Store:
     def _touch(self, files: tuple[Path, ...]) -> None:
         for path in files:
             try:
-                fsutil.touch_atime(path, None, self.dir_fd)  # the filesystem's now (issue 12)
+                fsutil.touch_atime(path, None, self.dir_fd)  # the filesystem's now
             except PermissionError:
-                # another user's file: atime needs ownership; CANN skips it too (SPEC §9)
+                # another user's file: atime needs ownership; CANN skips it too
+                # (docs/design.md#sharing-and-locking)
                 log.debug("cannot set atime of %s (not owner)", path)
             except OSError as exc:
-                if exc.errno == errno.EROFS:  # a read-only root still serves hits (issue 12)
+                if exc.errno == errno.EROFS:  # a read-only root still serves hits
                     _warn_read_only(self.chip_dir, "access times are not updated")
                     return
                 if exc.errno not in fsutil.GONE_ERRNOS:
@@ -445,16 +453,20 @@ class Store:
 
     # --- removal ------------------------------------------------------------------------
 
-    def remove_if_bad(self, kernel: str, held: EntryHold | None = None) -> bool:
+    def remove_if_bad(
+        self, kernel: str, held: EntryHold | None = None, *, manifests: bool = True
+    ) -> bool:
         """Under the entry lock (``held``, or taken here), re-check ``kernel`` and remove it
-        if it is still bad.
+        if it is still bad, with the header manifests whose last entry it was
+        (``manifests``; ``verify`` passes False: its own pass over the manifests follows,
+        one listing for every entry it removed instead of one each).
 
         :returns: True if it was removed.
         """
         if self.dir_fd is None:
             try:
                 with self._opened() as bound:
-                    return bound.remove_if_bad(kernel, held)
+                    return bound.remove_if_bad(kernel, held, manifests=manifests)
             except FileNotFoundError:
                 return False
         lock = self._locked(kernel, held)
@@ -469,12 +481,14 @@ class Store:
                 return False
             if any(p.kind == entry.UNREADABLE for p in problems):
                 # a file this user may not read is a permission problem, not damage: another
-                # user's good entry must not be deleted for it (SPEC §9)
+                # user's good entry must not be deleted for it (docs/design.md#sharing-and-locking)
                 log.warning(
                     "not removing %s/%s: %s", self.chip_dir.name, kernel, problems[0].detail
                 )
                 return False
             self._remove_files(kernel, self._names_for_removal(kernel, desc))
+            if manifests:
+                self._remove_manifests_of(kernel)
             return True
         finally:
             if held is None:
@@ -503,9 +517,12 @@ class Store:
         kernel: str,
         desc: entry.EntryDesc | None = None,
         held: EntryHold | None = None,
+        *,
+        manifests: bool = True,
     ) -> list[str]:
-        """Remove an entry's files — json first — under its lock (``held``, or taken here).
-        Returns the names removed.
+        """Remove an entry's files — json first — under its lock (``held``, or taken here),
+        and the header manifests whose last entry it was (``manifests``; a caller that
+        clears every manifest itself passes False). Returns the entry's file names removed.
 
         ``desc`` (if known) names the parts; otherwise the json is parsed, and name grouping
         is the fallback for an unparsable json.
@@ -513,7 +530,7 @@ class Store:
         if self.dir_fd is None:
             try:
                 with self._opened() as bound:
-                    return bound.remove(kernel, desc, held)
+                    return bound.remove(kernel, desc, held, manifests=manifests)
             except FileNotFoundError:
                 return []
         with self._locked(kernel, held):
@@ -522,7 +539,23 @@ class Store:
                     desc = entry.parse_entry(self.chip_dir, kernel, dir_fd=self.dir_fd)
                 except (FileNotFoundError, InvalidEntryError):
                     desc = None
-            return self._remove_files(kernel, self._names_for_removal(kernel, desc))
+            removed = self._remove_files(kernel, self._names_for_removal(kernel, desc))
+            if manifests and kernel + ".json" in removed:
+                self._remove_manifests_of(kernel)
+            return removed
+
+    def _remove_manifests_of(self, kernel: str) -> None:
+        """The header manifests whose last entry ``kernel`` was go with it
+        (:func:`manifest.remove_unnamed`); a folder that cannot be listed now leaves them to
+        gc's reclaim pass (logged): the entry's removal is done either way."""
+        if self.dir_fd is None:  # callers run bound to the folder (``_opened``)
+            return
+        try:
+            manifest.remove_unnamed(self.chip_dir, self.dir_fd, {kernel})
+        except OSError as exc:
+            log.warning(
+                "%s: header manifests of %s left for gc: %s", self.chip_dir, kernel, exc.strerror
+            )
 
     def _remove_files(self, kernel: str, names: list[str]) -> list[str]:
         """:func:`remove_entry_files` (the one removal routine); a file this user may not
@@ -574,7 +607,7 @@ class Store:
         main_json: Mapping[str, Any],
         held: EntryHold | None = None,
     ) -> PublishResult:
-        """Publish an entry atomically (SPEC §3.3).
+        """Publish an entry atomically (docs/design.md#writing-and-reading-an-entry).
 
         :param files: every part but the main json, by file name (binaries, sub-jsons as
             bytes, header, ``_pre.json``); names are flat (no ``/``, no ``..``). A part given
@@ -586,26 +619,26 @@ class Store:
         :param held: the entry lock when the caller holds it (else it is taken here).
         :raises NoSpaceError: the filesystem is full (``ENOSPC``/``EDQUOT``): one line naming
             the chip folder and the bytes needed; ``events`` is told; no partial entry is
-            left (SPEC §3.3).
+            left (docs/design.md#writing-and-reading-an-entry).
         :raises CachePermissionError: the chip folder or the entry's lock file is not
-            writable by this user (names the path, user, group and the fix; SPEC §9) — also
-            after the one retry that follows giving GE's ``0750``/``0640`` modes back to the
-            group where this process may (docs/shared-cache.md#ges-modes-given-back-on-sight).
+            writable by this user (names the path, user, group and the fix;
+            docs/design.md#sharing-and-locking) — also after the one retry that follows giving GE's
+            ``0750``/``0640`` modes back to the group where this process may
+            (docs/shared-cache.md#ges-modes-given-back-on-sight).
         :raises OSError: any other write failure; no partial entry is left.
         """
         check_kernel_name(kernel)
         payload: dict[str, Part] = dict(files)
         payload[kernel + ".json"] = _dump_json(main_json)
         expected = self._check_payload(kernel, payload)
+        op_type = optype.in_json(main_json, kernel)
 
         def write() -> PublishResult | int:
             with self._opened(create=True) as bound, bound._locked(kernel, held):
                 existing = bound._existing_good(kernel)
-                return (
-                    existing
-                    if existing is not None
-                    else bound._write_all(kernel, payload, expected)
-                )
+                if existing is not None:
+                    return existing
+                return bound._write_all(kernel, payload, expected, op_type)
 
         try:  # GE's 0750 folder: given back to the group (where we may), then once more
             done = groupmodes.retry_denied(write, self.chip_dir, [self.lock_path(kernel).name])
@@ -675,16 +708,23 @@ class Store:
         return None
 
     def _write_all(
-        self, kernel: str, payload: Mapping[str, Part], expected: Mapping[str, str]
+        self,
+        kernel: str,
+        payload: Mapping[str, Part],
+        expected: Mapping[str, str],
+        op_type: str | None = None,
     ) -> int:
         """Write every part to a temp name, then rename them into place, the main json last;
         a part given as a file must hash to ``expected[name]`` (bytes written: returned).
+        ``op_type`` (the json's, when the name lower-cases it) is kept on the main json
+        (:mod:`cachemgr.storage.optype`: every user's ``ls`` shows it).
 
         :raises InvalidInputError: a file part changed since its json was made.
         :raises OSError: a write failed; no temp file is left.
         """
         main = kernel + ".json"
-        # binaries and other parts first, then sub-jsons, the main json last (SPEC §3.3)
+        # binaries and other parts first, then sub-jsons, the main json last
+        # (docs/design.md#writing-and-reading-an-entry)
         order = sorted(payload, key=lambda n: (n == main, n.endswith(".json")))
         temps: list[tuple[Path, Path]] = []
         written = 0
@@ -692,10 +732,12 @@ class Store:
             for name in order:
                 dest = self.chip_dir / name
                 # no fsync: a hit verifies every binary's sha256 and parses the json, so what
-                # a power loss tears is a miss, never served (docs/compiling.md "Durability",
-                # issue 14)
+                # a power loss tears is a miss, never served (docs/compiling.md
+                # "Durability")
                 tmp, size = self._write_part(kernel, dest, payload[name], expected.get(name))
                 temps.append((tmp, dest))
+                if name == main:
+                    optype.attach(self.dir_fd, tmp.name, op_type)
                 written += size
         except BaseException:
             for tmp, _ in temps:
@@ -787,17 +829,21 @@ class Store:
     def _verify_manifest(
         self, scan: entry.ChipScan, name: str, report: VerifyReport, repair: bool
     ) -> None:
-        """A header manifest (issue 11) must parse and name at least one entry present.
-        Another member's manifest that a read would change the access time of is not read
-        (``not_checked``, like entries): it was reported bad, and ``--repair`` removed it."""
+        """A header manifest must parse and name at least one entry present — present now:
+        one whose last entry ``--repair`` removed above goes too (reported ``REPAIRED``),
+        one that names another entry still there stays. Another member's
+        manifest that a read would change the access time of is not read
+        (``not_checked_files``): it was reported bad, and ``--repair`` removed it."""
+        if fsutil.lstat_or_none(self.chip_dir / name, self.dir_fd) is None:
+            return  # removed meanwhile (with its last entry, by another process)
         try:
             kernels = manifest.kernels(self.chip_dir / name, self.dir_fd)
         except fsutil.AtimeWouldChange:
-            report.not_checked.append(name)
+            report.not_checked_files.append(name)
             return
         if kernels is None:
             problem = entry.Problem("bad_manifest", f"{name} is not a valid header manifest")
-        elif not any(k in scan.entries for k in kernels):
+        elif not any(k in scan.entries and k not in report.removed for k in kernels):
             problem = entry.Problem(entry.ORPHAN_FILE, f"{name} names no entry present")
         else:
             return
@@ -819,6 +865,11 @@ class Store:
             finding.problems.append(entry.Problem("not_removed", f"{name}: {exc}"))
             return False
 
+    def _remove_bad_entry(self, kernel: str) -> bool:
+        """``--repair`` of one entry; its manifests are judged by the pass over them that
+        follows (:meth:`_verify_manifest`), which removes those it was the last entry of."""
+        return self.remove_if_bad(kernel, manifests=False)
+
     def _verify_one(self, kernel: str, report: VerifyReport, repair: bool) -> None:
         try:
             _, problems = entry.check_entry(self.chip_dir, kernel, self.dir_fd)
@@ -831,7 +882,9 @@ class Store:
         if problems:
             finding = Finding(kernel, problems)
             if repair:
-                finding.repaired = self._repair(finding, self.remove_if_bad, kernel)
+                finding.repaired = self._repair(finding, self._remove_bad_entry, kernel)
+                if finding.repaired:
+                    report.removed.add(kernel)
             report.findings.append(finding)
 
 

@@ -1,4 +1,4 @@
-"""Storage tiers: one small interface over where entries live (issue 15 item 1).
+"""Storage tiers: one small interface over where entries live.
 
 A tier answers five questions about an entry of one chip folder (``soc_version``) and one
 kernel name: :meth:`Tier.lookup` (verified: is it there and whole?), :meth:`Tier.fetch` (its
@@ -49,7 +49,7 @@ def chip_store(
     dir_fd: int | None = None,
 ) -> Store:
     """The store of one chip folder: the one place a :class:`~cachemgr.storage.store.Store` is made
-    (issue 15 item 1: the compile path, eviction, the daemon and the CLI all come here, or
+    (the compile path, eviction, the daemon and the CLI all come here, or
     through :meth:`LocalTier.store`).
 
     :param lock_timeout_s: how long publish/removal wait for an entry's lock (seconds).
@@ -70,7 +70,7 @@ class EntryFiles:
 
     @property
     def main_json(self) -> str:
-        """The main json's file name, ``<kernel>.json`` (SPEC §3.1)."""
+        """The main json's file name, ``<kernel>.json`` (docs/design.md#files-of-an-entry)."""
         return self.kernel + ".json"
 
     @property
@@ -93,7 +93,7 @@ class TierStat:
 
 @runtime_checkable
 class Tier(Protocol):
-    """One storage tier (issue 15 item 1)."""
+    """One storage tier."""
 
     name: str
 
@@ -164,7 +164,8 @@ class LocalTier:
         return self.store(soc_version).lookup(kernel, touch=touch, held=held)
 
     def lookup(self, soc_version: str, kernel: str) -> bool:
-        """True on a verified hit (access times set to now, as for any hit; SPEC §3.3)."""
+        """True on a verified hit (access times set to now, as for any hit;
+        docs/design.md#writing-and-reading-an-entry)."""
         return self.check(soc_version, kernel).hit
 
     def fetch(
@@ -205,9 +206,9 @@ class LocalTier:
         its files are at most ``max_bytes`` together (sizes checked before anything is read
         into memory, nor hashed), else None — without side effects: a bad entry is left
         for the reaper (it may be a CANN process's write in progress on another host), and
-        no access time changes (an upload is not a use: it must not reorder eviction, SPEC
-        §5). The bytes read are checked once more against the json (a file replaced
-        meanwhile is not uploaded).
+        no access time changes (an upload is not a use: it must not reorder eviction,
+        docs/design.md#size-limits-and-eviction). The bytes read are checked once more against the
+        json (a file replaced meanwhile is not uploaded).
 
         :param owners: when given, the uid of every file read is added to it (from the
             descriptor read), for the upload's writer check (docs/remote.md#keys).
@@ -249,7 +250,8 @@ class LocalTier:
         return EntryFiles(soc_version, kernel, files)
 
     def put(self, entry_files: EntryFiles, held: EntryHold | None = None) -> bool:
-        """Publish the entry (json last, under its lock; SPEC §3.3) after checking it.
+        """Publish the entry (json last, under its lock;
+        docs/design.md#writing-and-reading-an-entry) after checking it.
 
         :raises InvalidInputError: bad names, no or bad main json, a ``sha256`` mismatch.
         :raises NoSpaceError: the filesystem is full (the sink is told).
@@ -268,7 +270,8 @@ class LocalTier:
         return result.status == "published"
 
     def remove(self, soc_version: str, kernel: str, held: EntryHold | None = None) -> bool:
-        """Remove the entry, json first, under its lock (SPEC §5)."""
+        """Remove the entry, json first, under its lock
+        (docs/design.md#size-limits-and-eviction)."""
         return bool(self.store(soc_version).remove(kernel, held=held))
 
     def stat(self) -> TierStat:

@@ -1,0 +1,280 @@
+"""Access times (layer 0): atime drives eviction (docs/design.md#size-limits-and-eviction), so
+files are read and hashed without changing it (:func:`read_bytes_noatime`,
+:func:`sha256_noatime`), a hit sets it (:func:`touch_atime`), and reads that are not hits may
+be made to refuse a read that would change it (:func:`reads_keep_atime`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import errno
+import functools
+import os
+import stat
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from cachemgr.storage.kinds import GONE_ERRNOS, HardLinkError, NotRegularFileError, at
+
+#: Files are read and hashed in chunks of this many bytes.
+READ_CHUNK_BYTES = 1 << 20
+
+
+class FileTooLargeError(OSError):
+    """A file larger than the reader's cap (bytes): never read whole into memory."""
+
+
+class AtimeWouldChange(PermissionError):
+    """Inside :func:`reads_keep_atime`: reading the file would change its access time and
+    this user could not put it back (not its owner, no ``CAP_FOWNER``)."""
+
+
+_KEEP_ATIME: contextvars.ContextVar[bool] = contextvars.ContextVar("keep_atime", default=False)
+
+
+@contextlib.contextmanager
+def reads_keep_atime() -> Iterator[None]:
+    """Reads that are not hits never reorder eviction (README: ``ls`` and
+    ``verify`` never change access times): inside this block :func:`read_bytes_noatime`
+    refuses, with :class:`AtimeWouldChange`, a read whose access-time update it could
+    neither avoid (``O_NOATIME``) nor undo (``utime``: owner or ``CAP_FOWNER`` only)."""
+    token = _KEEP_ATIME.set(True)
+    try:
+        yield
+    finally:
+        _KEEP_ATIME.reset(token)
+
+
+#: relatime's rule (mount(8)): the access time is also updated once it is a day old.
+RELATIME_MAX_AGE_S = 24 * 3600
+
+
+def read_changes_atime(st: os.stat_result, now_s: float | None = None) -> bool:
+    """Would reading a file with status ``st`` update its access time? By the options of
+    its mount (``/proc/self/mountinfo``): ``noatime`` never; ``relatime`` (the default)
+    when the access time is not after the modification or change time, or a day old;
+    ``strictatime`` (neither shown) always."""
+    opts = _mount_options(st.st_dev)
+    if "noatime" in opts:
+        return False
+    if "relatime" not in opts:
+        return True
+    now_s = time.time() if now_s is None else now_s
+    return (
+        st.st_atime_ns <= st.st_mtime_ns
+        or st.st_atime_ns <= st.st_ctime_ns
+        or now_s - st.st_atime_ns / 1e9 >= RELATIME_MAX_AGE_S
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _mount_options(dev: int) -> frozenset[str]:
+    """The per-mount options (field 6 of ``mountinfo``) of the mount with device ``dev``;
+    empty (so: strictatime, the cautious answer) when not found."""
+    want = f"{os.major(dev)}:{os.minor(dev)}"
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) > 5 and fields[2] == want:
+                    return frozenset(fields[5].split(","))
+    except OSError:
+        pass
+    return frozenset()
+
+
+@contextmanager
+def _open_noatime(
+    path: Path,
+    dir_fd: int | None = None,
+    *,
+    single_link: bool = False,
+    max_bytes: int | None = None,
+) -> Iterator[int]:
+    """Open a regular file for reading without changing its access time; yield the fd.
+
+    Uses ``O_NOATIME`` where the kernel allows it (owner or CAP_FOWNER); otherwise opens
+    normally and puts the previous atime back when done. Symlinks are refused
+    (docs/design.md#writing-and-reading-an-entry); the open never blocks (``O_NONBLOCK``) and the
+    type is checked on the descriptor.
+
+    :param dir_fd: the open folder of ``path`` (see :mod:`cachemgr.storage.safedir`).
+    :param single_link: refuse a file with more than one name (cache entries, docs/security.md
+        item 2).
+    :param max_bytes: refuse a larger file (size in bytes).
+    :raises OSError: ``ELOOP`` for a symlink, ``ENOENT`` when gone, ``EISDIR`` for a folder,
+        :class:`NotRegularFileError` for a FIFO, socket or device, :class:`HardLinkError`,
+        :class:`FileTooLargeError`.
+    """
+    # O_NONBLOCK: opening a FIFO planted in the cache must not hang (the type is checked next)
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    noatime = getattr(os, "O_NOATIME", 0)
+    restore: os.stat_result | None = None
+    name = at(path, dir_fd)
+    try:
+        fd = os.open(name, flags | noatime, dir_fd=dir_fd)
+    except PermissionError:
+        fd = os.open(name, flags, dir_fd=dir_fd)
+        restore = os.fstat(fd)
+        if _KEEP_ATIME.get() and read_changes_atime(restore):
+            os.close(fd)
+            raise AtimeWouldChange(
+                errno.EPERM,
+                f"not read: reading it would change its access time (owner uid "
+                f"{restore.st_uid}; only the owner or root may put it back)",
+                str(path),
+            ) from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(errno.EISDIR, "is a directory", str(path))
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFileError(errno.EINVAL, "not a regular file", str(path))
+        if single_link and st.st_nlink > 1:
+            raise HardLinkError(errno.EMLINK, f"has {st.st_nlink} names (hard link)", str(path))
+        if max_bytes is not None and st.st_size > max_bytes:
+            msg = f"is {st.st_size} bytes, more than {max_bytes}"
+            raise FileTooLargeError(errno.EFBIG, msg, str(path))
+        yield fd
+        if restore is not None:
+            # another user's file (docs/design.md#sharing-and-locking): only its owner may set
+            # times; relatime changes the atime of a read rarely, and the entry is still read
+            # correctly
+            with contextlib.suppress(PermissionError):
+                os.utime(fd, ns=(restore.st_atime_ns, restore.st_mtime_ns))
+    finally:
+        os.close(fd)
+
+
+def read_bytes_noatime(
+    path: Path,
+    dir_fd: int | None = None,
+    *,
+    single_link: bool = False,
+    max_bytes: int | None = None,
+    owners: set[int] | None = None,
+) -> bytes:
+    """Read a regular file without changing its access time (atime drives eviction,
+    docs/design.md#size-limits-and-eviction); never more than ``max_bytes`` (a file growing
+    meanwhile included).
+
+    :param owners: when given, the uid owning the file read is added to it (from the
+        descriptor read: no race with a file swapped under the name).
+    :raises OSError: as :func:`_open_noatime`.
+    """
+    opened = _open_noatime(path, dir_fd, single_link=single_link, max_bytes=max_bytes)
+    with opened as fd:
+        if owners is not None:
+            owners.add(os.fstat(fd).st_uid)
+        chunks = []
+        left = None if max_bytes is None else max_bytes + 1
+        while chunk := os.read(
+            fd, READ_CHUNK_BYTES if left is None else min(READ_CHUNK_BYTES, left)
+        ):
+            chunks.append(chunk)
+            if left is not None:
+                left -= len(chunk)
+                if left <= 0:
+                    msg = f"is more than {max_bytes} bytes"
+                    raise FileTooLargeError(errno.EFBIG, msg, str(path))
+    return b"".join(chunks)
+
+
+def sha256_noatime(
+    path: Path,
+    dir_fd: int | None = None,
+    *,
+    single_link: bool = False,
+    max_bytes: int | None = None,
+) -> tuple[str, int]:
+    """Hex SHA-256 and size (bytes) of a regular file, read in chunks of
+    :data:`READ_CHUNK_BYTES` — never whole into memory — without changing
+    its access time; never more than ``max_bytes`` (a file growing meanwhile included).
+
+    :raises OSError: as :func:`_open_noatime` (:class:`FileTooLargeError` over ``max_bytes``).
+    """
+    import hashlib  # here: OpenSSL's import is a hit's cost, not every command's
+
+    digest, size = hashlib.sha256(), 0
+    with _open_noatime(path, dir_fd, single_link=single_link, max_bytes=max_bytes) as fd:
+        while chunk := os.read(fd, READ_CHUNK_BYTES):
+            digest.update(chunk)
+            size += len(chunk)
+            if max_bytes is not None and size > max_bytes:
+                msg = f"is more than {max_bytes} bytes"
+                raise FileTooLargeError(errno.EFBIG, msg, str(path))
+    return digest.hexdigest(), size
+
+
+def touch_atime(path: Path, now_ns: int | None = None, dir_fd: int | None = None) -> None:
+    """Set ``path``'s access time to now and keep its modification time
+    (docs/design.md#writing-and-reading-an-entry, [GE]).
+
+    Setting an explicit time needs ownership of the file. In a cache shared by a group
+    (docs/design.md#sharing-and-locking) a hit on another user's entry must still count for
+    eviction, so for a file we do not own but may write (group-writable, umask 002) both times are
+    set to now — the one change the kernel allows a writer; the mtime of an entry's files is not
+    used by anything.
+
+    :param dir_fd: the open folder of ``path`` (``utimensat`` relative to it).
+    :raises OSError: when the file is gone, or not writable by this user either.
+    """
+    name = at(path, dir_fd)
+    if now_ns is None and _utimensat_atime_now(path, dir_fd):
+        return  # the filesystem's own time (the NFS server's): one fast host's skew does
+        # not spread through hits
+    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    now = time.time_ns() if now_ns is None else now_ns
+    try:
+        os.utime(name, ns=(now, st.st_mtime_ns), dir_fd=dir_fd, follow_symlinks=False)
+    except PermissionError:
+        if st.st_uid == os.geteuid():
+            raise
+        # UTIME_NOW for both: allowed to any user with write access
+        os.utime(name, None, dir_fd=dir_fd, follow_symlinks=False)
+
+
+_UTIME_NOW, _UTIME_OMIT = (1 << 30) - 1, (1 << 30) - 2
+
+
+_AT_FDCWD, _AT_SYMLINK_NOFOLLOW = -100, 0x100
+
+
+@functools.cache
+def _libc() -> tuple[Any, Any]:
+    """The C library (``ctypes``) and its ``struct timespec``, loaded on first use: ctypes
+    is imported by the commands that set access times only."""
+    import ctypes
+
+    class Timespec(ctypes.Structure):
+        _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+    return ctypes.CDLL(None, use_errno=True), Timespec
+
+
+def _utimensat_atime_now(path: Path, dir_fd: int | None = None) -> bool:
+    """``utimensat(path, {UTIME_NOW, UTIME_OMIT})``: the access time becomes the
+    filesystem's now, the modification time stays. False when refused (not the owner, on
+    kernels that ask for it) or unavailable: the caller falls back.
+
+    :raises OSError: the file is gone (``ENOENT``/``ESTALE``) or the filesystem read-only.
+    """
+    libc, timespec = _libc()
+    utimensat = getattr(libc, "utimensat", None)
+    if utimensat is None:
+        return False
+    times = (timespec * 2)(timespec(0, _UTIME_NOW), timespec(0, _UTIME_OMIT))
+    # relative to the open folder (docs/security.md item 1)
+    where = _AT_FDCWD if dir_fd is None else dir_fd
+    if utimensat(where, os.fsencode(at(path, dir_fd)), times, _AT_SYMLINK_NOFOLLOW) == 0:
+        return True
+    import ctypes  # loaded by _libc above
+
+    err = ctypes.get_errno()
+    if err in GONE_ERRNOS or err == errno.EROFS:
+        raise OSError(err, os.strerror(err), str(path))
+    return False

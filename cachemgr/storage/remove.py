@@ -1,0 +1,215 @@
+"""Tolerant removal (layer 0): of one name (:func:`safe_unlink`) and of whole trees, by
+descriptor and never through a link (:func:`remove_tree_at`, :func:`remove_tree`,
+:func:`open_up_tree`).
+
+Removing a file that is already gone (``ENOENT``) or that another NFS host holds
+(``ESTALE``) is normal, never fatal (docs/design.md#size-limits-and-eviction,
+#sharing-and-locking).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+from cachemgr.storage.kinds import GONE_ERRNOS, at, lstat_or_none
+
+# the logger's name is the one these warnings always had (console.LOG_FORMAT shows it)
+log = logging.getLogger("cachemgr.storage.fsutil")
+
+
+def safe_unlink(path: Path, dir_fd: int | None = None) -> bool:
+    """Remove ``path`` (a link itself, never its target); return True if this call removed
+    it, False if it was already gone.
+
+    ``ENOENT`` and ``ESTALE`` (another NFS host removed or holds it) are normal.
+
+    :param dir_fd: the open folder of ``path`` (``unlinkat``).
+    :raises OSError: for any other error (e.g. ``EACCES``).
+    """
+    try:
+        os.unlink(at(path, dir_fd), dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in GONE_ERRNOS:
+            return False
+        exc.filename = str(path)  # the full name for messages
+        raise
+    return True
+
+
+def remove_tree_at(dir_fd: int, name: str, shown: Path) -> bool:
+    """Remove the folder ``name`` of the open folder ``dir_fd`` with everything below it,
+    by descriptor (``shutil.rmtree`` with ``dir_fd``: no link is followed; a link inside is
+    removed as a link). A ``name`` that is not a real folder (a link, a file) is left.
+
+    Entries already gone (ENOENT/ESTALE) are fine; every other failure is one warning
+    naming ``shown`` / its path (``shown``: the folder ``dir_fd`` is, for messages).
+
+    :returns: True when the folder is gone, False when it stays (not a folder, or a part
+        could not be removed).
+    :raises OSError: ``name`` cannot be examined (other than gone).
+    """
+    import shutil  # here: only the commands that remove trees pay for it
+
+    st = lstat_or_none(Path(name), dir_fd)
+    if st is None:
+        return True
+    if not stat.S_ISDIR(st.st_mode):
+        return False
+    failed = False
+
+    def onerror(func: object, path: str, exc_info: tuple[object, BaseException, object]) -> None:
+        nonlocal failed
+        exc = exc_info[1]
+        if isinstance(exc, OSError) and exc.errno in GONE_ERRNOS:
+            return
+        failed = True
+        log.warning("cannot remove %s: %s", shown / path, exc)
+
+    try:
+        shutil.rmtree(name, dir_fd=dir_fd, onerror=onerror)
+    except RecursionError:  # nested deeper than Python's stack (3.11's rmtree recurses)
+        failed = False
+        _remove_deep(dir_fd, name, shown, onerror)
+    return not failed
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _remove_deep(dir_fd: int, name: str, shown: Path, onerror: Any) -> None:
+    """:func:`remove_tree_at` without recursion, for trees of any depth: one descriptor
+    open at a time, going down into the first folder left and back up through ``..``,
+    checked against the (device, inode) remembered on the way down (a folder moved
+    meanwhile stops the removal: one warning). Failures go to ``onerror``; a folder that
+    cannot be emptied is not entered again."""
+    names, ids, skip = [name], [], set[tuple[int, int]]()
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        onerror(os.open, name, (None, exc, None))
+        return
+    ids.append(_ident(os.fstat(fd)))
+    while True:
+        sub = _next_folder(fd, "/".join(names), onerror, skip)
+        if sub is not None:
+            try:
+                down = os.open(sub, _DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                onerror(os.open, "/".join([*names, sub]), (None, exc, None))
+                try:
+                    skip.add(_ident(os.stat(sub, dir_fd=fd, follow_symlinks=False)))
+                except OSError:
+                    break  # gone or unreachable: this folder is done
+                continue
+            os.close(fd)
+            fd, names, ids = down, [*names, sub], [*ids, _ident(os.fstat(down))]
+            continue
+        if len(names) == 1:
+            os.close(fd)
+            _rmdir(dir_fd, name, name, onerror)
+            return
+        try:
+            up = os.open("..", _DIR_FLAGS, dir_fd=fd)
+        except OSError as exc:
+            onerror(os.open, "/".join(names[:-1]), (None, exc, None))
+            return
+        finally:
+            os.close(fd)
+        if _ident(os.fstat(up)) != ids[-2]:
+            os.close(up)
+            moved = OSError(errno.ESTALE, "moved while it was being removed")
+            onerror(os.open, "/".join(names[:-1]), (None, moved, None))
+            return
+        if not _rmdir(up, names[-1], "/".join(names), onerror):
+            skip.add(ids[-1])
+        fd, names, ids = up, names[:-1], ids[:-1]
+
+
+def _ident(st: os.stat_result) -> tuple[int, int]:
+    return st.st_dev, st.st_ino
+
+
+def _next_folder(fd: int, shown: str, onerror: Any, skip: set[tuple[int, int]]) -> str | None:
+    """Unlink every non-folder in the open folder ``fd``; the name of a folder in it not in
+    ``skip``, or None."""
+    try:
+        entries = list(os.scandir(fd))
+    except OSError as exc:
+        onerror(os.scandir, shown, (None, exc, None))
+        return None
+    for entry in entries:
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                if _ident(entry.stat(follow_symlinks=False)) not in skip:
+                    return entry.name
+                continue
+            os.unlink(entry.name, dir_fd=fd)
+        except OSError as exc:
+            onerror(os.unlink, f"{shown}/{entry.name}", (None, exc, None))
+    return None
+
+
+def _rmdir(dir_fd: int, name: str, shown: str, onerror: Any) -> bool:
+    try:
+        os.rmdir(name, dir_fd=dir_fd)
+    except OSError as exc:
+        onerror(os.rmdir, shown, (None, exc, None))
+        return exc.errno in GONE_ERRNOS
+    return True
+
+
+def open_up_tree(path: Path) -> None:
+    """Give the owner ``rwx`` on ``path`` and every folder below it that this user owns,
+    never following a link: a process of this user (a compiler in its build folder) may have
+    left folders it made unlistable (``000``) or whose files cannot be removed (``500``),
+    and nothing else could empty them. Failures are skipped (the removal reports them).
+
+    Meant for private folders only (this user's, ``0700``), where no other process of
+    another user could swap a name for a link meanwhile.
+    """
+    uid = os.geteuid()
+    stack = [path]
+    while stack:
+        folder = stack.pop()
+        try:
+            fd = os.open(folder, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            st = os.fstat(fd)
+            if st.st_uid == uid and st.st_mode & 0o700 != 0o700:
+                os.chmod(f"/proc/self/fd/{fd}", stat.S_IMODE(st.st_mode) | 0o700)
+            rfd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
+            try:
+                for name in os.listdir(rfd):
+                    sub = lstat_or_none(Path(name), rfd)
+                    if sub is not None and stat.S_ISDIR(sub.st_mode):
+                        stack.append(folder / name)
+            finally:
+                os.close(rfd)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+
+
+def remove_tree(path: Path) -> bool:
+    """:func:`remove_tree_at` of ``path`` through its parent folder's descriptor; a parent
+    that is gone means ``path`` is gone too (True); one that cannot be opened is one
+    warning (False)."""
+    try:
+        dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in GONE_ERRNOS:
+            return True
+        log.warning("cannot remove %s: %s", path, exc)
+        return False
+    try:
+        return remove_tree_at(dfd, path.name, path.parent)
+    finally:
+        os.close(dfd)
