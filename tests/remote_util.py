@@ -116,13 +116,18 @@ class RedisServer(_ServerProcess):
         args += ["--appendonly", "no", "--dir", str(self.folder), "--protected-mode", "yes"]
         self._spawn(args, self.folder / "redis.log")
 
-        def up() -> bool:
+        def up() -> bool:  # ours: another test's server on a port taken meanwhile is not
+            if self.proc is not None and self.proc.poll() is not None:
+                return True  # it exited (the port taken?): said below, with its log
             try:
-                return bool(self.client().ping())
+                return int(self.client().info("server")["process_id"]) == self.proc.pid
             except redis.RedisError:
                 return False
 
         wait_for(up, 30, f"redis-server on port {self.port}")
+        assert self.proc is not None and self.proc.poll() is None, (
+            self.folder / "redis.log"
+        ).read_text()[-2000:]
 
 
 @pytest.fixture

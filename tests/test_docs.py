@@ -20,6 +20,7 @@ import pytest
 
 from cachemgr.cli import COMMANDS
 from tests.conftest import ROOT, run_cli
+from tests.xdist_util import shared_once
 
 README = (ROOT / "README.md").read_text()
 #: The detailed documents the README links to (moved out of it), ``security.md`` included: its
@@ -38,8 +39,10 @@ def _all_help() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def helps() -> dict[str, str]:
-    return _all_help()
+def helps(request: pytest.FixtureRequest) -> dict[str, str]:
+    """Every ``--help`` text, made once per run (some 30 CLI runs): the suite's xdist workers
+    share them through a file in the run's shared folder."""
+    return shared_once(request.config, "help-texts", _all_help)
 
 
 def test_readme_and_help_refer_to_nothing_a_user_lacks(helps: dict[str, str]) -> None:

@@ -52,6 +52,7 @@ def _run_measured(args: list[str], env: dict[str, str], tmp: Path) -> tuple[int,
     return out.returncode, out.stdout, out.stderr, int(peak.read_text()) / 1024
 
 
+@pytest.mark.serial  # the server's scan of 240 MiB of names has a time budget
 def test_a_redis_index_of_giant_names_costs_warm_no_memory_and_hides_no_entry(
     redis_server: RedisServer, tmp_path: Path, clean_env: dict[str, str]
 ) -> None:
@@ -70,8 +71,9 @@ def test_a_redis_index_of_giant_names_costs_warm_no_memory_and_hides_no_entry(
 
     root = tmp_path / "cache"
     args = ["warm", "--json", "--cache-dir", str(root), "--soc", SOC]
-    # the memory is the point: a loaded test host may take ~2 s to scan 60 giants
-    remote = redis_server.url + "|operation-timeout=10000"
+    # the memory is the point: a loaded test host may take ~2 s to scan 60 giants (over 5 s
+    # at load 13 beside other workers: the scan stopped at its budget and listed nothing)
+    remote = redis_server.url + "|operation-timeout=30000"
     args += ["--remote", remote, "--config", str(keys_config(tmp_path))]
     code, out, err, peak_mb = _run_measured(args, clean_env, tmp_path)
     assert code == 0, err
@@ -81,7 +83,7 @@ def test_a_redis_index_of_giant_names_costs_warm_no_memory_and_hides_no_entry(
     lines = [ln for ln in err.splitlines() if "passed over" in ln]
     assert len(lines) == 1, err
     assert "60 member(s) passed over" in lines[0] and "250 bytes a name" in lines[0], lines
-    assert f"{redis_tier.MAX_SKIPPED} passed over, 5000 ms a read)" in lines[0], lines
+    assert f"{redis_tier.MAX_SKIPPED} passed over, 15000 ms a read)" in lines[0], lines
     assert "Traceback" not in err
     for kernel in real:
         assert (root / "kernel_cache" / SOC / f"{kernel}.json").is_file()
