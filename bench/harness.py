@@ -43,10 +43,12 @@ __all__ = [
     "Row",
     "editable_cachemgr",
     "installed_cachemgr",
+    "load_average",
     "load_note",
     "measured_env",
     "ratio_of",
     "ratio_row",
+    "ratio_text",
     "timed_runs",
     "warm_bytecode",
 ]
@@ -164,30 +166,47 @@ def ratio_row(
     )
 
 
+#: A command to time: its argv and the environment it runs with.
+Command = tuple[Sequence[str], Mapping[str, str]]
+
+
 def timed_runs(
-    commands: Mapping[str, tuple[Sequence[str], Mapping[str, str]]], rounds: int
+    commands: Mapping[str, Command] | Callable[[int], Mapping[str, Command]],
+    rounds: int,
+    *,
+    expect: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
 ) -> dict[str, list[float]]:
     """Wall time (seconds) of each command per round: the commands interleaved, their order
     rotated each round (a noisy neighbour hits all alike); round 0 warms up and is not kept.
-    Each child runs with :func:`measured_env` of its environment. Index ``i`` of every list
-    is the same round: pass two of them to :func:`ratio_row`.
+    ``commands`` may be a function of the round (0 … ``rounds``), e.g. a fresh kernel per
+    round for misses; the names must stay the same. Each child runs with
+    :func:`measured_env` of its environment; ``expect`` maps a name to how its stdout must
+    begin (``"hit"``), checked on every run kept (round 0 may
+    fill a cache). Index ``i`` of every list is the same round:
+    pass two of them to :func:`ratio_row`.
 
-    :raises RuntimeError: a command exited non-zero (its stderr's tail in the message).
+    :raises RuntimeError: a command exited non-zero or printed something else than expected
+        (its output's tail in the message).
     """
-    names = list(commands)
-    envs = {n: measured_env(env) for n, (_, env) in commands.items()}
-    times: dict[str, list[float]] = {n: [] for n in names}
+    times: dict[str, list[float]] = {}
     for r in range(rounds + 1):
+        this = commands(r) if callable(commands) else commands
+        names = list(this)
         order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
-            argv = list(commands[name][0])
+            argv, env = this[name]
+            child_env = measured_env(env)
             start = time.perf_counter()
-            proc = subprocess.run(argv, env=envs[name], capture_output=True)
+            proc = subprocess.run(list(argv), env=child_env, cwd=cwd, capture_output=True)
             took = time.perf_counter() - start
             if proc.returncode != 0:
                 raise RuntimeError(f"{name}: exit {proc.returncode}: {proc.stderr[-300:]!r}")
+            want = (expect or {}).get(name) if r else None
+            if want is not None and not proc.stdout.decode(errors="replace").startswith(want):
+                raise RuntimeError(f"{name}: expected {want!r}, got {proc.stdout[-300:]!r}")
             if r:
-                times[name].append(took)
+                times.setdefault(name, []).append(took)
     return times
 
 
@@ -266,7 +285,9 @@ def _status(row: Row) -> str:
     return "MISSED" + (f" (at {row.ratio:.2f}×)" if row.ratio is not None else "")
 
 
-def _ratio(row: Row) -> str:
+def ratio_text(row: Row) -> str:
+    """``row``'s ratio as the tables print it: ``"2.00× (1.83–2.40)"`` (min–max over the
+    repetitions), ``"2.00×"`` when not repeated, ``"-"`` without one."""
     if row.ratio is None:
         return "-"
     if row.ratio_min is None or row.ratio_max is None:
@@ -283,7 +304,7 @@ def table(rows: list[Row]) -> str:
     for r in rows:
         base = f"{r.baseline_name}: {_fmt(r.baseline_value)} {r.unit}" if r.baseline_name else "-"
         lines.append(
-            f"| {r.case} | {r.metric} | {_fmt(r.value)} {r.unit} | {base} | {_ratio(r)} | "
+            f"| {r.case} | {r.metric} | {_fmt(r.value)} {r.unit} | {base} | {ratio_text(r)} | "
             f"{r.target or '-'} | {_status(r)} | {r.load or '-'} | {r.note} |"
         )
     return "\n".join(lines)

@@ -117,7 +117,7 @@ _INSTALLED: list[Install] = []
 
 def installed_cachemgr(work_root: Path | None = None) -> Install:
     """A virtualenv with ``pip install .`` (not editable) of the checkout as it is now, made
-    once per benchmark run (in ``work_root``, default the system temp folder; removed at exit)
+    once per benchmark run (in ``work_root``, default ``/var/tmp``; removed at exit)
     and byte code warm.
 
     The checkout is copied first (its ``build/`` stays clean); ``--no-deps``: the dependencies
@@ -129,6 +129,9 @@ def installed_cachemgr(work_root: Path | None = None) -> Install:
     """
     if _INSTALLED:
         return _INSTALLED[0]
+    if work_root is None:  # on the real disk, as the .venv is (/tmp may be tmpfs)
+        var_tmp = Path("/var/tmp")
+        work_root = var_tmp if os.access(var_tmp, os.W_OK) else None
     folder = Path(tempfile.mkdtemp(prefix="bench-installed-", dir=work_root))
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
     venv = folder / "venv"
