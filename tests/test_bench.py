@@ -6,14 +6,16 @@ import json
 import os
 import re
 import statistics
+import subprocess
 import sys
 import types
 from pathlib import Path
 
 import pytest
 
-from bench import harness
+from bench import harness, install
 from bench.harness import Row
+from cachemgr.constants import VERSION
 
 
 def test_merge_replaces_only_its_section() -> None:
@@ -96,3 +98,20 @@ def test_warm_bytecode_compiles_the_measured_modules(
     tag = sys.implementation.cache_tag
     assert (package / "__pycache__" / f"mod.{tag}.pyc").is_file()
     assert (package / "__pycache__" / f"__init__.{tag}.pyc").is_file()
+
+
+def test_installed_cachemgr_is_the_checkout_installed_without_edit_hooks(tmp_path: Path) -> None:
+    found = install.installed_cachemgr(tmp_path)
+    assert found.kind == "installed" and found.venv.is_relative_to(tmp_path)
+    code = "import json, cachemgr, click; print(json.dumps([cachemgr.__file__, click.__file__]))"
+    out = subprocess.run(
+        [str(found.python), "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True
+    )
+    for module_file in json.loads(out.stdout):
+        assert Path(module_file).is_relative_to(found.venv), module_file
+    site = next(found.venv.glob("lib/python3*/site-packages"))
+    assert not list(site.glob("__editable__*"))
+    assert list((site / "cachemgr" / "__pycache__").glob("main.*.pyc"))  # byte code warm
+    version = subprocess.run([str(found.script), "--version"], capture_output=True, text=True)
+    assert version.returncode == 0 and VERSION in version.stdout
+    assert install.installed_cachemgr(tmp_path) is found  # once per run
