@@ -29,6 +29,7 @@ average while measured.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import statistics
@@ -48,6 +49,7 @@ from bench.harness import (
     installed_cachemgr,
     load_average,
     load_note,
+    measured_env,
     ratio_row,
     ratio_text,
     timed_runs,
@@ -607,11 +609,17 @@ def _cli_kinds() -> list[Install]:
 
 
 def _cli_commands(
-    work: Path, kinds: list[Install], ccache: str, req: CompileRequest, tag: str
+    work: Path,
+    kinds: list[Install],
+    ccache: str,
+    req: CompileRequest,
+    tag: str,
+    daemon_run: Path | None = None,
 ) -> dict[str, Command]:
     """One request as each tool runs it, one process each: ``gcc`` (the compile a hit saves),
     ``ccache gcc`` (its own cache folder), and ``cachemgr compile`` of every install (each
-    its own cache folder; no daemon reachable: the in-process route)."""
+    its own cache folder; no daemon reachable: the in-process route) — with ``daemon_run``
+    (the ``XDG_RUNTIME_DIR`` of a daemon serving ``work/cache-daemon``) also through it."""
     request = _request_files(work, [req])[0]
     argv = _argv(req, work / "gcc-out" / tag)
     base = {**_env(), "HOME": str(work), "XDG_RUNTIME_DIR": str(_mkdir(work / "no-run"))}
@@ -626,7 +634,28 @@ def _cli_commands(
             [str(kind.script), "compile", "--cache-dir", str(cache), str(request)],
             base,
         )
+        if daemon_run is not None:
+            commands[f"{kind.kind}-daemon"] = (
+                [str(kind.script), "compile", "--cache-dir", str(work / "cache-daemon"),
+                 str(request)],
+                {**base, "XDG_RUNTIME_DIR": str(daemon_run)},
+            )  # fmt: skip
     return commands
+
+
+def _check_daemon_route(commands: dict[str, Command]) -> None:
+    """Each ``…-daemon`` command's answer is a hit served through the daemon.
+
+    :raises RuntimeError: it was answered another way (e.g. in process).
+    """
+    for name, (argv, env) in commands.items():
+        if name.endswith("-daemon"):
+            proc = subprocess.run([*argv, "--json"], env=measured_env(env), capture_output=True)
+            answer = json.loads(proc.stdout) if proc.returncode == 0 else {}
+            if answer.get("status") != "hit" or answer.get("route", {}).get("via") != "daemon":
+                raise RuntimeError(
+                    f"{name}: expected a hit through the daemon, got {proc.stdout!r}"
+                )
 
 
 def _cli_rows(work: Path, quick: bool) -> list[Row]:
@@ -649,11 +678,20 @@ def _cli_rows(work: Path, quick: bool) -> list[Row]:
         expect=dict.fromkeys(names, "compiled"),
     )  # fmt: skip
     rows += _cli_table(misses, names, "miss, a new softmax_c variant each", load_note(since))
-    since = load_average()
+    from bench import cases_daemon  # it imports this module
+
     hit_req = load_request(REQUESTS / f"{CLI_HIT_EXAMPLE}.json")
-    commands = _cli_commands(work, kinds, ccache, hit_req, "hit")
-    hits = timed_runs(commands, 5 if quick else 21, expect=dict.fromkeys(names, "hit"))
-    rows += _cli_table(hits, names, f"hit, {CLI_HIT_EXAMPLE}", load_note(since))
+    proc, _ = cases_daemon._start(_mkdir(work / "d"), work / "cache-daemon")
+    try:
+        commands = _cli_commands(work, kinds, ccache, hit_req, "hit", work / "d" / "run")
+        names = [n for n in commands if n not in ("gcc", "ccache")]
+        since = load_average()
+        hits = timed_runs(commands, 5 if quick else 21, expect=dict.fromkeys(names, "hit"))
+        load = load_note(since)
+        _check_daemon_route(commands)
+    finally:
+        cases_daemon._stop(proc)
+    rows += _cli_table(hits, names, f"hit, {CLI_HIT_EXAMPLE}", load)
     return rows
 
 
@@ -661,7 +699,12 @@ def _cli_table(times: dict[str, list[float]], names: list[str], what: str, load:
     """Each cachemgr CLI row, then ccache's beside it; all against the plain gcc of the same
     rounds, and cachemgr's against the ccache run in the same round too (in the note)."""
     rows = []
-    label = {"installed": "installed (pip install .)", "editable": "editable .venv"}
+    label = {
+        "installed": "installed (pip install .)",
+        "editable": "editable .venv",
+        "installed-daemon": "installed (pip install .), through the daemon",
+        "editable-daemon": "editable .venv, through the daemon",
+    }
     for name in names:
         vs_ccache = ratio_row("", "", times[name], "ccache", times["ccache"])
         rows.append(
@@ -670,7 +713,7 @@ def _cli_table(times: dict[str, list[float]], names: list[str], what: str, load:
                 f"`cachemgr compile`, {label.get(name, name)}: {what}",
                 times[name], "gcc -c, same command", times["gcc"], load=load,
                 note=f"vs the ccache run beside it: {ratio_text(vs_ccache)}; one process per "
-                "request, no daemon",
+                f"request, {'through a running daemon' if 'daemon' in name else 'no daemon'}",
             )
         )  # fmt: skip
     rows.append(
@@ -682,8 +725,6 @@ def _cli_table(times: dict[str, list[float]], names: list[str], what: str, load:
 
 
 def _request_files(work: Path, reqs: list[CompileRequest]) -> list[Path]:
-    import json
-
     folder = Path(tempfile.mkdtemp(prefix="reqs-", dir=work))
     paths = []
     for i, req in enumerate(reqs):
