@@ -277,12 +277,17 @@ def _fmt(x: float | None) -> str:
     return f"{x:.3g}" if abs(x) < 1000 else f"{x:,.0f}"
 
 
+def _ratio_target(row: Row) -> bool:
+    """Whether ``row``'s target is a ratio (``"≤ 1.5× …"``), not an absolute (``"≤ 1 ms"``)."""
+    return row.ratio is not None and "×" in row.target
+
+
 def _status(row: Row) -> str:
     if row.met is None:
         return ""
     if row.met:
         return "met"
-    return "MISSED" + (f" (at {row.ratio:.2f}×)" if row.ratio is not None else "")
+    return "MISSED" + (f" (at {row.ratio:.2f}×)" if _ratio_target(row) else "")
 
 
 def ratio_text(row: Row) -> str:
@@ -403,7 +408,7 @@ def main(argv: list[str] | None = None, echo: Callable[[str], None] = print) -> 
         echo(table(rows))
         for r in rows:
             if r.met is False:
-                gap = f" gap {r.ratio:.2f}×" if r.ratio is not None else ""
+                gap = f" gap {r.ratio:.2f}×" if _ratio_target(r) else ""
                 echo(
                     f"MISSED {r.case} {r.metric}: {_fmt(r.value)} {r.unit}, target {r.target};{gap}"
                 )

@@ -115,3 +115,10 @@ def test_installed_cachemgr_is_the_checkout_installed_without_edit_hooks(tmp_pat
     version = subprocess.run([str(found.script), "--version"], capture_output=True, text=True)
     assert version.returncode == 0 and VERSION in version.stdout
     assert install.installed_cachemgr(tmp_path) is found  # once per run
+
+
+def test_a_missed_absolute_target_is_not_reported_as_a_ratio() -> None:
+    row = Row("c", "p50", 1.2, "ms", "floor", 0.8, 1.5, "≤ 1 ms", False)
+    assert "| MISSED |" in harness.table([row])
+    ratio = Row("c", "p50", 1.2, "ms", "floor", 0.8, 1.5, "≤ 1.2× floor", False)
+    assert "| MISSED (at 1.50×) |" in harness.table([ratio])
