@@ -671,13 +671,15 @@ def _cli_rows(work: Path, quick: bool) -> list[Row]:
     names = [k.kind for k in kinds]
     rows = []
     since = load_average()
+    cpu: dict[str, list[float]] = {}
     misses = timed_runs(
         lambda r: _cli_commands(work, kinds, ccache, _variant("softmax_c", work, 90_000 + r, True),
                                 f"miss-{r}"),
         3 if quick else 12,
         expect=dict.fromkeys(names, "compiled"),
+        cpu=cpu,
     )  # fmt: skip
-    rows += _cli_table(misses, names, "miss, a new softmax_c variant each", load_note(since))
+    rows += _cli_table(misses, cpu, names, "miss, a new softmax_c variant each", load_note(since))
     from bench import cases_daemon  # it imports this module
 
     hit_req = load_request(REQUESTS / f"{CLI_HIT_EXAMPLE}.json")
@@ -686,18 +688,31 @@ def _cli_rows(work: Path, quick: bool) -> list[Row]:
         commands = _cli_commands(work, kinds, ccache, hit_req, "hit", work / "d" / "run")
         names = [n for n in commands if n not in ("gcc", "ccache")]
         since = load_average()
-        hits = timed_runs(commands, 5 if quick else 21, expect=dict.fromkeys(names, "hit"))
+        cpu = {}
+        hits = timed_runs(commands, 5 if quick else 21, expect=dict.fromkeys(names, "hit"), cpu=cpu)
         load = load_note(since)
         _check_daemon_route(commands)
     finally:
         cases_daemon._stop(proc)
-    rows += _cli_table(hits, names, f"hit, {CLI_HIT_EXAMPLE}", load)
+    rows += _cli_table(hits, cpu, names, f"hit, {CLI_HIT_EXAMPLE}", load)
     return rows
 
 
-def _cli_table(times: dict[str, list[float]], names: list[str], what: str, load: str) -> list[Row]:
+def _cli_table(
+    times: dict[str, list[float]],
+    cpu: dict[str, list[float]],
+    names: list[str],
+    what: str,
+    load: str,
+) -> list[Row]:
     """Each cachemgr CLI row, then ccache's beside it; all against the plain gcc of the same
-    rounds, and cachemgr's against the ccache run in the same round too (in the note)."""
+    rounds, and cachemgr's against the ccache run in the same round too (in the note), with
+    each one's CPU time (less swayed by the load than wall time)."""
+
+    def cpu_text(name: str) -> str:
+        ms = statistics.median(cpu[name]) * 1e3
+        return f"CPU {ms:.0f} ms, {ratio_text(ratio_row('', '', cpu[name], 'gcc', cpu['gcc']))}"
+
     rows = []
     label = {
         "installed": "installed (pip install .)",
@@ -705,6 +720,7 @@ def _cli_table(times: dict[str, list[float]], names: list[str], what: str, load:
         "installed-daemon": "installed (pip install .), through the daemon",
         "editable-daemon": "editable .venv, through the daemon",
     }
+    route = {True: "through a running daemon (its CPU not counted)", False: "no daemon"}
     for name in names:
         vs_ccache = ratio_row("", "", times[name], "ccache", times["ccache"])
         rows.append(
@@ -712,14 +728,15 @@ def _cli_table(times: dict[str, list[float]], names: list[str], what: str, load:
                 f"CLI {what.split(',')[0]}",
                 f"`cachemgr compile`, {label.get(name, name)}: {what}",
                 times[name], "gcc -c, same command", times["gcc"], load=load,
-                note=f"vs the ccache run beside it: {ratio_text(vs_ccache)}; one process per "
-                f"request, {'through a running daemon' if 'daemon' in name else 'no daemon'}",
+                note=f"vs the ccache run beside it: {ratio_text(vs_ccache)}; {cpu_text(name)} "
+                f"of gcc's {statistics.median(cpu['gcc']) * 1e3:.0f} ms; one process per request, "
+                f"{route['daemon' in name]}",
             )
         )  # fmt: skip
     rows.append(
         ratio_row(f"CLI {what.split(',')[0]}", f"`ccache gcc`: {what}", times["ccache"],
                   "gcc -c, same command", times["gcc"], load=load,
-                  note="ccache 4 (Debian), its own cache folder")
+                  note=f"ccache 4 (Debian), its own cache folder; {cpu_text('ccache')}")
     )  # fmt: skip
     return rows
 

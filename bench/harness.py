@@ -17,6 +17,7 @@ import importlib
 import os
 import platform
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -176,6 +177,7 @@ def timed_runs(
     *,
     expect: Mapping[str, str] | None = None,
     cwd: Path | None = None,
+    cpu: dict[str, list[float]] | None = None,
 ) -> dict[str, list[float]]:
     """Wall time (seconds) of each command per round: the commands interleaved, their order
     rotated each round (a noisy neighbour hits all alike); round 0 warms up and is not kept.
@@ -184,7 +186,9 @@ def timed_runs(
     :func:`measured_env` of its environment; ``expect`` maps a name to how its stdout must
     begin (``"hit"``), checked on every run kept (round 0 may
     fill a cache). Index ``i`` of every list is the same round:
-    pass two of them to :func:`ratio_row`.
+    pass two of them to :func:`ratio_row`. With ``cpu``, each kept run's CPU time (user +
+    system seconds of the child and the children it waited for, from ``getrusage``) is
+    appended there too, by name: on a loaded host it swings far less than wall time.
 
     :raises RuntimeError: a command exited non-zero or printed something else than expected
         (its output's tail in the message).
@@ -197,9 +201,11 @@ def timed_runs(
         for name in order:
             argv, env = this[name]
             child_env = measured_env(env)
+            before = _children_cpu()
             start = time.perf_counter()
             proc = subprocess.run(list(argv), env=child_env, cwd=cwd, capture_output=True)
             took = time.perf_counter() - start
+            used = _children_cpu() - before
             if proc.returncode != 0:
                 raise RuntimeError(f"{name}: exit {proc.returncode}: {proc.stderr[-300:]!r}")
             want = (expect or {}).get(name) if r else None
@@ -207,7 +213,14 @@ def timed_runs(
                 raise RuntimeError(f"{name}: expected {want!r}, got {proc.stdout[-300:]!r}")
             if r:
                 times.setdefault(name, []).append(took)
+                if cpu is not None:
+                    cpu.setdefault(name, []).append(used)
     return times
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def discover(only: str | None = None) -> list[ModuleType]:

@@ -44,8 +44,12 @@ def test_ratio_row_gives_min_max_over_paired_runs_and_the_load() -> None:
     floor = [sys.executable, "-c", "pass"]
     heavier = [sys.executable, "-c", "import json, logging, pathlib, dataclasses"]
     since = harness.load_average()
-    times = harness.timed_runs({"floor": (floor, {}), "heavier": (heavier, {})}, rounds=5)
+    cpu: dict[str, list[float]] = {}
+    commands = {"floor": (floor, {}), "heavier": (heavier, {})}
+    times = harness.timed_runs(commands, rounds=5, cpu=cpu)
     assert len(times["floor"]) == len(times["heavier"]) == 5
+    for name, used in cpu.items():  # a child's CPU time is within its wall time
+        assert len(used) == 5 and all(0 < c <= t for c, t in zip(used, times[name], strict=True))
     row = harness.ratio_row(
         "start-up", "imports", times["heavier"], "python -c pass", times["floor"],
         target=100.0, load=harness.load_note(since),
