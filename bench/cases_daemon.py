@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import cases_compile, cases_eviction
-from bench.harness import Row, load_average, load_note, ratio_of, ratio_row
+from bench.harness import Row, load_average, load_note, measured_env, ratio_of, ratio_row
 from cachemgr.client import Client
 from cachemgr.compile.queue import CompileQueue
 from cachemgr.compile.request import parse_request
@@ -54,7 +54,10 @@ ROUNDS = 3
 
 
 def _start(work: Path, cache: Path, *extra: str) -> tuple[subprocess.Popen[bytes], Path]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ASCEND_", "CACHEMGR_"))}
+    """A daemon serving ``cache`` with its runtime folder in ``work``; returns once it is
+    READY (sd_notify). Its environment is :func:`measured_env`'s: its memory is measured, and
+    modules compiled from source on every start would add to its peak."""
+    env = {k: v for k, v in measured_env().items() if not k.startswith(("ASCEND_", "CACHEMGR_"))}
     env.update(HOME=str(work), XDG_RUNTIME_DIR=str(work / "run"), XDG_STATE_HOME=str(work / "st"))
     (work / "run").mkdir(mode=0o700, exist_ok=True)
     notify_path = work / f"notify-{time.monotonic_ns()}"
