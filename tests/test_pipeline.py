@@ -6,6 +6,7 @@ compile and its publish into a real chip folder."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import time
 from pathlib import Path
@@ -123,7 +124,8 @@ def test_key_step_covers_each_header_but_the_manifest_name_does_not(tmp_path, cl
     before = pipeline.key(gathered)
     assert before.kernel == keys.kernel_name("Scale", before.key)
     header = str(src.parent / "scale.h")
-    changed = dataclasses.replace(gathered.inputs, headers={header: "0" * 64})
+    other = hashlib.sha256(b"#define FACTOR 3\n").hexdigest()
+    changed = dataclasses.replace(gathered.inputs, headers={header: other})
     after = pipeline.key(dataclasses.replace(gathered, inputs=changed))
     assert after.key != before.key
     assert pipeline.base_key(tools, changed) == pipeline.base_key(tools, gathered.inputs)

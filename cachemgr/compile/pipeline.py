@@ -280,9 +280,10 @@ def _find_headers(t: Toolchain, snap: inputs.Snapshot, where: Path) -> tuple[inp
             return dataclasses.replace(snap, headers=headers, absent=absent), False
     request = t.request
     source = inputs.read_input(request.kernel_source, "kernel_source")
-    if (
-        inputs.reads_only_system_headers(source, request.language, request.include_dirs, t.env)
-        and hashlib.sha256(source).hexdigest() == snap.source_sha256
+    digest = hashlib.sha256(source).hexdigest()
+    dirs = request.include_dirs
+    if digest == snap.source_sha256 and inputs.reads_only_system_headers(
+        source, request.language, dirs, t.env, digest
     ):
         return dataclasses.replace(snap, headers={}), True
     got = inputs.scan_headers(t.backend, _listing_job(t), t.identity)
