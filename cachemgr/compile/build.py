@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from cachemgr.compile import environment, inputs, kernel_meta, policy, tempdirs
 from cachemgr.compile.request import CompileRequest, RequestOptions
 from cachemgr.compile.results import CompileOutcome, Policy, Status
-from cachemgr.compilers import CompileJob, CompilerBackend
+from cachemgr.compilers import CompileJob, CompilerBackend, CompilerIdentity
 from cachemgr.storage import chiplock, fsutil, partcopy
 from cachemgr.storage.safedir import SafeDir
 
@@ -56,6 +56,8 @@ class Prepared:
     opts: RequestOptions
     decision: policy.Decision
     backend: CompilerBackend
+    #: the compiler's identity the key was computed with (``backend.identity()`` then)
+    identity: CompilerIdentity
     key: str
     kernel: str
     chip_dir: Path

@@ -272,7 +272,9 @@ def _source(t: Toolchain) -> inputs.Snapshot:
 def _find_headers(t: Toolchain, snap: inputs.Snapshot, where: Path) -> tuple[inputs.Snapshot, bool]:
     """``snap`` with its headers: from the manifest ``where`` when every file it names still
     has its digest (a read of the cache: not for ``disable`` or debug), else from a
-    dependency scan of the caller's files; True when it was scanned."""
+    dependency scan of the caller's files; True when it was scanned. A source that reads
+    only system headers needs no scan, and its bytes, read and hashed here, are its
+    frozen inputs (:func:`freeze`)."""
     if t.decision.cache.read and not t.decision.debug.on:
         found = manifest.match(where, inputs.current_digest, searched.still_absent)
         if found is not None:
@@ -284,8 +286,9 @@ def _find_headers(t: Toolchain, snap: inputs.Snapshot, where: Path) -> tuple[inp
     dirs = request.include_dirs
     if digest == snap.source_sha256 and inputs.reads_only_system_headers(
         source, request.language, dirs, t.env, digest
-    ):
-        return dataclasses.replace(snap, headers={}), True
+    ):  # the bytes just hashed are all its inputs: frozen now, not read again by freeze
+        data = {str(request.kernel_source): source}
+        return dataclasses.replace(snap, headers={}, data=data), True
     got = inputs.scan_headers(t.backend, _listing_job(t), t.identity)
     return dataclasses.replace(
         snap, headers=got.headers, absent=got.absent, uncached=got.uncached
@@ -326,6 +329,7 @@ def key(g: Gathered) -> Prepared:
         opts=t.decided.resolved.opts,
         decision=_without_cache_if(t.decision, snap.uncached),
         backend=t.backend,
+        identity=t.identity,
         key=kernel_key,
         kernel=keys.kernel_name(t.request.op_type, kernel_key),
         chip_dir=t.chip_dir,
