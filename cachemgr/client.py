@@ -540,7 +540,7 @@ class _LocalHits:
         :raises InvalidInputError: a bad request (the same one line the daemon would give).
         :raises CompileError: the dependency listing failed (a missing header...).
         """
-        from cachemgr.compile import build
+        from cachemgr.compile import pipeline
 
         try:
             settings, compilers = self._state()
@@ -549,7 +549,7 @@ class _LocalHits:
             return None
         request = self._parsed.get(data, base, origin="compile request")
         try:
-            return build.prepare(request, settings, compilers, 60.0)
+            return pipeline.prepare(request, settings, compilers, pipeline.JobOptions())
         except (InvalidInputError, CompileError):
             raise
         except (CacheMgrError, OSError) as exc:
@@ -564,15 +564,15 @@ class _LocalHits:
 
         :raises InvalidInputError: an input that cannot be read, or one that keeps changing.
         """
-        from cachemgr.compile import build, inputs
+        from cachemgr.compile import inputs, pipeline
 
         for _ in range(3):
-            frozen = build.freeze(prepared)
+            frozen = pipeline.freeze(prepared)
             if frozen is not None:
                 return inputs.to_wire(frozen.inputs)
             settings, compilers = self._state()
             request = self._parsed.get(data, base, origin="compile request")
-            prepared = build.prepare(request, settings, compilers, 60.0)
+            prepared = pipeline.prepare(request, settings, compilers, pipeline.JobOptions())
         raise InvalidInputError(
             f"{prepared.request.kernel_source} (or a header) kept changing while it was read"
         )
@@ -582,13 +582,13 @@ class _LocalHits:
     ) -> CompileOutcome:
         """The answer for a request that failed here, before the daemon was asked (a header
         missing from the dependency listing): ``failed``, with the policy decided for it
-        (:func:`cachemgr.build.failed_before_prepared`), or an unresolved one."""
-        from cachemgr.compile import build
+        (:func:`cachemgr.compile.pipeline.failed_before_prepared`), or an unresolved one."""
+        from cachemgr.compile import build, pipeline
 
         try:
             settings, _ = self._state()
             request = self._parsed.get(data, base, origin="compile request")
-            out = build.failed_before_prepared(request, settings, error)
+            out = pipeline.failed_before_prepared(request, settings, error, pipeline.JobOptions())
         except (CacheMgrError, OSError, KeyError, TypeError, ValueError):
             out = CompileOutcome.failed_early(build.error_text(error))
         seconds = time.perf_counter() - start
@@ -608,7 +608,7 @@ class _LocalHits:
 
     def lookup_prepared(self, prepared: build.Prepared, start: float) -> CompileOutcome | None:
         """A verified hit for ``prepared`` served here, or None."""
-        from cachemgr.compile import build
+        from cachemgr.compile import build, pipeline
 
         if self.disabled:
             return None
@@ -618,7 +618,7 @@ class _LocalHits:
                 return None
             if decision.cache.clear_first:  # force: the daemon clears, then compiles
                 return None
-            outcome = build.find_cached(prepared)
+            outcome = pipeline.find_cached(prepared)
         except (CacheMgrError, OSError, KeyError, TypeError, ValueError) as exc:
             log.debug("local hit path not taken: %s", exc)
             return None

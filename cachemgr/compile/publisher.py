@@ -168,7 +168,7 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
     :raises LockBusyError: the chip lock was not obtained within ``ctx.lock_timeout_s`` (a
         ``force`` that never ends; the entry lock's timeout compiles outside the cache).
     """
-    timed = volatile.why_uncached(p.inputs, p.env, p.backend, p.backend.identity())
+    timed = volatile.why_uncached(p.inputs, p.env, p.backend, p.identity)
     if timed is not None:  # its binary holds the time of its compile (docs/compiling.md)
         return _compile_outside(p, ctx, timed)
     try:
@@ -226,7 +226,7 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
             job = dataclasses.replace(job, depfile=build_dir / ".deps.d")
         result = p.backend.compile(job)
         stale = inputs.reads_not_hashed(
-            p.inputs, p.backend, p.backend.identity(), job, build_dir / SOURCES_DIR
+            p.inputs, p.backend, p.identity, job, build_dir / SOURCES_DIR
         )
         if stale:  # the bytes compiled are not all the bytes hashed: never cache them
             lock.release()
