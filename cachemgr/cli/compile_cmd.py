@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import click
 from click.core import ParameterSource
 
-from cachemgr.cli import human
+from cachemgr.cli import directrecord, human
 from cachemgr.cli.common import (
     Route,
     Seconds,
@@ -28,7 +29,7 @@ from cachemgr.cli.common import (
 )
 from cachemgr.cli.lockcheck import checked_for_writing
 from cachemgr.compile.queue import DEFAULT_TIMEOUT_S, CompileOutcome, CompileQueue
-from cachemgr.compile.request import load_request
+from cachemgr.compile.request import CompileRequest, load_request
 from cachemgr.compile.results import Status
 from cachemgr.config.configfile import MAX_WORKERS
 from cachemgr.errors import CacheMgrError, InvalidInputError
@@ -228,7 +229,10 @@ def compile_cmd(
         "soc_version": None,
         **extra,
     }
-    settings = checked_for_writing(settings, cli_values, config_file)  # as the daemon
+    checked = checked_for_writing(settings, cli_values, config_file)  # as the daemon
+    # a run on a fallback cache (its note printed) gets no direct memo
+    memo_ok = checked.layout.kernel_cache_dir == settings.layout.kernel_cache_dir
+    settings = checked
     # the counters live in the cache (docs/commands.md#what-stats-counts); a run answered by
     # precompiled binaries alone made no kernel cache folder: the flush makes it
     counters = CounterBook(lambda: settings.layout.kernel_cache_dir, create=True)
@@ -251,7 +255,7 @@ def compile_cmd(
         remotes=tiers,
     )
     try:
-        sys.exit(_compile_here(queue, requests, replace, as_json, where))
+        sys.exit(_compile_here(queue, requests, replace, as_json, where, memo_ok))
     finally:
         queue.close()
         if tiers is not None:  # the uploads queued by this run go, if they can go soon
@@ -262,15 +266,26 @@ def compile_cmd(
 
 
 def _compile_here(
-    queue: CompileQueue, requests: tuple[Path, ...], replace: bool, as_json: bool, where: Route
+    queue: CompileQueue,
+    requests: tuple[Path, ...],
+    replace: bool,
+    as_json: bool,
+    where: Route,
+    memo_ok: bool = True,
 ) -> int:
     """Submit every request to the in-process queue, then report each in order (a progress
-    bar on a terminal). Returns the exit code: 1 if any failed, 2 if any was invalid."""
+    bar on a terminal). Returns the exit code: 1 if any failed, 2 if any was invalid. A
+    plain hit of a single request leaves its direct memo (:mod:`cachemgr.cli.directrecord`)
+    unless ``memo_ok`` is False or the run warned."""
     bad_input, failed = 0, 0
     futures: list[tuple[Path, Future[CompileOutcome] | CacheMgrError]] = []
+    loaded: list[CompileRequest] = []
+    warned = directrecord.WarningCount()
+    logging.getLogger().addHandler(warned)
     for path in requests:
         try:
-            futures.append((path, queue.submit(load_request(path), replace=replace)))
+            loaded.append(load_request(path))
+            futures.append((path, queue.submit(loaded[-1], replace=replace)))
         except CacheMgrError as exc:
             futures.append((path, exc))
     with human.progress(human.bars_enabled(as_json), "compile", len(futures), "kernel") as bar:
@@ -282,9 +297,23 @@ def _compile_here(
             else:
                 outcome = fut.result()
                 failed += not outcome.ok
-                _report(outcome, as_json, where)
+                doc = _report(outcome, as_json, where)
+                plain = memo_ok and not replace and not where.notice and not warned.count
+                if plain and len(requests) == 1:
+                    directrecord.record(loaded[0], path, outcome, doc, queue, _absent_socket(where))
             bar.update(1)
+    logging.getLogger().removeHandler(warned)
     return 1 if failed else 2 if bad_input else 0
+
+
+def _absent_socket(where: Route) -> str | None:
+    """The default socket whose absence routed the run here; None when it was routed here
+    whatever is there (``--local``, an in-process-only option)."""
+    if where.reason.startswith("no daemon answers at the default socket"):
+        from cachemgr.client import default_socket_path
+
+        return str(default_socket_path())
+    return None
 
 
 #: Options that only an in-process queue honours: given on the command line, they route
@@ -377,7 +406,8 @@ def _compile_via_daemon(
     return 1 if failed else 2 if bad_input else 0
 
 
-def _report(outcome: CompileOutcome, as_json: bool, where: Route) -> None:
+def _report(outcome: CompileOutcome, as_json: bool, where: Route) -> dict[str, Any] | None:
+    """Print one outcome; returns the ``--json`` object printed (None for text)."""
     if outcome.warning:  # e.g. compiled but not cached: a read-only root
         warning(outcome.warning)
     if outcome.note and not as_json:  # e.g. force: local only, remote tiers untouched
@@ -385,16 +415,17 @@ def _report(outcome: CompileOutcome, as_json: bool, where: Route) -> None:
     if as_json:
         doc = {**outcome.to_json(), "via": outcome.via or where.via, "route": where.to_json()}
         click.echo(json.dumps(doc, ensure_ascii=False))
-        return
+        return doc
     if not outcome.ok:
         _failed_line(outcome.kernel_name or outcome.request, outcome.seconds)
         click.echo(f"cachemgr: error: {outcome.request}: {outcome.error}", err=True)
-        return
+        return None
     folder = outcome.files[0].parent if outcome.files else ""
     parts = " ".join(f.name.removeprefix(outcome.kernel_name) for f in outcome.files)
     report_line(
         f"{outcome.status:8} {outcome.kernel_name}  {outcome.seconds:.3f}s  {folder}/ {parts}"
     )
+    return None
 
 
 def _report_error(path: Path, message: str, as_json: bool, where: Route) -> None:

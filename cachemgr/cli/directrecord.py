@@ -1,0 +1,214 @@
+"""Writing the direct memo of a ``cachemgr compile`` hit (:mod:`cachemgr.direct`, which
+reads it and says what it holds and why that is enough).
+
+The full path calls :func:`record` after it printed a hit. The request is prepared again
+(its source and headers hashed, the header manifest matched, the compiler identified: as
+for the hit itself) and the memo lists what that preparation read; a memo is written only
+for the plain case the lean path reproduces exactly — the local route with no daemon
+passed by, default verbosity, one request, a hit from the chip folder, no warning, no note,
+no remote tier, no precompiled binary looked for first, no debug, no ``force``, headers
+from the manifest (no dependency listing) — and never when anything differs between the
+hit and this second preparation. Best effort: a memo that cannot be written costs only
+the next hit its speed (one debug line).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from cachemgr import direct
+from cachemgr.compile import build, keys
+from cachemgr.compile.queue import CompileOutcome, CompileQueue
+from cachemgr.compile.request import CompileRequest
+from cachemgr.compile.results import Status
+from cachemgr.compilers import stamp
+from cachemgr.compilers.base import identity_cache_file
+from cachemgr.console import VERBOSITY
+from cachemgr.constants import VERSION
+from cachemgr.errors import CacheMgrError
+from cachemgr.storage import entry, fsutil
+
+log = logging.getLogger(__name__)
+
+#: The ``argv`` ``cachemgr.main`` started the click CLI with (None: click was called
+#: another way, e.g. by a test's runner, and no memo is written).
+ARGV: list[str] | None = None
+#: Languages whose compiler is found on ``PATH`` alone (covered by the ``PATH`` folders'
+#: status); nvcc's own search order also looks in fixed folders.
+LANGUAGES = ("c", "cpp", "cce")
+
+
+class WarningCount(logging.Handler):
+    """Counts the warnings logged during a run: a run that logged one gets no memo (the lean
+    path would not print it)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.count += 1
+
+
+def record(
+    request: CompileRequest,
+    request_path: Path,
+    outcome: CompileOutcome,
+    doc: dict[str, Any] | None,
+    queue: CompileQueue,
+    socket: str | None,
+) -> None:
+    """Write the memo of the hit ``outcome`` (of ``request`` from ``request_path``) when it
+    is the plain case (module docstring); ``doc`` is the ``--json`` object printed (None for
+    text), ``socket`` the default socket whose absence routed the run here (None: routed
+    here whatever is there). Never raises."""
+    if ARGV is None or VERBOSITY.level != 0 or outcome.status != Status.HIT:
+        return
+    try:
+        memo = _memo(request, request_path, outcome, doc, queue, socket)
+        if memo is not None:
+            write(direct.fingerprint(ARGV, VERSION), memo)
+    except (CacheMgrError, OSError, ValueError) as exc:
+        log.debug("no direct memo for %s: %s", request_path, exc)
+
+
+def _memo(
+    request: CompileRequest,
+    request_path: Path,
+    outcome: CompileOutcome,
+    doc: dict[str, Any] | None,
+    queue: CompileQueue,
+    socket: str | None,
+) -> dict[str, Any] | None:
+    """The memo's content, or None when the hit is not the plain case."""
+    settings = queue.settings
+    if outcome.warning or outcome.note or outcome.tier not in (None, "local") or not outcome.files:
+        return None
+    if settings.problems or request.language not in LANGUAGES:
+        return None
+    compilers = keys.Compilers.of(settings)
+    p = build.prepare(request, settings, compilers, queue.timeout_s)
+    d = p.decision
+    plain = d.cache.read and d.cache.write and not d.binary_first and not d.debug.on
+    if not plain or d.cache.clear_first or d.cache.replace or p.scanned or p.note:
+        return None
+    if p.kernel != outcome.kernel_name or outcome.files[0].parent != p.chip_dir:
+        return None
+    if p.opts.op_debug_config or p.inputs.uncached or p.inputs.headers is None:
+        return None
+    if p.manifest_path.parent != p.chip_dir:
+        return None
+    jsons, binaries, header = _entry(p.chip_dir, p.kernel)
+    files: list[list[Any]] = [[str(request.kernel_source), p.inputs.source_sha256]]
+    files += [[path, digest] for path, digest in sorted(p.inputs.headers.items())]
+    for path in (settings.config.path, settings.value("ini_path"), identity_cache_file()):
+        if path is not None:
+            files.append([str(path), _digest_or_absent(str(path))])
+    ident = compilers.identity(request.language)
+    mode = stamp.check_mode(settings.sections.get("compilers", {}))
+    tools = stamp.compiler_files(ident.path)
+    stats = [[f, direct.file_state(f)] for f in tools]
+    name = os.path.basename(ident.path)
+    for folder in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        stats.append([folder, direct.file_state(folder)])
+        stats.append([os.path.join(folder, name), direct.file_state(os.path.join(folder, name))])
+    kcache = str(p.chip_dir.parent)
+    return {
+        "format": direct.FORMAT,
+        "requests": [[str(request_path), direct.input_digest(str(request_path))]],
+        "files": files,
+        "absent": sorted(p.inputs.absent),
+        "stats": stats,
+        "modes": [[f, direct.folder_mode(f)] for f in (str(p.chip_dir.parent.parent), kcache)]
+        + [[str(p.chip_dir), direct.folder_mode(str(p.chip_dir))]],
+        "links": [[ident.path, tools[0]]],
+        "compiler_check": mode,
+        "socket": socket,
+        "chip_dir": str(p.chip_dir),
+        "kernel_cache": kcache,
+        "kernel": p.kernel,
+        "jsons": jsons,
+        "binaries": binaries,
+        "header": header,
+        "manifest": [p.manifest_path.name, _chip_digest(p.chip_dir, p.manifest_path.name)],
+        "doc": doc,
+    }
+
+
+def _digest_or_absent(path: str) -> str | None:
+    """The file's digest; None when it does not exist.
+
+    :raises ValueError: it exists but cannot be read as an input (no memo then).
+    """
+    if not os.path.lexists(path):
+        return None
+    digest = direct.input_digest(path)
+    if digest is None:
+        raise ValueError(f"{path} cannot be read")
+    return digest
+
+
+def _chip_digest(chip_dir: Path, name: str) -> str:
+    """SHA-256 of a file of the chip folder, read as the entry readers read."""
+    return hashlib.sha256(fsutil.read_bytes_noatime(chip_dir / name, single_link=True)).hexdigest()
+
+
+def _entry(chip_dir: Path, kernel: str) -> tuple[list[list[str]], list[list[str]], str | None]:
+    """The entry's jsons with their bytes' digests, its binaries with the digests their
+    jsons name, and its optional header — from one read of each json, parsed as a hit parses
+    it.
+
+    :raises OSError, CacheMgrError: the entry cannot be read or is bad now.
+    """
+    seen: dict[str, bytes] = {}
+
+    def read(name: str) -> bytes:
+        seen[name] = fsutil.read_bytes_noatime(
+            chip_dir / name, single_link=True, max_bytes=entry.MAX_JSON_BYTES
+        )
+        return seen[name]
+
+    desc = entry.parse_entry(chip_dir, kernel, read=read)
+    problems = entry.verify_entry(chip_dir, desc)
+    if problems:
+        raise ValueError(problems[0].detail)
+    names = [desc.json_name, *desc.sub_jsons]
+    jsons = [[n, hashlib.sha256(seen[n]).hexdigest()] for n in names]
+    binaries = [[b.bin_name, b.sha256] for b in desc.binaries]
+    return jsons, binaries, desc.header
+
+
+def write(name: str, memo: dict[str, Any]) -> None:
+    """Write ``memo`` as ``<memo folder>/<name>.json``: a private folder (``0700``, made
+    here) and file (``0600``), replaced atomically; beyond :data:`direct.MAX_MEMOS` the
+    oldest memos go.
+
+    :raises OSError: the folder is not this user's own, or the write failed.
+    """
+    folder = direct.memo_dir()
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    st = os.lstat(folder)
+    if st.st_uid != os.geteuid() or not os.path.isdir(folder) or os.path.islink(folder):
+        raise OSError(f"{folder} is not this user's own folder")
+    if st.st_mode & 0o077:
+        os.chmod(folder, 0o700)
+    data = json.dumps(memo, ensure_ascii=False).encode("utf-8", "surrogateescape")
+    dest = Path(folder) / f"{name}.json"
+    fsutil.atomic_write_bytes(dest, data, mode=0o600, sync=False)
+    _prune(folder)
+
+
+def _prune(folder: str) -> None:
+    """Keep the newest :data:`direct.MAX_MEMOS` memos."""
+    with os.scandir(folder) as it:
+        memos = [e for e in it if e.name.endswith(".json") and e.is_file(follow_symlinks=False)]
+    if len(memos) <= direct.MAX_MEMOS:
+        return
+    memos.sort(key=lambda e: e.stat(follow_symlinks=False).st_mtime_ns)
+    for old in memos[: len(memos) - direct.MAX_MEMOS]:
+        fsutil.safe_unlink(Path(old.path))
