@@ -15,9 +15,16 @@
 * **sandbox**: the same compiler argv alone, under the daemon's limits only (``prlimit``: a
   compile for the daemon's own user) and in the allow-list view (``bwrap`` + ``prlimit``:
   another user's compile), interleaved; the median of the pairs' ratios. Informational.
-* **ccache**: the same C kernels through ``ccache gcc`` (the Debian package, installed with
-  apt-get when missing): misses, hits; cachemgr's hits in-process and as one CLI process per
-  request (ccache is one process per call). Informational.
+* **ccache**: the same C kernels through ``ccache gcc`` (the Debian package; ``scripts/bench``
+  installs it when missing) and the in-process queue: misses, hits. Informational.
+* **CLI**: ``cachemgr compile REQUEST.json``, one process per request as a build runs it, for
+  the non-editable ``pip install .`` users get and the checkout's editable ``.venv`` (byte code
+  warm, ``PYTHONDONTWRITEBYTECODE`` unset), each beside ``ccache gcc`` of the same command and
+  the plain ``gcc``, interleaved in the same rounds: misses, then warm hits of
+  ``examples/requests/add_c.json``. Informational (the start-up case holds the CLI targets).
+
+Every ratio is the median of paired repetitions' ratios, with their min–max, and the load
+average while measured.
 """
 
 from __future__ import annotations
@@ -26,14 +33,26 @@ import os
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.harness import ROOT, Row, ratio_of
+from bench.harness import (
+    ROOT,
+    Command,
+    Install,
+    Row,
+    editable_cachemgr,
+    installed_cachemgr,
+    load_average,
+    load_note,
+    ratio_of,
+    ratio_row,
+    ratio_text,
+    timed_runs,
+)
 from cachemgr.compile.build import CompileOutcome
 from cachemgr.compile.queue import CompileQueue
 from cachemgr.compile.request import CompileRequest, load_request, parse_request
@@ -65,14 +84,22 @@ def _settings(work: Path) -> options.Settings:
     return options.resolve(cli={"op_compiler_cache_dir": str(work / "cache")}, env=env, cwd=work)
 
 
-def _variant(example: str, work: Path, i: int) -> CompileRequest:
-    """The example request with one extra define, so every ``i`` is a distinct kernel."""
+def _variant(example: str, work: Path, i: int, own_source: bool = False) -> CompileRequest:
+    """The example request with one extra define, so every ``i`` is a distinct kernel; with
+    ``own_source`` also a copy of its source with one more line of code (ccache hashes the
+    preprocessed source, not an unused define: only a new source is a miss for it too)."""
     req = load_request(REQUESTS / f"{example}.json")
+    source = req.kernel_source
+    if own_source:
+        source = _mkdir(work / "sources") / f"{i}-{req.kernel_source.name}"
+        source.write_text(
+            req.kernel_source.read_text() + f"\nconst int cachemgr_bench_variant_{i} = {i};\n"
+        )
     data: dict[str, Any] = {
         "op_type": req.op_type,
         "soc_version": req.soc_version,
         "language": req.language,
-        "kernel_source": str(req.kernel_source),
+        "kernel_source": str(source),
         "kernel_entry": req.kernel_entry,
         "inputs": [t.to_json() for t in req.inputs],
         "outputs": [t.to_json() for t in req.outputs],
@@ -384,8 +411,12 @@ def _sandbox_rows(work: Path, quick: bool) -> list[Row]:
 # --- pool vs xargs ----------------------------------------------------------------------------
 
 
-def _c_requests(work: Path, variants: int, base: int) -> list[CompileRequest]:
-    return [_variant(f"{k}_c", work, base + v) for v in range(variants) for k in C_KERNELS]
+def _c_requests(
+    work: Path, variants: int, base: int, own_source: bool = False
+) -> list[CompileRequest]:
+    return [
+        _variant(f"{k}_c", work, base + v, own_source) for v in range(variants) for k in C_KERNELS
+    ]
 
 
 def _time_queue(
@@ -476,17 +507,8 @@ def _reserve_rows(work: Path, quick: bool) -> list[Row]:
 
 
 def ensure_ccache() -> str | None:
-    """Path of ccache, installing the Debian package (``apt-get update`` first) when missing;
-    None when that is not possible."""
-    found = shutil.which("ccache")
-    if found or not shutil.which("apt-get"):
-        return found
-    for argv in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "ccache"]):
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        proc = subprocess.run(argv, capture_output=True, text=True, env=env)
-        if proc.returncode != 0:
-            print(f"bench: {' '.join(argv)} failed: {proc.stderr[-300:]}", file=sys.stderr)
-            return None
+    """Path of ccache (``scripts/bench`` installs the Debian package when it may); None when
+    it is not installed."""
     return shutil.which("ccache")
 
 
@@ -500,10 +522,13 @@ def _each(calls: list[Callable[[], object]]) -> list[float]:
 
 
 def _ccache_rows(work: Path, quick: bool) -> list[Row]:
+    """The same C kernels through ``ccache gcc`` and the in-process queue, kernel by kernel:
+    misses, then hits (each kernel's pair is one repetition)."""
     ccache = ensure_ccache()
     if ccache is None:
-        return [Row("vs ccache", "miss", 0.0, "ms", note="skipped: ccache not available")]
-    reqs = _c_requests(work, 1 if quick else 3, 50_000)
+        return [Row("vs ccache", "miss", 0.0, "ms", note="skipped: ccache not installed")]
+    since = load_average()
+    reqs = _c_requests(work, 1 if quick else 3, 50_000, own_source=True)
     env = {**_env(), "CCACHE_DIR": str(work / "ccache"), "CCACHE_NOSTATS": "1"}
 
     def via_ccache(i: int, req: CompileRequest) -> Callable[[], object]:
@@ -515,20 +540,101 @@ def _ccache_rows(work: Path, quick: bool) -> list[Row]:
     with CompileQueue(_settings(work / "cm"), workers=1) as queue:
         cm_calls = [lambda r=r: queue.compile(r) for r in reqs]
         cm_miss, cm_hit = _each(cm_calls), _each(cm_calls)
-    files = _request_files(work, reqs)
-    argv = [sys.executable, "-m", "cachemgr", "compile", "--cache-dir", str(work / "cm" / "cache")]
-    cli_hit = _each([lambda f=f: subprocess.run([*argv, str(f)], check=True, env=_env(),
-                                                capture_output=True) for f in files])  # fmt: skip
-    n = f"{len(reqs)} C kernels, sequential, median"
+    n = f"{len(reqs)} C kernels, sequential"
+    load = load_note(since)
     return [
-        Row("vs ccache", "miss", _ms(cm_miss), "ms", "ccache gcc", _ms(cc_miss),
-            ratio_of(_ms(cm_miss), _ms(cc_miss)), note=n),
-        Row("vs ccache", "hit (in-process queue)", _ms(cm_hit), "ms", "ccache gcc",
-            _ms(cc_hit), ratio_of(_ms(cm_hit), _ms(cc_hit)), note=n),
-        Row("vs ccache", "hit (one `cachemgr compile` process each)", _ms(cli_hit), "ms",
-            "ccache gcc", _ms(cc_hit), ratio_of(_ms(cli_hit), _ms(cc_hit)),
-            note=n + "; includes Python start-up"),
+        ratio_row("vs ccache", "miss (in-process queue)", cm_miss, "ccache gcc miss", cc_miss,
+                  note=n, load=load),
+        ratio_row("vs ccache", "hit (in-process queue)", cm_hit, "ccache gcc hit", cc_hit,
+                  note=n, load=load),
     ]  # fmt: skip
+
+
+# --- one process per request: cachemgr's CLI beside ccache and gcc ---------------------------
+
+#: The request the CLI hit rows ask for: the small C kernel of the examples.
+CLI_HIT_EXAMPLE = "add_c"
+
+
+def _cli_kinds() -> list[Install]:
+    """The cachemgr installs whose CLI is measured: ``pip install .`` as users get it and the
+    checkout's editable ``.venv``."""
+    return [installed_cachemgr(), editable_cachemgr()]
+
+
+def _cli_commands(
+    work: Path, kinds: list[Install], ccache: str, req: CompileRequest, tag: str
+) -> dict[str, Command]:
+    """One request as each tool runs it, one process each: ``gcc`` (the compile a hit saves),
+    ``ccache gcc`` (its own cache folder), and ``cachemgr compile`` of every install (each
+    its own cache folder; no daemon reachable: the in-process route)."""
+    request = _request_files(work, [req])[0]
+    argv = _argv(req, work / "gcc-out" / tag)
+    base = {**_env(), "HOME": str(work), "XDG_RUNTIME_DIR": str(_mkdir(work / "no-run"))}
+    commands: dict[str, Command] = {
+        "gcc": (argv, base),
+        "ccache": ([ccache, *_argv(req, work / "cc-out" / tag)],
+                   {**base, "CCACHE_DIR": str(work / "ccache"), "CCACHE_NOSTATS": "1"}),
+    }  # fmt: skip
+    for kind in kinds:
+        cache = work / f"cache-{kind.kind}"
+        commands[kind.kind] = (
+            [str(kind.script), "compile", "--cache-dir", str(cache), str(request)],
+            base,
+        )
+    return commands
+
+
+def _cli_rows(work: Path, quick: bool) -> list[Row]:
+    """``cachemgr compile`` as one process per request — installed and editable — each beside
+    a ``ccache gcc`` of the same command and the plain ``gcc``, interleaved in the same rounds:
+    misses (a fresh kernel each round, a miss for every cache alike), then warm hits of
+    ``examples/requests/add_c.json``."""
+    ccache = ensure_ccache()
+    if ccache is None:
+        return [Row("CLI vs ccache", "hit", 0.0, "ms", note="skipped: ccache not installed")]
+    work.mkdir(parents=True)
+    kinds = _cli_kinds()
+    names = [k.kind for k in kinds]
+    rows = []
+    since = load_average()
+    misses = timed_runs(
+        lambda r: _cli_commands(work, kinds, ccache, _variant("softmax_c", work, 90_000 + r, True),
+                                f"miss-{r}"),
+        3 if quick else 12,
+        expect=dict.fromkeys(names, "compiled"),
+    )  # fmt: skip
+    rows += _cli_table(misses, names, "miss, a new softmax_c variant each", load_note(since))
+    since = load_average()
+    hit_req = load_request(REQUESTS / f"{CLI_HIT_EXAMPLE}.json")
+    commands = _cli_commands(work, kinds, ccache, hit_req, "hit")
+    hits = timed_runs(commands, 5 if quick else 21, expect=dict.fromkeys(names, "hit"))
+    rows += _cli_table(hits, names, f"hit, {CLI_HIT_EXAMPLE}", load_note(since))
+    return rows
+
+
+def _cli_table(times: dict[str, list[float]], names: list[str], what: str, load: str) -> list[Row]:
+    """Each cachemgr CLI row, then ccache's beside it; all against the plain gcc of the same
+    rounds, and cachemgr's against the ccache run in the same round too (in the note)."""
+    rows = []
+    label = {"installed": "installed (pip install .)", "editable": "editable .venv"}
+    for name in names:
+        vs_ccache = ratio_row("", "", times[name], "ccache", times["ccache"])
+        rows.append(
+            ratio_row(
+                f"CLI {what.split(',')[0]}",
+                f"`cachemgr compile`, {label.get(name, name)}: {what}",
+                times[name], "gcc -c, same command", times["gcc"], load=load,
+                note=f"vs the ccache run beside it: {ratio_text(vs_ccache)}; one process per "
+                "request, no daemon",
+            )
+        )  # fmt: skip
+    rows.append(
+        ratio_row(f"CLI {what.split(',')[0]}", f"`ccache gcc`: {what}", times["ccache"],
+                  "gcc -c, same command", times["gcc"], load=load,
+                  note="ccache 4 (Debian), its own cache folder")
+    )  # fmt: skip
+    return rows
 
 
 def _request_files(work: Path, reqs: list[CompileRequest]) -> list[Path]:
@@ -566,4 +672,5 @@ def run(workdir: Path, quick: bool) -> list[Row]:
     rows += _pool_rows(workdir / "pool", quick)
     rows += _reserve_rows(workdir / "reserve", quick)
     rows += _ccache_rows(workdir / "ccache", quick)
+    rows += _cli_rows(workdir / "cli", quick)
     return rows

@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import statistics
+import sys
+import types
+from pathlib import Path
+
 import pytest
 
 from bench import harness
@@ -28,3 +36,63 @@ def test_discover_finds_case_modules_and_refuses_unknown_names() -> None:
     assert "eviction" in names
     with pytest.raises(SystemExit, match="no case module named 'nope'"):
         harness.discover("nope")
+
+
+def test_ratio_row_gives_min_max_over_paired_runs_and_the_load() -> None:
+    floor = [sys.executable, "-c", "pass"]
+    heavier = [sys.executable, "-c", "import json, logging, pathlib, dataclasses"]
+    since = harness.load_average()
+    times = harness.timed_runs({"floor": (floor, {}), "heavier": (heavier, {})}, rounds=5)
+    assert len(times["floor"]) == len(times["heavier"]) == 5
+    row = harness.ratio_row(
+        "start-up", "imports", times["heavier"], "python -c pass", times["floor"],
+        target=100.0, load=harness.load_note(since),
+    )  # fmt: skip
+    pairs = [a / b for a, b in zip(times["heavier"], times["floor"], strict=True)]
+    assert row.ratio_min == min(pairs) and row.ratio_max == max(pairs)
+    assert row.ratio == statistics.median(pairs) and row.met is True
+    assert row.value == statistics.median(times["heavier"]) * 1e3 and row.unit == "ms"
+    assert re.fullmatch(r"\d+\.\d→\d+\.\d", row.load)
+    line = harness.table([row]).splitlines()[-1]
+    assert f"{row.ratio:.2f}× ({min(pairs):.2f}–{max(pairs):.2f})" in line
+    assert f"| {row.load} |" in line and "≤ 100× python -c pass" in line
+    with pytest.raises(ValueError, match="5 samples vs 4 baseline samples"):
+        harness.ratio_row("c", "m", times["heavier"], "floor", times["floor"][:4])
+
+
+def test_rows_without_their_own_load_get_the_cases(tmp_path: Path) -> None:
+    module = types.ModuleType("bench.cases_probe")
+    module.NAME = "probe"  # type: ignore[attr-defined]
+    module.run = lambda work, quick: [  # type: ignore[attr-defined]
+        Row("c", "m", 1.0, "s"),
+        Row("c", "m2", 1.0, "s", load="0.5"),
+    ]
+    rows = harness.run_case(module, quick=True, work_root=tmp_path)
+    assert re.fullmatch(r"\d+\.\d→\d+\.\d \(case\)", rows[0].load) and rows[1].load == "0.5"
+
+
+def test_a_measured_child_writes_byte_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """This host sets PYTHONDONTWRITEBYTECODE: a measured child must not inherit it."""
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    seen = tmp_path / "seen.json"
+    probe = (
+        "import json, os, sys; json.dump([os.environ.get('PYTHONDONTWRITEBYTECODE'), "
+        f"sys.dont_write_bytecode], open({str(seen)!r}, 'w'))"
+    )
+    harness.timed_runs({"probe": ([sys.executable, "-c", probe], dict(os.environ))}, rounds=1)
+    assert json.loads(seen.read_text()) == [None, False]
+
+
+def test_warm_bytecode_compiles_the_measured_modules(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    package = tmp_path / "warmpkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "mod.py").write_text("VALUE = 1\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    harness.warm_bytecode(Path(sys.executable), ["warmpkg"], site_packages=False)
+    tag = sys.implementation.cache_tag
+    assert (package / "__pycache__" / f"mod.{tag}.pyc").is_file()
+    assert (package / "__pycache__" / f"__init__.{tag}.pyc").is_file()
