@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
+import marshal
 import os
 import stat
 import sys
@@ -58,6 +58,10 @@ if TYPE_CHECKING:  # not at run time: typing costs ~2.5 ms of start-up
 
 #: The memo's format (a memo of another format is not read).
 FORMAT = 1
+#: A memo's file name: ``<fingerprint><MEMO_SUFFIX>``. Its content is :mod:`marshal`'s (a
+#: dict of strings, numbers and lists, written and read by the same interpreter version:
+#: the fingerprint holds it): built in, where :mod:`json` imports :mod:`re` (~3 ms).
+MEMO_SUFFIX = ".memo"
 #: The largest memo read (bytes).
 MAX_MEMO_BYTES = 256 * 1024
 #: Memos kept in the folder; the oldest go when a new one is written beyond it.
@@ -119,19 +123,22 @@ def memo_dir(env: Any = None) -> str:
 
 def fingerprint(argv: list[str], version: str) -> str:
     """Hex SHA-256 of what the memo cannot re-check: ``argv``, the current folder, the whole
-    environment, the effective user and groups, the host name and cachemgr's ``version``."""
+    environment (but ``$_``, the shell's name of the program it ran: ``cachemgr`` or
+    ``python``, read by nobody), the effective user and groups, the host name and
+    cachemgr's ``version``."""
     doc = [
         FORMAT,
         version,
+        sys.implementation.cache_tag,
         argv,
         os.getcwd(),
-        sorted(os.environ.items()),
+        sorted(item for item in os.environ.items() if item[0] != "_"),
         os.geteuid(),
         os.getegid(),
         sorted(os.getgroups()),
         os.uname().nodename,
     ]
-    return sha256_hex(json.dumps(doc).encode("utf-8", "surrogateescape"))
+    return sha256_hex(repr(doc).encode("utf-8", "surrogateescape"))
 
 
 def file_state(path: str) -> list[int] | None:
@@ -303,10 +310,10 @@ def load(argv: list[str], version: str) -> dict[str, Any]:
 
     :raises Decline: none, not private, unreadable, of another format.
     """
-    name = fingerprint(argv, version) + ".json"
+    name = fingerprint(argv, version) + MEMO_SUFFIX
     try:
-        memo = json.loads(_private_read(memo_dir(), name))
-    except ValueError:
+        memo = marshal.loads(_private_read(memo_dir(), name))
+    except (ValueError, EOFError, TypeError):
         raise Decline("memo unreadable") from None
     if not isinstance(memo, dict) or memo.get("format") != FORMAT:
         raise Decline("memo of another format")
@@ -467,17 +474,45 @@ def _read_stats(path: str) -> dict[str, int]:
         os.close(fd)
     if len(raw) > MAX_STATS_BYTES:
         raise Decline("stats file too big")
+    counts = parse_counts(raw)
+    if counts is None:
+        raise Decline("stats file not in the form cachemgr writes")
+    return counts
+
+
+def parse_counts(raw: bytes) -> dict[str, int] | None:
+    """The counters of a stats file in exactly the form :func:`dump_counts` (and so
+    :func:`cachemgr.storage.counters._write`: ``json.dumps`` with sorted keys) writes —
+    ``{"name": 12, ...}``, names of letters, digits and ``_``, values ``0 <= v < 2**63`` —
+    else None (the full path's JSON reader then takes it, and words any warning). Without
+    :mod:`json`, which imports :mod:`re`."""
     try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        raise Decline("stats file damaged") from None
-    if not isinstance(data, dict):
-        return {}
-    return {
-        str(k): v
-        for k, v in data.items()
-        if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**63
-    }
+        text = raw.decode("ascii")
+    except UnicodeDecodeError:
+        return None
+    if not (text.startswith("{") and text.endswith("}")):
+        return None
+    counts: dict[str, int] = {}
+    body = text[1:-1]
+    for item in body.split(", ") if body else []:
+        name, sep, value = item.partition(": ")
+        key = name[1:-1]
+        plain = name.startswith('"') and name.endswith('"') and key.replace("_", "a").isalnum()
+        if not sep or not plain or not value.isdigit() or key in counts:
+            return None
+        if (value != "0" and value.startswith("0")) or int(value) >= 2**63:
+            return None
+        counts[key] = int(value)
+    if dump_counts(counts) != raw:
+        return None
+    return counts
+
+
+def dump_counts(counts: dict[str, int]) -> bytes:
+    """``json.dumps(counts, sort_keys=True).encode()`` for names of letters, digits and
+    ``_`` and integer values (the stats files' form)."""
+    inner = ", ".join(f'"{k}": {int(v)}' for k, v in sorted(counts.items()))
+    return ("{" + inner + "}").encode("ascii")
 
 
 def _write_stats(kcache: str, path: str, values: dict[str, int]) -> None:
@@ -488,7 +523,7 @@ def _write_stats(kcache: str, path: str, values: dict[str, int]) -> None:
     """
     from cachemgr.constants import short_host
 
-    data = json.dumps(dict(sorted(values.items())), sort_keys=True).encode()
+    data = dump_counts(values)
     mode = (_FILE_MODE & ~0o007) | (os.stat(kcache).st_mode & 0o004)
     token = os.urandom(4).hex()
     tmp = f"{path}.{short_host()}.{os.getpid()}.{token}.temp"
@@ -613,6 +648,8 @@ def _line(memo: dict[str, Any], names: list[str], seconds: float) -> str:
         doc = dict(doc)
         doc["files"] = [os.path.join(chip_dir, n) for n in names]
         doc["seconds"] = round(seconds, 6)
+        import json  # only for --json: it imports re
+
         return json.dumps(doc, ensure_ascii=False)
     parts = " ".join(n.removeprefix(kernel) for n in names)
     return f"{'hit':8} {kernel}  {seconds:.3f}s  {chip_dir}/ {parts}"

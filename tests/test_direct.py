@@ -107,7 +107,7 @@ class Kit:
     def memos(self) -> list[Path]:
         """The memo files written so far."""
         folder = self.tmp / "xdg-cache" / "cachemgr" / "direct"
-        return sorted(folder.glob("*.json")) if folder.is_dir() else []
+        return sorted(folder.glob("*.memo")) if folder.is_dir() else []
 
     def hits(self) -> int:
         """The ``hits`` counter of the chip folder's stats file."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import marshal
 import os
 from pathlib import Path
 from typing import Any
@@ -136,7 +137,8 @@ def _memo(
         "binaries": binaries,
         "header": header,
         "manifest": [p.manifest_path.name, _chip_digest(p.chip_dir, p.manifest_path.name)],
-        "doc": doc,
+        # plain types for marshal (the status is a str subclass): as printed
+        "doc": None if doc is None else json.loads(json.dumps(doc)),
     }
 
 
@@ -184,9 +186,9 @@ def _entry(chip_dir: Path, kernel: str) -> tuple[list[list[str]], list[list[str]
 
 
 def write(name: str, memo: dict[str, Any]) -> None:
-    """Write ``memo`` as ``<memo folder>/<name>.json``: a private folder (``0700``, made
-    here) and file (``0600``), replaced atomically; beyond :data:`direct.MAX_MEMOS` the
-    oldest memos go.
+    """Write ``memo`` as ``<memo folder>/<name>.memo`` (:mod:`marshal`): a private folder
+    (``0700``, made here) and file (``0600``), replaced atomically; beyond
+    :data:`direct.MAX_MEMOS` the oldest memos go.
 
     :raises OSError: the folder is not this user's own, or the write failed.
     """
@@ -197,8 +199,8 @@ def write(name: str, memo: dict[str, Any]) -> None:
         raise OSError(f"{folder} is not this user's own folder")
     if st.st_mode & 0o077:
         os.chmod(folder, 0o700)
-    data = json.dumps(memo, ensure_ascii=False).encode("utf-8", "surrogateescape")
-    dest = Path(folder) / f"{name}.json"
+    data = marshal.dumps(memo)
+    dest = Path(folder) / f"{name}{direct.MEMO_SUFFIX}"
     fsutil.atomic_write_bytes(dest, data, mode=0o600, sync=False)
     _prune(folder)
 
@@ -206,7 +208,11 @@ def write(name: str, memo: dict[str, Any]) -> None:
 def _prune(folder: str) -> None:
     """Keep the newest :data:`direct.MAX_MEMOS` memos."""
     with os.scandir(folder) as it:
-        memos = [e for e in it if e.name.endswith(".json") and e.is_file(follow_symlinks=False)]
+        memos = [
+            e
+            for e in it
+            if e.name.endswith(direct.MEMO_SUFFIX) and e.is_file(follow_symlinks=False)
+        ]
     if len(memos) <= direct.MAX_MEMOS:
         return
     memos.sort(key=lambda e: e.stat(follow_symlinks=False).st_mtime_ns)
