@@ -44,7 +44,6 @@ counted in ``<kernel cache>/cachemgr_stats_<soc>.json`` under ``cachemgr_stats.l
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import marshal
 import os
@@ -539,8 +538,10 @@ def _write_stats(kcache: str, path: str, values: dict[str, int]) -> None:
             os.close(fd)
         os.rename(tmp, path)
     except BaseException:
-        with contextlib.suppress(OSError):
+        try:  # noqa: SIM105 (contextlib costs start-up)
             os.unlink(tmp)
+        except OSError:
+            pass
         raise
 
 
