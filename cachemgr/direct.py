@@ -113,6 +113,22 @@ class Decline(Exception):
     """Something differs from the memo, or cannot be checked: the full path answers."""
 
 
+class Answered(Exception):
+    """The daemon was asked and answered otherwise than the memo's hit (or the connection
+    failed once the request was sent): the full path's code reports that answer — the
+    request is never sent twice.
+
+    :ivar memo: the memo the request came from; ``code`` the HTTP status (None when the
+        connection failed: ``error``), ``raw`` the answer's body.
+    """
+
+    def __init__(
+        self, memo: dict[str, Any], code: int | None, raw: bytes, error: BaseException | None
+    ) -> None:
+        super().__init__("answered")
+        self.memo, self.code, self.raw, self.error = memo, code, raw, error
+
+
 def memo_dir(env: Any = None) -> str:
     """``$XDG_CACHE_HOME/cachemgr/direct`` (default ``~/.cache/cachemgr/direct``)."""
     env = os.environ if env is None else env
@@ -344,7 +360,7 @@ def check_inputs(memo: dict[str, Any]) -> None:
             if os.path.realpath(link) != real:
                 raise Decline(f"{link} points elsewhere")
         socket = memo["socket"]
-        if socket is not None and os.path.lexists(socket):
+        if memo["route"] == "local" and socket is not None and os.path.lexists(socket):
             raise Decline("a daemon socket is there")
     except (TypeError, ValueError, KeyError):
         raise Decline("memo malformed") from None
@@ -605,16 +621,24 @@ def _utimensat() -> Any:
 # --- the answer --------------------------------------------------------------------------
 
 
-def answer(argv: list[str], version: str) -> tuple[list[tuple[bool, str]], int] | None:
+def answer(
+    argv: list[str], version: str, through: Any = None
+) -> tuple[list[tuple[bool, str]], int] | None:
     """Answer the ``compile`` command ``argv`` (without the program name) from its memo:
     the lines to print (``(to stderr, text)``) and the exit code, the hit's effects done;
-    None when it cannot be answered here (then nothing was written).
+    None when it cannot be answered here (then nothing was written). A memo of a hit through
+    the daemon goes to ``through(memo)`` (:func:`cachemgr.directwire.answer`) once its
+    checks hold; without it, such a memo is declined.
+
+    :raises Answered: from ``through``.
     """
     start = time.monotonic()
     try:
         memo = load(argv, version)
         check_requests(memo)
         check_inputs(memo)
+        if memo["route"] == "daemon":
+            return None if through is None else through(memo)
         chip_dir, kcache = memo["chip_dir"], memo["kernel_cache"]
         if os.path.dirname(chip_dir) != kcache:
             raise Decline("memo malformed")

@@ -66,11 +66,16 @@ def main() -> None:
 def _compile(argv: list[str]) -> None:
     """A ``compile`` hit from its direct memo (:mod:`cachemgr.direct`); returns (to hand over
     to click, which then records the memo) when it cannot answer, having written nothing."""
-    from cachemgr import direct
+    from cachemgr import direct, directwire
     from cachemgr.constants import VERSION
 
     if not direct.out_of_reach():
-        answered = direct.answer(argv, VERSION)
+        try:
+            answered = direct.answer(argv, VERSION, directwire.answer)
+        except direct.Answered as got:  # the daemon said something else: reported in full
+            from cachemgr.cli.compile_cmd import report_daemon_answer
+
+            sys.exit(report_daemon_answer(got.memo, got.code, got.raw, got.error))
         if answered is not None:
             _write(*answered)
     from cachemgr.cli import directrecord

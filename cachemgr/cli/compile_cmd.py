@@ -40,6 +40,7 @@ if TYPE_CHECKING:  # the hit path imports only what a hit needs
     from concurrent.futures import Future
 
     from cachemgr.client import Client
+    from cachemgr.config.options import Settings
 
 
 def _setting_flags(func: Any) -> Any:
@@ -221,7 +222,9 @@ def compile_cmd(
     where.announce()
     if where.client is not None:
         sys.exit(
-            _compile_via_daemon(where.client, where, requests, extra, replace, as_json, out_dir)
+            _compile_via_daemon(
+                where.client, where, requests, extra, replace, as_json, out_dir, settings
+            )
         )
     cli_values = {
         "op_compiler_cache_dir": op_compiler_cache_dir,
@@ -343,13 +346,16 @@ def _compile_via_daemon(
     replace: bool,
     as_json: bool,
     out_dir: Path,
+    local: Settings | None = None,
 ) -> int:
     """Send the requests to the daemon at once (its pool compiles them in parallel) and
     report each in order; command-line options fill what a request's own ``options`` leave
     unset, with relative paths made absolute here (the daemon has another cwd). Kernels
     compiled without the cache (``disable``) come back and are written to ``out_dir`` by
     this process, as the caller. Returns the exit code: 1 if any failed, 2 if any was
-    invalid."""
+    invalid. A plain hit of a single request leaves its direct memo when ``local`` (this
+    command's settings) is given (:func:`cachemgr.cli.directrecord.record_daemon`)."""
+    given = dict(overrides)
     out_dir = out_dir.absolute()
     for name in ("op_debug_config", "debug_dir"):
         if overrides.get(name):
@@ -366,6 +372,7 @@ def _compile_via_daemon(
             if not isinstance(data, dict):
                 raise InvalidInputError(f"request {path}: a request must be a JSON object")
             data["options"] = {**overrides, **(data.get("options") or {})}
+            sent[path] = (path, data, str(path.resolve().parent), out_dir)
             return client.compile(
                 data,
                 base_dir=path.resolve().parent,
@@ -382,6 +389,7 @@ def _compile_via_daemon(
         except CacheMgrError as exc:
             return exc
 
+    sent: dict[Path, tuple[Path, dict[str, Any], str, Path]] = {}
     bad_input, failed = 0, 0
     bars = human.bars_enabled(as_json)
     with (
@@ -402,8 +410,44 @@ def _compile_via_daemon(
             _report_error(path, message, as_json, where)
             continue
         failed += not answer.ok
-        _report(dataclasses.replace(answer, request=str(path)), as_json, where)
+        doc = _report(dataclasses.replace(answer, request=str(path)), as_json, where)
+        if local is not None and len(requests) == 1 and not replace and path in sent:
+            directrecord.record_daemon(client, where, local, sent[path], answer, doc, given)
     return 1 if failed else 2 if bad_input else 0
+
+
+def report_daemon_answer(
+    memo: dict[str, Any], code: int | None, raw: bytes, error: BaseException | None
+) -> int:
+    """Report, as :func:`_compile_via_daemon` does, the daemon's answer (``code``, ``raw``
+    body; ``error`` when the connection failed after sending) to the request a direct memo
+    sent (:mod:`cachemgr.directwire`) when it is not the recorded hit; returns the exit
+    code."""
+    from cachemgr.client import DaemonUnavailable, _decode, _typed
+
+    socket = str(memo["socket"])
+
+    class Answered:
+        """A client whose one answer is the one already received."""
+
+        def compile(self, data: Any, **kw: Any) -> CompileOutcome:
+            if error is not None or code is None:
+                raise DaemonUnavailable(f"daemon at {socket} hung up")
+            answer = _decode(code, raw, "application/json")
+            if isinstance(answer, dict) and "status" in answer:
+                answer["via"] = "daemon"
+            return _typed(CompileOutcome, answer, "/compile")
+
+    where = Route("daemon", None, socket, str(memo["reason"]))
+    return _compile_via_daemon(
+        Answered(),  # type: ignore[arg-type]
+        where,
+        (Path(memo["requests"][0][0]),),
+        dict(memo["overrides"] or {}),
+        False,
+        memo["doc"] is not None,
+        Path(memo["out_dir"]),
+    )
 
 
 def _report(outcome: CompileOutcome, as_json: bool, where: Route) -> dict[str, Any] | None:

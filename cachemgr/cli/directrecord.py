@@ -14,13 +14,14 @@ the next hit its speed (one debug line).
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import logging
 import marshal
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cachemgr import direct
 from cachemgr.compile import build, keys
@@ -29,10 +30,15 @@ from cachemgr.compile.request import CompileRequest
 from cachemgr.compile.results import Status
 from cachemgr.compilers import stamp
 from cachemgr.compilers.base import identity_cache_file
+from cachemgr.config.options import Settings
 from cachemgr.console import VERBOSITY
 from cachemgr.constants import VERSION
 from cachemgr.errors import CacheMgrError
 from cachemgr.storage import entry, fsutil
+
+if TYPE_CHECKING:
+    from cachemgr.cli.common import Route
+    from cachemgr.client import Client
 
 log = logging.getLogger(__name__)
 
@@ -88,28 +94,71 @@ def _memo(
 ) -> dict[str, Any] | None:
     """The memo's content, or None when the hit is not the plain case."""
     settings = queue.settings
-    if outcome.warning or outcome.note or outcome.tier not in (None, "local") or not outcome.files:
-        return None
-    if settings.problems or request.language not in LANGUAGES:
+    if not _plain_outcome(outcome) or settings.problems or request.language not in LANGUAGES:
         return None
     compilers = keys.Compilers.of(settings)
     p = build.prepare(request, settings, compilers, queue.timeout_s)
+    if not _plain(p, outcome):
+        return None
+    jsons, binaries, header = _entry(p.chip_dir, p.kernel)
+    kcache = str(p.chip_dir.parent)
+    return {
+        **_checks(request, request_path, p, settings, compilers),
+        "route": "local",
+        "modes": [[f, direct.folder_mode(f)] for f in (str(p.chip_dir.parent.parent), kcache)]
+        + [[str(p.chip_dir), direct.folder_mode(str(p.chip_dir))]],
+        "socket": socket,
+        "kernel_cache": kcache,
+        "jsons": jsons,
+        "binaries": binaries,
+        "header": header,
+        "manifest": [p.manifest_path.name, _chip_digest(p.chip_dir, p.manifest_path.name)],
+        "doc": _plain_types(doc),
+    }
+
+
+def _plain_outcome(outcome: CompileOutcome) -> bool:
+    """A hit with files and nothing more to say (no warning, note, remote tier)."""
+    return bool(
+        outcome.status == Status.HIT
+        and outcome.files
+        and not (outcome.warning or outcome.note or outcome.coalesced)
+        and outcome.tier in (None, "local")
+    )
+
+
+def _plain(p: build.Prepared, outcome: CompileOutcome) -> bool:
+    """``p`` (prepared again) is the plain case and names ``outcome``'s entry."""
     d = p.decision
     plain = d.cache.read and d.cache.write and not d.binary_first and not d.debug.on
     if not plain or d.cache.clear_first or d.cache.replace or p.scanned or p.note:
-        return None
+        return False
     if p.kernel != outcome.kernel_name or outcome.files[0].parent != p.chip_dir:
-        return None
+        return False
     if p.opts.op_debug_config or p.inputs.uncached or p.inputs.headers is None:
-        return None
-    if p.manifest_path.parent != p.chip_dir:
-        return None
-    jsons, binaries, header = _entry(p.chip_dir, p.kernel)
+        return False
+    return p.manifest_path.parent == p.chip_dir
+
+
+def _checks(
+    request: CompileRequest,
+    request_path: Path,
+    p: build.Prepared,
+    settings: Settings,
+    compilers: keys.Compilers,
+    local: Settings | None = None,
+) -> dict[str, Any]:
+    """The memo's checks of the world (:mod:`cachemgr.direct`): the request, the inputs, the
+    files the settings were read from (``local``'s, the command's own, when given: a
+    daemon's settings are checked by its answer), the places searched in vain, the
+    compiler."""
     files: list[list[Any]] = [[str(request.kernel_source), p.inputs.source_sha256]]
-    files += [[path, digest] for path, digest in sorted(p.inputs.headers.items())]
-    for path in (settings.config.path, settings.value("ini_path"), identity_cache_file()):
-        if path is not None:
-            files.append([str(path), _digest_or_absent(str(path))])
+    files += [[path, digest] for path, digest in sorted((p.inputs.headers or {}).items())]
+    # through a daemon its settings are the digest of its answer, its files not ours to read
+    own = settings if local is None else local
+    read = {own.config.path, own.value("ini_path"), identity_cache_file()}
+    for path in sorted(str(f) for f in read if f is not None):
+        files.append([path, _digest_or_absent(path)])
     ident = compilers.identity(request.language)
     mode = stamp.check_mode(settings.sections.get("compilers", {}))
     tools = stamp.compiler_files(ident.path)
@@ -118,27 +167,116 @@ def _memo(
     for folder in os.environ.get("PATH", os.defpath).split(os.pathsep):
         stats.append([folder, direct.file_state(folder)])
         stats.append([os.path.join(folder, name), direct.file_state(os.path.join(folder, name))])
-    kcache = str(p.chip_dir.parent)
     return {
         "format": direct.FORMAT,
         "requests": [[str(request_path), direct.input_digest(str(request_path))]],
         "files": files,
         "absent": sorted(p.inputs.absent),
         "stats": stats,
-        "modes": [[f, direct.folder_mode(f)] for f in (str(p.chip_dir.parent.parent), kcache)]
-        + [[str(p.chip_dir), direct.folder_mode(str(p.chip_dir))]],
         "links": [[ident.path, tools[0]]],
         "compiler_check": mode,
-        "socket": socket,
         "chip_dir": str(p.chip_dir),
-        "kernel_cache": kcache,
         "kernel": p.kernel,
-        "jsons": jsons,
-        "binaries": binaries,
-        "header": header,
-        "manifest": [p.manifest_path.name, _chip_digest(p.chip_dir, p.manifest_path.name)],
-        # plain types for marshal (the status is a str subclass): as printed
-        "doc": None if doc is None else json.loads(json.dumps(doc)),
+    }
+
+
+def _plain_types(doc: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``doc`` in plain types for marshal (the status is a str subclass), as printed."""
+    return None if doc is None else dict(json.loads(json.dumps(doc)))
+
+
+def record_daemon(
+    client: Client,
+    where: Route,
+    local: Settings,
+    sent: tuple[Path, dict[str, Any], str, Path],
+    outcome: CompileOutcome,
+    doc: dict[str, Any] | None,
+    overrides: dict[str, Any],
+) -> None:
+    """Write the memo of a hit through the daemon (:mod:`cachemgr.directwire`): ``sent`` is
+    the request file, the request sent (options merged), its base folder and the output
+    folder; ``outcome`` the daemon's answer as the client typed it (before the request file
+    was put in), ``doc`` the ``--json`` object printed. Never raises."""
+    if ARGV is None or VERBOSITY.level != 0 or where.notice or not _plain_outcome(outcome):
+        return
+    try:
+        memo = _daemon_memo(client, where, local, sent, outcome, doc, overrides)
+        if memo is not None:
+            write(direct.fingerprint(ARGV, VERSION), memo)
+    except (CacheMgrError, OSError, ValueError, KeyError, TypeError) as exc:
+        log.debug("no direct memo for %s: %s", sent[0], exc)
+
+
+def _daemon_memo(
+    client: Client,
+    where: Route,
+    local: Settings,
+    sent: tuple[Path, dict[str, Any], str, Path],
+    outcome: CompileOutcome,
+    doc: dict[str, Any] | None,
+    overrides: dict[str, Any],
+) -> dict[str, Any] | None:
+    """The daemon-route memo's content, or None when it is not the plain case."""
+    from cachemgr import directwire, sockcheck
+    from cachemgr.compile import environment
+
+    path, data, base, out_dir = sent
+    side = client._side  # the client's own preparation: what it sent is computed there
+    settings, compilers = side._state()
+    p = side.prepare(data, base)
+    if p is None or not _plain(p, outcome) or p.request.language not in LANGUAGES:
+        return None
+    if settings.problems or client._output_target(p, out_dir) is not None:
+        return None
+    wire = side.wire_inputs(p, data, base)
+    if wire.get("op_debug_config") is not None:
+        return None
+    items = [wire["source"], *wire["headers"]]
+    wire_files = [[i["path"], direct.sha256_hex(base64.b64decode(i["data"]))] for i in items]
+    wire["source"] = {"path": items[0]["path"], "data": directwire.data_placeholder(0)}
+    wire["headers"] = [
+        {"path": i["path"], "data": directwire.data_placeholder(n)}
+        for n, i in enumerate(items[1:], 1)
+    ]
+    body = {
+        "request": dict(data),
+        "base_dir": base,
+        "wait": True,
+        "priority": 0,
+        "replace": False,
+        "compile_env": environment.from_caller(os.environ, os.getcwd()),
+        "session": directwire.SESSION,
+        "deliver": False,
+        "inputs": wire,
+    }
+    daemon_user = local.sections.get("daemon", {}).get("user") or None
+    trusted = sorted(sockcheck.trusted_uids(daemon_user if isinstance(daemon_user, str) else None))
+    socket = str(where.socket)
+    line = directwire.Wire(socket, trusted)
+    try:
+        code, config = line.request("GET", "/config?sections=1")
+    finally:
+        line.close()
+    if code != 200:
+        return None
+    answer = _plain_types(outcome.to_json()) or {}
+    answer.pop("seconds", None)
+    return {
+        **_checks(p.request, path, p, settings, compilers, local),
+        "route": "daemon",
+        "modes": [],  # the daemon writes the cache, not this process
+        "socket": socket,
+        "reason": where.reason,
+        "trusted": trusted,
+        "config_answer": direct.sha256_hex(config),
+        "body": json.dumps(body),
+        "wire_files": wire_files,
+        "answer": answer,
+        "doc": _plain_types(doc),
+        "parts": " ".join(f.name.removeprefix(outcome.kernel_name) for f in outcome.files),
+        "overrides": _plain_types(overrides),
+        "out_dir": str(out_dir),
     }
 
 
