@@ -229,7 +229,7 @@ def _rows(
             times["re"],
             "python -c pass",
             times[f"{kinds[0].kind}:pass"],
-            note=f"pip's `cachemgr` wrapper runs `import re` before cachemgr.main ({kinds[0].kind})",
+            note=f"pip's `cachemgr` wrapper imports re before cachemgr.main ({kinds[0].kind})",
             load=load,
         )
     )

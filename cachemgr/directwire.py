@@ -5,7 +5,7 @@ always, docs/daemon.md), after the same trust checks as :mod:`cachemgr.sockcheck
 
 What the memo of a daemon-route hit holds besides :mod:`cachemgr.direct`'s checks: the
 trusted users, the socket, the digest of the daemon's ``GET /config?sections=1`` answer
-(the settings the client prepares with: the same bytes mean the same preparation), the
+(the settings the client prepares with: the same answer, the same preparation), the
 body sent (request, base folder, compile environment, inputs: their paths and digests, the
 bytes read again here and checked), and the answer received for it. A daemon that answers
 otherwise than that hit (a miss, a warning, an error) is reported by the full path's own
@@ -185,7 +185,7 @@ def answer(memo: dict[str, Any]) -> tuple[list[tuple[bool, str]], int] | None:
             code, config = wire.request("GET", "/config?sections=1")
         except (OSError, ValueError):
             return None
-        if code != 200 or direct.sha256_hex(config) != memo["config_answer"]:
+        if code != 200 or config_digest(_json_object(config)) != memo["config_answer"]:
             return None
         payload = body(memo)
         try:  # sent: from here on the answer is reported, never asked again
@@ -194,13 +194,8 @@ def answer(memo: dict[str, Any]) -> tuple[list[tuple[bool, str]], int] | None:
             return _full_report(memo, None, b"", exc)
     finally:
         wire.close()
-    import json
-
-    try:
-        got = json.loads(raw) if code == 200 else None
-    except ValueError:
-        got = None
-    if not isinstance(got, dict) or not isinstance(got.get("seconds"), int | float):
+    got = _json_object(raw) if code == 200 else None
+    if got is None or not isinstance(got.get("seconds"), int | float):
         return _full_report(memo, code, raw, None)
     seconds = float(got.pop("seconds"))
     got["via"] = "daemon"
@@ -208,6 +203,25 @@ def answer(memo: dict[str, Any]) -> tuple[list[tuple[bool, str]], int] | None:
         got["seconds"] = seconds
         return _full_report(memo, code, raw, None)
     return [(False, _line(memo, seconds))], 0  # the daemon's seconds, as the full path
+
+
+def config_digest(answer: dict[str, Any] | None) -> str:
+    """The digest of a ``GET /config?sections=1`` answer: of its JSON with sorted keys (the
+    recorder has it decoded, by the client; the settings the client prepared with)."""
+    import json
+
+    return direct.sha256_hex(json.dumps(answer, sort_keys=True).encode("utf-8"))
+
+
+def _json_object(raw: bytes) -> dict[str, Any] | None:
+    """``raw`` decoded as a JSON object, None otherwise."""
+    import json
+
+    try:
+        got = json.loads(raw)
+    except ValueError:
+        return None
+    return got if isinstance(got, dict) else None
 
 
 def _line(memo: dict[str, Any], seconds: float) -> str:

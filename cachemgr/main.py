@@ -66,12 +66,12 @@ def main() -> None:
 def _compile(argv: list[str]) -> None:
     """A ``compile`` hit from its direct memo (:mod:`cachemgr.direct`); returns (to hand over
     to click, which then records the memo) when it cannot answer, having written nothing."""
-    from cachemgr import direct, directwire
+    from cachemgr import direct
     from cachemgr.constants import VERSION
 
     if not direct.out_of_reach():
         try:
-            answered = direct.answer(argv, VERSION, directwire.answer)
+            answered = direct.answer(argv, VERSION, _through_daemon)
         except direct.Answered as got:  # the daemon said something else: reported in full
             from cachemgr.cli.compile_cmd import report_daemon_answer
 
@@ -81,6 +81,13 @@ def _compile(argv: list[str]) -> None:
     from cachemgr.cli import directrecord
 
     directrecord.ARGV = argv
+
+
+def _through_daemon(memo: dict[str, object]) -> tuple[list[tuple[bool, str]], int] | None:
+    """:func:`cachemgr.directwire.answer`, imported only for a memo of the daemon route."""
+    from cachemgr import directwire
+
+    return directwire.answer(memo)
 
 
 def _full_width() -> bool:

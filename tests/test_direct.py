@@ -12,7 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -319,3 +319,80 @@ def test_a_running_daemon_gets_the_request(tmp_path: Path) -> None:
     finally:
         daemon.stop()
     assert json.loads(via.out)["route"]["via"] == "daemon"
+
+
+class DaemonKit(Kit):
+    """A :class:`Kit` whose cache a real daemon on the default socket serves."""
+
+    def __init__(self, tmp: Path) -> None:
+        super().__init__(tmp)
+        self.daemon = start_daemon(tmp, "--cache-dir", str(self.cache), env=self.env)
+
+    def daemon_counts(self) -> tuple[int, int]:
+        """The daemon's ``hits`` and ``misses`` (its own counters, flushed or not)."""
+        stats = self.daemon.client.stats()
+        return stats.counters["hits"], stats.counters["misses"]
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[DaemonKit]:
+    kit = DaemonKit(tmp_path)
+    try:
+        yield kit
+    finally:
+        kit.daemon.stop()
+
+
+#: What a direct hit through the daemon may import beyond the local one's: the wire.
+DAEMON_MODULES = DIRECT_MODULES | {"cachemgr.directwire"}
+
+
+@pytest.mark.parametrize("extra", [(), ("--json",)], ids=["text", "json"])
+def test_direct_hit_through_the_daemon_says_and_counts_what_the_full_hit_does(
+    served: DaemonKit, extra: tuple[str]
+) -> None:
+    lean = served.primed(*extra)
+    assert lean.status() == "hit"
+    ours = {m for m in lean.modules if m == "cachemgr" or m.startswith("cachemgr.")}
+    assert ours <= DAEMON_MODULES, sorted(ours - DAEMON_MODULES)
+    assert not [m for m in lean.modules if m.split(".")[0] in ("click", "http", "email")]
+    hits, misses = served.daemon_counts()
+    again = served.run(*extra)
+    assert again.direct and again.code == 0 and again.err == ""
+    assert served.daemon_counts() == (hits + 1, misses), "one request, one hit"
+    shutil.rmtree(served.memos()[0].parent)
+    full = served.run(*extra)
+    assert not full.direct and full.code == 0 and full.err == ""
+    assert served.daemon_counts() == (hits + 2, misses)
+    assert _no_seconds(again.out) == _no_seconds(full.out)
+    if extra:
+        assert json.loads(again.out)["route"]["via"] == "daemon"
+
+
+def test_daemon_answering_otherwise_is_reported_by_the_full_path(served: DaemonKit) -> None:
+    """The entry corrupted behind the memo: the request is sent once, the daemon compiles,
+    and the full path's code reports its answer."""
+    served.primed()
+    _corrupt_binary(served)
+    hits, misses = served.daemon_counts()
+    after = served.run()
+    assert after.code == 0 and after.status() == "compiled", after.out + after.err
+    assert served.daemon_counts() == (hits, misses + 1), "sent once"
+
+
+@pytest.mark.parametrize("change", ["header edited", "request edited", "CPATH set"])
+def test_changes_hand_over_through_the_daemon_too(served: DaemonKit, change: str) -> None:
+    served.primed()
+    how, extra, env, status = CHANGES[change]
+    if how is not None:
+        how(served)
+    after = served.run(*extra, **env)
+    assert not after.direct and after.status() == status, after.out + after.err
+
+
+def test_daemon_gone_hands_over(served: DaemonKit) -> None:
+    served.primed()
+    served.daemon.stop()
+    after = served.run()
+    assert not after.direct and after.status() == "hit", after.out + after.err
+    assert "route" not in after.err

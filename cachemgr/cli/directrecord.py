@@ -253,13 +253,7 @@ def _daemon_memo(
     daemon_user = local.sections.get("daemon", {}).get("user") or None
     trusted = sorted(sockcheck.trusted_uids(daemon_user if isinstance(daemon_user, str) else None))
     socket = str(where.socket)
-    line = directwire.Wire(socket, trusted)
-    try:
-        code, config = line.request("GET", "/config?sections=1")
-    finally:
-        line.close()
-    if code != 200:
-        return None
+    config, _ = side.config_answer()  # the one the route and the preparation used
     answer = _plain_types(outcome.to_json()) or {}
     answer.pop("seconds", None)
     return {
@@ -269,7 +263,7 @@ def _daemon_memo(
         "socket": socket,
         "reason": where.reason,
         "trusted": trusted,
-        "config_answer": direct.sha256_hex(config),
+        "config_answer": directwire.config_digest(config),
         "body": json.dumps(body),
         "wire_files": wire_files,
         "answer": answer,
