@@ -350,6 +350,9 @@ def check_inputs(memo: dict[str, Any]) -> None:
         for path in memo["absent"]:
             if on_disk(path):
                 raise Decline(f"{path} appeared")
+        for files, absent in memo["earlier"]:  # the manifest's first match wins
+            if all(input_digest(f) == d for f, d in files) and not any(map(on_disk, absent)):
+                raise Decline("an earlier variant of the header manifest matches now")
         for path, state in memo["stats"]:
             if file_state(path) != state:
                 raise Decline(f"{path} changed")

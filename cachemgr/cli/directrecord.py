@@ -34,7 +34,7 @@ from cachemgr.config.options import Settings
 from cachemgr.console import VERBOSITY
 from cachemgr.constants import VERSION
 from cachemgr.errors import CacheMgrError
-from cachemgr.storage import entry, fsutil
+from cachemgr.storage import entry, fsutil, manifest
 
 if TYPE_CHECKING:
     from cachemgr.cli.common import Route
@@ -169,6 +169,7 @@ def _checks(
         stats.append([os.path.join(folder, name), direct.file_state(os.path.join(folder, name))])
     return {
         "format": direct.FORMAT,
+        "earlier": _earlier_variants(p),
         "requests": [[str(request_path), direct.input_digest(str(request_path))]],
         "files": files,
         "absent": sorted(p.inputs.absent),
@@ -178,6 +179,21 @@ def _checks(
         "chip_dir": str(p.chip_dir),
         "kernel": p.kernel,
     }
+
+
+def _earlier_variants(p: build.Prepared) -> list[list[Any]]:
+    """The header manifest's variants before the one ``p`` matched, each as ``[files,
+    absent]``: :func:`cachemgr.storage.manifest.match` takes the first that matches, so a
+    direct hit needs each of them still not matching.
+
+    :raises ValueError: ``p``'s headers are no variant of the manifest (no memo then).
+    """
+    variants = manifest.read(p.manifest_path)
+    mine = (dict(p.inputs.headers or {}), tuple(sorted(set(p.inputs.absent))))
+    for i, variant in enumerate(variants):
+        if (dict(variant.files), tuple(sorted(set(variant.absent)))) == mine:
+            return [[sorted(v.files.items()), sorted(v.absent)] for v in variants[:i]]
+    raise ValueError("the headers are no variant of the manifest")
 
 
 def _plain_types(doc: dict[str, Any] | None) -> dict[str, Any] | None:
