@@ -241,6 +241,12 @@ def _memo_link(kit: Kit) -> None:
     memo.symlink_to(target)
 
 
+def _memo_folder_of_another_user(kit: Kit) -> None:
+    (memo,) = kit.memos()
+    os.chown(memo.parent, 65534, 65534)  # nobody's folder: its memos are not ours to trust
+    os.chown(memo, 65534, 65534)
+
+
 #: (how the world changes, extra argv, extra environment, the full path's status then).
 CHANGES: dict[str, tuple[Callable[[Kit], None] | None, tuple[str, ...], dict[str, str], str]] = {
     "header edited": (_edit_header, (), {}, "compiled"),
@@ -256,6 +262,7 @@ CHANGES: dict[str, tuple[Callable[[Kit], None] | None, tuple[str, ...], dict[str
     "a socket at the default path": (_plant_socket, (), {}, "hit"),
     "memo writable by others": (_shared_memo, (), {}, "hit"),
     "memo is a link": (_memo_link, (), {}, "hit"),
+    "memo folder of another user": (_memo_folder_of_another_user, (), {}, "hit"),
 }
 
 
@@ -396,3 +403,24 @@ def test_daemon_gone_hands_over(served: DaemonKit) -> None:
     after = served.run()
     assert not after.direct and after.status() == "hit", after.out + after.err
     assert "route" not in after.err
+
+
+def test_stats_files_are_read_and_written_in_the_counters_own_form(tmp_path: Path) -> None:
+    """The direct path parses and writes a stats file without json: what
+    :class:`cachemgr.storage.counters.CacheCounters` writes reads back the same, and its own
+    bytes come out of :func:`cachemgr.direct.dump_counts`; any other form is declined."""
+    from cachemgr import direct
+    from cachemgr.storage.counters import CacheCounters, stats_file
+
+    kcache = tmp_path / "cache" / "kernel_cache"
+    kcache.mkdir(parents=True)
+    counters = CacheCounters(kcache)
+    for name, amount in (("hits", 3), ("misses", 1), ("evicted_bytes", 2**40)):
+        counters.add(name, amount, SOC)
+    assert counters.flush()
+    raw = stats_file(kcache, SOC).read_bytes()
+    parsed = direct.parse_counts(raw)
+    assert parsed == {"hits": 3, "misses": 1, "evicted_bytes": 2**40}
+    assert direct.dump_counts(parsed) == raw
+    for odd in (b'{"hits": 1,"misses": 2}', b'{"hits": 1.0}', b'{"b": 1, "a": 2}', b"[]"):
+        assert direct.parse_counts(odd) is None, odd
