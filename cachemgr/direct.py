@@ -1,6 +1,7 @@
 """Direct mode: a ``cachemgr compile REQUEST`` hit answered without the compile path's
-modules, the way ccache's direct mode answers from a manifest without running the
-preprocessor (https://ccache.dev/manual/latest.html#_the_direct_mode).
+modules (docs/performance.md#direct-mode-a-cli-hit-without-the-compile-path), the way
+ccache's direct mode answers from a manifest without running the preprocessor
+(https://ccache.dev/manual/latest.html#_the_direct_mode).
 
 Standard library only (no click, no dataclasses, no pathlib): :func:`answer` is what
 :mod:`cachemgr.main` runs first for a ``compile``; it writes nothing unless every check
