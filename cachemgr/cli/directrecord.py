@@ -33,7 +33,6 @@ from cachemgr.compilers.base import identity_cache_file
 from cachemgr.config.options import Settings
 from cachemgr.console import VERBOSITY
 from cachemgr.constants import VERSION
-from cachemgr.errors import CacheMgrError
 from cachemgr.storage import entry, fsutil, manifest
 
 if TYPE_CHECKING:
@@ -80,7 +79,7 @@ def record(
         memo = _memo(request, request_path, outcome, doc, queue, socket)
         if memo is not None:
             write(direct.fingerprint(ARGV, VERSION), memo)
-    except (CacheMgrError, OSError, ValueError) as exc:
+    except Exception as exc:  # best effort: the hit was answered already
         log.debug("no direct memo for %s: %s", request_path, exc)
 
 
@@ -220,7 +219,7 @@ def record_daemon(
         memo = _daemon_memo(client, where, local, sent, outcome, doc, overrides)
         if memo is not None:
             write(direct.fingerprint(ARGV, VERSION), memo)
-    except (CacheMgrError, OSError, ValueError, KeyError, TypeError) as exc:
+    except Exception as exc:  # best effort: the hit was answered already
         log.debug("no direct memo for %s: %s", sent[0], exc)
 
 
