@@ -47,12 +47,13 @@ HIT_EXAMPLE = "add_c"
 
 #: Why a row misses its target, for its note.
 GAP_CAUSES = {
-    "hit": "gap: pip's console script imports re (and enum, functools) before cachemgr.main: "
-    "see the `import re` row; `python -m cachemgr` does not",
-    "hit-daemon": "gap: through a daemon the CLI still takes the full path (click, the "
-    "client's local preparation, http.client): the direct memo answers only the in-process "
-    "route",
-    "stats": "gap: stats runs through click and the settings' modules (dataclasses)",
+    "hit": "gap: pip's console script imports re (and enum, functools) before cachemgr.main "
+    "(the `import re` row); the direct path's own imports are _sha256, _ctypes, struct, fcntl",
+    "hit-daemon": "gap: beyond the local hit, a connection, two round trips (/config, "
+    "/compile), json (with re) and the daemon's own prepare and verified lookup",
+    "hit-m": "gap: `python -m` imports runpy (importlib.util, contextlib, functools) first",
+    "stats": "gap: stats runs through click, the settings' modules (dataclasses) and the "
+    "filesystem probe; no direct path answers it",
     "config": "gap: answered without click, but the settings' modules define 23 "
     "dataclasses and import dataclasses (inspect) and logging: about half its cost",
     "help": "gap: the terminal is narrower than 80 columns or the stored help is stale",
