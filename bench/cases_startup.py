@@ -223,26 +223,15 @@ def _rows(
                 load=load,
             )
         )
-    rows.append(
-        ratio_row(
-            "CLI start-up",
-            "`python -c 'import re'`: what the console script pip writes imports first",
-            times["re"],
-            "python -c pass",
-            times[f"{kinds[0].kind}:pass"],
-            note=f"pip's `cachemgr` wrapper imports re before cachemgr.main ({kinds[0].kind})",
-            load=load,
-        )
-    )
-    rows.append(
-        ratio_row(
-            "CLI start-up",
-            "floor of any click CLI: `import click, json, logging, pathlib, dataclasses`",
-            times["click"],
-            "python -c pass",
-            times[f"{kinds[0].kind}:pass"],
-            note=f"the modules every click command needs before cachemgr's own ({kinds[0].kind})",
-            load=load,
-        )
-    )
+    for name, metric, note in (
+        ("re", "`python -c 'import re'`: what the console script pip writes imports first",
+         "pip's `cachemgr` wrapper imports re before cachemgr.main"),
+        ("click", "floor of any click CLI: `import click, json, logging, pathlib, dataclasses`",
+         "the modules every click command needs before cachemgr's own"),
+    ):  # fmt: skip
+        rows.append(
+            ratio_row("CLI start-up", metric, times[name], "python -c pass",
+                      times[f"{kinds[0].kind}:pass"], note=f"{note} ({kinds[0].kind})",
+                      load=load)
+        )  # fmt: skip
     return rows

@@ -202,8 +202,10 @@ def input_digest(path: str) -> str | None:
 
 
 def on_disk(path: str) -> bool:
-    """True when a compiler would open ``path`` as a header (as
-    :func:`cachemgr.compile.searched.on_disk`: exists, no folder; unknown counts as there)."""
+    """True when the compiler would open ``path`` as a header: it exists (links followed,
+    as the compiler's ``open`` does) and is no folder (gcc skips a folder and searches on);
+    a path that cannot be checked (no permission) counts as existing (its compile fails
+    or differs: never assume it away). :mod:`cachemgr.compile.searched` uses this one."""
     try:
         return not stat.S_ISDIR(os.stat(path).st_mode)
     except (FileNotFoundError, NotADirectoryError):

@@ -20,6 +20,7 @@ import json
 import logging
 import marshal
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -73,14 +74,8 @@ def record(
     is the plain case (module docstring); ``doc`` is the ``--json`` object printed (None for
     text), ``socket`` the default socket whose absence routed the run here (None: routed
     here whatever is there). Never raises."""
-    if ARGV is None or VERBOSITY.level != 0 or outcome.status != Status.HIT:
-        return
-    try:
-        memo = _memo(request, request_path, outcome, doc, queue, socket)
-        if memo is not None:
-            write(direct.fingerprint(ARGV, VERSION), memo)
-    except Exception as exc:  # best effort: the hit was answered already
-        log.debug("no direct memo for %s: %s", request_path, exc)
+    if ARGV is not None and VERBOSITY.level == 0 and outcome.status == Status.HIT:
+        _written(request_path, lambda: _memo(request, request_path, outcome, doc, queue, socket))
 
 
 def _memo(
@@ -213,14 +208,21 @@ def record_daemon(
     the request file, the request sent (options merged), its base folder and the output
     folder; ``outcome`` the daemon's answer as the client typed it (before the request file
     was put in), ``doc`` the ``--json`` object printed. Never raises."""
-    if ARGV is None or VERBOSITY.level != 0 or where.notice or not _plain_outcome(outcome):
+    if ARGV is not None and VERBOSITY.level == 0 and not where.notice and _plain_outcome(outcome):
+        _written(sent[0], lambda: _daemon_memo(client, where, local, sent, outcome, doc, overrides))
+
+
+def _written(request_path: Path, make: Callable[[], dict[str, Any] | None]) -> None:
+    """Write the memo ``make()`` gives (None: none) under this run's fingerprint; any error
+    is one debug line (best effort: the hit was answered already)."""
+    if ARGV is None:
         return
     try:
-        memo = _daemon_memo(client, where, local, sent, outcome, doc, overrides)
+        memo = make()
         if memo is not None:
             write(direct.fingerprint(ARGV, VERSION), memo)
-    except Exception as exc:  # best effort: the hit was answered already
-        log.debug("no direct memo for %s: %s", sent[0], exc)
+    except Exception as exc:
+        log.debug("no direct memo for %s: %s", request_path, exc)
 
 
 def _daemon_memo(
