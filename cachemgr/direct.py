@@ -140,8 +140,10 @@ def memo_dir(env: Any = None) -> str:
 def fingerprint(argv: list[str], version: str) -> str:
     """Hex SHA-256 of what the memo cannot re-check: ``argv``, the current folder, the whole
     environment (but ``$_``, the shell's name of the program it ran: ``cachemgr`` or
-    ``python``, read by nobody), the effective user and groups, the host name and
-    cachemgr's ``version``."""
+    ``python``, read by nobody), the effective user and groups, the host's short name,
+    cachemgr's ``version`` and the interpreter's."""
+    from cachemgr.constants import short_host
+
     doc = [
         FORMAT,
         version,
@@ -152,7 +154,7 @@ def fingerprint(argv: list[str], version: str) -> str:
         os.geteuid(),
         os.getegid(),
         sorted(os.getgroups()),
-        os.uname().nodename,
+        short_host(),
     ]
     return sha256_hex(repr(doc).encode("utf-8", "surrogateescape"))
 
