@@ -56,7 +56,8 @@ GAP_CAUSES = {
     "filesystem probe; no direct path answers it",
     "config": "gap: answered without click, but the settings' modules define 23 "
     "dataclasses and import dataclasses (inspect) and logging: about half its cost",
-    "help": "gap: the terminal is narrower than 80 columns or the stored help is stale",
+    "help": "gap: pip's console script imports re first (the `import re` row), or the stored "
+    "help is stale",
 }
 
 
