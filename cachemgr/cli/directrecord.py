@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cachemgr import direct
-from cachemgr.compile import build, keys
+from cachemgr.compile import build, keys, pipeline
 from cachemgr.compile.queue import CompileOutcome, CompileQueue
 from cachemgr.compile.request import CompileRequest
 from cachemgr.compile.results import Status
@@ -91,7 +91,7 @@ def _memo(
     if not _plain_outcome(outcome) or settings.problems or request.language not in LANGUAGES:
         return None
     compilers = keys.Compilers.of(settings)
-    p = build.prepare(request, settings, compilers, queue.timeout_s)
+    p = pipeline.prepare(request, settings, compilers, pipeline.JobOptions(queue.timeout_s))
     if not _plain(p, outcome):
         return None
     jsons, binaries, header = _entry(p.chip_dir, p.kernel)
