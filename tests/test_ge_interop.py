@@ -114,7 +114,7 @@ def test_a_missing_ini_purges_says_why_and_how_many_then_stamps(
         ge_twin.write_entry(root / "kernel_cache" / SOC, f"te_add_{i}")
     ge_twin.write_entry(root / "kernel_cache" / "Ascend310P3", "te_mul_0")
     text = run_cli("gc", "--dry-run", "--cache-dir", str(root), env=env)
-    assert "would purge 2 chip folder(s)" in text.stdout
+    assert "would purge 4 entries in 2 chip folders" in text.stdout
     report = gc_json(root, env)
     tk = report["toolkit"]
     assert (tk["status"], tk["reason"], tk["purged_entries"]) == ("no_ini", "no_ini", 4)

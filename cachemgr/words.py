@@ -1,0 +1,10 @@
+"""Counts in words for every layer's messages: ``1 chip folder``, ``2 chip folders``, never
+``chip folder(s)`` (the CLI's output reads like ccache's: docs/commands.md)."""
+
+from __future__ import annotations
+
+
+def plural(count: int, one: str, many: str | None = None) -> str:
+    """``1 entry``, ``2 entries``, ``0 entries``: ``count`` and the noun that agrees with it
+    (``many`` defaults to ``one`` + ``s``)."""
+    return f"{count} {one if count == 1 else (many or one + 's')}"
