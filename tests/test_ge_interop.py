@@ -195,8 +195,8 @@ def test_stamp_lines_ge_cannot_rewrite_are_rewritten_its_way_and_said(
     assert dry["toolkit"]["stamp_lines_rewritten"] == [2, 3] and ini.read_text() == spaced
     proc = run_cli("-v", "gc", "--cache-dir", str(root), env=env)
     assert proc.returncode == 0, proc.stderr
-    assert f"{ini}: rewrote stamp line(s) 2, 3 the way GE writes them" in proc.stdout
-    logged = [ln for ln in proc.stderr.splitlines() if "rewrote stamp line(s) 2, 3" in ln]
+    assert f"{ini}: rewrote stamp lines 2, 3 the way GE writes them" in proc.stdout
+    logged = [ln for ln in proc.stderr.splitlines() if "rewrote stamp lines 2, 3" in ln]
     assert len(logged) == 1 and str(ini) in logged[0], proc.stderr
     assert ini.read_text() == spaced.replace("adk_version = ", "adk_version=").replace(
         "  ops_version", "ops_version"

@@ -53,7 +53,7 @@ from cachemgr.config.ini import ADK_KEY, MAX_INI_BYTES, OPS_KEY, OpCacheIni, Unr
 from cachemgr.errors import CacheMgrError, ConfigError
 from cachemgr.storage import fsutil, safeio
 from cachemgr.storage.safedir import SafeDir
-from cachemgr.words import plural
+from cachemgr.words import noun, plural
 
 log = logging.getLogger(__name__)
 
@@ -399,8 +399,9 @@ def _rewrite_stamp_lines(
         stamp_ini(cache, installed)
     except (CacheMgrError, OSError) as exc:
         lines = ", ".join(map(str, check.stamp_lines))
-        check.detail += f"; stamp line(s) {lines} GE cannot rewrite were left as they are: {exc}"
-        log.warning("%s: stamp line(s) %s not rewritten: %s", cache.ini_path, lines, exc)
+        what = noun(len(check.stamp_lines), "stamp line")
+        check.detail += f"; {what} {lines} GE cannot rewrite were left as they are: {exc}"
+        log.info("%s: stamp lines %s not rewritten: %s", cache.ini_path, lines, exc)  # in detail
         check.stamp_lines = []
         return
     _log_stamp_lines(cache, check)
@@ -409,9 +410,10 @@ def _rewrite_stamp_lines(
 def _log_stamp_lines(cache: layout.CacheLayout, check: VersionCheck) -> None:
     """The one log line of a rewrite of stamp lines GE could not rewrite."""
     log.info(
-        "%s: rewrote stamp line(s) %s the way GE writes them (key=value from column 1): "
+        "%s: rewrote %s %s the way GE writes them (key=value from column 1): "
         "GE restamps only such lines and would purge the chip folders on every start",
         cache.ini_path,
+        noun(len(check.stamp_lines), "stamp line"),
         ", ".join(map(str, check.stamp_lines)),
     )
 

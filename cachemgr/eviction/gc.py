@@ -24,7 +24,7 @@ from cachemgr.eviction.collect import GcReport
 from cachemgr.eviction.purgeplan import purge_estimate
 from cachemgr.eviction.report import ChipGc, GcResult
 from cachemgr.storage import fsprobe, fsutil
-from cachemgr.words import plural
+from cachemgr.words import noun, plural
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,8 @@ def toolkit_lines(report: GcResult) -> Iterator[str]:
     if lines:
         verb = "would rewrite" if toolkit.get("dry_run") else "rewrote"
         yield (
-            f"{Path(report.kernel_cache_dir) / 'op_cache.ini'}: {verb} stamp line(s) "
+            f"{Path(report.kernel_cache_dir) / 'op_cache.ini'}: {verb} "
+            f"{noun(len(lines), 'stamp line')} "
             f"{', '.join(map(str, lines))} the way GE writes them (key=value from column 1): "
             "GE restamps only such lines and would purge the chip folders on every start"
         )
@@ -239,7 +240,7 @@ def _failed(chip: Path, dry_run: DryRun, exc: BaseException) -> dict[str, Any]:
     ``denied`` (so ``cachemgr gc`` exits 1), logged once; the other chip folders are still
     collected (docs/security.md item 3)."""
     why = fsutil.access_hint(chip, "readable") if isinstance(exc, PermissionError) else str(exc)
-    log.warning("%s: gc failed: %s; the other chip folders are collected", chip, why)
+    log.info("%s: gc failed: %s; the other chip folders are collected", chip, why)  # reported
     report = GcReport(chip, dry_run=dry_run is DryRun.YES, skipped=SKIP_ERROR, denied=[why])
     return report.to_json()
 
