@@ -13,10 +13,9 @@ import os
 import time
 from pathlib import Path
 
-from cachemgr.eviction.files import open_dir
-from cachemgr.eviction.purge import PurgeReport
+from cachemgr.eviction.purge import PurgeReport, open_chip
 from cachemgr.eviction.reclaim import TEMP_MAX_AGE_S
-from cachemgr.storage import entry, fsutil
+from cachemgr.storage import entry
 
 
 def purge_estimate(chip_dir: Path) -> PurgeReport:
@@ -27,14 +26,8 @@ def purge_estimate(chip_dir: Path) -> PurgeReport:
     :raises OSError: the folder cannot be listed for another reason.
     """
     report = PurgeReport(Path(chip_dir))
-    try:
-        chip_fd = open_dir(report.chip_dir)
-    except (FileNotFoundError, NotADirectoryError):
-        report.missing = True
-        return report
-    except PermissionError:
-        report.skipped = "not readable"
-        report.denied.append(fsutil.access_hint(report.chip_dir, "readable"))
+    chip_fd = open_chip(report)
+    if chip_fd is None:
         return report
     try:
         scan = entry.scan_chip(report.chip_dir, chip_fd)
