@@ -27,6 +27,7 @@ from cachemgr.client import Client, DaemonUnavailable, default_socket_path
 from cachemgr.daemon import main as daemon_main
 from cachemgr.errors import CacheMgrError, ConfigError
 from cachemgr.storage import fsutil
+from cachemgr.words import plural
 
 if TYPE_CHECKING:
     from cachemgr.config.options import Settings
@@ -226,7 +227,8 @@ def status_lines(health: dict[str, Any]) -> list[str]:
     if isinstance(scan, dict) and scan.get("state") != "done" and not health.get("govern_only"):
         lines.append(
             f"first scan: {scan.get('state')}, {scan.get('chip_folders_done')} of "
-            f"{scan.get('chip_folders_total')} chip folders, {scan.get('files')} files, "
+            f"{plural(int(scan.get('chip_folders_total') or 0), 'chip folder')}, "
+            f"{plural(int(scan.get('files') or 0), 'file')}, "
             f"{scan.get('seconds')} s"
         )
     for problem in health.get("degraded") or []:

@@ -260,7 +260,8 @@ def stuck_lines(report: GcResult) -> Iterator[str]:
             yield (
                 f"{soc}: still over its limit ({folder.bytes_after} of "
                 f"{folder.max_bytes} bytes): the aging guard kept "
-                f"{folder.kept_by_aging_guard} entries accessed too recently{why}"
+                f"{plural(folder.kept_by_aging_guard, 'entry', 'entries')} accessed too "
+                f"recently{why}"
             )
 
 
