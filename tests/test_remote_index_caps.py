@@ -82,7 +82,7 @@ def test_a_redis_index_of_giant_names_costs_warm_no_memory_and_hides_no_entry(
     assert peak_mb < PEAK_MB, f"warm peaked at {peak_mb:.0f} MB"
     lines = [ln for ln in err.splitlines() if "passed over" in ln]
     assert len(lines) == 1, err
-    assert "60 member(s) passed over" in lines[0] and "250 bytes a name" in lines[0], lines
+    assert "60 members passed over" in lines[0] and "250 bytes a name" in lines[0], lines
     assert f"{redis_tier.MAX_SKIPPED} passed over, 15000 ms a read)" in lines[0], lines
     assert "Traceback" not in err
     for kernel in real:
@@ -103,13 +103,13 @@ def test_a_redis_index_read_stops_after_its_cap_of_bad_members(
     with caplog.at_level(logging.WARNING, "cachemgr.remote.redis_tier"):
         assert tier.recent(SOC, 10) == [longest, "te_ok"]
         assert tier.recent(SOC, 1) == [longest]
-    assert "3 member(s) passed over" in caplog.text and "stopped" not in caplog.text
+    assert "3 members passed over" in caplog.text and "stopped" not in caplog.text
     caplog.clear()
     bad = {f"bad/{i}": 10.0 + i for i in range(redis_tier.MAX_SKIPPED + 50)}
     probe.zadd(index, bad)  # type: ignore[arg-type]
     with caplog.at_level(logging.WARNING, "cachemgr.remote.redis_tier"):
         assert tier.recent(SOC, 10) == []
-    assert f"{redis_tier.MAX_SKIPPED} member(s) passed over" in caplog.text, caplog.text
+    assert f"{redis_tier.MAX_SKIPPED} members passed over" in caplog.text, caplog.text
     assert "the read stopped at a cap" in caplog.text
     tier.close()
 

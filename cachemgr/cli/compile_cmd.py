@@ -452,8 +452,17 @@ def report_daemon_answer(
 
 def _report(outcome: CompileOutcome, as_json: bool, where: Route) -> dict[str, Any] | None:
     """Print one outcome; returns the ``--json`` object printed (None for text)."""
+    went = "" if as_json else _outside_the_cache(outcome)
     if outcome.warning:  # e.g. compiled but not cached: a read-only root
-        warning(outcome.warning)
+        shown = went and f"folder {outcome.files[0].parent}" not in outcome.warning
+        warning(outcome.warning + (f"; its files are in {went}" if shown else ""))
+    elif went:  # a debug build, op_compiler_cache_mode=disable: where the files went
+        why = outcome.policy.why_not_cached if outcome.policy else None
+        report_line(
+            f"cachemgr: note: {outcome.kernel_name} not cached ({why or 'not cacheable'}): "
+            f"its files are in {went}",
+            err=True,
+        )
     if outcome.note and not as_json:  # e.g. force: local only, remote tiers untouched
         report_line(f"cachemgr: note: {outcome.note}", err=True)
     if as_json:
@@ -470,6 +479,25 @@ def _report(outcome: CompileOutcome, as_json: bool, where: Route) -> dict[str, A
         f"{outcome.status:8} {outcome.kernel_name}  {outcome.seconds:.3f}s  {folder}/ {parts}"
     )
     return None
+
+
+def _outside_the_cache(outcome: CompileOutcome) -> str:
+    """Where the files of a kernel compiled outside the cache went (its folder, and whether
+    that is the current folder or below it: CANN writes debug builds to ``kernel_meta`` there,
+    docs/compiling.md#what-makes-a-kernel-uncached); "" for an entry of the cache, a
+    precompiled binary or a failure."""
+    if not outcome.ok or not outcome.files or outcome.status in (Status.HIT, Status.BINARY):
+        return ""
+    cached = outcome.cached if outcome.cached is not None else None
+    if cached is None:
+        cached = outcome.policy.cached if outcome.policy is not None else True
+    if cached:
+        return ""
+    folder = outcome.files[0].parent
+    cwd = Path.cwd()
+    if folder == cwd:
+        return f"{folder} (the current folder)"
+    return f"{folder} (under the current folder)" if folder.is_relative_to(cwd) else str(folder)
 
 
 def _report_error(path: Path, message: str, as_json: bool, where: Route) -> None:

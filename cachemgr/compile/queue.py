@@ -69,6 +69,7 @@ from cachemgr.compile.results import CompileOutcome
 from cachemgr.compilers import process
 from cachemgr.config.options import Settings
 from cachemgr.errors import CacheMgrError, CompileError, InvalidInputError, OutputFolderError
+from cachemgr.words import plural
 
 if TYPE_CHECKING:  # publishing is a miss's work: not imported on the hit path
     from cachemgr.compile import publisher
@@ -236,7 +237,8 @@ class CompileQueue:
                 removed = self._force_once(prepared, session)
                 if removed is not None and self._ctx.remotes is not None:
                     note = (
-                        f"force cleared {removed} entries of the local chip folder "
+                        f"force cleared {plural(removed, 'entry', 'entries')} of the local chip "
+                        "folder "
                         f"{prepared.chip_dir}; remote tiers untouched"
                     )
                     prepared = dataclasses.replace(prepared, note=note)

@@ -67,6 +67,7 @@ from cachemgr.config import layout
 from cachemgr.errors import InvalidEntryError
 from cachemgr.storage import fsutil
 from cachemgr.storage.safedir import SafeDir
+from cachemgr.words import noun
 
 REQUIRED_FIELDS = ("binFileName", "binFileSuffix", "kernelName", "sha256")
 #: Suffixes (before ``.json``) of files that belong to the kernel named before them. ``_pre``
@@ -446,7 +447,8 @@ def _binary_ref(data: dict[str, Any], json_name: str, is_sub: bool) -> BinaryRef
     missing = [f for f in needed if f not in data]
     if missing:
         raise InvalidEntryError(
-            f"{json_name}: missing required field(s) {', '.join(missing)}", INVALID_JSON
+            f"{json_name}: missing required {noun(len(missing), 'field')} {', '.join(missing)}",
+            INVALID_JSON,
         )
     suffix = data["binFileSuffix"]
     if not isinstance(suffix, str) or ("/" in suffix or ".." in suffix or "\x00" in suffix):
