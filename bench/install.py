@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-#: Variables a measured child must not inherit: with it Python never writes byte code.
-UNMEASURED_VARIABLES = ("PYTHONDONTWRITEBYTECODE",)
+#: Variables a measured child must not inherit: with the first Python never writes byte code;
+#: the second (``scripts/test`` sets one) moves it out of the ``__pycache__`` a user's run reads.
+UNMEASURED_VARIABLES = ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")
 #: Folders and files of the checkout that a build does not need (copied around, not in).
 _NOT_BUILT = shutil.ignore_patterns(
     ".git", ".venv", ".venv.lock", "__pycache__", "*.egg-info", "build", ".*_cache", ".hypothesis"

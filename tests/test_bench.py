@@ -98,6 +98,7 @@ def test_warm_bytecode_compiles_the_measured_modules(
     (package / "mod.py").write_text("VALUE = 1\n")
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    monkeypatch.setenv("PYTHONPYCACHEPREFIX", str(tmp_path / "elsewhere"))  # scripts/test's
     harness.warm_bytecode(Path(sys.executable), ["warmpkg"], site_packages=False)
     tag = sys.implementation.cache_tag
     assert (package / "__pycache__" / f"mod.{tag}.pyc").is_file()
