@@ -55,6 +55,7 @@ which is what lookups and ``verify`` need. Unknown json fields are kept as they 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -65,6 +66,7 @@ from typing import Any, NamedTuple
 
 from cachemgr.config import layout
 from cachemgr.errors import InvalidEntryError
+from cachemgr.memo import Memo
 from cachemgr.storage import fsutil
 from cachemgr.storage.safedir import SafeDir
 
@@ -373,7 +375,11 @@ class BinaryRef:
 
 @dataclass(frozen=True)
 class EntryDesc:
-    """A parsed entry: the main json's content (unknown fields kept) and every part it names."""
+    """A parsed entry: the main json's content (unknown fields kept) and every part it names.
+
+    ``data`` is shared by every :func:`parse_entry` of the same bytes (remembered): read it,
+    never change it.
+    """
 
     kernel: str
     data: dict[str, Any]
@@ -395,6 +401,13 @@ class EntryDesc:
             names.append(self.header)
         names += list(self.sub_jsons)
         return list(dict.fromkeys(names))
+
+
+#: A main json of at most this many bytes is parsed once per distinct content: a hit reads
+#: its bytes every time and compares them with those remembered (bytes; CANN's are ~2 KB).
+MAX_REMEMBERED_JSON_BYTES = 64 << 10
+#: Parsed entries by (kernel, the main json's bytes).
+_parsed: Memo[tuple[str, bytes], EntryDesc] = Memo("parsed entries", 256)
 
 
 def load_json_object(raw: bytes, name: str) -> dict[str, Any]:
@@ -487,7 +500,7 @@ def _reading(
         if dir_fd is None:
             with SafeDir.open_chip(chip_dir) as folder:
                 return _reading(how, chip_dir, name, folder.fd, **kw)
-        return how(chip_dir / name, dir_fd, single_link=True, **kw)
+        return how(_joined(chip_dir, name), dir_fd, single_link=True, **kw)
     except IsADirectoryError as exc:
         raise InvalidEntryError(f"{name}: is a folder, not a file", NOT_A_FILE) from exc
     except fsutil.HardLinkError as exc:
@@ -506,6 +519,12 @@ def _reading(
         if exc.errno in fsutil.GONE_ERRNOS:
             raise FileNotFoundError(exc.errno, exc.strerror, str(chip_dir / name)) from exc
         raise InvalidEntryError(f"{name}: cannot read ({exc.strerror})", UNREADABLE) from exc
+
+
+@functools.lru_cache(maxsize=1024)
+def _joined(chip_dir: Path, name: str) -> Path:
+    """``chip_dir / name``, joined once per file name (each pathlib join parses again)."""
+    return chip_dir / name
 
 
 def parse_entry(
@@ -530,7 +549,22 @@ def parse_entry(
             return _read(chip_dir, name, dir_fd, MAX_JSON_BYTES)
 
     json_name = kernel + ".json"
-    data = load_json_object(read(json_name), json_name)
+    raw = read(json_name)
+    memo = (kernel, raw)
+    known = _parsed.get(memo) if len(raw) <= MAX_REMEMBERED_JSON_BYTES else None
+    if known is not None:
+        return known
+    desc = _parse_entry(kernel, json_name, load_json_object(raw, json_name), read)
+    if not desc.sub_jsons and len(raw) <= MAX_REMEMBERED_JSON_BYTES:
+        _parsed.put(memo, desc)  # a sub-json's own bytes are read and parsed every time
+    return desc
+
+
+def _parse_entry(
+    kernel: str, json_name: str, data: dict[str, Any], read: Callable[[str], bytes]
+) -> EntryDesc:
+    """:func:`parse_entry` once the main json is parsed: its sub-jsons read and parsed, the
+    parts it names checked (rules R2, R4–R7)."""
     if is_pre_entry(kernel):
         if not isinstance(data.get("pattern"), str):
             raise InvalidEntryError(f"{json_name}: pre-build json has no pattern", INVALID_JSON)

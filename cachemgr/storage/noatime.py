@@ -14,7 +14,6 @@ import os
 import stat
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -87,15 +86,25 @@ def _mount_options(dev: int) -> frozenset[str]:
     return frozenset()
 
 
-@contextmanager
-def _open_noatime(
+def _put_back(fd: int, restore: os.stat_result | None) -> None:
+    """Give the file open as ``fd`` back the times of ``restore`` (None: nothing to do)."""
+    if restore is not None:
+        # another user's file (docs/design.md#sharing-and-locking): only its owner may set
+        # times; relatime changes the atime of a read rarely, and the entry is still read
+        # correctly
+        with contextlib.suppress(PermissionError):
+            os.utime(fd, ns=(restore.st_atime_ns, restore.st_mtime_ns))
+
+
+def _opened_noatime(
     path: Path,
-    dir_fd: int | None = None,
-    *,
-    single_link: bool = False,
-    max_bytes: int | None = None,
-) -> Iterator[int]:
-    """Open a regular file for reading without changing its access time; yield the fd.
+    dir_fd: int | None,
+    single_link: bool,
+    max_bytes: int | None,
+) -> tuple[int, os.stat_result | None]:
+    """Open a regular file for reading without changing its access time: the fd (the
+    caller closes it) and, when the access time could not be kept, the status whose times
+    :func:`_put_back` gives back after the read.
 
     Uses ``O_NOATIME`` where the kernel allows it (owner or CAP_FOWNER); otherwise opens
     normally and puts the previous atime back when done. Symlinks are refused
@@ -139,15 +148,10 @@ def _open_noatime(
         if max_bytes is not None and st.st_size > max_bytes:
             msg = f"is {st.st_size} bytes, more than {max_bytes}"
             raise FileTooLargeError(errno.EFBIG, msg, str(path))
-        yield fd
-        if restore is not None:
-            # another user's file (docs/design.md#sharing-and-locking): only its owner may set
-            # times; relatime changes the atime of a read rarely, and the entry is still read
-            # correctly
-            with contextlib.suppress(PermissionError):
-                os.utime(fd, ns=(restore.st_atime_ns, restore.st_mtime_ns))
-    finally:
+    except BaseException:
         os.close(fd)
+        raise
+    return fd, restore
 
 
 def read_bytes_noatime(
@@ -164,10 +168,10 @@ def read_bytes_noatime(
 
     :param owners: when given, the uid owning the file read is added to it (from the
         descriptor read: no race with a file swapped under the name).
-    :raises OSError: as :func:`_open_noatime`.
+    :raises OSError: as :func:`_opened_noatime`.
     """
-    opened = _open_noatime(path, dir_fd, single_link=single_link, max_bytes=max_bytes)
-    with opened as fd:
+    fd, restore = _opened_noatime(path, dir_fd, single_link, max_bytes)
+    try:
         if owners is not None:
             owners.add(os.fstat(fd).st_uid)
         chunks = []
@@ -181,6 +185,9 @@ def read_bytes_noatime(
                 if left <= 0:
                     msg = f"is more than {max_bytes} bytes"
                     raise FileTooLargeError(errno.EFBIG, msg, str(path))
+        _put_back(fd, restore)
+    finally:
+        os.close(fd)
     return b"".join(chunks)
 
 
@@ -195,18 +202,22 @@ def sha256_noatime(
     :data:`READ_CHUNK_BYTES` — never whole into memory — without changing
     its access time; never more than ``max_bytes`` (a file growing meanwhile included).
 
-    :raises OSError: as :func:`_open_noatime` (:class:`FileTooLargeError` over ``max_bytes``).
+    :raises OSError: as :func:`_opened_noatime` (:class:`FileTooLargeError` over ``max_bytes``).
     """
     import hashlib  # here: OpenSSL's import is a hit's cost, not every command's
 
     digest, size = hashlib.sha256(), 0
-    with _open_noatime(path, dir_fd, single_link=single_link, max_bytes=max_bytes) as fd:
+    fd, restore = _opened_noatime(path, dir_fd, single_link, max_bytes)
+    try:
         while chunk := os.read(fd, READ_CHUNK_BYTES):
             digest.update(chunk)
             size += len(chunk)
             if max_bytes is not None and size > max_bytes:
                 msg = f"is more than {max_bytes} bytes"
                 raise FileTooLargeError(errno.EFBIG, msg, str(path))
+        _put_back(fd, restore)
+    finally:
+        os.close(fd)
     return digest.hexdigest(), size
 
 
@@ -256,6 +267,15 @@ def _libc() -> tuple[Any, Any]:
     return ctypes.CDLL(None, use_errno=True), Timespec
 
 
+@functools.cache
+def _utimensat() -> tuple[Any, Any]:
+    """libc's ``utimensat`` (None where there is none) and the constant times argument
+    ``{UTIME_NOW, UTIME_OMIT}``, made once."""
+    libc, timespec = _libc()
+    times = (timespec * 2)(timespec(0, _UTIME_NOW), timespec(0, _UTIME_OMIT))
+    return getattr(libc, "utimensat", None), times
+
+
 def _utimensat_atime_now(path: Path, dir_fd: int | None = None) -> bool:
     """``utimensat(path, {UTIME_NOW, UTIME_OMIT})``: the access time becomes the
     filesystem's now, the modification time stays. False when refused (not the owner, on
@@ -263,11 +283,9 @@ def _utimensat_atime_now(path: Path, dir_fd: int | None = None) -> bool:
 
     :raises OSError: the file is gone (``ENOENT``/``ESTALE``) or the filesystem read-only.
     """
-    libc, timespec = _libc()
-    utimensat = getattr(libc, "utimensat", None)
+    utimensat, times = _utimensat()
     if utimensat is None:
         return False
-    times = (timespec * 2)(timespec(0, _UTIME_NOW), timespec(0, _UTIME_OMIT))
     # relative to the open folder (docs/security.md item 1)
     where = _AT_FDCWD if dir_fd is None else dir_fd
     if utimensat(where, os.fsencode(at(path, dir_fd)), times, _AT_SYMLINK_NOFOLLOW) == 0:
