@@ -705,7 +705,9 @@ class _LocalHits:
         """One more hit served here: reported with the next :meth:`flush`."""
         with self._lock:
             self._pending += 1
-        self.flush()
+            due = time.monotonic() - self._flushed >= HIT_REPORT_INTERVAL_S
+        if due:
+            self.flush()
 
     def flush(self, force: bool = False) -> None:
         """Report pending hits (at most once per :data:`HIT_REPORT_INTERVAL_S`)."""

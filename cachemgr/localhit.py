@@ -7,8 +7,9 @@ and, once the verified lookup answered, :meth:`HitPlans.remember` keeps the prep
 with everything that preparation depended on. The next time the same request comes,
 :meth:`HitPlans.again` re-checks each of those instead of recomputing the key:
 
-* the request: the same data (its ``repr``: types and values, ``True`` is not ``1``) and the
-  same base folder (resolved again, links followed by the kernel);
+* the request: the same data (its exact types and values: ``True`` is not ``1``) and the
+  same base folder (resolved again, links followed by the kernel, unless every path the
+  request names is absolute);
 * the daemon's settings and ``[compilers]`` table: the same objects (refreshed after
   :data:`cachemgr.client.LOCAL_CONFIG_TTL_S`, which then prepares once in full);
 * the compiler: the identity :meth:`cachemgr.compile.keys.Compilers.identity` gives now
@@ -31,6 +32,7 @@ listing rather than the manifest) are never remembered.
 from __future__ import annotations
 
 import contextlib
+import marshal
 import os
 import threading
 import time
@@ -57,7 +59,8 @@ MAX_PLANS = 1024
 class Context(NamedTuple):
     """What a request's preparation depends on in this process, taken just before it."""
 
-    key: tuple[str, str | None]
+    #: :func:`_key` of the request (None: its data cannot be told apart exactly)
+    key: tuple[bytes, str | None] | None
     #: the request's data, as it was
     data: Mapping[str, Any]
     settings: Settings
@@ -86,6 +89,19 @@ def _environ_data() -> dict[Any, Any] | None:
     (then the variables are picked again on every hit)."""
     data = getattr(os.environ, "_data", None)
     return data if isinstance(data, dict) else None
+
+
+def _key(data: Mapping[str, Any], base_dir: Path | str | None) -> tuple[bytes, str | None] | None:
+    """A request's data and base folder as they are now, exactly: the data's
+    :func:`marshal.dumps` (its exact types and values: ``True`` is not ``1``, a tuple not a
+    list; version 2, which never depends on how objects are shared) and the base as given.
+    None for data marshal cannot write (objects other than plain JSON values): never
+    remembered."""
+    try:
+        exact = marshal.dumps(data, 2)  # type: ignore[arg-type]  # a ValueError if not
+        return exact, None if base_dir is None else os.fspath(base_dir)
+    except ValueError:
+        return None
 
 
 def _same_environment(ctx: Context) -> bool:
@@ -127,7 +143,7 @@ class HitPlans:
     def __init__(self, size: int = MAX_PLANS) -> None:
         self.size = size
         self._lock = threading.Lock()
-        self._plans: OrderedDict[tuple[str, str | None], _Plan] = OrderedDict()
+        self._plans: OrderedDict[tuple[bytes, str | None], _Plan] = OrderedDict()
 
     @staticmethod
     def context(
@@ -142,7 +158,7 @@ class HitPlans:
         env = _environ_data()
         caller = environment.from_caller(os.environ, os.getcwd())
         cwd = os.getcwd() if envvars.INCLUDE_PATHS & caller.keys() else None
-        key = (repr(data), None if base_dir is None else os.fspath(base_dir))
+        key = _key(data, base_dir)
         copied = None if env is None else dict(env)
         language, identity = data.get("language"), None
         if isinstance(language, str):
@@ -155,7 +171,7 @@ class HitPlans:
     ) -> None:
         """Keep ``prepared`` (whose verified lookup answered ``first``) for :meth:`again`,
         when its preparation read nothing the re-checks do not cover."""
-        if prepared.scanned or prepared.opts.op_debug_config is not None:
+        if context.key is None or prepared.scanned or prepared.opts.op_debug_config is not None:
             return
         if prepared.inputs.headers is None:
             return
@@ -173,12 +189,6 @@ class HitPlans:
             while len(self._plans) > self.size:
                 self._plans.popitem(last=False)
 
-    def forget(self, data: Mapping[str, Any], base_dir: Path | str | None) -> None:
-        """Drop the plan of this request (after it failed a re-check)."""
-        key = (repr(data), None if base_dir is None else os.fspath(base_dir))
-        with self._lock:
-            self._plans.pop(key, None)
-
     def again(
         self,
         data: Mapping[str, Any],
@@ -190,8 +200,8 @@ class HitPlans:
         """The verified hit of a remembered request whose every input re-checks (module
         docstring), or None (then prepare it in full). ``start``: ``time.perf_counter()``
         when the call began (the answer's ``seconds``)."""
-        key = (repr(data), None if base_dir is None else os.fspath(base_dir))
-        plan = self._plans.get(key)
+        key = _key(data, base_dir)
+        plan = self._plans.get(key) if key is not None else None
         if plan is None:
             return None
         try:
@@ -202,20 +212,7 @@ class HitPlans:
             return None
         if files is None:
             return None
-        first = plan.first
-        return CompileOutcome(
-            first.kernel_name,
-            first.status,
-            files,
-            time.perf_counter() - start,
-            request=first.request,
-            cached=first.cached,
-            warning=first.warning,
-            policy=first.policy,
-            tier=first.tier,
-            via=first.via,
-            note=first.note,
-        )
+        return plan.first.answered_again(files, time.perf_counter() - start)
 
     @staticmethod
     def _still(

@@ -473,24 +473,29 @@ def _binary_ref(data: dict[str, Any], json_name: str, is_sub: bool) -> BinaryRef
 
 def _read(chip_dir: Path, name: str, dir_fd: int | None, max_bytes: int | None = None) -> bytes:
     """Read one file of an entry (at most ``max_bytes``)."""
-    data: bytes = _reading(fsutil.read_bytes_noatime, chip_dir, name, dir_fd, max_bytes=max_bytes)
+    data: bytes = _reading(fsutil.read_bytes_noatime, chip_dir, name, dir_fd, max_bytes)
     return data
 
 
 def _digest(chip_dir: Path, name: str, dir_fd: int | None) -> tuple[str, int]:
     """SHA-256 and size of a binary, streamed (a hit never holds a binary in memory)."""
     digest: tuple[str, int] = _reading(
-        fsutil.sha256_noatime, chip_dir, name, dir_fd, max_bytes=MAX_BINARY_BYTES
+        fsutil.sha256_noatime, chip_dir, name, dir_fd, MAX_BINARY_BYTES
     )
     return digest
 
 
 def _reading(
-    how: Callable[..., Any], chip_dir: Path, name: str, dir_fd: int | None, **kw: Any
+    how: Callable[..., Any],
+    chip_dir: Path,
+    name: str,
+    dir_fd: int | None,
+    max_bytes: int | None,
 ) -> Any:
-    """``how(chip_dir / name, dir_fd, single_link=True, **kw)`` relative to the open chip
-    folder (no link followed, no hard link used, never blocking; docs/security.md items 1,
-    2), with the errors of reading an entry's file as entry errors.
+    """``how(chip_dir / name, dir_fd, single_link=True, max_bytes=max_bytes)`` relative to
+    the open chip folder (no link followed, no hard link used, never blocking;
+    docs/security.md items 1, 2), with the errors of reading an entry's file as entry
+    errors.
 
     :raises InvalidEntryError: a folder, not a regular file, a hard link, too large,
         unreadable.
@@ -499,8 +504,8 @@ def _reading(
     try:
         if dir_fd is None:
             with SafeDir.open_chip(chip_dir) as folder:
-                return _reading(how, chip_dir, name, folder.fd, **kw)
-        return how(_joined(chip_dir, name), dir_fd, single_link=True, **kw)
+                return _reading(how, chip_dir, name, folder.fd, max_bytes)
+        return how(_joined(chip_dir, name), dir_fd, single_link=True, max_bytes=max_bytes)
     except IsADirectoryError as exc:
         raise InvalidEntryError(f"{name}: is a folder, not a file", NOT_A_FILE) from exc
     except fsutil.HardLinkError as exc:
@@ -639,6 +644,34 @@ def verify_entry(chip_dir: Path, desc: EntryDesc, dir_fd: int | None = None) -> 
                 Problem(SHA256_MISMATCH, f"{ref.bin_name}: sha256 {actual} != {ref.sha256}")
             )
     return problems
+
+
+def plainly_good(chip_dir: Path, kernel: str, dir_fd: int) -> EntryDesc | None:
+    """The entry ``kernel`` when it is plainly good — its main json read (the same reader and
+    caps as :func:`parse_entry`) is one parsed before, without sub-jsons, and every binary
+    it names reads (:func:`verify_entry`'s reader) to its ``sha256``, non-empty where GE
+    reads it — else None, and :func:`check_entry` judges it (a hit's common case in few
+    steps; anything else the full way).
+    """
+    try:
+        raw = fsutil.read_bytes_noatime(
+            _joined(chip_dir, kernel + ".json"), dir_fd, single_link=True, max_bytes=MAX_JSON_BYTES
+        )
+        desc = _parsed.get((kernel, raw)) if len(raw) <= MAX_REMEMBERED_JSON_BYTES else None
+        if desc is None:
+            return None
+        for ref in desc.binaries:
+            actual, size = fsutil.sha256_noatime(
+                _joined(chip_dir, ref.bin_name),
+                dir_fd,
+                single_link=True,
+                max_bytes=MAX_BINARY_BYTES,
+            )
+            if actual != ref.sha256 or not (size or not ref.bin_name.endswith(KERNEL_BIN_SUFFIXES)):
+                return None
+    except OSError:
+        return None
+    return desc
 
 
 def check_entry(

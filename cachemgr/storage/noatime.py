@@ -96,6 +96,11 @@ def _put_back(fd: int, restore: os.stat_result | None) -> None:
             os.utime(fd, ns=(restore.st_atime_ns, restore.st_mtime_ns))
 
 
+# O_NONBLOCK: opening a FIFO planted in the cache must not hang (the type is checked next)
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+_NOATIME = getattr(os, "O_NOATIME", 0)
+
+
 def _opened_noatime(
     path: Path,
     dir_fd: int | None,
@@ -119,15 +124,12 @@ def _opened_noatime(
         :class:`NotRegularFileError` for a FIFO, socket or device, :class:`HardLinkError`,
         :class:`FileTooLargeError`.
     """
-    # O_NONBLOCK: opening a FIFO planted in the cache must not hang (the type is checked next)
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-    noatime = getattr(os, "O_NOATIME", 0)
     restore: os.stat_result | None = None
     name = at(path, dir_fd)
     try:
-        fd = os.open(name, flags | noatime, dir_fd=dir_fd)
+        fd = os.open(name, _READ_FLAGS | _NOATIME, dir_fd=dir_fd)
     except PermissionError:
-        fd = os.open(name, flags, dir_fd=dir_fd)
+        fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
         restore = os.fstat(fd)
         if _KEEP_ATIME.get() and read_changes_atime(restore):
             os.close(fd)

@@ -383,6 +383,9 @@ class Store:
                     return bound.lookup(kernel, touch, held)
             except FileNotFoundError:
                 return LookupResult(MISS, kernel, ABSENT)
+        good = entry.plainly_good(self.chip_dir, kernel, self.dir_fd)
+        if good is not None:
+            return self._hit(kernel, good, touch)
         try:
             desc, problems = self._check_stable(kernel)
         except FileNotFoundError:
