@@ -21,6 +21,9 @@ import pytest
 
 from cachemgr.client import Client
 from cachemgr.compile.results import CompileOutcome
+from cachemgr.storage import entry
+from cachemgr.storage.store import Store
+from tests.conftest import publish
 from tests.daemon_util import Daemon, start_daemon
 
 TENSOR = {"shape": [16], "dtype": "float32", "format": "ND"}
@@ -199,3 +202,30 @@ def test_a_relative_source_follows_its_base_folder(
     assert out.status == "compiled" and out.kernel_name != hit.kernel_name, out
     assert _fresh(daemon, data, base).kernel_name == out.kernel_name
     assert two["kernel_source"] != one["kernel_source"]
+
+
+# --- the store's side: an entry parsed once per distinct json, every binary hashed each time
+
+
+def test_a_json_rewritten_in_place_is_judged_by_its_new_bytes(tmp_path: Path) -> None:
+    chip = tmp_path / "cache" / "kernel_cache" / "Ascend910B1"
+    chip.mkdir(parents=True)
+    doc = publish(chip, "te_add_9", b"binary-9")
+    assert Store(chip).lookup("te_add_9").hit and Store(chip).lookup("te_add_9").hit
+    assert entry._parsed.get(("te_add_9", doc.read_bytes())) is not None  # remembered
+    old = json.loads(doc.read_bytes())
+    doc.write_text(json.dumps({**old, "sha256": "0" * 64}))  # same inode, another digest
+    result = Store(chip).lookup("te_add_9")
+    assert not result.hit and result.reason == entry.SHA256_MISMATCH and result.removed
+    assert not doc.exists()
+
+
+def test_every_binary_is_hashed_on_every_hit(tmp_path: Path) -> None:
+    chip = tmp_path / "cache" / "kernel_cache" / "Ascend910B1"
+    chip.mkdir(parents=True)
+    publish(chip, "te_add_8", b"binary-8")
+    for _ in range(3):
+        assert Store(chip).lookup("te_add_8").hit
+    (chip / "te_add_8.o").write_bytes(b"binary-X")  # same size, the json untouched
+    result = Store(chip).lookup("te_add_8")
+    assert not result.hit and result.reason == entry.SHA256_MISMATCH and result.removed

@@ -407,7 +407,7 @@ class EntryDesc:
 #: its bytes every time and compares them with those remembered (bytes; CANN's are ~2 KB).
 MAX_REMEMBERED_JSON_BYTES = 64 << 10
 #: Parsed entries by (kernel, the main json's bytes).
-_parsed: Memo[tuple[str, bytes], EntryDesc] = Memo("parsed entries", 256)
+_parsed: Memo[tuple[str, bytes], EntryDesc] = Memo("parsed entries", 1024)
 
 
 def load_json_object(raw: bytes, name: str) -> dict[str, Any]:
@@ -553,15 +553,22 @@ def parse_entry(
         def read(name: str) -> bytes:
             return _read(chip_dir, name, dir_fd, MAX_JSON_BYTES)
 
+    raw = read(kernel + ".json")
+    known = _parsed.get((kernel, raw)) if len(raw) <= MAX_REMEMBERED_JSON_BYTES else None
+    return known if known is not None else _remember(kernel, raw, read)
+
+
+def _remember(kernel: str, raw: bytes, read: Callable[[str], bytes]) -> EntryDesc:
+    """Parse the main json ``raw`` of ``kernel`` (its sub-jsons read with ``read``) and
+    remember the entry by those bytes, unless it has sub-jsons (their own bytes are read and
+    parsed every time) or is too big.
+
+    :raises InvalidEntryError, FileNotFoundError: as :func:`parse_entry`.
+    """
     json_name = kernel + ".json"
-    raw = read(json_name)
-    memo = (kernel, raw)
-    known = _parsed.get(memo) if len(raw) <= MAX_REMEMBERED_JSON_BYTES else None
-    if known is not None:
-        return known
     desc = _parse_entry(kernel, json_name, load_json_object(raw, json_name), read)
     if not desc.sub_jsons and len(raw) <= MAX_REMEMBERED_JSON_BYTES:
-        _parsed.put(memo, desc)  # a sub-json's own bytes are read and parsed every time
+        _parsed.put((kernel, raw), desc)
     return desc
 
 
@@ -659,6 +666,8 @@ def plainly_good(chip_dir: Path, kernel: str, dir_fd: int) -> EntryDesc | None:
         )
         desc = _parsed.get((kernel, raw)) if len(raw) <= MAX_REMEMBERED_JSON_BYTES else None
         if desc is None:
+            desc = _remember(kernel, raw, lambda n: _read(chip_dir, n, dir_fd, MAX_JSON_BYTES))
+        if desc.sub_jsons:
             return None
         for ref in desc.binaries:
             actual, size = fsutil.sha256_noatime(
@@ -669,7 +678,7 @@ def plainly_good(chip_dir: Path, kernel: str, dir_fd: int) -> EntryDesc | None:
             )
             if actual != ref.sha256 or not (size or not ref.bin_name.endswith(KERNEL_BIN_SUFFIXES)):
                 return None
-    except OSError:
+    except (OSError, InvalidEntryError):
         return None
     return desc
 
