@@ -106,10 +106,10 @@ def _opened_noatime(
     dir_fd: int | None,
     single_link: bool,
     max_bytes: int | None,
-) -> tuple[int, os.stat_result | None]:
+) -> tuple[int, os.stat_result | None, int]:
     """Open a regular file for reading without changing its access time: the fd (the
-    caller closes it) and, when the access time could not be kept, the status whose times
-    :func:`_put_back` gives back after the read.
+    caller closes it), when the access time could not be kept the status whose times
+    :func:`_put_back` gives back after the read, and its size (bytes, from the descriptor).
 
     Uses ``O_NOATIME`` where the kernel allows it (owner or CAP_FOWNER); otherwise opens
     normally and puts the previous atime back when done. Symlinks are refused
@@ -153,7 +153,17 @@ def _opened_noatime(
     except BaseException:
         os.close(fd)
         raise
-    return fd, restore
+    return fd, restore, st.st_size
+
+
+def _next_ask(ask: int, asked: int, got: int) -> int:
+    """How many bytes the next read of a regular file asks for; 0 when it is read to its
+    end. The first ask is its size + 1: a read of a regular file returns fewer bytes than
+    asked only at its end, so a file that did not grow since its ``fstat`` is read whole
+    without a last read of 0 bytes, and one that grew is read on to its new end."""
+    if got < asked:
+        return 0
+    return ask - got if ask > got else READ_CHUNK_BYTES
 
 
 def read_bytes_noatime(
@@ -172,21 +182,24 @@ def read_bytes_noatime(
         descriptor read: no race with a file swapped under the name).
     :raises OSError: as :func:`_opened_noatime`.
     """
-    fd, restore = _opened_noatime(path, dir_fd, single_link, max_bytes)
+    fd, restore, size = _opened_noatime(path, dir_fd, single_link, max_bytes)
     try:
         if owners is not None:
             owners.add(os.fstat(fd).st_uid)
         chunks = []
         left = None if max_bytes is None else max_bytes + 1
-        while chunk := os.read(
-            fd, READ_CHUNK_BYTES if left is None else min(READ_CHUNK_BYTES, left)
-        ):
-            chunks.append(chunk)
+        ask = size + 1  # see _next_ask
+        while ask:
+            want = min(READ_CHUNK_BYTES, ask) if left is None else min(READ_CHUNK_BYTES, ask, left)
+            chunk = os.read(fd, want)
+            if chunk:
+                chunks.append(chunk)
             if left is not None:
                 left -= len(chunk)
                 if left <= 0:
                     msg = f"is more than {max_bytes} bytes"
                     raise FileTooLargeError(errno.EFBIG, msg, str(path))
+            ask = _next_ask(ask, want, len(chunk))
         _put_back(fd, restore)
     finally:
         os.close(fd)
@@ -209,14 +222,18 @@ def sha256_noatime(
     import hashlib  # here: OpenSSL's import is a hit's cost, not every command's
 
     digest, size = hashlib.sha256(), 0
-    fd, restore = _opened_noatime(path, dir_fd, single_link, max_bytes)
+    fd, restore, ask = _opened_noatime(path, dir_fd, single_link, max_bytes)
     try:
-        while chunk := os.read(fd, READ_CHUNK_BYTES):
+        ask += 1  # see _next_ask
+        while ask:
+            want = min(READ_CHUNK_BYTES, ask)
+            chunk = os.read(fd, want)
             digest.update(chunk)
             size += len(chunk)
             if max_bytes is not None and size > max_bytes:
                 msg = f"is more than {max_bytes} bytes"
                 raise FileTooLargeError(errno.EFBIG, msg, str(path))
+            ask = _next_ask(ask, want, len(chunk))
         _put_back(fd, restore)
     finally:
         os.close(fd)
