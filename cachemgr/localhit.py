@@ -137,8 +137,8 @@ def _base_free(data: Mapping[str, Any]) -> bool:
 
 
 class HitPlans:
-    """The remembered requests of one :class:`cachemgr.Client` (thread-safe; LRU of
-    :data:`MAX_PLANS`)."""
+    """The remembered requests of one :class:`cachemgr.Client` (thread-safe; at most
+    ``size``, the one remembered first dropped first)."""
 
     def __init__(self, size: int = MAX_PLANS) -> None:
         self.size = size
