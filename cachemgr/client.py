@@ -9,8 +9,10 @@ the CLI run the work in-process instead.
 daemon's settings (fetched from ``/config?sections=1`` and refreshed every
 :data:`LOCAL_CONFIG_TTL_S` seconds) it computes the same key with the same code the daemon
 runs, and does the same verified lookup (SHA-256 of every binary, atime set) on the shared
-cache. Only misses — and every request the rules send elsewhere (debug, ``force``,
-``disable``, precompiled-binary first) — go to the daemon, whose queue compiles each kernel
+cache; a request served so once is served again from what its key was made from,
+re-checked (:mod:`cachemgr.localhit`). Only misses — and every request the rules send
+elsewhere (debug, ``force``, ``disable``, precompiled-binary first) — go to the daemon,
+whose queue compiles each kernel
 once. Hits served locally are reported to the daemon's counters (``POST /hits``) at most
 once a second and on :meth:`Client.close`. ``Client(local_hits=False)`` sends everything.
 

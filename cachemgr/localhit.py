@@ -225,7 +225,8 @@ class HitPlans:
             return False
         if plan.base is not None and resolved_base(base_dir) != plan.base:
             return False
-        if compilers.identity(p.request.language) != plan.identity:
+        identity = compilers.identity(p.request.language)
+        if identity is not plan.identity and identity != plan.identity:
             return False
         if not _same_environment(ctx) and (
             environment.from_caller(os.environ, os.getcwd()) != ctx.caller_env
