@@ -229,3 +229,10 @@ def test_every_binary_is_hashed_on_every_hit(tmp_path: Path) -> None:
     (chip / "te_add_8.o").write_bytes(b"binary-X")  # same size, the json untouched
     result = Store(chip).lookup("te_add_8")
     assert not result.hit and result.reason == entry.SHA256_MISMATCH and result.removed
+
+
+def test_a_hits_report_answers_what_it_counted(client: Client) -> None:
+    # the cache's totals are stats' (reading every chip folder's counters file per report,
+    # once a second per client, was the daemon's main cost of local hits)
+    assert client.request("POST", "/hits", {"hits": 7}) == {"counted": 7}
+    assert client.stats().counters["hits"] == 7
