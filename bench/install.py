@@ -166,8 +166,15 @@ def _check_imports_from(found: Install) -> None:
 
 
 def _pip_install(python: Path, source: Path) -> None:
+    """``pip install --no-deps source`` into ``python``'s venv with the running ``.venv``'s pip
+    (a current one, as ``pip install -U pip`` gives): the ``cachemgr`` script it writes is what
+    a user of a current pip runs. Python 3.11's bundled pip (23.2) writes a script that first
+    imports ``re`` (BENCHMARKS.md, section startup, gives its cost).
+
+    :raises RuntimeError: the install failed (pip's last lines in the message).
+    """
     env = {**measured_env(), "PYTHONWARNINGS": "ignore", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
-    base = [str(python), "-m", "pip", "install", "-q", "--no-deps"]
+    base = [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps"]
     tail = ""
     for extra in ([], ["--no-build-isolation", "--no-index"]):
         proc = subprocess.run([*base, *extra, str(source)], env=env, capture_output=True, text=True)
