@@ -58,7 +58,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Container, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -164,7 +164,9 @@ class ChipScan:
     """
 
     chip_dir: Path
-    entries: dict[str, EntryGroup] = field(default_factory=dict)
+    #: a dict from ``scan_chip``; gc's bounded-memory scan keeps most entries in columns
+    #: (:class:`cachemgr.eviction.compact.CompactEntries`)
+    entries: MutableMapping[str, EntryGroup] = field(default_factory=dict)
     orphans: dict[str, FileStat] = field(default_factory=dict)
     temps: dict[str, FileStat] = field(default_factory=dict)
     locks: dict[str, FileStat] = field(default_factory=dict)
@@ -177,7 +179,7 @@ class ChipScan:
     dir_fd: int | None = None
 
 
-def kernel_of_part(stem: str, mains: set[str] | dict[str, Any]) -> str | None:
+def kernel_of_part(stem: str, mains: Container[str]) -> str | None:
     """The kernel that a file stem belongs to, by name: ``stem`` itself or ``stem`` minus one
     of :data:`PART_STEM_SUFFIXES`; None when no main json has that name."""
     if stem in mains:
@@ -329,21 +331,33 @@ _NOT_PARTS = frozenset({"lock", "temp", ""})
 
 
 def _place(scan: ChipScan, name: str, fst: FileStat) -> None:
+    owner = place_file(scan, name, fst)
+    if owner is not None:
+        group = scan.entries[owner]
+        group.files[name] = fst
+        if name.rpartition(".")[2] != "json" and name != owner + ".h":
+            group.resolved = True
+
+
+def place_file(scan: ChipScan, name: str, fst: FileStat) -> str | None:
+    """Place a file that no entry owns by its stem: into the scan's tables of locks, temps,
+    manifests, ``.nfs*`` names or orphans — or return the kernel that owns it by name (a
+    part such as ``_mix_aic``, ``<kernel>.tar.gz``), which the caller adds it to."""
     if name.startswith(fsutil.NFS_SILLY_PREFIX):
         scan.silly[name] = fst
-        return
+        return None
     if name.endswith(fsutil.TEMP_SUFFIX):
         scan.temps[name] = fst
-        return
+        return None
     if name == layout.EVICT_LOCK_NAME:
-        return
+        return None
     if name.endswith(layout.MANIFEST_SUFFIX):
         scan.manifests[name] = fst
-        return
+        return None
     if name.endswith(".lock"):
         scan.locks[name] = fst
-        return
-    stem, dot, ext = name.rpartition(".")
+        return None
+    stem, dot, _ = name.rpartition(".")
     if not dot:
         stem = name
     owner = kernel_of_part(stem, scan.entries)
@@ -351,11 +365,7 @@ def _place(scan: ChipScan, name: str, fst: FileStat) -> None:
         owner = kernel_of_part(stem.split(".", 1)[0], scan.entries)
     if owner is None:
         scan.orphans[name] = fst
-        return
-    group = scan.entries[owner]
-    group.files[name] = fst
-    if ext != "json" and name != owner + ".h":
-        group.resolved = True
+    return owner
 
 
 # --- full parse (opens the json) -------------------------------------------------------
