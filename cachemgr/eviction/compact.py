@@ -79,7 +79,7 @@ class CompactEntries(MutableMapping[str, EntryGroup]):
         self._mask = 1023
         self._extras: dict[int, dict[str, FileStat]] = {}
         self.alive = 0  # compact entries with a json, not removed
-        self.unresolved = 0  # of which no binary is known by name
+        self.unresolved = 0  # of which no binary is known by name (pre-build ones too)
         self.without_json = 0  # compact stems without a json (orphans, found by name later)
         #: stems with a json among the files kept the old way (``scan_chip``'s json stems)
         self.legacy_jsons: set[str] = set()
@@ -290,7 +290,9 @@ class CompactEntries(MutableMapping[str, EntryGroup]):
                     i = (i + 1) & mask
                 if j < 0 or flags[j] & (_JSON | _DEAD) != _JSON or not simple_stem(stem):
                     continue
-                if checks[j] == _check(stem) and not (unresolved_only and flags[j] & _BIN):
+                if checks[j] != _check(stem):
+                    continue
+                if not unresolved_only or not (flags[j] & _BIN or entry.is_pre_entry(stem)):
                     yield stem, j
 
     def no_json_files(self) -> Iterator[str]:

@@ -29,7 +29,7 @@ CHUNK = 65536
 #: Buckets of one histogram pass over the access times.
 BUCKETS = 4096
 #: A range of access times holding at most this many entries is sorted, not bucketed.
-SORT_AT = 65536
+SORT_AT = 8192
 _EARLIEST, _LATEST = -(1 << 63), (1 << 63) - 1
 #: ``flags`` byte → 1 for a live entry in the columns (a json, not removed), else 0
 _LIVE_TABLE = bytes(1 if f & (1 | 8) == 1 else 0 for f in range(256))
