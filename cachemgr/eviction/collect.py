@@ -5,9 +5,11 @@ Steps, as ccache's cleanup and GE's ``CacheSpaceInitialize`` do them:
 
 1. take ``<chip>/op_cache_file_del.lock`` without waiting — held means another evictor (a
    cachemgr or a CANN process, on this host or another) is at work: skip, not an error;
-2. scan the folder by name (``entry.scan_chip``: one ``scandir`` + one ``lstat`` per file, no
-   json opened), reclaim leftovers (:mod:`cachemgr.eviction.reclaim`);
-3. plan (:func:`~cachemgr.eviction.plan.plan_eviction`, pure);
+2. scan the folder by name (one ``scandir`` + one ``lstat`` per file, no json opened) into a
+   bounded-memory snapshot (:mod:`cachemgr.eviction.compact`, docs/eviction.md#memory),
+   reclaim leftovers (:mod:`cachemgr.eviction.reclaim`);
+3. plan (:func:`~cachemgr.eviction.order.plan_compact`: the entries and order of
+   :func:`~cachemgr.eviction.plan.plan_eviction`, which plans the full scan);
 4. for each candidate, least recently accessed first: take its ``.lock`` if it has one
    (busy → skip), re-check the main json's access time (changed → a concurrent hit saved it),
    remove the files json first. Candidates saved or gone are replaced from the plan's reserve
