@@ -125,11 +125,14 @@ class CompactEntries(MutableMapping[str, EntryGroup]):
         :raises HashCollision: two files of one kind under one key, or the second hash differs.
         """
         key = hash(stem)
-        j = self._find(stem, key)
+        index, keys, mask = self._index, self.keys_, self._mask
+        i = key & mask
+        while (j := index[i]) >= 0 and keys[j] != key:  # _find() inlined: once per file
+            i = (i + 1) & mask
         size = st.st_size
         if j < 0:
-            j = len(self.keys_)
-            self.keys_.append(key)
+            j = index[i] = len(keys)
+            keys.append(key)
             self._chk.append(_check(stem))
             self.atimes.append(0)
             self.sizes.append(0)
@@ -139,9 +142,10 @@ class CompactEntries(MutableMapping[str, EntryGroup]):
             self._ext.append(0)
             self.flags.append(0)
             self.without_json += 1
-            self._insert(key, j)
-            if 2 * len(self.keys_) > len(self._index):
+            if 2 * len(keys) > len(index):
                 self._grow()
+        elif self._chk[j] != _check(stem):
+            raise HashCollision(stem)
         flags = self.flags[j]
         if flags & _DEAD or size > _MAX_SIZE:
             return False
