@@ -64,6 +64,9 @@ DEFAULT_CLOCK_SKEW_S = 300.0
 #: (ext4) or the server (NFS), not the CPU: measured on ext4 with 2 cores, 8 threads remove
 #: files ~1.9x faster than one, 2 threads ~1.3x.
 DELETE_WORKERS = 8
+#: Entries removed per batch: a batch's entries are held as groups (~1 KiB each) until its
+#: removals are done, so 200,000 candidates never are at once (docs/eviction.md#memory).
+BATCH = 512 * DELETE_WORKERS
 
 SKIP_BUSY = "busy"
 SKIP_MISSING = "missing"
@@ -502,7 +505,8 @@ def _known(tables: tuple[dict[str, entry.FileStat], ...], name: str) -> entry.Fi
 
 
 def _batches(plan: AnyPlan, freed: Callable[[], int]) -> Iterator[list[EntryGroup]]:
-    """The candidates, then as much of the reserve as the shortfall needs, batch by batch."""
+    """The candidates, then as much of the reserve as the shortfall needs, batch by batch
+    (at most :data:`BATCH` entries each: only a batch's entries are made into groups)."""
     pending = plan.pending()
     while freed() < plan.need_bytes:
         batch: list[EntryGroup] = []
@@ -510,7 +514,7 @@ def _batches(plan: AnyPlan, freed: Callable[[], int]) -> Iterator[list[EntryGrou
         for group in pending:
             batch.append(group)
             planned += group.size
-            if freed() + planned >= plan.need_bytes:
+            if freed() + planned >= plan.need_bytes or len(batch) >= BATCH:
                 break
         if not batch:
             return
