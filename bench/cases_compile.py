@@ -15,25 +15,45 @@
 * **sandbox**: the same compiler argv alone, under the daemon's limits only (``prlimit``: a
   compile for the daemon's own user) and in the allow-list view (``bwrap`` + ``prlimit``:
   another user's compile), interleaved; the median of the pairs' ratios. Informational.
-* **ccache**: the same C kernels through ``ccache gcc`` (the Debian package, installed with
-  apt-get when missing): misses, hits; cachemgr's hits in-process and as one CLI process per
-  request (ccache is one process per call). Informational.
+* **ccache**: the same C kernels through ``ccache gcc`` (the Debian package; ``scripts/bench``
+  installs it when missing) and the in-process queue: misses, hits. Informational.
+* **CLI**: ``cachemgr compile REQUEST.json``, one process per request as a build runs it, for
+  the non-editable ``pip install .`` users get and the checkout's editable ``.venv`` (byte code
+  warm, ``PYTHONDONTWRITEBYTECODE`` unset), each beside ``ccache gcc`` of the same command and
+  the plain ``gcc``, interleaved in the same rounds: misses, then warm hits of
+  ``examples/requests/add_c.json``. Informational (the start-up case holds the CLI targets).
+
+Every ratio is the median of paired repetitions' ratios, with their min–max, and the load
+average while measured.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.harness import ROOT, Row, ratio_of
+from bench.harness import (
+    ROOT,
+    Command,
+    Install,
+    Row,
+    editable_cachemgr,
+    installed_cachemgr,
+    load_average,
+    load_note,
+    measured_env,
+    ratio_row,
+    ratio_text,
+    timed_runs,
+)
 from cachemgr.compile.build import CompileOutcome
 from cachemgr.compile.queue import CompileQueue
 from cachemgr.compile.request import CompileRequest, load_request, parse_request
@@ -65,14 +85,22 @@ def _settings(work: Path) -> options.Settings:
     return options.resolve(cli={"op_compiler_cache_dir": str(work / "cache")}, env=env, cwd=work)
 
 
-def _variant(example: str, work: Path, i: int) -> CompileRequest:
-    """The example request with one extra define, so every ``i`` is a distinct kernel."""
+def _variant(example: str, work: Path, i: int, own_source: bool = False) -> CompileRequest:
+    """The example request with one extra define, so every ``i`` is a distinct kernel; with
+    ``own_source`` also a copy of its source with one more line of code (ccache hashes the
+    preprocessed source, not an unused define: only a new source is a miss for it too)."""
     req = load_request(REQUESTS / f"{example}.json")
+    source = req.kernel_source
+    if own_source:
+        source = _mkdir(work / "sources") / f"{i}-{req.kernel_source.name}"
+        source.write_text(
+            req.kernel_source.read_text() + f"\nconst int cachemgr_bench_variant_{i} = {i};\n"
+        )
     data: dict[str, Any] = {
         "op_type": req.op_type,
         "soc_version": req.soc_version,
         "language": req.language,
-        "kernel_source": str(req.kernel_source),
+        "kernel_source": str(source),
         "kernel_entry": req.kernel_entry,
         "inputs": [t.to_json() for t in req.inputs],
         "outputs": [t.to_json() for t in req.outputs],
@@ -138,23 +166,71 @@ def _compile_then_hits(
     return first, hits
 
 
+#: Rounds of the in-process hit vs its floor: each round times a block of hits and a block of
+#: floor reads (who goes first alternates); the rounds' p50s are the paired repetitions.
+HIT_ROUNDS = 10
+
+
 def _hit_rows(work: Path, quick: bool) -> list[Row]:
     work.mkdir(parents=True)
-    first, hits = _compile_then_hits(work, big_request(work), "big kernel", quick)
-    binary = next(f for f in first.files if f.suffix == ".o")
+    since = load_average()
+    data = big_request(work)
+    req = parse_request(data, work)
+    per_round = (200 if quick else 3000) // HIT_ROUNDS
+    hits: list[list[float]] = []
+    floor: list[list[float]] = []
+    with CompileQueue(_settings(work), workers=1) as queue:
+        first = queue.compile(req)
+        if first.status != "compiled":
+            raise RuntimeError(f"big kernel did not compile: {first.error}")
+        binary = next(f for f in first.files if f.suffix == ".o")
+
+        def hit_block() -> list[float]:
+            return _timed_block(lambda: _expect_hit(queue.compile(req)), per_round)
+
+        def floor_block() -> list[float]:
+            return _timed_block(lambda: entry.sha256_hex(binary.read_bytes()), per_round)
+
+        for r in range(HIT_ROUNDS):
+            if r % 2:
+                floor.append(floor_block())
+                hits.append(hit_block())
+            else:
+                hits.append(hit_block())
+                floor.append(floor_block())
+    every = [t for block in hits for t in block]
     size_kib = binary.stat().st_size / 1024
-    floor = []
-    for _ in range(200 if quick else 3000):
-        start = time.perf_counter()
-        entry.sha256_hex(binary.read_bytes())
-        floor.append(time.perf_counter() - start)
-    p50, p99, f50 = _ms(hits), _ms(hits, 0.99), _ms(floor)
-    note = f"{size_kib:.0f} KiB binary; {len(hits)} hits"
+    note = f"{size_kib:.0f} KiB binary; {len(every)} hits"
+    p50 = ratio_row(
+        "hit (queue, in-process)",
+        "p50 latency incl. SHA-256",
+        [_ms(b) / 1e3 for b in hits],
+        "read+sha256 only",
+        [_ms(b) / 1e3 for b in floor],
+        load=load_note(since),
+        note=f"p50 per round of {per_round} hits and {per_round} floor reads; {note}",
+    )
+    p50.target, p50.met = "≤ 1 ms", p50.value <= 1.0
     return [
-        Row("hit (queue, in-process)", "p50 latency incl. SHA-256", p50, "ms",
-            "read+sha256 only", f50, ratio_of(p50, f50), "≤ 1 ms", p50 <= 1.0, note),
-        Row("hit (queue, in-process)", "p99 latency", p99, "ms", "", None, None, "", None, note),
+        p50,
+        Row("hit (queue, in-process)", "p99 latency", _ms(every, 0.99), "ms", "", None, None, "",
+            None, note, load=p50.load),
     ]  # fmt: skip
+
+
+def _timed_block(call: Callable[[], object], n: int) -> list[float]:
+    """Latency (seconds) of each of ``n`` calls."""
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def _expect_hit(outcome: CompileOutcome) -> None:
+    if outcome.status != "hit":
+        raise RuntimeError(f"expected a hit, got {outcome.status}")
 
 
 MANIFEST_HEADERS = 20
@@ -248,6 +324,7 @@ def _miss_row(work: Path, example: str, rounds: int) -> list[Row]:
     """A/B: the queue and the same argv alone, interleaved (who goes first alternates); and,
     in the same queue runs, the wall time around the compiler process itself."""
     work.mkdir(parents=True)
+    since = load_average()
     direct, queued, inside = [], [], []
     compiler_s: list[float] = []
     real_run = process.run_in_group
@@ -287,23 +364,20 @@ def _miss_row(work: Path, example: str, rounds: int) -> list[Row]:
                 direct.append(times[run_direct])
                 queued.append(times[run_queued])
                 inside.append(compiler_s[0])
-    d, q = statistics.median(direct) * 1e3, statistics.median(queued) * 1e3
-    paired = statistics.median(b / a for a, b in zip(direct, queued, strict=True))
-    in_run = statistics.median(b / a for a, b in zip(inside, queued, strict=True))
     added = statistics.median(b - a for a, b in zip(inside, queued, strict=True)) * 1e3
     fastest = min(queued) / min(direct)
     fsync_ms = _fsync_ms(work)
+    load = load_note(since)
     return [
-        Row("miss (queue)", f"wall time per miss, {example}", q, "ms",
-            "same argv, subprocess.run", d, paired, "≤ 1.03× direct", paired <= 1.03,
-            f"median of {rounds} interleaved pairs' ratios; fastest {min(queued) * 1e3:.1f} vs "
-            f"{min(direct) * 1e3:.1f} ms ({fastest:.3f}×); load average {os.getloadavg()[0]:.1f}"),
-        Row("miss (queue)", f"same runs: whole miss vs its compiler process, {example}",
-            q, "ms", "compiler process alone", statistics.median(inside) * 1e3, in_run,
-            "≤ 1.03×", in_run <= 1.03,
-            f"median added {added:.1f} ms per miss (key, locks, lookups, kernel json, ELF check, "
-            f"publish by rename without fsync; an fsync, which a miss no longer pays, took "
-            f"{fsync_ms:.2f} ms p50 on this disk then)"),
+        ratio_row("miss (queue)", f"wall time per miss, {example}", queued,
+                  "same argv, subprocess.run", direct, target=1.03, load=load,
+                  note=f"interleaved; fastest {min(queued) * 1e3:.1f} vs "
+                  f"{min(direct) * 1e3:.1f} ms ({fastest:.3f}×)"),
+        ratio_row("miss (queue)", f"same runs: whole miss vs its compiler process, {example}",
+                  queued, "compiler process alone", inside, target=1.03, load=load,
+                  note=f"median added {added:.1f} ms per miss (key, locks, lookups, kernel json, "
+                  f"ELF check, publish by rename without fsync; an fsync, which a miss no longer "
+                  f"pays, took {fsync_ms:.2f} ms p50 on this disk then)"),
     ]  # fmt: skip
 
 
@@ -347,6 +421,7 @@ def _sandbox_rows(work: Path, quick: bool) -> list[Row]:
     if not box.isolated:
         return [Row("sandbox", "view per compiler process", 0.0, "ms", note=box.why_not)]
     rounds = 5 if quick else 30
+    since = load_average()
     times: dict[str, list[float]] = {"alone": [], "limits": [], "view": []}
     for i in range(rounds + 1):  # round 0 warms up and is not counted
         out = Path(tempfile.mkdtemp(prefix="cachemgr-bench-", dir=work))
@@ -367,25 +442,26 @@ def _sandbox_rows(work: Path, quick: bool) -> list[Row]:
             if i:
                 times[name].append(took)
     ms = {k: statistics.median(v) * 1e3 for k, v in times.items()}
-
-    def paired(name: str) -> float:
-        return statistics.median(b / a for a, b in zip(times["alone"], times[name], strict=True))
-
-    note = f"median of {rounds} interleaved runs; load average {os.getloadavg()[0]:.1f}"
+    load = load_note(since)
     return [
-        Row("sandbox", "own user's compile: limits only (prlimit)", ms["limits"], "ms",
-            "compiler alone", ms["alone"], paired("limits"), note=note),
-        Row("sandbox", "another user's compile: view (bwrap + prlimit)", ms["view"], "ms",
-            "compiler alone", ms["alone"], paired("view"),
-            note=f"added {ms['view'] - ms['alone']:.1f} ms per compiler process"),
+        ratio_row("sandbox", "own user's compile: limits only (prlimit)", times["limits"],
+                  "compiler alone", times["alone"], note="interleaved", load=load),
+        ratio_row("sandbox", "another user's compile: view (bwrap + prlimit)", times["view"],
+                  "compiler alone", times["alone"], load=load,
+                  note=f"interleaved; added {ms['view'] - ms['alone']:.1f} ms per compiler "
+                  "process"),
     ]  # fmt: skip
 
 
 # --- pool vs xargs ----------------------------------------------------------------------------
 
 
-def _c_requests(work: Path, variants: int, base: int) -> list[CompileRequest]:
-    return [_variant(f"{k}_c", work, base + v) for v in range(variants) for k in C_KERNELS]
+def _c_requests(
+    work: Path, variants: int, base: int, own_source: bool = False
+) -> list[CompileRequest]:
+    return [
+        _variant(f"{k}_c", work, base + v, own_source) for v in range(variants) for k in C_KERNELS
+    ]
 
 
 def _time_queue(
@@ -422,6 +498,7 @@ def _time_xargs(work: Path, reqs: list[CompileRequest], workers: int) -> float:
 def _pool_rows(work: Path, quick: bool) -> list[Row]:
     cores = os.cpu_count() or 1
     variants, rounds = (2, 1) if quick else (4, 7)
+    since = load_average()
     ours, theirs, ratios = [], [], []
     for r in range(rounds):
         reqs = _c_requests(work, variants, 1000 * (r + 1))
@@ -435,14 +512,13 @@ def _pool_rows(work: Path, quick: bool) -> list[Row]:
         theirs.append(x_s)
         ratios.append(x_s / q_s)
     n = variants * len(C_KERNELS)
-    q, x = n / statistics.median(ours), n / statistics.median(theirs)
-    ratio = statistics.median(ratios)
     note = (
-        f"{n} distinct C kernels, {cores} workers; ratio = median of {rounds} back-to-back "
-        f"rounds (each: {', '.join(f'{v:.2f}' for v in ratios)})"
+        f"{n} distinct C kernels, {cores} workers, back-to-back rounds "
+        f"(each: {', '.join(f'{v:.2f}' for v in ratios)})"
     )
-    return [Row("pool vs xargs", "throughput", q, "kernels/s", f"xargs -P {cores}", x, ratio,
-                "≥ 0.9× xargs", ratio >= 0.9, note)]  # fmt: skip
+    return [ratio_row("pool vs xargs", "throughput", [n / t for t in ours], f"xargs -P {cores}",
+                      [n / t for t in theirs], unit="kernels/s", scale=1.0, target=0.9,
+                      at_least=True, note=note, load=load_note(since))]  # fmt: skip
 
 
 def _reserve_rows(work: Path, quick: bool) -> list[Row]:
@@ -451,6 +527,7 @@ def _reserve_rows(work: Path, quick: bool) -> list[Row]:
     user (docs/daemon.md#fair-workers). Rounds alternate who goes first."""
     cores = os.cpu_count() or 1
     variants, rounds = (2, 1) if quick else (4, 7)
+    since = load_average()
     with_r, without, ratios = [], [], []
     for r in range(rounds):
         reqs = _c_requests(work, variants, 5000 + 1000 * r)
@@ -462,31 +539,22 @@ def _reserve_rows(work: Path, quick: bool) -> list[Row]:
         without.append(took["off"])
         ratios.append(took["off"] / took["on"])
     n = variants * len(C_KERNELS)
-    on, off = n / statistics.median(with_r), n / statistics.median(without)
-    ratio = statistics.median(ratios)
     note = (
-        f"{n} distinct C kernels of one caller, {cores} workers; ratio = median of {rounds} "
-        f"back-to-back rounds (each: {', '.join(f'{v:.2f}' for v in ratios)})"
+        f"{n} distinct C kernels of one caller, {cores} workers, back-to-back rounds "
+        f"(each: {', '.join(f'{v:.2f}' for v in ratios)})"
     )
-    return [Row("pool, one caller, reserve worker", "throughput", on, "kernels/s",
-                "no reserve worker", off, ratio, "≥ 0.97×", ratio >= 0.97, note)]  # fmt: skip
+    return [ratio_row("pool, one caller, reserve worker", "throughput", [n / t for t in with_r],
+                      "no reserve worker", [n / t for t in without], unit="kernels/s",
+                      scale=1.0, target=0.97, at_least=True, note=note,
+                      load=load_note(since))]  # fmt: skip
 
 
 # --- ccache ---------------------------------------------------------------------------------
 
 
 def ensure_ccache() -> str | None:
-    """Path of ccache, installing the Debian package (``apt-get update`` first) when missing;
-    None when that is not possible."""
-    found = shutil.which("ccache")
-    if found or not shutil.which("apt-get"):
-        return found
-    for argv in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "ccache"]):
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        proc = subprocess.run(argv, capture_output=True, text=True, env=env)
-        if proc.returncode != 0:
-            print(f"bench: {' '.join(argv)} failed: {proc.stderr[-300:]}", file=sys.stderr)
-            return None
+    """Path of ccache (``scripts/bench`` installs the Debian package when it may); None when
+    it is not installed."""
     return shutil.which("ccache")
 
 
@@ -500,10 +568,13 @@ def _each(calls: list[Callable[[], object]]) -> list[float]:
 
 
 def _ccache_rows(work: Path, quick: bool) -> list[Row]:
+    """The same C kernels through ``ccache gcc`` and the in-process queue, kernel by kernel:
+    misses, then hits (each kernel's pair is one repetition)."""
     ccache = ensure_ccache()
     if ccache is None:
-        return [Row("vs ccache", "miss", 0.0, "ms", note="skipped: ccache not available")]
-    reqs = _c_requests(work, 1 if quick else 3, 50_000)
+        return [Row("vs ccache", "miss", 0.0, "ms", note="skipped: ccache not installed")]
+    since = load_average()
+    reqs = _c_requests(work, 1 if quick else 3, 50_000, own_source=True)
     env = {**_env(), "CCACHE_DIR": str(work / "ccache"), "CCACHE_NOSTATS": "1"}
 
     def via_ccache(i: int, req: CompileRequest) -> Callable[[], object]:
@@ -515,25 +586,162 @@ def _ccache_rows(work: Path, quick: bool) -> list[Row]:
     with CompileQueue(_settings(work / "cm"), workers=1) as queue:
         cm_calls = [lambda r=r: queue.compile(r) for r in reqs]
         cm_miss, cm_hit = _each(cm_calls), _each(cm_calls)
-    files = _request_files(work, reqs)
-    argv = [sys.executable, "-m", "cachemgr", "compile", "--cache-dir", str(work / "cm" / "cache")]
-    cli_hit = _each([lambda f=f: subprocess.run([*argv, str(f)], check=True, env=_env(),
-                                                capture_output=True) for f in files])  # fmt: skip
-    n = f"{len(reqs)} C kernels, sequential, median"
+    n = f"{len(reqs)} C kernels, sequential"
+    load = load_note(since)
     return [
-        Row("vs ccache", "miss", _ms(cm_miss), "ms", "ccache gcc", _ms(cc_miss),
-            ratio_of(_ms(cm_miss), _ms(cc_miss)), note=n),
-        Row("vs ccache", "hit (in-process queue)", _ms(cm_hit), "ms", "ccache gcc",
-            _ms(cc_hit), ratio_of(_ms(cm_hit), _ms(cc_hit)), note=n),
-        Row("vs ccache", "hit (one `cachemgr compile` process each)", _ms(cli_hit), "ms",
-            "ccache gcc", _ms(cc_hit), ratio_of(_ms(cli_hit), _ms(cc_hit)),
-            note=n + "; includes Python start-up"),
+        ratio_row("vs ccache", "miss (in-process queue)", cm_miss, "ccache gcc miss", cc_miss,
+                  note=n, load=load),
+        ratio_row("vs ccache", "hit (in-process queue)", cm_hit, "ccache gcc hit", cc_hit,
+                  note=n, load=load),
     ]  # fmt: skip
 
 
-def _request_files(work: Path, reqs: list[CompileRequest]) -> list[Path]:
-    import json
+# --- one process per request: cachemgr's CLI beside ccache and gcc ---------------------------
 
+#: The request the CLI hit rows ask for: the small C kernel of the examples.
+CLI_HIT_EXAMPLE = "add_c"
+
+
+def _cli_kinds() -> list[Install]:
+    """The cachemgr installs whose CLI is measured: ``pip install .`` as users get it and the
+    checkout's editable ``.venv``."""
+    return [installed_cachemgr(), editable_cachemgr()]
+
+
+def _cli_commands(
+    work: Path,
+    kinds: list[Install],
+    ccache: str,
+    req: CompileRequest,
+    tag: str,
+    daemon_run: Path | None = None,
+) -> dict[str, Command]:
+    """One request as each tool runs it, one process each: ``gcc`` (the compile a hit saves),
+    ``ccache gcc`` (its own cache folder), and ``cachemgr compile`` of every install (each
+    its own cache folder; no daemon reachable: the in-process route) — with ``daemon_run``
+    (the ``XDG_RUNTIME_DIR`` of a daemon serving ``work/cache-daemon``) also through it."""
+    request = _request_files(work, [req])[0]
+    argv = _argv(req, work / "gcc-out" / tag)
+    base = {**_env(), "HOME": str(work), "XDG_RUNTIME_DIR": str(_mkdir(work / "no-run"))}
+    commands: dict[str, Command] = {
+        "gcc": (argv, base),
+        "ccache": ([ccache, *_argv(req, work / "cc-out" / tag)],
+                   {**base, "CCACHE_DIR": str(work / "ccache"), "CCACHE_NOSTATS": "1"}),
+    }  # fmt: skip
+    for kind in kinds:
+        cache = work / f"cache-{kind.kind}"
+        commands[kind.kind] = (
+            [str(kind.script), "compile", "--cache-dir", str(cache), str(request)],
+            base,
+        )
+        if daemon_run is not None:
+            commands[f"{kind.kind}-daemon"] = (
+                [str(kind.script), "compile", "--cache-dir", str(work / "cache-daemon"),
+                 str(request)],
+                {**base, "XDG_RUNTIME_DIR": str(daemon_run)},
+            )  # fmt: skip
+    return commands
+
+
+def _check_daemon_route(commands: dict[str, Command]) -> None:
+    """Each ``…-daemon`` command's answer is a hit served through the daemon.
+
+    :raises RuntimeError: it was answered another way (e.g. in process).
+    """
+    for name, (argv, env) in commands.items():
+        if name.endswith("-daemon"):
+            proc = subprocess.run([*argv, "--json"], env=measured_env(env), capture_output=True)
+            answer = json.loads(proc.stdout) if proc.returncode == 0 else {}
+            if answer.get("status") != "hit" or answer.get("route", {}).get("via") != "daemon":
+                raise RuntimeError(
+                    f"{name}: expected a hit through the daemon, got {proc.stdout!r}"
+                )
+
+
+def _cli_rows(work: Path, quick: bool) -> list[Row]:
+    """``cachemgr compile`` as one process per request — installed and editable — each beside
+    a ``ccache gcc`` of the same command and the plain ``gcc``, interleaved in the same rounds:
+    misses (a fresh kernel each round, a miss for every cache alike), then warm hits of
+    ``examples/requests/add_c.json``."""
+    ccache = ensure_ccache()
+    if ccache is None:
+        return [Row("CLI vs ccache", "hit", 0.0, "ms", note="skipped: ccache not installed")]
+    work.mkdir(parents=True)
+    kinds = _cli_kinds()
+    names = [k.kind for k in kinds]
+    rows = []
+    since = load_average()
+    cpu: dict[str, list[float]] = {}
+    misses = timed_runs(
+        lambda r: _cli_commands(work, kinds, ccache, _variant("softmax_c", work, 90_000 + r, True),
+                                f"miss-{r}"),
+        3 if quick else 12,
+        expect=dict.fromkeys(names, "compiled"),
+        cpu=cpu,
+    )  # fmt: skip
+    rows += _cli_table(misses, cpu, names, "miss, a new softmax_c variant each", load_note(since))
+    from bench import cases_daemon  # it imports this module
+
+    hit_req = load_request(REQUESTS / f"{CLI_HIT_EXAMPLE}.json")
+    proc, _ = cases_daemon._start(_mkdir(work / "d"), work / "cache-daemon")
+    try:
+        commands = _cli_commands(work, kinds, ccache, hit_req, "hit", work / "d" / "run")
+        names = [n for n in commands if n not in ("gcc", "ccache")]
+        since = load_average()
+        cpu = {}
+        hits = timed_runs(commands, 5 if quick else 21, expect=dict.fromkeys(names, "hit"), cpu=cpu)
+        load = load_note(since)
+        _check_daemon_route(commands)
+    finally:
+        cases_daemon._stop(proc)
+    rows += _cli_table(hits, cpu, names, f"hit, {CLI_HIT_EXAMPLE}", load)
+    return rows
+
+
+def _cli_table(
+    times: dict[str, list[float]],
+    cpu: dict[str, list[float]],
+    names: list[str],
+    what: str,
+    load: str,
+) -> list[Row]:
+    """Each cachemgr CLI row, then ccache's beside it; all against the plain gcc of the same
+    rounds, and cachemgr's against the ccache run in the same round too (in the note), with
+    each one's CPU time (less swayed by the load than wall time)."""
+
+    def cpu_text(name: str) -> str:
+        ms = statistics.median(cpu[name]) * 1e3
+        return f"CPU {ms:.0f} ms, {ratio_text(ratio_row('', '', cpu[name], 'gcc', cpu['gcc']))}"
+
+    rows = []
+    label = {
+        "installed": "installed (pip install .)",
+        "editable": "editable .venv",
+        "installed-daemon": "installed (pip install .), through the daemon",
+        "editable-daemon": "editable .venv, through the daemon",
+    }
+    route = {True: "through a running daemon (its CPU not counted)", False: "no daemon"}
+    for name in names:
+        vs_ccache = ratio_row("", "", times[name], "ccache", times["ccache"])
+        rows.append(
+            ratio_row(
+                f"CLI {what.split(',')[0]}",
+                f"`cachemgr compile`, {label.get(name, name)}: {what}",
+                times[name], "gcc -c, same command", times["gcc"], load=load,
+                note=f"vs the ccache run beside it: {ratio_text(vs_ccache)}; {cpu_text(name)} "
+                f"of gcc's {statistics.median(cpu['gcc']) * 1e3:.0f} ms; one process per request, "
+                f"{route['daemon' in name]}",
+            )
+        )  # fmt: skip
+    rows.append(
+        ratio_row(f"CLI {what.split(',')[0]}", f"`ccache gcc`: {what}", times["ccache"],
+                  "gcc -c, same command", times["gcc"], load=load,
+                  note=f"ccache 4 (Debian), its own cache folder; {cpu_text('ccache')}")
+    )  # fmt: skip
+    return rows
+
+
+def _request_files(work: Path, reqs: list[CompileRequest]) -> list[Path]:
     folder = Path(tempfile.mkdtemp(prefix="reqs-", dir=work))
     paths = []
     for i, req in enumerate(reqs):
@@ -557,8 +765,7 @@ def _request_files(work: Path, reqs: list[CompileRequest]) -> list[Path]:
 def run(workdir: Path, quick: bool) -> list[Row]:
     """Every row of this module (see the module docstring)."""
     rows = _hit_rows(workdir / "hit", quick)
-    load = os.getloadavg()[0]
-    rows[0].note += f"; load average {load:.1f} at start, niceness {os.nice(0)}"
+    rows[0].note += f"; niceness {os.nice(0)}"
     rows += _manifest_hit_rows(workdir / "manifest-hit", quick)
     rows += _searched_hit_rows(workdir / "searched-hit", quick)
     rows += _miss_rows(workdir / "miss", quick)
@@ -566,4 +773,5 @@ def run(workdir: Path, quick: bool) -> list[Row]:
     rows += _pool_rows(workdir / "pool", quick)
     rows += _reserve_rows(workdir / "reserve", quick)
     rows += _ccache_rows(workdir / "ccache", quick)
+    rows += _cli_rows(workdir / "cli", quick)
     return rows

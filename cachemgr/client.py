@@ -9,8 +9,10 @@ the CLI run the work in-process instead.
 daemon's settings (fetched from ``/config?sections=1`` and refreshed every
 :data:`LOCAL_CONFIG_TTL_S` seconds) it computes the same key with the same code the daemon
 runs, and does the same verified lookup (SHA-256 of every binary, atime set) on the shared
-cache. Only misses — and every request the rules send elsewhere (debug, ``force``,
-``disable``, precompiled-binary first) — go to the daemon, whose queue compiles each kernel
+cache; a request served so once is served again from what its key was made from,
+re-checked (:mod:`cachemgr.localhit`). Only misses — and every request the rules send
+elsewhere (debug, ``force``, ``disable``, precompiled-binary first) — go to the daemon,
+whose queue compiles each kernel
 once. Hits served locally are reported to the daemon's counters (``POST /hits``) at most
 once a second and on :meth:`Client.close`. ``Client(local_hits=False)`` sends everything.
 
@@ -54,6 +56,7 @@ from cachemgr.sockcheck import UntrustedDaemon
 if TYPE_CHECKING:
     import http.client
 
+    from cachemgr import localhit
     from cachemgr.compile import build, keys
     from cachemgr.config import options
 
@@ -361,16 +364,22 @@ class Client:
         :raises DaemonError: a bad request (400: one line), or the daemon's error.
         :raises DaemonUnavailable: no daemon answers.
         """
-        base = str(Path(base_dir or os.getcwd()).resolve())
         start = time.perf_counter()
+        local = wait and not replace and self._hits is not None
+        if local and self._hits is not None:
+            again = self._hits.again(request, base_dir, start)
+            if again is not None:
+                return again
+        context = self._side.context(request, base_dir) if local else None
+        base = self._side.base(base_dir)
         try:
-            prepared = self._side.prepare(request, base)
+            prepared = self._side.prepare(request, base, context)
         except InvalidInputError as exc:
             raise DaemonError(str(exc), 400) from exc
         except CompileError as exc:  # e.g. the dependency listing names a missing header
             return self._side.failed(request, base, exc, start)
-        if prepared is not None and wait and not replace and self._hits is not None:
-            found = self._hits.lookup_prepared(prepared, start)
+        if prepared is not None and local and self._hits is not None:
+            found = self._hits.lookup_prepared(prepared, start, context, base)
             if found is not None:
                 return found
         from cachemgr.compile import environment
@@ -494,11 +503,49 @@ class _LocalHits:
         self._settings: options.Settings | None = None
         self._compilers: keys.Compilers | None = None
         self._fetched = 0.0
+        self._doc: tuple[Any, Any] | None = None  # the answer self._settings was made from
         self._answer: tuple[dict[str, Any], float] | None = None  # /config?sections=1, when
         self._parsed = ParsedRequests(PARSED_CACHE_SIZE)
         self._pending = 0
         self._flushed = float("-inf")  # the first hit is reported at once
         self.disabled = False
+        self._plans: localhit.HitPlans | None = None  # made with the first hit
+
+    def base(self, base_dir: Path | str | None) -> str:
+        """The resolved folder of a request's relative paths (:func:`localhit.resolved_base`)."""
+        from cachemgr import localhit
+
+        return localhit.resolved_base(base_dir)
+
+    def context(
+        self, data: Mapping[str, Any], base_dir: Path | str | None
+    ) -> localhit.Context | None:
+        """What preparing ``data`` here depends on (:meth:`localhit.HitPlans.context`), the
+        daemon's settings included; None when they cannot be had."""
+        from cachemgr import localhit
+
+        try:
+            settings, compilers = self._state()
+        except (CacheMgrError, OSError, KeyError, TypeError, ValueError):
+            return None
+        return localhit.HitPlans.context(data, base_dir, settings, compilers)
+
+    def again(
+        self, data: Mapping[str, Any], base_dir: Path | str | None, start: float
+    ) -> CompileOutcome | None:
+        """A remembered request's hit, its inputs re-checked rather than its key recomputed
+        (:mod:`cachemgr.localhit`); None when it is not remembered or a re-check fails."""
+        plans = self._plans
+        if plans is None or self.disabled:
+            return None
+        try:
+            settings, compilers = self._state()
+        except (CacheMgrError, OSError, KeyError, TypeError, ValueError):
+            return None
+        found = plans.again(data, base_dir, settings, compilers, start)
+        if found is not None:
+            self._count()
+        return found
 
     def config_answer(self) -> tuple[dict[str, Any], float]:
         """The daemon's ``GET /config?sections=1`` answer and when it was fetched
@@ -516,40 +563,53 @@ class _LocalHits:
         return answer
 
     def _state(self) -> tuple[options.Settings, keys.Compilers]:
-        from cachemgr.compile import keys
-        from cachemgr.config import options
-
+        """The daemon's settings and compilers, fetched again after
+        :data:`LOCAL_CONFIG_TTL_S`; the same objects while the daemon's answer is the same
+        (so the requests :mod:`cachemgr.localhit` remembers stay valid)."""
         now = time.monotonic()
         with self._lock:
             if self._settings is not None and now - self._fetched < LOCAL_CONFIG_TTL_S:
                 return self._settings, self._compilers  # type: ignore[return-value]
+        from cachemgr.compile import keys
+        from cachemgr.config import options
+
         data, now = self.config_answer()
-        settings = options.Settings.from_json(data["settings"], data.get("sections"))
+        doc = (data["settings"], data.get("sections"))
+        with self._lock:
+            if self._settings is not None and doc == self._doc:
+                self._fetched = now
+                return self._settings, self._compilers  # type: ignore[return-value]
+        settings = options.Settings.from_json(*doc)
         with self._lock:
             if self._settings is None or settings.sections != self._settings.sections:
                 self._compilers = keys.Compilers(settings.sections.get("compilers", {}))
-            self._settings, self._fetched = settings, now
+            self._settings, self._fetched, self._doc = settings, now, doc
             return settings, self._compilers  # type: ignore[return-value]
 
-    def prepare(self, data: Mapping[str, Any], base: str) -> build.Prepared | None:
-        """The request prepared here, as the caller, with the daemon's settings: its key and
-        its inputs' digests (source, headers, ``.cfg``). None when the daemon's settings
-        cannot be had or used here (then the daemon is asked without inputs and answers or
-        refuses itself).
+    def prepare(
+        self, data: Mapping[str, Any], base: str, context: localhit.Context | None = None
+    ) -> build.Prepared | None:
+        """The request prepared here, as the caller, with the daemon's settings (those of
+        ``context`` when given): its key and its inputs' digests (source, headers, ``.cfg``).
+        None when the daemon's settings cannot be had or used here (then the daemon is asked
+        without inputs and answers or refuses itself).
 
         :raises InvalidInputError: a bad request (the same one line the daemon would give).
         :raises CompileError: the dependency listing failed (a missing header...).
         """
-        from cachemgr.compile import build
+        from cachemgr.compile import pipeline
 
         try:
-            settings, compilers = self._state()
+            if context is not None:
+                settings, compilers = context.settings, context.compilers
+            else:
+                settings, compilers = self._state()
         except (CacheMgrError, OSError, KeyError, TypeError, ValueError) as exc:
             log.debug("client-side preparation not possible: %s", exc)
             return None
         request = self._parsed.get(data, base, origin="compile request")
         try:
-            return build.prepare(request, settings, compilers, 60.0)
+            return pipeline.prepare(request, settings, compilers, pipeline.JobOptions())
         except (InvalidInputError, CompileError):
             raise
         except (CacheMgrError, OSError) as exc:
@@ -564,15 +624,15 @@ class _LocalHits:
 
         :raises InvalidInputError: an input that cannot be read, or one that keeps changing.
         """
-        from cachemgr.compile import build, inputs
+        from cachemgr.compile import inputs, pipeline
 
         for _ in range(3):
-            frozen = build.freeze(prepared)
+            frozen = pipeline.freeze(prepared)
             if frozen is not None:
                 return inputs.to_wire(frozen.inputs)
             settings, compilers = self._state()
             request = self._parsed.get(data, base, origin="compile request")
-            prepared = build.prepare(request, settings, compilers, 60.0)
+            prepared = pipeline.prepare(request, settings, compilers, pipeline.JobOptions())
         raise InvalidInputError(
             f"{prepared.request.kernel_source} (or a header) kept changing while it was read"
         )
@@ -582,13 +642,13 @@ class _LocalHits:
     ) -> CompileOutcome:
         """The answer for a request that failed here, before the daemon was asked (a header
         missing from the dependency listing): ``failed``, with the policy decided for it
-        (:func:`cachemgr.build.failed_before_prepared`), or an unresolved one."""
-        from cachemgr.compile import build
+        (:func:`cachemgr.compile.pipeline.failed_before_prepared`), or an unresolved one."""
+        from cachemgr.compile import build, pipeline
 
         try:
             settings, _ = self._state()
             request = self._parsed.get(data, base, origin="compile request")
-            out = build.failed_before_prepared(request, settings, error)
+            out = pipeline.failed_before_prepared(request, settings, error, pipeline.JobOptions())
         except (CacheMgrError, OSError, KeyError, TypeError, ValueError):
             out = CompileOutcome.failed_early(build.error_text(error))
         seconds = time.perf_counter() - start
@@ -606,9 +666,18 @@ class _LocalHits:
             return None
         return None if prepared is None else self.lookup_prepared(prepared, start)
 
-    def lookup_prepared(self, prepared: build.Prepared, start: float) -> CompileOutcome | None:
-        """A verified hit for ``prepared`` served here, or None."""
-        from cachemgr.compile import build
+    def lookup_prepared(
+        self,
+        prepared: build.Prepared,
+        start: float,
+        context: localhit.Context | None = None,
+        base: str = "",
+    ) -> CompileOutcome | None:
+        """A verified hit for ``prepared`` served here, or None. With ``context`` (taken
+        before ``prepared`` was, for a request whose base folder resolved to ``base``) the
+        request is remembered for :meth:`again`."""
+        from cachemgr import localhit
+        from cachemgr.compile import build, pipeline
 
         if self.disabled:
             return None
@@ -618,18 +687,29 @@ class _LocalHits:
                 return None
             if decision.cache.clear_first:  # force: the daemon clears, then compiles
                 return None
-            outcome = build.find_cached(prepared)
+            outcome = pipeline.find_cached(prepared)
         except (CacheMgrError, OSError, KeyError, TypeError, ValueError) as exc:
             log.debug("local hit path not taken: %s", exc)
             return None
         if outcome is None:
             return None
-        with self._lock:
-            self._pending += 1
-        self.flush()
+        self._count()
         seconds = time.perf_counter() - start
         outcome = build.with_policy(outcome, prepared)
-        return dataclasses.replace(outcome, seconds=seconds, via="client")
+        outcome = dataclasses.replace(outcome, seconds=seconds, via="client")
+        if context is not None:
+            if self._plans is None:
+                self._plans = localhit.HitPlans()
+            self._plans.remember(context, base, prepared, outcome)
+        return outcome
+
+    def _count(self) -> None:
+        """One more hit served here: reported with the next :meth:`flush`."""
+        with self._lock:
+            self._pending += 1
+            due = time.monotonic() - self._flushed >= HIT_REPORT_INTERVAL_S
+        if due:
+            self.flush()
 
     def flush(self, force: bool = False) -> None:
         """Report pending hits (at most once per :data:`HIT_REPORT_INTERVAL_S`)."""

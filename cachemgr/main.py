@@ -20,8 +20,13 @@ written:
   nothing behind.
 
 Shell completion (``$_CACHEMGR_COMPLETE``), ``--version`` and every other command are
-click's. A ``cachemgr compile`` hit is not answered here: its key, lookup and counters need the
-compile path's modules, which alone import at ~4× ``python -c pass`` (see BENCHMARKS.md).
+click's.
+
+* ``cachemgr compile ARGS``: a hit the full path answered before with the same ``argv``,
+  folder, environment and user, answered from its direct memo once every input, the
+  compiler, the configuration and the entry are checked to be as they were
+  (:mod:`cachemgr.direct`, which says what is checked); anything else is click's, which
+  then writes the memo (:mod:`cachemgr.cli.directrecord`).
 """
 
 from __future__ import annotations
@@ -51,9 +56,38 @@ def main() -> None:
             _write([(False, TOP)], 0, gone=1)  # click's main exits 1 on EPIPE here
     elif argv[:1] == ["config"]:
         _config(argv[1:])
+    elif argv[:1] == ["compile"]:
+        _compile(argv)
     from cachemgr.cli import main as click_main
 
     click_main()
+
+
+def _compile(argv: list[str]) -> None:
+    """A ``compile`` hit from its direct memo (:mod:`cachemgr.direct`); returns (to hand over
+    to click, which then records the memo) when it cannot answer, having written nothing."""
+    from cachemgr import direct
+    from cachemgr.constants import VERSION
+
+    if not direct.out_of_reach():
+        try:
+            answered = direct.answer(argv, VERSION, _through_daemon)
+        except direct.Answered as got:  # the daemon said something else: reported in full
+            from cachemgr.cli.compile_cmd import report_daemon_answer
+
+            sys.exit(report_daemon_answer(got.memo, got.code, got.raw, got.error))
+        if answered is not None:
+            _write(*answered)
+    from cachemgr.cli import directrecord
+
+    directrecord.ARGV = argv
+
+
+def _through_daemon(memo: dict[str, object]) -> tuple[list[tuple[bool, str]], int] | None:
+    """:func:`cachemgr.directwire.answer`, imported only for a memo of the daemon route."""
+    from cachemgr import directwire
+
+    return directwire.answer(memo)
 
 
 def _full_width() -> bool:

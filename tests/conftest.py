@@ -6,7 +6,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -15,6 +15,7 @@ from cachemgr.storage import entry
 from cachemgr.storage.store import Store
 from tests.daemon_util import Daemon, start_daemon
 from tests.remote_util import nginx_server, redis_server, webdav_server  # noqa: F401 - fixtures
+from tests.xdist_util import gate
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,6 +53,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "soak" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(
+    item: pytest.Item, nextitem: pytest.Item | None
+) -> Generator[None, object, object]:
+    """Under pytest-xdist, a test marked ``serial`` runs alone: every test takes the
+    :func:`tests.xdist_util.gate` around its setup, call and teardown (shared; exclusive for
+    ``serial``). Without xdist, one test runs at a time anyway and no lock is taken."""
+    with gate(item.config, exclusive=item.get_closest_marker("serial") is not None):
+        return (yield)
 
 
 #: CANN-format fixtures, read in place (never copied into the project).

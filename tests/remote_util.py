@@ -86,6 +86,19 @@ class _ServerProcess:
         self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         log.close()
 
+    def _wait_listening(self, port: int, timeout_s: float, what: str) -> None:
+        """Wait until something accepts TCP connections on ``127.0.0.1:port`` (or the process
+        has exited: the caller's assertion then shows its log)."""
+
+        def up() -> bool:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    return True
+            except OSError:
+                return self.proc is not None and self.proc.poll() is not None
+
+        wait_for(up, timeout_s, what)
+
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
@@ -116,13 +129,18 @@ class RedisServer(_ServerProcess):
         args += ["--appendonly", "no", "--dir", str(self.folder), "--protected-mode", "yes"]
         self._spawn(args, self.folder / "redis.log")
 
-        def up() -> bool:
+        def up() -> bool:  # ours: another test's server on a port taken meanwhile is not
+            if self.proc is not None and self.proc.poll() is not None:
+                return True  # it exited (the port taken?): said below, with its log
             try:
-                return bool(self.client().ping())
+                return int(self.client().info("server")["process_id"]) == self.proc.pid
             except redis.RedisError:
                 return False
 
         wait_for(up, 30, f"redis-server on port {self.port}")
+        assert self.proc is not None and self.proc.poll() is None, (
+            self.folder / "redis.log"
+        ).read_text()[-2000:]
 
 
 @pytest.fixture
@@ -160,15 +178,7 @@ class WebDavServer(_ServerProcess):
         args += ["--port", str(self.port), "--root", str(self.root), "--auth", "anonymous"]
         args += ["--no-config", "--server", "cheroot", "-q"]
         self._spawn(args, self.root.parent / "wsgidav.log")
-
-        def up() -> bool:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
-                    return True
-            except OSError:
-                return self.proc is not None and self.proc.poll() is not None
-
-        wait_for(up, 60, f"wsgidav on port {self.port}")
+        self._wait_listening(self.port, 60, f"wsgidav on port {self.port}")
         assert self.proc.poll() is None, (self.root.parent / "wsgidav.log").read_text()
 
 
@@ -242,15 +252,7 @@ class NginxServer(_ServerProcess):
         )
         args = [exe, "-p", str(self.folder), "-c", str(conf), "-g", "daemon off;"]
         self._spawn(args, self.folder / "nginx.out")
-
-        def up() -> bool:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
-                    return True
-            except OSError:
-                return self.proc is not None and self.proc.poll() is not None
-
-        wait_for(up, 30, f"nginx on port {self.port}")
+        self._wait_listening(self.port, 30, f"nginx on port {self.port}")
         assert self.proc is not None and self.proc.poll() is None, (
             self.folder / "nginx.out"
         ).read_text() + (self.folder / "error.log").read_text()

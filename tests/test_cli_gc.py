@@ -160,13 +160,40 @@ def test_toolkit_upgrade_purges_every_chip_folder(
     env = {**clean_env, **toolkit_env(tmp_path, "8.0.RC1", "8.0.RC1")}
     proc = gc(root, env, "--soc", SOC)
     assert proc.returncode == 0, proc.stderr
-    assert "toolkit changed" in proc.stdout and "entries in 2 chip folder(s)" in proc.stdout
+    assert "toolkit changed" in proc.stdout and "entries in 2 chip folders" in proc.stdout
     assert f"{SOC}: purged 12 entries" in proc.stdout and "reason: upgraded" in proc.stdout
     assert not kernels(other) and not kernels(root / "kernel_cache" / SOC)
     assert "adk_version=8.0.RC1" in (root / "kernel_cache" / "op_cache.ini").read_text()
     version_info(tmp_path / "Ascend" / "latest" / "compiler", "8.0.RC1")  # unchanged
     proc = gc(root, env)
     assert "cache stamps match" in proc.stdout
+
+
+def test_dry_run_totals_include_the_toolkit_purge(
+    root: Path, clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    """After a toolkit change gc purges every entry before it evicts: the dry run says so,
+    and its totals are the real run's (not the 7 entries eviction alone would take)."""
+    chip = root / "kernel_cache" / SOC
+    (chip / "te_gone.o").write_bytes(b"x" * 100)  # an orphan: the purge takes it too
+    set_old(chip / "te_gone.o", 2 * HOUR)
+    env = {**clean_env, **toolkit_env(tmp_path, "8.0.RC1", "8.0.RC1")}
+    dry = gc(root, env, "--json", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert len(kernels(chip)) == 12 and "te_gone.o" in names(chip)  # nothing removed
+    real = gc(root, env, "--json")
+    assert real.returncode == 0, real.stderr
+    assert not kernels(chip)
+    dry_totals, real_totals = (json.loads(p.stdout)["totals"] for p in (dry, real))
+    assert real_totals["purged_entries"] == 12 and real_totals["freed_bytes"] == 12 * MIB + 100
+    assert dry_totals == real_totals
+    make_entry(chip, "te_k_new", MIB, time.time() - 12 * HOUR)
+    (root / "kernel_cache" / "op_cache.ini").write_text(STAMPS)  # the toolkit changes again
+    text = gc(root, env, "--dry-run")
+    assert "would purge 1 entry in 1 chip folder and stamp the ini" in text.stdout, text.stdout
+    assert "total: would free 1.0 MiB in 1 chip folder; would purge 1 entry, would evict 0" in (
+        text.stdout
+    )
 
 
 def test_stats_json_keys_chip_folders_by_soc(root: Path, clean_env: dict[str, str]) -> None:

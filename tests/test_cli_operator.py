@@ -279,6 +279,38 @@ def test_stop_stops_the_daemon_cleanly(tmp_path: Path, cache_root: Path) -> None
             d.stop()
 
 
+def test_status_and_stop_take_the_cache_dir_like_every_command(
+    tmp_path: Path, cache_root: Path
+) -> None:
+    """The README says to add ``--cache-dir`` to each command; ``status`` and ``stop`` took
+    none (exit 2, 'No such option'). Now they say whether the daemon serves that cache, and
+    ``stop`` stops only the daemon of the cache named."""
+    d = start_daemon(tmp_path, "--cache-dir", str(cache_root))
+    sock = ("--socket", str(d.socket_path))
+    other = tmp_path / "other"
+    try:
+        ours = run_cli("status", *sock, "--cache-dir", str(cache_root), env=_env(d))
+        assert ours.returncode == 0, ours.stderr
+        assert f"serves {cache_root / 'kernel_cache'}" in ours.stdout
+        theirs = run_cli("status", *sock, "--cache-dir", str(other), env=_env(d))
+        assert theirs.returncode == 1, (theirs.stdout, theirs.stderr)
+        line = theirs.stderr.strip()
+        assert "\n" not in line and f"serves {cache_root / 'kernel_cache'}" in line
+        assert f"{other / 'kernel_cache'} (from option --cache-dir)" in line
+        assert f"pass --cache-dir {cache_root}" in line
+        refused = _one_line_exit_2(
+            run_cli("stop", *sock, "--cache-dir", str(other), env=_env(d)), "nothing stopped"
+        )
+        assert f"serves {cache_root / 'kernel_cache'}" in refused
+        assert d.proc.poll() is None and Client(d.socket_path, local_hits=False).available()
+        proc = run_cli("stop", *sock, "--cache-dir", str(cache_root), env=_env(d), timeout=180)
+        assert proc.returncode == 0, proc.stderr
+        assert d.proc.wait(timeout=60) == 0
+    finally:
+        if d.proc.poll() is None:
+            d.stop()
+
+
 def test_only_the_daemons_own_user_may_stop_it(users: Users, other_runtime: Runtime) -> None:
     home = user_home(users, users.alice)
     env = daemon_env(home)

@@ -4,6 +4,7 @@ every time. Real multi-file kernels are made by each test; real gcc and nvcc com
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -484,6 +485,7 @@ def test_when_a_compile_must_report_what_it_read(text: bytes, in_place: bool) ->
     """Only a compile that may read a file in place (not from the mirror) writes -MD."""
     from cachemgr.compile.inputs import Snapshot, may_read_in_place
 
-    snap = Snapshot(Path("/p/k.c"), "0" * 64, {}, None, {"/p/k.c": text})
+    digest = hashlib.sha256(text).hexdigest()  # a snapshot's digests are its bytes'
+    snap = Snapshot(Path("/p/k.c"), digest, {}, None, {"/p/k.c": text})
     assert may_read_in_place(snap, {}) is in_place
     assert may_read_in_place(snap, {"CPATH": "/inc"})

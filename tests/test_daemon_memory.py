@@ -275,7 +275,7 @@ def test_gc_child_error_and_crash_are_outcomes_not_exceptions(
     lines = [r.getMessage() for r in caplog.records if "the gc child" in r.getMessage()]
     assert len(lines) == 1, lines
     assert "exited with status 1: ValueError: invalid literal for int()" in lines[0]
-    assert "2 of 2 chip folder(s) not done" in lines[0]
+    assert "2 of 2 chip folders not done" in lines[0]
 
 
 # --- stats counts as it lists: the same figures as the scan ------------------------------

@@ -444,8 +444,8 @@ def test_concurrent_gc_requests_start_at_most_one_gc_child_per_chip_folder(
         reports: list[int] = []
         done = threading.Event()
 
-        def sample() -> None:
-            while not done.is_set():
+        def sample() -> None:  # every 2 ms: a gc child lives far longer (a Python start)
+            while not done.wait(0.002):
                 seen.append(_gc_children(d.proc.pid))
 
         def one() -> None:

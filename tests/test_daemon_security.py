@@ -445,16 +445,23 @@ def _final_list(unit_text: str, key: str) -> set[str]:
     return value
 
 
-def test_the_systemd_unit_scores_ok_with_what_the_daemon_needs(tmp_path: Path) -> None:
+def _unit_scored(tmp_path: Path, name: str) -> str:
+    """The text of ``systemd/<name>``, after checking that ``systemd-analyze security
+    --offline`` scores a copy of it at most 3.0 (skips without systemd-analyze ≥ 250)."""
     if shutil.which("systemd-analyze") is None:
         pytest.skip("systemd-analyze is not installed")
     version = subprocess.run(["systemd-analyze", "--version"], capture_output=True, text=True)
     if int(version.stdout.split()[1]) < 250:
         pytest.skip("systemd-analyze security --offline needs systemd >= 250")
-    text = (ROOT / "systemd" / "cachemgr.service").read_text()
-    unit = tmp_path / "cachemgr.service"
+    text = (ROOT / "systemd" / name).read_text()
+    unit = tmp_path / name
     unit.write_text(text)
     assert _exposure(unit) <= 3.0
+    return text
+
+
+def test_the_systemd_unit_scores_ok_with_what_the_daemon_needs(tmp_path: Path) -> None:
+    text = _unit_scored(tmp_path, "cachemgr.service")
     # what other items need must still be there: the ambient capability inside the
     # bounding set (and not reset by a later empty line), user + mount + pid + network
     # namespaces (the sandbox's view; its own process ids; its own network, brought up over
@@ -480,15 +487,7 @@ def test_the_governor_unit_scores_ok_with_only_the_rights_it_needs(tmp_path: Pat
     bounded to reading every folder and becoming each root's owner — no capability that
     overrides write permission, ownership or the owner's rights — at ≤ 3.0; the member-facing
     unit is a separate file, still as its own test wants it."""
-    if shutil.which("systemd-analyze") is None:
-        pytest.skip("systemd-analyze is not installed")
-    version = subprocess.run(["systemd-analyze", "--version"], capture_output=True, text=True)
-    if int(version.stdout.split()[1]) < 250:
-        pytest.skip("systemd-analyze security --offline needs systemd >= 250")
-    text = (ROOT / "systemd" / "cachemgr-governor.service").read_text()
-    unit = tmp_path / "cachemgr-governor.service"
-    unit.write_text(text)
-    assert _exposure(unit) <= 3.0
+    text = _unit_scored(tmp_path, "cachemgr-governor.service")
     bounding = _final_list(text, "CapabilityBoundingSet")
     assert bounding == {"CAP_DAC_READ_SEARCH", "CAP_SETUID", "CAP_SETGID"}, bounding
     assert not _final_list(text, "AmbientCapabilities")

@@ -31,11 +31,10 @@ SECRET = "TOPSECRET_4c1d9"
 SOC = "Ascend910B1"
 
 
-def _setup(
-    users: Users, rt: Runtime, config: str = "", **popen: Any
-) -> tuple[Daemon, Path, Path, Path]:
-    """alice's daemon on a shared root with a group-reachable socket; her secret; bob's folder
-    (``popen``: more arguments for the daemon's Popen)."""
+def alices_daemon_folders(users: Users) -> tuple[Path, Path, dict[str, str], Path]:
+    """What a daemon run by alice for the group needs: the shared root (``root:<group>``,
+    ``2775``), alice's home with her daemon environment in it, and the socket's folder
+    (alice's, the group may enter: ``0750``)."""
     root = users.base / "shared"
     root.mkdir()
     shutil.chown(root, "root", users.group)
@@ -44,15 +43,24 @@ def _setup(
     env = daemon_env(home)
     for sub in ("home", "run", "state"):
         shutil.chown(home / sub, users.alice)
+    sock_dir = users.base / "sock"
+    sock_dir.mkdir()
+    shutil.chown(sock_dir, users.alice, users.group)
+    sock_dir.chmod(0o750)
+    return root, home, env, sock_dir
+
+
+def _setup(
+    users: Users, rt: Runtime, config: str = "", **popen: Any
+) -> tuple[Daemon, Path, Path, Path]:
+    """alice's daemon on a shared root with a group-reachable socket; her secret; bob's folder
+    (``popen``: more arguments for the daemon's Popen)."""
+    root, home, env, sock_dir = alices_daemon_folders(users)
     secret = home / "home" / "secret.txt"
     secret.write_text(f"int leaked = {SECRET};\n")
     shutil.chown(secret, users.alice)
     secret.chmod(0o600)
     (home / "home").chmod(0o700)
-    sock_dir = users.base / "sock"
-    sock_dir.mkdir()
-    shutil.chown(sock_dir, users.alice, users.group)
-    sock_dir.chmod(0o750)
     args = ["--cache-dir", str(root), "--socket", str(sock_dir / "cachemgr.sock")]
     if config:
         cfg = users.base / "cachemgr.toml"

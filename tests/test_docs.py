@@ -20,6 +20,7 @@ import pytest
 
 from cachemgr.cli import COMMANDS
 from tests.conftest import ROOT, run_cli
+from tests.xdist_util import shared_once
 
 README = (ROOT / "README.md").read_text()
 #: The detailed documents the README links to (moved out of it), ``security.md`` included: its
@@ -38,8 +39,10 @@ def _all_help() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def helps() -> dict[str, str]:
-    return _all_help()
+def helps(request: pytest.FixtureRequest) -> dict[str, str]:
+    """Every ``--help`` text, made once per run (some 30 CLI runs): the suite's xdist workers
+    share them through a file in the run's shared folder."""
+    return shared_once(request.config, "help-texts", _all_help)
 
 
 def test_readme_and_help_refer_to_nothing_a_user_lacks(helps: dict[str, str]) -> None:
@@ -277,3 +280,35 @@ def test_docs_cited_in_code_and_config_have_the_heading_they_name(
                     broken.append(f"{where}:{line}: docs/{doc}#{anchor} is no heading there")
     assert cited > 200, cited
     assert not broken, "\n".join(broken)
+
+
+def test_readme_says_what_limits_set_does_without_an_ini(
+    clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The README warned of nothing: ``limits set`` on a cache with entries and no
+    ``op_cache.ini`` writes nothing (GE purges such a cache at its next start), and the
+    ``gc`` it asks for purges every entry. What the README says is what the CLI does."""
+    import time
+
+    from tests.test_eviction import kernels, make_entry
+    from tests.test_versions import toolkit_env
+
+    section = README.split("**Keep it in bounds.**", 1)[1].split("```", 1)[0]
+    said = " ".join(section.split())
+    assert "holds entries but no `op_cache.ini`" in said, said
+    assert "`limits set` writes nothing and exits 1" in said, said
+    assert "`cachemgr gc` purges them now" in said, said
+    env = {**clean_env, **toolkit_env(tmp_path, "8.0.RC1", "8.0.RC1")}
+    root = tmp_path / "root"
+    chip = root / "kernel_cache" / "Ascend910B1"
+    make_entry(chip, "te_add_1", 4096, time.time())
+    refused = run_cli("limits", "set", "--max-size", "100", "--cache-dir", str(root), env=env)
+    assert refused.returncode == 1, (refused.stdout, refused.stderr)
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and "1 entry here" in lines[0] and "purges them now" in lines[0]
+    assert not (root / "kernel_cache" / "op_cache.ini").exists() and kernels(chip)
+    gc = run_cli("gc", "--cache-dir", str(root), env=env)
+    assert gc.returncode == 0 and not kernels(chip), (gc.stdout, gc.stderr)
+    done = run_cli("limits", "set", "--max-size", "100", "--cache-dir", str(root), env=env)
+    assert done.returncode == 0, done.stderr
+    assert "max_op_cache_size=100" in (root / "kernel_cache" / "op_cache.ini").read_text()

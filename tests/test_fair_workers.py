@@ -116,7 +116,8 @@ def test_another_callers_compile_starts_while_one_member_holds_every_worker(
 
 def _interval_cc(folder: Path, seconds: float) -> Path:
     """gcc that sleeps ``seconds`` and logs ``start end caller`` (epoch seconds; the caller
-    from ``-DWHO=<name>``) of every real compile to ``<folder>/cc.log``."""
+    from ``-DWHO=<name>``) of every real compile to ``<folder>/cc.log``; while the file
+    ``<folder>/hold-<caller>`` exists, that caller's compiles wait (after their start time)."""
     folder.mkdir(parents=True, exist_ok=True)
     gcc = shutil.which("gcc") or "gcc"
     script = folder / "cc"
@@ -124,7 +125,9 @@ def _interval_cc(folder: Path, seconds: float) -> Path:
         "#!/bin/sh\n"
         f'for a in "$@"; do case "$a" in --version|-MM|-M) exec {gcc} "$@";; esac; done\n'
         'who=; for a in "$@"; do case "$a" in -DWHO=*) who=${a#-DWHO=};; esac; done\n'
-        f'start=$(date +%s.%N); sleep {seconds}; {gcc} "$@"; rc=$?\n'
+        "start=$(date +%s.%N)\n"
+        f'while [ -n "$who" ] && [ -e {folder}/hold-"$who" ]; do sleep 0.01; done\n'
+        f'sleep {seconds}; {gcc} "$@"; rc=$?\n'
         f'echo "$start $(date +%s.%N) $who" >> {folder / "cc.log"}\n'
         "exit $rc\n"
     )
@@ -160,8 +163,12 @@ def test_one_caller_never_takes_a_reserve_slot_and_compilers_stay_bounded(
         assert all(f.result(timeout=120).status == "compiled" for f in alone)
         assert _most_at_once(tmp_path / "cc" / "cc.log") == 1
         assert queue.counters["reserve_starts"] == 0
+        hold = tmp_path / "cc" / "hold-a"
+        hold.touch()  # a's jobs stay running until b's job has started beside them
         mixed = [queue.submit(req(10 + n, "a"), caller="a") for n in range(3)]
         mixed += [queue.submit(req(20 + n, "b"), caller="b") for n in range(3)]
+        wait_for(lambda: queue.counters["reserve_starts"] >= 1, 60, "b's job on the reserve")
+        hold.unlink()
         assert all(f.result(timeout=120).status == "compiled" for f in mixed)
     log = tmp_path / "cc" / "cc.log"
     assert _most_at_once(log) == 2  # the reserve ran the other caller's job beside, no more

@@ -86,10 +86,13 @@ def test_reaped_lock_file_is_relocked(tmp_path: Path) -> None:
 
 
 def test_atomic_write_leaves_no_temp_on_failure(tmp_path: Path) -> None:
-    tmp_path.chmod(0o755)
+    tmp_path.chmod(0o2755)  # shared on purpose (setgid): others may read what is written
     dest = tmp_path / "x.json"
     fsutil.atomic_write_bytes(dest, b"one")
     assert dest.read_bytes() == b"one" and oct(dest.stat().st_mode & 0o777) == "0o664"
+    tmp_path.chmod(0o755)  # no setgid: says nothing of who may read the cache, others get none
+    fsutil.atomic_write_bytes(dest, b"one")
+    assert oct(dest.stat().st_mode & 0o777) == "0o660"
     with pytest.raises(OSError):
         fsutil.atomic_write_bytes(tmp_path / "missing" / "x.json", b"two")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.json"]

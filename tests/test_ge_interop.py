@@ -114,7 +114,7 @@ def test_a_missing_ini_purges_says_why_and_how_many_then_stamps(
         ge_twin.write_entry(root / "kernel_cache" / SOC, f"te_add_{i}")
     ge_twin.write_entry(root / "kernel_cache" / "Ascend310P3", "te_mul_0")
     text = run_cli("gc", "--dry-run", "--cache-dir", str(root), env=env)
-    assert "would purge 2 chip folder(s)" in text.stdout
+    assert "would purge 4 entries in 2 chip folders" in text.stdout
     report = gc_json(root, env)
     tk = report["toolkit"]
     assert (tk["status"], tk["reason"], tk["purged_entries"]) == ("no_ini", "no_ini", 4)
@@ -195,8 +195,8 @@ def test_stamp_lines_ge_cannot_rewrite_are_rewritten_its_way_and_said(
     assert dry["toolkit"]["stamp_lines_rewritten"] == [2, 3] and ini.read_text() == spaced
     proc = run_cli("-v", "gc", "--cache-dir", str(root), env=env)
     assert proc.returncode == 0, proc.stderr
-    assert f"{ini}: rewrote stamp line(s) 2, 3 the way GE writes them" in proc.stdout
-    logged = [ln for ln in proc.stderr.splitlines() if "rewrote stamp line(s) 2, 3" in ln]
+    assert f"{ini}: rewrote stamp lines 2, 3 the way GE writes them" in proc.stdout
+    logged = [ln for ln in proc.stderr.splitlines() if "rewrote stamp lines 2, 3" in ln]
     assert len(logged) == 1 and str(ini) in logged[0], proc.stderr
     assert ini.read_text() == spaced.replace("adk_version = ", "adk_version=").replace(
         "  ops_version", "ops_version"

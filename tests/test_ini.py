@@ -245,7 +245,7 @@ def test_utf8_bom_is_a_problem(tmp_path: Path) -> None:
 
 def test_crlf_is_a_problem(tmp_path: Path) -> None:
     cfg = load(tmp_path, GOOD.replace(b"\n", b"\r\n"))
-    assert ":1: has CRLF line ends (5 line(s), first at line 1)" in only_problem(cfg)
+    assert ":1: has CRLF line ends (5 lines, first at line 1)" in only_problem(cfg)
     assert cfg.limits() == IniLimits(500, 80)  # std::stoi ignores the trailing CR
     assert cfg.ge.stamps == ("7.0.0\r", "7.0.1\r")  # but GE keeps it in the stamps
 

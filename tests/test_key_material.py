@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from cachemgr.client import Client, DaemonError
-from cachemgr.compile import build, keys
+from cachemgr.compile import keys, pipeline
 from cachemgr.compile.queue import CompileQueue
 from cachemgr.compile.request import load_request
 from cachemgr.errors import InvalidInputError
@@ -361,17 +361,17 @@ def test_march_native_is_keyed_by_what_gcc_resolves_it_to_here(tmp_path, clean_e
     _write(tmp_path / "k.c", "void scale_kernel(float *x) { x[0] *= 2; }\n")
     settings = make_settings(tmp_path, clean_env, compilers={"cc": GCC})
     compilers = keys.Compilers(settings.sections.get("compilers", {}))
-    native = build.prepare(
+    native = pipeline.prepare(
         load_request(_request(tmp_path, "k.c", "n", extra_flags=["-march=native"])),
         settings,
         compilers,
-        60.0,
+        pipeline.JobOptions(),
     )
-    literal = build.prepare(
+    literal = pipeline.prepare(
         load_request(_request(tmp_path, "k.c", "l", extra_flags=["-march=x86-64"])),
         settings,
         compilers,
-        60.0,
+        pipeline.JobOptions(),
     )
     report = subprocess.run(
         [GCC, "-march=native", "-Q", "--help=target"], capture_output=True, text=True

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from cachemgr.compile import build, keys
+from cachemgr.compile import keys, pipeline
 from cachemgr.compile.request import parse_request, resolve_options
 from cachemgr.compilers import CompilerIdentity
 from tests.compile_util import counting_cc, make_settings, request_data
@@ -139,7 +139,7 @@ def test_real_prepare_keys_source_compiler_and_debug_flags(tmp_path, clean_env) 
 
     def key_of(settings=settings, compilers=compilers, **over: Any) -> str:
         req = parse_request(request_data(kernel_source=str(src), **over), tmp_path)
-        return build.prepare(req, settings, compilers, 60.0).key
+        return pipeline.prepare(req, settings, compilers, pipeline.JobOptions()).key
 
     k0 = key_of()
     assert key_of() == k0

@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ import pytest
 from cachemgr.compilers import lineinfo, process
 from cachemgr.errors import CompileError
 from tests.compile_util import scale_request
+from tests.daemon_util import Daemon
 from tests.test_deputy import CLIENT
 from tests.test_service_sandbox import KERNEL, _unit_daemon
 from tests.users_util import Runtime, Users, run_as
@@ -63,30 +65,36 @@ def _peak_bytes(pid: int) -> int:
     raise AssertionError(f"no VmHWM in /proc/{pid}/status")
 
 
-def test_a_members_error_flood_leaves_the_daemon_small(
-    users: Users, other_runtime: Runtime
-) -> None:
-    rt = other_runtime
-    daemon, bob = _unit_daemon(users, rt, '[compilers]\ncc = "/usr/bin/gcc"\n')
+@pytest.fixture
+def gcc_daemon(users: Users, other_runtime: Runtime) -> Iterator[tuple[Daemon, Path, str]]:
+    """The unit's daemon compiling with gcc: ``(daemon, bob's folder, its socket)``; stopped
+    after the test."""
+    daemon, bob = _unit_daemon(users, other_runtime, '[compilers]\ncc = "/usr/bin/gcc"\n')
     try:
-        sock = str(daemon.socket_path)
-        warm = _source(users, bob, "k.c", KERNEL)
-        first = _client(users, rt, bob, sock, scale_request(str(warm), defines={"K": 1}), {})
-        assert "error" not in first, first
-        idle = _peak_bytes(daemon.proc.pid)
-        flood = KERNEL + "#define A0 1=1;\n"
-        flood += "".join(f"#define A{i} A{i - 1} A{i - 1}\n" for i in range(1, DEPTH + 1))
-        flood += f"void f(void){{ A{DEPTH} }}\n"
-        src = _source(users, bob, "flood.c", flood)
-        answer = _client(users, rt, bob, sock, scale_request(str(src), defines={"K": 2}), {})
-        grown = _peak_bytes(daemon.proc.pid) - idle
-        assert grown <= GROWTH_BYTES, f"the daemon grew by {grown} bytes"
-        text = json.dumps(answer)
-        assert answer.get("status") == "failed", text[:2000]
-        assert "lvalue required" in text or "error:" in text, text[:2000]
-        assert len(text) <= 8 * 1024, f"the answer is {len(text)} bytes"
+        yield daemon, bob, str(daemon.socket_path)
     finally:
         daemon.stop()
+
+
+def test_a_members_error_flood_leaves_the_daemon_small(
+    users: Users, other_runtime: Runtime, gcc_daemon: tuple[Daemon, Path, str]
+) -> None:
+    rt, (daemon, bob, sock) = other_runtime, gcc_daemon
+    warm = _source(users, bob, "k.c", KERNEL)
+    first = _client(users, rt, bob, sock, scale_request(str(warm), defines={"K": 1}), {})
+    assert "error" not in first, first
+    idle = _peak_bytes(daemon.proc.pid)
+    flood = KERNEL + "#define A0 1=1;\n"
+    flood += "".join(f"#define A{i} A{i - 1} A{i - 1}\n" for i in range(1, DEPTH + 1))
+    flood += f"void f(void){{ A{DEPTH} }}\n"
+    src = _source(users, bob, "flood.c", flood)
+    answer = _client(users, rt, bob, sock, scale_request(str(src), defines={"K": 2}), {})
+    grown = _peak_bytes(daemon.proc.pid) - idle
+    assert grown <= GROWTH_BYTES, f"the daemon grew by {grown} bytes"
+    text = json.dumps(answer)
+    assert answer.get("status") == "failed", text[:2000]
+    assert "lvalue required" in text or "error:" in text, text[:2000]
+    assert len(text) <= 8 * 1024, f"the answer is {len(text)} bytes"
 
 
 #: A GCC_COMPARE_DEBUG that gcc takes as switches: its wrapper prints MARK42 and fails.
@@ -94,27 +102,22 @@ PROBE = "-wrapper /bin/sh,-c,echo${IFS}MARK$((6*7))>&2;exit${IFS}1"
 
 
 def test_gcc_compare_debug_switches_are_refused_through_the_daemon(
-    users: Users, other_runtime: Runtime
+    users: Users, other_runtime: Runtime, gcc_daemon: tuple[Daemon, Path, str]
 ) -> None:
-    rt = other_runtime
-    daemon, bob = _unit_daemon(users, rt, '[compilers]\ncc = "/usr/bin/gcc"\n')
-    try:
-        sock = str(daemon.socket_path)
-        src = _source(users, bob, "k.c", KERNEL)
-        req = scale_request(str(src), defines={"K": 7})
-        refused = _client(users, rt, bob, sock, req, {"GCC_COMPARE_DEBUG": PROBE})
-        error = str(refused.get("error", ""))
-        assert "MARK42" not in json.dumps(refused), refused  # the wrapper never ran
-        assert refused.get("status_code") == 400, refused
-        assert "GCC_COMPARE_DEBUG" in error and "\n" not in error, error
-        plain = scale_request(str(src), defines={"K": 8})
-        done = _client(users, rt, bob, sock, plain, {"GCC_COMPARE_DEBUG": "1"})
-        assert "error" not in done, done
-        bad_epoch = _client(users, rt, bob, sock, req, {"SOURCE_DATE_EPOCH": "-1 week"})
-        assert bad_epoch.get("status_code") == 400, bad_epoch
-        assert "SOURCE_DATE_EPOCH" in str(bad_epoch.get("error")), bad_epoch
-    finally:
-        daemon.stop()
+    rt, (_, bob, sock) = other_runtime, gcc_daemon
+    src = _source(users, bob, "k.c", KERNEL)
+    req = scale_request(str(src), defines={"K": 7})
+    refused = _client(users, rt, bob, sock, req, {"GCC_COMPARE_DEBUG": PROBE})
+    error = str(refused.get("error", ""))
+    assert "MARK42" not in json.dumps(refused), refused  # the wrapper never ran
+    assert refused.get("status_code") == 400, refused
+    assert "GCC_COMPARE_DEBUG" in error and "\n" not in error, error
+    plain = scale_request(str(src), defines={"K": 8})
+    done = _client(users, rt, bob, sock, plain, {"GCC_COMPARE_DEBUG": "1"})
+    assert "error" not in done, done
+    bad_epoch = _client(users, rt, bob, sock, req, {"SOURCE_DATE_EPOCH": "-1 week"})
+    assert bad_epoch.get("status_code") == 400, bad_epoch
+    assert "SOURCE_DATE_EPOCH" in str(bad_epoch.get("error")), bad_epoch
 
 
 def test_a_pipe_keeps_its_head_and_tail_and_says_how_much_was_left_out() -> None:

@@ -10,6 +10,7 @@ import os
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -127,6 +128,42 @@ def test_cachemgr_gives_others_nothing_under_a_2770_root(
         assert stat.S_IMODE(folder.stat().st_mode) == 0o2770, folder
     for path in (root / "kernel_cache" / SOC).iterdir():
         assert stat.S_IMODE(path.stat().st_mode) == 0o660, path  # the group still shares
+
+
+def test_what_cachemgr_creates_under_umask_022_raises_no_warning_of_its_own(
+    clean_env: dict[str, str], open_base: Path, tmp_path: Path
+) -> None:
+    """cachemgr made ``$HOME/atc_data`` (and a missing ``--cache-dir``) ``0775`` under umask
+    022 — others' bits taken from ``$HOME`` or ``/tmp`` — then warned that its own folder
+    was readable by every local user. A folder outside the cache passes nothing on."""
+    home = open_base / "home"
+    home.mkdir()
+    home.chmod(0o755)
+    env = {**clean_env, **fake_toolkit(tmp_path / "Ascend"), "HOME": str(home)}
+    roots = {"default": home / "atc_data", "named": open_base / "new" / "root"}
+    for how, root in roots.items():
+        named = [] if how == "default" else ["--cache-dir", str(root)]
+        for args in (
+            ["compile", str(REQUESTS / "add_c.json"), "--local"],
+            ["limits", "set", "--max-size", "100", "--local"],
+            ["gc", "--local"],
+        ):
+            proc = subprocess.run(
+                [sys.executable, "-m", "cachemgr", *args, *named],
+                env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120, umask=0o022,
+            )  # fmt: skip
+            assert proc.returncode == 0, (args, proc.stdout, proc.stderr)
+        top = root if how == "default" else open_base / "new"
+        assert _others_bits(top) == [], how  # was: 0775 folders, 0664 files
+        config = run_cli("config", *named, env=env)
+        assert config.returncode == 0 and not _warnings(config.stderr), config.stderr
+    shared = open_base / "shared"  # a root shared on purpose (setgid) still passes its bits
+    shared.mkdir()
+    shared.chmod(0o2775)
+    proc = run_cli("limits", "set", "--max-size", "100", "--local", "--cache-dir", str(shared),
+                   env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert stat.S_IMODE((shared / "kernel_cache").stat().st_mode) == 0o2775
 
 
 def test_an_outsider_cannot_read_an_entry_a_member_compiled(

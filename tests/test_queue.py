@@ -6,8 +6,10 @@ the real gcc; waits are on conditions with deadlines.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import struct
 import subprocess
 import sys
 import threading
@@ -341,7 +343,10 @@ def test_force_waits_for_in_flight_compiles_then_clears(tmp_path: Path, clean_en
                         errors.append(repr(exc))
                         continue
                     if result.hit:
-                        data = (chip / f"{kernel}.o").read_bytes() if result.files else b""
+                        try:
+                            data = (chip / f"{kernel}.o").read_bytes() if result.files else b""
+                        except FileNotFoundError:  # force cleared it after the lookup
+                            continue
                         if data and entry.sha256_hex(data) != result.desc.binaries[0].sha256:
                             errors.append(f"corrupt {kernel}")
 
@@ -394,14 +399,26 @@ def test_chip_lock_turnstile(tmp_path: Path) -> None:
     with cl.shared():
         forcer = threading.Thread(target=lambda: _hold(cl.exclusive(), events, "force"))
         forcer.start()
-        time.sleep(0.2)
+        wait_for(lambda: _turnstile_taken(cl.path), 30, "force to hold the turnstile")
         late = threading.Thread(target=lambda: _hold(cl.shared(), events, "late"))
         late.start()
-        time.sleep(0.2)
+        time.sleep(0.2)  # a chance for the late publisher to get in wrongly
         events.append("first-done")
     forcer.join(10)
     late.join(10)
     assert events == ["first-done", "force", "late"]
+
+
+def _turnstile_taken(path: Path) -> bool:
+    """Whether byte 0 of the chip lock ``path`` (the turnstile) is held exclusive: a shared
+    lock of it would conflict (``F_OFD_GETLK`` asks, takes nothing)."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        query = struct.pack("hhqqi4x", fcntl.F_RDLCK, os.SEEK_SET, 0, 1, 0)
+        l_type = struct.unpack("hhqqi4x", fcntl.fcntl(fd, fcntl.F_OFD_GETLK, query))[0]
+    finally:
+        os.close(fd)
+    return l_type != fcntl.F_UNLCK
 
 
 def _hold(ctx, events: list[str], name: str) -> None:

@@ -24,9 +24,9 @@ from tests.daemon_util import wait_for
 from tests.remote_util import RedisServer, keys_toml
 
 LOOKUP_S = DEFAULT_OPERATION_TIMEOUT_MS / 1000
-#: Slack for a loaded 2-core host: Python's start, the compile, scheduling (seconds); the
-#: code before took 11 s to print and 10 s more to exit.
-MARGIN_S = 2.5
+#: Slack over the same run without a remote (seconds): scheduling on a loaded 2-core host;
+#: the code before took 11 s to print and 10 s more to exit.
+MARGIN_S = 1.5
 
 
 @dataclass
@@ -87,6 +87,7 @@ def _setup(tmp_path: Path, cc: Path, ns: tuple[int, ...]) -> tuple[Path, list[Pa
     return cfg, reqs
 
 
+@pytest.mark.serial  # bounds of a second or two on a whole CLI run
 def test_paused_redis_costs_one_lookup_timeout_and_the_next_run_skips_it(
     paused: RedisServer, tmp_path: Path, clean_env: dict[str, str]
 ) -> None:
@@ -95,9 +96,13 @@ def test_paused_redis_costs_one_lookup_timeout_and_the_next_run_skips_it(
     second run within the breaker's window never connects (the server's connection count,
     read after ``SIGCONT``) and says why it skipped the remote."""
     cc = counting_cc(tmp_path / "cc")
-    cfg, reqs = _setup(tmp_path, cc, (2501, 2502))
+    cfg, reqs = _setup(tmp_path, cc, (2501, 2502, 2500))
     remote = paused.url + "|name=r"
     base = ["--json", "--local", "--config", str(cfg), "--cache-dir", str(tmp_path / "cache")]
+    # the floor: the same kind of run with no remote, on this host at this moment (a loaded
+    # 2-core host takes seconds to start Python and compile)
+    floor = _compile([*base, str(reqs[2])], clean_env, tmp_path)
+    assert floor.returncode == 0, floor.stderr
     probe = paused.client()
     before = _connections(paused, probe)
     assert paused.proc is not None
@@ -109,7 +114,7 @@ def test_paused_redis_costs_one_lookup_timeout_and_the_next_run_skips_it(
     assert out["status"] == "compiled" and out["via"] == "local", out
     # the request's own time (lookup + compile) and the whole run's (with Python's start)
     assert out["seconds"] <= LOOKUP_S + 1.0, out
-    assert first.to_print_s <= LOOKUP_S + MARGIN_S, first
+    assert first.to_print_s <= floor.to_print_s + LOOKUP_S + MARGIN_S, (first, floor)
     assert first.print_to_exit_s <= 1.0, first
     assert "remote r failing (TimeoutError" in first.stderr, first.stderr
 
@@ -118,8 +123,9 @@ def test_paused_redis_costs_one_lookup_timeout_and_the_next_run_skips_it(
     assert json.loads(second.stdout)["status"] == "compiled"
     assert "remote r failing (TimeoutError" in second.stderr, second.stderr
     assert "seen by an earlier run): skipped for" in second.stderr, second.stderr
-    assert second.to_print_s <= MARGIN_S and second.print_to_exit_s <= 1.0, second
-    assert len(calls(tmp_path / "cc")) == 2
+    assert second.to_print_s <= floor.to_print_s + MARGIN_S, (second, floor)
+    assert second.print_to_exit_s <= 1.0, second
+    assert len(calls(tmp_path / "cc")) == 3
 
     os.kill(paused.proc.pid, signal.SIGCONT)
     # the connections made while it was paused wait in the listen backlog; Redis accepts
@@ -128,6 +134,7 @@ def test_paused_redis_costs_one_lookup_timeout_and_the_next_run_skips_it(
     assert _connections(paused, probe) - before == 1, "only the first run tried the remote"
 
 
+@pytest.mark.serial  # bounds of a second or two on a whole CLI run
 def test_exit_drops_an_upload_the_remote_hangs_on_and_counts_it(
     paused: RedisServer, tmp_path: Path, clean_env: dict[str, str]
 ) -> None:
@@ -144,7 +151,7 @@ def test_exit_drops_an_upload_the_remote_hangs_on_and_counts_it(
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout)["status"] == "compiled"
     assert run.print_to_exit_s <= 1.0, run
-    assert "1 upload(s) to the remotes not done within 0.4 s: dropped" in run.stderr, run.stderr
+    assert "1 upload to the remotes not done within 0.4 s: dropped" in run.stderr, run.stderr
     assert len(calls(tmp_path / "cc")) == 1
     os.kill(paused.proc.pid, signal.SIGCONT)
     stats = subprocess.run(

@@ -52,6 +52,7 @@ def _run_measured(args: list[str], env: dict[str, str], tmp: Path) -> tuple[int,
     return out.returncode, out.stdout, out.stderr, int(peak.read_text()) / 1024
 
 
+@pytest.mark.serial  # the server's scan of 240 MiB of names has a time budget
 def test_a_redis_index_of_giant_names_costs_warm_no_memory_and_hides_no_entry(
     redis_server: RedisServer, tmp_path: Path, clean_env: dict[str, str]
 ) -> None:
@@ -70,8 +71,9 @@ def test_a_redis_index_of_giant_names_costs_warm_no_memory_and_hides_no_entry(
 
     root = tmp_path / "cache"
     args = ["warm", "--json", "--cache-dir", str(root), "--soc", SOC]
-    # the memory is the point: a loaded test host may take ~2 s to scan 60 giants
-    remote = redis_server.url + "|operation-timeout=10000"
+    # the memory is the point: a loaded test host may take ~2 s to scan 60 giants (over 5 s
+    # at load 13 beside other workers: the scan stopped at its budget and listed nothing)
+    remote = redis_server.url + "|operation-timeout=30000"
     args += ["--remote", remote, "--config", str(keys_config(tmp_path))]
     code, out, err, peak_mb = _run_measured(args, clean_env, tmp_path)
     assert code == 0, err
@@ -80,8 +82,8 @@ def test_a_redis_index_of_giant_names_costs_warm_no_memory_and_hides_no_entry(
     assert peak_mb < PEAK_MB, f"warm peaked at {peak_mb:.0f} MB"
     lines = [ln for ln in err.splitlines() if "passed over" in ln]
     assert len(lines) == 1, err
-    assert "60 member(s) passed over" in lines[0] and "250 bytes a name" in lines[0], lines
-    assert f"{redis_tier.MAX_SKIPPED} passed over, 5000 ms a read)" in lines[0], lines
+    assert "60 members passed over" in lines[0] and "250 bytes a name" in lines[0], lines
+    assert f"{redis_tier.MAX_SKIPPED} passed over, 15000 ms a read)" in lines[0], lines
     assert "Traceback" not in err
     for kernel in real:
         assert (root / "kernel_cache" / SOC / f"{kernel}.json").is_file()
@@ -101,13 +103,13 @@ def test_a_redis_index_read_stops_after_its_cap_of_bad_members(
     with caplog.at_level(logging.WARNING, "cachemgr.remote.redis_tier"):
         assert tier.recent(SOC, 10) == [longest, "te_ok"]
         assert tier.recent(SOC, 1) == [longest]
-    assert "3 member(s) passed over" in caplog.text and "stopped" not in caplog.text
+    assert "3 members passed over" in caplog.text and "stopped" not in caplog.text
     caplog.clear()
     bad = {f"bad/{i}": 10.0 + i for i in range(redis_tier.MAX_SKIPPED + 50)}
     probe.zadd(index, bad)  # type: ignore[arg-type]
     with caplog.at_level(logging.WARNING, "cachemgr.remote.redis_tier"):
         assert tier.recent(SOC, 10) == []
-    assert f"{redis_tier.MAX_SKIPPED} member(s) passed over" in caplog.text, caplog.text
+    assert f"{redis_tier.MAX_SKIPPED} members passed over" in caplog.text, caplog.text
     assert "the read stopped at a cap" in caplog.text
     tier.close()
 

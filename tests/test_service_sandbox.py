@@ -29,8 +29,8 @@ from pathlib import Path
 import pytest
 
 from tests.compile_util import scale_request
-from tests.daemon_util import Daemon, daemon_env, start_daemon
-from tests.test_deputy import CLIENT, _as_bob, _setup
+from tests.daemon_util import Daemon, start_daemon
+from tests.test_deputy import CLIENT, _as_bob, _setup, alices_daemon_folders
 from tests.unit_util import (
     NETPROBE,
     cap_bit,
@@ -85,19 +85,8 @@ def _config(cc: Path, tools: Path) -> str:
 def _unit_daemon(users: Users, rt: Runtime, config: str) -> tuple[Daemon, Path]:
     """alice, the daemon user (primary group the sharing one, as ``Group=``), serving a shared
     root on a group socket, started as the unit starts it; and bob's folder."""
-    root = users.base / "shared"
-    root.mkdir()
-    shutil.chown(root, "root", users.group)
-    root.chmod(0o2775)
-    home = user_home(users, users.alice)
-    env = daemon_env(home)
-    for sub in ("home", "run", "state"):
-        shutil.chown(home / sub, users.alice)
+    root, home, env, sock_dir = alices_daemon_folders(users)
     env["PYTHONPATH"] = rt.pythonpath
-    sock_dir = users.base / "sock"
-    sock_dir.mkdir()
-    shutil.chown(sock_dir, users.alice, users.group)
-    sock_dir.chmod(0o750)
     cfg = users.base / "cachemgr.toml"
     cfg.write_text(config)
     cfg.chmod(0o644)

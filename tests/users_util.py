@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import filelock
 import pytest
 
 from tests.conftest import ROOT
@@ -61,12 +62,22 @@ def _why_not() -> str | None:
 
 def _venv_with_dependencies() -> Path:
     """A world-readable virtualenv of the system Python with the project's dependencies,
-    reused while they do not change (built in a temp name, then renamed into place)."""
+    reused while they do not change (built in a temp name, then renamed into place). The
+    suite's xdist workers (and other runs) build it one at a time, under a ``flock`` on
+    ``<venv>.lock``: the others wait for it instead of running pip side by side."""
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     tag = hashlib.sha256("\n".join(sorted(deps)).encode()).hexdigest()[:12]
     venv = Path(tempfile.gettempdir()) / f"cachemgr-test-venv-{tag}"
     if (venv / ".complete").exists():
         return venv
+    with filelock.FileLock(f"{venv}.lock", timeout=900):
+        if (venv / ".complete").exists():  # another worker built it while this one waited
+            return venv
+        return _build_venv(venv, deps)
+
+
+def _build_venv(venv: Path, deps: list[str]) -> Path:
+    """Build the virtualenv ``venv`` with ``deps`` (the caller holds its lock)."""
     building = Path(tempfile.mkdtemp(prefix=f"{venv.name}.", dir=venv.parent))
     subprocess.run([SYSTEM_PYTHON, "-m", "venv", str(building)], check=True)
     pip = subprocess.run(
@@ -87,6 +98,16 @@ def _venv_with_dependencies() -> Path:
     return venv
 
 
+def _compile(venv: Path, package: Path) -> None:
+    """Byte code for ``package`` beside it, and under ``$PYTHONPYCACHEPREFIX`` when set
+    (where a run with this environment looks): the users may write neither, so each of
+    their runs would otherwise compile every module from source again."""
+    plain = {k: v for k, v in os.environ.items() if k != "PYTHONPYCACHEPREFIX"}
+    for env in (plain, dict(os.environ)):
+        argv = [str(venv / "bin" / "python"), "-m", "compileall", "-q", str(package)]
+        subprocess.run(argv, check=True, capture_output=True, env=env)
+
+
 @pytest.fixture(scope="session")
 def other_runtime() -> Iterator[Runtime]:
     why = _why_not()
@@ -99,6 +120,7 @@ def other_runtime() -> Iterator[Runtime]:
             ROOT / "cachemgr", src / "cachemgr", ignore=shutil.ignore_patterns("__pycache__")
         )
         shutil.copytree(ROOT / "examples" / "kernels", src / "kernels")
+        _compile(venv, src / "cachemgr")
         for path in [src, *src.rglob("*")]:
             path.chmod(0o755 if path.is_dir() else 0o644)
         yield Runtime(str(venv / "bin" / "python"), str(src), src / "kernels")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import click
 from click.core import ParameterSource
 
-from cachemgr.cli import human
+from cachemgr.cli import directrecord, human
 from cachemgr.cli.common import (
     Route,
     Seconds,
@@ -28,7 +29,7 @@ from cachemgr.cli.common import (
 )
 from cachemgr.cli.lockcheck import checked_for_writing
 from cachemgr.compile.queue import DEFAULT_TIMEOUT_S, CompileOutcome, CompileQueue
-from cachemgr.compile.request import load_request
+from cachemgr.compile.request import CompileRequest, load_request
 from cachemgr.compile.results import Status
 from cachemgr.config.configfile import MAX_WORKERS
 from cachemgr.errors import CacheMgrError, InvalidInputError
@@ -39,6 +40,7 @@ if TYPE_CHECKING:  # the hit path imports only what a hit needs
     from concurrent.futures import Future
 
     from cachemgr.client import Client
+    from cachemgr.config.options import Settings
 
 
 def _setting_flags(func: Any) -> Any:
@@ -220,7 +222,9 @@ def compile_cmd(
     where.announce()
     if where.client is not None:
         sys.exit(
-            _compile_via_daemon(where.client, where, requests, extra, replace, as_json, out_dir)
+            _compile_via_daemon(
+                where.client, where, requests, extra, replace, as_json, out_dir, settings
+            )
         )
     cli_values = {
         "op_compiler_cache_dir": op_compiler_cache_dir,
@@ -228,7 +232,10 @@ def compile_cmd(
         "soc_version": None,
         **extra,
     }
-    settings = checked_for_writing(settings, cli_values, config_file)  # as the daemon
+    checked = checked_for_writing(settings, cli_values, config_file)  # as the daemon
+    # a run on a fallback cache (its note printed) gets no direct memo
+    memo_ok = checked.layout.kernel_cache_dir == settings.layout.kernel_cache_dir
+    settings = checked
     # the counters live in the cache (docs/commands.md#what-stats-counts); a run answered by
     # precompiled binaries alone made no kernel cache folder: the flush makes it
     counters = CounterBook(lambda: settings.layout.kernel_cache_dir, create=True)
@@ -251,7 +258,7 @@ def compile_cmd(
         remotes=tiers,
     )
     try:
-        sys.exit(_compile_here(queue, requests, replace, as_json, where))
+        sys.exit(_compile_here(queue, requests, replace, as_json, where, memo_ok))
     finally:
         queue.close()
         if tiers is not None:  # the uploads queued by this run go, if they can go soon
@@ -262,15 +269,26 @@ def compile_cmd(
 
 
 def _compile_here(
-    queue: CompileQueue, requests: tuple[Path, ...], replace: bool, as_json: bool, where: Route
+    queue: CompileQueue,
+    requests: tuple[Path, ...],
+    replace: bool,
+    as_json: bool,
+    where: Route,
+    memo_ok: bool = True,
 ) -> int:
     """Submit every request to the in-process queue, then report each in order (a progress
-    bar on a terminal). Returns the exit code: 1 if any failed, 2 if any was invalid."""
+    bar on a terminal). Returns the exit code: 1 if any failed, 2 if any was invalid. A
+    plain hit of a single request leaves its direct memo (:mod:`cachemgr.cli.directrecord`)
+    unless ``memo_ok`` is False or the run warned."""
     bad_input, failed = 0, 0
     futures: list[tuple[Path, Future[CompileOutcome] | CacheMgrError]] = []
+    loaded: list[CompileRequest] = []
+    warned = directrecord.WarningCount()
+    logging.getLogger().addHandler(warned)
     for path in requests:
         try:
-            futures.append((path, queue.submit(load_request(path), replace=replace)))
+            loaded.append(load_request(path))
+            futures.append((path, queue.submit(loaded[-1], replace=replace)))
         except CacheMgrError as exc:
             futures.append((path, exc))
     with human.progress(human.bars_enabled(as_json), "compile", len(futures), "kernel") as bar:
@@ -282,9 +300,23 @@ def _compile_here(
             else:
                 outcome = fut.result()
                 failed += not outcome.ok
-                _report(outcome, as_json, where)
+                doc = _report(outcome, as_json, where)
+                plain = memo_ok and not replace and not where.notice and not warned.count
+                if plain and len(requests) == 1:
+                    directrecord.record(loaded[0], path, outcome, doc, queue, _absent_socket(where))
             bar.update(1)
+    logging.getLogger().removeHandler(warned)
     return 1 if failed else 2 if bad_input else 0
+
+
+def _absent_socket(where: Route) -> str | None:
+    """The default socket whose absence routed the run here; None when it was routed here
+    whatever is there (``--local``, an in-process-only option)."""
+    if where.reason.startswith("no daemon answers at the default socket"):
+        from cachemgr.client import default_socket_path
+
+        return str(default_socket_path())
+    return None
 
 
 #: Options that only an in-process queue honours: given on the command line, they route
@@ -314,13 +346,16 @@ def _compile_via_daemon(
     replace: bool,
     as_json: bool,
     out_dir: Path,
+    local: Settings | None = None,
 ) -> int:
     """Send the requests to the daemon at once (its pool compiles them in parallel) and
     report each in order; command-line options fill what a request's own ``options`` leave
     unset, with relative paths made absolute here (the daemon has another cwd). Kernels
     compiled without the cache (``disable``) come back and are written to ``out_dir`` by
     this process, as the caller. Returns the exit code: 1 if any failed, 2 if any was
-    invalid."""
+    invalid. A plain hit of a single request leaves its direct memo when ``local`` (this
+    command's settings) is given (:func:`cachemgr.cli.directrecord.record_daemon`)."""
+    given = dict(overrides)
     out_dir = out_dir.absolute()
     for name in ("op_debug_config", "debug_dir"):
         if overrides.get(name):
@@ -337,6 +372,7 @@ def _compile_via_daemon(
             if not isinstance(data, dict):
                 raise InvalidInputError(f"request {path}: a request must be a JSON object")
             data["options"] = {**overrides, **(data.get("options") or {})}
+            sent[path] = (path, data, str(path.resolve().parent), out_dir)
             return client.compile(
                 data,
                 base_dir=path.resolve().parent,
@@ -353,6 +389,7 @@ def _compile_via_daemon(
         except CacheMgrError as exc:
             return exc
 
+    sent: dict[Path, tuple[Path, dict[str, Any], str, Path]] = {}
     bad_input, failed = 0, 0
     bars = human.bars_enabled(as_json)
     with (
@@ -373,28 +410,94 @@ def _compile_via_daemon(
             _report_error(path, message, as_json, where)
             continue
         failed += not answer.ok
-        _report(dataclasses.replace(answer, request=str(path)), as_json, where)
+        doc = _report(dataclasses.replace(answer, request=str(path)), as_json, where)
+        if local is not None and len(requests) == 1 and not replace and path in sent:
+            directrecord.record_daemon(client, where, local, sent[path], answer, doc, given)
     return 1 if failed else 2 if bad_input else 0
 
 
-def _report(outcome: CompileOutcome, as_json: bool, where: Route) -> None:
+def report_daemon_answer(
+    memo: dict[str, Any], code: int | None, raw: bytes, error: BaseException | None
+) -> int:
+    """Report, as :func:`_compile_via_daemon` does, the daemon's answer (``code``, ``raw``
+    body; ``error`` when the connection failed after sending) to the request a direct memo
+    sent (:mod:`cachemgr.directwire`) when it is not the recorded hit; returns the exit
+    code."""
+    from cachemgr.client import DaemonUnavailable, _decode, _typed
+
+    socket = str(memo["socket"])
+
+    class Answered:
+        """A client whose one answer is the one already received."""
+
+        def compile(self, data: Any, **kw: Any) -> CompileOutcome:
+            if error is not None or code is None:
+                raise DaemonUnavailable(f"daemon at {socket} hung up")
+            answer = _decode(code, raw, "application/json")
+            if isinstance(answer, dict) and "status" in answer:
+                answer["via"] = "daemon"
+            return _typed(CompileOutcome, answer, "/compile")
+
+    where = Route("daemon", None, socket, str(memo["reason"]))
+    return _compile_via_daemon(
+        Answered(),  # type: ignore[arg-type]
+        where,
+        (Path(memo["requests"][0][0]),),
+        dict(memo["overrides"] or {}),
+        False,
+        memo["doc"] is not None,
+        Path(memo["out_dir"]),
+    )
+
+
+def _report(outcome: CompileOutcome, as_json: bool, where: Route) -> dict[str, Any] | None:
+    """Print one outcome; returns the ``--json`` object printed (None for text)."""
+    went = "" if as_json else _outside_the_cache(outcome)
     if outcome.warning:  # e.g. compiled but not cached: a read-only root
-        warning(outcome.warning)
+        shown = went and f"folder {outcome.files[0].parent}" not in outcome.warning
+        warning(outcome.warning + (f"; its files are in {went}" if shown else ""))
+    elif went:  # a debug build, op_compiler_cache_mode=disable: where the files went
+        why = outcome.policy.why_not_cached if outcome.policy else None
+        report_line(
+            f"cachemgr: note: {outcome.kernel_name} not cached ({why or 'not cacheable'}): "
+            f"its files are in {went}",
+            err=True,
+        )
     if outcome.note and not as_json:  # e.g. force: local only, remote tiers untouched
         report_line(f"cachemgr: note: {outcome.note}", err=True)
     if as_json:
         doc = {**outcome.to_json(), "via": outcome.via or where.via, "route": where.to_json()}
         click.echo(json.dumps(doc, ensure_ascii=False))
-        return
+        return doc
     if not outcome.ok:
         _failed_line(outcome.kernel_name or outcome.request, outcome.seconds)
         click.echo(f"cachemgr: error: {outcome.request}: {outcome.error}", err=True)
-        return
+        return None
     folder = outcome.files[0].parent if outcome.files else ""
     parts = " ".join(f.name.removeprefix(outcome.kernel_name) for f in outcome.files)
     report_line(
         f"{outcome.status:8} {outcome.kernel_name}  {outcome.seconds:.3f}s  {folder}/ {parts}"
     )
+    return None
+
+
+def _outside_the_cache(outcome: CompileOutcome) -> str:
+    """Where the files of a kernel compiled outside the cache went (its folder, and whether
+    that is the current folder or below it: CANN writes debug builds to ``kernel_meta`` there,
+    docs/compiling.md#what-makes-a-kernel-uncached); "" for an entry of the cache, a
+    precompiled binary or a failure."""
+    if not outcome.ok or not outcome.files or outcome.status in (Status.HIT, Status.BINARY):
+        return ""
+    cached = outcome.cached if outcome.cached is not None else None
+    if cached is None:
+        cached = outcome.policy.cached if outcome.policy is not None else True
+    if cached:
+        return ""
+    folder = outcome.files[0].parent
+    cwd = Path.cwd()
+    if folder == cwd:
+        return f"{folder} (the current folder)"
+    return f"{folder} (under the current folder)" if folder.is_relative_to(cwd) else str(folder)
 
 
 def _report_error(path: Path, message: str, as_json: bool, where: Route) -> None:

@@ -128,7 +128,8 @@ def _gc_line(soc: str, report: ChipGc) -> str:
     )
     plural = human.plural
     purged = (
-        f"purged {plural(report.purged_entries, 'entry', 'entries')} "
+        f"{'would purge' if report.dry_run else 'purged'} "
+        f"{plural(report.purged_entries, 'entry', 'entries')} "
         f"({_mib(report.purged_bytes)}, reason {report.purge_reason}); "
         if report.purged_entries or report.purged_bytes
         else ""
@@ -299,7 +300,12 @@ def _print_gc_one(report: GcResult) -> None:
     click.echo(
         f"total: {verb} {_mib(totals['freed_bytes'])} in "
         f"{human.plural(len(folders), 'chip folder')}; "
-        + (f"purged {human.plural(purged, 'entry', 'entries')}, " if purged else "")
+        + (
+            f"{'would purge' if verb == 'would free' else 'purged'} "
+            f"{human.plural(purged, 'entry', 'entries')}, "
+            if purged
+            else ""
+        )
         + f"{'would evict' if verb == 'would free' else 'evicted'} "
         f"{human.plural(totals['evicted_entries'], 'entry', 'entries')}"
     )

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from cachemgr.words import plural
+
 
 def governed_lines(governed: Mapping[str, Any], detail: bool = True) -> list[str]:
     """One line per governed root (owner, kernel caches, bytes used of the limit per chip
@@ -32,7 +34,7 @@ def governed_lines(governed: Mapping[str, Any], detail: bool = True) -> list[str
                 skipped = f"; skipped: {chip['skipped']}" if chip.get("skipped") else ""
                 lines.append(
                     f"    {kc}/{soc}: {chip.get('used_bytes', 0)} bytes, "
-                    f"{chip.get('entries', 0)} entries ({shown}, target "
+                    f"{plural(int(chip.get('entries', 0)), 'entry', 'entries')} ({shown}, target "
                     f"{chip.get('target_bytes')}; limits from {cache.get('limits_from')}){skipped}"
                 )
     for root, why in sorted((governed.get("skipped") or {}).items()):

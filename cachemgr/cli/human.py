@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from cachemgr.cli.common import VERBOSITY, printable
+from cachemgr.words import plural as plural  # re-exported: the CLI's counts in words
 
 _UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB")
 
@@ -30,11 +31,6 @@ def size(n_bytes: int | None) -> str:
         value /= 1024
         exp += 1
     return f"{value:.1f} {_UNITS[exp - 1]}"
-
-
-def plural(count: int, one: str, many: str | None = None) -> str:
-    """``1 entry``, ``2 entries``, ``0 entries``."""
-    return f"{count} {one if count == 1 else (many or one + 's')}"
 
 
 def percent(part: int, whole: int) -> str:

@@ -213,9 +213,9 @@ def _purge_first(cache: CacheLayout, check: versions.VersionCheck) -> str:
     return (
         f"{check.detail}; nothing written: GE's rule purges the chip folders {why} — "
         f"{human.plural(len(counts), 'chip folder')} holding "
-        f"{human.plural(total, 'entry', 'entries')} here ({', '.join(counts)}); run "
-        "`cachemgr gc` first (it applies the same rule now and stamps the ini), then set the "
-        "limits"
+        f"{human.plural(total, 'entry', 'entries')} here ({', '.join(counts)}), and they go "
+        "at the next CANN start whatever is set; run `cachemgr gc` first (it purges them now, "
+        "as GE would, and stamps the ini), then set the limits"
     )
 
 

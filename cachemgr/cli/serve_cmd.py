@@ -8,22 +8,29 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from cachemgr.cli.common import (
     SafeFormatter,
     Seconds,
+    cache_options,
     daemon_socket_option,
     emit_json,
+    load_settings,
     remote_option,
     report_line,
+    same_cache_hint,
 )
 from cachemgr.client import Client, DaemonUnavailable, default_socket_path
 from cachemgr.daemon import main as daemon_main
-from cachemgr.errors import CacheMgrError
+from cachemgr.errors import CacheMgrError, ConfigError
 from cachemgr.storage import fsutil
+from cachemgr.words import plural
+
+if TYPE_CHECKING:
+    from cachemgr.config.options import Settings
 
 #: The daemon's log line outside journald: every line carries its time.
 TIMESTAMPED = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -118,12 +125,18 @@ def serve_cmd(
     help="Wait up to this many seconds for the daemon to answer.",
 )
 @click.option("--json", "as_json", is_flag=True, help="The daemon's /health answer as JSON.")
-def status_cmd(socket_path: Path | None, wait_s: float, as_json: bool) -> None:
+@cache_options
+def status_cmd(socket_path: Path | None, wait_s: float, as_json: bool, **kw: Any) -> None:
     """Is a daemon answering? Its pid, uptime, degraded states and a refused reload.
 
-    Exit codes: 0 a daemon answers; 1 none answers (within --wait seconds).
+    With --cache-dir, --host-id or --config: whether it serves that cache (the line names
+    the cache it serves).
+
+    Exit codes: 0 a daemon answers (and serves that cache); 1 none answers (within --wait
+    seconds), or the one that answers serves another cache.
     """
-    client = Client(socket_path or default_socket_path(), timeout_s=5, local_hits=False)
+    settings = _named_cache(kw)
+    client = _client(socket_path, settings, timeout_s=5)
     deadline = time.monotonic() + wait_s
     delay = 0.02
     while True:
@@ -136,15 +149,66 @@ def status_cmd(socket_path: Path | None, wait_s: float, as_json: bool) -> None:
                 sys.exit(1)
         time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
         delay = min(delay * 2, 0.5)
+    other = _serves_other(client, settings, "status")
     if as_json:
         emit_json(health)
     else:
+        served = f", serves {settings.layout.kernel_cache_dir}" if settings and not other else ""
         click.echo(
             f"cachemgr daemon {health['status']}: pid {health['pid']}, "
-            f"up {health['uptime_s']:.0f} s, socket {client.socket_path}"
+            f"up {health['uptime_s']:.0f} s, socket {client.socket_path}{served}"
         )
         for line in status_lines(health):
             click.echo(line)
+    if other:
+        click.echo(f"cachemgr: {other}", err=True)
+        sys.exit(1)
+
+
+def _named_cache(kw: dict[str, Any]) -> Settings | None:
+    """The cache ``status``/``stop`` were told about (``--cache-dir``, ``--host-id``,
+    ``--config``, resolved as every command resolves them:
+    docs/configuration.md), or None when none of them was given: then any daemon at the
+    socket is the one meant.
+
+    :raises ConfigError: a bad value (one line naming it and its origin).
+    """
+    if not any(kw.get(k) for k in ("op_compiler_cache_dir", "host_id", "config_file")):
+        return None
+    return load_settings(soc_version=None, writable=False, **kw)
+
+
+def _client(socket_path: Path | None, settings: Settings | None, timeout_s: float) -> Client:
+    """The client of the daemon at ``--socket`` (else the default socket), trusting the
+    ``[daemon] user`` of the named config file as the other commands do."""
+    user = settings.sections.get("daemon", {}).get("user") if settings else None
+    return Client(
+        socket_path or default_socket_path(),
+        timeout_s=timeout_s,
+        local_hits=False,
+        daemon_user=user if isinstance(user, str) and user else None,
+    )
+
+
+def _serves_other(client: Client, settings: Settings | None, command: str) -> str:
+    """``""`` when the daemon serves the cache of ``settings`` (or none was named), else the
+    line that says which cache it serves, which this command named and how to reach it.
+
+    :raises CacheMgrError: the daemon does not answer ``/config``.
+    """
+    if settings is None:
+        return ""
+    theirs_settings = client.config(sections=True)["settings"]
+    theirs = str(theirs_settings["kernel_cache_dir"]["value"])
+    ours = settings.layout.kernel_cache_dir
+    if theirs == str(ours):
+        return ""
+    kc = settings["kernel_cache_dir"]
+    return (
+        f"{command}: the daemon at {client.socket_path} serves {theirs}, not this command's "
+        f"{ours} (from {kc.origin} {kc.source}".rstrip()
+        + f"); to name its cache, {same_cache_hint(theirs_settings)}"
+    )
 
 
 def status_lines(health: dict[str, Any]) -> list[str]:
@@ -163,7 +227,8 @@ def status_lines(health: dict[str, Any]) -> list[str]:
     if isinstance(scan, dict) and scan.get("state") != "done" and not health.get("govern_only"):
         lines.append(
             f"first scan: {scan.get('state')}, {scan.get('chip_folders_done')} of "
-            f"{scan.get('chip_folders_total')} chip folders, {scan.get('files')} files, "
+            f"{plural(int(scan.get('chip_folders_total') or 0), 'chip folder')}, "
+            f"{plural(int(scan.get('files') or 0), 'file')}, "
             f"{scan.get('seconds')} s"
         )
     for problem in health.get("degraded") or []:
@@ -197,18 +262,25 @@ def status_lines(health: dict[str, Any]) -> list[str]:
     show_default=True,
     help="Seconds to wait for running compiles to finish and the daemon to exit.",
 )
-def stop_cmd(socket_path: Path | None, wait_s: float) -> None:
+@cache_options
+def stop_cmd(socket_path: Path | None, wait_s: float, **kw: Any) -> None:
     """Ask the daemon to stop (like sccache --stop-server); wait until it has exited.
 
     The daemon stops as on SIGTERM: it takes no new work, lets running compiles finish
     and exits 0. Only its own user or root may stop it (root trusts the socket of a daemon
-    running as another user when CACHEMGR_DAEMON_USER names that user).
+    running as another user when CACHEMGR_DAEMON_USER names that user). With --cache-dir,
+    --host-id or --config it stops the daemon only when it serves that cache.
 
     Exit codes: 0 it stopped; 1 no daemon answers, or it is still running after --wait
-    seconds; 2 the caller may not stop it, or the socket belongs to a user not trusted.
+    seconds; 2 the caller may not stop it, the socket belongs to a user not trusted, or
+    the daemon serves another cache than the one named (it keeps running).
     """
-    client = Client(socket_path or default_socket_path(), timeout_s=30, local_hits=False)
+    settings = _named_cache(kw)
+    client = _client(socket_path, settings, timeout_s=30)
     try:
+        other = _serves_other(client, settings, "stop")
+        if other:
+            raise ConfigError(f"{other}; nothing stopped")
         answer = client.request("POST", "/stop")
     except DaemonUnavailable as exc:
         click.echo(f"cachemgr: {exc}", err=True)

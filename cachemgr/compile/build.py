@@ -1,12 +1,9 @@
-"""One compile request, from decision to artefacts (layer 7½, below the queue).
+"""What a prepared compile is and how a job that leaves the cache alone runs (below
+:mod:`cachemgr.compile.pipeline`, which prepares it and calls :func:`run`).
 
-:func:`prepare` turns a request into a :class:`Prepared` job: options resolved
-(docs/design.md#options-and-their-origins), the ``.cfg`` read, rules applied
-(:func:`cachemgr.compile.policy.decide`), the compiler identified and the key computed
-(docs/design.md#keys-and-manifests). The fast paths — :func:`find_binary`
-(docs/design.md#precompiled-binaries) and :func:`find_cached` (a verified hit,
-docs/design.md#writing-and-reading-an-entry) — run in the caller's thread. :func:`run` is the
-slow path of a job that leaves the cache alone:
+A :class:`Prepared` job has every decision made: options resolved, rules applied, compiler
+identified, key computed (:func:`cachemgr.compile.pipeline.prepare`). :func:`run` is the slow
+path of a job that does not use the cache:
 
 * **disable**: compile, then move the kernel into ``output_dir`` (json last); no cache access.
 * **debug**: compile with the debug flags in the worker's private build folder and keep the
@@ -18,36 +15,22 @@ Compiles through the cache (``enable``/``force``) are :mod:`cachemgr.compile.pub
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 import os
-import stat
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cachemgr.compile import (
-    environment,
-    inputs,
-    kernel_meta,
-    keys,
-    policy,
-    precompiled,
-    searched,
-    tempdirs,
-)
-from cachemgr.compile.request import CompileRequest, RequestOptions, resolve_options
+from cachemgr.compile import environment, inputs, kernel_meta, policy, tempdirs
+from cachemgr.compile.request import CompileRequest, RequestOptions
 from cachemgr.compile.results import CompileOutcome, Policy, Status
-from cachemgr.compilers import CompileJob, CompilerBackend
-from cachemgr.config.options import Settings
-from cachemgr.errors import CacheMgrError, ConfigError, InvalidInputError
-from cachemgr.storage import chiplock, fsutil, manifest, partcopy
+from cachemgr.compilers import CompileJob, CompilerBackend, CompilerIdentity
+from cachemgr.storage import chiplock, fsutil, partcopy
 from cachemgr.storage.safedir import SafeDir
-from cachemgr.storage.tiers import chip_store
 
 if TYPE_CHECKING:  # not imported on the hit path
     from cachemgr.remote.tierset import RemoteTiers
@@ -73,6 +56,8 @@ class Prepared:
     opts: RequestOptions
     decision: policy.Decision
     backend: CompilerBackend
+    #: the compiler's identity the key was computed with (``backend.identity()`` then)
+    identity: CompilerIdentity
     key: str
     kernel: str
     chip_dir: Path
@@ -102,265 +87,6 @@ class Prepared:
         if self.decision.cache.replace:
             return "replace"
         return "cache" if self.decision.cache.write else "nocache"
-
-
-#: The largest ``.cfg`` read (bytes); its format (docs/design.md#debug-compiles-and-kernel_meta) is
-#: one line.
-MAX_DEBUG_CONFIG_BYTES = 64 * 1024
-
-
-def read_debug_config(path: Path) -> policy.DebugConfig:
-    """Read and parse an ``op_debug_config`` ``.cfg`` file
-    (docs/design.md#debug-compiles-and-kernel_meta).
-
-    :raises InvalidInputError: unreadable file (named), or any error of
-        :func:`cachemgr.compile.policy.parse_debug_config`.
-    """
-    return parse_debug_config(read_debug_config_bytes(path), path)
-
-
-def read_debug_config_bytes(path: Path) -> bytes:
-    """The bytes of an ``op_debug_config`` file, read by the caller (non-blocking, a regular
-    file of at most 64 KiB).
-
-    :raises InvalidInputError: unreadable, not a regular file, too big (named).
-    """
-    try:
-        st = os.stat(path)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_DEBUG_CONFIG_BYTES:
-            what = "not a regular file" if not stat.S_ISREG(st.st_mode) else "over 64 KiB"
-            raise InvalidInputError(f"op_debug_config {path}: {what} (a .cfg is one line)")
-    except OSError as exc:
-        raise InvalidInputError(f"op_debug_config {path}: cannot read ({exc.strerror})") from None
-    return inputs.read_input(path, "op_debug_config", MAX_DEBUG_CONFIG_BYTES)
-
-
-def parse_debug_config(data: bytes, path: Path | str) -> policy.DebugConfig:
-    """Parse the bytes of a ``.cfg`` (docs/design.md#debug-compiles-and-kernel_meta).
-
-    :raises InvalidInputError: not UTF-8, or any error of :func:`policy.parse_debug_config`.
-    """
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise InvalidInputError(f"op_debug_config {path}: cannot read (not UTF-8)") from None
-    return policy.parse_debug_config(text, f"op_debug_config {path}")
-
-
-def _decide(
-    request: CompileRequest,
-    opts: RequestOptions,
-    cfg: policy.DebugConfig | None,
-    replace: bool,
-) -> policy.Decision:
-    """Every rule for ``request`` with its resolved options (:func:`policy.decide`: debug, jit,
-    cache mode: docs/design.md#the-policy-table)."""
-    return policy.decide(
-        mode=opts.op_compiler_cache_mode,
-        jit_compile=opts.jit_compile,
-        level=opts.op_debug_level,
-        cfg=cfg,
-        op_type=request.op_type,
-        op_name=request.op_name,
-        dynamic=request.dynamic,
-        replace=replace,
-        framework=request.framework,
-    )
-
-
-def _debug_config(
-    request: CompileRequest, opts: RequestOptions, given: inputs.Snapshot | None
-) -> tuple[policy.DebugConfig | None, bytes | None]:
-    """The ``.cfg`` of a compile and its bytes: those the caller sent, else read here — by
-    the caller's own process, or by the daemon for the ``.cfg`` of its own configuration
-    (never a path a remote caller named: :func:`cachemgr.compile.inputs.from_wire`)."""
-    path = opts.op_debug_config
-    if given is not None and given.debug_config is not None:
-        return parse_debug_config(given.debug_config, path or "(sent)"), given.debug_config
-    if path is None:
-        return None, None
-    if given is not None and "op_debug_config" in request.options:
-        raise InvalidInputError(
-            f"{request.origin}: op_debug_config={path} was named but its bytes were not sent "
-            "(the daemon reads no file on a caller's behalf)"
-        )
-    data = read_debug_config_bytes(path)
-    return parse_debug_config(data, path), data
-
-
-def prepare(
-    request: CompileRequest,
-    settings: Settings,
-    compilers: keys.Compilers,
-    timeout_s: float,
-    replace: bool = False,
-    given: inputs.Snapshot | None = None,
-    env: Mapping[str, str] | None = None,
-) -> Prepared:
-    """Decide everything about ``request`` and compute its key and kernel name.
-
-    ``env`` is the compile environment a daemon's caller sent (``compile_env``: checked by
-    the daemon's rules, :func:`cachemgr.compile.environment.checked`); None: this process's
-    own (:func:`cachemgr.compile.environment.from_caller`).
-
-    The key covers the source and every header (docs/design.md#keys-and-manifests): with ``given``
-    (the frozen snapshot a caller sent) from those bytes; otherwise the source is hashed here and
-    the headers come from the manifest (no preprocessor run) or, when none matches, from the
-    compiler's dependency listing (:func:`cachemgr.compile.inputs.scan_headers`).
-
-    :raises InvalidInputError: a bad ``.cfg``, a malformed define, an invalid soc_version,
-        an unreadable source or header.
-    :raises CompileError: the compiler is not installed (named), ``--version`` fails, or the
-        dependency listing fails (a missing header: the compiler's message).
-    :raises ConfigError: a bad ``[compilers]`` config (e.g. no ``cce_command``).
-    """
-    opts = resolve_options(request, settings)
-    cfg, cfg_bytes = _debug_config(request, opts, given)
-    decision = _decide(request, opts, cfg, replace)
-    identity = compilers.identity(request.language)
-    backend = compilers.backend(request.language)
-    flags = compilers.flags(request, identity, decision.debug.flags, decision.debug.emit)
-    native = compilers.native(backend, flags, identity)
-    daemon = env is not None
-    caller = env if env is not None else environment.from_caller(os.environ, os.getcwd())
-    cenv = environment.checked(caller, backend.env_names, request.origin, daemon)
-    envkey = backend.key_env(cenv)
-    kcache = settings.layout.kernel_cache_dir
-    try:
-        chip_dir = settings.layout.chip_dir(request.soc_version)
-    except ConfigError as exc:  # from validate_name: bad input here
-        raise InvalidInputError(f"{request.origin}: {exc}") from None
-    snap, scanned = given, False
-    if snap is None:
-        digest = inputs.file_digest(request.kernel_source, "kernel_source")
-        snap = inputs.Snapshot(request.kernel_source, digest, None, cfg_bytes)
-    elif snap.sent:  # what its bytes say, not the caller's word (docs/compiling.md)
-        job = _listing_job(request, decision, timeout_s, cenv)
-        snap = inputs.check_sent(
-            snap, request.include_dirs, lambda: inputs.system_prefixes(backend, identity, job)
-        )
-    base_material = keys.key_material(request, opts, identity, flags, snap, envkey, native)
-    base = keys.base_key(base_material, request)
-    where = manifest.path_of(chip_dir, request.op_type, base)
-    if snap.headers is None:
-        snap, scanned = _find_headers(
-            snap, request, decision, backend, identity, where, timeout_s, cenv
-        )
-    decision = _without_cache_if(decision, snap.uncached)
-    key = keys.compute_key(keys.key_material(request, opts, identity, flags, snap, envkey, native))
-    lock = chiplock.ChipLock(chiplock.chip_lock_path(kcache, request.soc_version))
-    kernel = keys.kernel_name(request.op_type, key)
-    return Prepared(
-        request,
-        opts,
-        decision,
-        backend,
-        key,
-        kernel,
-        chip_dir,
-        lock,
-        timeout_s,
-        snap,
-        where,
-        scanned,
-        note=snap.uncached,
-        env=cenv,
-    )
-
-
-def _without_cache_if(decision: policy.Decision, why: str | None) -> policy.Decision:
-    """``decision`` with the cache neither read nor written when ``why`` (the note of a
-    kernel whose inputs cachemgr cannot key: :attr:`inputs.Snapshot.uncached`) is set: it is
-    compiled as with ``disable`` and the answer says why."""
-    if why is None or not decision.cache.write:
-        return decision
-    return dataclasses.replace(decision, cache=policy.CachePlan(read=False, write=False))
-
-
-def _listing_job(
-    request: CompileRequest,
-    decision: policy.Decision,
-    timeout_s: float,
-    env: Mapping[str, str],
-) -> CompileJob:
-    """The job whose dependency listing names ``request``'s headers (its real files, with
-    the caller's compile environment ``env``: nothing to translate)."""
-    return CompileJob(
-        source=request.kernel_source,
-        language=request.language,
-        entry=request.kernel_entry,
-        defines=request.defines,
-        out_dir=Path("/"),
-        out_name="deps",
-        debug_flags=decision.debug.flags,
-        timeout_s=timeout_s,
-        include_dirs=request.include_dirs,
-        extra_flags=request.extra_flags,
-        env=env,
-    )
-
-
-def _find_headers(
-    snap: inputs.Snapshot,
-    request: CompileRequest,
-    decision: policy.Decision,
-    backend: CompilerBackend,
-    identity: Any,
-    where: Path,
-    timeout_s: float,
-    env: Mapping[str, str],
-) -> tuple[inputs.Snapshot, bool]:
-    """``snap`` with its headers: from the manifest when every file it names still has its
-    digest (a read of the cache: not for ``disable`` or debug), else from a dependency scan
-    of the caller's files (docs/design.md#keys-and-manifests); True when it was scanned."""
-    if decision.cache.read and not decision.debug.on:
-        found = manifest.match(where, inputs.current_digest, searched.still_absent)
-        if found is not None:
-            headers, absent = dict(found.files), found.absent
-            return dataclasses.replace(snap, headers=headers, absent=absent), False
-    source = inputs.read_input(request.kernel_source, "kernel_source")
-    if (
-        inputs.reads_only_system_headers(source, request.language, request.include_dirs, env)
-        and hashlib.sha256(source).hexdigest() == snap.source_sha256
-    ):
-        return dataclasses.replace(snap, headers={}), True
-    job = _listing_job(request, decision, timeout_s, env)
-    got = inputs.scan_headers(backend, job, identity)
-    return dataclasses.replace(
-        snap, headers=got.headers, absent=got.absent, uncached=got.uncached
-    ), True
-
-
-def freeze(p: Prepared) -> Prepared | None:
-    """``p`` holding the bytes of its inputs, or None when one changed since it was hashed
-    (then prepare again: the bytes hashed must be the bytes compiled).
-
-    :raises InvalidInputError: an input that cannot be read any more.
-    """
-    snap = inputs.freeze(p.inputs)
-    return None if snap is None else dataclasses.replace(p, inputs=snap)
-
-
-def find_binary(p: Prepared, roots: Sequence[Path]) -> CompileOutcome | None:
-    """docs/design.md#precompiled-binaries: a verified precompiled binary for ``p``, or None."""
-    found = precompiled.find(roots, p.request, p.key, p.opts.deterministic)
-    if found is None:
-        return None
-    return CompileOutcome(p.kernel, BINARY, found.files, request=p.request.origin)
-
-
-def find_cached(p: Prepared) -> CompileOutcome | None:
-    """docs/design.md#writing-and-reading-an-entry: a verified hit (atime set to now), or None (a
-    bad entry is removed)."""
-    result = chip_store(p.chip_dir).lookup(p.kernel)
-    if not result.hit:
-        return None
-    if p.scanned:  # found by listing the headers: remember them, so the next hit needs no scan
-        try:
-            manifest.record(p.manifest_path, p.kernel, p.inputs.headers or {}, p.inputs.absent)
-        except OSError as exc:
-            log.warning("%s: cannot write its header manifest: %s", p.kernel, exc)
-    return CompileOutcome(p.kernel, HIT, result.files, request=p.request.origin)
 
 
 @dataclass
@@ -508,7 +234,7 @@ def compile_job(p: Prepared, out_dir: Path) -> CompileJob:
     its defines, flags and include folders into ``out_dir``, named by the kernel, limited to
     ``p.timeout_s`` seconds. The compiler reads exactly the bytes that were hashed.
 
-    :raises ValueError: ``p`` was not frozen (:func:`freeze`).
+    :raises ValueError: ``p`` was not frozen (:func:`cachemgr.compile.pipeline.freeze`).
     """
     root = out_dir / SOURCES_DIR
     source = inputs.materialise(p.inputs, root, p.request.include_dirs)
@@ -589,30 +315,6 @@ def failed(kernel: str, error: BaseException | str, origin: str = "") -> Compile
 def error_text(error: BaseException | str) -> str:
     """The one-line message of ``error`` (its type's name when it has none)."""
     return str(error) if str(error) else type(error).__name__
-
-
-def failed_before_prepared(
-    request: CompileRequest,
-    settings: Settings,
-    error: BaseException,
-    replace: bool = False,
-    given: inputs.Snapshot | None = None,
-) -> CompileOutcome:
-    """A ``failed`` outcome for a request whose preparation failed (:func:`prepare` raised
-    ``CompileError``: a compiler not installed, a header missing from the dependency
-    listing). Its policy is the one decided for it when its options and rules can be had
-    (``cached`` False: the compile failed); otherwise :meth:`Policy.unresolved` with the
-    error (a policy on every result)."""
-    text = error_text(error)
-    try:
-        opts = resolve_options(request, settings)
-        cfg, _ = _debug_config(request, opts, given)
-        d = _decide(request, opts, cfg, replace)
-        why = f"the request failed before its compile: {text}"
-        pol = Policy(opts.jit_compile, d.binary_first, opts.op_compiler_cache_mode, False, why)
-    except (CacheMgrError, OSError) as exc:
-        pol = Policy.unresolved(error_text(exc))
-    return CompileOutcome("", FAILED, (), error=text, request=request.origin, policy=pol)
 
 
 def with_policy(outcome: CompileOutcome, p: Prepared) -> CompileOutcome:

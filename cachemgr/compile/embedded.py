@@ -28,10 +28,10 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from cachemgr.compile import bytescan
 from cachemgr.memo import Memo
 
 _USE = re.compile(rb'\.(incbin|include)[ \t]*\\?"|^[ \t]*#[ \t]*embed\b|__has_embed\b', re.M)
-_MAYBE = re.compile(rb"incbin|\.include|embed")
 _LITERAL = re.compile(rb'\.(?:incbin|include)[ \t]+\\"([^"\\\n]+)\\"')
 
 
@@ -61,7 +61,7 @@ def uses(blob: bytes, digest: str, path: str) -> Uses:
         return known
     names: list[str] = []
     problem = None
-    for m in _USE.finditer(blob) if _MAYBE.search(blob) else ():
+    for m in _USE.finditer(blob) if bytescan.facts(blob, digest).embeds else ():
         line = blob.count(b"\n", 0, m.start()) + 1
         lit = _LITERAL.match(blob, m.start())
         name = lit.group(1).decode("utf-8", "replace") if lit else None

@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from cachemgr.compile import embedded, pathkey, searched
+from cachemgr.compile import bytescan, embedded, searched
 from cachemgr.compilers import CompileJob, CompilerBackend, CompilerIdentity, envvars, process
 from cachemgr.compilers.base import read_depfile
 from cachemgr.errors import CompileError, InvalidInputError
@@ -146,7 +146,7 @@ def file_digest(path: Path | str, what: str = "input") -> str:
         return known
     blob = read_input(path, what)
     digest = hashlib.sha256(blob).hexdigest()
-    pathkey.note(digest, blob)  # read once: whether it names its path (its key's folder)
+    bytescan.facts(blob, digest)  # the one pass over its bytes (names a path, macros, words)
     if time.time() - max(st.st_mtime, st.st_ctime) > RACY_S:
         _digests.put(ident, digest)
     return digest
@@ -362,7 +362,11 @@ INCLUDE_ENV = (
 
 
 def reads_only_system_headers(
-    source: bytes, language: str, include_dirs: tuple[Path, ...], env: Mapping[str, str]
+    source: bytes,
+    language: str,
+    include_dirs: tuple[Path, ...],
+    env: Mapping[str, str],
+    digest: str | None = None,
 ) -> bool:
     """True when a C, C++ or CUDA source can read no header outside the system folders: no
     include folder, no include-path variable in ``env``, and — once its plain
@@ -371,11 +375,14 @@ def reads_only_system_headers(
     trigraph that could spell a ``#``, nor an ``.incbin`` or ``#embed``. Conservative: a
     comment saying "include" means a listing. Then a miss needs no dependency listing (its
     header set is empty, and so is its list of places searched: without include folders a
-    ``<...>`` name is searched in the compiler's folders only)."""
+    ``<...>`` name is searched in the compiler's folders only). ``digest``: the source's
+    SHA-256, when known (its :mod:`.bytescan` facts are remembered by it)."""
     if language not in ("c", "cpp", "cuda") or include_dirs:
         return False
     if any(env.get(name) for name in INCLUDE_ENV):
         return False
+    if not bytescan.facts(source, digest).words:  # none of the words below, no line splice
+        return True
     rest = _SYSTEM_INCLUDE.sub(b"", source.replace(b"\\\n", b""))
     words = (b"include", b"import", b"incbin", b"embed", b"%:", b"??=")
     return not any(word in rest for word in words)
@@ -395,8 +402,12 @@ def may_read_in_place(snap: Snapshot, env: Mapping[str, str]) -> bool:
     them. Otherwise every file it can read outside the system folders is in the mirror."""
     if any(env.get(name) for name in INCLUDE_ENV):
         return True
-    blobs = (snap.data or {}).values()
-    return any(_IN_PLACE_INCLUDE.search(b.replace(b"\\\n", b"")) for b in blobs)
+    digests = {str(snap.source): snap.source_sha256, **(snap.headers or {})}
+    return any(
+        bytescan.facts(blob, digests.get(path)).words  # no include word, no splice: no match
+        and _IN_PLACE_INCLUDE.search(blob.replace(b"\\\n", b""))
+        for path, blob in (snap.data or {}).items()
+    )
 
 
 def reads_not_hashed(

@@ -21,47 +21,39 @@ header paths relative to the source's folder).
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping, Sequence
 
-from cachemgr.memo import Memo
+from cachemgr.compile import bytescan
 
-#: Bytes that put the current file's path into the object.
-NAMES_A_PATH = re.compile(rb"__FILE__|__builtin_FILE\b|\bassert\s*\(")
 #: The most bytes of one file scanned when its bytes are not at hand.
 MAX_SCAN_BYTES = 64 << 20
-
-#: Whether the file with this SHA-256 names a path (:data:`NAMES_A_PATH`), by digest.
-_by_digest: Memo[str, bool] = Memo("files naming a path", 16384)
 
 
 def names_a_path(blob: bytes) -> bool:
     """True when ``blob`` (a source or header) can put its file's path into the object."""
-    return NAMES_A_PATH.search(blob) is not None
+    return bytescan.scan(blob).names_a_path
 
 
 def note(digest: str, blob: bytes) -> None:
     """Remember whether the file whose SHA-256 is ``digest`` names a path (called where a file
-    is hashed, so a hit reads nothing again)."""
-    if _by_digest.get(digest) is None:
-        _by_digest.put(digest, names_a_path(blob))
+    is hashed, so a hit reads nothing again): the one pass of :mod:`.bytescan`."""
+    bytescan.facts(blob, digest)
 
 
 def file_names_a_path(path: str, digest: str, data: bytes | None = None) -> bool:
     """Whether the file ``path`` with SHA-256 ``digest`` names a path: from ``data`` when
     given, from what :func:`note` remembered, else by reading it (True when it cannot be
     read: the safe answer)."""
-    known = _by_digest.get(digest)
+    known = bytescan.remembered(digest)
     if known is not None:
-        return known
+        return known.names_a_path
     if data is None:
         try:
             with open(path, "rb") as fh:
                 data = fh.read(MAX_SCAN_BYTES)
         except OSError:
             return True
-    note(digest, data)
-    return names_a_path(data)
+    return bytescan.facts(data, digest).names_a_path
 
 
 def emits_debug_info(flags: Sequence[str]) -> bool:

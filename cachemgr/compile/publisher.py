@@ -129,7 +129,7 @@ class Pending:
                 paths.append(out / name)
             doc = out / f"{p.kernel}.json"
             fsutil.atomic_write_bytes(doc, json.dumps(self.main_json).encode())
-        log.warning("%s", warning)
+        log.info("%s", warning)  # the outcome carries it: the caller prints it once
         return CompileOutcome(
             p.kernel,
             COMPILED,
@@ -168,7 +168,7 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
     :raises LockBusyError: the chip lock was not obtained within ``ctx.lock_timeout_s`` (a
         ``force`` that never ends; the entry lock's timeout compiles outside the cache).
     """
-    timed = volatile.why_uncached(p.inputs, p.env, p.backend, p.backend.identity())
+    timed = volatile.why_uncached(p.inputs, p.env, p.backend, p.identity)
     if timed is not None:  # its binary holds the time of its compile (docs/compiling.md)
         return _compile_outside(p, ctx, timed)
     try:
@@ -226,7 +226,7 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
             job = dataclasses.replace(job, depfile=build_dir / ".deps.d")
         result = p.backend.compile(job)
         stale = inputs.reads_not_hashed(
-            p.inputs, p.backend, p.backend.identity(), job, build_dir / SOURCES_DIR
+            p.inputs, p.backend, p.identity, job, build_dir / SOURCES_DIR
         )
         if stale:  # the bytes compiled are not all the bytes hashed: never cache them
             lock.release()
@@ -294,7 +294,7 @@ def _uncached(
         f"{p.kernel} compiled but not cached: {stale[0]} changed while it compiled (or was "
         "read without being hashed)"
     )
-    log.warning("%s", warning)
+    log.info("%s", warning)  # the outcome carries it: the caller prints it once
     result.write_json()  # it was kept in memory for a publish
     return _outside_the_cache(p, ctx, result, warning)
 
@@ -317,18 +317,11 @@ def _compile_alone(p: Prepared, ctx: RunContext, why: str = "") -> CompileOutcom
     this kernel is stuck or very slow. Rather than fail, look once more, then compile here
     into the private output folder (``compiled``; the cache is not written: its lock is
     not ours). A second host waits for the first one's compile, up to a limit."""
-    if why:
-        log.warning("%s: compiling outside the cache: %s", p.kernel, why)
-    else:
-        log.warning(
-            "%s: %s stayed locked for %g s (another process compiling it?); compiling it "
-            "here, outside the cache",
-            p.kernel,
-            chip_store(p.chip_dir).lock_path(p.kernel),
-            ctx.lock_timeout_s,
-        )
-    reason = why or f"{chip_store(p.chip_dir).lock_path(p.kernel)} stayed locked"
-    return _compile_outside(p, ctx, reason, warn=False)
+    reason = why or (
+        f"{chip_store(p.chip_dir).lock_path(p.kernel)} stayed locked for "
+        f"{ctx.lock_timeout_s:g} s (another process compiling it?)"
+    )
+    return _compile_outside(p, ctx, reason)  # its one warning line says why
 
 
 def _compile_outside(
@@ -351,7 +344,7 @@ def _compile_outside(
     result = p.backend.compile(compile_job(p, ctx.build_dir()))
     warning = f"{p.kernel} compiled but not cached: {reason}"
     if warn:
-        log.warning("%s", warning)
+        log.info("%s", warning)  # the outcome carries it: the caller prints it once
     return _outside_the_cache(p, ctx, result, warning)
 
 

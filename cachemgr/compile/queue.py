@@ -2,10 +2,10 @@
 ``force`` (layer 7; docs/design.md#cache-modes, #precompiled-binaries,
 #debug-compiles-and-kernel_meta).
 
-``submit(request)`` decides everything up front (:func:`cachemgr.compile.build.prepare`), answers in
-the caller's thread when it can — a precompiled binary (docs/design.md#precompiled-binaries) or a
-verified cache hit (docs/design.md#writing-and-reading-an-entry) — and otherwise hands a job to the
-pool. It returns a
+``submit(request)`` decides everything up front (:func:`cachemgr.compile.pipeline.prepare`),
+answers in the caller's thread when it can — a precompiled binary
+(docs/design.md#precompiled-binaries) or a verified cache hit
+(docs/design.md#writing-and-reading-an-entry) — and otherwise hands a job to the pool. It returns a
 :class:`concurrent.futures.Future` that resolves to a :class:`CompileOutcome`:
 
 * **priorities**: a higher ``priority`` runs sooner; equal priorities run in submit order;
@@ -39,7 +39,7 @@ pool. It returns a
   in-flight compile has just published and reported is kept — then work resumes.
   ``replace=True`` is the per-request "recompile and replace this one entry".
 * **snapshots**: a job holds the bytes of its source and headers taken
-  when submitted (:func:`cachemgr.compile.build.freeze`); the compile reads those bytes, so an
+  when submitted (:func:`cachemgr.compile.pipeline.freeze`); the compile reads those bytes, so an
   edit made while the job waits changes nothing it builds or the key it is stored under.
 """
 
@@ -61,7 +61,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cachemgr import constants
-from cachemgr.compile import build, inplace, kernel_meta, keys, precompiled
+from cachemgr.compile import build, inplace, kernel_meta, keys, pipeline, precompiled
 from cachemgr.compile.build import Prepared
 from cachemgr.compile.inputs import Snapshot
 from cachemgr.compile.request import CompileRequest
@@ -69,6 +69,7 @@ from cachemgr.compile.results import CompileOutcome
 from cachemgr.compilers import process
 from cachemgr.config.options import Settings
 from cachemgr.errors import CacheMgrError, CompileError, InvalidInputError, OutputFolderError
+from cachemgr.words import plural
 
 if TYPE_CHECKING:  # publishing is a miss's work: not imported on the hit path
     from cachemgr.compile import publisher
@@ -229,15 +230,15 @@ class CompileQueue:
             raise RuntimeError("the compile queue is closed")
         with self._lock:
             settings, compilers = self.settings, self._compilers
+        job = pipeline.JobOptions(self.timeout_s, replace, inputs, env)
         try:
-            prepared = build.prepare(
-                request, settings, compilers, self.timeout_s, replace, given=inputs, env=env
-            )
+            prepared = pipeline.prepare(request, settings, compilers, job)
             if prepared.decision.cache.clear_first:
                 removed = self._force_once(prepared, session)
                 if removed is not None and self._ctx.remotes is not None:
                     note = (
-                        f"force cleared {removed} entries of the local chip folder "
+                        f"force cleared {plural(removed, 'entry', 'entries')} of the local chip "
+                        "folder "
                         f"{prepared.chip_dir}; remote tiers untouched"
                     )
                     prepared = dataclasses.replace(prepared, note=note)
@@ -254,16 +255,15 @@ class CompileQueue:
                     quick = build.with_policy(quick, prepared)
                     return self._answered(quick, start, prepared.chip_dir)
                 self._check_output_dir(prepared)
-                frozen = build.freeze(prepared)
+                frozen = pipeline.freeze(prepared)
                 if frozen is not None:
                     return self._enqueue(frozen, priority, start, caller)
                 log.info("%s changed while it was read; hashing it again", request.kernel_source)
-                again = build.prepare(
-                    request, settings, compilers, self.timeout_s, replace, env=env
-                )
+                fresh = dataclasses.replace(job, given=None)
+                again = pipeline.prepare(request, settings, compilers, fresh)
                 prepared = dataclasses.replace(again, deliver=prepared.deliver)
         except CompileError as exc:  # before the policy was decided (a missing header...)
-            early = build.failed_before_prepared(request, settings, exc, replace, inputs)
+            early = pipeline.failed_before_prepared(request, settings, exc, job)
             return self._answered(early, start)
         raise InvalidInputError(
             f"{request.origin}: {request.kernel_source} (or a header) kept changing while it "
@@ -286,13 +286,7 @@ class CompileQueue:
 
     def _fast_path(self, p: Prepared) -> CompileOutcome | None:
         self._gate(p.chip_dir).wait()
-        if p.decision.binary_first:
-            found = build.find_binary(p, self.binary_dirs)
-            if found is not None:
-                return found
-        if p.decision.cache.read:
-            return build.find_cached(p)
-        return None
+        return pipeline.lookup(p, self.binary_dirs)
 
     def _enqueue(
         self, p: Prepared, priority: int, start: float, caller: object = None
@@ -495,13 +489,9 @@ class CompileQueue:
             return any(job.state == _PENDING for _, _, _, job in self._heap)
 
     def _run(self, p: Prepared) -> CompileOutcome | publisher.Pending:
-        from cachemgr.compile import publisher
-
         try:
             self._gate(p.chip_dir).wait()
-            if p.decision.debug.on or not p.decision.cache.write:
-                return build.run(p, self._ctx)
-            return publisher.compile_through_cache(p, self._ctx)
+            return pipeline.run(p, self._ctx)
         except Exception as exc:  # the compile failed: the message is the answer
             if not isinstance(exc, CompileError | OutputFolderError):
                 log.warning("compile of %s failed: %s", p.kernel, exc)
@@ -513,7 +503,7 @@ class CompileQueue:
 
     def _finish(self, job: _Job, pending: publisher.Pending) -> None:
         try:
-            outcome = pending.finish(self._ctx.uncached_dir)
+            outcome = pipeline.publish(pending, self._ctx)
         except Exception as exc:
             if not isinstance(exc, OutputFolderError):  # its one line is the answer
                 log.warning("publishing %s failed: %s", job.prepared.kernel, exc)

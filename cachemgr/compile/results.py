@@ -181,6 +181,14 @@ class CompileOutcome:
         """False only for ``failed``."""
         return self.status != Status.FAILED
 
+    def answered_again(self, files: tuple[Path, ...], seconds: float) -> CompileOutcome:
+        """This outcome with other ``files`` and ``seconds`` (wall time): the same answer
+        given again (a remembered hit). A copy of its fields, nothing checked again — what
+        :func:`dataclasses.replace` does, without running ``__init__`` field by field."""
+        again = object.__new__(CompileOutcome)
+        again.__dict__.update(self.__dict__, files=files, seconds=seconds)
+        return again
+
     def to_json(self) -> dict[str, Any]:
         """``{request, kernel_name, status, files, seconds[, error, cached, warning,
         coalesced], policy[, tier, via, note]}``: the object of ``compile --json`` and

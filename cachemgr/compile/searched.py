@@ -41,10 +41,10 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from cachemgr import direct
 from cachemgr.memo import Memo
 
 #: The most places recorded for one compile (a manifest holds them all).
@@ -121,17 +121,11 @@ def candidates(d: Directive, including: str, include_dirs: Sequence[str]) -> lis
     return [os.path.normpath(os.path.join(f, d.name)) for f in folders]
 
 
-def on_disk(path: str) -> bool:
-    """True when the compiler would open ``path`` as a header: it exists (links followed,
-    as the compiler's ``open`` does) and is no folder (gcc skips a folder and searches on);
-    a path that cannot be checked (no permission) counts as existing (its compile fails
-    or differs: never assume it away)."""
-    try:
-        return not stat.S_ISDIR(os.stat(path).st_mode)
-    except (FileNotFoundError, NotADirectoryError):
-        return False
-    except OSError:
-        return True
+#: True when the compiler would open a path as a header: it exists (links followed, as the
+#: compiler's ``open`` does) and is no folder (gcc skips a folder and searches on); a path
+#: that cannot be checked (no permission) counts as existing (its compile fails or differs:
+#: never assume it away). Defined once, in the direct path's standard-library module.
+on_disk = direct.on_disk
 
 
 @dataclass

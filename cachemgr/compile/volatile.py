@@ -18,11 +18,11 @@ never fixed by it in gcc (its manual: only ``__DATE__`` and ``__TIME__``) and st
 from __future__ import annotations
 
 import logging
-import re
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from cachemgr.compile import bytescan
 from cachemgr.compile.inputs import Snapshot
 from cachemgr.compilers import CompileJob, CompilerBackend, CompilerIdentity, envvars, process
 from cachemgr.errors import CacheMgrError
@@ -30,7 +30,6 @@ from cachemgr.memo import Memo
 
 log = logging.getLogger(__name__)
 
-_MACROS = re.compile(rb"__(?:TIMESTAMP|TIME|DATE)__")
 #: What ``__DATE__`` is with ``SOURCE_DATE_EPOCH=0``.
 _EPOCH_DATE = b'"Jan  1 1970"'
 _PROBE_TIMEOUT_S = 60.0
@@ -41,13 +40,16 @@ _honours: Memo[CompilerIdentity, bool] = Memo("SOURCE_DATE_EPOCH support", 64)
 
 def time_macros(snap: Snapshot) -> dict[str, str]:
     """Each time macro used in the frozen inputs of ``snap`` → the first file using it
-    (the source first, then the headers)."""
+    (the source first, then the headers), from the one pass of :mod:`.bytescan` over each."""
     data = snap.data or {}
+    digests = {str(snap.source): snap.source_sha256, **(snap.headers or {})}
     order = [str(snap.source), *sorted(p for p in data if p != str(snap.source))]
     found: dict[str, str] = {}
     for path in order:
-        for match in _MACROS.finditer(data.get(path, b"")):
-            found.setdefault(match.group().decode(), path)
+        if path not in data:
+            continue
+        for macro in bytescan.facts(data[path], digests.get(path)).time_macros:
+            found.setdefault(macro, path)
     return found
 
 

@@ -87,10 +87,15 @@ NVCC = frozenset({"NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_CCBIN"}) | GC
 KEYED = GCC | CLANG | NVCC
 
 
+#: :data:`KEYED`, sorted once (:func:`picked` runs on every request).
+_KEYED_SORTED = tuple(sorted(KEYED))
+
+
 def picked(environ: Mapping[str, str], names: Iterable[str] = KEYED) -> dict[str, str]:
     """The variables of ``names`` set in ``environ`` (set to "" counts: unset and empty are
     not the same to a compiler)."""
-    return {n: environ[n] for n in sorted(names) if n in environ}
+    order = _KEYED_SORTED if names is KEYED else sorted(names)
+    return {n: environ[n] for n in order if n in environ}
 
 
 def key_values(names: frozenset[str], env: Mapping[str, str]) -> dict[str, str]:

@@ -35,6 +35,7 @@ from cachemgr.compilers.base import (
     find_executable,
 )
 from cachemgr.errors import ConfigError
+from cachemgr.words import noun
 
 _PLACEHOLDERS = frozenset({"source", "output", "defines", "flags", "entry", "out_dir", "out_name"})
 _MULTI = ("{defines}", "{flags}")
@@ -162,7 +163,8 @@ def _check_word(key: str, word: str) -> None:
     unknown = names - _PLACEHOLDERS
     if unknown:
         raise ConfigError(
-            f"config {key}: unknown placeholder(s) {sorted(unknown)} in {word!r} "
+            f"config {key}: unknown {noun(len(unknown), 'placeholder')} {sorted(unknown)} in "
+            f"{word!r} "
             f"(known: {sorted(_PLACEHOLDERS)})"
         )
     if word not in _MULTI and any(m in word for m in _MULTI):

@@ -43,6 +43,7 @@ from pathlib import Path
 from cachemgr.constants import NEVER_EVICT
 from cachemgr.errors import CachePermissionError, ConfigError
 from cachemgr.storage import fsutil
+from cachemgr.words import plural
 
 log = logging.getLogger(__name__)
 
@@ -350,7 +351,7 @@ def _scan(lines: list[_Line]) -> _Scan:
         problems.append(
             (
                 crlf[0],
-                f"has CRLF line ends ({len(crlf)} line(s), first at line {crlf[0]}); "
+                f"has CRLF line ends ({plural(len(crlf), 'line')}, first at line {crlf[0]}); "
                 "CANN writes LF",
             )
         )
@@ -472,7 +473,7 @@ class OpCacheIni:
         """
         ini = cls(Path(path), _read(Path(path)))
         if ini.problems:
-            log.debug("%s: %d problem(s): %s", ini.path, len(ini.problems), ini.problems)
+            log.debug("%s: problems: %s", ini.path, ini.problems)
         return ini
 
     @classmethod
@@ -566,9 +567,9 @@ class OpCacheIni:
         current = _read(self.path, dir_fd)
         if current != self._disk:
             log.info(
-                "%s changed on disk since it was loaded; applying %d change(s) to it",
+                "%s changed on disk since it was loaded; applying %s to it",
                 self.path,
-                len(self._changes),
+                plural(len(self._changes), "change"),
             )
             self._bom, self._lines = _split(current or b"")
             self._analyse()

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from cachemgr.errors import ConfigError, InvalidEntryError
 from cachemgr.storage import fsutil
+from cachemgr.storage.pseudofs import pseudo_filesystem
 from cachemgr.storage.safedir import SafeDir
 
 #: The eviction lock's file name in every chip folder (CANN GE's own name,
@@ -105,7 +106,9 @@ def check_folder(path: Path, name: str, origin: str) -> Path:
     ``FILE/kernel_cache/op_cache.ini``. Creates nothing.
 
     :returns: the first existing ancestor of ``path`` (``path`` itself when it exists).
-    :raises ConfigError: naming the value, its origin and that it is a file.
+    :raises ConfigError: naming the value, its origin and that it is a file, or that it lies
+        on a pseudo filesystem such as ``/proc`` (:mod:`cachemgr.storage.pseudofs`), where
+        nothing can be stored.
     """
     cur = path
     while not os.path.lexists(cur):
@@ -115,6 +118,12 @@ def check_folder(path: Path, name: str, origin: str) -> Path:
     if not cur.is_dir():
         what = "a file" if cur == path else f"under {cur}, which is a file"
         raise ConfigError(f"{name}={path} (from {origin}) is {what}, not a folder")
+    pseudo = pseudo_filesystem(cur)
+    if pseudo is not None:
+        raise ConfigError(
+            f"{name}={path} (from {origin}) is on {pseudo[0]}, a {pseudo[1]} pseudo filesystem "
+            "(the kernel's view, no storage): a cache cannot live there; name a folder on a disk"
+        )
     return cur
 
 

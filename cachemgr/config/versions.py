@@ -53,6 +53,7 @@ from cachemgr.config.ini import ADK_KEY, MAX_INI_BYTES, OPS_KEY, OpCacheIni, Unr
 from cachemgr.errors import CacheMgrError, ConfigError
 from cachemgr.storage import fsutil, safeio
 from cachemgr.storage.safedir import SafeDir
+from cachemgr.words import noun, plural
 
 log = logging.getLogger(__name__)
 
@@ -326,6 +327,7 @@ def sync_toolkit(
     installed: Installed,
     purge: Callable[..., PurgeResult],
     dry_run: bool = False,
+    estimate: Callable[[Path], PurgeResult] | None = None,
 ) -> VersionCheck:
     """Purge every chip folder and (re)stamp the ini when GE would (module docstring).
 
@@ -334,6 +336,10 @@ def sync_toolkit(
         (e.g. ``LockBusyError``) propagate and the ini is then not restamped, so the next run
         tries again.
     :param dry_run: only say what would be done.
+    :param estimate: with ``dry_run``, measures what ``purge`` would remove from one chip
+        folder (``cachemgr.eviction.purgeplan.purge_estimate``): the estimates go in
+        ``purged``, so a dry run's totals include the purge
+        (docs/eviction.md#toolkit-purges-in-the-report).
     :raises ConfigError: an unreadable ini path.
     :raises CachePermissionError: the ini cannot be written.
     """
@@ -346,10 +352,15 @@ def sync_toolkit(
         log.info("%s", check.detail)
         return check
     chips = cache.chip_dirs()
+    folders = plural(len(chips), "chip folder")
     if dry_run:
-        check.detail += f"; would purge {len(chips)} chip folder(s) and stamp the ini"
+        what = folders
+        if estimate is not None:
+            check.purged = [estimate(chip) for chip in chips]
+            what = f"{plural(check.purged_entries, 'entry', 'entries')} in {folders}"
+        check.detail += f"; would purge {what} and stamp the ini"
         return check
-    log.warning("%s; purging %d chip folder(s)", check.detail, len(chips))
+    log.info("%s; purging %s", check.detail, folders)
     for chip in chips:
         check.purged.append(purge(chip, still_needed=lambda: still_needs_purge(cache, check)))
     if not still_needs_purge(cache, check):
@@ -361,7 +372,7 @@ def sync_toolkit(
         if check.stamp_lines:
             _log_stamp_lines(cache, check)
     check.detail += (
-        f"; purged {check.purged_entries} entries in {len(chips)} chip folder(s) "
+        f"; purged {plural(check.purged_entries, 'entry', 'entries')} in {folders} "
         f"(reason: {check.status.value})"
         + (f" and stamped {cache.ini_path}" if check.restamped else "")
     )
@@ -388,8 +399,9 @@ def _rewrite_stamp_lines(
         stamp_ini(cache, installed)
     except (CacheMgrError, OSError) as exc:
         lines = ", ".join(map(str, check.stamp_lines))
-        check.detail += f"; stamp line(s) {lines} GE cannot rewrite were left as they are: {exc}"
-        log.warning("%s: stamp line(s) %s not rewritten: %s", cache.ini_path, lines, exc)
+        what = noun(len(check.stamp_lines), "stamp line")
+        check.detail += f"; {what} {lines} GE cannot rewrite were left as they are: {exc}"
+        log.info("%s: stamp lines %s not rewritten: %s", cache.ini_path, lines, exc)  # in detail
         check.stamp_lines = []
         return
     _log_stamp_lines(cache, check)
@@ -398,9 +410,10 @@ def _rewrite_stamp_lines(
 def _log_stamp_lines(cache: layout.CacheLayout, check: VersionCheck) -> None:
     """The one log line of a rewrite of stamp lines GE could not rewrite."""
     log.info(
-        "%s: rewrote stamp line(s) %s the way GE writes them (key=value from column 1): "
+        "%s: rewrote %s %s the way GE writes them (key=value from column 1): "
         "GE restamps only such lines and would purge the chip folders on every start",
         cache.ini_path,
+        noun(len(check.stamp_lines), "stamp line"),
         ", ".join(map(str, check.stamp_lines)),
     )
 

@@ -13,7 +13,8 @@
 | GET    | /jobs/{id}      | state of a submitted compile |
 | POST   | /reload         | reload config and op_cache.ini (same path as SIGHUP); admin |
 | POST   | /hits           | ``{"hits": n}``: hits a client served itself, for the counters;
-|        |                 | n ≤ 100,000, a caller's reports bounded per second (429) |
+|        |                 | n ≤ 100,000, a caller's reports bounded per second (429); |
+|        |                 | → ``{"counted": n}`` |
 | POST   | /stats/zero     | reset the counters of the cache served (``stats --zero``); admin |
 | POST   | /stop           | stop as on SIGTERM; admin |
 

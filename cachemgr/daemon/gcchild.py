@@ -56,6 +56,7 @@ from typing import IO, Any
 import cachemgr
 from cachemgr.constants import NEVER_EVICT
 from cachemgr.errors import CacheMgrError
+from cachemgr.words import plural
 
 log = logging.getLogger(__name__)
 
@@ -252,11 +253,11 @@ def _take(line: bytes, jobs: Sequence[GcJob], outcomes: list[Outcome]) -> None:
 def _died(jobs: Sequence[GcJob], outcomes: list[Outcome], why: str) -> list[Outcome]:
     left = [j for j, o in zip(jobs, outcomes, strict=True) if o.report is None and not o.error]
     log.warning(
-        "the gc child of %s %s; %d of %d chip folder(s) not done, the next run tries again",
+        "the gc child of %s %s; %d of %s not done, the next run tries again",
         ", ".join(str(j.chip_dir) for j in jobs[:3]) + (" ..." if len(jobs) > 3 else ""),
         why,
         len(left),
-        len(jobs),
+        plural(len(jobs), "chip folder"),
     )
     for outcome in outcomes:
         if outcome.report is None and not outcome.error:

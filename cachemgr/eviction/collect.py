@@ -262,7 +262,7 @@ def gc_chip(
             report.denied.append(
                 f"{layout.EVICT_LOCK_NAME}: {what} where GE's eviction lock belongs; remove it"
             )
-            log.warning("%s: eviction skipped: %s", chip_dir, report.denied[-1])
+            log.info("%s: eviction skipped: %s", chip_dir, report.denied[-1])  # reported
             return report
         except CachePermissionError as exc:
             return _denied(report, str(exc))

@@ -21,8 +21,10 @@ from cachemgr.config.options import Settings
 from cachemgr.errors import CacheMgrError, InvalidInputError
 from cachemgr.eviction import DryRun, gc_chip, purge_chip
 from cachemgr.eviction.collect import GcReport
+from cachemgr.eviction.purgeplan import purge_estimate
 from cachemgr.eviction.report import ChipGc, GcResult
 from cachemgr.storage import fsprobe, fsutil
+from cachemgr.words import noun, plural
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +73,9 @@ def sync_toolkit(
     """docs/design.md#size-limits-and-eviction toolkit upgrade: purge every chip folder and restamp
     when versions changed."""
     installed = versions.installed_versions(os.environ if env is None else env, settings.sections)
-    return versions.sync_toolkit(settings.layout, installed, purge_chip, dry_run=dry_run)
+    return versions.sync_toolkit(
+        settings.layout, installed, purge_chip, dry_run=dry_run, estimate=purge_estimate
+    )
 
 
 def toolkit_lines(report: GcResult) -> Iterator[str]:
@@ -85,18 +89,20 @@ def toolkit_lines(report: GcResult) -> Iterator[str]:
     if lines:
         verb = "would rewrite" if toolkit.get("dry_run") else "rewrote"
         yield (
-            f"{Path(report.kernel_cache_dir) / 'op_cache.ini'}: {verb} stamp line(s) "
+            f"{Path(report.kernel_cache_dir) / 'op_cache.ini'}: {verb} "
+            f"{noun(len(lines), 'stamp line')} "
             f"{', '.join(map(str, lines))} the way GE writes them (key=value from column 1): "
             "GE restamps only such lines and would purge the chip folders on every start"
         )
+    verb = "would purge" if toolkit.get("dry_run") else "purged"
     for purged in toolkit.get("purged", []):
         soc = Path(purged["chip_dir"]).name
         if purged.get("skipped"):
             yield f"{soc}: not purged: {purged['skipped']}"
         else:
             yield (
-                f"{soc}: purged {purged['entries']} entries ({purged['bytes']} bytes), "
-                f"reason: {toolkit['reason']}"
+                f"{soc}: {verb} {plural(int(purged['entries']), 'entry', 'entries')} "
+                f"({purged['bytes']} bytes), reason: {toolkit['reason']}"
             )
 
 
@@ -196,10 +202,15 @@ def _collect_one(
 def _with_purge(folder: ChipGc, toolkit: versions.VersionCheck) -> ChipGc:
     """``folder``'s report with what the toolkit check purged from it (entries, bytes,
     reason), so a purge counts in the folder's and the run's totals
-    (docs/eviction.md#toolkit-purges-in-the-report)."""
+    (docs/eviction.md#toolkit-purges-in-the-report). In a dry run nothing was purged yet, so
+    the folder's eviction report counts the entries the purge would remove: it is replaced
+    by what gc finds after the purge — nothing left to evict or reclaim — and the dry run's
+    totals are the real run's."""
     for purged in toolkit.purged:
         done = purged.to_json()
         if Path(done["chip_dir"]) == Path(folder.chip_dir) and not done.get("skipped"):
+            if toolkit.dry_run:
+                folder = _after_purge(folder, int(done["bytes"]))
             return dataclasses.replace(
                 folder,
                 purged_entries=int(done["entries"]),
@@ -209,12 +220,27 @@ def _with_purge(folder: ChipGc, toolkit: versions.VersionCheck) -> ChipGc:
     return folder
 
 
+def _after_purge(folder: ChipGc, purged_bytes: int) -> ChipGc:
+    """A dry run's report of ``folder`` as gc would find it after the toolkit purge removed
+    ``purged_bytes``: entries, orphans and old temps gone, so nothing evicted or reclaimed."""
+    left = max(folder.bytes_before - purged_bytes, 0)
+    nothing = dataclasses.replace(
+        folder.reclaimed, orphans=0, temps=0, manifests=0, bad_entries=0, ge_fatal=0, bytes=0,
+        bad=[], fatal=[],
+    )  # fmt: skip
+    return dataclasses.replace(
+        folder, entries_before=0, bytes_before=left, bytes_after=left, triggered=False,
+        evicted_entries=0, evicted_bytes=0, evicted=[], kept_by_aging_guard=0, kept=[],
+        saved_by_hit=[], reclaimed=nothing, stuck_over_limit=False,
+    )  # fmt: skip
+
+
 def _failed(chip: Path, dry_run: DryRun, exc: BaseException) -> dict[str, Any]:
     """The report of a chip folder whose gc failed: skipped ``error``, the failure in
     ``denied`` (so ``cachemgr gc`` exits 1), logged once; the other chip folders are still
     collected (docs/security.md item 3)."""
     why = fsutil.access_hint(chip, "readable") if isinstance(exc, PermissionError) else str(exc)
-    log.warning("%s: gc failed: %s; the other chip folders are collected", chip, why)
+    log.info("%s: gc failed: %s; the other chip folders are collected", chip, why)  # reported
     report = GcReport(chip, dry_run=dry_run is DryRun.YES, skipped=SKIP_ERROR, denied=[why])
     return report.to_json()
 
@@ -234,7 +260,8 @@ def stuck_lines(report: GcResult) -> Iterator[str]:
             yield (
                 f"{soc}: still over its limit ({folder.bytes_after} of "
                 f"{folder.max_bytes} bytes): the aging guard kept "
-                f"{folder.kept_by_aging_guard} entries accessed too recently{why}"
+                f"{plural(folder.kept_by_aging_guard, 'entry', 'entries')} accessed too "
+                f"recently{why}"
             )
 
 

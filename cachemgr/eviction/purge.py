@@ -95,14 +95,8 @@ def purge_chip(
     :raises OSError: the folder cannot be listed or locked.
     """
     report = PurgeReport(Path(chip_dir))
-    try:
-        chip_fd = open_dir(report.chip_dir)
-    except (FileNotFoundError, NotADirectoryError):
-        report.missing = True
-        return report
-    except PermissionError:  # a member's private folder: that one is skipped, not the others
-        report.skipped = "not readable"
-        report.denied.append(fsutil.access_hint(report.chip_dir, "readable"))
+    chip_fd = open_chip(report)
+    if chip_fd is None:
         return report
     try:
         lock = fsutil.FcntlLock(report.chip_dir / layout.EVICT_LOCK_NAME, chip_fd)
@@ -137,6 +131,23 @@ def purge_chip(
         os.close(chip_fd)
     log.info("purged %s: %d entries, %d bytes", report.chip_dir, report.entries, report.bytes)
     return report
+
+
+def open_chip(report: PurgeReport) -> int | None:
+    """The chip folder of ``report``, open for ``*at()`` calls (the caller closes it), or
+    None with ``report`` saying why: ``missing``, or ``skipped`` "not readable" for a
+    member's private folder (that one is skipped, not the others).
+
+    :raises OSError: the folder cannot be opened for another reason.
+    """
+    try:
+        return open_dir(report.chip_dir)
+    except (FileNotFoundError, NotADirectoryError):
+        report.missing = True
+    except PermissionError:
+        report.skipped = "not readable"
+        report.denied.append(fsutil.access_hint(report.chip_dir, "readable"))
+    return None
 
 
 def _purge(chip_fd: int, report: PurgeReport) -> None:

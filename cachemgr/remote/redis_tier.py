@@ -30,6 +30,7 @@ from cachemgr.remote.config import RemoteSpec
 from cachemgr.remote.uploadcap import check_blob
 from cachemgr.storage.store import MAX_KERNEL_NAME_BYTES
 from cachemgr.storage.tiers import EntryFiles, TierStat
+from cachemgr.words import plural
 
 #: The errors of an unreachable, slow or failing server (the breaker counts them).
 ERRORS: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
@@ -167,11 +168,11 @@ class RedisTier:
         skipped, stopped = int(reply[0]), bool(reply[1])
         if skipped or stopped:
             log.warning(
-                "remote %s: index %s: %d member(s) passed over (caps: %d bytes a name, a "
+                "remote %s: index %s: %s passed over (caps: %d bytes a name, a "
                 "kernel name's characters, %d names a read, %d passed over, %d ms a read%s)",
                 self.name,
                 index,
-                skipped,
+                plural(skipped, "member"),
                 MAX_KERNEL_NAME_BYTES,
                 want,
                 MAX_SKIPPED,

@@ -53,6 +53,7 @@ from cachemgr.remote.config import UPLOADS_OFF, RemoteConfig, RemoteSpec, load_k
 from cachemgr.remote.uploadcap import EntryTooBig, upload_cap
 from cachemgr.storage import fsutil
 from cachemgr.storage.tiers import EntryFiles, LocalTier, TierStat
+from cachemgr.words import plural
 
 log = logging.getLogger(__name__)
 
@@ -651,8 +652,8 @@ class RemoteTiers:
         self._queue.put_nowait(None)  # the uploader stops when its request returns
         if lost:
             log.warning(
-                "%d upload(s) to the remotes not done within %g s: dropped (%s)",
-                lost,
+                "%s to the remotes not done within %g s: dropped (%s)",
+                plural(lost, "upload"),
                 wait_s,
                 ", ".join(f"{n}: {b.state}" for n, b in self.breakers.items()),
             )

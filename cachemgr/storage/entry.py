@@ -55,6 +55,7 @@ which is what lookups and ``verify`` need. Unknown json fields are kept as they 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -65,8 +66,10 @@ from typing import Any, NamedTuple
 
 from cachemgr.config import layout
 from cachemgr.errors import InvalidEntryError
+from cachemgr.memo import Memo
 from cachemgr.storage import fsutil
 from cachemgr.storage.safedir import SafeDir
+from cachemgr.words import noun
 
 REQUIRED_FIELDS = ("binFileName", "binFileSuffix", "kernelName", "sha256")
 #: Suffixes (before ``.json``) of files that belong to the kernel named before them. ``_pre``
@@ -383,7 +386,11 @@ class BinaryRef:
 
 @dataclass(frozen=True)
 class EntryDesc:
-    """A parsed entry: the main json's content (unknown fields kept) and every part it names."""
+    """A parsed entry: the main json's content (unknown fields kept) and every part it names.
+
+    ``data`` is shared by every :func:`parse_entry` of the same bytes (remembered): read it,
+    never change it.
+    """
 
     kernel: str
     data: dict[str, Any]
@@ -405,6 +412,13 @@ class EntryDesc:
             names.append(self.header)
         names += list(self.sub_jsons)
         return list(dict.fromkeys(names))
+
+
+#: A main json of at most this many bytes is parsed once per distinct content: a hit reads
+#: its bytes every time and compares them with those remembered (bytes; CANN's are ~2 KB).
+MAX_REMEMBERED_JSON_BYTES = 64 << 10
+#: Parsed entries by (kernel, the main json's bytes).
+_parsed: Memo[tuple[str, bytes], EntryDesc] = Memo("parsed entries", 1024)
 
 
 def load_json_object(raw: bytes, name: str) -> dict[str, Any]:
@@ -456,7 +470,8 @@ def _binary_ref(data: dict[str, Any], json_name: str, is_sub: bool) -> BinaryRef
     missing = [f for f in needed if f not in data]
     if missing:
         raise InvalidEntryError(
-            f"{json_name}: missing required field(s) {', '.join(missing)}", INVALID_JSON
+            f"{json_name}: missing required {noun(len(missing), 'field')} {', '.join(missing)}",
+            INVALID_JSON,
         )
     suffix = data["binFileSuffix"]
     if not isinstance(suffix, str) or ("/" in suffix or ".." in suffix or "\x00" in suffix):
@@ -470,24 +485,29 @@ def _binary_ref(data: dict[str, Any], json_name: str, is_sub: bool) -> BinaryRef
 
 def _read(chip_dir: Path, name: str, dir_fd: int | None, max_bytes: int | None = None) -> bytes:
     """Read one file of an entry (at most ``max_bytes``)."""
-    data: bytes = _reading(fsutil.read_bytes_noatime, chip_dir, name, dir_fd, max_bytes=max_bytes)
+    data: bytes = _reading(fsutil.read_bytes_noatime, chip_dir, name, dir_fd, max_bytes)
     return data
 
 
 def _digest(chip_dir: Path, name: str, dir_fd: int | None) -> tuple[str, int]:
     """SHA-256 and size of a binary, streamed (a hit never holds a binary in memory)."""
     digest: tuple[str, int] = _reading(
-        fsutil.sha256_noatime, chip_dir, name, dir_fd, max_bytes=MAX_BINARY_BYTES
+        fsutil.sha256_noatime, chip_dir, name, dir_fd, MAX_BINARY_BYTES
     )
     return digest
 
 
 def _reading(
-    how: Callable[..., Any], chip_dir: Path, name: str, dir_fd: int | None, **kw: Any
+    how: Callable[..., Any],
+    chip_dir: Path,
+    name: str,
+    dir_fd: int | None,
+    max_bytes: int | None,
 ) -> Any:
-    """``how(chip_dir / name, dir_fd, single_link=True, **kw)`` relative to the open chip
-    folder (no link followed, no hard link used, never blocking; docs/security.md items 1,
-    2), with the errors of reading an entry's file as entry errors.
+    """``how(chip_dir / name, dir_fd, single_link=True, max_bytes=max_bytes)`` relative to
+    the open chip folder (no link followed, no hard link used, never blocking;
+    docs/security.md items 1, 2), with the errors of reading an entry's file as entry
+    errors.
 
     :raises InvalidEntryError: a folder, not a regular file, a hard link, too large,
         unreadable.
@@ -496,8 +516,8 @@ def _reading(
     try:
         if dir_fd is None:
             with SafeDir.open_chip(chip_dir) as folder:
-                return _reading(how, chip_dir, name, folder.fd, **kw)
-        return how(chip_dir / name, dir_fd, single_link=True, **kw)
+                return _reading(how, chip_dir, name, folder.fd, max_bytes)
+        return how(_joined(chip_dir, name), dir_fd, single_link=True, max_bytes=max_bytes)
     except IsADirectoryError as exc:
         raise InvalidEntryError(f"{name}: is a folder, not a file", NOT_A_FILE) from exc
     except fsutil.HardLinkError as exc:
@@ -516,6 +536,12 @@ def _reading(
         if exc.errno in fsutil.GONE_ERRNOS:
             raise FileNotFoundError(exc.errno, exc.strerror, str(chip_dir / name)) from exc
         raise InvalidEntryError(f"{name}: cannot read ({exc.strerror})", UNREADABLE) from exc
+
+
+@functools.lru_cache(maxsize=1024)
+def _joined(chip_dir: Path, name: str) -> Path:
+    """``chip_dir / name``, joined once per file name (each pathlib join parses again)."""
+    return chip_dir / name
 
 
 def parse_entry(
@@ -539,8 +565,30 @@ def parse_entry(
         def read(name: str) -> bytes:
             return _read(chip_dir, name, dir_fd, MAX_JSON_BYTES)
 
+    raw = read(kernel + ".json")
+    known = _parsed.get((kernel, raw)) if len(raw) <= MAX_REMEMBERED_JSON_BYTES else None
+    return known if known is not None else _remember(kernel, raw, read)
+
+
+def _remember(kernel: str, raw: bytes, read: Callable[[str], bytes]) -> EntryDesc:
+    """Parse the main json ``raw`` of ``kernel`` (its sub-jsons read with ``read``) and
+    remember the entry by those bytes, unless it has sub-jsons (their own bytes are read and
+    parsed every time) or is too big.
+
+    :raises InvalidEntryError, FileNotFoundError: as :func:`parse_entry`.
+    """
     json_name = kernel + ".json"
-    data = load_json_object(read(json_name), json_name)
+    desc = _parse_entry(kernel, json_name, load_json_object(raw, json_name), read)
+    if not desc.sub_jsons and len(raw) <= MAX_REMEMBERED_JSON_BYTES:
+        _parsed.put((kernel, raw), desc)
+    return desc
+
+
+def _parse_entry(
+    kernel: str, json_name: str, data: dict[str, Any], read: Callable[[str], bytes]
+) -> EntryDesc:
+    """:func:`parse_entry` once the main json is parsed: its sub-jsons read and parsed, the
+    parts it names checked (rules R2, R4–R7)."""
     if is_pre_entry(kernel):
         if not isinstance(data.get("pattern"), str):
             raise InvalidEntryError(f"{json_name}: pre-build json has no pattern", INVALID_JSON)
@@ -615,6 +663,36 @@ def verify_entry(chip_dir: Path, desc: EntryDesc, dir_fd: int | None = None) -> 
                 Problem(SHA256_MISMATCH, f"{ref.bin_name}: sha256 {actual} != {ref.sha256}")
             )
     return problems
+
+
+def plainly_good(chip_dir: Path, kernel: str, dir_fd: int) -> EntryDesc | None:
+    """The entry ``kernel`` when it is plainly good — its main json read (the same reader and
+    caps as :func:`parse_entry`) is one parsed before, without sub-jsons, and every binary
+    it names reads (:func:`verify_entry`'s reader) to its ``sha256``, non-empty where GE
+    reads it — else None, and :func:`check_entry` judges it (a hit's common case in few
+    steps; anything else the full way).
+    """
+    try:
+        raw = fsutil.read_bytes_noatime(
+            _joined(chip_dir, kernel + ".json"), dir_fd, single_link=True, max_bytes=MAX_JSON_BYTES
+        )
+        desc = _parsed.get((kernel, raw)) if len(raw) <= MAX_REMEMBERED_JSON_BYTES else None
+        if desc is None:
+            desc = _remember(kernel, raw, lambda n: _read(chip_dir, n, dir_fd, MAX_JSON_BYTES))
+        if desc.sub_jsons:
+            return None
+        for ref in desc.binaries:
+            actual, size = fsutil.sha256_noatime(
+                _joined(chip_dir, ref.bin_name),
+                dir_fd,
+                single_link=True,
+                max_bytes=MAX_BINARY_BYTES,
+            )
+            if actual != ref.sha256 or not (size or not ref.bin_name.endswith(KERNEL_BIN_SUFFIXES)):
+                return None
+    except (OSError, InvalidEntryError):
+        return None
+    return desc
 
 
 def check_entry(

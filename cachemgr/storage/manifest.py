@@ -146,7 +146,8 @@ def read(path: Path, dir_fd: int | None = None) -> tuple[Variant, ...]:
         with folder:
             return read(path, folder.fd)
     try:
-        st = os.stat(fsutil.at(Path(path), dir_fd), dir_fd=dir_fd, follow_symlinks=False)
+        path = path if isinstance(path, Path) else Path(path)
+        st = os.stat(fsutil.at(path, dir_fd), dir_fd=dir_fd, follow_symlinks=False)
     except OSError:
         return ()
     ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
@@ -154,7 +155,7 @@ def read(path: Path, dir_fd: int | None = None) -> tuple[Variant, ...]:
     if known is not None:
         return known
     try:
-        data = fsutil.read_bytes_noatime(Path(path), dir_fd, max_bytes=MAX_BYTES)
+        data = fsutil.read_bytes_noatime(path, dir_fd, max_bytes=MAX_BYTES)
     except fsutil.AtimeWouldChange:
         raise  # verify by another member: not read, not bad (see Store._verify_manifest)
     except OSError as exc:
@@ -170,12 +171,14 @@ def match(
     path: Path,
     digest: Callable[[str], str | None],
     absent: Callable[[Iterable[str]], bool] = lambda places: True,
+    dir_fd: int | None = None,
 ) -> Variant | None:
     """The newest variant of ``path`` whose every file has today's digest (``digest`` of a
     path, None when unreadable) and whose absent places are all still absent (``absent``
-    of them), or None (a miss; a bad manifest is a miss, logged)."""
+    of them), or None (a miss; a bad manifest is a miss, logged). ``dir_fd``: its chip
+    folder, open (see :func:`read`)."""
     try:
-        variants = read(path)
+        variants = read(path, dir_fd)
     except InvalidEntryError as exc:
         log.warning("%s; treated as a miss", exc)
         return None

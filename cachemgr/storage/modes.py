@@ -35,20 +35,31 @@ DIR_MODE = 0o2775
 OTHERS_AT_MOST = 0o005
 
 
+def _others_given(folder_mode: int) -> int:
+    """Others' bits a folder of mode ``folder_mode`` passes on to what cachemgr creates in
+    it: only a folder shared on purpose — setgid, as the documented deployment makes the
+    root (``chmod 2770``, or the old ``2775``) — says who may read the cache. Any other
+    folder (``$HOME`` at ``0755``, ``/tmp`` at ``1777``, one made under umask ``022``) says
+    nothing about it: there cachemgr gives others nothing, so it never makes a folder that
+    its own "readable by every local user" warning then reports
+    (docs/shared-cache.md#outsiders-read-nothing)."""
+    return folder_mode & OTHERS_AT_MOST if folder_mode & stat.S_ISGID else 0
+
+
 def file_mode_in(folder_mode: int) -> int:
     """The mode of a file cachemgr creates in a folder of mode ``folder_mode``: group
-    read/write whatever the umask; readable by others only when the folder gives others
-    read (a ``2770`` root: ``0660``; a ``2775`` one: ``0664``) — never more than the folder
-    (docs/shared-cache.md#outsiders-read-nothing)."""
-    return (FILE_MODE & ~0o007) | (folder_mode & 0o004)
+    read/write whatever the umask; readable by others only when a setgid folder gives others
+    read (a ``2770`` root: ``0660``; a ``2775`` one: ``0664``; a ``0755`` one: ``0660``) —
+    never more than the folder (docs/shared-cache.md#outsiders-read-nothing)."""
+    return (FILE_MODE & ~0o007) | (_others_given(folder_mode) & 0o004)
 
 
 def dir_mode_in(parent_mode: int) -> int:
     """The mode of a folder cachemgr creates in a folder of mode ``parent_mode``: ``rwx``
-    for owner and group, others' bits as the parent gives them (at most ``r-x``), setgid
-    where the parent has it (new files keep the sharing group; docs/design.md#where-the-cache-lives,
-    #sharing-and-locking)."""
-    return 0o770 | (parent_mode & OTHERS_AT_MOST) | (parent_mode & stat.S_ISGID)
+    for owner and group, others' bits as a setgid parent gives them (at most ``r-x``; none
+    from any other parent: :func:`_others_given`), setgid where the parent has it (new files
+    keep the sharing group; docs/design.md#where-the-cache-lives, #sharing-and-locking)."""
+    return 0o770 | _others_given(parent_mode) | (parent_mode & stat.S_ISGID)
 
 
 def _folder_mode(path: Path, dir_fd: int | None) -> int:

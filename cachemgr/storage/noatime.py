@@ -14,7 +14,6 @@ import os
 import stat
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -87,15 +86,30 @@ def _mount_options(dev: int) -> frozenset[str]:
     return frozenset()
 
 
-@contextmanager
-def _open_noatime(
+def _put_back(fd: int, restore: os.stat_result | None) -> None:
+    """Give the file open as ``fd`` back the times of ``restore`` (None: nothing to do)."""
+    if restore is not None:
+        # another user's file (docs/design.md#sharing-and-locking): only its owner may set
+        # times; relatime changes the atime of a read rarely, and the entry is still read
+        # correctly
+        with contextlib.suppress(PermissionError):
+            os.utime(fd, ns=(restore.st_atime_ns, restore.st_mtime_ns))
+
+
+# O_NONBLOCK: opening a FIFO planted in the cache must not hang (the type is checked next)
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+_NOATIME = getattr(os, "O_NOATIME", 0)
+
+
+def _opened_noatime(
     path: Path,
-    dir_fd: int | None = None,
-    *,
-    single_link: bool = False,
-    max_bytes: int | None = None,
-) -> Iterator[int]:
-    """Open a regular file for reading without changing its access time; yield the fd.
+    dir_fd: int | None,
+    single_link: bool,
+    max_bytes: int | None,
+) -> tuple[int, os.stat_result | None, int]:
+    """Open a regular file for reading without changing its access time: the fd (the
+    caller closes it), when the access time could not be kept the status whose times
+    :func:`_put_back` gives back after the read, and its size (bytes, from the descriptor).
 
     Uses ``O_NOATIME`` where the kernel allows it (owner or CAP_FOWNER); otherwise opens
     normally and puts the previous atime back when done. Symlinks are refused
@@ -110,15 +124,12 @@ def _open_noatime(
         :class:`NotRegularFileError` for a FIFO, socket or device, :class:`HardLinkError`,
         :class:`FileTooLargeError`.
     """
-    # O_NONBLOCK: opening a FIFO planted in the cache must not hang (the type is checked next)
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-    noatime = getattr(os, "O_NOATIME", 0)
     restore: os.stat_result | None = None
     name = at(path, dir_fd)
     try:
-        fd = os.open(name, flags | noatime, dir_fd=dir_fd)
+        fd = os.open(name, _READ_FLAGS | _NOATIME, dir_fd=dir_fd)
     except PermissionError:
-        fd = os.open(name, flags, dir_fd=dir_fd)
+        fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
         restore = os.fstat(fd)
         if _KEEP_ATIME.get() and read_changes_atime(restore):
             os.close(fd)
@@ -139,15 +150,20 @@ def _open_noatime(
         if max_bytes is not None and st.st_size > max_bytes:
             msg = f"is {st.st_size} bytes, more than {max_bytes}"
             raise FileTooLargeError(errno.EFBIG, msg, str(path))
-        yield fd
-        if restore is not None:
-            # another user's file (docs/design.md#sharing-and-locking): only its owner may set
-            # times; relatime changes the atime of a read rarely, and the entry is still read
-            # correctly
-            with contextlib.suppress(PermissionError):
-                os.utime(fd, ns=(restore.st_atime_ns, restore.st_mtime_ns))
-    finally:
+    except BaseException:
         os.close(fd)
+        raise
+    return fd, restore, st.st_size
+
+
+def _next_ask(ask: int, asked: int, got: int) -> int:
+    """How many bytes the next read of a regular file asks for; 0 when it is read to its
+    end. The first ask is its size + 1: a read of a regular file returns fewer bytes than
+    asked only at its end, so a file that did not grow since its ``fstat`` is read whole
+    without a last read of 0 bytes, and one that grew is read on to its new end."""
+    if got < asked:
+        return 0
+    return ask - got if ask > got else READ_CHUNK_BYTES
 
 
 def read_bytes_noatime(
@@ -164,23 +180,29 @@ def read_bytes_noatime(
 
     :param owners: when given, the uid owning the file read is added to it (from the
         descriptor read: no race with a file swapped under the name).
-    :raises OSError: as :func:`_open_noatime`.
+    :raises OSError: as :func:`_opened_noatime`.
     """
-    opened = _open_noatime(path, dir_fd, single_link=single_link, max_bytes=max_bytes)
-    with opened as fd:
+    fd, restore, size = _opened_noatime(path, dir_fd, single_link, max_bytes)
+    try:
         if owners is not None:
             owners.add(os.fstat(fd).st_uid)
         chunks = []
         left = None if max_bytes is None else max_bytes + 1
-        while chunk := os.read(
-            fd, READ_CHUNK_BYTES if left is None else min(READ_CHUNK_BYTES, left)
-        ):
-            chunks.append(chunk)
+        ask = size + 1  # see _next_ask
+        while ask:
+            want = min(READ_CHUNK_BYTES, ask) if left is None else min(READ_CHUNK_BYTES, ask, left)
+            chunk = os.read(fd, want)
+            if chunk:
+                chunks.append(chunk)
             if left is not None:
                 left -= len(chunk)
                 if left <= 0:
                     msg = f"is more than {max_bytes} bytes"
                     raise FileTooLargeError(errno.EFBIG, msg, str(path))
+            ask = _next_ask(ask, want, len(chunk))
+        _put_back(fd, restore)
+    finally:
+        os.close(fd)
     return b"".join(chunks)
 
 
@@ -195,18 +217,26 @@ def sha256_noatime(
     :data:`READ_CHUNK_BYTES` — never whole into memory — without changing
     its access time; never more than ``max_bytes`` (a file growing meanwhile included).
 
-    :raises OSError: as :func:`_open_noatime` (:class:`FileTooLargeError` over ``max_bytes``).
+    :raises OSError: as :func:`_opened_noatime` (:class:`FileTooLargeError` over ``max_bytes``).
     """
     import hashlib  # here: OpenSSL's import is a hit's cost, not every command's
 
     digest, size = hashlib.sha256(), 0
-    with _open_noatime(path, dir_fd, single_link=single_link, max_bytes=max_bytes) as fd:
-        while chunk := os.read(fd, READ_CHUNK_BYTES):
+    fd, restore, ask = _opened_noatime(path, dir_fd, single_link, max_bytes)
+    try:
+        ask += 1  # see _next_ask
+        while ask:
+            want = min(READ_CHUNK_BYTES, ask)
+            chunk = os.read(fd, want)
             digest.update(chunk)
             size += len(chunk)
             if max_bytes is not None and size > max_bytes:
                 msg = f"is more than {max_bytes} bytes"
                 raise FileTooLargeError(errno.EFBIG, msg, str(path))
+            ask = _next_ask(ask, want, len(chunk))
+        _put_back(fd, restore)
+    finally:
+        os.close(fd)
     return digest.hexdigest(), size
 
 
@@ -256,6 +286,15 @@ def _libc() -> tuple[Any, Any]:
     return ctypes.CDLL(None, use_errno=True), Timespec
 
 
+@functools.cache
+def _utimensat() -> tuple[Any, Any]:
+    """libc's ``utimensat`` (None where there is none) and the constant times argument
+    ``{UTIME_NOW, UTIME_OMIT}``, made once."""
+    libc, timespec = _libc()
+    times = (timespec * 2)(timespec(0, _UTIME_NOW), timespec(0, _UTIME_OMIT))
+    return getattr(libc, "utimensat", None), times
+
+
 def _utimensat_atime_now(path: Path, dir_fd: int | None = None) -> bool:
     """``utimensat(path, {UTIME_NOW, UTIME_OMIT})``: the access time becomes the
     filesystem's now, the modification time stays. False when refused (not the owner, on
@@ -263,11 +302,9 @@ def _utimensat_atime_now(path: Path, dir_fd: int | None = None) -> bool:
 
     :raises OSError: the file is gone (``ENOENT``/``ESTALE``) or the filesystem read-only.
     """
-    libc, timespec = _libc()
-    utimensat = getattr(libc, "utimensat", None)
+    utimensat, times = _utimensat()
     if utimensat is None:
         return False
-    times = (timespec * 2)(timespec(0, _UTIME_NOW), timespec(0, _UTIME_OMIT))
     # relative to the open folder (docs/security.md item 1)
     where = _AT_FDCWD if dir_fd is None else dir_fd
     if utimensat(where, os.fsencode(at(path, dir_fd)), times, _AT_SYMLINK_NOFOLLOW) == 0:

@@ -25,6 +25,7 @@ Usage::
 from __future__ import annotations
 
 import errno
+import functools
 import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -106,9 +107,10 @@ class SafeDir:
         :raises OSError: e.g. ``EACCES``.
         """
         anchor = anchor if isinstance(anchor, Path) else Path(anchor)
-        if create:
-            # the configured root: created as configured (docs/design.md#where-the-cache-lives)
-            fsutil.ensure_dir(anchor)
+        if not create:
+            return cls._walk(anchor, parts)
+        # the configured root: created as configured (docs/design.md#where-the-cache-lives)
+        fsutil.ensure_dir(anchor)
         fd = os.open(anchor, os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC)
         here = cls(fd, anchor)
         try:
@@ -122,6 +124,30 @@ class SafeDir:
         return here
 
     @classmethod
+    def _walk(cls, anchor: Path, parts: Sequence[str]) -> SafeDir:
+        """:meth:`open` of existing folders: the same ``openat`` steps on bare descriptors
+        (a hit opens its chip folder every time), one object for the folder reached, its
+        path joined only when asked."""
+        fd = os.open(anchor, os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC)
+        try:
+            for depth, name in enumerate(parts):
+                try:
+                    below = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                except OSError as exc:
+                    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                        where = anchor.joinpath(*parts[: depth + 1])
+                        raise _refusal(where, _what(depth, len(parts))) from exc
+                    raise
+                os.close(fd)
+                fd = below
+        except BaseException:
+            os.close(fd)
+            raise
+        if not parts:
+            return cls(fd, anchor)
+        return cls(fd, None, cls(-1, anchor), "/".join(parts))
+
+    @classmethod
     def open_kernel_cache(cls, kernel_cache_dir: Path, *, create: bool = False) -> SafeDir:
         """Open ``<root>/kernel_cache`` (the root is the anchor)."""
         kernel_cache_dir = Path(kernel_cache_dir)
@@ -130,9 +156,8 @@ class SafeDir:
     @classmethod
     def open_chip(cls, chip_dir: Path, *, create: bool = False) -> SafeDir:
         """Open ``<root>/kernel_cache/<soc>`` (the root is the anchor)."""
-        chip_dir = chip_dir if isinstance(chip_dir, Path) else Path(chip_dir)
-        kernel_cache = chip_dir.parent
-        return cls.open(kernel_cache.parent, [kernel_cache.name, chip_dir.name], create=create)
+        anchor, parts = _chip_parts(chip_dir if isinstance(chip_dir, Path) else Path(chip_dir))
+        return cls.open(anchor, parts, create=create)
 
     def child(self, name: str, *, create: bool = False, what: str = "folder") -> SafeDir:
         """Open the sub-folder ``name`` without following a link (see :meth:`open`).
@@ -210,6 +235,14 @@ class SafeDir:
     def names(self) -> list[str]:
         """The names in the folder."""
         return os.listdir(self.fd)
+
+
+@functools.lru_cache(maxsize=256)
+def _chip_parts(chip_dir: Path) -> tuple[Path, tuple[str, str]]:
+    """``<root>/kernel_cache/<soc>`` split into the root and the two names below it (once
+    per chip folder: a hit opens it every time)."""
+    kernel_cache = chip_dir.parent
+    return kernel_cache.parent, (kernel_cache.name, chip_dir.name)
 
 
 class DirLock(fsutil.FcntlLock):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import errno
+import functools
 import json
 import logging
 import os
@@ -303,7 +304,7 @@ class Store:
         *,
         dir_fd: int | None = None,
     ) -> None:
-        self.chip_dir = Path(chip_dir)
+        self.chip_dir = chip_dir if isinstance(chip_dir, Path) else Path(chip_dir)
         self.lock_timeout_s = lock_timeout_s
         self.events = events
         self.dir_fd = dir_fd
@@ -382,6 +383,9 @@ class Store:
                     return bound.lookup(kernel, touch, held)
             except FileNotFoundError:
                 return LookupResult(MISS, kernel, ABSENT)
+        good = entry.plainly_good(self.chip_dir, kernel, self.dir_fd)
+        if good is not None:
+            return self._hit(kernel, good, touch)
         try:
             desc, problems = self._check_stable(kernel)
         except FileNotFoundError:
@@ -409,7 +413,7 @@ class Store:
         return LookupResult(MISS, kernel, first.kind, first.detail, removed=removed)
 
     def _hit(self, kernel: str, desc: entry.EntryDesc, touch: bool) -> LookupResult:
-        files = tuple(self.chip_dir / n for n in self._present_parts(desc))
+        files = _paths(self.chip_dir, tuple(self._present_parts(desc)))
         if touch:
             self._touch(files)
         return LookupResult(HIT, kernel, desc=desc, files=files)
@@ -886,6 +890,13 @@ class Store:
                 if finding.repaired:
                     report.removed.add(kernel)
             report.findings.append(finding)
+
+
+@functools.lru_cache(maxsize=1024)
+def _paths(chip_dir: Path, names: tuple[str, ...]) -> tuple[Path, ...]:
+    """``chip_dir / name`` of each of ``names``: the files of a hit, joined once per entry
+    (each pathlib join parses its parts again)."""
+    return tuple(chip_dir / n for n in names)
 
 
 def _dump_json(data: Mapping[str, Any]) -> bytes:
