@@ -5,10 +5,10 @@ compares them), without sorting — or naming — every entry.
 
 The order is plan.py's: access time (a suspect time replaced by when cachemgr first saw the
 entry), then name. It is walked in chunks: the access time ``T`` up to which entries weigh
-enough (the bytes the plan needs, then :data:`CHUNK` entries at a time for the reserve) is
-found from the columns alone by a histogram of access times, then one listing of the
-folder's names gives the names of the entries up to ``T``, which are sorted by
-``(time, name)``: only the entries the plan walks through are ever named.
+enough (the bytes the plan still needs, at most :data:`CHUNK` entries) is found from the
+columns alone by a histogram of access times, then one listing of the folder's names gives
+the names of the entries up to ``T``, which are sorted by ``(time, name)``: only the entries
+the plan walks through are ever named.
 """
 
 from __future__ import annotations
@@ -281,19 +281,23 @@ class _Times:
         return out
 
     def ordered(self, need: int) -> Iterator[Item]:
-        """Every entry in eviction order, a chunk at a time: first as far as ``need`` bytes
-        (the candidates, and those tied with the last), then :data:`CHUNK` entries each."""
+        """Every entry in eviction order, a chunk at a time: each chunk is the entries up to
+        the time that reaches the bytes still needed (``need`` less what was walked) or
+        :data:`CHUNK` entries, whichever comes first (the candidates of a large folder take
+        several chunks: their tuples, not only their names, would be ~27 MB at 200,000)."""
         lo = _EARLIEST
-        quota, by_size = need, True
+        left = need
         while True:
-            if quota <= 0:
-                quota, by_size = CHUNK, False
-            t = self.threshold(lo, quota, by_size)
+            t = self.threshold(lo, CHUNK, False)
+            if t is not None and left > 0:
+                by_bytes = self.threshold(lo, left, True)
+                t = t if by_bytes is None else min(t, by_bytes)
             if t is None:
                 return
             chunk = self.named(lo, t)
             chunk.reverse()
             while chunk:  # popped, not iterated: an entry walked past is freed (200,000 at 1M)
-                yield chunk.pop()
+                item = chunk.pop()
+                left -= self.size(item[1], item[2])
+                yield item
             lo = t + 1
-            quota, by_size = CHUNK, False
