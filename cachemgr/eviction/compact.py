@@ -459,20 +459,10 @@ def _list(
     new_stat = FileStat
     with os.scandir(dir_fd) as it:
         for de in it:
-            try:
-                if not de.is_file(follow_symlinks=False):
-                    why = "symlink (not followed)" if de.is_symlink() else entry.NOT_A_FILE
-                    scan.odd[de.name] = why
-                    continue
-                st = de.stat(follow_symlinks=False)
-            except OSError as exc:
-                if exc.errno not in fsutil.GONE_ERRNOS:
-                    scan.odd[de.name] = f"{entry.UNREADABLE}: {exc.strerror}"
+            st = entry.listed_file(scan, de)
+            if st is None:
                 continue
             name = de.name
-            if st.st_nlink > 1 and not name.startswith(fsutil.NFS_SILLY_PREFIX):
-                scan.odd[name] = f"hard link ({st.st_nlink} names; not used)"
-                continue
             used += st.st_size
             stem, _, ext = name.rpartition(".")
             if ext in _NOT_PARTS:

@@ -251,23 +251,10 @@ def _lstat_fd(dir_fd: int, scan: ChipScan) -> _Listing:
     used = 0
     with os.scandir(dir_fd) as it:
         for de in it:
-            try:
-                # d_type answers without a syscall; an unknown d_type costs the lstat that
-                # de.stat() below then reuses from the DirEntry's cache
-                if not de.is_file(follow_symlinks=False):
-                    why = "symlink (not followed)" if de.is_symlink() else NOT_A_FILE
-                    scan.odd[de.name] = why
-                    continue
-                st = de.stat(follow_symlinks=False)
-            except OSError as exc:
-                if exc.errno not in fsutil.GONE_ERRNOS:
-                    scan.odd[de.name] = f"{UNREADABLE}: {exc.strerror}"
+            st = listed_file(scan, de)
+            if st is None:
                 continue
             name = de.name
-            if st.st_nlink > 1 and not name.startswith(fsutil.NFS_SILLY_PREFIX):
-                # another file's content under a cache name: never used (security.md item 2)
-                scan.odd[name] = f"hard link ({st.st_nlink} names; not used)"
-                continue
             size = st.st_size
             used += size
             fst = _new_stat(FileStat, (size, st.st_atime_ns, st.st_mtime_ns))
@@ -282,6 +269,28 @@ def _lstat_fd(dir_fd: int, scan: ChipScan) -> _Listing:
                 bucket[name] = fst
     scan.used_bytes += used
     return out
+
+
+def listed_file(scan: ChipScan, de: os.DirEntry[str]) -> os.stat_result | None:
+    """The ``lstat`` of a listed name when it is a regular file with one name (an ``.nfs*``
+    one may have more); anything else goes into ``scan.odd`` with why, or is skipped when
+    it vanished meanwhile. The one check of every file a chip-folder scan counts."""
+    try:
+        # d_type answers without a syscall; an unknown d_type costs the lstat that
+        # de.stat() below then reuses from the DirEntry's cache
+        if not de.is_file(follow_symlinks=False):
+            scan.odd[de.name] = "symlink (not followed)" if de.is_symlink() else NOT_A_FILE
+            return None
+        st = de.stat(follow_symlinks=False)
+    except OSError as exc:
+        if exc.errno not in fsutil.GONE_ERRNOS:
+            scan.odd[de.name] = f"{UNREADABLE}: {exc.strerror}"
+        return None
+    if st.st_nlink > 1 and not de.name.startswith(fsutil.NFS_SILLY_PREFIX):
+        # another file's content under a cache name: never used (security.md item 2)
+        scan.odd[de.name] = f"hard link ({st.st_nlink} names; not used)"
+        return None
+    return st
 
 
 def scan_chip(chip_dir: Path, dir_fd: int | None = None) -> ChipScan:
