@@ -5,9 +5,11 @@ Steps, as ccache's cleanup and GE's ``CacheSpaceInitialize`` do them:
 
 1. take ``<chip>/op_cache_file_del.lock`` without waiting — held means another evictor (a
    cachemgr or a CANN process, on this host or another) is at work: skip, not an error;
-2. scan the folder by name (``entry.scan_chip``: one ``scandir`` + one ``lstat`` per file, no
-   json opened), reclaim leftovers (:mod:`cachemgr.eviction.reclaim`);
-3. plan (:func:`~cachemgr.eviction.plan.plan_eviction`, pure);
+2. scan the folder by name (one ``scandir`` + one ``lstat`` per file, no json opened) into a
+   bounded-memory snapshot (:mod:`cachemgr.eviction.compact`, docs/eviction.md#memory),
+   reclaim leftovers (:mod:`cachemgr.eviction.reclaim`);
+3. plan (:func:`~cachemgr.eviction.order.plan_compact`: the entries and order of
+   :func:`~cachemgr.eviction.plan.plan_eviction`, which plans the full scan);
 4. for each candidate, least recently accessed first: take its ``.lock`` if it has one
    (busy → skip), re-check the main json's access time (changed → a concurrent hit saved it),
    remove the files json first. Candidates saved or gone are replaced from the plan's reserve
@@ -43,7 +45,9 @@ from typing import Any
 
 from cachemgr.config import layout
 from cachemgr.errors import CachePermissionError
+from cachemgr.eviction.compact import CompactEntries, HashCollision, scan_compact
 from cachemgr.eviction.files import DENIED_ERRNOS, denied_line, open_dir, remove_group
+from cachemgr.eviction.order import CompactPlan, plan_compact
 from cachemgr.eviction.plan import EvictionPlan, check_limits, plan_eviction
 from cachemgr.eviction.reclaim import ReclaimResult, after_eviction, reclaim
 from cachemgr.memo import OnceSet
@@ -60,6 +64,9 @@ DEFAULT_CLOCK_SKEW_S = 300.0
 #: (ext4) or the server (NFS), not the CPU: measured on ext4 with 2 cores, 8 threads remove
 #: files ~1.9x faster than one, 2 threads ~1.3x.
 DELETE_WORKERS = 8
+#: Entries removed per batch: a batch's entries are held as groups (~1 KiB each) until its
+#: removals are done, so 200,000 candidates never are at once (docs/eviction.md#memory).
+BATCH = 512 * DELETE_WORKERS
 
 SKIP_BUSY = "busy"
 SKIP_MISSING = "missing"
@@ -79,6 +86,9 @@ SAVED = "saved_by_hit"
 GONE = "gone"
 BUSY = "busy"
 DENIED = "denied"
+
+#: A plan of either snapshot: ``entry.scan_chip``'s, or the bounded-memory one.
+AnyPlan = EvictionPlan | CompactPlan
 
 #: ``progress(done, total)``: entries handled so far out of those planned.
 Progress = Callable[[int, int], None]
@@ -191,7 +201,7 @@ def gc_chip(
     force_ratio: bool = False,
     dry_run: DryRun = DryRun.NO,
     progress: Progress | None = None,
-    on_planned: Callable[[EvictionPlan], None] | None = None,
+    on_planned: Callable[[AnyPlan], None] | None = None,
     target_bytes: int | None = None,
     clock_skew_s: float | None = DEFAULT_CLOCK_SKEW_S,
     first_seen: dict[str, int] | None = None,
@@ -342,12 +352,12 @@ def _run(
     limits: tuple[int, int, float, bool, int | None],
     clock: tuple[float | None, dict[str, int]],
     progress: Progress | None,
-    on_planned: Callable[[EvictionPlan], None] | None,
+    on_planned: Callable[[AnyPlan], None] | None,
     deadline: float | None = None,
     ge_fatal_since_ns: int | None = 0,
 ) -> None:
     max_mb, ratio_pct, min_age_s, force_ratio, target_bytes = limits
-    scan = entry.scan_chip(report.chip_dir, chip_fd)
+    scan = _scan(report.chip_dir, chip_fd)
     report.entries_before = len(scan.entries)
     report.bytes_before = scan.used_bytes
     report.odd = dict(scan.odd)
@@ -366,7 +376,8 @@ def _run(
         return
     now_ns = time.time_ns()
     clock_skew_s, first_seen = clock
-    plan = plan_eviction(
+    planner = plan_compact if isinstance(scan.entries, CompactEntries) else plan_eviction
+    plan = planner(
         scan,
         max_mb,
         ratio_pct,
@@ -381,11 +392,11 @@ def _run(
         _note_skew(report, plan.suspect, now_ns, first_seen)
     report.max_bytes, report.target_bytes = plan.max_bytes, plan.target_bytes
     report.triggered = plan.triggered
-    report.kept_by_age = [g.kernel for g in plan.kept_by_age]
+    report.kept_by_age = list(plan.kept_kernels)
     if on_planned is not None:
         on_planned(plan)
     if report.dry_run:
-        report.evicted = plan.kernels
+        report.evicted = list(plan.kernels)
         report.evicted_bytes = plan.evict_bytes
     else:
         _evict(chip_fd, scan, plan, report, progress)
@@ -404,6 +415,16 @@ def _run(
         report.evicted_bytes,
         report.reclaimed.bytes,
     )
+
+
+def _scan(chip_dir: Path, chip_fd: int) -> ChipScan:
+    """The chip folder's snapshot in bounded memory (:mod:`cachemgr.eviction.compact`); the
+    full one of ``entry.scan_chip`` when two names met under one hash key."""
+    try:
+        return scan_compact(chip_dir, chip_fd)
+    except HashCollision as exc:
+        log.warning("%s: two names share a hash key (%s); scanned in full", chip_dir, exc)
+        return entry.scan_chip(chip_dir, chip_fd)
 
 
 #: Chip folders already warned about for future access times (once per folder; bounded:
@@ -455,8 +476,11 @@ def _bytes_after(chip_fd: int, scan: ChipScan) -> int:
     with os.scandir(chip_fd) as it:
         for de in it:
             name = de.name
-            group = entries.get(name.rpartition(".")[0])
-            fst = None if group is None else group.files.get(name)
+            if isinstance(entries, CompactEntries):
+                fst = entries.file_stat(name)
+            else:
+                group = entries.get(name.rpartition(".")[0])
+                fst = None if group is None else group.files.get(name)
             if fst is None:
                 fst = _known(tables, name)
             if fst is not None:
@@ -480,16 +504,17 @@ def _known(tables: tuple[dict[str, entry.FileStat], ...], name: str) -> entry.Fi
     return None
 
 
-def _batches(plan: EvictionPlan, freed: Callable[[], int]) -> Iterator[list[EntryGroup]]:
-    """The candidates, then as much of the reserve as the shortfall needs, batch by batch."""
-    pending = iter(plan.candidates + plan.reserve)
+def _batches(plan: AnyPlan, freed: Callable[[], int]) -> Iterator[list[EntryGroup]]:
+    """The candidates, then as much of the reserve as the shortfall needs, batch by batch
+    (at most :data:`BATCH` entries each: only a batch's entries are made into groups)."""
+    pending = plan.pending()
     while freed() < plan.need_bytes:
         batch: list[EntryGroup] = []
         planned = 0
         for group in pending:
             batch.append(group)
             planned += group.size
-            if freed() + planned >= plan.need_bytes:
+            if freed() + planned >= plan.need_bytes or len(batch) >= BATCH:
                 break
         if not batch:
             return
@@ -497,9 +522,9 @@ def _batches(plan: EvictionPlan, freed: Callable[[], int]) -> Iterator[list[Entr
 
 
 def _evict(
-    chip_fd: int, scan: ChipScan, plan: EvictionPlan, report: GcReport, progress: Progress | None
+    chip_fd: int, scan: ChipScan, plan: AnyPlan, report: GcReport, progress: Progress | None
 ) -> None:
-    counter = _Counter(len(plan.candidates), progress)
+    counter = _Counter(len(plan.kernels), progress)
     with ThreadPoolExecutor(DELETE_WORKERS, thread_name_prefix="cachemgr-evict") as pool:
         for batch in _batches(plan, lambda: report.evicted_bytes):
             counter.total = max(counter.total, counter.done + len(batch))

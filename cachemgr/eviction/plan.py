@@ -20,7 +20,7 @@ exactly which entries go.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from operator import attrgetter
 from pathlib import Path
@@ -78,6 +78,30 @@ class EvictionPlan:
         """The candidates' kernel names, in eviction order."""
         return [g.kernel for g in self.candidates]
 
+    @property
+    def kept_kernels(self) -> list[str]:
+        """The names of the entries the aging guard kept, in order."""
+        return [g.kernel for g in self.kept_by_age]
+
+    def pending(self) -> Iterator[EntryGroup]:
+        """The candidates, then the reserve: what an eviction removes, in order."""
+        return iter(self.candidates + self.reserve)
+
+
+def limits_of(
+    used: int, max_mb: int, ratio_pct: int, force_ratio: bool, target_bytes: int | None
+) -> tuple[int, int, bool]:
+    """``(max_bytes, target_bytes, triggered)`` of a chip folder using ``used`` bytes
+    (docs/design.md#size-limits-and-eviction): trigger at used ≥ max, or above the target
+    with ``force_ratio`` or a ``target_bytes`` below the ratio's target. ``max_mb`` ≥ 1."""
+    max_bytes = max_mb * MIB
+    target = max_bytes * ratio_pct // 100
+    triggered = used >= max_bytes or (force_ratio and used > target)
+    if target_bytes is not None and target_bytes < target:
+        target = max(0, target_bytes)
+        triggered = triggered or used > target
+    return max_bytes, target, triggered
+
 
 def check_limits(max_mb: int, ratio_pct: int, min_age_s: float) -> None:
     """Check eviction parameters.
@@ -130,12 +154,7 @@ def plan_eviction(
     used = scan.used_bytes
     if max_mb == NEVER_EVICT:
         return EvictionPlan(scan.chip_dir, used, None, None, triggered=False)
-    max_bytes = max_mb * MIB
-    target = max_bytes * ratio_pct // 100
-    triggered = used >= max_bytes or (force_ratio and used > target)
-    if target_bytes is not None and target_bytes < target:
-        target = max(0, target_bytes)
-        triggered = triggered or used > target
+    max_bytes, target, triggered = limits_of(used, max_mb, ratio_pct, force_ratio, target_bytes)
     groups = list(scan.entries.values())
     # suspects are counted on every run, not only when it evicts: a run with nothing to do
     # must not report "0 in the future" for a folder that holds them (stats, the gauge)

@@ -33,11 +33,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from cachemgr.errors import LockBusyError
 from cachemgr.eviction import fatal, files
+from cachemgr.eviction.compact import CompactEntries
 from cachemgr.eviction.files import (
     DENIED_ERRNOS,
     NFS_SILLY_PREFIX,
@@ -121,7 +122,7 @@ def reclaim(
     out = ReclaimResult()
     store = chip_store(scan.chip_dir, BAD_ENTRY_LOCK_WAIT_S, dir_fd=chip_fd)
     if fatal_since_ns is not None:
-        for group in list(scan.entries.values()):
+        for group in _each_group(scan):
             if deadline is not None and time.monotonic() >= deadline:
                 out.stopped = True
                 return out
@@ -243,10 +244,24 @@ def _header_due(
     return kernel not in writing and now_ns - newest >= min_age_s * 1_000_000_000
 
 
+def _each_group(scan: ChipScan) -> Iterable[EntryGroup]:
+    """Every entry, safe while entries are removed; the bounded-memory snapshot makes one
+    group at a time (:meth:`cachemgr.eviction.compact.CompactEntries.groups`)."""
+    if isinstance(scan.entries, CompactEntries):
+        return scan.entries.groups()
+    return list(scan.entries.values())
+
+
+def _unresolved(scan: ChipScan) -> list[EntryGroup]:
+    if isinstance(scan.entries, CompactEntries):
+        return scan.entries.unresolved_groups()
+    return [g for g in scan.entries.values() if not g.resolved]
+
+
 def _suspects(scan: ChipScan) -> list[EntryGroup]:
     """Entries that name grouping could not tie to a binary: open their json (only theirs)."""
     found = []
-    for group in [g for g in scan.entries.values() if not g.resolved]:
+    for group in _unresolved(scan):
         entry.resolve_group(scan, group)  # claims the orphans its json names
         if not group.resolved or all(n.endswith((".json", ".h")) for n in group.files):
             found.append(group)

@@ -59,7 +59,7 @@ import functools
 import hashlib
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Container, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -167,7 +167,9 @@ class ChipScan:
     """
 
     chip_dir: Path
-    entries: dict[str, EntryGroup] = field(default_factory=dict)
+    #: a dict from ``scan_chip``; gc's bounded-memory scan keeps most entries in columns
+    #: (:class:`cachemgr.eviction.compact.CompactEntries`)
+    entries: MutableMapping[str, EntryGroup] = field(default_factory=dict)
     orphans: dict[str, FileStat] = field(default_factory=dict)
     temps: dict[str, FileStat] = field(default_factory=dict)
     locks: dict[str, FileStat] = field(default_factory=dict)
@@ -180,7 +182,7 @@ class ChipScan:
     dir_fd: int | None = None
 
 
-def kernel_of_part(stem: str, mains: set[str] | dict[str, Any]) -> str | None:
+def kernel_of_part(stem: str, mains: Container[str]) -> str | None:
     """The kernel that a file stem belongs to, by name: ``stem`` itself or ``stem`` minus one
     of :data:`PART_STEM_SUFFIXES`; None when no main json has that name."""
     if stem in mains:
@@ -249,23 +251,10 @@ def _lstat_fd(dir_fd: int, scan: ChipScan) -> _Listing:
     used = 0
     with os.scandir(dir_fd) as it:
         for de in it:
-            try:
-                # d_type answers without a syscall; an unknown d_type costs the lstat that
-                # de.stat() below then reuses from the DirEntry's cache
-                if not de.is_file(follow_symlinks=False):
-                    why = "symlink (not followed)" if de.is_symlink() else NOT_A_FILE
-                    scan.odd[de.name] = why
-                    continue
-                st = de.stat(follow_symlinks=False)
-            except OSError as exc:
-                if exc.errno not in fsutil.GONE_ERRNOS:
-                    scan.odd[de.name] = f"{UNREADABLE}: {exc.strerror}"
+            st = listed_file(scan, de)
+            if st is None:
                 continue
             name = de.name
-            if st.st_nlink > 1 and not name.startswith(fsutil.NFS_SILLY_PREFIX):
-                # another file's content under a cache name: never used (security.md item 2)
-                scan.odd[name] = f"hard link ({st.st_nlink} names; not used)"
-                continue
             size = st.st_size
             used += size
             fst = _new_stat(FileStat, (size, st.st_atime_ns, st.st_mtime_ns))
@@ -280,6 +269,28 @@ def _lstat_fd(dir_fd: int, scan: ChipScan) -> _Listing:
                 bucket[name] = fst
     scan.used_bytes += used
     return out
+
+
+def listed_file(scan: ChipScan, de: os.DirEntry[str]) -> os.stat_result | None:
+    """The ``lstat`` of a listed name when it is a regular file with one name (an ``.nfs*``
+    one may have more); anything else goes into ``scan.odd`` with why, or is skipped when
+    it vanished meanwhile. The one check of every file a chip-folder scan counts."""
+    try:
+        # d_type answers without a syscall; an unknown d_type costs the lstat that
+        # de.stat() below then reuses from the DirEntry's cache
+        if not de.is_file(follow_symlinks=False):
+            scan.odd[de.name] = "symlink (not followed)" if de.is_symlink() else NOT_A_FILE
+            return None
+        st = de.stat(follow_symlinks=False)
+    except OSError as exc:
+        if exc.errno not in fsutil.GONE_ERRNOS:
+            scan.odd[de.name] = f"{UNREADABLE}: {exc.strerror}"
+        return None
+    if st.st_nlink > 1 and not de.name.startswith(fsutil.NFS_SILLY_PREFIX):
+        # another file's content under a cache name: never used (security.md item 2)
+        scan.odd[de.name] = f"hard link ({st.st_nlink} names; not used)"
+        return None
+    return st
 
 
 def scan_chip(chip_dir: Path, dir_fd: int | None = None) -> ChipScan:
@@ -332,21 +343,33 @@ _NOT_PARTS = frozenset({"lock", "temp", ""})
 
 
 def _place(scan: ChipScan, name: str, fst: FileStat) -> None:
+    owner = place_file(scan, name, fst)
+    if owner is not None:
+        group = scan.entries[owner]
+        group.files[name] = fst
+        if name.rpartition(".")[2] != "json" and name != owner + ".h":
+            group.resolved = True
+
+
+def place_file(scan: ChipScan, name: str, fst: FileStat) -> str | None:
+    """Place a file that no entry owns by its stem: into the scan's tables of locks, temps,
+    manifests, ``.nfs*`` names or orphans — or return the kernel that owns it by name (a
+    part such as ``_mix_aic``, ``<kernel>.tar.gz``), which the caller adds it to."""
     if name.startswith(fsutil.NFS_SILLY_PREFIX):
         scan.silly[name] = fst
-        return
+        return None
     if name.endswith(fsutil.TEMP_SUFFIX):
         scan.temps[name] = fst
-        return
+        return None
     if name == layout.EVICT_LOCK_NAME:
-        return
+        return None
     if name.endswith(layout.MANIFEST_SUFFIX):
         scan.manifests[name] = fst
-        return
+        return None
     if name.endswith(".lock"):
         scan.locks[name] = fst
-        return
-    stem, dot, ext = name.rpartition(".")
+        return None
+    stem, dot, _ = name.rpartition(".")
     if not dot:
         stem = name
     owner = kernel_of_part(stem, scan.entries)
@@ -354,11 +377,7 @@ def _place(scan: ChipScan, name: str, fst: FileStat) -> None:
         owner = kernel_of_part(stem.split(".", 1)[0], scan.entries)
     if owner is None:
         scan.orphans[name] = fst
-        return
-    group = scan.entries[owner]
-    group.files[name] = fst
-    if ext != "json" and name != owner + ".h":
-        group.resolved = True
+    return owner
 
 
 # --- full parse (opens the json) -------------------------------------------------------
