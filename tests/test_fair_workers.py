@@ -167,8 +167,10 @@ def test_one_caller_never_takes_a_reserve_slot_and_compilers_stay_bounded(
         hold.touch()  # a's jobs stay running until b's job has started beside them
         mixed = [queue.submit(req(10 + n, "a"), caller="a") for n in range(3)]
         mixed += [queue.submit(req(20 + n, "b"), caller="b") for n in range(3)]
-        wait_for(lambda: queue.counters["reserve_starts"] >= 1, 60, "b's job on the reserve")
-        hold.unlink()
+        try:
+            wait_for(lambda: queue.counters["reserve_starts"] >= 1, 60, "b's job on the reserve")
+        finally:
+            hold.unlink()  # else closing the queue would wait for a's held job for ever
         assert all(f.result(timeout=120).status == "compiled" for f in mixed)
     log = tmp_path / "cc" / "cc.log"
     assert _most_at_once(log) == 2  # the reserve ran the other caller's job beside, no more

@@ -410,6 +410,10 @@ class CompileQueue:
                     self._workers_busy += not reserve
                     self._progress_at = time.monotonic()
                     self._clock = max(self._clock, job.turn)
+                    if not reserve and self._workers_busy >= self.workers:
+                        # a reserve worker woken while this worker was still free went
+                        # back to waiting: the last worker taken, it looks again
+                        self._cond.notify_all()
                     return job
                 if self._closing and not any(j.state == _PENDING for *_, j in self._heap):
                     return None
