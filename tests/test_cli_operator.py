@@ -298,6 +298,11 @@ def test_status_and_stop_take_the_cache_dir_like_every_command(
         assert "\n" not in line and f"serves {cache_root / 'kernel_cache'}" in line
         assert f"{other / 'kernel_cache'} (from option --cache-dir)" in line
         assert f"pass --cache-dir {cache_root}" in line
+        alias = tmp_path / "alias"
+        alias.symlink_to(cache_root)  # the same cache by another name: the same answer
+        linked = run_cli("status", *sock, "--cache-dir", str(alias), env=_env(d))
+        assert linked.returncode == 0, (linked.stdout, linked.stderr)
+        assert linked.stderr.strip() == "", linked.stderr
         refused = _one_line_exit_2(
             run_cli("stop", *sock, "--cache-dir", str(other), env=_env(d)), "nothing stopped"
         )

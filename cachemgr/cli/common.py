@@ -354,7 +354,7 @@ def route(
                 "start one with `cachemgr serve --socket PATH` or use --local"
             ) from exc
         return Route("local", None, None, f"no daemon answers at the default socket {path}")
-    if theirs != ours:
+    if not same_folder(theirs, ours):
         if named is not None:
             kc = settings["kernel_cache_dir"]
             raise ConfigError(
@@ -402,6 +402,20 @@ def _config_file_of(their_settings: dict[str, Any]) -> str | None:
     return None
 
 
+def same_folder(theirs: object, ours: str) -> bool:
+    """Whether the daemon's kernel cache folder ``theirs`` (its ``/config`` answer's value) is
+    this command's ``ours``: the same path, or two names (a link, a bind mount) of one folder
+    (the same device and inode, as :func:`os.path.samefile` says)."""
+    if not isinstance(theirs, str):
+        return False
+    if theirs == ours:
+        return True
+    try:
+        return os.path.samefile(theirs, ours)
+    except (OSError, ValueError):  # either is gone or unreadable here: not shown the same
+        return False
+
+
 def same_cache_hint(their_settings: dict[str, Any]) -> str:
     """What to add to this command so that it resolves the kernel cache a daemon serves, from
     the daemon's ``/config`` settings: ``pass --cache-dir D`` (D the daemon's cache root,
@@ -439,7 +453,8 @@ def daemon_of_this_cache(settings: Settings, timeout_s: float = 1.0) -> tuple[Pa
     )
     try:
         answer = client.config(sections=True)
-        if answer["settings"]["kernel_cache_dir"]["value"] != str(settings.layout.kernel_cache_dir):
+        theirs = answer["settings"]["kernel_cache_dir"]["value"]
+        if not same_folder(theirs, str(settings.layout.kernel_cache_dir)):
             return None
         table = (answer.get("sections") or {}).get("daemon")
         interval_s = DaemonConfig.from_table(table).counters_save_interval_s

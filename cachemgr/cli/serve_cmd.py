@@ -22,6 +22,7 @@ from cachemgr.cli.common import (
     remote_option,
     report_line,
     same_cache_hint,
+    same_folder,
 )
 from cachemgr.client import Client, DaemonUnavailable, default_socket_path
 from cachemgr.daemon import main as daemon_main
@@ -201,7 +202,7 @@ def _serves_other(client: Client, settings: Settings | None, command: str) -> st
     theirs_settings = client.config(sections=True)["settings"]
     theirs = str(theirs_settings["kernel_cache_dir"]["value"])
     ours = settings.layout.kernel_cache_dir
-    if theirs == str(ours):
+    if same_folder(theirs, str(ours)):
         return ""
     kc = settings["kernel_cache_dir"]
     return (
