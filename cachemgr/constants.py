@@ -46,17 +46,18 @@ def short_host() -> str:
 
     It names ``kernel_meta/<host>_<pid>`` folders, temp files (``<name>.<host>.<pid>...``),
     lock probes and the default ``host_id``. Read once per process (kept in
-    :data:`_SHORT_HOST`; not ``functools.cache``: functools and its imports cost every
+    ``_short_host``; not ``functools.cache``: functools and its imports cost every
     command's start-up ~2 ms).
     """
-    if not _SHORT_HOST:
+    global _short_host
+    if _short_host is None:
         # os.uname().nodename is gethostname(2) on Linux (glibc reads it from uname), without
         # importing socket
-        _SHORT_HOST.append(os.uname().nodename.split(".")[0] or "host")
-    return _SHORT_HOST[0]
+        _short_host = os.uname().nodename.split(".")[0] or "host"
+    return _short_host
 
 
-_SHORT_HOST: list[str] = []
+_short_host: str | None = None
 
 
 #: The most hits one ``POST /hits`` may report (a client's local hits since its last report,

@@ -685,7 +685,18 @@ def _line(memo: dict[str, Any], names: list[str], seconds: float) -> str:
 
         return json.dumps(doc, ensure_ascii=False)
     parts = " ".join(n.removeprefix(kernel) for n in names)
-    return f"{'hit':8} {kernel}  {seconds:.3f}s  {chip_dir}/ {parts}"
+    return hit_line(kernel, seconds, chip_dir, parts)
+
+
+#: ``Status.HIT`` of :mod:`cachemgr.compile.results`, spelled here: the direct path loads no
+#: results module (tests/test_results.py holds the two equal).
+HIT = "hit"
+
+
+def hit_line(kernel: str, seconds: float, folder: str, parts: str) -> str:
+    """The text line of a hit, as ``cachemgr.cli.compile_cmd`` prints it (``seconds`` of
+    wall time; ``parts`` the entry's file names without the kernel name, space-separated)."""
+    return f"{HIT:8} {kernel}  {seconds:.3f}s  {folder}/ {parts}"
 
 
 def out_of_reach() -> bool:

@@ -234,7 +234,7 @@ def _line(memo: dict[str, Any], seconds: float) -> str:
         doc["seconds"] = round(seconds, 6)
         return json.dumps(doc, ensure_ascii=False)
     kernel, folder, parts = memo["kernel"], memo["chip_dir"], memo["parts"]
-    return f"{'hit':8} {kernel}  {seconds:.3f}s  {folder}/ {parts}"
+    return direct.hit_line(kernel, seconds, folder, parts)
 
 
 def _full_report(
