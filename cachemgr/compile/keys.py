@@ -77,7 +77,7 @@ SOURCE_PLACEHOLDER = "/SOURCE"
 OUT_PLACEHOLDER = "/OUT"
 NAME_PLACEHOLDER = "KERNEL"
 #: How long a compiler found on PATH is trusted before PATH is searched again (seconds); the
-#: files it runs are still checked on every use (:func:`cachemgr.compilers.stamp.state`:
+#: files it runs are still checked on every use (:func:`cachemgr.compilers.stamp.unchanged`:
 #: the wrapper, every link to each program it names, the compiler behind a ccache link), as
 #: ccache's ``compiler_check = mtime``.
 COMPILER_REFRESH_S = 2.0
@@ -248,9 +248,9 @@ def kernel_name(op_type: str, key: str) -> str:
 _PIN_KEYS = {"host": "cc", "cuda": "nvcc"}
 
 
-#: A compiler found: its identity, the state of the files it runs
-#: (:func:`cachemgr.compilers.stamp.state`), when it was looked up, the pinned backend.
-_Known = tuple[CompilerIdentity, tuple[object, ...], float, CompilerBackend]
+#: A compiler found: its identity, the files it runs by the names a run goes through
+#: (:func:`cachemgr.compilers.stamp.watch`), when it was looked up, the pinned backend.
+_Known = tuple[CompilerIdentity, stamp_mod.Watched, float, CompilerBackend]
 
 
 class Compilers:
@@ -318,35 +318,36 @@ class Compilers:
         """The compiler found for ``language`` on this process's ``PATH`` now (another
         ``PATH`` may find another compiler), looked up again after
         :data:`COMPILER_REFRESH_S` or when a file it runs changed (a link on the way to it
-        too: :func:`cachemgr.compilers.stamp.state`)."""
+        too: :func:`cachemgr.compilers.stamp.unchanged`)."""
         memo = (language, os.environ.get("PATH", ""))
         with self._lock:
             known = self._idents.get(memo)
         if known is not None:
-            ident, state, at, _ = known
-            if time.monotonic() - at < COMPILER_REFRESH_S and self._state(ident.path) == state:
+            ident, watched, at, _ = known
+            if time.monotonic() - at < COMPILER_REFRESH_S and stamp_mod.unchanged(watched):
                 return known
         searching = self._searching_backend(language)
-        before = None if known is None else known[1]
         ident = searching.identity()
         pinned = searching
         if searching.name in _PIN_KEYS:
             pinned = self._backend(language, {**self.config, _PIN_KEYS[searching.name]: ident.path})
-        state = self._state(ident.path)
-        if before is not None and state != before:
+        watched = self._watch(ident)
+        if known is not None and known[0] != ident:
             log.info("compiler %s changed: identified again as %r", ident.path, ident.version)
-        known = (ident, state, time.monotonic(), pinned)
+        known = (ident, watched, time.monotonic(), pinned)
         with self._lock:
             self._idents[memo] = known
         return known
 
-    def _state(self, path: str) -> tuple[object, ...]:
-        """:func:`cachemgr.compilers.stamp.state` of ``path`` (() when it cannot be read:
-        then it is looked up again, which names the error)."""
+    def _watch(self, ident: CompilerIdentity) -> stamp_mod.Watched:
+        """What ``ident`` is re-checked by (:func:`cachemgr.compilers.stamp.watch`); () —
+        identified again on the next use — when its files changed since it was stamped or
+        cannot be read."""
         try:
-            return stamp_mod.state(path, stamp_mod.check_mode(self.config))
+            watched, now = stamp_mod.watch(ident.path, stamp_mod.check_mode(self.config))
         except (CompileError, ConfigError):
             return ()
+        return watched if now == ident.stamp else ()
 
     def flags(
         self,

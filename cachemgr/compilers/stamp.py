@@ -171,15 +171,38 @@ def _programs_of(script: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(found))[: 4 * MAX_WRAPPED]
 
 
-def state(path: str, mode: str) -> tuple[object, ...]:
-    """What identifies the compiler ``path`` runs now: :func:`stat_key` of its
-    :func:`compiler_files`, re-resolved (``stat``/``lstat`` calls only). Any change of the
-    wrapper, of a link on the way to a program it names, or of a file run changes it: what
-    every remembered identity is checked against before use.
+#: What a remembered identity is checked against: each name a run of the compiler goes
+#: through and the status of the file it names now (:func:`watch`).
+Watched = tuple[tuple[str, tuple[int, ...]], ...]
 
-    :raises CompileError: a file cannot be read (named).
+
+def watch(path: str, mode: str) -> tuple[Watched, str]:
+    """Each name of :func:`named_files` with the status of the file it names (device,
+    inode, size, mtime, ctime: ``stat``, links followed), and the :func:`stamp` of those
+    files now. A remembered identity whose stamp is this one stays valid while
+    :func:`unchanged` holds: a link flipped anywhere on the way to a name (a toolchain's
+    ``current``, the compiler behind a ccache link) names another file, whose status
+    differs; the wrapper's own edits change its status.
+
+    :raises CompileError: ``path`` cannot be read (named).
     """
-    return (path, *stat_key(compiler_files(path), mode))
+    named = named_files(path)
+    watched = tuple((name, _status(name)) for name, _ in named)
+    return watched, stamp(tuple(real for _, real in named), mode)
+
+
+def unchanged(watched: Watched) -> bool:
+    """Every name of ``watched`` still names a file of the recorded status: one ``stat``
+    per name, no ``--version``, no script read. False for nothing watched."""
+    return bool(watched) and all(_status(name) == status for name, status in watched)
+
+
+def _status(name: str) -> tuple[int, ...]:
+    try:
+        st = os.stat(name)
+    except OSError:
+        return ()
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def stat_key(files: tuple[str, ...], mode: str) -> tuple[object, ...]:
