@@ -50,6 +50,8 @@ _ABS_WORD = re.compile(rb"(?<![\w$./-])(/[A-Za-z0-9_.+/-]+)")
 #: ccache's own program name: a file of this name reached through a link of another name is
 #: ccache masquerading as that compiler.
 CCACHE_NAME = "ccache"
+#: The most ccache masquerade links followed in a row (a link, its compiler's wrapper's link).
+MAX_CCACHE_DEPTH = 2
 
 #: The absolute words a script names, by the script's (path, device, inode, size, mtime,
 #: ctime): what they resolve to is looked up again on every use.
@@ -92,16 +94,23 @@ def named_files(path: str) -> tuple[tuple[str, str], ...]:
 
     :raises CompileError: ``path`` cannot be read (named).
     """
+    return _named(path, 0)
+
+
+def _named(path: str, depth: int) -> tuple[tuple[str, str], ...]:
+    """:func:`named_files`, ``depth`` ccache links deep (at most :data:`MAX_CCACHE_DEPTH`:
+    a script that ccache finds for a link that script names ends there)."""
     real = os.path.realpath(path)
     out = [(path, real)]
     for word in _words(real, path):
         found = os.path.realpath(word)
         if found != real and os.path.isfile(found) and os.access(found, os.X_OK):
             out.append((word, found))
-    if _is_masquerade(path, real):
-        behind = ccache_compiler(path, real)
-        if behind is not None:
-            out.extend(named_files(behind)[:MAX_WRAPPED])
+    for name, found in list(out):
+        if depth < MAX_CCACHE_DEPTH and _is_masquerade(name, found):
+            behind = ccache_compiler(name, found)
+            if behind is not None:
+                out.extend(_named(behind, depth + 1)[:MAX_WRAPPED])
     seen: dict[str, tuple[str, str]] = {}
     for name, found in out:
         seen.setdefault(found, (name, found))
