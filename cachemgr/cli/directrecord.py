@@ -155,10 +155,14 @@ def _checks(
         files.append([path, _digest_or_absent(path)])
     ident = compilers.identity(request.language)
     mode = stamp.check_mode(settings.sections.get("compilers", {}))
-    tools = stamp.compiler_files(ident.path)
-    stats = [[f, direct.file_state(f)] for f in tools]
+    # every file the compiler runs, and each name it is reached by resolved as now: a link
+    # flipped on the way (a toolchain's ``current``, the compiler behind ccache) is a decline
+    tools = stamp.named_files(ident.path)
+    stats = [[real, direct.file_state(real)] for _, real in tools]
     name = os.path.basename(ident.path)
-    for folder in os.environ.get("PATH", os.defpath).split(os.pathsep):
+    searched = os.environ.get("PATH", os.defpath).split(os.pathsep)
+    searched += [f for f in os.environ.get("CCACHE_PATH", "").split(os.pathsep) if f]
+    for folder in searched:
         stats.append([folder, direct.file_state(folder)])
         stats.append([os.path.join(folder, name), direct.file_state(os.path.join(folder, name))])
     return {
@@ -168,7 +172,7 @@ def _checks(
         "files": files,
         "absent": sorted(p.inputs.absent),
         "stats": stats,
-        "links": [[ident.path, tools[0]]],
+        "links": [[named, real] for named, real in tools],
         "compiler_check": mode,
         "chip_dir": str(p.chip_dir),
         "kernel": p.kernel,

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import threading
 import time
@@ -45,8 +46,9 @@ from cachemgr.compile.inputs import Snapshot
 from cachemgr.compile.request import CompileRequest, RequestOptions
 from cachemgr.compilers import CompileJob, CompilerBackend, CompilerIdentity, envvars, get_backend
 from cachemgr.compilers import native as native_mod
+from cachemgr.compilers import stamp as stamp_mod
 from cachemgr.config.options import Settings
-from cachemgr.errors import ConfigError, InvalidInputError
+from cachemgr.errors import CompileError, ConfigError, InvalidInputError
 
 #: Bump when the key material changes shape, so old and new keys never collide.
 KEY_VERSION = 3
@@ -68,12 +70,16 @@ KEY_FIELDS = (
     "compiler",
     "environment",
 )
+log = logging.getLogger(__name__)
+
 #: Placeholders for the paths in a command, so the key does not depend on where it ran.
 SOURCE_PLACEHOLDER = "/SOURCE"
 OUT_PLACEHOLDER = "/OUT"
 NAME_PLACEHOLDER = "KERNEL"
-#: How long a compiler found on PATH is trusted before PATH is searched again (seconds); its
-#: file is still checked (one ``stat``) on every use, as ccache's ``compiler_check = mtime``.
+#: How long a compiler found on PATH is trusted before PATH is searched again (seconds); the
+#: files it runs are still checked on every use (:func:`cachemgr.compilers.stamp.unchanged`:
+#: the wrapper, every link to each program it names, the compiler behind a ccache link), as
+#: ccache's ``compiler_check = mtime``.
 COMPILER_REFRESH_S = 2.0
 #: A source modified this recently is hashed again on every use (its mtime may not have
 #: ticked since a change: git's "racy" rule).
@@ -242,8 +248,9 @@ def kernel_name(op_type: str, key: str) -> str:
 _PIN_KEYS = {"host": "cc", "cuda": "nvcc"}
 
 
-#: A compiler found: its identity, file stamp, when it was looked up, the pinned backend.
-_Known = tuple[CompilerIdentity, tuple[int, ...], float, CompilerBackend]
+#: A compiler found: its identity, the files it runs by the names a run goes through
+#: (:func:`cachemgr.compilers.stamp.watch`), when it was looked up, the pinned backend.
+_Known = tuple[CompilerIdentity, stamp_mod.Watched, float, CompilerBackend]
 
 
 class Compilers:
@@ -310,23 +317,37 @@ class Compilers:
     def _known(self, language: str) -> _Known:
         """The compiler found for ``language`` on this process's ``PATH`` now (another
         ``PATH`` may find another compiler), looked up again after
-        :data:`COMPILER_REFRESH_S` or when its file changed."""
+        :data:`COMPILER_REFRESH_S` or when a file it runs changed (a link on the way to it
+        too: :func:`cachemgr.compilers.stamp.unchanged`)."""
         memo = (language, os.environ.get("PATH", ""))
         with self._lock:
             known = self._idents.get(memo)
         if known is not None:
-            ident, stamp, at, _ = known
-            if time.monotonic() - at < COMPILER_REFRESH_S and _stamp(ident.path) == stamp:
+            ident, watched, at, _ = known
+            if time.monotonic() - at < COMPILER_REFRESH_S and stamp_mod.unchanged(watched):
                 return known
         searching = self._searching_backend(language)
         ident = searching.identity()
         pinned = searching
         if searching.name in _PIN_KEYS:
             pinned = self._backend(language, {**self.config, _PIN_KEYS[searching.name]: ident.path})
-        known = (ident, _stamp(ident.path), time.monotonic(), pinned)
+        watched = self._watch(ident)
+        if known is not None and known[0] != ident:
+            log.info("compiler %s changed: identified again as %r", ident.path, ident.version)
+        known = (ident, watched, time.monotonic(), pinned)
         with self._lock:
             self._idents[memo] = known
         return known
+
+    def _watch(self, ident: CompilerIdentity) -> stamp_mod.Watched:
+        """What ``ident`` is re-checked by (:func:`cachemgr.compilers.stamp.watch`); () —
+        identified again on the next use — when its files changed since it was stamped or
+        cannot be read."""
+        try:
+            watched, now = stamp_mod.watch(ident.path, stamp_mod.check_mode(self.config))
+        except (CompileError, ConfigError):
+            return ()
+        return watched if now == ident.stamp else ()
 
     def flags(
         self,
@@ -381,11 +402,3 @@ class Compilers:
                     self._native.clear()
                 self._native[memo] = found
         return found
-
-
-def _stamp(path: str) -> tuple[int, ...]:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return ()
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)

@@ -225,6 +225,10 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
         if inputs.may_read_in_place(p.inputs, p.env):
             job = dataclasses.replace(job, depfile=build_dir / ".deps.d")
         result = p.backend.compile(job)
+        if not p.backend.still_runs(p.identity):  # the key names another compiler
+            lock.release()
+            hold.release()
+            return _compiler_changed(p, ctx, result)
         stale = inputs.reads_not_hashed(
             p.inputs, p.backend, p.identity, job, build_dir / SOURCES_DIR
         )
@@ -293,6 +297,19 @@ def _uncached(
     warning = (
         f"{p.kernel} compiled but not cached: {stale[0]} changed while it compiled (or was "
         "read without being hashed)"
+    )
+    log.info("%s", warning)  # the outcome carries it: the caller prints it once
+    result.write_json()  # it was kept in memory for a publish
+    return _outside_the_cache(p, ctx, result, warning)
+
+
+def _compiler_changed(p: Prepared, ctx: RunContext, result: CompileResult) -> CompileOutcome:
+    """A kernel compiled after its compiler changed (a file it runs, or a link on the way):
+    the binary is not the one its key names, so it is returned uncached with one warning;
+    the next request is keyed by the new compiler (docs/compiling.md#the-compiler)."""
+    warning = (
+        f"{p.kernel} compiled but not cached: the compiler {p.identity.path} changed while "
+        "it compiled"
     )
     log.info("%s", warning)  # the outcome carries it: the caller prints it once
     result.write_json()  # it was kept in memory for a publish

@@ -157,7 +157,8 @@ class CompileResult:
         return self.json_path
 
 
-#: Compiler identities by (backend, executable, inode, size, mtime): one per compiler.
+#: Compiler identities by (backend, executable, then per file it runs — links resolved now —
+#: path, device, inode, size, mtime): one per compiler.
 _identity_cache: Memo[tuple[object, ...], CompilerIdentity] = Memo("compiler identities", 256)
 #: Version lines kept on disk between processes (entries), so a one-shot ``cachemgr compile``
 #: hit runs no ``--version``.
@@ -351,7 +352,8 @@ class CompilerBackend(ABC):
 
     def identity(self) -> CompilerIdentity:
         """Name, path, version, real path and stamp of the compiler (:mod:`.stamp`), cached
-        per file run (and programs a wrapper runs) by path, inode, size and mtime: in this
+        per file run (and programs a wrapper runs, each link to them resolved again, and the
+        compiler behind a ccache link) by path, inode, size and mtime: in this
         process, and across processes in :func:`identity_cache_file` — so a hit runs no
         ``--version`` once the compiler is known.
 
@@ -382,6 +384,24 @@ class CompilerBackend(ABC):
             _remember(key, ident)
         _identity_cache.put(key, ident)
         return ident
+
+    def still_runs(self, ident: CompilerIdentity) -> bool:
+        """Whether ``ident.path`` still runs the files ``ident`` was stamped from: the same
+        real file and the same :func:`.stamp.stamp` of it, of the programs its script names
+        and of the compiler behind a ccache link, every link resolved again (``stat``
+        calls; a ``content`` stamp hashes only a file whose status changed). Checked after a
+        compile and before its publish: a compiler changed since the key was computed
+        compiled the binary, so it must not be published under that key
+        (docs/compiling.md#the-compiler). False when a file cannot be read.
+
+        :raises ConfigError: a bad ``[compilers] compiler_check``.
+        """
+        mode = stamp.check_mode(self.config)
+        try:
+            files = stamp.compiler_files(ident.path)
+            return files[0] == ident.real_path and stamp.stamp(files, mode) == ident.stamp
+        except CompileError:
+            return False
 
     def binary_path(self, job: CompileJob) -> Path:
         """``out_dir/<out_name><bin_suffix>``."""
