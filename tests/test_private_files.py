@@ -114,7 +114,8 @@ with open(path, "w") as fh:
 def _plant(users: Users, rt: Runtime, home: Path, path: Path, content: str) -> None:
     """bob plants ``content`` at ``path`` in alice's folder (made group-writable by root,
     as cachemgr made it before: the folder's mode is what the test is not about)."""
-    _script(users, rt, users.bob, home, PLANT.format(path=str(path), content=content))
+    code = PLANT.format(path=str(path), content=content)
+    _script(users, rt, users.bob, home, code, umask=0o022)  # alice may read it
     assert path.stat().st_uid != path.parent.stat().st_uid
 
 
