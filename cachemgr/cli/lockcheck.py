@@ -111,12 +111,7 @@ MAX_CACHE_FILE_BYTES = 1 << 20
 def _load(path: Path) -> dict[str, Any]:
     """The remembered answers ({} when missing, not private or bad:
     docs/design.md#the-users-own-files)."""
-    raw = secretfile.read_own_or_none(path, MAX_CACHE_FILE_BYTES, log)
-    try:
-        data = json.loads(raw) if raw is not None else {}
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    return secretfile.read_own_json(path, MAX_CACHE_FILE_BYTES, log)
 
 
 def checked_for_writing(

@@ -181,12 +181,7 @@ def _disk_key(key: tuple[object, ...]) -> str:
 
 def _read_identities() -> dict[str, object]:
     """:func:`identity_cache_file`'s identities ({} when missing, not private or bad)."""
-    raw = secretfile.read_own_or_none(identity_cache_file(), MAX_IDENTITY_FILE_BYTES, log)
-    try:
-        data = json.loads(raw) if raw is not None else {}
-    except (ValueError, RecursionError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    return secretfile.read_own_json(identity_cache_file(), MAX_IDENTITY_FILE_BYTES, log)
 
 
 def _remembered(key: tuple[object, ...]) -> CompilerIdentity | None:

@@ -150,12 +150,7 @@ MAX_FILE_BYTES = 1 << 20
 def _read_file() -> dict[str, object]:
     """The remembered resolutions ({} when missing, not private or bad:
     docs/design.md#the-users-own-files)."""
-    raw = secretfile.read_own_or_none(_file(), MAX_FILE_BYTES, log)
-    try:
-        data = json.loads(raw) if raw is not None else {}
-    except (ValueError, RecursionError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    return secretfile.read_own_json(_file(), MAX_FILE_BYTES, log)
 
 
 def _write_file(key: str, words: tuple[str, ...]) -> None:

@@ -10,14 +10,17 @@ docs/security.md#13-a-remote-is-only-as-trusted-as-its-writers).
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 from cachemgr.errors import ConfigError
 from cachemgr.peer import user_name
 from cachemgr.storage.atomic import atomic_write_bytes
+from cachemgr.storage.modes import make_missing_folders
 
 
 def read_private(path: str | Path, where: str, max_bytes: int, what: str) -> bytes:
@@ -161,26 +164,30 @@ def read_own_or_none(path: Path, max_bytes: int, log: logging.Logger) -> bytes |
     return None
 
 
+def read_own_json(path: Path, max_bytes: int, log: logging.Logger) -> dict[str, Any]:
+    """The JSON object in the private file ``path`` (:func:`read_own_or_none`); {} when it is
+    missing, not private, unreadable or not a JSON object (a cache of the user's own: its
+    content is computed again)."""
+    raw = read_own_or_none(path, max_bytes, log)
+    try:
+        data = json.loads(raw) if raw is not None else {}
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        log.debug("ignoring %s: not JSON", path)
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def ensure_private_dir(folder: Path) -> Path:
     """Make ``folder`` and its missing parents ``0700`` whatever the umask; return it. An
     existing ``folder`` of this user's that others may write — as cachemgr made it before
     it kept these folders private — is made ``0700``, unless it is setgid (shared on
     purpose: it is then left as it is, and :func:`write_own` refuses it).
 
-    :raises NotPrivate: ``folder`` is a link, another user's, or a shared folder.
+    :raises NotPrivate: ``folder`` is a link or no folder (another user's, or a shared one,
+        is returned as it is: :func:`open_private_dir` refuses it).
     :raises OSError: it cannot be made (``EACCES``, ``ENOTDIR``).
     """
-    missing = []
-    cur = folder
-    while not os.path.lexists(cur) and cur.parent != cur:
-        missing.append(cur)
-        cur = cur.parent
-    for part in reversed(missing):
-        try:
-            os.mkdir(part, 0o700)
-        except FileExistsError:
-            continue
-        os.chmod(part, 0o700)  # a umask of 0o700 would have left it unusable
+    make_missing_folders(folder, lambda _: 0o700)
     st = os.lstat(folder)
     if not stat.S_ISDIR(st.st_mode):
         raise NotPrivate(f"{folder} is a symbolic link or no folder")
