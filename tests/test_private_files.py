@@ -260,3 +260,28 @@ def test_private_folders_are_made_0700_whatever_the_umask(
     state = home / ".local" / "state" / "cachemgr" / "remotes"
     for folder in (home / ".local", home / ".local" / "state", state.parent, state):
         assert _mode(folder) == 0o700, (folder, oct(_mode(folder)))
+
+
+def test_planted_breaker_state_is_ignored(users: Users, other_runtime: Runtime) -> None:
+    """A member's breaker file in alice's state folder cannot switch her remote off."""
+    rt, home = other_runtime, _home(users)
+    load = """
+        from cachemgr.daemon.state import remotes_state_dir
+        from cachemgr.remote.breakerfile import BreakerFile
+        print(BreakerFile(remotes_state_dir(), "http://remote.invalid").load(600.0))
+    """
+    save = """
+        from cachemgr.daemon.state import remotes_state_dir
+        from cachemgr.remote.breakerfile import BreakerFile
+        f = BreakerFile(remotes_state_dir(), "http://remote.invalid")
+        f.save(60.0, "down"); f.clear(); print(f.path)
+    """
+    path = Path(_script(users, rt, users.alice, home, save).strip())
+    for folder in (home / ".local", home / ".local" / "state", path.parent.parent):
+        folder.chmod(0o755)
+    path.parent.chmod(0o770)  # as an older cachemgr or a careless umask left it
+    content = json.dumps(
+        {"format": 1, "url": "http://remote.invalid", "open_until": 4e9, "why": "bob says"}
+    )
+    _plant(users, rt, home, path, content)
+    assert _script(users, rt, users.alice, home, load).strip() == "None"
