@@ -81,7 +81,15 @@ def _project(users: Users, home: Path) -> Path:
     return work
 
 
-def _compile(users: Users, rt: Runtime, home: Path, work: Path, umask: int = 0o077) -> str:
+def _compile(
+    users: Users,
+    rt: Runtime,
+    home: Path,
+    work: Path,
+    umask: int = 0o077,
+    err: list[str] | None = None,
+) -> str:
+    """alice compiles her request (``--json``); its status. ``err`` gets its stderr."""
     done = _run(
         users, rt, users.alice, home,
         "-m", "cachemgr", "compile", "--local", "--json",
@@ -89,6 +97,8 @@ def _compile(users: Users, rt: Runtime, home: Path, work: Path, umask: int = 0o0
         umask=umask, cwd=work,
     )  # fmt: skip
     assert done.returncode == 0, (done.stdout, done.stderr)
+    if err is not None:
+        err.append(done.stderr)
     return str(json.loads(done.stdout)["status"])
 
 
@@ -142,7 +152,10 @@ def test_planted_compilers_json_is_ignored_and_the_identity_recomputed(
     _group_writable(own)
     _plant(users, rt, home, identities, json.dumps(planted))
     shutil.rmtree(own / "direct", ignore_errors=True)  # the full path answers
-    assert _compile(users, rt, home, work) == "hit"  # keyed by the real gcc, not bob's
+    err: list[str] = []
+    assert _compile(users, rt, home, work, err=err) == "hit"  # keyed by the real gcc, not bob's
+    warned = [line for line in err[0].splitlines() if "compilers.json" in line]
+    assert len(warned) == 1 and f"belongs to {users.bob}" in warned[0], err[0]
     assert "planted" not in _entry_jsons(work)
     # recomputed and written again as alice's own, in a folder made private again
     assert identities.stat().st_uid == home.stat().st_uid

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from cachemgr.errors import ConfigError
+from cachemgr.memo import Memo
 from cachemgr.peer import user_name
 from cachemgr.storage.atomic import atomic_write_bytes
 from cachemgr.storage.modes import make_missing_folders
@@ -149,15 +150,22 @@ def read_own(path: Path, max_bytes: int) -> bytes:
         os.close(dfd)
 
 
+#: What :func:`read_own_or_none` has warned of in this process (a file read twice in one
+#: run, as the identity file is before and after a ``--version``, is warned of once).
+_warned: Memo[str, bool] = Memo("private files warned of", 64)
+
+
 def read_own_or_none(path: Path, max_bytes: int, log: logging.Logger) -> bytes | None:
     """:func:`read_own`, or None (with one log line: a warning when another user's file or
-    folder is found there, else debug) when the file is missing, not private or unreadable."""
+    folder is found there, once per process and finding, else debug) when the file is
+    missing, not private or unreadable."""
     try:
         return read_own(path, max_bytes)
     except FileNotFoundError:
         return None
     except NotPrivate as exc:
-        level = logging.WARNING if exc.planted else logging.DEBUG
+        first = exc.planted and _warned.put_new(str(exc.strerror), True)
+        level = logging.WARNING if first else logging.DEBUG
         log.log(level, "ignoring %s: %s", path.name, exc.strerror)
     except OSError as exc:
         log.debug("cannot read %s: %s", path, exc)
