@@ -34,7 +34,7 @@ from cachemgr.compilers.base import identity_cache_file
 from cachemgr.config.options import Settings
 from cachemgr.console import VERBOSITY
 from cachemgr.constants import VERSION
-from cachemgr.storage import entry, fsutil, manifest
+from cachemgr.storage import entry, fsutil, manifest, secretfile
 
 if TYPE_CHECKING:
     from cachemgr.cli.common import Route
@@ -346,7 +346,7 @@ def write(name: str, memo: dict[str, Any]) -> None:
     :raises OSError: the folder is not this user's own, or the write failed.
     """
     folder = direct.memo_dir()
-    os.makedirs(folder, mode=0o700, exist_ok=True)
+    secretfile.ensure_private_dir(Path(folder))  # and its parents 0700
     st = os.lstat(folder)
     if st.st_uid != os.geteuid() or not os.path.isdir(folder) or os.path.islink(folder):
         raise OSError(f"{folder} is not this user's own folder")

@@ -25,7 +25,7 @@ from cachemgr.config import options
 from cachemgr.config.options import Settings
 from cachemgr.daemon import rootcheck
 from cachemgr.daemon.config import DaemonConfig
-from cachemgr.storage import fsprobe, fsutil
+from cachemgr.storage import fsprobe, secretfile
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +74,7 @@ def cached_probe(folder: Path, cache_file: Path | None = None) -> fsprobe.LockPr
     probe = fsprobe.probe_locks(folder)
     cache[key] = {"ok": probe.ok, "detail": probe.detail, "at": now, "folder": str(folder)}
     try:
-        fsutil.ensure_dir(cache_file.parent)
-        fsutil.atomic_write_bytes(cache_file, json.dumps(cache, sort_keys=True).encode(), 0o600)
+        secretfile.write_own(cache_file, json.dumps(cache, sort_keys=True).encode())
     except OSError as exc:  # a cache we cannot write only costs the next run a probe
         log.debug("cannot save the lock probe cache %s: %s", cache_file, exc)
     return probe
@@ -110,11 +109,9 @@ MAX_CACHE_FILE_BYTES = 1 << 20
 
 
 def _load(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(fsutil.read_bytes_noatime(path, max_bytes=MAX_CACHE_FILE_BYTES))
-    except (OSError, ValueError, UnicodeDecodeError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    """The remembered answers ({} when missing, not private or bad:
+    docs/design.md#the-users-own-files)."""
+    return secretfile.read_own_json(path, MAX_CACHE_FILE_BYTES, log)
 
 
 def checked_for_writing(

@@ -32,7 +32,7 @@ from cachemgr.compilers.elf import ElfFile, EntryMissingError, find_entry_symbol
 from cachemgr.compilers.process import Outcome
 from cachemgr.errors import CompileError, ConfigError, InvalidInputError
 from cachemgr.memo import Memo
-from cachemgr.storage import fsutil, safeio
+from cachemgr.storage import fsutil, safeio, secretfile
 
 log = logging.getLogger(__name__)
 
@@ -163,12 +163,15 @@ _identity_cache: Memo[tuple[object, ...], CompilerIdentity] = Memo("compiler ide
 #: Version lines kept on disk between processes (entries), so a one-shot ``cachemgr compile``
 #: hit runs no ``--version``.
 _IDENTITY_FILE_ENTRIES = 64
+#: The largest identity file read (bytes; 64 entries of a few hundred bytes each).
+MAX_IDENTITY_FILE_BYTES = 1 << 20
 
 
 def identity_cache_file() -> Path:
     """``$XDG_CACHE_HOME/cachemgr/compilers.json`` (default ``~/.cache/cachemgr/``): each
     compiler's version line by executable path, inode, size and mtime — ccache's default
-    ``compiler_check = mtime``, which trusts a compiler whose file is unchanged."""
+    ``compiler_check = mtime``, which trusts a compiler whose file is unchanged. A file of
+    the user's own, read and written as one (docs/design.md#the-users-own-files)."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "cachemgr" / "compilers.json"
 
@@ -177,13 +180,14 @@ def _disk_key(key: tuple[object, ...]) -> str:
     return json.dumps(list(key))
 
 
+def _read_identities() -> dict[str, object]:
+    """:func:`identity_cache_file`'s identities ({} when missing, not private or bad)."""
+    return secretfile.read_own_json(identity_cache_file(), MAX_IDENTITY_FILE_BYTES, log)
+
+
 def _remembered(key: tuple[object, ...]) -> CompilerIdentity | None:
     """The identity another process found for ``key`` (None when unknown or unreadable)."""
-    try:
-        data = json.loads(identity_cache_file().read_bytes())
-        found = data.get(_disk_key(key)) if isinstance(data, dict) else None
-    except (OSError, ValueError):
-        return None
+    found = _read_identities().get(_disk_key(key))
     if isinstance(found, list) and len(found) == 5 and all(isinstance(x, str) for x in found):
         return CompilerIdentity(*found)
     return None
@@ -194,11 +198,7 @@ def _remember(key: tuple[object, ...], ident: CompilerIdentity) -> None:
     ``--version`` next time)."""
     path = identity_cache_file()
     try:
-        try:
-            data = json.loads(path.read_bytes())
-            data = data if isinstance(data, dict) else {}
-        except (OSError, ValueError):
-            data = {}
+        data = _read_identities()
         data[_disk_key(key)] = [
             ident.name,
             ident.path,
@@ -207,8 +207,7 @@ def _remember(key: tuple[object, ...], ident: CompilerIdentity) -> None:
             ident.stamp,
         ]
         kept = dict(list(data.items())[-_IDENTITY_FILE_ENTRIES:])
-        fsutil.ensure_dir(path.parent)
-        fsutil.atomic_write_bytes(path, json.dumps(kept).encode(), mode=0o600, sync=False)
+        secretfile.write_own(path, json.dumps(kept).encode())
     except OSError as exc:
         log.debug("cannot remember the identity of %s: %s", ident.path, exc)
 

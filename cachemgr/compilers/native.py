@@ -31,7 +31,7 @@ from cachemgr.compilers.base import CompilerIdentity, identity_cache_file
 from cachemgr.compilers.process import Outcome
 from cachemgr.errors import CompileError
 from cachemgr.memo import Memo
-from cachemgr.storage import fsutil
+from cachemgr.storage import secretfile
 
 log = logging.getLogger(__name__)
 
@@ -143,12 +143,14 @@ def _file() -> Path:
     return identity_cache_file().with_name("native.json")
 
 
+#: The largest resolutions file read (bytes).
+MAX_FILE_BYTES = 1 << 20
+
+
 def _read_file() -> dict[str, object]:
-    try:
-        data = json.loads(_file().read_bytes())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    """The remembered resolutions ({} when missing, not private or bad:
+    docs/design.md#the-users-own-files)."""
+    return secretfile.read_own_json(_file(), MAX_FILE_BYTES, log)
 
 
 def _write_file(key: str, words: tuple[str, ...]) -> None:
@@ -157,7 +159,6 @@ def _write_file(key: str, words: tuple[str, ...]) -> None:
     data[key] = list(words)
     kept = dict(list(data.items())[-_FILE_ENTRIES:])
     try:
-        fsutil.ensure_dir(_file().parent)
-        fsutil.atomic_write_bytes(_file(), json.dumps(kept).encode(), mode=0o600, sync=False)
+        secretfile.write_own(_file(), json.dumps(kept).encode())
     except OSError as exc:
         log.debug("cannot remember a -march=native resolution: %s", exc)

@@ -9,7 +9,9 @@ user's state folder (``$XDG_STATE_HOME/cachemgr/remotes``; the daemon's under sy
 and skips the remote until then, instead of paying its timeout once more. A success removes
 the file (:meth:`BreakerFile.clear`).
 
-The file is untrusted input when read: at most :data:`MAX_BYTES` bytes, a JSON object whose
+The file is the user's own (docs/design.md#the-users-own-files): its folder is made ``0700``, and
+it is read only when it and its folder are this user's and nobody else may write them. Even
+so it is untrusted input when read: at most :data:`MAX_BYTES` bytes, a JSON object whose
 ``url`` is this remote's, a finite ``open_until`` that is honoured for at most the breaker's
 own ``open_s`` from now (a planted far-future time cannot switch a remote off), a one-line
 ``why`` of at most :data:`MAX_WHY` characters. Anything else is ignored (logged at debug).
@@ -25,7 +27,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from cachemgr.storage import fsutil
+from cachemgr.storage import fsutil, secretfile
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +57,12 @@ class BreakerFile:
         """Seconds the remote is still to be skipped (at most ``open_s``) and why, or None
         when no run left it open (no file, expired, or not a valid file of this remote)."""
         try:
-            raw = fsutil.read_bytes_noatime(self.path, max_bytes=MAX_BYTES)
+            raw = secretfile.read_own(self.path, MAX_BYTES)
             doc = json.loads(raw.decode("utf-8"))
         except FileNotFoundError:
+            return None
+        except secretfile.NotPrivate as exc:  # planted by another user: never trusted
+            log.warning("ignoring breaker state %s: %s", self.path, exc.strerror)
             return None
         except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
             log.debug("ignoring breaker state %s: %s", self.path, exc)
@@ -86,9 +91,8 @@ class BreakerFile:
             "why": why[:MAX_WHY],
         }
         try:
-            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             data = json.dumps(doc, sort_keys=True).encode()
-            fsutil.atomic_write_bytes(self.path, data, mode=0o600, sync=False)
+            secretfile.write_own(self.path, data)
         except OSError as exc:
             log.debug("could not write breaker state %s: %s", self.path, exc)
 

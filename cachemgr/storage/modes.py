@@ -77,6 +77,28 @@ def file_mode_for(path: Path, dir_fd: int | None = None) -> int:
     return file_mode_in(_folder_mode(path, dir_fd))
 
 
+def make_missing_folders(path: Path, mode_for: Callable[[Path], int]) -> None:
+    """Create ``path`` and its missing parents, top down, each given ``mode_for(folder)``
+    whatever the umask (set after ``mkdir``); one made meanwhile by another process is left.
+
+    :raises OSError: e.g. ``EACCES`` or ``ENOTDIR``.
+    """
+    missing = []
+    cur = path
+    while not cur.exists():
+        missing.append(cur)
+        if cur.parent == cur:
+            break
+        cur = cur.parent
+    for folder in reversed(missing):
+        mode = mode_for(folder)
+        try:
+            os.mkdir(folder, mode & 0o777)
+        except FileExistsError:
+            continue
+        os.chmod(folder, mode)
+
+
 def ensure_dir(path: Path) -> Path:
     """Create ``path`` (and parents) group-shareable where missing; return it.
 
@@ -87,19 +109,7 @@ def ensure_dir(path: Path) -> Path:
 
     :raises OSError: e.g. ``EACCES`` or ``ENOTDIR`` (a file where a folder is expected).
     """
-    missing = []
-    cur = path
-    while not cur.exists():
-        missing.append(cur)
-        if cur.parent == cur:
-            break
-        cur = cur.parent
-    for folder in reversed(missing):
-        try:
-            os.mkdir(folder, 0o770)
-        except FileExistsError:
-            continue
-        os.chmod(folder, dir_mode_in(os.stat(folder.parent).st_mode))
+    make_missing_folders(path, lambda folder: dir_mode_in(os.stat(folder.parent).st_mode))
     if not path.is_dir():
         raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(path))
     return path
