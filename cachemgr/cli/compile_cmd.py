@@ -156,6 +156,11 @@ daemon), waiting for compiles in flight, whose fresh results are kept; then comp
 Switch back to enable afterwards. --replace recompiles only these entries.
 
 \b
+Direct mode: a repeated hit is answered from a memo in $XDG_CACHE_HOME/cachemgr/direct/
+(yours, at most 512), every input re-checked first; CACHEMGR_DIRECT=0 turns it off,
+rm -rf ~/.cache/cachemgr/direct clears it.
+
+\b
 Outputs: debug artefacts go to <base>/kernel_meta/<host>_<pid>/, base = --debug-dir >
 $ASCEND_WORK_PATH > the current directory; --mode disable kernels to --out-dir. Both are
 written by this process, as you, also when the daemon compiles; a folder you cannot write
