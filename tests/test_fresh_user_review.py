@@ -4,7 +4,13 @@ units the docs give (docs/commands.md)."""
 
 from __future__ import annotations
 
-from tests.conftest import run_cli
+import json
+import subprocess
+from pathlib import Path
+
+from tests.conftest import ROOT, SOC, run_cli
+
+EXAMPLES = ROOT / "examples" / "requests"
 
 
 def test_completion_without_a_shell_is_one_clean_line(clean_env: dict[str, str]) -> None:
@@ -13,3 +19,23 @@ def test_completion_without_a_shell_is_one_clean_line(clean_env: dict[str, str])
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and "\\n" not in lines[0] and "\\t" not in lines[0], proc.stderr
     assert "bash, fish, zsh" in lines[0], lines[0]
+
+
+def _compile(cache: Path, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``cachemgr compile`` of the example requests, in this process, into ``cache``."""
+    return run_cli("compile", "--local", "--cache-dir", str(cache), *args, env=env, cwd=EXAMPLES)
+
+
+def test_force_says_it_cleared_other_entries(clean_env: dict[str, str], tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    assert _compile(cache, "add_c.json", "mul_c.json", env=clean_env).returncode == 0
+    chip = cache / "kernel_cache" / SOC
+    forced = _compile(cache, "--mode", "force", "add_c.json", env=clean_env)
+    assert forced.returncode == 0, forced.stderr
+    assert f"cachemgr: note: force cleared 2 entries of {chip}" in forced.stderr, forced.stderr
+    assert forced.stdout.startswith("compiled"), forced.stdout
+    quiet = _compile(cache, "-q", "--mode", "force", "add_c.json", env=clean_env)
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
+    as_json = _compile(cache, "--json", "--mode", "force", "mul_c.json", env=clean_env)
+    assert as_json.returncode == 0, as_json.stderr
+    assert json.loads(as_json.stdout)["status"] == "compiled"  # stdout: the object alone
