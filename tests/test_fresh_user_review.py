@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 from tests.conftest import ROOT, SOC, run_cli
+from tests.daemon_util import Daemon
 
 EXAMPLES = ROOT / "examples" / "requests"
 
@@ -39,3 +40,13 @@ def test_force_says_it_cleared_other_entries(clean_env: dict[str, str], tmp_path
     as_json = _compile(cache, "--json", "--mode", "force", "mul_c.json", env=clean_env)
     assert as_json.returncode == 0, as_json.stderr
     assert json.loads(as_json.stdout)["status"] == "compiled"  # stdout: the object alone
+
+
+def test_status_names_the_cache_the_daemon_serves(daemon: Daemon, cache_root: Path) -> None:
+    sock = ("--socket", str(daemon.socket_path))
+    line = run_cli("status", *sock, env=daemon.env)
+    assert line.returncode == 0, line.stderr
+    kernel_cache = cache_root / "kernel_cache"
+    assert f"serves {kernel_cache}" in line.stdout.splitlines()[0], line.stdout
+    as_json = run_cli("status", "--json", *sock, env=daemon.env)
+    assert json.loads(as_json.stdout)["kernel_cache_dir"] == str(kernel_cache), as_json.stdout

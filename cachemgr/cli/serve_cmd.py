@@ -19,6 +19,7 @@ from cachemgr.cli.common import (
     daemon_socket_option,
     emit_json,
     load_settings,
+    printable,
     remote_option,
     report_line,
     same_cache_hint,
@@ -130,8 +131,8 @@ def serve_cmd(
 def status_cmd(socket_path: Path | None, wait_s: float, as_json: bool, **kw: Any) -> None:
     """Is a daemon answering? Its pid, uptime, degraded states and a refused reload.
 
-    With --cache-dir, --host-id or --config: whether it serves that cache (the line names
-    the cache it serves).
+    The line names the kernel cache it serves (--json: kernel_cache_dir). With --cache-dir,
+    --host-id or --config: whether it serves that cache.
 
     Exit codes: 0 a daemon answers (and serves that cache); 1 none answers (within --wait
     seconds), or the one that answers serves another cache.
@@ -154,7 +155,7 @@ def status_cmd(socket_path: Path | None, wait_s: float, as_json: bool, **kw: Any
     if as_json:
         emit_json(health)
     else:
-        served = f", serves {settings.layout.kernel_cache_dir}" if settings and not other else ""
+        served = _served(health, settings, other)
         click.echo(
             f"cachemgr daemon {health['status']}: pid {health['pid']}, "
             f"up {health['uptime_s']:.0f} s, socket {client.socket_path}{served}"
@@ -164,6 +165,18 @@ def status_cmd(socket_path: Path | None, wait_s: float, as_json: bool, **kw: Any
     if other:
         click.echo(f"cachemgr: {other}", err=True)
         sys.exit(1)
+
+
+def _served(health: dict[str, Any], settings: Settings | None, other: str) -> str:
+    """``, serves <kernel cache>`` for ``status``'s line: the cache this command named when
+    the daemon serves it (by that name), else the one ``/health`` says it serves; nothing
+    from a daemon that does not say (an older one) or governs only."""
+    if settings is not None and not other:
+        return f", serves {settings.layout.kernel_cache_dir}"
+    theirs = health.get("kernel_cache_dir")
+    if isinstance(theirs, str) and theirs and not health.get("govern_only"):
+        return f", serves {printable(theirs)}"
+    return ""
 
 
 def _named_cache(kw: dict[str, Any]) -> Settings | None:
