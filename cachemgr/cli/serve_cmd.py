@@ -24,6 +24,7 @@ from cachemgr.cli.common import (
     report_line,
     same_cache_hint,
     same_folder,
+    warning,
 )
 from cachemgr.client import Client, DaemonUnavailable, default_socket_path
 from cachemgr.daemon import main as daemon_main
@@ -162,6 +163,7 @@ def status_cmd(socket_path: Path | None, wait_s: float, as_json: bool, **kw: Any
         )
         for line in status_lines(health):
             click.echo(line)
+        status_warnings(health)
     if other:
         click.echo(f"cachemgr: {other}", err=True)
         sys.exit(1)
@@ -225,9 +227,17 @@ def _serves_other(client: Client, settings: Settings | None, command: str) -> st
     )
 
 
+def status_warnings(health: dict[str, Any]) -> None:
+    """``/health``'s warnings (a cache every local user can read, a weakened remote tier) as
+    ``cachemgr: warning: …`` lines on stderr, none with ``-q``, as every command's
+    warnings (docs/commands.md#options-every-command-shares)."""
+    for line in health.get("warnings") or []:
+        warning(str(line).removeprefix("warning: "))
+
+
 def status_lines(health: dict[str, Any]) -> list[str]:
-    """The last reload when it was refused, the degraded states, the warnings (a cache every
-    local user can read) and the first scan's progress from ``/health``."""
+    """The last reload when it was refused, the degraded states and the first scan's
+    progress from ``/health`` (its warnings are :func:`status_warnings`)."""
     lines = []
     if health.get("govern_only"):
         lines.append("govern only: no compiles here (serve --govern-only)")
@@ -247,7 +257,6 @@ def status_lines(health: dict[str, Any]) -> list[str]:
         )
     for problem in health.get("degraded") or []:
         lines.append(f"degraded: {problem}")
-    lines.extend(str(w) for w in health.get("warnings") or [])  # "warning: ..." each
     governed = health.get("governed")
     if isinstance(governed, dict):
         from cachemgr.cli.governed import governed_lines
