@@ -50,3 +50,18 @@ def test_status_names_the_cache_the_daemon_serves(daemon: Daemon, cache_root: Pa
     assert f"serves {kernel_cache}" in line.stdout.splitlines()[0], line.stdout
     as_json = run_cli("status", "--json", *sock, env=daemon.env)
     assert json.loads(as_json.stdout)["kernel_cache_dir"] == str(kernel_cache), as_json.stdout
+
+
+def test_limits_with_an_option_first_names_the_subcommands(
+    clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    proc = run_cli("limits", "--cache-dir", str(cache), env=clean_env)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+    (line,) = proc.stderr.splitlines()
+    assert "give a subcommand: show or set" in line, line
+    assert f"`cachemgr limits show --cache-dir {cache}`" in line, line
+    assert "No such option" not in line
+    assert not cache.exists()
+    shown = run_cli("limits", "show", "--cache-dir", str(cache), env=clean_env)  # as advised
+    assert shown.returncode == 0, shown.stderr
