@@ -65,3 +65,17 @@ def test_limits_with_an_option_first_names_the_subcommands(
     assert not cache.exists()
     shown = run_cli("limits", "show", "--cache-dir", str(cache), env=clean_env)  # as advised
     assert shown.returncode == 0, shown.stderr
+
+
+def test_quiet_compile_of_a_bad_request_prints_its_error_only(
+    clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"op_type": "Add"')
+    cache = ("--local", "--cache-dir", str(tmp_path / "cache"))
+    loud = run_cli("compile", *cache, str(bad), env=clean_env)
+    assert loud.returncode == 2 and loud.stdout.startswith("failed"), loud.stdout
+    quiet = run_cli("-q", "compile", *cache, str(bad), env=clean_env)
+    assert quiet.returncode == 2 and quiet.stdout == "", quiet.stdout
+    (line,) = quiet.stderr.splitlines()
+    assert line.startswith("cachemgr: error: ") and "bad.json" in line, line

@@ -517,8 +517,9 @@ def _report_error(path: Path, message: str, as_json: bool, where: Route) -> None
 def _failed_line(name: str, seconds: float) -> None:
     """The stdout line of a failed request, in the columns of the others (``status kernel
     seconds files``, no files): ``name`` is its kernel, or its request file when the kernel
-    is not known; why it failed is the error line on stderr."""
-    click.echo(f"{Status.FAILED:8} {name}  {seconds:.3f}s")
+    is not known; why it failed is the error line on stderr, which ``-q`` (errors only)
+    keeps while it drops this result line, as every other (docs/commands.md)."""
+    report_line(f"{Status.FAILED:8} {name}  {seconds:.3f}s")
 
 
 @click.command("pack", short_help="Build a package of precompiled kernels from cache entries.")
