@@ -79,3 +79,19 @@ def test_quiet_compile_of_a_bad_request_prints_its_error_only(
     assert quiet.returncode == 2 and quiet.stdout == "", quiet.stdout
     (line,) = quiet.stderr.splitlines()
     assert line.startswith("cachemgr: error: ") and "bad.json" in line, line
+
+
+def test_readme_says_what_exit_2_leaves_behind(clean_env: dict[str, str], tmp_path: Path) -> None:
+    """A good and a bad request: the good one is compiled into the new cache, exit 2 — what
+    the README's exit-code paragraph must say (it said "nothing is created or deleted")."""
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"op_type": "Add"')
+    cache = tmp_path / "new"
+    proc = _compile(cache, "add_c.json", str(bad), env=clean_env)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout.startswith("compiled"), proc.stdout
+    assert list((cache / "kernel_cache" / SOC).glob("te_add_*.o"))
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    said = readme[readme.index("Exit codes: 0 ok") :].split("## ")[0]
+    assert "nothing is created or deleted)" not in said, said
+    assert "answers each request on its own" in said and "exits 2 when any" in said, said
