@@ -26,7 +26,8 @@ click's.
   folder, environment and user, answered from its direct memo once every input, the
   compiler, the configuration and the entry are checked to be as they were
   (:mod:`cachemgr.direct`, which says what is checked); anything else is click's, which
-  then writes the memo (:mod:`cachemgr.cli.directrecord`).
+  then writes the memo (:mod:`cachemgr.cli.directrecord`). ``CACHEMGR_DIRECT=0`` turns
+  this off: no memo is read or written.
 """
 
 from __future__ import annotations
@@ -56,11 +57,22 @@ def main() -> None:
             _write([(False, TOP)], 0, gone=1)  # click's main exits 1 on EPIPE here
     elif argv[:1] == ["config"]:
         _config(argv[1:])
-    elif argv[:1] == ["compile"]:
+    elif argv[:1] == ["compile"] and _direct_on():
         _compile(argv)
     from cachemgr.cli import main as click_main
 
     click_main()
+
+
+#: ``$CACHEMGR_DIRECT`` values that turn direct mode off (case aside).
+_DIRECT_OFF = ("0", "no", "off", "false")
+
+
+def _direct_on() -> bool:
+    """False when ``$CACHEMGR_DIRECT`` turns direct mode off (``0``, ``no``, ``off``,
+    ``false``): no memo is read or written, every ``compile`` takes the full path
+    (docs/performance.md#direct-mode-a-cli-hit-without-the-compile-path)."""
+    return os.environ.get("CACHEMGR_DIRECT", "").strip().lower() not in _DIRECT_OFF
 
 
 def _compile(argv: list[str]) -> None:

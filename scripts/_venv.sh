@@ -7,10 +7,15 @@ PROJECT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${CACHEMGR_VENV:-$PROJECT/.venv}"
 VENV="${VENV%/}"
 PY="${PYTHON:-python3}"
-stamp="$VENV/.installed-$(sha256sum "$PROJECT/pyproject.toml" | cut -c1-16)-${CACHEMGR_EXTRAS:-main}"
+stamp_base="$VENV/.installed-$(sha256sum "$PROJECT/pyproject.toml" | cut -c1-16)"
+stamp="$stamp_base-${CACHEMGR_EXTRAS:-main}"
 
-_cachemgr_venv_ready() {  # installed for these extras, and its python runs here
-  [ -f "$stamp" ] && "$VENV/bin/python" -c 'import sys' >/dev/null 2>&1
+# Installed for these extras (or for the test extras, a superset of the package alone: a
+# scripts/demo run beside scripts/test must not reinstall cachemgr under the running tests),
+# and its python runs here.
+_cachemgr_venv_ready() {
+  { [ -f "$stamp" ] || { [ -z "${CACHEMGR_EXTRAS:-}" ] && [ -f "$stamp_base-test" ]; }; } &&
+    "$VENV/bin/python" -c 'import sys' >/dev/null 2>&1
 }
 
 _cachemgr_venv_install() {  # create (or recreate) and install; the caller holds the lock
@@ -22,7 +27,7 @@ _cachemgr_venv_install() {  # create (or recreate) and install; the caller holds
     echo "creating virtualenv $VENV" >&2
     "$PY" -m venv "$VENV"
   fi
-  if [ ! -f "$stamp" ]; then
+  if ! _cachemgr_venv_ready; then
     echo "installing cachemgr${CACHEMGR_EXTRAS:+[$CACHEMGR_EXTRAS]} into $VENV" >&2
     "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
     if [ -n "${CACHEMGR_EXTRAS:-}" ]; then
@@ -55,4 +60,5 @@ if ! _cachemgr_venv_ready; then
   fi
 fi
 unset -f _cachemgr_venv_ready _cachemgr_venv_install
+unset stamp stamp_base
 export PATH="$VENV/bin:$PATH"

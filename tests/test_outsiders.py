@@ -87,9 +87,12 @@ def test_status_says_in_one_line_when_every_local_user_can_read_the_cache(
         status = ["status", "--socket", str(daemon.socket_path)]
         proc = run_cli(*status, env=daemon.env)
         assert proc.returncode == 0, proc.stderr
-        (line,) = _warnings(proc.stdout)
-        assert f"warning: {root} is readable by every local user (mode 2775)" in line, line
-        assert f"chmod o-rwx {root}" in line
+        assert not _warnings(proc.stdout), proc.stdout  # stdout: what status is asked to show
+        (line,) = _warnings(proc.stderr)
+        assert line.startswith(f"cachemgr: warning: {root} is readable by every local user ")
+        assert "(mode 2775)" in line and f"chmod o-rwx {root}" in line, line
+        quiet = run_cli(*status, "-q", env=daemon.env)  # -q: errors only
+        assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
         root.chmod(0o2770)
         proc = run_cli(*status, env=daemon.env)
         assert proc.returncode == 0 and not _warnings(proc.stdout + proc.stderr), proc.stdout

@@ -373,8 +373,8 @@ def test_no_trusted_key_is_refused_in_one_line_and_the_opt_out_warns(
     try:
         status = run_cli("status", "--socket", str(d.socket_path), env=d.env)
         assert status.returncode == 0, status.stderr
-        assert "warning: [remote] trust_unsigned = true" in status.stdout, status.stdout
-        assert "warning: uploads to the remotes are off" in status.stdout
+        assert "cachemgr: warning: [remote] trust_unsigned = true" in status.stderr, status
+        assert "cachemgr: warning: uploads to the remotes are off" in status.stderr
         assert d.client.health()["warnings"], "in /health too"
         assert d.log().count("uploads to the remotes are off") == 1, d.log()
     finally:

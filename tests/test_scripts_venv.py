@@ -5,6 +5,7 @@ installed takes no lock. Real bash processes, a real virtualenv, a real pip."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -76,3 +77,38 @@ def test_a_planted_lock_name_neither_hangs_nor_truncates(tmp_path: Path, planted
     run = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=20)
     assert "creating virtualenv" in run.stderr, run.stderr  # it got past the lock
     assert victim.read_text() == "precious\n"
+
+
+def _stamped_venv(tmp_path: Path, extras: str) -> tuple[Path, dict[str, str], Path]:
+    """A real virtualenv (no pip in it: an install attempt fails at once) that ``_venv.sh``
+    recorded as installed with ``extras`` (its own stamp name), an environment naming it,
+    and a script that sources ``_venv.sh`` and prints the ``python`` it then runs."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()[:16]
+    (venv / f".installed-{digest}-{extras}").touch()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CACHEMGR_")}
+    env.pop("VIRTUAL_ENV", None)
+    env.update(CACHEMGR_VENV=str(venv), PYTHON=sys.executable)
+    script = tmp_path / "use.sh"
+    script.write_text(
+        f'source "{ROOT}/scripts/_venv.sh"\npython -c "import sys; print(sys.prefix)"\n'
+    )
+    return venv, env, script
+
+
+def test_a_venv_with_the_test_extras_serves_a_run_without_them(tmp_path: Path) -> None:
+    """``scripts/demo`` (no extras) beside ``scripts/test`` (the ``test`` extras, a superset)
+    on one ``.venv`` reinstalled cachemgr under the running tests; it is ready as it is."""
+    venv, env, script = _stamped_venv(tmp_path, "test")
+    run = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and run.stderr == "", run.stderr
+    assert run.stdout.strip() == str(venv)
+    assert not (tmp_path / "venv.lock").exists()  # the fast path: no lock taken
+
+
+def test_a_venv_without_the_test_extras_is_installed_for_them(tmp_path: Path) -> None:
+    _, env, script = _stamped_venv(tmp_path, "main")
+    env["CACHEMGR_EXTRAS"] = "test"
+    run = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert f"{INSTALLING}[test] into" in run.stderr, run.stderr  # then fails: no pip there

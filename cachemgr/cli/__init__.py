@@ -180,14 +180,19 @@ def _usage_line(exc: click.UsageError, group: click.Context | None = None) -> st
     """A usage error as one line naming the command and where its help is: the subcommand's
     help also for an error click raises without a context (an option missing its value,
     ``gc --ratio``), found through ``group`` (the group's context, whose
-    ``invoked_subcommand`` is set before the subcommand parses its arguments)."""
+    ``invoked_subcommand`` is set before the subcommand parses its arguments). click words a
+    missing choice over several lines (``Choose from:\n\tbash,\n\tfish``): they are joined
+    into one (its text holds no value of the user's that a newline could belong to)."""
+    message = exc.format_message()
+    if isinstance(exc, click.MissingParameter):
+        message = " ".join(message.split())
     if exc.ctx is not None:
         path = exc.ctx.command_path
     elif group is not None and group.invoked_subcommand:
         path = f"{group.command_path} {group.invoked_subcommand}"
     else:
         path = group.command_path if group is not None else "cachemgr"
-    return f"{exc.format_message()} (see `{path} --help`)"
+    return f"{message} (see `{path} --help`)"
 
 
 def _fail(message: str, code: int) -> None:

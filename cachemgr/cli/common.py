@@ -175,13 +175,11 @@ def error_line(message: str) -> str:
 
 
 def failure(message: str) -> None:
-    """A line that explains a non-zero exit (a file not removed, a chip folder skipped): a
-    warning at default verbosity; with ``-q``, which keeps errors only, an error line — the
-    exit code is never left unexplained (docs/commands.md, "Options every command shares")."""
-    if VERBOSITY.level < 0:
-        click.echo(error_line(message), err=True)
-    else:
-        warning(message)
+    """A line that explains a non-zero exit (a file not removed, a chip folder skipped or
+    over its limit): ``cachemgr: error: …`` on stderr at every verbosity, ``-q`` included —
+    one label for one exit code, never left unexplained (docs/commands.md, "Options every
+    command shares")."""
+    click.echo(error_line(message), err=True)
 
 
 def report_line(line: str, failed: bool = False, err: bool = False) -> None:

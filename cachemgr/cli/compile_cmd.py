@@ -156,6 +156,11 @@ daemon), waiting for compiles in flight, whose fresh results are kept; then comp
 Switch back to enable afterwards. --replace recompiles only these entries.
 
 \b
+Direct mode: a repeated hit is answered from a memo in $XDG_CACHE_HOME/cachemgr/direct/
+(yours, at most 512), every input re-checked first; CACHEMGR_DIRECT=0 turns it off,
+rm -rf ~/.cache/cachemgr/direct clears it.
+
+\b
 Outputs: debug artefacts go to <base>/kernel_meta/<host>_<pid>/, base = --debug-dir >
 $ASCEND_WORK_PATH > the current directory; --mode disable kernels to --out-dir. Both are
 written by this process, as you, also when the daemon compiles; a folder you cannot write
@@ -512,8 +517,9 @@ def _report_error(path: Path, message: str, as_json: bool, where: Route) -> None
 def _failed_line(name: str, seconds: float) -> None:
     """The stdout line of a failed request, in the columns of the others (``status kernel
     seconds files``, no files): ``name`` is its kernel, or its request file when the kernel
-    is not known; why it failed is the error line on stderr."""
-    click.echo(f"{Status.FAILED:8} {name}  {seconds:.3f}s")
+    is not known; why it failed is the error line on stderr, which ``-q`` (errors only)
+    keeps while it drops this result line, as every other (docs/commands.md)."""
+    report_line(f"{Status.FAILED:8} {name}  {seconds:.3f}s")
 
 
 @click.command("pack", short_help="Build a package of precompiled kernels from cache entries.")

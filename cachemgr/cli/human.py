@@ -13,24 +13,7 @@ import click
 
 from cachemgr.cli.common import VERBOSITY, printable
 from cachemgr.words import plural as plural  # re-exported: the CLI's counts in words
-
-_UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB")
-
-
-def size(n_bytes: int | None) -> str:
-    """``512 B``, ``3.0 KiB``, ``1.2 MiB``… (powers of 1024, as CANN's MB); ``-`` for None.
-
-    Never ``0.0 MiB`` for a few KiB: the unit is the largest that keeps the number ≥ 1.
-    """
-    if n_bytes is None:
-        return "-"
-    if abs(n_bytes) < 1024:
-        return f"{n_bytes} B"
-    value, exp = float(n_bytes), 0
-    while abs(value) >= 1023.95 and exp < len(_UNITS):  # 1023.97 KiB shows as 1.0 MiB
-        value /= 1024
-        exp += 1
-    return f"{value:.1f} {_UNITS[exp - 1]}"
+from cachemgr.words import size as size  # re-exported: sizes in KiB/MiB, every layer's
 
 
 def percent(part: int, whole: int) -> str:

@@ -27,6 +27,7 @@ from cachemgr.cli.common import (
     route,
     socket_option,
 )
+from cachemgr.cli.subgroup import SubcommandFirst
 from cachemgr.client import Client, DaemonError
 from cachemgr.config import ini, versions
 from cachemgr.config.layout import CacheLayout
@@ -51,7 +52,9 @@ def _parse(raw: str | None, option: str, low: int, high: int, accepted: str) -> 
     return value
 
 
-@click.group("limits", short_help="Show or set the size limits of the kernel cache.")
+@click.group(
+    "limits", cls=SubcommandFirst, short_help="Show or set the size limits of the kernel cache."
+)
 def limits_group() -> None:
     """Show or set the size limits (max_op_cache_size, remain_cache_size_ratio)."""
 

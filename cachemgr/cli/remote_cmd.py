@@ -7,12 +7,15 @@ from pathlib import Path
 
 import click
 
+from cachemgr.cli.subgroup import SubcommandFirst
 from cachemgr.daemon.state import state_dir
 from cachemgr.errors import ConfigError
 from cachemgr.remote import signing
 
 
-@click.group("remote", short_help="Make this site's signing key for the remote tiers.")
+@click.group(
+    "remote", cls=SubcommandFirst, short_help="Make this site's signing key for the remote tiers."
+)
 def remote_group() -> None:
     """The remote tiers' keys: a site signs what it uploads with its own key, and accepts
     from a remote only what a key in its [remote] trusted_keys signed (docs/remote.md)."""

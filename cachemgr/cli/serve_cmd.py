@@ -19,10 +19,12 @@ from cachemgr.cli.common import (
     daemon_socket_option,
     emit_json,
     load_settings,
+    printable,
     remote_option,
     report_line,
     same_cache_hint,
     same_folder,
+    warning,
 )
 from cachemgr.client import Client, DaemonUnavailable, default_socket_path
 from cachemgr.daemon import main as daemon_main
@@ -130,8 +132,8 @@ def serve_cmd(
 def status_cmd(socket_path: Path | None, wait_s: float, as_json: bool, **kw: Any) -> None:
     """Is a daemon answering? Its pid, uptime, degraded states and a refused reload.
 
-    With --cache-dir, --host-id or --config: whether it serves that cache (the line names
-    the cache it serves).
+    The line names the kernel cache it serves (--json: kernel_cache_dir). With --cache-dir,
+    --host-id or --config: whether it serves that cache.
 
     Exit codes: 0 a daemon answers (and serves that cache); 1 none answers (within --wait
     seconds), or the one that answers serves another cache.
@@ -154,16 +156,29 @@ def status_cmd(socket_path: Path | None, wait_s: float, as_json: bool, **kw: Any
     if as_json:
         emit_json(health)
     else:
-        served = f", serves {settings.layout.kernel_cache_dir}" if settings and not other else ""
+        served = _served(health, settings, other)
         click.echo(
             f"cachemgr daemon {health['status']}: pid {health['pid']}, "
             f"up {health['uptime_s']:.0f} s, socket {client.socket_path}{served}"
         )
         for line in status_lines(health):
             click.echo(line)
+        status_warnings(health)
     if other:
         click.echo(f"cachemgr: {other}", err=True)
         sys.exit(1)
+
+
+def _served(health: dict[str, Any], settings: Settings | None, other: str) -> str:
+    """``, serves <kernel cache>`` for ``status``'s line: the cache this command named when
+    the daemon serves it (by that name), else the one ``/health`` says it serves; nothing
+    from a daemon that does not say (an older one) or governs only."""
+    if settings is not None and not other:
+        return f", serves {settings.layout.kernel_cache_dir}"
+    theirs = health.get("kernel_cache_dir")
+    if isinstance(theirs, str) and theirs and not health.get("govern_only"):
+        return f", serves {printable(theirs)}"
+    return ""
 
 
 def _named_cache(kw: dict[str, Any]) -> Settings | None:
@@ -212,9 +227,17 @@ def _serves_other(client: Client, settings: Settings | None, command: str) -> st
     )
 
 
+def status_warnings(health: dict[str, Any]) -> None:
+    """``/health``'s warnings (a cache every local user can read, a weakened remote tier) as
+    ``cachemgr: warning: …`` lines on stderr, none with ``-q``, as every command's
+    warnings (docs/commands.md#options-every-command-shares)."""
+    for line in health.get("warnings") or []:
+        warning(str(line).removeprefix("warning: "))
+
+
 def status_lines(health: dict[str, Any]) -> list[str]:
-    """The last reload when it was refused, the degraded states, the warnings (a cache every
-    local user can read) and the first scan's progress from ``/health``."""
+    """The last reload when it was refused, the degraded states and the first scan's
+    progress from ``/health`` (its warnings are :func:`status_warnings`)."""
     lines = []
     if health.get("govern_only"):
         lines.append("govern only: no compiles here (serve --govern-only)")
@@ -234,7 +257,6 @@ def status_lines(health: dict[str, Any]) -> list[str]:
         )
     for problem in health.get("degraded") or []:
         lines.append(f"degraded: {problem}")
-    lines.extend(str(w) for w in health.get("warnings") or [])  # "warning: ..." each
     governed = health.get("governed")
     if isinstance(governed, dict):
         from cachemgr.cli.governed import governed_lines

@@ -235,12 +235,8 @@ class CompileQueue:
             prepared = pipeline.prepare(request, settings, compilers, job)
             if prepared.decision.cache.clear_first:
                 removed = self._force_once(prepared, session)
-                if removed is not None and self._ctx.remotes is not None:
-                    note = (
-                        f"force cleared {plural(removed, 'entry', 'entries')} of the local chip "
-                        "folder "
-                        f"{prepared.chip_dir}; remote tiers untouched"
-                    )
+                note = self._force_note(prepared, removed)
+                if note is not None:
                     prepared = dataclasses.replace(prepared, note=note)
             outputs = prepared.decision.debug.on or not prepared.decision.cache.write
             if deliver and outputs:
@@ -359,6 +355,22 @@ class CompileQueue:
                 gate = self._open_gates[chip_dir] = threading.Event()
                 gate.set()
             return gate
+
+    def _force_note(self, p: Prepared, removed: int | None) -> str | None:
+        """The note of a ``force`` that cleared ``p``'s chip folder (``removed`` entries; None:
+        cleared before in this session), joined to ``p``'s own: clearing other kernels'
+        entries is said at default verbosity, as ``cachemgr: note:``
+        (docs/design.md#cache-modes). None when there is nothing to say."""
+        if removed is None or (removed == 0 and self._ctx.remotes is None):
+            return None
+        if self._ctx.remotes is None:
+            note = f"force cleared {plural(removed, 'entry', 'entries')} of {p.chip_dir}"
+        else:
+            note = (
+                f"force cleared {plural(removed, 'entry', 'entries')} of the local chip folder "
+                f"{p.chip_dir}; remote tiers untouched"
+            )
+        return f"{p.note}; {note}" if p.note else note
 
     def _force_once(self, p: Prepared, session: str | None) -> int | None:
         """Clear ``p``'s chip folder once per session; the entries removed, or None when

@@ -334,6 +334,7 @@ class Service:
             "version": VERSION,
             "uptime_s": round(time.monotonic() - self.started, 3),
             "tcp": list(self.tcp_address) if self.tcp_address else None,
+            "kernel_cache_dir": str(self._settings.layout.kernel_cache_dir),
             "scan": self.governance.scan.to_json(),
             "stuck": self.heartbeats.stale(),
             "remotes": self.remote_stats(),

@@ -24,7 +24,7 @@ from cachemgr.eviction.collect import GcReport
 from cachemgr.eviction.purgeplan import purge_estimate
 from cachemgr.eviction.report import ChipGc, GcResult
 from cachemgr.storage import fsprobe, fsutil
-from cachemgr.words import noun, plural
+from cachemgr.words import noun, plural, size
 
 log = logging.getLogger(__name__)
 
@@ -258,8 +258,8 @@ def stuck_lines(report: GcResult) -> Iterator[str]:
                 else ""
             )
             yield (
-                f"{soc}: still over its limit ({folder.bytes_after} of "
-                f"{folder.max_bytes} bytes): the aging guard kept "
+                f"{soc}: still over its limit ({size(folder.bytes_after)} of "
+                f"{size(folder.max_bytes)}): the aging guard kept "
                 f"{plural(folder.kept_by_aging_guard, 'entry', 'entries')} accessed too "
                 f"recently{why}"
             )
