@@ -5,16 +5,19 @@ to bytes read again when the memo is written: a file rewritten while the run wen
 otherwise tie the new bytes to the old hit
 (docs/performance.md#direct-mode-a-cli-hit-without-the-compile-path).
 
-A leaf module (standard library only, nothing hashed here: a parse costs one dict entry).
-Bounded (:data:`MAX_FILES` names, :data:`MAX_BYTES` each) so that a daemon, which parses
-these files for ever and writes no memo, keeps a constant footprint.
+Nothing is hashed here (a parse costs one entry of a :class:`cachemgr.memo.Memo`), and it is
+bounded (:data:`MAX_FILES` names, the least recently parsed forgotten; :data:`MAX_BYTES`
+each) so that a daemon, which parses these files for ever and writes no memo, keeps a
+constant footprint. A name forgotten is one no memo can name: never a wrong memo.
 """
 
 from __future__ import annotations
 
 import threading
 
-#: Names kept at most; a name parsed beyond them is not kept (no memo names it then).
+from cachemgr.memo import Memo
+
+#: Names kept at most (the least recently parsed go first).
 MAX_FILES = 64
 #: Largest content kept (bytes); a bigger one is kept as :data:`TOO_BIG`.
 MAX_BYTES = 256 * 1024
@@ -25,7 +28,7 @@ TOO_BIG = "too big"
 
 _LOCK = threading.Lock()
 #: name as the caller gave it → (the path read, its bytes or None when absent) or a marker
-_SEEN: dict[str, tuple[str, bytes | None] | str] = {}
+_SEEN: Memo[str, tuple[str, bytes | None] | str] = Memo("files parsed", MAX_FILES)
 
 
 def note(name: str, data: bytes | None, read: str | None = None) -> None:
@@ -37,17 +40,13 @@ def note(name: str, data: bytes | None, read: str | None = None) -> None:
         got = TOO_BIG
     with _LOCK:
         before = _SEEN.get(name)
-        if before is None:
-            if len(_SEEN) < MAX_FILES:
-                _SEEN[name] = got
-        elif before != got:
-            _SEEN[name] = MIXED
+        _SEEN.put(name, got if before is None or before == got else MIXED)
 
 
 def seen(name: str) -> tuple[str, bytes | None]:
     """The path ``name`` was read at and the bytes parsed (None: it was absent).
 
-    :raises LookupError: ``name`` was not parsed by this process (or not kept), was parsed
+    :raises LookupError: ``name`` was not parsed by this process (or is forgotten), was parsed
         with two contents, or was too big to keep.
     """
     with _LOCK:
