@@ -372,7 +372,8 @@ def _entry(chip_dir: Path, kernel: str) -> tuple[list[list[str]], list[list[str]
 def write(name: str, memo: dict[str, Any]) -> None:
     """Write ``memo`` as ``<memo folder>/<name>.memo`` (:mod:`marshal`): a private folder
     (``0700``, made here) and file (``0600``), replaced atomically; beyond
-    :data:`direct.MAX_MEMOS` the oldest memos go.
+    :data:`direct.MAX_MEMOS` the oldest memos go, and so do leftover temp files
+    (:func:`_prune`).
 
     :raises OSError: the folder is not this user's own, or the write failed.
     """
