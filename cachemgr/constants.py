@@ -41,6 +41,17 @@ def automatic_lock_wait_s(compile_timeout_s: float) -> float:
 NEVER_EVICT: Final = -1
 
 
+def shared_file_mode(folder_mode: int) -> int:
+    """The mode (permission bits) of a file cachemgr creates in a folder of mode
+    ``folder_mode``: ``0660`` — group read/write whatever the umask — plus others' read only
+    when the folder is setgid and gives others read (a ``2775`` root: ``0664``; a ``2770``
+    or a plain ``0755`` one: ``0660``): only a folder shared on purpose says who may read
+    the cache (docs/shared-cache.md#outsiders-read-nothing). The one rule of
+    :func:`cachemgr.storage.modes.file_mode_in` and of a direct hit's stats file, here
+    because the direct path imports nothing heavier."""
+    return 0o660 | (folder_mode & 0o004 if folder_mode & 0o2000 else 0)
+
+
 def short_host() -> str:
     """This host's short name: ``gethostname()`` up to the first dot, ``host`` when empty.
 

@@ -15,10 +15,12 @@ cachemgr's version. Any difference gives another name: no memo, the full path. T
 lists what the full path's key and decision were computed from, and this module re-checks
 each one before it answers:
 
-* the request files' bytes (SHA-256);
+* each request path still resolving (``realpath``) to the file the run read, whose folder is
+  the base of every relative path in the request, and that file's bytes (SHA-256 of the
+  bytes the run parsed);
 * every file the full path read to decide: the kernel source and each header (SHA-256, as
-  the header manifest records them), the config file and ``op_cache.ini`` (bytes, or their
-  absence), the compiler identity file, the header manifest itself;
+  the header manifest records them), the config file and ``op_cache.ini`` (the bytes the
+  run parsed, or their absence), the compiler identity file, the header manifest itself;
 * the places searched in vain (still no file there, as a hit checks:
   docs/design.md#keys-and-manifests);
 * the compiler: every file it runs, and every ``PATH`` folder with the compiler's name in
@@ -57,7 +59,7 @@ if TYPE_CHECKING:  # not at run time: typing costs ~2.5 ms of start-up
     from typing import Any
 
 #: The memo's format (a memo of another format is not read).
-FORMAT = 1
+FORMAT = 2
 #: A memo's file name: ``<fingerprint><MEMO_SUFFIX>``. Its content is :mod:`marshal`'s (a
 #: dict of strings, numbers and lists, written and read by the same interpreter version:
 #: the fingerprint holds it): built in, where :mod:`json` imports :mod:`re` (~3 ms).
@@ -75,7 +77,6 @@ MAX_BINARY_BYTES = 1 << 30
 STATS_LOCK = "cachemgr_stats.lock"
 MAX_STATS_BYTES = 64 * 1024
 STATS_LOCK_WAIT_S = 30.0
-_FILE_MODE = 0o664
 _KERNEL_BIN_SUFFIXES = (".o", ".so")
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -417,14 +418,20 @@ def check_entry(memo: dict[str, Any], dfd: int) -> list[str]:
 
 
 def check_requests(memo: dict[str, Any]) -> None:
-    """The request files hold the bytes the memo was recorded from.
+    """Each request path resolves, as the full path resolves it (``realpath``: every link
+    followed, relative to the current folder), to the file the memo was recorded from —
+    whose folder is the base of every relative path in the request — and that file holds
+    the bytes the recorded run parsed. A link on the way flipped (``current -> v2``, a
+    request file that is a link) is a fall-through even when the bytes are the same.
 
-    :raises Decline: one changed.
+    :raises Decline: one resolves elsewhere or changed.
     """
     try:
-        for path, digest in memo["requests"]:
-            if input_digest(path) != digest:
-                raise Decline(f"request {path} changed")
+        for given, real, digest in memo["requests"]:
+            if os.path.realpath(given) != real:
+                raise Decline(f"request {given} resolves elsewhere now")
+            if input_digest(real) != digest:
+                raise Decline(f"request {given} changed")
     except (TypeError, ValueError, KeyError):
         raise Decline("memo malformed") from None
 
@@ -544,10 +551,10 @@ def _write_stats(kcache: str, path: str, values: dict[str, int]) -> None:
 
     :raises OSError: the write failed (nothing is left behind).
     """
-    from cachemgr.constants import short_host
+    from cachemgr.constants import shared_file_mode, short_host
 
     data = dump_counts(values)
-    mode = (_FILE_MODE & ~0o007) | (os.stat(kcache).st_mode & 0o004)
+    mode = shared_file_mode(os.stat(kcache).st_mode)
     token = os.urandom(4).hex()
     tmp = f"{path}.{short_host()}.{os.getpid()}.{token}.temp"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC

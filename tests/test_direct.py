@@ -424,3 +424,208 @@ def test_stats_files_are_read_and_written_in_the_counters_own_form(tmp_path: Pat
     assert direct.dump_counts(parsed) == raw
     for odd in (b'{"hits": 1,"misses": 2}', b'{"hits": 1.0}', b'{"b": 1, "a": 2}', b"[]"):
         assert direct.parse_counts(odd) is None, odd
+
+
+def _releases(kit: Kit, how: str) -> list[str]:
+    """Two releases of the project under ``kit.tmp/rel`` whose request files are the same
+    bytes and whose header differs (``SCALE`` 2 in ``r1``, 5 in ``r2``), and the argv
+    reaching ``r1``'s request through a link: the folder ``current -> r1`` (``how`` =
+    ``folder``) or the request file ``req.json -> r1/req.json`` (``file``)."""
+    rel = kit.tmp / "rel"
+    for name, scale in (("r1", "2.0f"), ("r2", "5.0f")):
+        shutil.copytree(kit.project, rel / name)
+        (rel / name / "inc" / "k.h").write_text(f"#define SCALE {scale}\n")
+    if how == "folder":
+        (rel / "current").symlink_to("r1")
+        request = rel / "current" / "req.json"
+    else:
+        (rel / "req.json").symlink_to("r1/req.json")
+        request = rel / "req.json"
+    return ["compile", "--cache-dir", str(kit.cache), str(request)]
+
+
+def _flip(kit: Kit, how: str) -> None:
+    """Point the link of :func:`_releases` at ``r2`` (atomically, as ``ln -sfn`` does)."""
+    rel = kit.tmp / "rel"
+    link, target = (rel / "current", "r2") if how == "folder" else (rel / "req.json", "r2/req.json")
+    tmp = rel / ".flip"
+    tmp.symlink_to(target)
+    tmp.rename(link)
+
+
+def _primed_argv(kit: Kit, argv: list[str]) -> Run:
+    """:meth:`Kit.primed` for another ``argv``."""
+    first = kit.run(argv=argv)
+    assert first.code == 0 and first.status() == "compiled", first.out + first.err
+    full = kit.run(argv=argv)
+    assert full.status() == "hit" and not full.direct and kit.memos(), full.out + full.err
+    lean = kit.run(argv=argv)
+    assert lean.code == 0 and lean.direct and lean.status() == "hit", lean.out + lean.err
+    return lean
+
+
+def _kernel(run: Run) -> str:
+    """The kernel name of a text report (``hit te_scale_…  0.001s …``)."""
+    return run.out.split()[1]
+
+
+@pytest.mark.parametrize("how", ["folder", "file"])
+def test_request_reached_through_a_flipped_link_hands_over(tmp_path: Path, how: str) -> None:
+    """The base folder of a request is its real path's folder: a link on the way pointed
+    elsewhere (same request bytes, another header behind it) is the full path's, which
+    compiles the other release's kernel — and says what a run without memos says."""
+    kit = Kit(tmp_path)
+    argv = _releases(kit, how)
+    before = _primed_argv(kit, argv)
+    _flip(kit, how)
+    after = kit.run(argv=argv)
+    assert not after.direct, "answered the old release's kernel from the memo"
+    assert after.code == 0 and after.status() == "compiled", after.out + after.err
+    assert _kernel(after) != _kernel(before)
+    again = kit.run(argv=argv)  # the full path hits r2's kernel and memos it: direct next
+    shutil.rmtree(kit.memos()[0].parent)
+    full = kit.run(argv=argv)
+    assert not full.direct and _no_seconds(again.out) == _no_seconds(full.out)
+
+
+def test_request_reached_through_a_flipped_link_hands_over_through_the_daemon(
+    served: DaemonKit,
+) -> None:
+    """As above through a running daemon: the direct path must not send the old release's
+    source for the new one."""
+    argv = _releases(served, "folder")
+    before = _primed_argv(served, argv)
+    _flip(served, "folder")
+    hits, misses = served.daemon_counts()
+    after = served.run(argv=argv)
+    assert not after.direct, "sent the old release's source from the memo"
+    assert after.code == 0 and after.status() == "compiled", after.out + after.err
+    assert _kernel(after) != _kernel(before)
+    assert served.daemon_counts() == (hits, misses + 1)
+
+
+def _rewriting_compiler(kit: Kit, path: Path, content: str) -> Path:
+    """A ``gcc`` first on ``PATH`` that, the first time it runs once the returned trigger
+    file exists, rewrites ``path`` with ``content`` (atomically, as a generator does) and
+    then runs gcc: a rewrite in the middle of a run, at the moment the run identifies its
+    compiler (after it parsed its request and settings, before it writes its memo)."""
+    gcc = shutil.which("gcc")
+    assert gcc is not None
+    trigger = kit.tmp / "rewrite-now"
+    new = kit.tmp / "rewrite.content"
+    new.write_text(content)
+    (kit.bin / "gcc").write_text(
+        "#!/bin/sh\n"
+        f'if [ -e "{trigger}" ]; then rm -f "{trigger}"; cp "{new}" "{path}.t" && '
+        f'mv "{path}.t" "{path}"; fi\n'
+        f'exec {gcc} "$@"\n'
+    )
+    (kit.bin / "gcc").chmod(0o755)
+    return trigger
+
+
+def _identity_forgotten(kit: Kit) -> None:
+    """No compiler identity remembered on disk: the next run runs the compiler to learn it."""
+    (kit.tmp / "xdg-cache" / "cachemgr" / "compilers.json").unlink()
+
+
+def test_request_rewritten_during_the_run_is_not_tied_to_its_hit(tmp_path: Path) -> None:
+    """The memo binds the hit to the request bytes the run parsed: a request rewritten
+    while the run went on (here when the compiler is identified) gives no memo that
+    answers the old request's kernel for the new bytes."""
+    kit = Kit(tmp_path)
+    data = json.loads(kit.request.read_text())
+    rewritten = json.dumps({**data, "defines": {"VARIANT": 2}})
+    trigger = _rewriting_compiler(kit, kit.request, rewritten)
+    first = kit.run()
+    assert first.status() == "compiled", first.out + first.err
+    _identity_forgotten(kit)
+    trigger.write_text("")
+    hit = kit.run()  # parses the old request, hits, and the request is rewritten meanwhile
+    assert hit.status() == "hit" and not hit.direct, hit.out + hit.err
+    assert not trigger.exists() and kit.request.read_text() == rewritten
+    after = kit.run()
+    assert not after.direct, "the old request's hit answered for the rewritten request"
+    assert after.code == 0 and after.status() == "compiled", after.out + after.err
+    assert _kernel(after) != _kernel(hit)
+
+
+def test_config_rewritten_during_the_run_is_not_tied_to_its_hit(tmp_path: Path) -> None:
+    """As above for the ``--config`` file: switched to ``disable`` while a hit ran under
+    the old one, it gets no direct hit."""
+    kit = Kit(tmp_path)
+    config = tmp_path / "cachemgr.toml"
+    config.write_text("# cache on\n")
+    trigger = _rewriting_compiler(kit, config, 'op_compiler_cache_mode = "disable"\n')
+    first = kit.run("--config", str(config))
+    assert first.status() == "compiled", first.out + first.err
+    _identity_forgotten(kit)
+    trigger.write_text("")
+    hit = kit.run("--config", str(config))
+    assert hit.status() == "hit" and not hit.direct, hit.out + hit.err
+    assert not trigger.exists() and "disable" in config.read_text()
+    after = kit.run("--config", str(config))
+    assert not after.direct, "a hit answered under a config that disables the cache"
+    assert after.code == 0 and after.status() != "hit", after.out + after.err
+
+
+def test_ini_rewritten_during_the_run_is_not_tied_to_its_hit(tmp_path: Path) -> None:
+    """As above for ``op_cache.ini``: one that became doubtful while a hit ran under the
+    old one is the full path's, which warns about it."""
+    kit = Kit(tmp_path)
+    ini = kit.cache / "kernel_cache" / "op_cache.ini"
+    trigger = _rewriting_compiler(kit, ini, "[op_compiler_cache]\nmax_op_cache_size=lots\n")
+    first = kit.run()
+    assert first.status() == "compiled", first.out + first.err
+    _identity_forgotten(kit)
+    trigger.write_text("")
+    hit = kit.run()
+    assert hit.status() == "hit" and not hit.direct and hit.err == "", hit.out + hit.err
+    assert not trigger.exists() and "lots" in ini.read_text()
+    after = kit.run()
+    assert not after.direct, "a hit answered without the doubtful ini's warning"
+    assert after.status() == "hit" and "max_op_cache_size" in after.err, after.out + after.err
+
+
+@pytest.mark.parametrize(("folder", "want"), [(0o755, 0o660), (0o2775, 0o664)])
+def test_direct_hit_writes_the_stats_file_with_the_full_paths_mode(
+    tmp_path: Path, folder: int, want: int
+) -> None:
+    """Others may read the stats file only in a setgid kernel cache folder that lets them
+    (the rule of :func:`cachemgr.storage.modes.file_mode_in`), on both paths."""
+    kit = Kit(tmp_path)
+    kit.primed()
+    kcache = kit.cache / "kernel_cache"
+    kcache.chmod(folder)  # the memo records the folder's mode: a new one is written
+    shutil.rmtree(kit.memos()[0].parent)
+    stats = kcache / f"cachemgr_stats_{SOC}.json"
+    full = kit.run()
+    assert not full.direct and full.status() == "hit", full.out + full.err
+    assert stats.stat().st_mode & 0o7777 == want
+    stats.chmod(0o600)  # rewritten by the direct hit: its mode is the hit's
+    lean = kit.run()
+    assert lean.direct and lean.status() == "hit", lean.out + lean.err
+    assert stats.stat().st_mode & 0o7777 == want
+
+
+def test_memo_temp_files_left_by_a_killed_writer_are_pruned(tmp_path: Path) -> None:
+    """A memo write killed between its temp file and the rename leaves a ``*.temp``; the
+    next memo written removes it (and any temp older than an hour), never a live writer's."""
+    from cachemgr.constants import short_host
+
+    kit = Kit(tmp_path)
+    kit.primed()
+    (memo,) = kit.memos()
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dead = memo.parent / f"{memo.name}.{short_host()}.{gone.pid}.0badf00d.temp"
+    old = memo.parent / f"{memo.name}.otherhost.1.deadbeef.temp"
+    live = memo.parent / f"{memo.name}.{short_host()}.{os.getpid()}.cafecafe.temp"
+    for temp in (dead, old, live):
+        temp.write_bytes(b"half a memo")
+    os.utime(old, (0, 0))
+    memo.unlink()
+    full = kit.run()  # a full hit: it writes the memo again
+    assert not full.direct and full.status() == "hit" and kit.memos(), full.out + full.err
+    assert not dead.exists() and not old.exists()
+    assert live.exists()

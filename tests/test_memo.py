@@ -89,10 +89,11 @@ def test_no_module_level_cache_is_unbounded() -> None:
 
 
 def test_every_module_memo_has_a_bound() -> None:
+    from cachemgr import parsedfiles
     from cachemgr.compile import inputs, kernel_meta, precompiled
     from cachemgr.compilers import base
     from cachemgr.storage import manifest
 
     memos = [inputs._digests, inputs._probed, kernel_meta._dirs, precompiled._configs]
-    memos += [base._identity_cache, manifest._parsed]
+    memos += [base._identity_cache, manifest._parsed, parsedfiles._SEEN]
     assert all(isinstance(m, Memo) and 0 < m.max_entries <= 16384 for m in memos)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import click
 from click.core import ParameterSource
 
+from cachemgr import parsedfiles
 from cachemgr.cli import directrecord, human
 from cachemgr.cli.common import (
     Route,
@@ -372,15 +373,18 @@ def _compile_via_daemon(
 
     def one(path: Path) -> CompileOutcome | CacheMgrError:
         try:
+            resolved = path.resolve()  # once: the bytes and the base folder from one file
             # non-blocking, regular files only, capped: like every request file
-            data = json.loads(safeio.read_regular(path.resolve()).decode("utf-8"))
+            raw = safeio.read_regular(resolved)
+            parsedfiles.note(str(path), raw, str(resolved))  # what a direct memo binds to
+            data = json.loads(raw.decode("utf-8"))
             if not isinstance(data, dict):
                 raise InvalidInputError(f"request {path}: a request must be a JSON object")
             data["options"] = {**overrides, **(data.get("options") or {})}
-            sent[path] = (path, data, str(path.resolve().parent), out_dir)
+            sent[path] = (path, data, str(resolved.parent), out_dir)
             return client.compile(
                 data,
-                base_dir=path.resolve().parent,
+                base_dir=resolved.parent,
                 replace=replace,
                 session=session,
                 out_dir=out_dir,

@@ -8,8 +8,10 @@ for the plain case the lean path reproduces exactly — the local route with no 
 passed by, default verbosity, one request, a hit from the chip folder, no warning, no note,
 no remote tier, no precompiled binary looked for first, no debug, no ``force``, headers
 from the manifest (no dependency listing) — and never when anything differs between the
-hit and this second preparation. Best effort: a memo that cannot be written costs only
-the next hit its speed (one debug line).
+hit and this second preparation. The request file, the config file and ``op_cache.ini``
+are bound by the bytes the run parsed (:mod:`cachemgr.parsedfiles`), never read again
+here: one rewritten meanwhile must not tie its new bytes to the old hit. Best effort: a
+memo that cannot be written costs only the next hit its speed (one debug line).
 """
 
 from __future__ import annotations
@@ -20,11 +22,12 @@ import json
 import logging
 import marshal
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cachemgr import direct
+from cachemgr import direct, parsedfiles
 from cachemgr.compile import build, keys, pipeline
 from cachemgr.compile.queue import CompileOutcome, CompileQueue
 from cachemgr.compile.request import CompileRequest
@@ -150,9 +153,11 @@ def _checks(
     files += [[path, digest] for path, digest in sorted((p.inputs.headers or {}).items())]
     # through a daemon its settings are the digest of its answer, its files not ours to read
     own = settings if local is None else local
-    read = {own.config.path, own.value("ini_path"), identity_cache_file()}
-    for path in sorted(str(f) for f in read if f is not None):
-        files.append([path, _digest_or_absent(path)])
+    # the config and the ini as this run parsed them, not as they are now
+    for path in sorted({str(f) for f in (own.config.path, own.value("ini_path")) if f}):
+        files.append([path, _parsed_digest(path)])
+    identity = str(identity_cache_file())
+    files.append([identity, _digest_or_absent(identity)])
     ident = compilers.identity(request.language)
     mode = stamp.check_mode(settings.sections.get("compilers", {}))
     # every file the compiler runs, and each name it is reached by resolved as now: a link
@@ -168,7 +173,7 @@ def _checks(
     return {
         "format": direct.FORMAT,
         "earlier": _earlier_variants(p),
-        "requests": [[str(request_path), direct.input_digest(str(request_path))]],
+        "requests": [_request_check(request_path)],
         "files": files,
         "absent": sorted(p.inputs.absent),
         "stats": stats,
@@ -243,6 +248,8 @@ def _daemon_memo(
     from cachemgr.compile import environment
 
     path, data, base, out_dir = sent
+    if os.path.dirname(parsedfiles.seen(str(path))[0]) != base:
+        return None  # the base folder sent is not the folder of the bytes parsed
     side = client._side  # the client's own preparation: what it sent is computed there
     settings, compilers = side._state()
     p = side.prepare(data, base)
@@ -295,6 +302,30 @@ def _daemon_memo(
     }
 
 
+def _request_check(request_path: Path) -> list[str]:
+    """``[the request path as given, the real path it was read at, the SHA-256 of the bytes
+    parsed]``: a direct hit needs the path to resolve to the same file (its folder is the
+    base of every relative path of the request) holding those bytes.
+
+    :raises LookupError: the run did not parse it once, from one place, in one content.
+    """
+    read, data = parsedfiles.seen(str(request_path))
+    if data is None:
+        raise LookupError(f"request {request_path}: no bytes parsed")
+    return [str(request_path), read, hashlib.sha256(data).hexdigest()]
+
+
+def _parsed_digest(path: str) -> str | None:
+    """The SHA-256 of the bytes this run parsed from ``path`` (None: it parsed its absence).
+
+    :raises LookupError: the run did not parse it, or parsed two contents.
+    """
+    read, data = parsedfiles.seen(path)
+    if read != path:
+        raise LookupError(f"{path} was read at {read}")
+    return None if data is None else hashlib.sha256(data).hexdigest()
+
+
 def _digest_or_absent(path: str) -> str | None:
     """The file's digest; None when it does not exist.
 
@@ -341,7 +372,8 @@ def _entry(chip_dir: Path, kernel: str) -> tuple[list[list[str]], list[list[str]
 def write(name: str, memo: dict[str, Any]) -> None:
     """Write ``memo`` as ``<memo folder>/<name>.memo`` (:mod:`marshal`): a private folder
     (``0700``, made here) and file (``0600``), replaced atomically; beyond
-    :data:`direct.MAX_MEMOS` the oldest memos go.
+    :data:`direct.MAX_MEMOS` the oldest memos go, and so do leftover temp files
+    (:func:`_prune`).
 
     :raises OSError: the folder is not this user's own, or the write failed.
     """
@@ -358,14 +390,24 @@ def write(name: str, memo: dict[str, Any]) -> None:
     _prune(folder)
 
 
+#: A memo's temp file older than this (seconds) is a leftover whatever wrote it.
+STALE_TEMP_S = 3600.0
+
+
 def _prune(folder: str) -> None:
-    """Keep the newest :data:`direct.MAX_MEMOS` memos."""
+    """Keep the newest :data:`direct.MAX_MEMOS` memos, and remove the temp files of writes
+    that can never finish: made by a process of this host that is gone (a ``kill -9``
+    between the write and the rename), or older than :data:`STALE_TEMP_S`."""
     with os.scandir(folder) as it:
-        memos = [
-            e
-            for e in it
-            if e.name.endswith(direct.MEMO_SUFFIX) and e.is_file(follow_symlinks=False)
-        ]
+        entries = [e for e in it if e.is_file(follow_symlinks=False)]
+    now = time.time()
+    for e in entries:
+        if e.name.endswith(fsutil.TEMP_SUFFIX) and (
+            fsutil.temp_writer_dead(e.name)
+            or now - e.stat(follow_symlinks=False).st_mtime > STALE_TEMP_S
+        ):
+            fsutil.safe_unlink(Path(e.path))
+    memos = [e for e in entries if e.name.endswith(direct.MEMO_SUFFIX)]
     if len(memos) <= direct.MAX_MEMOS:
         return
     memos.sort(key=lambda e: e.stat(follow_symlinks=False).st_mtime_ns)

@@ -31,6 +31,7 @@ from typing import Any
 
 import xxhash
 
+from cachemgr import parsedfiles
 from cachemgr.compile import extraflags
 from cachemgr.config import layout, options, socs
 from cachemgr.config.options import Settings
@@ -302,8 +303,11 @@ def load_request(path: Path, settings: Settings | None = None) -> CompileRequest
     """
     path = Path(path)
     try:
+        resolved = path.resolve()  # once: the bytes and the base folder from one file
         # non-blocking, regular files only, capped: a FIFO named here must not hang us
-        text = safeio.read_regular(path.resolve()).decode("utf-8")
+        raw = safeio.read_regular(resolved)
+        parsedfiles.note(str(path), raw, str(resolved))  # what a direct memo binds to
+        text = raw.decode("utf-8")
     except safeio.UnsafeFileError as exc:
         raise InvalidInputError(f"request {exc}") from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -319,7 +323,7 @@ def load_request(path: Path, settings: Settings | None = None) -> CompileRequest
         raise InvalidInputError(f"request {path}: {exc}") from None
     except RecursionError:
         raise InvalidInputError(f"request {path}: JSON nested too deeply") from None
-    return parse_request(data, path.resolve().parent, settings, origin=str(path))
+    return parse_request(data, resolved.parent, settings, origin=str(path))
 
 
 def _reject_constant(name: str) -> Any:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from cachemgr import parsedfiles
 from cachemgr.constants import MAX_SECONDS
 from cachemgr.errors import ConfigError
 from cachemgr.storage import safeio
@@ -501,6 +502,7 @@ def load(path: Path, top_parsers: Mapping[str, Callable[[Any], Any]]) -> ConfigF
     try:
         # never blocks on a FIFO, never reads /dev/zero or a sparse giant for ever
         raw = safeio.read_regular(path, MAX_CONFIG_BYTES, follow=True)
+        parsedfiles.note(str(path), raw)  # what a direct memo binds its hit to
         text = raw.decode("utf-8")
         data = tomllib.loads(text)
     except OSError as exc:

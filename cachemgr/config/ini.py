@@ -40,6 +40,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from cachemgr import parsedfiles
 from cachemgr.constants import NEVER_EVICT
 from cachemgr.errors import CachePermissionError, ConfigError
 from cachemgr.storage import fsutil
@@ -471,7 +472,9 @@ class OpCacheIni:
 
         :raises ConfigError: the path is a folder, a symlink or cannot be read (names the path).
         """
-        ini = cls(Path(path), _read(Path(path)))
+        data = _read(Path(path))
+        parsedfiles.note(str(path), data)  # what a direct memo binds its hit to
+        ini = cls(Path(path), data)
         if ini.problems:
             log.debug("%s: problems: %s", ini.path, ini.problems)
         return ini

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeAlias
 
+from cachemgr.constants import shared_file_mode
 from cachemgr.peer import group_name, user_name
 from cachemgr.storage import accessfix
 
@@ -51,7 +52,7 @@ def file_mode_in(folder_mode: int) -> int:
     read/write whatever the umask; readable by others only when a setgid folder gives others
     read (a ``2770`` root: ``0660``; a ``2775`` one: ``0664``; a ``0755`` one: ``0660``) —
     never more than the folder (docs/shared-cache.md#outsiders-read-nothing)."""
-    return (FILE_MODE & ~0o007) | (_others_given(folder_mode) & 0o004)
+    return shared_file_mode(folder_mode)
 
 
 def dir_mode_in(parent_mode: int) -> int:
