@@ -225,8 +225,8 @@ def _rows(
             )
         )
     for name, metric, note in (
-        ("re", "`python -c 'import re'`: what the console script pip writes imports first",
-         "pip's `cachemgr` wrapper imports re before cachemgr.main"),
+        ("re", "`python -c 'import re'`: what an older pip's console script imports first",
+         "the `cachemgr` script of pip 23.2 (Python 3.11's bundled pip) imports re first"),
         ("click", "floor of any click CLI: `import click, json, logging, pathlib, dataclasses`",
          "the modules every click command needs before cachemgr's own"),
     ):  # fmt: skip
