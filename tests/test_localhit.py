@@ -138,9 +138,7 @@ def test_an_edited_header_gives_its_own_kernel(
     data = _kernel(tmp_path)
     hit = _remembered(client, data)
     _write(tmp_path / "inc" / "k.h", "#define V 2\n")
-    out = client.compile(data, base_dir="/")
-    assert out.status == "compiled" and out.kernel_name != hit.kernel_name, out
-    assert _fresh(daemon, data).kernel_name == out.kernel_name
+    _gives_its_own_kernel(client, daemon, data, hit)
 
 
 def test_a_file_where_the_compiler_searched_in_vain_gives_its_own_kernel(
@@ -149,9 +147,7 @@ def test_a_file_where_the_compiler_searched_in_vain_gives_its_own_kernel(
     data = _kernel(tmp_path)
     hit = _remembered(client, data)
     _write(tmp_path / "src" / "k.h", "#define V 3\n")  # found first now
-    out = client.compile(data, base_dir="/")
-    assert out.status == "compiled" and out.kernel_name != hit.kernel_name, out
-    assert _fresh(daemon, data).kernel_name == out.kernel_name
+    _gives_its_own_kernel(client, daemon, data, hit)
 
 
 def test_an_edited_source_gives_its_own_kernel(client: Client, tmp_path: Path) -> None:
@@ -168,9 +164,7 @@ def test_the_callers_environment_is_still_keyed(
     data = _kernel(tmp_path)
     hit = _remembered(client, data)
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")  # gcc reads it (__DATE__)
-    out = client.compile(data, base_dir="/")
-    assert out.status == "compiled" and out.kernel_name != hit.kernel_name, out
-    assert _fresh(daemon, data).kernel_name == out.kernel_name
+    _gives_its_own_kernel(client, daemon, data, hit)
     monkeypatch.delenv("SOURCE_DATE_EPOCH")
     back = client.compile(data, base_dir="/")
     assert (back.status, back.kernel_name) == ("hit", hit.kernel_name)
@@ -183,9 +177,7 @@ def test_the_request_changed_in_place_is_a_new_request(
     data["attrs"] = {"alpha": 1}
     hit = _remembered(client, data)
     data["attrs"]["alpha"] = True  # equal to 1 in Python, not in the key's JSON
-    out = client.compile(data, base_dir="/")
-    assert out.status == "compiled" and out.kernel_name != hit.kernel_name, out
-    assert _fresh(daemon, data).kernel_name == out.kernel_name
+    _gives_its_own_kernel(client, daemon, data, hit)
 
 
 def test_a_relative_source_follows_its_base_folder(
@@ -236,3 +228,13 @@ def test_a_hits_report_answers_what_it_counted(client: Client) -> None:
     # once a second per client, was the daemon's main cost of local hits)
     assert client.request("POST", "/hits", {"hits": 7}) == {"counted": 7}
     assert client.stats().counters["hits"] == 7
+
+
+def _gives_its_own_kernel(
+    client: Client, daemon: Daemon, data: dict[str, Any], hit: CompileOutcome
+) -> None:
+    """``data`` compiles now, to another kernel than the remembered ``hit``: the one a
+    fresh client's full preparation names."""
+    out = client.compile(data, base_dir="/")
+    assert out.status == "compiled" and out.kernel_name != hit.kernel_name, out
+    assert _fresh(daemon, data).kernel_name == out.kernel_name
