@@ -12,6 +12,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import SOC, publish, run_cli
 from tests.daemon_util import Daemon, start_daemon, wait_for
 from tests.shared_util import chip_bytes
@@ -49,6 +51,9 @@ def test_gc_reports_a_folder_kept_over_its_limit_by_future_times(tmp_path: Path,
     assert chip_bytes(chip) > 1 << 20  # nothing evicted: they are "young" since first seen
 
 
+# alone: beside three other workers at load 4 the warning was missing once in three CI runs
+# (the daemon's gc runs raced the test's writes of the future atimes); not yet understood
+@pytest.mark.serial
 def test_daemon_orders_future_times_by_first_sight_and_evicts(tmp_path: Path) -> None:
     root = tmp_path / "cache"
     chip = _cache(root)
