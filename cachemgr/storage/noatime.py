@@ -166,6 +166,28 @@ def _next_ask(ask: int, asked: int, got: int) -> int:
     return ask - got if ask > got else READ_CHUNK_BYTES
 
 
+def _chunks(fd: int, path: Path, size: int, max_bytes: int | None) -> Iterator[bytes]:
+    """The bytes of the open regular file ``fd`` (``size`` bytes at its ``fstat``) to its end,
+    in chunks of at most :data:`READ_CHUNK_BYTES`, never reading more than ``max_bytes`` + 1
+    (a file growing meanwhile included).
+
+    :raises FileTooLargeError: the file holds more than ``max_bytes`` (``path`` named).
+    """
+    left = None if max_bytes is None else max_bytes + 1
+    ask = size + 1  # see _next_ask
+    while ask:
+        want = min(READ_CHUNK_BYTES, ask) if left is None else min(READ_CHUNK_BYTES, ask, left)
+        chunk = os.read(fd, want)
+        if chunk:
+            yield chunk
+        if left is not None:
+            left -= len(chunk)
+            if left <= 0:
+                msg = f"is more than {max_bytes} bytes"
+                raise FileTooLargeError(errno.EFBIG, msg, str(path))
+        ask = _next_ask(ask, want, len(chunk))
+
+
 def read_bytes_noatime(
     path: Path,
     dir_fd: int | None = None,
@@ -186,20 +208,7 @@ def read_bytes_noatime(
     try:
         if owners is not None:
             owners.add(os.fstat(fd).st_uid)
-        chunks = []
-        left = None if max_bytes is None else max_bytes + 1
-        ask = size + 1  # see _next_ask
-        while ask:
-            want = min(READ_CHUNK_BYTES, ask) if left is None else min(READ_CHUNK_BYTES, ask, left)
-            chunk = os.read(fd, want)
-            if chunk:
-                chunks.append(chunk)
-            if left is not None:
-                left -= len(chunk)
-                if left <= 0:
-                    msg = f"is more than {max_bytes} bytes"
-                    raise FileTooLargeError(errno.EFBIG, msg, str(path))
-            ask = _next_ask(ask, want, len(chunk))
+        chunks = list(_chunks(fd, path, size, max_bytes))
         _put_back(fd, restore)
     finally:
         os.close(fd)
@@ -222,18 +231,11 @@ def sha256_noatime(
     import hashlib  # here: OpenSSL's import is a hit's cost, not every command's
 
     digest, size = hashlib.sha256(), 0
-    fd, restore, ask = _opened_noatime(path, dir_fd, single_link, max_bytes)
+    fd, restore, known = _opened_noatime(path, dir_fd, single_link, max_bytes)
     try:
-        ask += 1  # see _next_ask
-        while ask:
-            want = min(READ_CHUNK_BYTES, ask)
-            chunk = os.read(fd, want)
+        for chunk in _chunks(fd, path, known, max_bytes):
             digest.update(chunk)
             size += len(chunk)
-            if max_bytes is not None and size > max_bytes:
-                msg = f"is more than {max_bytes} bytes"
-                raise FileTooLargeError(errno.EFBIG, msg, str(path))
-            ask = _next_ask(ask, want, len(chunk))
         _put_back(fd, restore)
     finally:
         os.close(fd)
