@@ -22,7 +22,9 @@ import pytest
 
 from cachemgr import directwire
 from tests.daemon_util import start_daemon, wait_for
+from tests.test_deputy import _as_bob, _crafted, _request, _setup
 from tests.test_direct import DaemonKit, Kit, Run
+from tests.users_util import Runtime, Users
 
 #: Modules the lean path through the daemon must not load: json (which imports re), and
 #: binascii (which loads libz) while the inputs' base64 fits in the memo.
@@ -187,3 +189,47 @@ def test_inputs_too_big_for_the_memo_are_encoded_when_sent(served: DaemonKit) ->
     header.write_text(header.read_text().replace("x", "y", 1))  # same size, other bytes
     after = served.run()
     assert not after.direct and after.status() == "compiled", after.out + after.err
+
+
+#: Run as a group member: the daemon's settings digest as a client computes it, then one
+#: ``POST /compile/if-config`` with that digest and the body given; prints status and body.
+MEMBER = """
+import json, socket, sys
+from cachemgr import directwire
+def ask(method, target, body=b""):
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(120); s.connect(sys.argv[1])
+        s.sendall(f"{method} {target} HTTP/1.1\\r\\nHost: x\\r\\nContent-Length: {len(body)}\\r\\n"
+                  "Connection: close\\r\\n\\r\\n".encode() + body)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    head, _, payload = out.partition(b"\\r\\n\\r\\n")
+    return int(head.split()[1]), payload
+code, config = ask("GET", "/config?sections=1")
+body = json.loads(sys.argv[2])
+body[directwire.CONFIG_FIELD] = directwire.config_digest(json.loads(config))
+code, payload = ask("POST", directwire.ENDPOINT, json.dumps(body).encode())
+print(json.dumps({"code": code, "body": payload.decode(errors="replace")}))
+"""
+
+
+def test_a_member_meets_the_same_checks_on_if_config(users: Users, other_runtime: Runtime) -> None:
+    """A group member (not the daemon's user) asking with the daemon's own settings digest:
+    a request naming the daemon user's file without its bytes is refused as ``/compile``
+    refuses it (the daemon reads nothing for a caller); the member's own bytes compile (in
+    the sandbox) and then hit, the entry verified; nothing leaks (``_as_bob``)."""
+    rt = other_runtime
+    daemon, _, secret, bob = _setup(users, rt)
+    try:
+        sock = str(daemon.socket_path)
+        body = json.dumps({"request": _request(str(secret)), "base_dir": str(bob)})
+        out = _as_bob(users, rt, bob, MEMBER, sock, body)
+        assert out["code"] == 400 and "carries no inputs" in out["body"], out
+        crafted = _crafted(str(bob / "k.c"), "void scale_kernel(float *x) { x[0] *= 2; }\n")
+        first = _as_bob(users, rt, bob, MEMBER, sock, crafted)
+        assert first["code"] == 200 and json.loads(first["body"])["status"] == "compiled", first
+        again = _as_bob(users, rt, bob, MEMBER, sock, crafted)
+        assert again["code"] == 200 and json.loads(again["body"])["status"] == "hit", again
+    finally:
+        daemon.stop()
