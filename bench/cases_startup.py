@@ -45,12 +45,16 @@ ROUNDS = 21
 #: The request of every hit row: the small C kernel CANN build hosts compile by the thousand.
 HIT_EXAMPLE = "add_c"
 
+#: An empty module: ``python -m`` of it is what ``python -m cachemgr`` costs before
+#: cachemgr's code runs (runpy and what it imports).
+EMPTY_MODULE = "cachemgr_bench_empty"
+
 #: Why a row misses its target, for its note.
 GAP_CAUSES = {
     "hit": "gap: pip's console script imports re (and enum, functools) before cachemgr.main "
     "(the `import re` row); the direct path's own imports are _sha256, _ctypes, struct, fcntl",
-    "hit-daemon": "gap: beyond the local hit, a connection, two round trips (/config, "
-    "/compile), json (with re) and the daemon's own prepare and verified lookup",
+    "hit-daemon": "gap: beyond the local hit, one round trip (POST /compile/if-config): the "
+    "daemon's thread for the connection, its prepare (compiler, key) and verified lookup",
     "hit-m": "gap: `python -m` imports runpy (importlib.util, contextlib, functools) first",
     "stats": "gap: stats runs through click, the settings' modules (dataclasses) and the "
     "filesystem probe; no direct path answers it",
@@ -71,9 +75,11 @@ def _env(work: Path, runtime: Path) -> dict[str, str]:
 
 
 def _modules(argv: list[str], env: dict[str, str], python: Path) -> int:
-    """How many modules ``argv`` (a console-script command) imports (``-X importtime``)."""
+    """How many modules ``argv`` (a console-script command, or ``python …`` of that
+    interpreter) imports (``-X importtime``)."""
+    args = argv[1:] if argv[:1] == [str(python)] else argv  # not the interpreter as a script
     proc = subprocess.run(
-        [str(python), "-X", "importtime", *argv], env=measured_env(env), capture_output=True
+        [str(python), "-X", "importtime", *args], env=measured_env(env), capture_output=True
     )
     lines = proc.stderr.decode(errors="replace").splitlines()
     return sum(1 for line in lines if line.startswith("import time:")) - 1
@@ -112,6 +118,10 @@ def _commands(
 ) -> dict[str, Command]:
     """Every command of a round, by name (``<kind>:<what>`` for cachemgr's)."""
     no_daemon = _env(work, work / "no-run")
+    empty = work / "m-floor"
+    empty.mkdir(exist_ok=True)
+    (empty / f"{EMPTY_MODULE}.py").write_text("")
+    floor_env = {**no_daemon, "PYTHONPATH": str(empty)}
     commands: dict[str, Command] = {}
     gcc_argv = _argv(load_request(REQUESTS / f"{HIT_EXAMPLE}.json"), work / "gcc-out")
     commands["gcc"] = (gcc_argv, no_daemon)
@@ -126,6 +136,7 @@ def _commands(
         commands[f"{kind.kind}:pass"] = ([str(kind.python), "-c", "pass"], no_daemon)
         commands[f"{kind.kind}:hit"] = (hit, no_daemon)
         commands[f"{kind.kind}:hit-m"] = ([str(kind.python), "-m", "cachemgr", *hit[1:]], no_daemon)
+        commands[f"{kind.kind}:m-floor"] = ([str(kind.python), "-m", EMPTY_MODULE], floor_env)
         commands[f"{kind.kind}:hit-daemon"] = (hit, via_env)
         commands[f"{kind.kind}:stats"] = ([cm, "stats", "--cache-dir", str(cache)], no_daemon)
         commands[f"{kind.kind}:config"] = ([cm, "config", "--cache-dir", str(cache)], no_daemon)
@@ -200,6 +211,18 @@ def _rows(
             if row.met is False and what in GAP_CAUSES:
                 row.note += f"; {GAP_CAUSES[what]}"
             rows.append(row)
+        rows.append(
+            ratio_row(
+                "CLI start-up",
+                f"`python -m cachemgr compile` hit, no daemon, {label[k]}",
+                times[f"{k}:hit-m"],
+                "python -m of an empty module",
+                times[f"{k}:m-floor"],
+                note="the same hit against `python -m`'s own floor (runpy, importlib.util, "
+                f"contextlib, functools: {mods[f'{k}:m-floor']} modules), beside the rows above",
+                load=load,
+            )
+        )
         rows.append(
             ratio_row(
                 "CLI start-up",

@@ -7,9 +7,16 @@ What the memo of a daemon-route hit holds besides :mod:`cachemgr.direct`'s check
 trusted users, the socket, the digest of the daemon's ``GET /config?sections=1`` answer
 (the settings the client prepares with: the same answer, the same preparation), the
 body sent (request, base folder, compile environment, inputs: their paths and digests, the
-bytes read again here and checked), and the answer received for it. A daemon that answers
-otherwise than that hit (a miss, a warning, an error) is reported by the full path's own
-code (:class:`cachemgr.direct.Answered`, which :mod:`cachemgr.main` hands to
+bytes read again here and checked), and the answer received for it.
+
+One round trip: the body goes to ``POST /compile/if-config`` with that digest, and the
+daemon compiles only when its own answer to ``GET /config?sections=1`` has that digest
+now (:data:`CONFIG_CHANGED`, ``412``, otherwise, with nothing done); a daemon that does not
+know the endpoint answers ``404``, also with nothing done. Either way the full path then
+runs, as it would without a memo. The answer is decoded by the C scanner behind
+:mod:`json` (``_json``: :mod:`json` itself imports :mod:`re`, ~3 ms of start-up). A daemon
+that answers otherwise than that hit (a miss, a warning, an error) is reported by the full
+path's own code (:class:`cachemgr.direct.Answered`, which :mod:`cachemgr.main` hands to
 :func:`cachemgr.cli.compile_cmd.report_daemon_answer`), never asked twice.
 """
 
@@ -31,11 +38,37 @@ MAX_ANSWER_BYTES = 64 << 20
 TIMEOUT_S = 3600.0
 #: Placeholders of the body template (JSON strings the recorder put there).
 SESSION = "\x00session\x00"
+#: The endpoint a direct hit asks, and the body field with the digest of the daemon's
+#: settings it was recorded with (:func:`config_digest`).
+ENDPOINT = "/compile/if-config"
+CONFIG_FIELD = "config_digest"
+#: The daemon's status when its settings are not those of ``CONFIG_FIELD`` (nothing done).
+CONFIG_CHANGED = 412
+#: The statuses of an answer with nothing done: settings changed, an endpoint unknown (a
+#: daemon of a version before it). The full path then asks as it would without a memo.
+NOTHING_DONE = (CONFIG_CHANGED, 404)
+
+
+#: Base64 text of the input files (bytes, in all) a memo holds as it is: the body then
+#: needs no encoding here (``binascii`` loads ``libz``: ~1 ms of start-up). A larger file's
+#: data is a placeholder, encoded when sent. Either way each file is read again and its
+#: SHA-256 checked: the bytes recorded are the bytes there now.
+EMBEDDED_BYTES = 64 * 1024
 
 
 def data_placeholder(index: int) -> str:
     """The placeholder of input file ``index``'s base64 data in the body template."""
     return f"\x00data{index}\x00"
+
+
+def recorded_data(data: list[str]) -> list[str]:
+    """What the body template holds for each input file's base64 ``data``: the text itself
+    while they fit in :data:`EMBEDDED_BYTES` together (in order), else its placeholder."""
+    out, total = [], 0
+    for index, text in enumerate(data):
+        total += len(text)
+        out.append(text if total <= EMBEDDED_BYTES else data_placeholder(index))
+    return out
 
 
 class Wire:
@@ -125,22 +158,35 @@ def _check_path(path: str, trusted: list[int]) -> None:
 
 
 def body(memo: dict[str, Any]) -> bytes:
-    """The ``POST /compile`` body: the recorded template with a new session and the input
-    files' bytes, read again and checked against their digests.
+    """The ``POST /compile/if-config`` body: the recorded template with a new session, the
+    digest of the daemon's settings it was recorded with, and the input files' bytes, read
+    again and checked against their digests (their base64 put in where the template holds
+    a placeholder).
 
     :raises direct.Decline: a file changed or cannot be read.
     """
-    import binascii
-
     text: str = memo["body"]
+    if not text.endswith("}") or not _plain_hex(memo["config_answer"]):
+        raise direct.Decline("memo malformed")
+    text = text[:-1] + f', "{CONFIG_FIELD}": "{memo["config_answer"]}"}}'
     text = text.replace(_json_str(SESSION), '"' + os.urandom(16).hex() + '"')
     for i, (path, digest) in enumerate(memo["wire_files"]):
         data = _read(path)
         if direct.sha256_hex(data) != digest:
             raise direct.Decline(f"{path} changed")
-        b64 = binascii.b2a_base64(data, newline=False).decode("ascii")
-        text = text.replace(_json_str(data_placeholder(i)), '"' + b64 + '"')
+        placeholder = _json_str(data_placeholder(i))
+        if placeholder in text:  # else recorded as it is (:data:`EMBEDDED_BYTES`)
+            import binascii
+
+            b64 = binascii.b2a_base64(data, newline=False).decode("ascii")
+            text = text.replace(placeholder, '"' + b64 + '"')
     return text.encode("utf-8", "surrogateescape")
+
+
+def _plain_hex(value: object) -> bool:
+    """True for a hex SHA-256 (what the body's digest field may hold as it is)."""
+    hexdigits = "0123456789abcdef"
+    return isinstance(value, str) and len(value) == 64 and all(c in hexdigits for c in value)
 
 
 def _json_str(value: str) -> str:
@@ -175,25 +221,25 @@ def _read(path: str) -> bytes:
 
 
 def answer(memo: dict[str, Any]) -> tuple[list[tuple[bool, str]], int] | None:
-    """Ask the daemon of a daemon-route memo: None (nothing sent that changes anything)
-    when it is not the daemon and settings the memo was recorded with; otherwise the lines
-    to print and the exit code — the recorded hit's, or the full path's own report of
-    whatever else the daemon answered."""
+    """Ask the daemon of a daemon-route memo, in one request: None (nothing done that
+    changes anything) when it is not the daemon and settings the memo was recorded with;
+    otherwise the lines to print and the exit code — the recorded hit's, or the full path's
+    own report of whatever else the daemon answered.
+
+    :raises direct.Decline: an input changed, or the socket is not trusted (nothing sent).
+    :raises direct.Answered: the daemon answered otherwise than the recorded hit.
+    """
+    payload = body(memo)
     wire = Wire(memo["socket"], memo["trusted"])
     try:
-        try:
-            code, config = wire.request("GET", "/config?sections=1")
-        except (OSError, ValueError):
-            return None
-        if code != 200 or config_digest(_json_object(config)) != memo["config_answer"]:
-            return None
-        payload = body(memo)
         try:  # sent: from here on the answer is reported, never asked again
-            code, raw = wire.request("POST", "/compile", payload)
+            code, raw = wire.request("POST", ENDPOINT, payload)
         except (OSError, ValueError) as exc:
             return _full_report(memo, None, b"", exc)
     finally:
         wire.close()
+    if code in NOTHING_DONE:
+        return None
     got = _json_object(raw) if code == 200 else None
     if got is None or not isinstance(got.get("seconds"), int | float):
         return _full_report(memo, code, raw, None)
@@ -214,14 +260,52 @@ def config_digest(answer: dict[str, Any] | None) -> str:
 
 
 def _json_object(raw: bytes) -> dict[str, Any] | None:
-    """``raw`` decoded as a JSON object, None otherwise."""
-    import json
-
+    """``raw`` decoded as :func:`json.loads` decodes UTF-8 JSON, when it is an object; None
+    otherwise (the full path then decodes it itself). With :mod:`json`'s own C scanner
+    (``_json.make_scanner``, what :func:`json.loads` runs) when the interpreter has it."""
     try:
-        got = json.loads(raw)
-    except ValueError:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    start = len(text) - len(text.lstrip(_JSON_SPACE))
+    try:
+        got, end = _scanner()(text, start)
+    except (ValueError, StopIteration, RecursionError):
+        return None
+    if text[end:].strip(_JSON_SPACE):
         return None
     return got if isinstance(got, dict) else None
+
+
+#: The whitespace JSON allows around a value.
+_JSON_SPACE = " \t\n\r"
+
+
+def _scanner() -> Any:
+    """``scan(text, index) -> (value, end)``: ``_json.make_scanner`` with
+    :class:`json.JSONDecoder`'s defaults (strict strings; ``NaN``, ``Infinity`` and
+    ``-Infinity`` as floats), else :mod:`json`'s own decoder's."""
+    try:
+        import _json
+    except ImportError:
+        import json
+
+        decoder: Any = json.JSONDecoder()  # its scan_once is set in __init__
+        return decoder.scan_once
+
+    class Defaults:
+        """The attributes ``make_scanner`` reads of its decoder, as ``JSONDecoder()``'s."""
+
+        strict = True
+        object_hook = None
+        object_pairs_hook = None
+        parse_float = float
+        parse_int = int
+        parse_constant = {"NaN": float("nan"), "Infinity": float("inf"),
+                          "-Infinity": float("-inf")}.__getitem__  # fmt: skip
+
+    defaults: Any = Defaults()
+    return _json.make_scanner(defaults)
 
 
 def _line(memo: dict[str, Any], seconds: float) -> str:

@@ -52,6 +52,7 @@ def test_openapi_is_valid_and_matches_routes() -> None:
         "/gc",
         "/lookup",
         "/compile",
+        "/compile/if-config",
         "/jobs/{job_id}",
         "/reload",
         "/hits",

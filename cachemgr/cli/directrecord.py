@@ -262,10 +262,10 @@ def _daemon_memo(
         return None
     items = [wire["source"], *wire["headers"]]
     wire_files = [[i["path"], direct.sha256_hex(base64.b64decode(i["data"]))] for i in items]
-    wire["source"] = {"path": items[0]["path"], "data": directwire.data_placeholder(0)}
+    texts = directwire.recorded_data([i["data"] for i in items])
+    wire["source"] = {"path": items[0]["path"], "data": texts[0]}
     wire["headers"] = [
-        {"path": i["path"], "data": directwire.data_placeholder(n)}
-        for n, i in enumerate(items[1:], 1)
+        {"path": i["path"], "data": t} for i, t in zip(items[1:], texts[1:], strict=True)
     ]
     body = {
         "request": dict(data),

@@ -10,6 +10,9 @@
 | POST   | /gc             | eviction now: ``{"ratio", "soc", "min_age_s", "dry_run"}`` |
 | POST   | /lookup         | verified lookup: ``{"soc_version", "kernel_name"}`` |
 | POST   | /compile        | ``{"request", "base_dir", "wait", "priority"}`` → outcome or job id |
+| POST   | /compile/if-config | ``/compile``'s body and ``"config_digest"``: compiled only when |
+|        |                 | the digest of this daemon's ``/config?sections=1`` answer is that; |
+|        |                 | else ``412``, nothing done (a direct-mode hit, one round trip) |
 | GET    | /jobs/{id}      | state of a submitted compile |
 | POST   | /reload         | reload config and op_cache.ini (same path as SIGHUP); admin |
 | POST   | /hits           | ``{"hits": n}``: hits a client served itself, for the counters;
@@ -24,18 +27,20 @@ run the service. The audit of every endpoint (who may, and why) is in ``docs/sec
 
 Errors are ``{"error": "<one line>"}`` with 400 (bad input), 401/403/415/421 (TCP guard;
 403 also for an admin endpoint asked by anyone else), 404, 405, 408 (a request not read whole
-within ``request_timeout_s``), 413, 429 (a caller over its share of connections or queued
-jobs), 503 (stopping).
+within ``request_timeout_s``), 412 (``/compile/if-config``: the settings changed), 413, 429
+(a caller over its share of connections or queued jobs), 503 (stopping).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from cachemgr import directwire
 from cachemgr.compile.results import GcResult, StatsResult
 from cachemgr.constants import MAX_HITS_PER_REPORT
 from cachemgr.daemon import peer
@@ -51,6 +56,9 @@ Alive = Callable[[], bool]
 #: group member may already evict by hand: the entries are group-writable,
 #: docs/design.md#sharing-and-locking).
 ADMIN_ONLY = frozenset({"/reload", "/stats/zero", "/stop"})
+
+#: The compile endpoints (the second: only when the caller's settings are the daemon's).
+_COMPILES = frozenset({"/compile", directwire.ENDPOINT})
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +86,7 @@ class Api:
 
     def __init__(self, service: ServiceLike) -> None:
         self.service = service
+        self._config_digest: tuple[bytes, str] | None = None
         self._get: dict[str, Callable[[dict[str, list[str]]], Response]] = {
             "/health": lambda q: Response(200, service.health()),
             "/metrics": lambda q: Response(
@@ -90,6 +99,7 @@ class Api:
             "/gc": lambda b, alive: Response(200, service.gc(b).to_json()),
             "/lookup": self._lookup,
             "/compile": self._compile,
+            directwire.ENDPOINT: self._compile_if_config,
             "/reload": lambda b, alive: Response(200, service.reload()),
             "/hits": self._hits,
             "/stats/zero": lambda b, alive: Response(200, service.zero_stats()),
@@ -126,7 +136,7 @@ class Api:
                 refusal = admin_refusal(path)
                 if refusal is not None:
                     return refusal
-            if path == "/compile" and not self.service.accepting:
+            if path in _COMPILES and not self.service.accepting:
                 return error(503, "daemon is stopping; not taking new work")
             return self._post[path](body, alive)
         return error(404, f"unknown endpoint {method} {path}")
@@ -150,6 +160,36 @@ class Api:
             return error(400, "/compile needs a JSON object field 'request'")
         status, data = self.service.compile(body, alive)
         return Response(status, data)
+
+    def _compile_if_config(self, body: dict[str, Any], alive: Alive) -> Response:
+        """``/compile``, when the caller prepared its request with the settings this daemon
+        answers ``GET /config?sections=1`` with now (the digest a client computes of that
+        answer, :func:`cachemgr.directwire.config_digest`); ``412`` with nothing done
+        otherwise: the caller then fetches them and prepares again
+        (docs/performance.md#direct-mode-a-cli-hit-without-the-compile-path)."""
+        given = body.pop(directwire.CONFIG_FIELD, None)
+        if not isinstance(given, str):
+            field = directwire.CONFIG_FIELD
+            return error(400, f"{directwire.ENDPOINT} needs a string field {field!r}")
+        if given != self.config_digest():
+            return error(
+                directwire.CONFIG_CHANGED,
+                f"{directwire.ENDPOINT}: the daemon's settings are not those the request was "
+                "prepared with (GET /config?sections=1 has changed); nothing was done",
+            )
+        return self._compile(body, alive)
+
+    def config_digest(self) -> str:
+        """The digest a client computes of this daemon's ``GET /config?sections=1`` answer:
+        of the answer as it is sent (:meth:`Response.encode`), decoded as the client does.
+        The last one is kept with the bytes it is of (decoding and hashing again: ~60 µs)."""
+        sent = Response(200, self.service.config(True)).encode()
+        last = self._config_digest
+        if last is not None and last[0] == sent:
+            return last[1]
+        digest = directwire.config_digest(json.loads(sent))
+        self._config_digest = (sent, digest)
+        return digest
 
 
 def admin_refusal(path: str) -> Response | None:

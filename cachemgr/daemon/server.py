@@ -271,6 +271,10 @@ class _Handler(BaseHTTPRequestHandler):
         self._unread = 0
         resp = self._read_and_dispatch(method)
         data = resp.encode()
+        # the status line, headers and body in one write: one wake-up of the caller, who
+        # reads the answer whole (a second write cost a CLI hit ~0.1-1 ms on a busy host)
+        buffer = io.BytesIO()
+        wire, self.wfile = self.wfile, buffer
         try:
             self.send_response(resp.status)
             self.send_header("Content-Type", resp.content_type)
@@ -279,6 +283,11 @@ class _Handler(BaseHTTPRequestHandler):
                 self.send_header("Connection", "close")
             self.end_headers()
             self.wfile.write(data)
+            answer = buffer.getvalue()
+        finally:
+            self.wfile = wire
+        try:
+            self.wfile.write(answer)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
         if self._unread:
