@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from tests import ge_twin
 from tests.conftest import SOC, run_cli
 from tests.test_direct import SOURCE
 from tests.test_eviction import HOUR, MIB, make_entry
+from tests.users_util import Runtime, Users, run_python_as
 
 
 def _entries_with_locks(chip: Path, n: int) -> None:
@@ -138,3 +140,38 @@ def test_a_ge_fatal_entrys_old_lock_file_goes_with_it(
     done = fatal.remove_if_fatal(chip, "te_abort_0")
     assert done.fatal is not None and done.removed
     assert not list(chip.glob("te_abort_0*")), sorted(p.name for p in chip.iterdir())
+
+
+#: bob's gc of one chip folder with every lock file "an hour old"; prints its report's
+#: evicted names and denied lines.
+STICKY_GC = """
+import json, sys
+from cachemgr.eviction import files, gc_chip
+files.LOCK_REAP_AGE_S = 0
+r = gc_chip(sys.argv[1], 1, 0, 0, force_ratio=True)
+print(json.dumps({"evicted": r.evicted, "denied": r.denied}))
+"""
+
+
+def test_a_lock_file_it_may_not_unlink_stays_and_the_eviction_is_not_denied(
+    users: Users, other_runtime: Runtime
+) -> None:
+    """A sticky group folder: bob may remove his entry but not alice's lock file of it (a GE
+    process of hers took it). The entry is evicted, reported so, and the lock file stays."""
+    chip = users.base / "kernel_cache" / SOC
+    chip.mkdir(parents=True)
+    for folder in (chip.parent, chip):
+        shutil.chown(folder, "root", users.group)
+        folder.chmod(0o3770)  # setgid, sticky
+    make_entry(chip, "te_k_00", 4096, time.time() - 2 * HOUR)
+    (chip / "te_k_00.lock").write_bytes(b"")
+    for name in ("te_k_00.json", "te_k_00.o"):
+        shutil.chown(chip / name, users.bob, users.group)
+    shutil.chown(chip / "te_k_00.lock", users.alice, users.group)
+    for path in chip.iterdir():
+        path.chmod(0o660)
+    out = run_python_as(users, other_runtime, users.bob, "-c", STICKY_GC, str(chip))
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report == {"evicted": ["te_k_00"], "denied": []}, report
+    assert (chip / "te_k_00.lock").exists() and not (chip / "te_k_00.json").exists()

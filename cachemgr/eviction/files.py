@@ -111,7 +111,7 @@ def reap_lock(
         lock.release()
 
 
-def release_removed(lock: fsutil.FcntlLock, json_name: str, chip_fd: int) -> bool:
+def release_removed(lock: fsutil.FcntlLock, json_name: str, chip_fd: int) -> None:
     """Release the held entry lock ``lock`` of an entry just removed under it (evicted, bad,
     GE-fatal), unlinking its file first when :func:`reap_lock`'s rule holds now — so an
     evicted entry does not leave its ``<kernel>.lock`` behind for an hour more: the lock is
@@ -122,8 +122,10 @@ def release_removed(lock: fsutil.FcntlLock, json_name: str, chip_fd: int) -> boo
     is old enough (docs/design.md#size-limits-and-eviction); so does one this process may only
     read (GE's ``0640``: only a read lock is held, :class:`~cachemgr.storage.locks.FcntlLock`).
 
+    One ``lstat`` more per removed entry; two more and the ``unlink`` when the lock file goes.
+    A lock file this process may not unlink (another user's in a sticky folder) stays.
+
     :param chip_fd: the open chip folder of the lock file and the json.
-    :returns: True when the lock file was unlinked.
     :raises OSError: an ``lstat`` failed for another reason than the file being gone.
     """
     st = fsutil.lstat_or_none(lock.path, chip_fd)
@@ -132,11 +134,12 @@ def release_removed(lock: fsutil.FcntlLock, json_name: str, chip_fd: int) -> boo
         and not _young(st, LOCK_REAP_AGE_S)
         and fsutil.lstat_or_none(Path(json_name), chip_fd) is None
     )
-    lock.release(unlink=due)
-    if not due or st is None:
-        return False
-    now = fsutil.lstat_or_none(lock.path, chip_fd)
-    return now is None or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino)
+    try:
+        lock.release(unlink=due)
+    except OSError as exc:  # the lock is released all the same (its descriptor closed)
+        if exc.errno not in DENIED_ERRNOS:
+            raise
+        # e.g. another user's lock file in a sticky folder: it stays, as before this rule
 
 
 def _young(st: os.stat_result, min_age_s: float) -> bool:
