@@ -101,6 +101,6 @@ def test_config_ls_stats_say_which_kernel_cache_and_why(
     total = ls.stderr.strip().splitlines()[-2]
     assert total == (
         f"1 entry, {entry_bytes} B; the chip folders hold {used} B in all files, as `stats` "
-        "shows and the limit counts (500 B not in entries: locks, temps, orphans)"
+        "shows and the limit counts (500 B not in entries: orphans)"
     ), ls.stderr
     assert ls.stderr.strip().splitlines()[-1] == why_opt

@@ -35,10 +35,31 @@ def _iso(ns: int) -> str:
     return datetime.fromtimestamp(ns / 1e9, tz=UTC).isoformat(timespec="seconds")
 
 
-def list_chip(chip: Path) -> tuple[list[dict[str, Any]], int]:
-    """One row per entry of a chip folder, by name grouping (no access time changes), and the
+#: The files of a chip folder that are no entry's, by kind: (label, the scan's table).
+LOOSE_KINDS = (
+    ("header manifests", "manifests"),
+    ("orphans", "orphans"),
+    ("temps", "temps"),
+    ("locks", "locks"),
+    (".nfs files", "silly"),
+)
+
+
+def loose_bytes(scan: entry.ChipScan) -> dict[str, int]:
+    """Bytes of the files that belong to no entry, by :data:`LOOSE_KINDS` label (apparent
+    sizes, as ``used_bytes``): what ``ls`` names when the folder holds more than its entries.
+    A header manifest is counted as one, never as a lock or temp
+    (docs/design.md#files-of-an-entry)."""
+    return {
+        label: sum(f.size for f in getattr(scan, table).values()) for label, table in LOOSE_KINDS
+    }
+
+
+def list_chip(chip: Path) -> tuple[list[dict[str, Any]], int, dict[str, int]]:
+    """One row per entry of a chip folder, by name grouping (no access time changes), the
     bytes of every regular file in it — what ``stats`` reports and GE counts toward the
-    limit (``TeFileUtils::GetDirectorySize``), entries or not."""
+    limit (``TeFileUtils::GetDirectorySize``), entries or not — and the bytes of the files no
+    entry owns, by kind (:func:`loose_bytes`)."""
     scan = entry.scan_chip(chip)
     rows = []
     for kernel in sorted(scan.entries):
@@ -55,7 +76,7 @@ def list_chip(chip: Path) -> tuple[list[dict[str, Any]], int]:
                 "parts": sorted(group.files),
             }
         )
-    return rows, scan.used_bytes
+    return rows, scan.used_bytes, loose_bytes(scan)
 
 
 @click.command("ls", short_help="List the entries: chip, kernel, op type, size, access.")
@@ -70,16 +91,19 @@ def ls_cmd(as_json: bool, raw_bytes: bool, **kw: Any) -> None:
     settings = load_settings(writable=False, **kw)
     rows: list[dict[str, Any]] = []
     used = 0
+    loose: dict[str, int] = {}
     unreadable = []
     with fsutil.reads_keep_atime():
         for chip in chip_dirs(settings):
             try:
-                found, chip_bytes = list_chip(chip)
+                found, chip_bytes, chip_loose = list_chip(chip)
             except PermissionError:  # a member's private folder: skipped, the others listed
                 unreadable.append(fsutil.access_hint(chip, "readable"))
                 continue
             rows += found
             used += chip_bytes
+            for kind, n in chip_loose.items():
+                loose[kind] = loose.get(kind, 0) + n
     if as_json:
         emit_json(rows)
         return
@@ -98,7 +122,7 @@ def ls_cmd(as_json: bool, raw_bytes: bool, **kw: Any) -> None:
         header = ("SOC", "KERNEL", "OP TYPE", "BYTES" if raw_bytes else "SIZE")
         human.table((*header, "LAST ACCESS (UTC)", "PARTS"), shown, right=(3,))
     if VERBOSITY.level >= 0:
-        click.echo(_total_line(rows, used, raw_bytes), err=True)
+        click.echo(_total_line(rows, used, loose, raw_bytes), err=True)
         click.echo(kernel_cache_why(settings), err=True)
     for line in unreadable:
         failure(f"{line}; that chip folder is not listed")
@@ -106,9 +130,12 @@ def ls_cmd(as_json: bool, raw_bytes: bool, **kw: Any) -> None:
         sys.exit(1)
 
 
-def _total_line(rows: list[dict[str, Any]], used: int, raw_bytes: bool) -> str:
-    """``N entries, X`` — and, when the chip folders hold more than their entries (lock files,
-    temps, orphans, strays), the bytes ``stats`` shows and the limit counts, labelled."""
+def _total_line(
+    rows: list[dict[str, Any]], used: int, loose: dict[str, int], raw_bytes: bool
+) -> str:
+    """``N entries, X`` — and, when the chip folders hold more than their entries (header
+    manifests, orphans, temps, lock files), the bytes ``stats`` shows and the limit counts,
+    each kind that holds bytes named with its own (``loose``: bytes by kind)."""
 
     def size(n: int) -> str:
         return f"{n} B" if raw_bytes else human.size(n)
@@ -116,9 +143,18 @@ def _total_line(rows: list[dict[str, Any]], used: int, raw_bytes: bool) -> str:
     total = sum(row["bytes"] for row in rows)
     line = f"{human.plural(len(rows), 'entry', 'entries')}, {size(total)}"
     if used > total:
+        kinds = {kind: n for kind, n in loose.items() if n}
+        other = used - total - sum(kinds.values())
+        if other > 0:  # e.g. GE's op_cache_file_del.lock, when something wrote into it
+            kinds["other files"] = other
+        named = (
+            ", ".join(kinds)
+            if len(kinds) <= 1
+            else ", ".join(f"{size(n)} {kind}" for kind, n in kinds.items())
+        )
         line += (
             f"; the chip folders hold {size(used)} in all files, as `stats` shows and the "
-            f"limit counts ({size(used - total)} not in entries: locks, temps, orphans)"
+            f"limit counts ({size(used - total)} not in entries: {named})"
         )
     return line
 

@@ -143,7 +143,7 @@ def _gc_line(soc: str, report: ChipGc) -> str:
         f"saved by a hit {len(report.saved_by_hit)}; "
         f"{'would reclaim' if report.dry_run else 'reclaimed'} "
         f"{plural(rec.orphans, 'orphan')}, {plural(rec.temps, 'temp file')}, "
-        f"{plural(rec.locks, 'lock file')}, "
+        f"{plural(rec.locks, 'lock file')}, {plural(rec.manifests, 'header manifest')}, "
         f"{plural(rec.bad_entries, 'bad entry', 'bad entries')}, "
         f"{plural(rec.ge_fatal, 'entry', 'entries')} that abort GE ({_mib(rec.bytes)})"
     )

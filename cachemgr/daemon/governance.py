@@ -901,7 +901,11 @@ class Governance:
             for chip in chips
         ]
         failed = False
-        done = _run_gc(jobs, deadline_s=self.config.gc_deadline_s, run_as=self.run_as)
+        # not under the folders' run locks, and without size eviction it counts no future
+        # access times: it never warns about them (and never marks a folder warned)
+        done = _run_gc(
+            jobs, deadline_s=self.config.gc_deadline_s, run_as=self.run_as, warn_skew=False
+        )
         for job, outcome in zip(jobs, done, strict=True):
             if outcome.error and not outcome.died:  # a death was logged already, once
                 log.warning("reaping %s failed: %s", job.chip_dir, outcome.error)
@@ -996,15 +1000,25 @@ def _run_gc(
     names: bool = False,
     deadline_s: float = 0.0,
     run_as: tuple[int, int] | None = None,
+    *,
+    warn_skew: bool = True,
 ) -> list[gcchild.Outcome]:
     """Run gc jobs in a child process (:mod:`cachemgr.daemon.gcchild`: the scan of a large
     chip folder never enters the daemon's heap), keeping "warn once per folder" about
     future access times here, across children. ``deadline_s`` > 0: the whole child run
-    stops (at the next entry) that many seconds from now (``[daemon] gc_deadline_s``)."""
+    stops (at the next entry) that many seconds from now (``[daemon] gc_deadline_s``).
+
+    With ``warn_skew`` (only for a run under its chip folder's run lock,
+    ``Governance._gc_child_of``) the child may give the warning: the folder is marked warned
+    for the whole run and unmarked after it when the run saw no future access times. That
+    mark must not be taken by a run beside it: the reclaim pass (``reap``, no size eviction,
+    so it counts no future access times) once held it while an eviction ran, which was told
+    "already warned" and never warned (docs/troubleshooting.md, access times in the future).
+    Without it the children never warn and the marks are left alone."""
     if deadline_s > 0:
         for job in jobs:
             job.deadline = time.monotonic() + deadline_s
-    told = [skew_warned.first(job.chip_dir) for job in jobs]
+    told = [warn_skew and skew_warned.first(job.chip_dir) for job in jobs]
     for job, first in zip(jobs, told, strict=True):
         job.skew_warned = not first
     outcomes = gcchild.run_jobs(jobs, names, run_as=run_as)

@@ -46,7 +46,13 @@ from typing import Any
 from cachemgr.config import layout
 from cachemgr.errors import CachePermissionError
 from cachemgr.eviction.compact import CompactEntries, HashCollision, scan_compact
-from cachemgr.eviction.files import DENIED_ERRNOS, denied_line, open_dir, remove_group
+from cachemgr.eviction.files import (
+    DENIED_ERRNOS,
+    denied_line,
+    open_dir,
+    release_removed,
+    remove_group,
+)
 from cachemgr.eviction.order import CompactPlan, plan_compact
 from cachemgr.eviction.plan import EvictionPlan, check_limits, plan_eviction
 from cachemgr.eviction.reclaim import ReclaimResult, after_eviction, reclaim
@@ -581,6 +587,8 @@ def _evict_one(chip_fd: int, scan: ChipScan, group: EntryGroup) -> Outcome:
         if st.st_atime_ns != group.atime_ns:
             return SAVED, group, 0, []  # a hit touched it after the scan: the hit wins
         removal = remove_group(chip_fd, group)
+        if lock is not None and removal.json_gone:  # its lock file too, once old enough
+            release_removed(lock, group.json_name, chip_fd)
     except OSError as exc:
         if exc.errno not in DENIED_ERRNOS:
             raise

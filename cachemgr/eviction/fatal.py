@@ -88,8 +88,11 @@ def remove_fatal_group(
         if out.fatal is None:
             return out
         out.removal = files.remove_group(chip_fd, group)
+        if out.removal.json_gone:  # its lock file too, once old enough
+            files.release_removed(lock, group.json_name, chip_fd)
     finally:
-        lock.release()  # the lock file stays: a GE process may hold it (files.reap_lock)
+        if lock.held:
+            lock.release()  # the lock file stays: a GE process may hold it (files.reap_lock)
     if out.removal.json_gone:
         log.warning("%s: removed entry %s: %s", chip_dir, group.kernel, out.fatal.line())
     return out

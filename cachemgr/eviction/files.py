@@ -111,6 +111,37 @@ def reap_lock(
         lock.release()
 
 
+def release_removed(lock: fsutil.FcntlLock, json_name: str, chip_fd: int) -> None:
+    """Release the held entry lock ``lock`` of an entry just removed under it (evicted, bad,
+    GE-fatal), unlinking its file first when :func:`reap_lock`'s rule holds now — so an
+    evicted entry does not leave its ``<kernel>.lock`` behind for an hour more: the lock is
+    held (no GE process holds it), the entry's main json ``json_name`` is absent, and the lock
+    file's ctime is at least :data:`LOCK_REAP_AGE_S` old (GE's ``chmod`` between its ``fopen``
+    and its ``F_SETLK`` sets it: ``TeCacheUtils::LockAndOpenCacheFile``, so no GE process is
+    between the two). A younger lock file stays for the reclaim pass, which unlinks it once it
+    is old enough (docs/design.md#size-limits-and-eviction); so does one this process may only
+    read (GE's ``0640``: only a read lock is held, :class:`~cachemgr.storage.locks.FcntlLock`).
+
+    One ``lstat`` more per removed entry; two more and the ``unlink`` when the lock file goes.
+    A lock file this process may not unlink (another user's in a sticky folder) stays.
+
+    :param chip_fd: the open chip folder of the lock file and the json.
+    :raises OSError: an ``lstat`` failed for another reason than the file being gone.
+    """
+    st = fsutil.lstat_or_none(lock.path, chip_fd)
+    due = (
+        st is not None
+        and not _young(st, LOCK_REAP_AGE_S)
+        and fsutil.lstat_or_none(Path(json_name), chip_fd) is None
+    )
+    try:
+        lock.release(unlink=due)
+    except OSError as exc:  # the lock is released all the same (its descriptor closed)
+        if exc.errno not in DENIED_ERRNOS:
+            raise
+        # e.g. another user's lock file in a sticky folder: it stays, as before this rule
+
+
 def _young(st: os.stat_result, min_age_s: float) -> bool:
     """True when the file's ctime is less than ``min_age_s`` seconds old."""
     return min_age_s > 0 and time.time() - st.st_ctime < min_age_s

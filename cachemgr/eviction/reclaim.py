@@ -44,6 +44,7 @@ from cachemgr.eviction.files import (
     NFS_SILLY_PREFIX,
     denied_line,
     reap_lock,
+    release_removed,
     remove_group,
     unlink_quiet,
 )
@@ -299,6 +300,7 @@ def _reclaim_bad(
             out.denied += removal.denied
             if not removal.json_gone:
                 return
+            release_removed(lock, group.json_name, chip_fd)  # its lock file, once old enough
         out.bad_entries += 1
         out.bytes += group.size
         out.bad.append(f"{kernel}: {problems[0].kind}")

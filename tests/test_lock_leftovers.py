@@ -1,0 +1,177 @@
+"""What gc and ls say about the files of a chip folder that are no entry's, and the
+``<kernel>.lock`` files that removed entries leave.
+
+* An entry removed under its lock (evicted, bad, GE-fatal) takes its lock file with it when
+  the rule of ``files.reap_lock`` allows it at that moment — held, the json gone, the ctime at
+  least an hour old (GE's ``TeCacheUtils::LockAndOpenCacheFile``, ``cache/te_cache_utils.cc``,
+  ``chmod``s between its ``fopen`` and its ``F_SETLK`` and never re-checks the inode after
+  locking) — instead of staying for the next reclaim pass. A lock file's ctime cannot be set
+  back, so "an hour old" is ``files.LOCK_REAP_AGE_S = 0`` here; a young one stays (GE twin).
+* ``gc`` names the header manifests it reclaimed, ``ls`` the kinds of the bytes that are in
+  no entry: a manifest's bytes were labelled "locks, temps, orphans" (``ls``) and left
+  unnamed beside "0 lock files" (``gc``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from cachemgr.eviction import fatal, files, gc_chip
+from tests import ge_twin
+from tests.conftest import SOC, run_cli
+from tests.test_direct import SOURCE
+from tests.test_eviction import HOUR, MIB, make_entry
+from tests.users_util import Runtime, Users, run_python_as
+
+
+def _entries_with_locks(chip: Path, n: int) -> None:
+    """``n`` entries of 1 MiB accessed ``n`` h down to 1 h ago, each with its lock file."""
+    now = time.time()
+    for i in range(n):
+        make_entry(chip, f"te_k_{i:02d}", MIB, now - n * HOUR + i * HOUR)
+        (chip / f"te_k_{i:02d}.lock").write_bytes(b"")
+
+
+def test_an_evicted_entrys_old_lock_file_goes_in_the_same_run(
+    chip: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _entries_with_locks(chip, 12)
+    monkeypatch.setattr(files, "LOCK_REAP_AGE_S", 0)  # every lock file "an hour old"
+    report = gc_chip(chip, 10, 50)
+    gone = {f"te_k_{i:02d}" for i in range(7)}
+    assert set(report.evicted) == gone
+    locks = {p.stem for p in chip.glob("te_k_*.lock")}
+    assert locks == {f"te_k_{i:02d}" for i in range(7, 12)}, "evicted entries' locks left"
+    assert report.bytes_after == 5 * MIB
+
+
+def test_a_young_lock_file_of_an_evicted_entry_stays(chip: Path) -> None:
+    """GE's twin locked these entries' files just now (``LockAndOpenCacheFile``: the ctime
+    is now): a GE process may be between its ``fopen`` and its ``F_SETLK``."""
+    for i in range(4):
+        ge_twin.write_entry(chip, f"te_k_{i}", size=4096)
+        for name in (f"te_k_{i}.json", f"te_k_{i}.o"):
+            t = time.time() - 2 * HOUR
+            os.utime(chip / name, (t, t))
+    report = gc_chip(chip, 1, 1, 0, force_ratio=True)
+    assert report.evicted and all((chip / f"{k}.lock").exists() for k in report.evicted)
+
+
+def test_a_bad_entrys_old_lock_file_goes_with_it(
+    chip: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _entries_with_locks(chip, 1)
+    (chip / "te_k_00.o").unlink()  # its json names a binary that is not there: bad
+    monkeypatch.setattr(files, "LOCK_REAP_AGE_S", 0)
+    report = gc_chip(chip, -1, 50)
+    assert report.reclaimed.bad_entries == 1
+    assert not (chip / "te_k_00.lock").exists()
+
+
+def _compiled_with_header(tmp_path: Path, env: dict[str, str]) -> Path:
+    """A kernel with a header compiled into ``<tmp>/cache`` by the CLI: an entry and the
+    header manifest beside it. Returns the chip folder."""
+    project = tmp_path / "proj"
+    (project / "inc").mkdir(parents=True)
+    (project / "inc" / "k.h").write_text("#define SCALE 2.0f\n")
+    (project / "k.c").write_text(SOURCE)
+    request = {
+        "op_type": "Scale",
+        "soc_version": SOC,
+        "language": "c",
+        "kernel_source": "k.c",
+        "kernel_entry": "scale_kernel",
+        "inputs": [{"shape": [16], "dtype": "float32", "format": "ND"}],
+        "outputs": [{"shape": [16], "dtype": "float32", "format": "ND"}],
+        "include_dirs": ["inc"],
+    }
+    (project / "req.json").write_text(json.dumps(request))
+    cache = str(tmp_path / "cache")
+    out = run_cli("compile", "--cache-dir", cache, "req.json", env=env, cwd=project)
+    assert out.returncode == 0 and out.stdout.startswith("compiled"), out.stderr
+    chip = tmp_path / "cache" / "kernel_cache" / SOC
+    assert len(list(chip.glob("*.manifest"))) == 1, sorted(p.name for p in chip.iterdir())
+    return chip
+
+
+def test_ls_names_header_manifest_bytes_as_such(tmp_path: Path, clean_env) -> None:
+    chip = _compiled_with_header(tmp_path, clean_env)
+    (manifest,) = chip.glob("*.manifest")
+    out = run_cli("ls", "--bytes", "--cache-dir", str(tmp_path / "cache"), env=clean_env)
+    assert out.returncode == 0, out.stderr
+    total = out.stderr.strip().splitlines()[-2]
+    size = manifest.stat().st_size
+    assert total.endswith(f"({size} B not in entries: header manifests)"), total
+
+
+def test_gc_names_the_header_manifests_it_reclaims(tmp_path: Path, clean_env) -> None:
+    chip = _compiled_with_header(tmp_path, clean_env)
+    (manifest,) = chip.glob("*.manifest")
+    size = manifest.stat().st_size
+    for part in chip.glob("te_scale_*"):  # GE's eviction: json and binary, never the rest
+        if part.suffix in (".json", ".o"):
+            part.unlink()
+    out = run_cli("gc", "--cache-dir", str(tmp_path / "cache"), env=clean_env)
+    assert out.returncode == 0, out.stderr
+    (line,) = [ln for ln in out.stdout.splitlines() if ln.startswith(f"{SOC}:")]
+    assert "0 lock files, 1 header manifest," in line and f"({size} B)" in line, line
+    assert not list(chip.glob("*.manifest"))
+
+
+def test_a_ge_fatal_entrys_old_lock_file_goes_with_it(
+    chip: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An entry GE wrote (its twin: the lock file GE's own) whose json makes GE abort
+    (``sha256`` a number: ``TeCacheManager::VerifyBinFileSha256`` reads it as a string),
+    removed as the daemon removes it on sight (``fatal.remove_if_fatal``: no reclaim pass
+    follows that would reap the lock file)."""
+    assert ge_twin.write_entry(chip, "te_abort_0").files
+    path = chip / "te_abort_0.json"
+    data = json.loads(path.read_bytes())
+    data["sha256"] = 12345
+    ge_twin.copy_to_cache(json.dumps(data).encode(), path)
+    monkeypatch.setattr(files, "LOCK_REAP_AGE_S", 0)
+    done = fatal.remove_if_fatal(chip, "te_abort_0")
+    assert done.fatal is not None and done.removed
+    assert not list(chip.glob("te_abort_0*")), sorted(p.name for p in chip.iterdir())
+
+
+#: bob's gc of one chip folder with every lock file "an hour old"; prints its report's
+#: evicted names and denied lines.
+STICKY_GC = """
+import json, sys
+from cachemgr.eviction import files, gc_chip
+files.LOCK_REAP_AGE_S = 0
+r = gc_chip(sys.argv[1], 1, 0, 0, force_ratio=True)
+print(json.dumps({"evicted": r.evicted, "denied": r.denied}))
+"""
+
+
+def test_a_lock_file_it_may_not_unlink_stays_and_the_eviction_is_not_denied(
+    users: Users, other_runtime: Runtime
+) -> None:
+    """A sticky group folder: bob may remove his entry but not alice's lock file of it (a GE
+    process of hers took it). The entry is evicted, reported so, and the lock file stays."""
+    chip = users.base / "kernel_cache" / SOC
+    chip.mkdir(parents=True)
+    for folder in (chip.parent, chip):
+        shutil.chown(folder, "root", users.group)
+        folder.chmod(0o3770)  # setgid, sticky
+    make_entry(chip, "te_k_00", 4096, time.time() - 2 * HOUR)
+    (chip / "te_k_00.lock").write_bytes(b"")
+    for name in ("te_k_00.json", "te_k_00.o"):
+        shutil.chown(chip / name, users.bob, users.group)
+    shutil.chown(chip / "te_k_00.lock", users.alice, users.group)
+    for path in chip.iterdir():
+        path.chmod(0o660)
+    out = run_python_as(users, other_runtime, users.bob, "-c", STICKY_GC, str(chip))
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report == {"evicted": ["te_k_00"], "denied": []}, report
+    assert (chip / "te_k_00.lock").exists() and not (chip / "te_k_00.json").exists()
