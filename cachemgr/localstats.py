@@ -73,15 +73,13 @@ def complete(
     governed kernel caches' folders (docs/design.md#where-the-cache-lives), the kernel cache,
     the limits and the access-time rule of each governed mount
     (docs/interop.md#ges-eviction-and-access-times)."""
-    from cachemgr.eviction.gc import limits_json
-
     return dataclasses.replace(
         data,
         via=via,
         route=route,
         other_kernel_caches=_other_stats(settings, warn),
         kernel_cache_dir=str(settings.layout.kernel_cache_dir),
-        limits=limits_json(settings),
+        limits=settings.limits_json(),
         filesystems=[a.to_json() for a in governed_atimes(settings)],
     )
 

@@ -452,6 +452,7 @@ DENIED_STATS = (
     "cachemgr.compile.queue",
     "cachemgr.compile.pipeline",
     "cachemgr.compile.build",
+    "cachemgr.eviction.gc",  # gc itself: stats counts chip folders with purge's chip_row only
 )
 
 
