@@ -7,6 +7,9 @@ Click-free, so that the click command (:mod:`cachemgr.cli.gc_cmd`) and the conso
 script's fast path (:mod:`cachemgr.main`, :func:`answer`) print the same figures by
 construction: both call :func:`measure` and :func:`complete`; every warning goes through the
 ``warn`` callable each is given (one message, without the ``cachemgr: warning:`` label).
+:func:`chip_dirs` is also how the CLI's other commands (``ls``, ``verify``, ``purge``,
+``pack``) pick their chip folders (``cachemgr.cli.common.chip_dirs`` calls it with click's
+warning line).
 """
 
 from __future__ import annotations
