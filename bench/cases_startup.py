@@ -54,7 +54,7 @@ GAP_CAUSES = {
     "hit-m": "gap: `python -m` imports runpy (importlib.util, contextlib, functools) first",
     "stats": "gap: answered without click (cachemgr.localstats), but through the settings' "
     "modules (the stdlib they import, pathlib, logging, json/re, typing, dataclasses, is 4x "
-    "alone) and the eviction modules that count a chip folder (+2.5x)",
+    "alone) and the eviction modules that count a chip folder (+2x)",
     "config": "gap: answered without click, but the settings' modules import pathlib, "
     "logging, json/re, typing and dataclasses (4x alone) and define 23 dataclasses",
     "help": "gap: pip's console script imports re first (the `import re` row), or the stored "
