@@ -56,10 +56,11 @@ GAP_CAUSES = {
     "hit-daemon": "gap: beyond the local hit, one round trip (POST /compile/if-config): the "
     "daemon's thread for the connection, its prepare (compiler, key) and verified lookup",
     "hit-m": "gap: `python -m` imports runpy (importlib.util, contextlib, functools) first",
-    "stats": "gap: stats runs through click, the settings' modules (dataclasses) and the "
-    "filesystem probe; no direct path answers it",
-    "config": "gap: answered without click, but the settings' modules define 23 "
-    "dataclasses and import dataclasses (inspect) and logging: about half its cost",
+    "stats": "gap: answered without click (cachemgr.localstats), but through the settings' "
+    "modules (the stdlib they import, pathlib, logging, json/re, typing, dataclasses, is 4x "
+    "alone) and the eviction modules that count a chip folder (+2x)",
+    "config": "gap: answered without click, but the settings' modules import pathlib, "
+    "logging, json/re, typing and dataclasses (4x alone) and define 23 dataclasses",
     "help": "gap: pip's console script imports re first (the `import re` row), or the stored "
     "help is stale",
 }

@@ -17,7 +17,12 @@ written:
   [--remote URL]...``: the same settings resolution (:func:`cachemgr.config.options.resolve`)
   and the same report (:func:`cachemgr.console.config_report`) as the click command; the
   whole output is computed first (log lines included), then written, so a decline leaves
-  nothing behind.
+  nothing behind;
+* ``cachemgr stats [--json] [--cache-dir DIR] [--host-id ID] [--soc SOC] [--config FILE]``
+  with no daemon that may serve the cache (no ``$CACHEMGR_SOCKET``, no file at the default
+  socket): the same figures (:mod:`cachemgr.localstats`, which the click command calls too)
+  and the same report (:mod:`cachemgr.stats_view`), computed first and then written as
+  ``config``'s.
 
 Shell completion (``$_CACHEMGR_COMPLETE``), ``--version`` and every other command are
 click's.
@@ -35,14 +40,19 @@ from __future__ import annotations
 import os
 import sys
 
-#: ``config``'s options that take a value (the click command's), and whether repeatable.
-_CONFIG_VALUES = {
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # not at run time: typing costs ~2.5 ms of start-up
+    from collections.abc import Callable
+
+#: The settings options that take a value (the click commands'), and whether repeatable.
+_SETTINGS_VALUES = {
     "--cache-dir": ("op_compiler_cache_dir", False),
     "--host-id": ("host_id", False),
     "--soc": ("soc_version", False),
     "--config": ("config_file", False),
-    "--remote": ("remotes", True),
 }
+#: ``config``'s options that take a value.
+_CONFIG_VALUES = {**_SETTINGS_VALUES, "--remote": ("remotes", True)}
 
 
 def main() -> None:
@@ -57,6 +67,8 @@ def main() -> None:
             _write([(False, TOP)], 0, gone=1)  # click's main exits 1 on EPIPE here
     elif argv[:1] == ["config"]:
         _config(argv[1:])
+    elif argv[:1] == ["stats"]:
+        _stats(argv[1:])
     elif argv[:1] == ["compile"] and _direct_on():
         _compile(argv)
     from cachemgr.cli import main as click_main
@@ -114,35 +126,54 @@ def _full_width() -> bool:
 def _config(args: list[str]) -> None:
     """``cachemgr config`` without click, when ``args`` are options it knows; returns (to
     hand over to click) otherwise or on any error, having written nothing."""
-    given = _parse_config(args)
+    given = _parse_options(args, _CONFIG_VALUES)
+    if given is not None:
+        _answer(lambda out: _config_lines(given, out))
+
+
+def _stats(args: list[str]) -> None:
+    """``cachemgr stats`` without click (:func:`cachemgr.localstats.answer`), when ``args``
+    are settings options or ``--json`` and no daemon may serve the cache; returns (to hand
+    over to click) otherwise or on any error, having written nothing."""
+    given = _parse_options(args, _SETTINGS_VALUES)
     if given is None:
         return
+    from cachemgr import localstats
+
+    _answer(lambda out: _plain_lines(out, localstats.answer(given, out)))
+
+
+def _answer(compute: Callable[[list[tuple[bool, str]]], int | None]) -> None:
+    """Run ``compute`` at default verbosity with every log line kept, in order, in the list
+    it appends its own lines to (``(to_stderr, text)``); write them all and exit with its
+    code. Returns, having written nothing, when it returns None or raises."""
     import logging
 
     from cachemgr.console import LOG_FORMAT, VERBOSITY, SafeFormatter
 
-    records: list[str] = []
-    handler = _list_handler_class()(records)
+    out: list[tuple[bool, str]] = []
+    handler = _list_handler_class()(out)
     handler.setFormatter(SafeFormatter(LOG_FORMAT))
     root = logging.getLogger()
     root.addHandler(handler)  # logging.basicConfig (VERBOSITY.set) then adds no other
     try:
         VERBOSITY.set(0)
-        lines = _config_lines(given)
+        code = compute(out)
     except Exception:
-        lines = None
+        code = None
     finally:
         root.removeHandler(handler)
-    if lines is None:
-        return
-    report, code = lines
-    _write([(True, r) for r in records] + report, code)
+    if code is not None:
+        _write(out, code)
 
 
-def _parse_config(args: list[str]) -> dict[str, object] | None:
-    """The click command's values for ``args``, or None for anything not plainly one of its
-    options (``-v``, ``--help``, ``--``, a value that looks like an option, a repeated
-    option, an argument…)."""
+def _parse_options(
+    args: list[str], values: dict[str, tuple[str, bool]]
+) -> dict[str, object] | None:
+    """The click command's values for ``args`` (``--json`` and the options ``values`` names,
+    with the key each gives and whether it repeats), or None for anything not plainly one
+    of its options (``-v``, ``--help``, ``--``, a value that looks like an option, a
+    repeated option, an argument…)."""
     from pathlib import Path
 
     given: dict[str, object] = {"as_json": False, "remotes": ()}
@@ -154,7 +185,7 @@ def _parse_config(args: list[str]) -> dict[str, object] | None:
             given["as_json"] = True
             i += 1
             continue
-        if name not in _CONFIG_VALUES:
+        if name not in values:
             return None
         if not eq:
             if i + 1 >= len(args):
@@ -162,7 +193,7 @@ def _parse_config(args: list[str]) -> dict[str, object] | None:
             value = args[i + 1]
             i += 1
         i += 1
-        key, repeatable = _CONFIG_VALUES[name]
+        key, repeatable = values[name]
         if not value or value.startswith("-"):
             return None
         if repeatable:
@@ -190,10 +221,10 @@ def _plain_file_option(value: str) -> bool:
     return not stat.S_ISDIR(st.st_mode) and os.access(value, os.R_OK)
 
 
-def _config_lines(given: dict[str, object]) -> tuple[list[tuple[bool, str]], int] | None:
-    """What the click command prints (warnings, then the report) and its exit code; None
-    when its text could print differently through click (``click.echo`` strips escape
-    sequences from a pipe, re-encodes a non-UTF-8 stream).
+def _config_lines(given: dict[str, object], out: list[tuple[bool, str]]) -> int | None:
+    """What the click command prints (warnings, then the report), appended to ``out``, and
+    its exit code; None when its text could print differently through click
+    (:func:`_plain_lines`).
 
     :raises Exception: any error of the resolution: click then answers (and words it).
     """
@@ -203,12 +234,18 @@ def _config_lines(given: dict[str, object]) -> tuple[list[tuple[bool, str]], int
     cli = {k: given.get(k) for k in ("op_compiler_cache_dir", "host_id", "soc_version")}
     config_file = given.get("config_file")
     settings = options.resolve(cli=cli, config_file=config_file, writable=True)  # type: ignore[arg-type]
-    lines = [(True, warning_line(p)) for p in settings.problems]
+    out += [(True, warning_line(p)) for p in settings.problems]
     report, code = config_report(settings, bool(given["as_json"]), given["remotes"])  # type: ignore[arg-type]
-    lines += report
-    if not _plain_text([text for _, text in lines]):
+    out += report
+    return _plain_lines(out, code)
+
+
+def _plain_lines(out: list[tuple[bool, str]], code: int | None) -> int | None:
+    """``code``, or None when a line of ``out`` could print differently through click
+    (``click.echo`` strips escape sequences from a pipe, re-encodes a non-UTF-8 stream)."""
+    if code is None or not _plain_text([text for _, text in out]):
         return None
-    return lines, code
+    return code
 
 
 def _plain_text(texts: list[str]) -> bool:
@@ -226,12 +263,12 @@ def _list_handler_class() -> type:
     class ListHandler(logging.Handler):
         """Keeps formatted log lines, to be written with the rest of the output."""
 
-        def __init__(self, into: list[str]) -> None:
+        def __init__(self, into: list[tuple[bool, str]]) -> None:
             super().__init__()
             self.into = into
 
         def emit(self, record: logging.LogRecord) -> None:
-            self.into.append(self.format(record))
+            self.into.append((True, self.format(record)))
 
     return ListHandler
 

@@ -34,3 +34,17 @@ def size(n_bytes: int | None) -> str:
         value /= 1024
         exp += 1
     return f"{value:.1f} {_UNITS[exp - 1]}"
+
+
+def percent(part: int, whole: int) -> str:
+    """``50.00 %`` of ``whole``; ``-`` when ``whole`` is 0."""
+    return "-" if not whole else f"{100 * part / whole:.2f} %"
+
+
+def bar(pct: float | None, width: int = 10) -> str:
+    """``[######----]``: ``pct`` % of ``width`` cells filled (over 100 % fills every cell);
+    ``""`` for None (no limit to fill)."""
+    if pct is None:
+        return ""
+    filled = min(width, max(0, round(pct * width / 100)))
+    return "[" + "#" * filled + "-" * (width - filled) + "]"

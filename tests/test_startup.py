@@ -195,7 +195,7 @@ def test_deny_list_names_real_modules() -> None:
     """A renamed module would make the deny-list pass without checking anything."""
     import importlib.util
 
-    for name in (*DENIED_LOCAL, "cachemgr.compile.queue", "cachemgr.config.options"):
+    for name in (*DENIED_LOCAL, *DENIED_STATS, "cachemgr.compile.queue", "cachemgr.config.options"):
         assert importlib.util.find_spec(name) is not None, name
 
 
@@ -438,3 +438,124 @@ def test_config_file_errors_say_where_the_file_came_from(how: str, tmp_path: Pat
         line = fast.stderr.decode().strip()
         assert fast.returncode == 2 and line.startswith(f"cachemgr: error: config file {name}")
         assert line.endswith(f"(from {origin})") and "\n" not in line, line
+
+
+# --- `stats` answered by the fast path: the same bytes as click, and only what it needs ---
+
+#: What ``stats`` from the fast path never imports: click and the CLI, the compile path, the
+#: daemon, an HTTP client (it answers only where no daemon may serve the cache).
+DENIED_STATS = (
+    *(d for d in DENIED_LOCAL if d != "cachemgr.eviction"),  # it counts chip folders as gc
+    "click",
+    "cachemgr.cli",
+    "cachemgr.daemon",
+    "cachemgr.compile.queue",
+    "cachemgr.compile.pipeline",
+    "cachemgr.compile.build",
+    "cachemgr.eviction.gc",  # gc itself: stats counts chip folders with purge's chip_row only
+)
+
+
+@pytest.fixture
+def stats_cache(hit_setup: tuple[list[str], dict[str, str]], tmp_path: Path) -> Path:
+    """The cache root of ``hit_setup``, after a real compile and a real hit: one chip
+    folder with an entry, counters of a hit and a miss."""
+    argv, env = hit_setup
+    again = subprocess.run(
+        [sys.executable, "-m", "cachemgr", *argv], env=env, capture_output=True, text=True
+    )
+    assert json.loads(again.stdout)["status"] == "hit", again.stderr
+    return Path(argv[argv.index("--cache-dir") + 1])
+
+
+def _other_kernel_caches(root: Path, cache: Path) -> dict[str, str]:
+    """``ASCEND_CACHE_PATH`` at ``root`` with two per-host kernel caches holding a copy of
+    ``cache``'s chip folders (so ``stats`` lists the other one)."""
+    for host in ("h1", "h2"):
+        shutil.copytree(cache / "kernel_cache", root / f"kernel_cache_{host}", symlinks=True)
+    return {"ASCEND_CACHE_PATH": str(root)}
+
+
+@pytest.mark.parametrize(
+    ("args", "setup"),
+    [
+        ([], ""),
+        (["--json"], ""),
+        (["--soc", "Ascend910B1"], ""),
+        (["--soc", "Ascend310P3"], ""),  # no such chip folder: a warning
+        ([], "env-fallback"),  # a bad env limit: a warning, the fallback limit shown
+        ([], "bad-ini"),  # a bad op_cache.ini value: a warning
+        (["--config", "CONF"], ""),
+        (["--cache-dir", "MISSING"], ""),  # no kernel cache there: a warning
+        (["--host-id", "h1"], "ascend-cache-path"),  # the other per-host cache listed too
+        (["--host-id", "h1", "--json"], "ascend-cache-path"),
+    ],
+    ids=["plain", "json", "soc", "no-such-soc", "env-fallback", "bad-ini", "config-file",
+         "missing", "other-caches", "other-caches-json"],
+)  # fmt: skip
+def test_stats_fast_path_matches_click(
+    args: list[str], setup: str, stats_cache: Path, tmp_path: Path
+) -> None:
+    """``cachemgr stats`` answered without click writes the same bytes to stdout and stderr
+    and exits with the same code as the click command, on a real cache (a real compile and
+    hit), and imports neither click nor the compile path, the daemon or an HTTP client."""
+    env = daemon_env(tmp_path)
+    conf = tmp_path / "cachemgr.toml"
+    conf.write_text("[daemon]\nworkers = 3\n")
+    if setup == "env-fallback":
+        env["ASCEND_MAX_OP_CACHE_SIZE"] = "abc"
+    if setup == "bad-ini":
+        (stats_cache / "kernel_cache" / "op_cache.ini").write_text("max_op_cache_size=ten\n")
+    cache_args = ["--cache-dir", str(stats_cache)]
+    if setup == "ascend-cache-path":
+        env.update(_other_kernel_caches(tmp_path / "acp", stats_cache))
+        cache_args = []
+    if "--cache-dir" in args:
+        cache_args = []
+    subs = {"CONF": str(conf), "MISSING": str(tmp_path / "missing")}
+    argv = ["stats", *cache_args, *(subs.get(a, a) for a in args)]
+    fast, slow, names = both_paths(argv, env, tmp_path)
+    assert fast.stdout
+    assert_same(fast, slow)
+    assert "click" not in names and "cachemgr.localstats" in names, "answered by the fast path"
+    deny = (
+        DENIED_STATS if "--config" not in args else tuple(d for d in DENIED_STATS if d != "tomllib")
+    )
+    assert denied(names, deny) == []
+    if setup == "ascend-cache-path" and "--json" in args:
+        assert list(json.loads(fast.stdout)["other_kernel_caches"]) == [
+            str(tmp_path / "acp" / "kernel_cache_h2")
+        ]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["-v"],
+        ["-q"],
+        ["--zero"],
+        ["--all"],
+        ["--local"],
+        ["--soc"],  # a value missing: click's usage error
+        ["--bogus"],
+        ["SOCKET-FILE"],  # a file at the default socket: a daemon may serve it
+        ["ENV-SOCKET"],  # $CACHEMGR_SOCKET names a daemon: click routes (an error here)
+    ],
+)
+def test_stats_declined_goes_to_click_unchanged(
+    args: list[str], stats_cache: Path, tmp_path: Path
+) -> None:
+    """What the stats fast path does not answer is click's, with the original argv, and
+    prints exactly what click alone prints."""
+    env = daemon_env(tmp_path)
+    if args == ["SOCKET-FILE"]:
+        (tmp_path / "run" / "cachemgr").mkdir(mode=0o700)
+        (tmp_path / "run" / "cachemgr" / "cachemgr.sock").write_text("")
+        args = []
+    if args == ["ENV-SOCKET"]:
+        env["CACHEMGR_SOCKET"] = str(tmp_path / "no-daemon.sock")
+        args = []
+    argv = ["stats", "--cache-dir", str(stats_cache), *args]
+    fast, slow, names = both_paths(argv, env, tmp_path)
+    assert_same(fast, slow)
+    assert "click" in names

@@ -142,24 +142,20 @@ def load_settings(
 
 
 def chip_dirs(settings: Settings) -> list[Path]:
-    """The chip folders to act on: the one of ``--soc`` or every existing one."""
-    soc = settings.value("soc_version")
-    if soc:
-        chip = settings.layout.chip_dir(soc)
-        if not chip.is_dir():
-            warning(f"no chip folder {soc} at {chip} (from --soc); nothing there")
-        return [chip]
-    warn_if_no_kernel_cache(settings)
-    return settings.layout.chip_dirs()
+    """The chip folders to act on: the one of ``--soc`` or every existing one, with a
+    warning line when that folder or the kernel cache is missing
+    (:func:`cachemgr.localstats.chip_dirs`)."""
+    from cachemgr import localstats
+
+    return localstats.chip_dirs(settings, warning)
 
 
 def warn_if_no_kernel_cache(settings: Settings) -> None:
-    """One warning line when the resolved kernel cache folder does not exist (a mistyped
-    ``--cache-dir`` must not look like a clean cache), naming where the path came from."""
-    kcache = settings.layout.kernel_cache_dir
-    if not kcache.is_dir():
-        origin = settings["kernel_cache_dir"]
-        warning(f"no kernel cache at {kcache} (from {origin.origin} {origin.source}) yet")
+    """One warning line when the resolved kernel cache folder does not exist
+    (:func:`cachemgr.localstats.warn_if_no_kernel_cache`)."""
+    from cachemgr import localstats
+
+    localstats.warn_if_no_kernel_cache(settings, warning)
 
 
 def warning(message: str) -> None:

@@ -19,7 +19,8 @@ from typing import Any
 
 import click
 
-from cachemgr.cli import human, stats_view
+from cachemgr import localstats, stats_view
+from cachemgr.cli import human
 from cachemgr.cli.common import (
     VERBOSITY,
     chip_dirs,
@@ -37,14 +38,13 @@ from cachemgr.cli.common import (
     warning,
 )
 from cachemgr.cli.lockcheck import checked_for_writing
-from cachemgr.compile.results import ChipGc, ChipStats, GcResult, StatsResult
+from cachemgr.compile.results import ChipGc, GcResult
 from cachemgr.config import options
 from cachemgr.config.options import Settings
 from cachemgr.errors import ConfigError
-from cachemgr.eviction import DryRun, chip_row, gc, purge_chip
-from cachemgr.eviction.gc import limits_json
-from cachemgr.storage import atimes, fsprobe
-from cachemgr.storage.counters import COUNTER_NAMES, CacheCounters
+from cachemgr.eviction import DryRun, gc, purge_chip
+from cachemgr.storage import fsprobe
+from cachemgr.storage.counters import CacheCounters
 
 
 def _warn_about_limits(settings: Settings, force_ratio: int | None, via_daemon: bool) -> None:
@@ -359,28 +359,9 @@ def stats_cmd(
         return
     if client is not None:
         data = client.stats(settings.value("soc_version"))
-        via = "daemon"
     else:
-        counters = CacheCounters(kcache)
-        per_chip = counters.per_chip()
-        rows = {
-            chip.name: dataclasses.replace(
-                ChipStats.from_json(chip_row(chip, settings)),
-                counters=per_chip.get(chip.name, dict.fromkeys(COUNTER_NAMES, 0)),
-            )
-            for chip in chip_dirs(settings)
-        }
-        data = StatsResult(dict(counters.snapshot()), rows)
-        via = "local"
-    data = dataclasses.replace(
-        data,
-        via=via,
-        route=where.to_json(),
-        other_kernel_caches=_other_stats(settings),
-        kernel_cache_dir=str(settings.layout.kernel_cache_dir),
-        limits=limits_json(settings),
-        filesystems=[a.to_json() for a in _governed_atimes(settings)],
-    )
+        data = localstats.measure(settings, warning)
+    data = localstats.complete(data, where.via, where.to_json(), settings, warning)
     if as_json:
         emit_json(data.to_json())
         return
@@ -419,13 +400,6 @@ def _stats_all(socket_path: Path | None, run_local: bool, as_json: bool) -> None
         click.echo(line)
 
 
-def _governed_atimes(settings: Settings) -> list[atimes.CacheAtimes]:
-    """The access-time rule of each governed kernel cache's mount, this one first: what it
-    means for GE's own eviction (docs/interop.md#ges-eviction-and-access-times)."""
-    caches = [settings.layout.kernel_cache_dir, *settings.other_kernel_caches()]
-    return atimes.governed_atimes(caches)
-
-
 def _note_daemon_counters(settings: Settings) -> None:
     """``stats --local`` while a daemon serves this cache: one line saying that its counters
     since its last save are not in the figures (it saves every counters_save_interval_s)."""
@@ -435,16 +409,6 @@ def _note_daemon_counters(settings: Settings) -> None:
             f"note: a daemon serves this cache ({found[0]}); its counters since its last "
             f"save (every {found[1]} s) are not included: run without --local"
         )
-
-
-def _other_stats(settings: Any) -> dict[str, dict[str, ChipStats]]:
-    """Per chip folder figures of the other governed kernel caches
-    (docs/design.md#where-the-cache-lives), by path."""
-    out = {}
-    for kc in settings.other_kernel_caches():
-        other = options.settings_for(settings, kc, os.environ)
-        out[str(kc)] = {c.name: ChipStats.from_json(chip_row(c, other)) for c in chip_dirs(other)}
-    return out
 
 
 @click.command("purge", short_help="Clear chip folders (needs --soc or --all).")

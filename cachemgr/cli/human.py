@@ -12,22 +12,10 @@ from typing import Any
 import click
 
 from cachemgr.cli.common import VERBOSITY, printable
+from cachemgr.words import bar as bar  # re-exported: a fill bar, every layer's
+from cachemgr.words import percent as percent  # re-exported: a share in per cent
 from cachemgr.words import plural as plural  # re-exported: the CLI's counts in words
 from cachemgr.words import size as size  # re-exported: sizes in KiB/MiB, every layer's
-
-
-def percent(part: int, whole: int) -> str:
-    """``50.00 %`` of ``whole``; ``-`` when ``whole`` is 0."""
-    return "-" if not whole else f"{100 * part / whole:.2f} %"
-
-
-def bar(pct: float | None, width: int = 10) -> str:
-    """``[######----]``: ``pct`` % of ``width`` cells filled (over 100 % fills every cell);
-    ``""`` for None (no limit to fill)."""
-    if pct is None:
-        return ""
-    filled = min(width, max(0, round(pct * width / 100)))
-    return "[" + "#" * filled + "-" * (width - filled) + "]"
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequence[int] = ()) -> None:

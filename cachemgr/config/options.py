@@ -246,6 +246,20 @@ class Settings:
             float(self.value("min_age_s")),
         )
 
+    def limits_json(self) -> dict[str, Any]:
+        """The limits in force with their origins (``max_op_cache_size`` in MiB,
+        ``remain_cache_size_ratio`` in per cent, ``min_age_s`` in seconds: each ``{value,
+        origin, source}``), ``never_evict``, ``max_bytes`` (bytes, None when eviction is off)
+        and the problems that made any fall back (docs/design.md#size-limits-and-eviction)."""
+        out: dict[str, Any] = {}
+        for name in ("max_op_cache_size", "remain_cache_size_ratio", "min_age_s"):
+            res = self[name]
+            out[name] = {"value": res.value, "origin": res.origin, "source": res.source}
+        out["never_evict"] = self.limits.never_evict
+        out["max_bytes"] = self.limits.max_bytes
+        out["problems"] = list(self.problems)
+        return out
+
     @property
     def layout(self) -> layout.CacheLayout:
         """The cache layout these settings point at."""

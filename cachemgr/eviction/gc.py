@@ -55,16 +55,8 @@ def _in_process(chip_dir: Path, *args: Any, **kwargs: Any) -> dict[str, Any]:
 
 
 def limits_json(settings: Settings) -> dict[str, Any]:
-    """The limits in force with their origins, and the problems that made any fall back."""
-    out: dict[str, Any] = {}
-    for name in ("max_op_cache_size", "remain_cache_size_ratio", "min_age_s"):
-        res = settings[name]
-        out[name] = {"value": res.value, "origin": res.origin, "source": res.source}
-    limits = settings.limits
-    out["never_evict"] = limits.never_evict
-    out["max_bytes"] = limits.max_bytes
-    out["problems"] = list(settings.problems)
-    return out
+    """The limits in force with their origins (:meth:`Settings.limits_json`)."""
+    return settings.limits_json()
 
 
 def sync_toolkit(

@@ -3,14 +3,19 @@
 binary answered, compiles, evictions in KiB/MiB, each chip folder's fill against its limit;
 counters that are zero left out), everything with ``-v``. ``--json`` is not made here: it
 is :meth:`cachemgr.compile.results.StatsResult.to_json`, the same whatever the verbosity.
-What each counter means: docs/commands.md#what-stats-counts."""
+What each counter means: docs/commands.md#what-stats-counts.
+
+Click-free (outside :mod:`cachemgr.cli`): the console script's fast path
+(:mod:`cachemgr.localstats`) prints the same report."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cachemgr.cli import human
-from cachemgr.compile.results import ChipStats, StatsResult
+from cachemgr import words
+
+if TYPE_CHECKING:  # types only: the report is made from a StatsResult it is given
+    from cachemgr.compile.results import ChipStats, StatsResult
 
 #: One line of the report: its label and its text.
 Line = tuple[str, str]
@@ -62,13 +67,13 @@ def _glance(stats: StatsResult) -> list[Line]:
     else:
         local = _nonzero((hits - remote, "local"), (remote, "remote"))
         split = f": {local}" if local else ""
-        out.append(("Hits", f"{hits} / {lookups} ({human.percent(hits, lookups)}){split}"))
+        out.append(("Hits", f"{hits} / {lookups} ({words.percent(hits, lookups)}){split}"))
         answered = _nonzero(
             (_count(data, "binaries"), "answered by a precompiled binary"),
             (_count(data, "coalesced"), "by another request's compile"),
         )
         tail = f": {answered}" if answered else ""
-        out.append(("Misses", f"{misses} / {lookups} ({human.percent(misses, lookups)}){tail}"))
+        out.append(("Misses", f"{misses} / {lookups} ({words.percent(misses, lookups)}){tail}"))
     runs = _nonzero(
         (_count(data, "uncached"), "not cached"),
         (_count(data, "debug_compiles"), "for debugging"),
@@ -80,8 +85,8 @@ def _glance(stats: StatsResult) -> list[Line]:
         out.append(("Compiles", f"{compiles}" + (f"; {runs}" if runs else "")))
     evicted = _count(data, "evicted_entries")
     if evicted or _count(data, "evicted_bytes"):
-        entries = human.plural(evicted, "entry", "entries")
-        out.append(("Evicted", f"{entries}, {human.size(_count(data, 'evicted_bytes'))}"))
+        entries = words.plural(evicted, "entry", "entries")
+        out.append(("Evicted", f"{entries}, {words.size(_count(data, 'evicted_bytes'))}"))
     for key in _other_counts(data):
         if data[key]:
             out.append((_label(key), str(data[key])))
@@ -104,13 +109,13 @@ def _everything(stats: StatsResult, why: str) -> list[Line]:
     out: list[Line] = [
         ("Kernel cache", f"{stats.kernel_cache_dir} (via {stats.via})"),
         *([("Chosen because", why)] if why else []),
-        ("Hits", f"{hits} / {lookups} ({human.percent(hits, lookups)})"),
-        ("Misses", f"{misses} / {lookups} ({human.percent(misses, lookups)})"),
+        ("Hits", f"{hits} / {lookups} ({words.percent(hits, lookups)})"),
+        ("Misses", f"{misses} / {lookups} ({words.percent(misses, lookups)})"),
     ]
     # the counters, then a daemon's other whole numbers (remote_uploads_dropped)
     data = {**stats.counters, **stats.daemon}
     for key in sorted(k for k, v in data.items() if k not in _NOT_COUNTERS and _is_count(v)):
-        shown = human.size(data[key]) if key in _BYTE_COUNTERS else str(data[key])
+        shown = words.size(data[key]) if key in _BYTE_COUNTERS else str(data[key])
         out.append((_label(key), shown))
     queue = data.get("queue")
     if isinstance(queue, dict):  # from a daemon: its queue now
@@ -124,7 +129,7 @@ def _everything(stats: StatsResult, why: str) -> list[Line]:
                 f"{rem['state']}: {rem['hits']} hits, {rem['misses']} misses, "
                 f"{rem['errors']} errors, {rem['rejected']} rejected"
                 + (f" ({reasons}), " if reasons else ", ")
-                + f"{human.size(rem['bytes_in'])} in, {human.size(rem['bytes_out'])} out",
+                + f"{words.size(rem['bytes_in'])} in, {words.size(rem['bytes_out'])} out",
             )
         )
     return out + _chip_lines(stats, verbose=True)
@@ -147,9 +152,9 @@ def _chip_lines(stats: StatsResult, verbose: bool) -> list[Line]:
             if row.error:
                 out.append((f"{kc}/{soc}", f"cannot be read: {row.error}"))
                 continue
-            of = "" if row.limit_bytes is None else f" of {human.size(row.limit_bytes)}"
-            entries = human.plural(row.entries, "entry", "entries")
-            out.append((f"{kc}/{soc}", f"{entries}, {human.size(row.bytes)}{of}"))
+            of = "" if row.limit_bytes is None else f" of {words.size(row.limit_bytes)}"
+            entries = words.plural(row.entries, "entry", "entries")
+            out.append((f"{kc}/{soc}", f"{entries}, {words.size(row.bytes)}{of}"))
     return out
 
 
@@ -158,9 +163,9 @@ def _chip_text(row: ChipStats, verbose: bool) -> str:
     newest access too."""
     if row.error:
         return f"cannot be read: {row.error}"
-    fill = "" if row.fill_pct is None else f" ({row.fill_pct:.1f} % full) {human.bar(row.fill_pct)}"
-    of = " (never evicts)" if row.limit_bytes is None else f" of {human.size(row.limit_bytes)}"
-    text = f"{human.plural(row.entries, 'entry', 'entries')}, {human.size(row.bytes)}{of}{fill}"
+    fill = "" if row.fill_pct is None else f" ({row.fill_pct:.1f} % full) {words.bar(row.fill_pct)}"
+    of = " (never evicts)" if row.limit_bytes is None else f" of {words.size(row.limit_bytes)}"
+    text = f"{words.plural(row.entries, 'entry', 'entries')}, {words.size(row.bytes)}{of}{fill}"
     if verbose:
         text += f"; oldest access {row.oldest_access or '-'}, newest {row.newest_access or '-'}"
     return text
