@@ -599,19 +599,26 @@ def place_embedded(snap: Snapshot, work: Path) -> None:
 
 def empty_mirror(root: Path) -> None:
     """Remove every file (and link) of the mirror tree ``root``, keeping its folders for the
-    next job of the same worker (:func:`materialise` removes those it does not need)."""
-    _prune(root, None)
+    next job of the same worker (:func:`materialise` removes those it does not need). A
+    folder a compiler made unlistable or read-only (modes ``000``, ``500``) is given its
+    owner's ``rwx`` back on the way (:func:`cachemgr.storage.fsutil.open_up_folder`): the
+    build folder's own opening-up does not walk the mirror a second time."""
+    with contextlib.suppress(FileNotFoundError):
+        fsutil.open_up_folder(root, os.lstat(root))
+    _prune(root, None, open_up=True)
 
 
-def _prune(root: Path, keep: frozenset[str] | None) -> None:
+def _prune(root: Path, keep: frozenset[str] | None, open_up: bool = False) -> None:
     """Below ``root``: remove every non-folder (links too, never followed) and every folder
-    not in ``keep`` (all folders are kept when ``keep`` is None). Walked with a stack, not
+    not in ``keep`` (all folders are kept when ``keep`` is None); with ``open_up``, each
+    folder kept is opened up for its owner before it is listed. Walked with a stack, not
     recursion: the folders are the callers' (any depth).
 
     :raises OSError: a folder of the tree cannot be listed (the worker gives its build
         folder up: :meth:`cachemgr.compile.build.RunContext.after_job`).
     """
     stack = [root]
+    uid = os.geteuid() if open_up else -1
     while stack:
         folder = stack.pop()
         try:
@@ -623,6 +630,12 @@ def _prune(root: Path, keep: frozenset[str] | None) -> None:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(item.path)
             elif keep is None or item.path in keep:
+                if open_up:
+                    try:
+                        st = item.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue
+                    fsutil.open_up_folder(Path(item.path), st, uid)
                 stack.append(Path(item.path))
             else:
                 fsutil.remove_tree(Path(item.path))  # by descriptor, any depth
