@@ -311,3 +311,36 @@ StoreMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestStoreProperty = StoreMachine.TestCase
+
+
+def test_what_is_written_under_a_held_lock_goes_into_the_folder_the_lock_is_in(
+    chip: Path,
+) -> None:
+    """The lookup, publish and header manifest under an entry lock work in the chip folder
+    that lock was taken in (its descriptor, held with the lock), never in another folder
+    found at the same path meanwhile, where the lock is not held: a CANN process writing the
+    same kernel there would take its own ``.lock`` and race with this publish."""
+    from cachemgr.storage import manifest
+
+    store = Store(chip)
+    kernel = "te_add_held"
+    held = store.hold(kernel)
+    moved = chip.with_name(chip.name + "-moved")
+    os.rename(chip, moved)  # the folder the lock lives in is renamed aside...
+    chip.mkdir()  # ...and another one made at its path
+    where = manifest.path_of(chip, "add", "base")
+    try:
+        assert not store.lookup(kernel, held=held).hit
+        binary = b"held binary"
+        doc = kernel_json(kernel, binary)
+        done = store.publish(kernel, {kernel + ".o": binary}, doc, held=held)
+        assert done.status == PUBLISHED
+        assert list(chip.iterdir()) == []  # nothing where the lock is not held
+        assert Store(moved).lookup(kernel, touch=False).hit
+        manifest.record(where, kernel, {"/src/h.h": "0" * 64}, dir_fd=held.dir_fd)
+    finally:
+        held.release()
+    assert held.dir_fd is None  # the folder is closed with the lock
+    names = sorted(p.name for p in moved.iterdir())
+    assert names == sorted([kernel + ".json", kernel + ".o", kernel + ".lock", where.name])
+    assert list(chip.iterdir()) == []

@@ -194,7 +194,7 @@ def _empty(folder: Path) -> None:
 
     :raises OSError: something could not be listed or removed.
     """
-    fsutil.open_up_tree(folder)
+    fsutil.open_up_tree(folder, skip=(SOURCES_DIR,))  # the mirror opens up as it is emptied
     for name in os.listdir(folder):
         path = folder / name
         if name == tempdirs.LIVE_LOCK:

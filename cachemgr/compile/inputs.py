@@ -33,7 +33,7 @@ import re
 import stat
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -492,14 +492,40 @@ def materialise(snap: Snapshot, root: Path, include_dirs: tuple[Path, ...]) -> P
     for path in [*snap.data, *map(str, include_dirs)]:
         _check_length(path, mirror(root, Path(path)), path == str(snap.source))
     folders = {mirror(root, d) for d in include_dirs} | {dest.parent for dest in files}
-    _prune(root, {str(a) for f in folders for a in (f, *f.parents)})
+    _prune(root, _with_parents(str(f) for f in folders))
     for folder in sorted(folders):
         make_folders(folder)
     for dest, blob in files.items():
         fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(blob)
+        try:
+            _write_all(fd, blob)
+        finally:
+            os.close(fd)
     return mirror(root, snap.source)
+
+
+def _with_parents(folders: Iterable[str]) -> frozenset[str]:
+    """Each of the absolute ``folders`` and every folder above it (strings: a pathlib
+    ``parents`` walk made a path object per level, per job)."""
+    found: set[str] = set()
+    for folder in folders:
+        while folder not in found:
+            found.add(folder)
+            up = os.path.dirname(folder)
+            if up == folder:
+                break
+            folder = up
+    return frozenset(found)
+
+
+def _write_all(fd: int, blob: bytes) -> None:
+    """Write all of ``blob`` to ``fd`` (no file object: one ``write`` for a source).
+
+    :raises OSError: the write failed.
+    """
+    view = memoryview(blob)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 #: The longest path one system call takes on Linux, in bytes (``PATH_MAX`` less its NUL).
@@ -573,19 +599,26 @@ def place_embedded(snap: Snapshot, work: Path) -> None:
 
 def empty_mirror(root: Path) -> None:
     """Remove every file (and link) of the mirror tree ``root``, keeping its folders for the
-    next job of the same worker (:func:`materialise` removes those it does not need)."""
-    _prune(root, None)
+    next job of the same worker (:func:`materialise` removes those it does not need). A
+    folder a compiler made unlistable or read-only (modes ``000``, ``500``) is given its
+    owner's ``rwx`` back on the way (:func:`cachemgr.storage.fsutil.open_up_folder`): the
+    build folder's own opening-up does not walk the mirror a second time."""
+    with contextlib.suppress(FileNotFoundError):
+        fsutil.open_up_folder(root, os.lstat(root))
+    _prune(root, None, open_up=True)
 
 
-def _prune(root: Path, keep: set[str] | None) -> None:
+def _prune(root: Path, keep: frozenset[str] | None, open_up: bool = False) -> None:
     """Below ``root``: remove every non-folder (links too, never followed) and every folder
-    not in ``keep`` (all folders are kept when ``keep`` is None). Walked with a stack, not
+    not in ``keep`` (all folders are kept when ``keep`` is None); with ``open_up``, each
+    folder kept is opened up for its owner before it is listed. Walked with a stack, not
     recursion: the folders are the callers' (any depth).
 
     :raises OSError: a folder of the tree cannot be listed (the worker gives its build
         folder up: :meth:`cachemgr.compile.build.RunContext.after_job`).
     """
     stack = [root]
+    uid = os.geteuid() if open_up else -1
     while stack:
         folder = stack.pop()
         try:
@@ -597,6 +630,12 @@ def _prune(root: Path, keep: set[str] | None) -> None:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(item.path)
             elif keep is None or item.path in keep:
+                if open_up:
+                    try:
+                        st = item.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue
+                    fsutil.open_up_folder(Path(item.path), st, uid)
                 stack.append(Path(item.path))
             else:
                 fsutil.remove_tree(Path(item.path))  # by descriptor, any depth

@@ -98,7 +98,7 @@ class Pending:
             if p.decision.cache.replace:
                 store.remove(p.kernel, held=self.entry_lock)
             published = store.publish(p.kernel, self.files, self.main_json, held=self.entry_lock)
-            _record_manifest(p)
+            _record_manifest(p, self.entry_lock.dir_fd)
             _ensure_ini(p.chip_dir.parent, self.config_sections)  # logs its own failure
             if self.remotes is not None:  # after the compile, in the background
                 self.remotes.upload_later(p.chip_dir.parent, p.chip_dir.name, p.kernel)
@@ -150,12 +150,13 @@ class Pending:
                     fsutil.safe_unlink(part)
 
 
-def _record_manifest(p: Prepared) -> None:
-    """Remember which headers ``p``'s compile read, under the entry lock;
-    a manifest that cannot be written costs a dependency scan on the next lookup, nothing
-    else."""
+def _record_manifest(p: Prepared, dir_fd: int | None = None) -> None:
+    """Remember which headers ``p``'s compile read, under the entry lock (``dir_fd``: the
+    chip folder it is held in); a manifest that cannot be written costs a dependency scan on
+    the next lookup, nothing else."""
+    headers, absent = p.inputs.headers or {}, p.inputs.absent
     try:
-        manifest.record(p.manifest_path, p.kernel, p.inputs.headers or {}, p.inputs.absent)
+        manifest.record(p.manifest_path, p.kernel, headers, absent, dir_fd)
     except OSError as exc:
         log.warning("%s: cannot write its header manifest %s: %s", p.kernel, p.manifest_path, exc)
 
@@ -184,8 +185,7 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
             raise
         return _compile_outside(p, ctx, _why(p.chip_dir, exc))
     try:
-        SafeDir.open_chip(p.chip_dir, create=True).close()  # no link followed (security.md)
-        lock = chip_store(p.chip_dir, ctx.lock_timeout_s, ctx.events).hold(p.kernel)
+        lock = _hold_entry(p, ctx)
     except LockBusyError:
         hold.release()
         return _compile_alone(p, ctx)
@@ -254,6 +254,22 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
         ctx.events,
         ctx.remotes,
     )
+
+
+def _hold_entry(p: Prepared, ctx: RunContext) -> EntryHold:
+    """``p``'s entry lock, in its chip folder opened once — made when missing, no link
+    followed (docs/security.md item 1). The lock keeps that descriptor while it is held: the
+    locked lookup, the publish and the header manifest work relative to it (the folder the
+    lock is in), not through another walk from the cache root.
+
+    :raises LockBusyError, OSError: see :meth:`cachemgr.storage.store.Store.hold`.
+    """
+    folder = SafeDir.open_chip(p.chip_dir, create=True)
+    try:
+        return chip_store(p.chip_dir, ctx.lock_timeout_s, ctx.events).hold(p.kernel, None, folder)
+    except BaseException:
+        folder.close()  # idempotent: the lock closed it already when it could not be taken
+        raise
 
 
 def _remote_hit(p: Prepared, ctx: RunContext, lock: EntryHold) -> CompileOutcome | None:

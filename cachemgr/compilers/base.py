@@ -441,10 +441,10 @@ class CompilerBackend(ABC):
             raise CompileError(
                 f"{ident.name} exited 0 but wrote no binary {binary} (compiling {job.source})"
             )
-        elf = ElfFile(binary)
-        kernel_name = self._entry_symbol(job, elf)
-        artefacts = self._emit(job, binary, kernel_name)
-        doc = self._json_doc(job, ident, argv, elf, kernel_name)
+        with ElfFile(binary, keep_open=True) as elf:  # one open for every read and the digest
+            kernel_name = self._entry_symbol(job, elf)
+            artefacts = self._emit(job, binary, kernel_name)
+            doc = self._json_doc(job, ident, argv, elf, kernel_name)
         json_path = job.out_dir / f"{job.out_name}.json"
         if not job.json_in_memory:
             fsutil.atomic_write_bytes(json_path, _dumps(doc), sync=False)  # a build output

@@ -59,27 +59,61 @@ class Symbol:
         return self.defined and self.type == STT_FUNC and self.bind in (STB_GLOBAL, STB_WEAK)
 
 
+#: Bytes read per ``pread`` when the whole file is hashed (:meth:`ElfFile.digest`).
+_DIGEST_CHUNK = 1 << 20
+
+
 class ElfFile:
     """An ELF file read by parts: its headers at once, a section's bytes when asked for —
     never the whole file (a member's kernel may compile to a 900 MB object: read whole, each
     worker held one; docs/security.md "Memory").
 
+    :param keep_open: the file stays open for every later read and the digest until
+        :meth:`close` (or the end of a ``with`` block): a miss checks the entry symbol and
+        hashes the binary with one ``open`` instead of six. Otherwise each read opens it.
     :raises CompileError: when the file is not ELF or its headers are truncated.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, keep_open: bool = False) -> None:
         self.path = Path(path)
         self._strings: dict[int, bytes] = {}
-        head = self._pread(0, 64)
-        if head[:4] != _MAGIC or len(head) < 52:
-            raise CompileError(f"{self.path} is not an ELF file")
-        self._head = head
-        self._is64 = head[4] == 2
-        self._end = "<" if head[5] == 1 else ">"
+        self._fd: int | None = None
+        self._fd = self._open()
         try:
-            self.sections = self._read_sections()
-        except struct.error as exc:
-            raise CompileError(f"{self.path}: truncated ELF headers ({exc})") from exc
+            head = self._pread(0, 64)
+            if head[:4] != _MAGIC or len(head) < 52:
+                raise CompileError(f"{self.path} is not an ELF file")
+            self._head = head
+            self._is64 = head[4] == 2
+            self._end = "<" if head[5] == 1 else ">"
+            try:
+                self.sections = self._read_sections()
+            except struct.error as exc:
+                raise CompileError(f"{self.path}: truncated ELF headers ({exc})") from exc
+        except BaseException:
+            self.close()
+            raise
+        if not keep_open:
+            self.close()
+
+    def _open(self) -> int:
+        """:raises CompileError: the file cannot be opened."""
+        try:
+            return os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise CompileError(f"{self.path}: cannot read ({exc.strerror})") from exc
+
+    def close(self) -> None:
+        """Close the descriptor a ``with`` block opened (idempotent)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> ElfFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _pread(self, offset: int, size: int) -> bytes:
         """``size`` bytes at ``offset`` (fewer at the end of the file).
@@ -91,25 +125,36 @@ class ElfFile:
                 f"{self.path}: an ELF part of {size} bytes is over the {MAX_PART_BYTES}-byte "
                 "cap of what is read into memory (headers, symbol and string tables)"
             )
+        if self._fd is not None:
+            return self._read_at(self._fd, offset, size)
+        fd = self._open()
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as exc:
-            raise CompileError(f"{self.path}: cannot read ({exc.strerror})") from exc
-        try:
-            return os.pread(fd, size, offset)
+            return self._read_at(fd, offset, size)
         finally:
             os.close(fd)
+
+    def _read_at(self, fd: int, offset: int, size: int) -> bytes:
+        """:raises CompileError: the read failed."""
+        try:
+            return os.pread(fd, size, offset)
+        except OSError as exc:
+            raise CompileError(f"{self.path}: cannot read ({exc.strerror})") from exc
 
     def digest(self) -> str:
         """Hex SHA-256 of the whole file, read in chunks (never whole into memory).
 
         :raises CompileError: it cannot be read.
         """
+        fd = self._fd if self._fd is not None else self._open()
         try:
-            with open(self.path, "rb") as f:
-                return hashlib.file_digest(f, "sha256").hexdigest()
-        except OSError as exc:
-            raise CompileError(f"{self.path}: cannot read ({exc.strerror})") from exc
+            sha, offset = hashlib.sha256(), 0
+            while chunk := self._read_at(fd, offset, _DIGEST_CHUNK):
+                sha.update(chunk)
+                offset += len(chunk)
+            return sha.hexdigest()
+        finally:
+            if fd != self._fd:
+                os.close(fd)
 
     @property
     def machine(self) -> int:

@@ -74,7 +74,13 @@ from cachemgr.storage.noatime import (
     sha256_noatime,
     touch_atime,
 )
-from cachemgr.storage.remove import open_up_tree, remove_tree, remove_tree_at, safe_unlink
+from cachemgr.storage.remove import (
+    open_up_folder,
+    open_up_tree,
+    remove_tree,
+    remove_tree_at,
+    safe_unlink,
+)
 
 # every name fsutil defined, now defined in the module named above; and the three it always
 # had from elsewhere (peer's user_name/group_name, constants' short_host)
@@ -106,6 +112,7 @@ __all__ = [
     "lock_access_hint",
     "lstat_or_none",
     "open_lock_file",
+    "open_up_folder",
     "open_up_tree",
     "pid_alive",
     "plain_file",

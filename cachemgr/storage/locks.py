@@ -152,6 +152,12 @@ class FcntlLock:
         """True while this object holds the lock."""
         return self._fd is not None
 
+    @property
+    def dir_fd(self) -> int | None:
+        """The open folder the lock file is reached through while it is held (None: none,
+        or not held)."""
+        return self._dir_fd if self._fd is not None else None
+
     def _checkout(self) -> _Slot:
         """The path's thread lock, counted as in use (so the registry keeps only paths that
         someone holds or waits for: a long-running daemon does not grow with every path)."""

@@ -188,15 +188,27 @@ def match(
     return None
 
 
-def record(path: Path, kernel: str, files: Mapping[str, str], absent: Iterable[str] = ()) -> None:
+def record(
+    path: Path,
+    kernel: str,
+    files: Mapping[str, str],
+    absent: Iterable[str] = (),
+    dir_fd: int | None = None,
+) -> None:
     """Add (or move to the front) the variant ``kernel`` → ``files`` in the manifest
     ``path``, keeping at most :data:`MAX_VARIANTS`; written atomically (temp + rename).
     Two publishers racing may drop one variant: the next miss adds it again.
 
+    :param dir_fd: its chip folder, open (a publisher's, held with the entry lock);
+        without it the folder is opened (made when missing) for this write, never through
+        a link (docs/security.md item 1).
     :raises OSError: when it cannot be written (the caller logs it: the entry stays valid).
     :raises UnsafePathError: ``kernel_cache`` or the chip folder is a symbolic link.
     """
     new = Variant(kernel, dict(files), tuple(sorted(set(absent))))
+    if dir_fd is not None:
+        _record(Path(path), new, dir_fd)
+        return
     with SafeDir.open_chip(Path(path).parent, create=True) as folder:
         _record(Path(path), new, folder.fd)
 

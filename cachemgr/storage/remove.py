@@ -13,6 +13,7 @@ import errno
 import logging
 import os
 import stat
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -163,11 +164,13 @@ def _rmdir(dir_fd: int, name: str, shown: str, onerror: Any) -> bool:
     return True
 
 
-def open_up_tree(path: Path) -> None:
+def open_up_tree(path: Path, skip: Collection[str] = ()) -> None:
     """Give the owner ``rwx`` on ``path`` and every folder below it that this user owns,
     never following a link: a process of this user (a compiler in its build folder) may have
     left folders it made unlistable (``000``) or whose files cannot be removed (``500``),
     and nothing else could empty them. Failures are skipped (the removal reports them).
+    ``skip``: names of ``path``'s own sub-folders not walked here, because their walker
+    opens them up as it goes (:func:`open_up_folder`; the build folder's mirror tree).
 
     Meant for private folders only (this user's, ``0700``), where no other process of
     another user could swap a name for a link meanwhile.
@@ -181,12 +184,12 @@ def open_up_tree(path: Path) -> None:
         except OSError:
             continue
         try:
-            st = os.fstat(fd)
-            if st.st_uid == uid and st.st_mode & 0o700 != 0o700:
-                os.chmod(f"/proc/self/fd/{fd}", stat.S_IMODE(st.st_mode) | 0o700)
+            _open_up_fd(fd, uid)
             rfd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
             try:
                 for name in os.listdir(rfd):
+                    if folder is path and name in skip:
+                        continue
                     sub = lstat_or_none(Path(name), rfd)
                     if sub is not None and stat.S_ISDIR(sub.st_mode):
                         stack.append(folder / name)
@@ -196,6 +199,36 @@ def open_up_tree(path: Path) -> None:
             continue
         finally:
             os.close(fd)
+
+
+def open_up_folder(path: Path, st: os.stat_result | None = None, uid: int | None = None) -> None:
+    """:func:`open_up_tree` of the one folder ``path`` (not below it): its owner — when it
+    is this user (``uid``, default the effective one) — gets ``rwx``, never through a link.
+    ``st``: its ``lstat`` when known; a folder whose mode already gives the owner ``rwx`` is
+    not opened at all. Failures are skipped (the removal reports them)."""
+    uid = os.geteuid() if uid is None else uid
+    if st is not None and (st.st_uid != uid or st.st_mode & 0o700 == 0o700):
+        return
+    try:
+        fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        _open_up_fd(fd, uid)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _open_up_fd(fd: int, uid: int) -> None:
+    """The folder open as ``fd`` (``O_PATH``), when ``uid`` owns it, gives its owner ``rwx``.
+
+    :raises OSError: it cannot be changed.
+    """
+    st = os.fstat(fd)
+    if st.st_uid == uid and st.st_mode & 0o700 != 0o700:
+        os.chmod(f"/proc/self/fd/{fd}", stat.S_IMODE(st.st_mode) | 0o700)
 
 
 def remove_tree(path: Path) -> bool:

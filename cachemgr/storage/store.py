@@ -274,6 +274,13 @@ class EntryHold:
         """Drop the lock (idempotent)."""
         self.lock.release()
 
+    @property
+    def dir_fd(self) -> int | None:
+        """The chip folder the lock is held in, open for as long as it is held (None once
+        released): the lookup and publish under this lock work relative to it instead of
+        opening the folder again (:meth:`Store.under`)."""
+        return self.lock.dir_fd
+
     def __enter__(self) -> EntryHold:
         return self
 
@@ -310,24 +317,32 @@ class Store:
         self.dir_fd = dir_fd
 
     @contextmanager
-    def _opened(self, create: bool = False) -> Iterator[Store]:
-        """This store bound to the chip folder's descriptor for one operation.
+    def _opened(self, create: bool = False, held: EntryHold | None = None) -> Iterator[Store]:
+        """This store bound to the chip folder's descriptor for one operation: its own, the
+        one the caller's entry lock ``held`` is held in (:meth:`under`), or else the folder
+        opened for it.
 
         :raises FileNotFoundError: the chip folder is missing (and ``create`` is off).
         :raises UnsafePathError: ``kernel_cache`` or the chip folder is a symbolic link.
         """
-        if self.dir_fd is not None:
-            yield self
+        bound = self if held is None else self.under(held)
+        if bound.dir_fd is not None:
+            yield bound
             return
         with SafeDir.open_chip(self.chip_dir, create=create) as folder:
             bound = copy.copy(self)
             bound.dir_fd = folder.fd
             yield bound
 
-    def hold(self, kernel: str, timeout_s: float | None = None) -> EntryHold:
+    def hold(
+        self, kernel: str, timeout_s: float | None = None, folder: SafeDir | None = None
+    ) -> EntryHold:
         """Take ``kernel``'s entry lock and return its handle (release it, or use ``with``).
 
         :param timeout_s: how long to wait (seconds); None waits ``lock_timeout_s``.
+        :param folder: the chip folder, just opened by the caller (e.g. with ``create``):
+            the lock takes it over (closed when the lock is released, or when it is not
+            taken) instead of opening the folder again; a retry opens it afresh.
         A refusal for lack of permission (GE's ``0750`` chip folder, its ``0640`` lock
         file) is retried once after the modes were given back to the group, where this
         process may (:func:`~cachemgr.storage.groupmodes.retry_denied`).
@@ -335,7 +350,14 @@ class Store:
         :raises LockBusyError: the lock stayed held for ``timeout_s``.
         :raises OSError: the lock file cannot be created or locked.
         """
-        lock = self.entry_lock(kernel)
+        if folder is not None and self.dir_fd is None:
+            given = [folder]  # the first acquisition takes it; a retry opens the folder again
+            lock: fsutil.FcntlLock = DirLock(
+                self.lock_path(kernel),
+                lambda: given.pop() if given else SafeDir.open_chip(self.chip_dir),
+            )
+        else:
+            lock = self.entry_lock(kernel)
         wait_s = self.lock_timeout_s if timeout_s is None else timeout_s
         groupmodes.retry_denied(
             lambda: lock.acquire(timeout_s=wait_s), self.chip_dir, [self.lock_path(kernel).name]
@@ -349,6 +371,17 @@ class Store:
                 raise ValueError(f"held lock is {held.kernel}'s, not {kernel}'s")
             return contextlib.nullcontext()
         return self.entry_lock(kernel)
+
+    def under(self, held: EntryHold) -> Store:
+        """This store working through the chip folder ``held`` is locked in (its descriptor,
+        open while the lock is held: no second walk from the root), or this store itself
+        when it has a descriptor already or ``held`` has none. What is looked up or
+        published under an entry lock goes into the folder that lock lives in."""
+        if self.dir_fd is not None or held.dir_fd is None or held.chip_dir != self.chip_dir:
+            return self
+        bound = copy.copy(self)
+        bound.dir_fd = held.dir_fd
+        return bound
 
     def lock_path(self, kernel: str) -> Path:
         """``<chip>/<kernel>.lock``: the entry's fcntl lock file
@@ -379,7 +412,7 @@ class Store:
         check_kernel_name(kernel)
         if self.dir_fd is None:
             try:
-                with self._opened() as bound:
+                with self._opened(held=held) as bound:
                     return bound.lookup(kernel, touch, held)
             except FileNotFoundError:
                 return LookupResult(MISS, kernel, ABSENT)
@@ -469,7 +502,7 @@ class Store:
         """
         if self.dir_fd is None:
             try:
-                with self._opened() as bound:
+                with self._opened(held=held) as bound:
                     return bound.remove_if_bad(kernel, held, manifests=manifests)
             except FileNotFoundError:
                 return False
@@ -533,7 +566,7 @@ class Store:
         """
         if self.dir_fd is None:
             try:
-                with self._opened() as bound:
+                with self._opened(held=held) as bound:
                     return bound.remove(kernel, desc, held, manifests=manifests)
             except FileNotFoundError:
                 return []
@@ -638,7 +671,7 @@ class Store:
         op_type = optype.in_json(main_json, kernel)
 
         def write() -> PublishResult | int:
-            with self._opened(create=True) as bound, bound._locked(kernel, held):
+            with self._opened(create=True, held=held) as bound, bound._locked(kernel, held):
                 existing = bound._existing_good(kernel)
                 if existing is not None:
                     return existing
