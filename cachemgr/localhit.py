@@ -22,7 +22,10 @@ with everything that preparation depended on. The next time the same request com
   whose places searched in vain are still absent (:func:`cachemgr.storage.manifest.match`,
   the same call a preparation makes) must be the one the key was computed from;
 * the entry: the same verified lookup as every hit (:meth:`cachemgr.storage.store.Store.lookup`:
-  json parsed, SHA-256 of every binary, atimes set; a bad entry removed).
+  json parsed, SHA-256 of every binary, atimes set; a bad entry removed), the second time
+  and after with what the one before found (:func:`cachemgr.storage.rehit.again`: the same
+  checks in fewer steps; any difference and it is :meth:`~cachemgr.storage.store.Store.lookup`
+  again).
 
 Any difference — or any error — gives None and the request takes the full path. Requests
 whose preparation reads more (an ``op_debug_config`` file, headers found by a dependency
@@ -48,8 +51,7 @@ from cachemgr.compile.results import CompileOutcome
 from cachemgr.compilers import CompilerIdentity, envvars
 from cachemgr.config.options import Settings
 from cachemgr.errors import CacheMgrError
-from cachemgr.storage import fsutil, manifest
-from cachemgr.storage.safedir import SafeDir
+from cachemgr.storage import fsutil, heldchip, manifest, rehit
 from cachemgr.storage.tiers import chip_store
 
 #: Requests remembered (entries; each holds one prepared job, a few KB).
@@ -81,6 +83,9 @@ class _Plan(NamedTuple):
     prepared: build.Prepared
     variant: manifest.Variant
     first: CompileOutcome
+    #: what the last verified lookup of the entry found (:mod:`cachemgr.storage.rehit`), in
+    #: a one-item list: kept by the first lookup, checked again by the next ones
+    known: list[rehit.Known | None]
 
 
 def _environ_data() -> dict[Any, Any] | None:
@@ -144,6 +149,7 @@ class HitPlans:
         self.size = size
         self._lock = threading.Lock()
         self._plans: OrderedDict[tuple[bytes, str | None], _Plan] = OrderedDict()
+        self._folders = heldchip.ChipFolders()
 
     @staticmethod
     def context(
@@ -182,7 +188,7 @@ class HitPlans:
         if identity is None:  # the request's language, as parsed verbatim
             return
         kept = None if _base_free(context.data) else base
-        plan = _Plan(context, kept, identity, prepared, variant, first)
+        plan = _Plan(context, kept, identity, prepared, variant, first, [None])
         with self._lock:
             self._plans[context.key] = plan
             self._plans.move_to_end(context.key)
@@ -235,18 +241,32 @@ class HitPlans:
         digest = inputs.file_digest(p.request.kernel_source, "kernel_source")
         return digest == p.inputs.source_sha256
 
-    @staticmethod
-    def _lookup(plan: _Plan) -> tuple[Path, ...] | None:
+    def _lookup(self, plan: _Plan) -> tuple[Path, ...] | None:
         """The header manifest matched as a preparation matches it, then the verified lookup,
-        both through one opening of the chip folder: the hit's files, or None."""
+        both through the chip folder, opened once and kept open
+        (:mod:`cachemgr.storage.heldchip`): the hit's files, or None."""
         p = plan.prepared
-        with SafeDir.open_chip(p.chip_dir) as folder:
+        held = self._folders.acquire(p.chip_dir)
+        try:
+            fd = held.fd
             found = manifest.match(
-                p.manifest_path, inputs.current_digest, searched.still_absent, dir_fd=folder.fd
+                p.manifest_path, inputs.current_digest, searched.still_absent, dir_fd=fd
             )
             if found is None or (
                 found.files != plan.variant.files or found.absent != plan.variant.absent
             ):
                 return None
-            result = chip_store(p.chip_dir, dir_fd=folder.fd).lookup(p.kernel)
+            known = plan.known[0]
+            if known is not None:
+                files = rehit.again(known, fd)
+                if files is not None:
+                    return files
+            result = chip_store(p.chip_dir, dir_fd=fd).lookup(p.kernel)
+            plan.known[0] = rehit.known(result, fd)
+        finally:
+            self._folders.release(held)
         return result.files if result.hit else None
+
+    def close(self) -> None:
+        """Close the chip folders kept open (the plans stay: the next hit opens again)."""
+        self._folders.close()
