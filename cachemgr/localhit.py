@@ -83,9 +83,81 @@ class _Plan(NamedTuple):
     prepared: build.Prepared
     variant: manifest.Variant
     first: CompileOutcome
-    #: what the last verified lookup of the entry found (:mod:`cachemgr.storage.rehit`), in
-    #: a one-item list: kept by the first lookup, checked again by the next ones
-    known: list[rehit.Known | None]
+    seen: _Seen
+
+
+class _Seen:
+    """What the last hits of a plan found, so the next one checks it in fewer steps (each
+    the rule of the step it shortens; any difference and that step is made in full)."""
+
+    __slots__ = ("files", "known", "manifest")
+
+    def __init__(self) -> None:
+        #: per input file (source, headers): the status (device, inode, size, mtime, ctime)
+        #: at which :func:`cachemgr.compile.inputs.file_digest` remembered its digest as
+        #: the plan's — a file of the same status has that digest by that function's rule
+        self.files: dict[str, tuple[int, ...]] = {}
+        #: the header manifest's status when its first variant was the plan's: a manifest
+        #: of that status has the same variants (:func:`cachemgr.storage.manifest.read`)
+        self.manifest: tuple[int, ...] | None = None
+        #: what the last verified lookup of the entry found (:mod:`cachemgr.storage.rehit`)
+        self.known: rehit.Known | None = None
+
+    def digest_is(self, path: str, what: str, expected: str) -> bool:
+        """Whether ``path``'s SHA-256 now is ``expected``, as
+        :func:`cachemgr.compile.inputs.file_digest` tells (one ``stat`` when its status is
+        one remembered with that digest).
+
+        :raises InvalidInputError: ``path`` cannot be read (``what`` names it).
+        """
+        try:
+            st = os.stat(path)
+        except OSError:
+            st = None
+        if st is not None:
+            status = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            if self.files.get(path) == status:
+                return True
+        if inputs.file_digest(path, what) != expected:
+            return False
+        if st is not None and inputs.remembered_digest(path, st) == expected:
+            self.files[path] = status
+        return True
+
+    def header_is(self, path: str, expected: str) -> bool:
+        """:meth:`digest_is` of a header: False when it cannot be read (as a manifest match)."""
+        try:
+            return self.digest_is(path, "header", expected)
+        except CacheMgrError:
+            return False
+
+
+def _variant_matches(plan: _Plan, fd: int) -> bool:
+    """Whether the header manifest's match (:func:`cachemgr.storage.manifest.match`, as a
+    preparation makes it, ``fd`` its chip folder) is the plan's variant. When the manifest
+    has the status it had when that variant was its first, only that variant is checked:
+    the match is it exactly when its files and places searched in vain check."""
+    p, seen, variant = plan.prepared, plan.seen, plan.variant
+    status = manifest.status(p.manifest_path, fd)
+    if status is not None and status == seen.manifest:
+        return all(seen.header_is(f, d) for f, d in variant.files.items()) and (
+            searched.still_absent(variant.absent)
+        )
+    found = manifest.match(p.manifest_path, inputs.current_digest, searched.still_absent, dir_fd=fd)
+    if found is None or found.files != variant.files or found.absent != variant.absent:
+        return False
+    first = manifest.remembered(status)
+    same = (
+        first is not None
+        and len(first) > 0
+        and (first[0].files, first[0].absent)
+        == (
+            variant.files,
+            variant.absent,
+        )
+    )
+    seen.manifest = status if same else None
+    return True
 
 
 def _environ_data() -> dict[Any, Any] | None:
@@ -188,7 +260,7 @@ class HitPlans:
         if identity is None:  # the request's language, as parsed verbatim
             return
         kept = None if _base_free(context.data) else base
-        plan = _Plan(context, kept, identity, prepared, variant, first, [None])
+        plan = _Plan(context, kept, identity, prepared, variant, first, _Seen())
         with self._lock:
             self._plans[context.key] = plan
             self._plans.move_to_end(context.key)
@@ -238,31 +310,25 @@ class HitPlans:
             environment.from_caller(os.environ, os.getcwd()) != ctx.caller_env
         ):
             return False
-        digest = inputs.file_digest(p.request.kernel_source, "kernel_source")
-        return digest == p.inputs.source_sha256
+        source = str(p.request.kernel_source)
+        return plan.seen.digest_is(source, "kernel_source", p.inputs.source_sha256)
 
     def _lookup(self, plan: _Plan) -> tuple[Path, ...] | None:
         """The header manifest matched as a preparation matches it, then the verified lookup,
         both through the chip folder, opened once and kept open
         (:mod:`cachemgr.storage.heldchip`): the hit's files, or None."""
-        p = plan.prepared
+        p, seen = plan.prepared, plan.seen
         held = self._folders.acquire(p.chip_dir)
         try:
             fd = held.fd
-            found = manifest.match(
-                p.manifest_path, inputs.current_digest, searched.still_absent, dir_fd=fd
-            )
-            if found is None or (
-                found.files != plan.variant.files or found.absent != plan.variant.absent
-            ):
+            if not _variant_matches(plan, fd):
                 return None
-            known = plan.known[0]
-            if known is not None:
-                files = rehit.again(known, fd)
+            if seen.known is not None:
+                files = rehit.again(seen.known, fd)
                 if files is not None:
                     return files
             result = chip_store(p.chip_dir, dir_fd=fd).lookup(p.kernel)
-            plan.known[0] = rehit.known(result, fd)
+            seen.known = rehit.known(result, fd)
         finally:
             self._folders.release(held)
         return result.files if result.hit else None

@@ -339,3 +339,25 @@ def test_a_remembered_hit_sets_the_access_times(client: Client, tmp_path: Path) 
     assert (again.status, again.via, again.files) == ("hit", "client", hit.files)
     assert all(os.stat(f).st_atime > time.time() - 3600 for f in hit.files)
     assert [os.stat(f).st_mtime_ns for f in hit.files] == before
+
+
+@pytest.mark.parametrize("change", ["header", "searched in vain", "source"])
+def test_inputs_remembered_by_their_status_still_give_their_own_kernel(
+    client: Client, daemon: Daemon, tmp_path: Path, change: str
+) -> None:
+    # once the inputs' digests are remembered (not "racy"), a hit checks them by status
+    # and the manifest by its status: every change still gives its own kernel
+    data = _kernel(tmp_path)
+    _not_racy(Path(data["kernel_source"]), tmp_path / "inc" / "k.h")
+    hit = _remembered(client, data)
+    plans = client._side._plans
+    assert plans is not None
+    seen = next(iter(plans._plans.values())).seen
+    assert len(seen.files) == 2 and seen.manifest is not None and seen.known is not None
+    if change == "header":
+        _write(tmp_path / "inc" / "k.h", "#define V 2\n")  # the same size
+    elif change == "searched in vain":
+        _write(tmp_path / "src" / "k.h", "#define V 3\n")  # found first now
+    else:
+        _write(Path(data["kernel_source"]), SOURCE.replace("x[0]", "x[1]"))  # the same size
+    _gives_its_own_kernel(client, daemon, data, hit)
