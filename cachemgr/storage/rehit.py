@@ -29,18 +29,20 @@ a file that grew while read, a big binary), gives None: the caller then runs
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
+from cachemgr import direct
 from cachemgr.storage import entry, noatime
 from cachemgr.storage.store import LookupResult, Store, forget_read_only
 
 # the reader's flags (noatime._opened_noatime): no link followed, never blocking on a FIFO
 _FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOATIME", 0)
-_NOFOLLOW = 0x100  # AT_SYMLINK_NOFOLLOW
 
 
 class Known(NamedTuple):
@@ -153,15 +155,21 @@ def _present(name: str, dir_fd: int) -> bool:
     return True
 
 
+@functools.cache
+def _utimensat_now() -> Callable[[int, bytes], int]:
+    """``utimensat(dir_fd, name, {UTIME_NOW, UTIME_OMIT}, AT_SYMLINK_NOFOLLOW)``, called as
+    direct mode calls it (:func:`cachemgr.direct.utimensat_now`: without ``ctypes``' own
+    argument conversion), made once."""
+    call: Callable[[int, bytes], int] = direct.utimensat_now()
+    return call
+
+
 def _touch(k: Known, dir_fd: int) -> None:
     """Each file's access time to the filesystem's now; from the first file ``utimensat``
-    refuses on, :meth:`Store.lookup`'s own handling (not the owner, read-only, gone)."""
-    utimensat, times = noatime._utimensat()
-    if utimensat is not None:
-        for i, name in enumerate(k.names):
-            if utimensat(dir_fd, name, times, _NOFOLLOW) != 0:
-                Store(k.chip_dir, dir_fd=dir_fd).touch(k.files[i:])
-                return
-        forget_read_only(k.chip_dir)
-        return
-    Store(k.chip_dir, dir_fd=dir_fd).touch(k.files)
+    refuses on, :meth:`Store.touch` (not the owner, read-only, gone: its own handling)."""
+    utimensat = _utimensat_now()
+    for i, name in enumerate(k.names):
+        if utimensat(dir_fd, name) != 0:
+            Store(k.chip_dir, dir_fd=dir_fd).touch(k.files[i:])
+            return
+    forget_read_only(k.chip_dir)
