@@ -40,7 +40,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -103,25 +103,36 @@ class _Seen:
         #: what the last verified lookup of the entry found (:mod:`cachemgr.storage.rehit`)
         self.known: rehit.Known | None = None
 
+    def all_known(self, paths: Iterable[str]) -> bool:
+        """Whether each of ``paths`` has the status at which its digest was remembered as
+        the plan's (one ``stat`` each): then each has that digest."""
+        files = self.files
+        for path in paths:
+            try:
+                st = os.stat(path)
+            except OSError:
+                return False
+            if files.get(path) != (
+                st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+            ):  # fmt: skip
+                return False
+        return True
+
     def digest_is(self, path: str, what: str, expected: str) -> bool:
         """Whether ``path``'s SHA-256 now is ``expected``, as
-        :func:`cachemgr.compile.inputs.file_digest` tells (one ``stat`` when its status is
-        one remembered with that digest).
+        :func:`cachemgr.compile.inputs.file_digest` tells; its status is kept when that
+        function remembers the digest (then :meth:`all_known` is enough next time).
 
         :raises InvalidInputError: ``path`` cannot be read (``what`` names it).
         """
         try:
-            st = os.stat(path)
+            st: os.stat_result | None = os.stat(path)
         except OSError:
             st = None
-        if st is not None:
-            status = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-            if self.files.get(path) == status:
-                return True
         if inputs.file_digest(path, what) != expected:
             return False
         if st is not None and inputs.remembered_digest(path, st) == expected:
-            self.files[path] = status
+            self.files[path] = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         return True
 
     def header_is(self, path: str, expected: str) -> bool:
@@ -140,24 +151,21 @@ def _variant_matches(plan: _Plan, fd: int) -> bool:
     p, seen, variant = plan.prepared, plan.seen, plan.variant
     status = manifest.status(p.manifest_path, fd)
     if status is not None and status == seen.manifest:
-        return all(seen.header_is(f, d) for f, d in variant.files.items()) and (
-            searched.still_absent(variant.absent)
-        )
+        files = variant.files
+        if not seen.all_known(files) and not all(seen.header_is(f, files[f]) for f in files):
+            return False
+        return searched.still_absent(variant.absent)
     found = manifest.match(p.manifest_path, inputs.current_digest, searched.still_absent, dir_fd=fd)
     if found is None or found.files != variant.files or found.absent != variant.absent:
         return False
     first = manifest.remembered(status)
-    same = (
-        first is not None
-        and len(first) > 0
-        and (first[0].files, first[0].absent)
-        == (
-            variant.files,
-            variant.absent,
-        )
-    )
-    seen.manifest = status if same else None
+    seen.manifest = status if first and _same_variant(first[0], variant) else None
     return True
+
+
+def _same_variant(one: manifest.Variant, other: manifest.Variant) -> bool:
+    """The same headers and places searched in vain (what a match compares)."""
+    return one.files == other.files and one.absent == other.absent
 
 
 def _environ_data() -> dict[Any, Any] | None:
@@ -311,7 +319,9 @@ class HitPlans:
         ):
             return False
         source = str(p.request.kernel_source)
-        return plan.seen.digest_is(source, "kernel_source", p.inputs.source_sha256)
+        return plan.seen.all_known((source,)) or plan.seen.digest_is(
+            source, "kernel_source", p.inputs.source_sha256
+        )
 
     def _lookup(self, plan: _Plan) -> tuple[Path, ...] | None:
         """The header manifest matched as a preparation matches it, then the verified lookup,
