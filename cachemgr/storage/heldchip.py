@@ -18,6 +18,7 @@ folder, so a change after the check cannot redirect it (as after a walk).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import threading
@@ -118,7 +119,8 @@ class ChipFolders:
             self._held.clear()
 
     def __del__(self) -> None:
-        self.close()
+        with contextlib.suppress(Exception):  # at exit the descriptors go anyway
+            self.close()
 
 
 def _walk(chip_dir: Path) -> Held:

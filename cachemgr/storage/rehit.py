@@ -39,6 +39,7 @@ from typing import NamedTuple
 
 from cachemgr import direct
 from cachemgr.storage import entry, noatime
+from cachemgr.storage.kinds import GONE_ERRNOS
 from cachemgr.storage.store import LookupResult, Store, forget_read_only
 
 # the reader's flags (noatime._opened_noatime): no link followed, never blocking on a FIFO
@@ -76,7 +77,7 @@ def known(result: LookupResult, dir_fd: int) -> Known | None:
         )
     except OSError:
         return None
-    if entry.remembered(result.kernel, raw) is not desc:
+    if entry.remembered(result.kernel, raw) != desc:
         return None  # changed since, or too big to be remembered by its bytes
     binaries = tuple(
         (b.bin_name, b.sha256, b.bin_name.endswith(entry.KERNEL_BIN_SUFFIXES))
@@ -147,11 +148,14 @@ def _small(name: str, dir_fd: int, max_bytes: int) -> bytes | None:
         os.close(fd)
 
 
-def _present(name: str, dir_fd: int) -> bool:
+def _present(name: str, dir_fd: int) -> bool | None:
+    """Whether the optional header ``name`` is there (``lstat``, as
+    :meth:`Store.lookup` looks); None when that cannot be told (then ``Store.lookup``
+    says what is wrong)."""
     try:
         os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except OSError:
-        return False
+    except OSError as exc:
+        return False if exc.errno in GONE_ERRNOS else None
     return True
 
 
