@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -361,3 +362,28 @@ def test_inputs_remembered_by_their_status_still_give_their_own_kernel(
     else:
         _write(Path(data["kernel_source"]), SOURCE.replace("x[0]", "x[1]"))  # the same size
     _gives_its_own_kernel(client, daemon, data, hit)
+
+
+def _open_on(folder: Path) -> list[str]:
+    """This process's descriptors open on ``folder``."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == str(folder):
+                out.append(fd)
+        except OSError:
+            continue  # closed meanwhile (the listing's own)
+    return out
+
+
+def test_threads_share_one_kept_chip_folder_and_close_gives_it_back(
+    client: Client, tmp_path: Path
+) -> None:
+    data = _kernel(tmp_path)
+    chip = _binary(_remembered(client, data)).parent
+    with ThreadPoolExecutor(4) as pool:
+        outs = list(pool.map(lambda _: client.compile(data, base_dir="/"), range(200)))
+    assert all((o.status, o.via) == ("hit", "client") for o in outs)
+    assert len(_open_on(chip)) == 1
+    client.close()
+    assert _open_on(chip) == []
