@@ -28,6 +28,7 @@ from typing import Any
 from bench import cases_compile, cases_daemon
 from bench.harness import Row, ratio_of
 from cachemgr.client import Client
+from cachemgr.compile.inputs import RACY_S
 
 NAME = "hit"
 #: Processes of the closed-loop comparison.
@@ -196,6 +197,20 @@ def _throughput_row(
     )
 
 
+def _settle(requests: dict[str, dict[str, Any]]) -> None:
+    """Wait until every input of ``requests`` (source, headers of its include folders)
+    changed more than :data:`cachemgr.compile.inputs.RACY_S` ago. The requests age their
+    files' mtimes a minute for that, but setting a time is a change too (ctime): a file
+    changed in the last ``RACY_S`` seconds is read and hashed again on every use (its mtime
+    may not have ticked since a change), so without this wait the 1 KiB latency blocks ran
+    in that window while the compile of the other request was fast, and measured that."""
+    paths = [Path(r["kernel_source"]) for r in requests.values()]
+    for r in requests.values():
+        paths += [p for d in r.get("include_dirs", ()) for p in Path(d).iterdir()]
+    newest = max(max(p.stat().st_mtime, p.stat().st_ctime) for p in paths)
+    time.sleep(max(0.0, newest + RACY_S + 0.1 - time.time()))
+
+
 def run(workdir: Path, quick: bool) -> list[Row]:
     requests = {
         "1 KiB binary": small_request(workdir),
@@ -209,6 +224,7 @@ def run(workdir: Path, quick: bool) -> list[Row]:
             first = client.compile(request, base_dir="/")
             if first.status != "compiled":
                 raise RuntimeError(f"{what} did not compile: {first.error}")
+        _settle(requests)
         for what, request in requests.items():
             rows.append(_latency_row(client, request, what, quick))
         for what, request in requests.items():

@@ -182,9 +182,10 @@ class Client:
         return conn
 
     def close(self) -> None:
-        """Report pending local hits and close this thread's connection."""
+        """Report pending local hits, close the chip folders kept open for them
+        (:mod:`cachemgr.storage.heldchip`) and this thread's connection."""
         if self._hits is not None:
-            self._hits.flush(force=True)
+            self._hits.close()
         self._drop_connection()
 
     def _drop_connection(self) -> None:
@@ -710,6 +711,12 @@ class _LocalHits:
             due = time.monotonic() - self._flushed >= HIT_REPORT_INTERVAL_S
         if due:
             self.flush()
+
+    def close(self) -> None:
+        """Report pending hits; close the chip folders the remembered requests keep open."""
+        self.flush(force=True)
+        if self._plans is not None:
+            self._plans.close()
 
     def flush(self, force: bool = False) -> None:
         """Report pending hits (at most once per :data:`HIT_REPORT_INTERVAL_S`)."""

@@ -583,7 +583,7 @@ def _touch(dfd: int, names: list[str]) -> None:
 
     :raises Decline: a part gone or a read-only filesystem (the full path's warning).
     """
-    utimensat = _utimensat()
+    utimensat = utimensat_now()
     for name in names:
         if utimensat(dfd, os.fsencode(name)) == 0:
             continue
@@ -606,7 +606,7 @@ def _touch(dfd: int, names: list[str]) -> None:
 _UTIME_NOW, _UTIME_OMIT, _AT_SYMLINK_NOFOLLOW = (1 << 30) - 1, (1 << 30) - 2, 0x100
 
 
-def _utimensat() -> Any:
+def utimensat_now() -> Any:
     """``f(dir_fd, name)``: the C library's ``utimensat(dir_fd, name, {UTIME_NOW,
     UTIME_OMIT}, AT_SYMLINK_NOFOLLOW)``, returning its result (0: done). Called through
     ``_ctypes`` itself with the ``struct timespec[2]`` packed by :mod:`struct`: the

@@ -22,7 +22,10 @@ with everything that preparation depended on. The next time the same request com
   whose places searched in vain are still absent (:func:`cachemgr.storage.manifest.match`,
   the same call a preparation makes) must be the one the key was computed from;
 * the entry: the same verified lookup as every hit (:meth:`cachemgr.storage.store.Store.lookup`:
-  json parsed, SHA-256 of every binary, atimes set; a bad entry removed).
+  json parsed, SHA-256 of every binary, atimes set; a bad entry removed), the second time
+  and after with what the one before found (:func:`cachemgr.storage.rehit.again`: the same
+  checks in fewer steps; any difference and it is :meth:`~cachemgr.storage.store.Store.lookup`
+  again).
 
 Any difference — or any error — gives None and the request takes the full path. Requests
 whose preparation reads more (an ``op_debug_config`` file, headers found by a dependency
@@ -37,7 +40,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -48,8 +51,7 @@ from cachemgr.compile.results import CompileOutcome
 from cachemgr.compilers import CompilerIdentity, envvars
 from cachemgr.config.options import Settings
 from cachemgr.errors import CacheMgrError
-from cachemgr.storage import fsutil, manifest
-from cachemgr.storage.safedir import SafeDir
+from cachemgr.storage import fsutil, heldchip, manifest, rehit
 from cachemgr.storage.tiers import chip_store
 
 #: Requests remembered (entries; each holds one prepared job, a few KB).
@@ -81,6 +83,89 @@ class _Plan(NamedTuple):
     prepared: build.Prepared
     variant: manifest.Variant
     first: CompileOutcome
+    seen: _Seen
+
+
+class _Seen:
+    """What the last hits of a plan found, so the next one checks it in fewer steps (each
+    the rule of the step it shortens; any difference and that step is made in full)."""
+
+    __slots__ = ("files", "known", "manifest")
+
+    def __init__(self) -> None:
+        #: per input file (source, headers): the status (device, inode, size, mtime, ctime)
+        #: at which :func:`cachemgr.compile.inputs.file_digest` remembered its digest as
+        #: the plan's — a file of the same status has that digest by that function's rule
+        self.files: dict[str, tuple[int, ...]] = {}
+        #: the header manifest's status when its first variant was the plan's: a manifest
+        #: of that status has the same variants (:func:`cachemgr.storage.manifest.read`)
+        self.manifest: tuple[int, ...] | None = None
+        #: what the last verified lookup of the entry found (:mod:`cachemgr.storage.rehit`)
+        self.known: rehit.Known | None = None
+
+    def all_known(self, paths: Iterable[str]) -> bool:
+        """Whether each of ``paths`` has the status at which its digest was remembered as
+        the plan's (one ``stat`` each): then each has that digest."""
+        files = self.files
+        for path in paths:
+            try:
+                st = os.stat(path)
+            except OSError:
+                return False
+            if files.get(path) != (
+                st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+            ):  # fmt: skip
+                return False
+        return True
+
+    def digest_is(self, path: str, what: str, expected: str) -> bool:
+        """Whether ``path``'s SHA-256 now is ``expected``, as
+        :func:`cachemgr.compile.inputs.file_digest` tells; its status is kept when that
+        function remembers the digest (then :meth:`all_known` is enough next time).
+
+        :raises InvalidInputError: ``path`` cannot be read (``what`` names it).
+        """
+        try:
+            st: os.stat_result | None = os.stat(path)
+        except OSError:
+            st = None
+        if inputs.file_digest(path, what) != expected:
+            return False
+        if st is not None and inputs.remembered_digest(path, st) == expected:
+            self.files[path] = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        return True
+
+    def header_is(self, path: str, expected: str) -> bool:
+        """:meth:`digest_is` of a header: False when it cannot be read (as a manifest match)."""
+        try:
+            return self.digest_is(path, "header", expected)
+        except CacheMgrError:
+            return False
+
+
+def _variant_matches(plan: _Plan, fd: int) -> bool:
+    """Whether the header manifest's match (:func:`cachemgr.storage.manifest.match`, as a
+    preparation makes it, ``fd`` its chip folder) is the plan's variant. When the manifest
+    has the status it had when that variant was its first, only that variant is checked:
+    the match is it exactly when its files and places searched in vain check."""
+    p, seen, variant = plan.prepared, plan.seen, plan.variant
+    status = manifest.status(p.manifest_path, fd)
+    if status is not None and status == seen.manifest:
+        files = variant.files
+        if not seen.all_known(files) and not all(seen.header_is(f, files[f]) for f in files):
+            return False
+        return searched.still_absent(variant.absent)
+    found = manifest.match(p.manifest_path, inputs.current_digest, searched.still_absent, dir_fd=fd)
+    if found is None or found.files != variant.files or found.absent != variant.absent:
+        return False
+    first = manifest.remembered(status)
+    seen.manifest = status if first and _same_variant(first[0], variant) else None
+    return True
+
+
+def _same_variant(one: manifest.Variant, other: manifest.Variant) -> bool:
+    """The same headers and places searched in vain (what a match compares)."""
+    return one.files == other.files and one.absent == other.absent
 
 
 def _environ_data() -> dict[Any, Any] | None:
@@ -144,6 +229,7 @@ class HitPlans:
         self.size = size
         self._lock = threading.Lock()
         self._plans: OrderedDict[tuple[bytes, str | None], _Plan] = OrderedDict()
+        self._folders = heldchip.ChipFolders()
 
     @staticmethod
     def context(
@@ -182,7 +268,7 @@ class HitPlans:
         if identity is None:  # the request's language, as parsed verbatim
             return
         kept = None if _base_free(context.data) else base
-        plan = _Plan(context, kept, identity, prepared, variant, first)
+        plan = _Plan(context, kept, identity, prepared, variant, first, _Seen())
         with self._lock:
             self._plans[context.key] = plan
             self._plans.move_to_end(context.key)
@@ -232,21 +318,31 @@ class HitPlans:
             environment.from_caller(os.environ, os.getcwd()) != ctx.caller_env
         ):
             return False
-        digest = inputs.file_digest(p.request.kernel_source, "kernel_source")
-        return digest == p.inputs.source_sha256
+        source = str(p.request.kernel_source)
+        return plan.seen.all_known((source,)) or plan.seen.digest_is(
+            source, "kernel_source", p.inputs.source_sha256
+        )
 
-    @staticmethod
-    def _lookup(plan: _Plan) -> tuple[Path, ...] | None:
+    def _lookup(self, plan: _Plan) -> tuple[Path, ...] | None:
         """The header manifest matched as a preparation matches it, then the verified lookup,
-        both through one opening of the chip folder: the hit's files, or None."""
-        p = plan.prepared
-        with SafeDir.open_chip(p.chip_dir) as folder:
-            found = manifest.match(
-                p.manifest_path, inputs.current_digest, searched.still_absent, dir_fd=folder.fd
-            )
-            if found is None or (
-                found.files != plan.variant.files or found.absent != plan.variant.absent
-            ):
+        both through the chip folder, opened once and kept open
+        (:mod:`cachemgr.storage.heldchip`): the hit's files, or None."""
+        p, seen = plan.prepared, plan.seen
+        held = self._folders.acquire(p.chip_dir)
+        try:
+            fd = held.fd
+            if not _variant_matches(plan, fd):
                 return None
-            result = chip_store(p.chip_dir, dir_fd=folder.fd).lookup(p.kernel)
+            if seen.known is not None:
+                files = rehit.again(seen.known, fd)
+                if files is not None:
+                    return files
+            result = chip_store(p.chip_dir, dir_fd=fd).lookup(p.kernel)
+            seen.known = rehit.known(result, fd)
+        finally:
+            self._folders.release(held)
         return result.files if result.hit else None
+
+    def close(self) -> None:
+        """Close the chip folders kept open (the plans stay: the next hit opens again)."""
+        self._folders.close()

@@ -95,8 +95,10 @@ class OnceSet(Generic[K]):
         return self._memo.put_new(key, True)
 
     def forget(self, key: K) -> None:
-        """Forget ``key``: the next :meth:`first` is True again."""
-        self._memo.discard(key)
+        """Forget ``key``: the next :meth:`first` is True again. A key not seen costs no
+        lock (one dict look-up, atomic: a hit forgets its folder every time)."""
+        if key in self._memo._items:
+            self._memo.discard(key)
 
     def __len__(self) -> int:
         return len(self._memo)

@@ -12,19 +12,22 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from cachemgr.client import Client
+from cachemgr.client import Client, DaemonError
 from cachemgr.compile.results import CompileOutcome
 from cachemgr.storage import entry
 from cachemgr.storage.store import Store
 from tests.conftest import publish
-from tests.daemon_util import Daemon, start_daemon
+from tests.daemon_util import Daemon, start_daemon, wait_for
 
 TENSOR = {"shape": [16], "dtype": "float32", "format": "ND"}
 SOURCE = '#include "k.h"\nvoid k_kernel(float *x) { x[0] = V; }\n'
@@ -238,3 +241,149 @@ def _gives_its_own_kernel(
     out = client.compile(data, base_dir="/")
     assert out.status == "compiled" and out.kernel_name != hit.kernel_name, out
     assert _fresh(daemon, data).kernel_name == out.kernel_name
+
+
+# --- the remembered hit's own steps: few syscalls, the same defences
+
+
+HIT_UNDER_STRACE = """
+import json, os, sys
+from cachemgr.client import Client
+data = json.loads(sys.argv[2])
+c = Client(sys.argv[1], timeout_s=120)
+c.compile(data, base_dir="/")  # compiled by the daemon
+for _ in range(3):
+    assert c.compile(data, base_dir="/").via == "client"
+os.write(2, b"<hit>")
+out = c.compile(data, base_dir="/")
+os.write(2, b"</hit>")
+assert (out.status, out.via) == ("hit", "client"), out
+print(json.dumps([str(f) for f in out.files]))
+c.close()
+"""
+
+
+def _not_racy(*paths: Path) -> None:
+    """Wait until the files' digests may be remembered (changed over ``RACY_S`` ago)."""
+    from cachemgr.compile.inputs import RACY_S
+
+    def settled() -> bool:
+        newest = max(max(p.stat().st_mtime, p.stat().st_ctime) for p in paths)
+        return time.time() - newest > RACY_S
+
+    wait_for(settled, timeout_s=30, what="the inputs to be older than RACY_S")
+
+
+def test_a_remembered_hit_makes_only_its_checks_syscalls(daemon: Daemon, tmp_path: Path) -> None:
+    # the stats of the compiler, the source, the chip folder's path (two: the folder kept
+    # open is still the one walked), the manifest, the header and the place searched in
+    # vain; each entry file opened, checked, read and closed; two atimes set. Nothing else:
+    # no folder opened again, no general reader's last empty read (22 calls before).
+    data = _kernel(tmp_path)
+    _not_racy(Path(data["kernel_source"]), tmp_path / "inc" / "k.h")
+    log = tmp_path / "strace.log"
+    out = subprocess.run(
+        ["strace", "-f", "-qq", "-s", "256", "-o", str(log), sys.executable, "-c",
+         HIT_UNDER_STRACE, str(daemon.socket_path), json.dumps(data)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    files = json.loads(out.stdout)
+    text = log.read_text()
+    calls = text[text.index("<hit>") : text.index("</hit>")].splitlines()[1:-1]
+    names = [c.split("(", 1)[0].split()[-1] for c in calls]
+    opened = [c for c in calls if "openat(" in c]
+    assert len(opened) == 2 and all("O_DIRECTORY" not in c for c in opened), calls
+    assert sorted(c.split('"')[1] for c in opened) == sorted(Path(f).name for f in files)
+    assert names.count("utimensat") == 2 and names.count("read") == 2, calls
+    assert len(calls) == 17, calls
+
+
+def test_a_chip_folder_kept_open_is_not_used_once_its_path_leads_elsewhere(
+    client: Client, daemon: Daemon, tmp_path: Path
+) -> None:
+    data = _kernel(tmp_path)
+    hit = _remembered(client, data)
+    chip = _binary(hit).parent
+    moved = chip.with_name("moved")
+    chip.rename(moved)  # the open folder keeps its entries: they must not be served
+    chip.mkdir()
+    out = client.compile(data, base_dir="/")
+    assert out.status == "compiled" and out.kernel_name == hit.kernel_name, out
+    assert _binary(out).parent == chip and _entry_good(out)
+
+
+@pytest.mark.parametrize("where", ["kernel_cache", "chip"])
+def test_a_link_put_on_the_way_to_a_kept_folder_is_refused_as_by_the_walk(
+    client: Client, daemon: Daemon, tmp_path: Path, where: str
+) -> None:
+    data = _kernel(tmp_path)
+    hit = _remembered(client, data)
+    chip = _binary(hit).parent
+    folder = chip.parent if where == "kernel_cache" else chip
+    real = folder.with_name(folder.name + ".real")
+    folder.rename(real)
+    folder.symlink_to(real.name)  # the same folders, now through a link
+    with pytest.raises(DaemonError, match=r"is a (symbolic link|symlink)") as kept:
+        client.compile(data, base_dir="/")  # not served from the folder kept open
+    with pytest.raises(DaemonError) as fresh:
+        _fresh(daemon, data)
+    assert str(kept.value) == str(fresh.value)
+
+
+def test_a_remembered_hit_sets_the_access_times(client: Client, tmp_path: Path) -> None:
+    hit = _remembered(client, _kernel(tmp_path))
+    for f in hit.files:
+        os.utime(f, (1_000_000_000, os.stat(f).st_mtime))
+    before = [os.stat(f).st_mtime_ns for f in hit.files]
+    again = client.compile(_kernel(tmp_path), base_dir="/")
+    assert (again.status, again.via, again.files) == ("hit", "client", hit.files)
+    assert all(os.stat(f).st_atime > time.time() - 3600 for f in hit.files)
+    assert [os.stat(f).st_mtime_ns for f in hit.files] == before
+
+
+@pytest.mark.parametrize("change", ["header", "searched in vain", "source"])
+def test_inputs_remembered_by_their_status_still_give_their_own_kernel(
+    client: Client, daemon: Daemon, tmp_path: Path, change: str
+) -> None:
+    # once the inputs' digests are remembered (not "racy"), a hit checks them by status
+    # and the manifest by its status: every change still gives its own kernel
+    data = _kernel(tmp_path)
+    _not_racy(Path(data["kernel_source"]), tmp_path / "inc" / "k.h")
+    hit = _remembered(client, data)
+    plans = client._side._plans
+    assert plans is not None
+    seen = next(iter(plans._plans.values())).seen
+    assert len(seen.files) == 2 and seen.manifest is not None and seen.known is not None
+    if change == "header":
+        _write(tmp_path / "inc" / "k.h", "#define V 2\n")  # the same size
+    elif change == "searched in vain":
+        _write(tmp_path / "src" / "k.h", "#define V 3\n")  # found first now
+    else:
+        _write(Path(data["kernel_source"]), SOURCE.replace("x[0]", "x[1]"))  # the same size
+    _gives_its_own_kernel(client, daemon, data, hit)
+
+
+def _open_on(folder: Path) -> list[str]:
+    """This process's descriptors open on ``folder``."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == str(folder):
+                out.append(fd)
+        except OSError:
+            continue  # closed meanwhile (the listing's own)
+    return out
+
+
+def test_threads_share_one_kept_chip_folder_and_close_gives_it_back(
+    client: Client, tmp_path: Path
+) -> None:
+    data = _kernel(tmp_path)
+    chip = _binary(_remembered(client, data)).parent
+    with ThreadPoolExecutor(4) as pool:
+        outs = list(pool.map(lambda _: client.compile(data, base_dir="/"), range(200)))
+    assert all((o.status, o.via) == ("hit", "client") for o in outs)
+    assert len(_open_on(chip)) == 1
+    client.close()
+    assert _open_on(chip) == []

@@ -140,16 +140,25 @@ def file_digest(path: Path | str, what: str = "input") -> str:
         st = os.stat(path)
     except OSError as exc:
         raise InvalidInputError(f"{what} {path}: {exc.strerror}") from None
-    ident = (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-    known = _digests.get(ident)
+    known = remembered_digest(path, st)
     if known is not None:
         return known
     blob = read_input(path, what)
     digest = hashlib.sha256(blob).hexdigest()
     bytescan.facts(blob, digest)  # the one pass over its bytes (names a path, macros, words)
     if time.time() - max(st.st_mtime, st.st_ctime) > RACY_S:
-        _digests.put(ident, digest)
+        _digests.put(_ident(path, st), digest)
     return digest
+
+
+def remembered_digest(path: Path | str, st: os.stat_result) -> str | None:
+    """The digest :func:`file_digest` remembers for ``path`` of status ``st`` (its
+    ``stat``), or None: then it reads and hashes the file again."""
+    return _digests.get(_ident(path, st))
+
+
+def _ident(path: Path | str, st: os.stat_result) -> tuple[str, int, int, int, int, int]:
+    return (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def current_digest(path: str) -> str | None:

@@ -253,6 +253,17 @@ _PIN_KEYS = {"host": "cc", "cuda": "nvcc"}
 _Known = tuple[CompilerIdentity, stamp_mod.Watched, float, CompilerBackend]
 
 
+def _path_now() -> str | bytes:
+    """This process's ``PATH`` now, as a memo key: ``os.environ``'s own value where CPython
+    keeps one (its ``_data``: one dict look-up instead of ``os.environ``'s encode and decode
+    per call — every remembered hit asks), else ``os.environ.get``."""
+    data = getattr(os.environ, "_data", None)
+    if isinstance(data, dict):
+        value: bytes = data.get(b"PATH", b"")
+        return value
+    return os.environ.get("PATH", "")
+
+
 class Compilers:
     """The backends of one ``[compilers]`` config table, with the compiler part of the key
     remembered: each backend's identity (re-validated by one ``stat`` per use, PATH searched
@@ -272,7 +283,7 @@ class Compilers:
         )
         self._lock = threading.Lock()
         self._searching: dict[str, CompilerBackend] = {}
-        self._idents: dict[tuple[str, str], _Known] = {}
+        self._idents: dict[tuple[str, str | bytes], _Known] = {}
         self._flags: dict[tuple[Any, ...], tuple[str, ...]] = {}
         self._native: dict[tuple[CompilerIdentity, tuple[str, ...]], tuple[str, ...]] = {}
 
@@ -319,7 +330,7 @@ class Compilers:
         ``PATH`` may find another compiler), looked up again after
         :data:`COMPILER_REFRESH_S` or when a file it runs changed (a link on the way to it
         too: :func:`cachemgr.compilers.stamp.unchanged`)."""
-        memo = (language, os.environ.get("PATH", ""))
+        memo = (language, _path_now())
         with self._lock:
             known = self._idents.get(memo)
         if known is not None:

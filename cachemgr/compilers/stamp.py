@@ -202,8 +202,12 @@ def watch(path: str, mode: str) -> tuple[Watched, str]:
 
 def unchanged(watched: Watched) -> bool:
     """Every name of ``watched`` still names a file of the recorded status: one ``stat``
-    per name, no ``--version``, no script read. False for nothing watched."""
-    return bool(watched) and all(_status(name) == status for name, status in watched)
+    per name, no ``--version``, no script read. False for nothing watched. (A loop, not
+    ``all()`` over a generator: every remembered hit runs it.)"""
+    for name, status in watched:
+        if _status(name) != status:
+            return False
+    return bool(watched)
 
 
 def _status(name: str) -> tuple[int, ...]:

@@ -579,6 +579,12 @@ def parse_entry(
     return known if known is not None else _remember(kernel, raw, read)
 
 
+def remembered(kernel: str, raw: bytes) -> EntryDesc | None:
+    """The entry ``kernel`` parsed before from the main json ``raw`` (those very bytes), or
+    None when it is not remembered (then :func:`parse_entry` parses it)."""
+    return _parsed.get((kernel, raw)) if len(raw) <= MAX_REMEMBERED_JSON_BYTES else None
+
+
 def _remember(kernel: str, raw: bytes, read: Callable[[str], bytes]) -> EntryDesc:
     """Parse the main json ``raw`` of ``kernel`` (its sub-jsons read with ``read``) and
     remember the entry by those bytes, unless it has sub-jsons (their own bytes are read and
@@ -685,7 +691,7 @@ def plainly_good(chip_dir: Path, kernel: str, dir_fd: int) -> EntryDesc | None:
         raw = fsutil.read_bytes_noatime(
             _joined(chip_dir, kernel + ".json"), dir_fd, single_link=True, max_bytes=MAX_JSON_BYTES
         )
-        desc = _parsed.get((kernel, raw)) if len(raw) <= MAX_REMEMBERED_JSON_BYTES else None
+        desc = remembered(kernel, raw)
         if desc is None:
             desc = _remember(kernel, raw, lambda n: _read(chip_dir, n, dir_fd, MAX_JSON_BYTES))
         if desc.sub_jsons:

@@ -145,12 +145,10 @@ def read(path: Path, dir_fd: int | None = None) -> tuple[Variant, ...]:
             return ()
         with folder:
             return read(path, folder.fd)
-    try:
-        path = path if isinstance(path, Path) else Path(path)
-        st = os.stat(fsutil.at(path, dir_fd), dir_fd=dir_fd, follow_symlinks=False)
-    except OSError:
+    path = path if isinstance(path, Path) else Path(path)
+    ident = status(path, dir_fd)
+    if ident is None:
         return ()
-    ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     known = _parsed.get(ident)
     if known is not None:
         return known
@@ -165,6 +163,23 @@ def read(path: Path, dir_fd: int | None = None) -> tuple[Variant, ...]:
     variants = parse(data, str(path))
     _parsed.put(ident, variants)
     return variants
+
+
+def status(path: Path, dir_fd: int | None = None) -> tuple[int, ...] | None:
+    """What the parsed variants of the manifest ``path`` are remembered by: its device,
+    inode, size, modification and change times (one ``lstat``, relative to the open chip
+    folder ``dir_fd``); None when it cannot be had (absent)."""
+    try:
+        st = os.stat(fsutil.at(path, dir_fd), dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def remembered(ident: tuple[int, ...] | None) -> tuple[Variant, ...] | None:
+    """The variants :func:`read` parsed from a manifest of status ``ident``
+    (:func:`status`), or None when none are remembered."""
+    return None if ident is None else _parsed.get(ident)
 
 
 def match(

@@ -254,6 +254,11 @@ def check_kernel_name(kernel: str) -> str:
 _read_only_warned: OnceSet[Path] = OnceSet("read-only folders warned", 4096)
 
 
+def forget_read_only(chip_dir: Path) -> None:
+    """``chip_dir`` took access times again: warn again the next time it is read-only."""
+    _read_only_warned.forget(chip_dir)
+
+
 def _warn_read_only(chip_dir: Path, what: str) -> None:
     if _read_only_warned.first(chip_dir):
         log.warning("%s is on a read-only filesystem: hits are served, %s", chip_dir, what)
@@ -448,7 +453,7 @@ class Store:
     def _hit(self, kernel: str, desc: entry.EntryDesc, touch: bool) -> LookupResult:
         files = _paths(self.chip_dir, tuple(self._present_parts(desc)))
         if touch:
-            self._touch(files)
+            self.touch(files)
         return LookupResult(HIT, kernel, desc=desc, files=files)
 
     def _check_stable(self, kernel: str) -> tuple[entry.EntryDesc | None, list[entry.Problem]]:
@@ -472,7 +477,14 @@ class Store:
             names.append(header)  # optional (entry rule R6): served only when present
         return names
 
-    def _touch(self, files: tuple[Path, ...]) -> None:
+    def touch(self, files: tuple[Path, ...]) -> None:
+        """Set each of ``files``' access time to now, as a hit does
+        (docs/design.md#writing-and-reading-an-entry): another user's file is skipped (CANN
+        skips it too), a read-only filesystem warned about once per folder; a file gone
+        meanwhile is no error.
+
+        :raises OSError: any other refusal.
+        """
         for path in files:
             try:
                 fsutil.touch_atime(path, None, self.dir_fd)  # the filesystem's now
@@ -486,7 +498,7 @@ class Store:
                     return
                 if exc.errno not in fsutil.GONE_ERRNOS:
                     raise
-        _read_only_warned.forget(self.chip_dir)
+        forget_read_only(self.chip_dir)
 
     # --- removal ------------------------------------------------------------------------
 
