@@ -65,14 +65,20 @@ import json, os, sys
 from pathlib import Path
 from cachemgr.eviction.compact import scan_compact
 from cachemgr.eviction.fatal import group_fatal
-from cachemgr.eviction.fatalscan import FatalCandidates
+from cachemgr.eviction.fatalscan import FatalCandidates, PlainJudge
 chip = Path(sys.argv[1])
 fd = os.open(chip, os.O_RDONLY | os.O_DIRECTORY)
 scan = scan_compact(chip, fd)
 full = sorted(g.kernel for g in scan.entries.groups() if group_fatal(chip, fd, g))
 handed = [g for g in FatalCandidates(scan.entries, fd, 0, None)]
 fast = sorted(g.kernel for g in handed if group_fatal(chip, fd, g))
-print(json.dumps({"full": full, "fast": fast, "handed": sorted(g.kernel for g in handed)}))
+judged = scan_compact(chip, fd, PlainJudge(fd, 0))  # judged as listed, by gc's scan
+marked = [g for g in FatalCandidates(judged.entries, fd, 0, None)]
+print(json.dumps({
+    "full": full, "fast": fast, "handed": sorted(g.kernel for g in handed),
+    "by_scan": sorted(g.kernel for g in marked if group_fatal(chip, fd, g)),
+    "marked": sorted(g.kernel for g in marked),
+}))
 """
 
 
@@ -98,9 +104,11 @@ def test_the_plain_read_clears_only_what_the_full_check_clears(tmp_path: Path) -
     chip = _chip(tmp_path)
     got = _verdicts([sys.executable], chip)
     assert got["full"] == sorted([*FATAL, "te_sub_fatal"])
-    assert got["fast"] == got["full"]
+    assert got["fast"] == got["full"] == got["by_scan"]
     # and it does clear: the good entries are not handed to the full check
-    assert "te_good" not in got["handed"] and "te_list_null" not in got["handed"]
+    for handed in (got["handed"], got["marked"]):
+        assert "te_good" not in handed and "te_list_null" not in handed
+    assert got["handed"] == got["marked"]
 
 
 def test_a_members_plain_read_of_another_users_json_leaves_it_to_the_full_check(
@@ -121,8 +129,9 @@ def test_a_members_plain_read_of_another_users_json_leaves_it_to_the_full_check(
     assert done.returncode == 0, done.stderr
     got = json.loads(done.stdout)
     assert got["full"] == sorted([*FATAL, "te_sub_fatal"])  # read (atimes put back)
-    assert got["fast"] == got["full"]
-    assert set(got["handed"]) >= set(CASES)  # every json is bob's: none read plainly
+    assert got["fast"] == got["full"] == got["by_scan"]
+    # every json is bob's: none is read plainly, all go to the full check
+    assert set(got["handed"]) >= set(CASES) and got["marked"] == got["handed"]
 
 
 def _uid(name: str) -> int:

@@ -83,9 +83,30 @@ def plainly_not_fatal(raw: bytes) -> bool:
     return gefatal.main_fatal(data, "") is None and not gefatal.sub_json_names(data)
 
 
+class PlainJudge:
+    """:class:`cachemgr.eviction.compact.Judge` for gc's scan: a main json changed at or
+    after ``since_ns`` (0 = every one) needs the full check unless :func:`read_plain` reads
+    it and :func:`plainly_not_fatal` clears it; a pre-build entry's always does (rules
+    F7/F8, rare). Judged as listed, under the eviction lock: the full check reads the
+    marked ones again, under their lock before removing anything."""
+
+    def __init__(self, chip_fd: int, since_ns: int) -> None:
+        self.chip_fd = chip_fd
+        self.since_ns = since_ns
+
+    def __call__(self, name: str, st: os.stat_result) -> bool:
+        if self.since_ns and max(st.st_ctime_ns, st.st_mtime_ns) < self.since_ns:
+            return False
+        if entry.is_pre_entry(name[: -len(".json")]):
+            return True
+        raw = read_plain(self.chip_fd, name)
+        return raw is None or not plainly_not_fatal(raw)
+
+
 class FatalCandidates:
     """The entries of a compact snapshot the GE-fatal check must see in full, one at a time:
-    those kept whole, then each row whose main json may be fatal or was not read plainly.
+    those kept whole, then each row whose main json may be fatal or was not read plainly —
+    the rows the scan's :class:`PlainJudge` marked, or (a scan without one) judged here.
 
     :param since_ns: only entries whose main json changed (``st_ctime`` or ``st_mtime``) at or
         after this time (ns since the epoch); 0 = every entry.
@@ -103,11 +124,21 @@ class FatalCandidates:
 
     def __iter__(self) -> Iterator[EntryGroup]:
         yield from list(self.entries.whole().values())  # their own change check: the caller's
+        if self._judged_by_scan():
+            for kernel, j in list(self.entries.marked()):
+                yield self.entries.group_at(j, kernel)
+            return
         for n, (kernel, j) in enumerate(self.entries.names(), 1):
             if n % _DEADLINE_EVERY == 0 and self._late():
                 return
             if self._needs_check(kernel):
                 yield self.entries.group_at(j, kernel)
+
+    def _judged_by_scan(self) -> bool:
+        """Did the scan judge every row this pass would (:class:`PlainJudge`, from a time at
+        or before ``since_ns``)?"""
+        judged = self.entries.judged_since
+        return judged is not None and (judged == 0 or 0 < judged <= self.since_ns)
 
     def _late(self) -> bool:
         self.stopped = self.deadline is not None and time.monotonic() >= self.deadline
