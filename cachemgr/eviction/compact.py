@@ -308,9 +308,12 @@ class CompactEntries(MutableMapping[str, EntryGroup]):
             return FileStat(self._bsize[j], 0, 0)
         return None
 
-    def names(self, unresolved_only: bool = False) -> Iterator[tuple[str, int]]:
-        """``(kernel, row)`` of every entry kept in columns, by one listing of the folder's
-        names (no ``stat``); entries removed meanwhile are skipped."""
+    def names(
+        self, unresolved_only: bool = False, rows: bytes | None = None
+    ) -> Iterator[tuple[str, int]]:
+        """``(kernel, row)`` of every entry kept in columns (only rows ``j`` with
+        ``rows[j]`` true, when given), by one listing of the folder's names (no ``stat``);
+        entries removed meanwhile are skipped."""
         index, keys, checks, flags = self._index, self.keys_, self._chk, self.flags
         mask = self._mask
         with os.scandir(self._fd) as it:
@@ -323,9 +326,13 @@ class CompactEntries(MutableMapping[str, EntryGroup]):
                 i = key & mask
                 while (j := index[i]) >= 0 and keys[j] != key:  # row() inlined: 2 per entry
                     i = (i + 1) & mask
-                if j < 0 or flags[j] & (_JSON | _DEAD) != _JSON or not simple_stem(stem):
+                if (
+                    j < 0
+                    or flags[j] & (_JSON | _DEAD) != _JSON
+                    or (rows is not None and not rows[j])
+                ):
                     continue
-                if checks[j] != _check(stem):
+                if not simple_stem(stem) or checks[j] != _check(stem):
                     continue
                 if not unresolved_only or not (flags[j] & _BIN or entry.is_pre_entry(stem)):
                     yield stem, j

@@ -35,8 +35,6 @@ _FLAGS = (
     | getattr(os, "O_CLOEXEC", 0)
     | getattr(os, "O_NOATIME", 0)
 )
-#: The fields of a main json that rules F1–F4 convert to strings (``gefatal.main_fatal``).
-_STRING_KEYS = ("binFileName", "binFileSuffix", "kernelName", "headerFileSuffix", "sha256")
 #: The deadline is looked at once per this many entries read.
 _DEADLINE_EVERY = 256
 
@@ -78,8 +76,15 @@ def plainly_not_fatal(raw: bytes) -> bool:
     if not isinstance(data, dict):
         return True  # contains()/find() are false on a non-object: a clean miss in GE
     get = data.get
-    if get("jsonList") is None and all(type(get(key, "")) is str for key in _STRING_KEYS):
-        return True  # what F1-F5 convert is absent or a string, and no sub-json is named
+    if (  # what F1-F4 convert is absent or a string, and no jsonList (F5, F6): one test each
+        get("jsonList") is None
+        and type(get("binFileName", "")) is str
+        and type(get("binFileSuffix", "")) is str
+        and type(get("kernelName", "")) is str
+        and type(get("headerFileSuffix", "")) is str
+        and type(get("sha256", "")) is str
+    ):
+        return True
     return gefatal.main_fatal(data, "") is None and not gefatal.sub_json_names(data)
 
 
