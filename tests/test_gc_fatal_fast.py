@@ -144,3 +144,28 @@ def _gid(name: str) -> int:
     import grp
 
     return grp.getgrnam(name).gr_gid
+
+
+def test_the_plain_read_takes_only_a_plain_file(tmp_path: Path) -> None:
+    """Whatever the careful reader refuses or reads its own way, the plain read leaves to
+    it (None), never following a link, never blocking on a FIFO, never reading a byte."""
+    from cachemgr.eviction.fatalscan import read_plain
+
+    chip = tmp_path / "chip"
+    chip.mkdir()
+    (chip / "plain.json").write_bytes(b'{"a": 1}')
+    (chip / "target.json").write_bytes(_with(sha256=5))
+    (chip / "link.json").symlink_to(chip / "target.json")
+    os.link(chip / "target.json", tmp_path / "other-name.json")  # target now has 2 names
+    os.mkfifo(chip / "fifo.json")  # no writer: a blocking open would hang here
+    (chip / "folder.json").mkdir()
+    (chip / "big.json").write_bytes(b" " * 101)
+    fd = os.open(chip, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert read_plain(fd, "plain.json") == b'{"a": 1}'
+        for name in ("link.json", "target.json", "fifo.json", "folder.json", "gone.json"):
+            assert read_plain(fd, name) is None, name
+        assert read_plain(fd, "big.json", max_bytes=100) is None
+        assert read_plain(fd, "big.json", max_bytes=101) == b" " * 101
+    finally:
+        os.close(fd)
