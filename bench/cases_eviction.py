@@ -1,15 +1,21 @@
 """Eviction: ``gc`` to 80 % on a chip folder of 100,000 entries (~200,000 files), side by side
 with its floor and a CANN-style pass that opens every json.
 
-The floor of a gc is what any eviction must do, measured in the same folder
-and run: one ``scandir`` + ``stat`` pass plus the ``unlink`` of the same files (those a dry
-run of the same gc names), one thread. Targets: gc ≤ 1× that floor; peak RSS
-of the process running gc ≤ 80 MiB at 100,000 entries (``cases_scaling --large``: ≤ 150 MiB
-at 1,000,000; docs/eviction.md#memory). Every pass runs in its own child process (times exclude
-interpreter start-up; RSS is the child's peak as the kernel reports it to the parent through
-``wait4``). All passes see a warm page cache: the folder was just built, and written back
-(``sync``) so no pass pays for the build's writeback. The folder is rebuilt between passes
-that remove or touch files.
+The floor of a gc is what any eviction must do: one ``scandir`` + ``stat`` pass plus the
+``unlink`` of the same files (those a dry run of the same gc names), one thread. Targets: gc
+≤ 1× that floor; peak RSS of the process running gc ≤ 80 MiB at 100,000 entries
+(``cases_scaling --large``: ≤ 150 MiB at 1,000,000; docs/eviction.md#memory).
+
+``unlink`` latency swings with other processes' I/O (the floor alone went from 3.9 s to
+15.5 s between two runs on this host), so gc and its floor are measured in pairs: two
+identical folders (built by the same :func:`build`: the same names, contents and access
+order) are settled, then gc runs on one and the floor on the other, back to back, the order
+and the folders alternating by round (:func:`_pair`); each ratio is the median of the
+rounds' ratios, with their min–max (``harness.ratio_row``). Every pass runs in its own child
+process (times exclude interpreter start-up; RSS is the child's own peak). All passes see a
+warm page cache: the folders were just settled and written back (``sync``) so no pass pays
+for the settling's writeback. A folder is settled again (what was removed recreated, every
+access time reset) before each pass that removes or touches files.
 """
 
 from __future__ import annotations
@@ -23,12 +29,13 @@ import sys
 import time
 from pathlib import Path
 
-from bench.harness import ROOT, Row, ratio_of
+from bench import harness
+from bench.harness import ROOT, Row
 
 NAME = "eviction"
 ENTRIES = 100_000
 QUICK_ENTRIES = 5_000
-ROUNDS = 3
+ROUNDS = 5
 QUICK_ROUNDS = 1
 MIB = 2**20
 #: Access times are spread over the two days before the run: all older than GE's 1800 s guard.
@@ -113,38 +120,65 @@ def measure(mode: str, chip: Path, *extra: str) -> tuple[dict[str, float], float
     return result, result.get("hwm_kib", usage.ru_maxrss) / 1024
 
 
-def gc_rounds(chip: Path, entries: int, rounds: int, cann: bool = True) -> dict[str, float]:
-    """Medians over ``rounds`` of: the floor (stat pass + the gc's unlinks), the stat pass
-    alone, over a descriptor, the CANN pass, the dry run and the gc (with its peak RSS)."""
+#: Passes that remove nothing (run on the first folder, right after it was settled).
+_READ_ONLY = ("floor", "floorfd", "dry")
+
+
+def _pair(chips: tuple[Path, Path], r: int, max_mb: int, names: Path) -> dict[str, float]:
+    """Round ``r``'s gc and floor (stat pass + the same unlinks, one thread), back to back on
+    the two identical folders: which runs first, and on which folder, alternates by round
+    (0: gc on the first then floor on the second; 1: floor, gc; 2 and 3 the same with the
+    folders swapped), so neither the order nor a folder favours one side."""
+    first, second = chips if r % 4 < 2 else chips[::-1]
+    out: dict[str, float] = {}
+    for kind, chip in (("gc", first), ("floor_unlink", second))[:: 1 if r % 2 == 0 else -1]:
+        if kind == "gc":
+            last, peak = measure("gc", chip, str(max_mb))
+            out.update({k: float(v) for k, v in last.items()}, rss=peak, gc=last["seconds"])
+        else:
+            out["floor_unlink"] = measure("floorunlink", chip, str(names))[0]["seconds"]
+    return out
+
+
+def gc_rounds(
+    chip: Path, twin: Path, entries: int, rounds: int, cann: bool = True
+) -> dict[str, list[float]]:
+    """Per round (index ``i`` of every list is round ``i``): both folders (``chip`` and its
+    identical ``twin``, each built by :func:`build`) settled; on ``chip`` the stat pass
+    (``floor``), the same over a descriptor (``floorfd``), the CANN pass and the dry run
+    (``dry``, which names the files the floor unlinks); then gc and its floor back to back,
+    one on each folder (:func:`_pair`); then the floor's unlinks on gc's threads
+    (``floor_threads``) on a folder settled again. ``rss`` is gc's peak (MiB); ``evicted``,
+    ``evicted_bytes``, ``bytes_before``, ``bytes_after`` its report's."""
     names = chip.parent / f"evict-{chip.name}.txt"
     runs: dict[str, list[float]] = {}
-    last: dict[str, float] = {}
-    for _ in range(rounds):
+    for r in range(rounds):
+        settle(chip, entries)
+        settle(twin, entries)
         fl, _ = measure("floor", chip)
         max_mb = int(fl["bytes"]) // MIB  # used ≥ max: gc must bring it to 80 % of max
-        passes = [("floor", fl["seconds"])]
-        passes.append(("floorfd", measure("floorfd", chip)[0]["seconds"]))
+        got = {"floor": fl["seconds"], "floorfd": measure("floorfd", chip)[0]["seconds"]}
         if cann:
-            passes.append(("cann", measure("cann", chip)[0]["seconds"]))
+            got["cann"] = measure("cann", chip)[0]["seconds"]
             settle(chip, entries)  # reading the jsons may have moved their atimes (relatime)
-        passes.append(("dry", measure("gcdry", chip, str(max_mb), str(names))[0]["seconds"]))
+        got["dry"] = measure("gcdry", chip, str(max_mb), str(names))[0]["seconds"]
         files = [k + ext for k in names.read_text().split() for ext in (".json", ".o")]
         names.write_text("\n".join(files))
-        unlinked, _ = measure("floorunlink", chip, str(names))
-        passes.append(("floor_unlink", unlinked["seconds"]))
+        got.update(_pair((chip, twin), r, max_mb, names))
         settle(chip, entries)
-        threaded, _ = measure("floorunlinkthreads", chip, str(names))
-        passes.append(("floor_threads", threaded["seconds"]))
-        settle(chip, entries)
-        last, peak = measure("gc", chip, str(max_mb))
-        passes += [("gc", last["seconds"]), ("rss", peak)]
-        settle(chip, entries)
-        for key, value in passes:
+        got["floor_threads"] = measure("floorunlinkthreads", chip, str(names))[0]["seconds"]
+        for key, value in got.items():
             runs.setdefault(key, []).append(value)
+    settle(chip, entries)
+    settle(twin, entries)
     names.unlink(missing_ok=True)
+    return runs
+
+
+def medians(runs: dict[str, list[float]]) -> dict[str, float]:
+    """The median of each pass over the rounds (``rss``: the largest)."""
     out = {k: statistics.median(v) for k, v in runs.items()}
     out["rss"] = max(runs["rss"])
-    out.update({k: last[k] for k in ("evicted", "evicted_bytes", "bytes_before", "bytes_after")})
     return out
 
 
@@ -154,46 +188,79 @@ def rss_target(entries: int) -> int:
     return 80 if entries <= ENTRIES else 150
 
 
+def twin_of(workdir: Path) -> Path:
+    """The folder gc's floor runs on, built identical to the measured chip folder."""
+    return workdir / "twin" / "Ascend910B1"
+
+
 def run(workdir: Path, quick: bool) -> list[Row]:
     entries = QUICK_ENTRIES if quick else ENTRIES
     rounds = QUICK_ROUNDS if quick else ROUNDS
     chip = workdir / "kernel_cache" / "Ascend910B1"
     t0 = time.monotonic()
     settle(chip, entries)
+    settle(twin_of(workdir), entries)
     build_s = time.monotonic() - t0
-    load = os.getloadavg()[0]
-    m = gc_rounds(chip, entries, rounds)
-    floor, floor_unlink, gc, dry = m["floor"], m["floor_unlink"], m["gc"], m["dry"]
+    load = harness.load_average()
+    runs = gc_rounds(chip, twin_of(workdir), entries, rounds)
+    m = medians(runs)
     evicted = int(m["evicted"])
-    unlinks_s = max(gc - dry, 1e-9)
     case = f"gc to 80 %, {entries:,} entries"
     note = (
-        f"median of {rounds}; evicted {evicted:,} entries ({2 * evicted:,} files, "
+        f"evicted {evicted:,} entries ({2 * evicted:,} files, "
         f"{m['evicted_bytes'] / MIB:.1f} MiB), {m['bytes_before'] / MIB:.1f} → "
-        f"{m['bytes_after'] / MIB:.1f} MiB; folder built in {build_s:.0f} s; load average "
-        f"{load:.1f} at start"
+        f"{m['bytes_after'] / MIB:.1f} MiB; gc and floor back to back on two identical "
+        f"folders, order and folder alternating by round; both folders built in "
+        f"{build_s:.0f} s"
     )
+    load_col = harness.load_note(load)
+
+    def paired(
+        metric: str,
+        key: str,
+        base_name: str,
+        base: str,
+        target: float | None = None,
+        row_note: str = "",
+    ) -> Row:
+        return harness.ratio_row(
+            case,
+            metric,
+            runs[key],
+            base_name,
+            runs[base],
+            unit="s",
+            scale=1.0,
+            target=target,
+            note=row_note,
+            load=load_col,
+        )
+
+    removal = [
+        max(g - d, 1e-9) / max(2 * evicted, 1) * 1e6
+        for g, d in zip(runs["gc"], runs["dry"], strict=True)
+    ]
     return [
-        Row(case, "gc wall time", gc, "s", "floor: scandir+stat + the same unlinks",
-            floor_unlink, ratio_of(gc, floor_unlink), "≤ 1.0× floor", gc <= floor_unlink,
-            note),
-        Row(case, "gc wall time vs CANN-style pass", gc, "s", "CANN pass: open+parse every json",
-            m["cann"], ratio_of(gc, m["cann"]), "", None, "the CANN pass deletes nothing"),
-        Row(case, "gc without removals (dry run)", dry, "s", "scandir+stat pass", floor,
-            ratio_of(dry, floor), "", None, "scan + reclaim check + plan"),
-        Row(case, "floor: scandir+stat + unlinks", floor_unlink, "s", "scandir+stat pass",
-            floor, ratio_of(floor_unlink, floor), "", None,
-            f"{2 * evicted:,} unlinks, one thread, in eviction order"),
-        Row(case, "gc wall time vs a threaded floor", gc, "s",
-            "scandir+stat + the unlinks on gc's 8 threads", m["floor_threads"],
-            ratio_of(gc, m["floor_threads"]), "", None,
-            "unlink latency overlaps on threads: the floor of gc's own removal design"),
-        Row(case, "floor over a folder descriptor", m["floorfd"], "s", "scandir+stat pass",
-            floor, ratio_of(m["floorfd"], floor), "", None, "fstatat per file, as gc's scan does"),
-        Row(case, "CANN-style pass", m["cann"], "s", "scandir+stat pass", floor,
-            ratio_of(m["cann"], floor), "", None, "GE's aging: stat + parse each main json"),
-        Row(case, "removal phase", unlinks_s / max(2 * evicted, 1) * 1e6, "µs/file", "", None,
-            None, "", None, f"(gc − dry run) / {2 * evicted:,} unlinked files"),
+        paired("gc wall time", "gc", "floor: scandir+stat + the same unlinks", "floor_unlink",
+               1.0, note),
+        *([paired("gc wall time vs CANN-style pass", "gc", "CANN pass: open+parse every json",
+                  "cann", row_note="the CANN pass deletes nothing")] if "cann" in runs else []),
+        paired("gc without removals (dry run)", "dry", "scandir+stat pass", "floor",
+               row_note="scan + reclaim check (every main json read) + plan"),
+        paired("floor: scandir+stat + unlinks", "floor_unlink", "scandir+stat pass", "floor",
+               row_note=f"{2 * evicted:,} unlinks, one thread, in eviction order"),
+        paired("gc wall time vs a threaded floor", "gc",
+               "scandir+stat + the unlinks on gc's 8 threads", "floor_threads",
+               row_note="unlink latency overlaps on threads: the floor of gc's own removal "
+               "design (not back to back: the folder is settled between)"),
+        paired("floor over a folder descriptor", "floorfd", "scandir+stat pass", "floor",
+               row_note="fstatat per file, as gc's scan does"),
+        *([paired("CANN-style pass", "cann", "scandir+stat pass", "floor",
+                  row_note="GE's aging: stat + parse each main json")] if "cann" in runs else []),
+        Row(case, "removal phase", statistics.median(removal), "µs/file", "", None, None, "",
+            None, f"(gc − dry run) / {2 * evicted:,} unlinked files, median of {rounds}",
+            load=load_col),
         Row(case, "peak RSS of gc", m["rss"], "MiB", "", None, None, f"≤ {rss_target(entries)} MiB",
-            m["rss"] <= rss_target(entries), "the gc child's own VmHWM, Python included"),
+            m["rss"] <= rss_target(entries), "the gc child's own VmHWM, Python included",
+            load=load_col),
     ]  # fmt: skip

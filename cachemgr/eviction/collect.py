@@ -46,6 +46,7 @@ from typing import Any
 from cachemgr.config import layout
 from cachemgr.errors import CachePermissionError
 from cachemgr.eviction.compact import CompactEntries, HashCollision, scan_compact
+from cachemgr.eviction.fatalscan import PlainJudge
 from cachemgr.eviction.files import (
     DENIED_ERRNOS,
     denied_line,
@@ -363,7 +364,7 @@ def _run(
     ge_fatal_since_ns: int | None = 0,
 ) -> None:
     max_mb, ratio_pct, min_age_s, force_ratio, target_bytes = limits
-    scan = _scan(report.chip_dir, chip_fd)
+    scan = _scan(report.chip_dir, chip_fd, ge_fatal_since_ns)
     report.entries_before = len(scan.entries)
     report.bytes_before = scan.used_bytes
     report.odd = dict(scan.odd)
@@ -423,11 +424,14 @@ def _run(
     )
 
 
-def _scan(chip_dir: Path, chip_fd: int) -> ChipScan:
-    """The chip folder's snapshot in bounded memory (:mod:`cachemgr.eviction.compact`); the
-    full one of ``entry.scan_chip`` when two names met under one hash key."""
+def _scan(chip_dir: Path, chip_fd: int, fatal_since_ns: int | None = None) -> ChipScan:
+    """The chip folder's snapshot in bounded memory (:mod:`cachemgr.eviction.compact`),
+    its main jsons changed since ``fatal_since_ns`` judged for GE-fatal shapes as listed
+    (None: not judged; docs/eviction.md#cost); the full one of ``entry.scan_chip`` when two
+    names met under one hash key."""
+    judge = None if fatal_since_ns is None else PlainJudge(chip_fd, fatal_since_ns)
     try:
-        return scan_compact(chip_dir, chip_fd)
+        return scan_compact(chip_dir, chip_fd, judge)
     except HashCollision as exc:
         log.warning("%s: two names share a hash key (%s); scanned in full", chip_dir, exc)
         return entry.scan_chip(chip_dir, chip_fd)

@@ -23,18 +23,31 @@ import os
 from array import array
 from collections.abc import Iterator, MutableMapping
 from pathlib import Path
+from typing import Protocol
 
 from cachemgr.storage import entry, fsutil
 from cachemgr.storage.entry import ChipScan, EntryGroup, FileStat
 
-#: flags of a compact entry
-_JSON, _BIN, _HEADER, _DEAD, _EXTRA = 1, 2, 4, 8, 16
+#: flags of a compact entry (``_CHECK``: its main json needs the full GE-fatal check)
+_JSON, _BIN, _HEADER, _DEAD, _EXTRA, _CHECK = 1, 2, 4, 8, 16, 32
 #: the largest size a compact column holds (bytes); a larger file's entry is kept the old way
 _MAX_SIZE = 2**32 - 1
 _JSON_EXT, _HEADER_EXT = "json", "h"
 #: extensions that never belong to an entry by name (``scan_chip``'s rule)
 _NOT_PARTS = frozenset({"lock", "temp", ""})
 _PARTS = entry.PART_STEM_SUFFIXES
+
+
+class Judge(Protocol):
+    """Judges each main json of an entry kept in columns as the scan lists it
+    (:class:`cachemgr.eviction.fatalscan.PlainJudge`)."""
+
+    #: the jsons changed (``st_ctime``/``st_mtime``) at or after this time (ns since the
+    #: epoch) are judged; 0 = all
+    since_ns: int
+
+    def __call__(self, name: str, st: os.stat_result) -> bool:
+        """True when the json ``name`` (its ``lstat``: ``st``) needs the full check."""
 
 
 class HashCollision(Exception):
@@ -83,6 +96,10 @@ class CompactEntries(MutableMapping[str, EntryGroup]):
         self.without_json = 0  # compact stems without a json (orphans, found by name later)
         #: stems with a json among the files kept the old way (``scan_chip``'s json stems)
         self.legacy_jsons: set[str] = set()
+        #: the ``Judge.since_ns`` the scan judged main jsons with (None: not judged), and
+        #: how many rows it marked for the full check
+        self.judged_since: int | None = None
+        self.to_check = 0
 
     # --- building (the scan) -----------------------------------------------------------------
 
@@ -172,6 +189,20 @@ class CompactEntries(MutableMapping[str, EntryGroup]):
             self.flags[j] = flags | _BIN
         self.sizes[j] += size
         return True
+
+    def mark_check(self, stem: str) -> None:
+        """Mark ``stem``'s row: its main json needs the full GE-fatal check."""
+        j = self._find(stem, hash(stem))
+        if j >= 0 and not self.flags[j] & _CHECK:
+            self.flags[j] |= _CHECK
+            self.to_check += 1
+
+    def marked(self) -> Iterator[tuple[str, int]]:
+        """``(kernel, row)`` of the live rows :meth:`mark_check` marked (one listing; none
+        when no row is marked)."""
+        if self.to_check:
+            flags = self.flags
+            yield from ((k, j) for k, j in self.names() if flags[j] & _CHECK)
 
     def _ext_id(self, ext: str) -> int:
         ext_id = self._ext_ids.get(ext)
@@ -277,9 +308,12 @@ class CompactEntries(MutableMapping[str, EntryGroup]):
             return FileStat(self._bsize[j], 0, 0)
         return None
 
-    def names(self, unresolved_only: bool = False) -> Iterator[tuple[str, int]]:
-        """``(kernel, row)`` of every entry kept in columns, by one listing of the folder's
-        names (no ``stat``); entries removed meanwhile are skipped."""
+    def names(
+        self, unresolved_only: bool = False, rows: bytes | None = None
+    ) -> Iterator[tuple[str, int]]:
+        """``(kernel, row)`` of every entry kept in columns (only rows ``j`` with
+        ``rows[j]`` true, when given), by one listing of the folder's names (no ``stat``);
+        entries removed meanwhile are skipped."""
         index, keys, checks, flags = self._index, self.keys_, self._chk, self.flags
         mask = self._mask
         with os.scandir(self._fd) as it:
@@ -292,9 +326,13 @@ class CompactEntries(MutableMapping[str, EntryGroup]):
                 i = key & mask
                 while (j := index[i]) >= 0 and keys[j] != key:  # row() inlined: 2 per entry
                     i = (i + 1) & mask
-                if j < 0 or flags[j] & (_JSON | _DEAD) != _JSON or not simple_stem(stem):
+                if (
+                    j < 0
+                    or flags[j] & (_JSON | _DEAD) != _JSON
+                    or (rows is not None and not rows[j])
+                ):
                     continue
-                if checks[j] != _check(stem):
+                if not simple_stem(stem) or checks[j] != _check(stem):
                     continue
                 if not unresolved_only or not (flags[j] & _BIN or entry.is_pre_entry(stem)):
                     yield stem, j
@@ -387,9 +425,13 @@ class CompactEntries(MutableMapping[str, EntryGroup]):
         return len(self._dict) + self.alive
 
 
-def scan_compact(chip_dir: Path, dir_fd: int) -> ChipScan:
+def scan_compact(chip_dir: Path, dir_fd: int, judge: Judge | None = None) -> ChipScan:
     """:func:`cachemgr.storage.entry.scan_chip` of the chip folder open as ``dir_fd``, with
     its entries in a :class:`CompactEntries` (the same grouping; docs/eviction.md#memory).
+
+    :param judge: called with each main json of an entry kept in columns as it is listed
+        (the file is hot then, and no second listing is needed); rows it returns True for
+        are marked (:meth:`CompactEntries.marked`) — docs/eviction.md#cost.
 
     :raises HashCollision: two names under one key (scan with ``scan_chip`` instead).
     :raises OSError: when the folder cannot be listed (e.g. ``EACCES``).
@@ -399,8 +441,9 @@ def scan_compact(chip_dir: Path, dir_fd: int) -> ChipScan:
     scan.entries = entries
     by_stem: dict[str, dict[str, FileStat]] = {}
     loose: dict[str, FileStat] = {}
+    entries.judged_since = None if judge is None else judge.since_ns
     try:
-        _list(scan, dir_fd, entries, by_stem, loose)
+        _list(scan, dir_fd, entries, by_stem, loose, judge)
     except OSError as exc:
         if exc.errno in fsutil.GONE_ERRNOS or isinstance(exc, NotADirectoryError):
             return ChipScan(chip_dir, dir_fd=dir_fd)
@@ -452,6 +495,7 @@ def _list(
     entries: CompactEntries,
     by_stem: dict[str, dict[str, FileStat]],
     loose: dict[str, FileStat],
+    judge: Judge | None = None,
 ) -> None:
     """The listing: one ``scandir`` + one ``lstat`` per regular file, as ``scan_chip``'s."""
     spilled: set[str] = set()
@@ -470,6 +514,8 @@ def _list(
                 continue
             if simple_stem(stem) and stem not in spilled:
                 if entries.add(stem, ext, st):
+                    if judge is not None and ext == _JSON_EXT and judge(name, st):
+                        entries.mark_check(stem)
                     continue
                 spilled.add(stem)
                 by_stem[stem] = entries.spill(stem)

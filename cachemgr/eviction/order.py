@@ -275,7 +275,8 @@ class _Times:
     def named(self, lo: int, hi: int) -> list[Item]:
         """The entries timed in ``[lo, hi]``, named (one listing), in ``(time, name)`` order."""
         times = self.times
-        out = [(times[j], kernel, j) for kernel, j in self.entries.names() if lo <= times[j] <= hi]
+        wanted = bytes(lo <= t <= hi for t in times)  # only these rows are named and checked
+        out = [(times[j], kernel, j) for kernel, j in self.entries.names(rows=wanted)]
         out += [(t, kernel, -1) for t, kernel, _ in self.whole if lo <= t <= hi]
         out.sort()
         return out

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from cachemgr.errors import LockBusyError
 from cachemgr.eviction import fatal, files
 from cachemgr.eviction.compact import CompactEntries
+from cachemgr.eviction.fatalscan import FatalCandidates
 from cachemgr.eviction.files import (
     DENIED_ERRNOS,
     NFS_SILLY_PREFIX,
@@ -123,12 +124,16 @@ def reclaim(
     out = ReclaimResult()
     store = chip_store(scan.chip_dir, BAD_ENTRY_LOCK_WAIT_S, dir_fd=chip_fd)
     if fatal_since_ns is not None:
-        for group in _each_group(scan):
+        candidates = _fatal_candidates(scan, chip_fd, fatal_since_ns, deadline)
+        for group in candidates:
             if deadline is not None and time.monotonic() >= deadline:
                 out.stopped = True
                 return out
             if not fatal_since_ns or fatal.changed_since(chip_fd, group, fatal_since_ns):
                 _reclaim_fatal(store, scan, chip_fd, group, dry_run, out)
+        if isinstance(candidates, FatalCandidates) and candidates.stopped:
+            out.stopped = True
+            return out
     for group in _suspects(scan):
         if deadline is not None and time.monotonic() >= deadline:
             out.stopped = True
@@ -245,11 +250,15 @@ def _header_due(
     return kernel not in writing and now_ns - newest >= min_age_s * 1_000_000_000
 
 
-def _each_group(scan: ChipScan) -> Iterable[EntryGroup]:
-    """Every entry, safe while entries are removed; the bounded-memory snapshot makes one
-    group at a time (:meth:`cachemgr.eviction.compact.CompactEntries.groups`)."""
+def _fatal_candidates(
+    scan: ChipScan, chip_fd: int, since_ns: int, deadline: float | None
+) -> Iterable[EntryGroup]:
+    """The entries to check in full for GE-fatal shapes, safe while entries are removed:
+    every entry of a full scan; of the bounded-memory snapshot, one group at a time, only
+    those a plain read of their main json does not clear
+    (:class:`cachemgr.eviction.fatalscan.FatalCandidates`)."""
     if isinstance(scan.entries, CompactEntries):
-        return scan.entries.groups()
+        return FatalCandidates(scan.entries, chip_fd, since_ns, deadline)
     return list(scan.entries.values())
 
 
