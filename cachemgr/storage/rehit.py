@@ -40,7 +40,7 @@ from typing import NamedTuple
 from cachemgr import direct
 from cachemgr.storage import entry, noatime
 from cachemgr.storage.kinds import GONE_ERRNOS
-from cachemgr.storage.store import LookupResult, Store, forget_read_only
+from cachemgr.storage.store import LookupResult, forget_read_only, touch_files
 
 # the reader's flags (noatime._opened_noatime): no link followed, never blocking on a FIFO
 _FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOATIME", 0)
@@ -170,10 +170,11 @@ def _utimensat_now() -> Callable[[int, bytes], int]:
 
 def _touch(k: Known, dir_fd: int) -> None:
     """Each file's access time to the filesystem's now; from the first file ``utimensat``
-    refuses on, :meth:`Store.touch` (not the owner, read-only, gone: its own handling)."""
+    refuses on, :func:`~cachemgr.storage.store.touch_files` (not the owner, read-only,
+    gone: its own handling)."""
     utimensat = _utimensat_now()
     for i, name in enumerate(k.names):
         if utimensat(dir_fd, name) != 0:
-            Store(k.chip_dir, dir_fd=dir_fd).touch(k.files[i:])
+            touch_files(k.chip_dir, dir_fd, k.files[i:])
             return
     forget_read_only(k.chip_dir)

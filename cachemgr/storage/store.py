@@ -293,6 +293,30 @@ class EntryHold:
         self.release()
 
 
+def touch_files(chip_dir: Path, dir_fd: int | None, files: tuple[Path, ...]) -> None:
+    """Set each of ``files``' access time to now, as a hit does
+    (docs/design.md#writing-and-reading-an-entry), relative to ``dir_fd`` (the chip folder
+    ``chip_dir``, open; None: by path): another user's file is skipped (CANN skips it too), a
+    read-only filesystem warned about once per folder; a file gone meanwhile is no error.
+
+    :raises OSError: any other refusal.
+    """
+    for path in files:
+        try:
+            fsutil.touch_atime(path, None, dir_fd)  # the filesystem's now
+        except PermissionError:
+            # another user's file: atime needs ownership; CANN skips it too
+            # (docs/design.md#sharing-and-locking)
+            log.debug("cannot set atime of %s (not owner)", path)
+        except OSError as exc:
+            if exc.errno == errno.EROFS:  # a read-only root still serves hits
+                _warn_read_only(chip_dir, "access times are not updated")
+                return
+            if exc.errno not in fsutil.GONE_ERRNOS:
+                raise
+    forget_read_only(chip_dir)
+
+
 class Store:
     """Verified lookup, atomic publish and removal in one chip folder.
 
@@ -478,27 +502,12 @@ class Store:
         return names
 
     def touch(self, files: tuple[Path, ...]) -> None:
-        """Set each of ``files``' access time to now, as a hit does
-        (docs/design.md#writing-and-reading-an-entry): another user's file is skipped (CANN
-        skips it too), a read-only filesystem warned about once per folder; a file gone
-        meanwhile is no error.
+        """Set each of ``files``' access time to now, as a hit does: :func:`touch_files` on
+        this store's folder.
 
-        :raises OSError: any other refusal.
+        :raises OSError: any refusal :func:`touch_files` does not handle.
         """
-        for path in files:
-            try:
-                fsutil.touch_atime(path, None, self.dir_fd)  # the filesystem's now
-            except PermissionError:
-                # another user's file: atime needs ownership; CANN skips it too
-                # (docs/design.md#sharing-and-locking)
-                log.debug("cannot set atime of %s (not owner)", path)
-            except OSError as exc:
-                if exc.errno == errno.EROFS:  # a read-only root still serves hits
-                    _warn_read_only(self.chip_dir, "access times are not updated")
-                    return
-                if exc.errno not in fsutil.GONE_ERRNOS:
-                    raise
-        forget_read_only(self.chip_dir)
+        touch_files(self.chip_dir, self.dir_fd, files)
 
     # --- removal ------------------------------------------------------------------------
 
