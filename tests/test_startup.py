@@ -452,7 +452,15 @@ DENIED_STATS = (
     "cachemgr.compile.queue",
     "cachemgr.compile.pipeline",
     "cachemgr.compile.build",
-    "cachemgr.eviction.gc",  # gc itself: stats counts chip folders with purge's chip_row only
+    "cachemgr.eviction.gc",  # gc itself: stats counts chip folders with usage's chip_row only
+    # the eviction and store machinery, the client: a chip folder is counted by
+    # cachemgr.eviction.usage, the default socket named by cachemgr.sockpath
+    "cachemgr.eviction.purge",
+    "cachemgr.eviction.files",
+    "cachemgr.eviction.reclaim",
+    "cachemgr.storage.store",
+    "cachemgr.storage.entry",
+    "cachemgr.client",
 )
 
 
