@@ -19,12 +19,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cachemgr.config import configfile, core, layout, socs
+from cachemgr.config import core, layout, socs
 from cachemgr.config.ini import OpCacheIni, UnreadableIniError
 from cachemgr.constants import MIB, NEVER_EVICT, short_host
 from cachemgr.errors import ConfigError
+
+if TYPE_CHECKING:  # the schema's module is imported where a config file is read or asked for
+    from cachemgr.config import configfile
 
 ORIGIN_OPTION = "option"
 ORIGIN_INI = "op_cache.ini"
@@ -227,11 +230,23 @@ class Settings:
     values: Mapping[str, Resolved]
     problems: tuple[str, ...] = ()
     sections: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    #: the checked config file: every table typed, with defaults
-    config: configfile.ConfigFile = field(default_factory=configfile.empty)
+    #: the checked config file, None when there is none (:attr:`config` then gives the
+    #: defaults)
+    checked_config: configfile.ConfigFile | None = None
 
     def __getitem__(self, name: str) -> Resolved:
         return self.values[name]
+
+    @cached_property
+    def config(self) -> configfile.ConfigFile:
+        """The checked config file: every table typed, with defaults. Without a config file
+        the defaults are made on first use: a command that never asks (``stats``) does not
+        import the schema's module (start-up, docs/performance.md)."""
+        if self.checked_config is not None:
+            return self.checked_config
+        from cachemgr.config import configfile
+
+        return configfile.empty()
 
     def value(self, name: str) -> Any:
         """The value of ``name`` (raises ``KeyError`` for an unknown name)."""
@@ -326,6 +341,8 @@ def load_config_file(path: Path) -> configfile.ConfigFile:
     :raises ConfigError: unreadable file, TOML syntax error, unknown table or key, a wrong
         type or range — naming file, line, key, value and what is accepted.
     """
+    from cachemgr.config import configfile
+
     return configfile.load(path, TOP_PARSERS)
 
 
@@ -333,13 +350,16 @@ def load_config_file(path: Path) -> configfile.ConfigFile:
 CLI_FLAGS = {"op_compiler_cache_dir": "--cache-dir", "soc_version": "--soc"}
 
 
-def _from_options(cli: Mapping[str, Any], config: configfile.ConfigFile) -> dict[str, Resolved]:
+def _from_options(
+    cli: Mapping[str, Any], config: configfile.ConfigFile | None
+) -> dict[str, Resolved]:
     found: dict[str, Resolved] = {}
-    for name, raw in config.top.items():
-        alias = config.aliases.get(name)
-        where = config.where(*alias) if alias else config.where("", name)
-        source = f"{where} as {'.'.join(p for p in alias if p)}" if alias else where
-        found[name] = Resolved(raw, ORIGIN_OPTION, source)
+    if config is not None:
+        for name, raw in config.top.items():
+            alias = config.aliases.get(name)
+            where = config.where(*alias) if alias else config.where("", name)
+            source = f"{where} as {'.'.join(p for p in alias if p)}" if alias else where
+            found[name] = Resolved(raw, ORIGIN_OPTION, source)
     for name, raw in cli.items():
         if raw is not None:
             if name not in _SPECS:
@@ -473,7 +493,10 @@ def settings_for(settings: Settings, kernel_cache_dir: Path, env: Mapping[str, s
     vals["max_op_cache_size"] = max_res
     vals["remain_cache_size_ratio"] = ratio_res
     return Settings(
-        values=vals, problems=tuple(problems), sections=settings.sections, config=settings.config
+        values=vals,
+        problems=tuple(problems),
+        sections=settings.sections,
+        checked_config=settings.checked_config,
     )
 
 
@@ -546,7 +569,7 @@ def resolve(
     if config_file is None and env.get("CACHEMGR_CONFIG"):
         config_file, origin = Path(env["CACHEMGR_CONFIG"]), "env CACHEMGR_CONFIG"
     try:
-        config = load_config_file(config_file) if config_file else configfile.empty()
+        config = load_config_file(config_file) if config_file else None
     except ConfigError as exc:  # say where the file's name came from, as every option does
         raise ConfigError(f"{exc} (from {origin})") from exc
     vals = _parse_all(_from_options(cli or {}, config), env)
@@ -574,5 +597,8 @@ def resolve(
     vals["remain_cache_size_ratio"] = ratio_res
     vals["kernel_meta_dir"] = _resolve_kernel_meta(vals, env, cwd or Path.cwd())
     return Settings(
-        values=vals, problems=tuple(problems), sections=dict(config.tables), config=config
+        values=vals,
+        problems=tuple(problems),
+        sections=dict(config.tables) if config is not None else {},
+        checked_config=config,
     )
