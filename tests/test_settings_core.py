@@ -87,3 +87,25 @@ def test_resolve_takes_the_cache_folder_the_core_chooses(
         str(cli["op_compiler_cache_dir"] or ""), "option", "--cache-dir", env
     )
     assert (kc.origin, kc.source, kc.passed_over) == (chosen[2], chosen[3], chosen[4])
+
+
+def test_stored_config_rows_are_the_live_ones() -> None:
+    """``config`` without a config file shows the stored table rows and remote row
+    (:mod:`cachemgr.config.defaultrows`): they must be what the schema and the remote tiers
+    give today (rerun ``scripts/defaultrows.py`` when this fails)."""
+    from cachemgr.config import configfile, defaultrows
+    from cachemgr.console import live_remote_row
+
+    assert defaultrows.TABLE_ROWS == configfile.empty().rows()
+    assert list(defaultrows.TABLE_ROWS) == list(configfile.empty().rows())
+    assert defaultrows.NO_REMOTE_ROW == live_remote_row({}, {})
+    assert defaultrows.NO_REMOTE_ROW == live_remote_row(None, {"CACHEMGR_REMOTE_STORAGE": " "})
+
+
+def test_stored_rows_import_nothing() -> None:
+    assert _new_modules("import cachemgr.config.defaultrows") == {
+        "cachemgr",
+        "cachemgr.config",
+        "cachemgr.config.defaultrows",
+        "cachemgr.constants",
+    }

@@ -252,6 +252,16 @@ class Settings:
         """The value of ``name`` (raises ``KeyError`` for an unknown name)."""
         return self.values[name].value
 
+    def config_rows(self) -> dict[str, dict[str, Any]]:
+        """Every key of every table of :attr:`config` (``ConfigFile.rows``); without a config
+        file the stored defaults (:mod:`cachemgr.config.defaultrows`, which a test keeps
+        equal to the live rows), so ``config`` does not import the schema's module."""
+        if self.checked_config is None:
+            from cachemgr.config.defaultrows import TABLE_ROWS
+
+            return {name: dict(row) for name, row in TABLE_ROWS.items()}
+        return self.config.rows()
+
     @cached_property
     def limits(self) -> CacheLimits:
         """The limits of this kernel cache, as one value (built once)."""
