@@ -96,10 +96,11 @@ def test_stored_config_rows_are_the_live_ones() -> None:
     from cachemgr.config import configfile, defaultrows
     from cachemgr.console import live_remote_row
 
-    assert defaultrows.TABLE_ROWS == configfile.empty().rows()
-    assert list(defaultrows.TABLE_ROWS) == list(configfile.empty().rows())
-    assert defaultrows.NO_REMOTE_ROW == live_remote_row({}, {})
-    assert defaultrows.NO_REMOTE_ROW == live_remote_row(None, {"CACHEMGR_REMOTE_STORAGE": " "})
+    live = configfile.empty().rows()
+    assert live == defaultrows.TABLE_ROWS
+    assert list(live) == list(defaultrows.TABLE_ROWS)
+    assert live_remote_row({}, {}) == defaultrows.NO_REMOTE_ROW
+    assert live_remote_row(None, {"CACHEMGR_REMOTE_STORAGE": " "}) == defaultrows.NO_REMOTE_ROW
 
 
 def test_stored_rows_import_nothing() -> None:
