@@ -47,7 +47,7 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeVar, overload
 
-from cachemgr import sockcheck
+from cachemgr import sockcheck, sockpath
 from cachemgr.compile.results import CompileOutcome, GcResult, StatsResult
 from cachemgr.constants import MAX_HITS_PER_REPORT
 from cachemgr.errors import CacheMgrError, CompileError, InvalidInputError
@@ -65,7 +65,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SOCKET_NAME = "cachemgr.sock"
+SOCKET_NAME = sockpath.SOCKET_NAME
 #: How long a client trusts the daemon's settings before fetching them again (seconds).
 LOCAL_CONFIG_TTL_S = 5.0
 #: Locally served hits are reported to the daemon at most this often (seconds).
@@ -90,22 +90,14 @@ class DaemonError(CacheMgrError):
 
 
 def runtime_dir(env: Mapping[str, str] | None = None) -> Path:
-    """Folder of the daemon's socket: ``$RUNTIME_DIRECTORY`` under systemd, else
-    ``$XDG_RUNTIME_DIR/cachemgr``, else ``/tmp/cachemgr-<uid>``."""
-    env = os.environ if env is None else env
-    if env.get("RUNTIME_DIRECTORY"):
-        return Path(env["RUNTIME_DIRECTORY"].split(":")[0])
-    if env.get("XDG_RUNTIME_DIR"):
-        return Path(env["XDG_RUNTIME_DIR"]) / "cachemgr"
-    return Path(f"/tmp/cachemgr-{os.getuid()}")
+    """Folder of the daemon's socket (:func:`cachemgr.sockpath.runtime_dir`)."""
+    return Path(sockpath.runtime_dir(os.environ if env is None else env))
 
 
 def default_socket_path(env: Mapping[str, str] | None = None) -> Path:
-    """``$CACHEMGR_SOCKET``, else ``<runtime dir>/cachemgr.sock``."""
-    env = os.environ if env is None else env
-    if env.get("CACHEMGR_SOCKET"):
-        return Path(env["CACHEMGR_SOCKET"])
-    return runtime_dir(env) / SOCKET_NAME
+    """``$CACHEMGR_SOCKET``, else ``<runtime dir>/cachemgr.sock``
+    (:func:`cachemgr.sockpath.default_socket`)."""
+    return Path(sockpath.default_socket(os.environ if env is None else env))
 
 
 @cache

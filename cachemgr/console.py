@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 from cachemgr.errors import ConfigError
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from cachemgr.config.options import Settings
 
 #: One line of output: (True for stderr, the text without its newline).
@@ -152,13 +154,35 @@ def _toolkit_rows(settings: Settings) -> dict[str, dict[str, Any]]:
 
 
 def _remote_row(settings: Settings, cli: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The remote tiers, passwords redacted.
+    """The remote tiers, passwords redacted; when nothing names a remote (no ``--remote``,
+    no ``$CACHEMGR_REMOTE_STORAGE``, no ``[remote]`` table) the stored row of no remotes
+    (:mod:`cachemgr.config.defaultrows`), without importing the remote tiers' modules.
+
+    :raises ConfigError: a bad remote spec (its message is redacted).
+    """
+    table = settings.sections.get("remote")
+    if not cli and not os.environ.get(REMOTE_ENV, "").strip() and not table:
+        from cachemgr.config.defaultrows import NO_REMOTE_ROW
+
+        return dict(NO_REMOTE_ROW)
+    return live_remote_row(table, os.environ, cli)
+
+
+#: The variable that names the remote tiers (``cachemgr.remote.config.ENV_VAR``).
+REMOTE_ENV = "CACHEMGR_REMOTE_STORAGE"
+
+
+def live_remote_row(
+    table: Mapping[str, Any] | None, env: Mapping[str, str], cli: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """The remote tiers' row of ``config`` from ``--remote`` values ``cli``, the environment
+    ``env`` and the ``[remote]`` table, passwords redacted (``cachemgr.remote.config``).
 
     :raises ConfigError: a bad remote spec (its message is redacted).
     """
     from cachemgr.remote import config as remote_config
 
-    remotes = remote_config.from_settings(settings, list(cli))
+    remotes = remote_config.resolve(list(cli), env, table)
     source = "" if remotes.origin == "default" else remotes.origin
     origin = "default" if not source else ("env" if source == remote_config.ENV_VAR else "file")
     if source == "--remote":
@@ -232,7 +256,7 @@ def config_report(
     warnings: list[Line] = [
         (True, warning_line(w)) for w in data["remote_storage"].get("warnings", [])
     ]
-    tables = settings.config.rows()
+    tables = settings.config_rows()
     data.update(tables)
     names += list(tables)
     data[FILESYSTEMS] = _filesystems_row(settings)

@@ -94,11 +94,11 @@ def governed_atimes(settings: Settings) -> list[atimes.CacheAtimes]:
 
 
 def _chip_rows(settings: Settings, warn: Warn) -> dict[str, ChipStats]:
-    """Each chip folder's figures by soc (:func:`cachemgr.eviction.purge.chip_row`)."""
+    """Each chip folder's figures by soc (:func:`cachemgr.eviction.usage.chip_row`)."""
     chips = chip_dirs(settings, warn)
     if not chips:  # nothing to count: the eviction modules are not needed
         return {}
-    from cachemgr.eviction.purge import chip_row
+    from cachemgr.eviction.usage import chip_row
 
     return {chip.name: ChipStats.from_json(chip_row(chip, settings)) for chip in chips}
 
@@ -122,13 +122,12 @@ def answer(given: dict[str, Any], out: list[tuple[bool, str]]) -> int | None:
 
     :raises Exception: any error of the settings or the figures: click then answers.
     """
-    from cachemgr import stats_view
-    from cachemgr.client import default_socket_path
+    from cachemgr import sockpath, stats_view
     from cachemgr.console import json_text, warning_line
 
     if os.environ.get("CACHEMGR_SOCKET"):
         return None
-    socket = default_socket_path()
+    socket = Path(sockpath.default_socket(os.environ))  # as the client spells it
     if os.path.lexists(socket):
         return None
     cli = {k: given.get(k) for k in ("op_compiler_cache_dir", "host_id", "soc_version")}

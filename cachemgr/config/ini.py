@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cachemgr import parsedfiles
+from cachemgr.config import core
 from cachemgr.constants import NEVER_EVICT
 from cachemgr.errors import CachePermissionError, ConfigError
 from cachemgr.storage import fsutil
@@ -49,21 +50,21 @@ from cachemgr.words import plural
 log = logging.getLogger(__name__)
 
 #: The section GE reads [GE].
-SECTION = "op_compiler_cache"
+SECTION = core.SECTION
 #: File name inside the kernel cache folder [GE].
 INI_NAME = "op_cache.ini"
 
 #: Size limit per chip folder, in MB (MiB) [GE].
-MAX_KEY = "max_op_cache_size"
+MAX_KEY = core.MAX_KEY
 #: Share of the limit kept after an eviction, in percent [GE].
-RATIO_KEY = "remain_cache_size_ratio"
+RATIO_KEY = core.RATIO_KEY
 #: Version stamps GE writes and compares with the installed toolkit [GE].
-ADK_KEY = "adk_version"
-OPS_KEY = "ops_version"
+ADK_KEY = core.ADK_KEY
+OPS_KEY = core.OPS_KEY
 #: Largest ``max_op_cache_size`` in MB GE accepts (``INT_MAX``) [GE].
-MAX_MB_LIMIT = 2**31 - 1
-RATIO_MIN_PCT = 1
-RATIO_MAX_PCT = 100
+MAX_MB_LIMIT = core.MAX_MB_LIMIT
+RATIO_MIN_PCT = core.RATIO_MIN_PCT
+RATIO_MAX_PCT = core.RATIO_MAX_PCT
 
 _KNOWN_KEYS = (MAX_KEY, RATIO_KEY, ADK_KEY, OPS_KEY)
 _STAMPS = (ADK_KEY, OPS_KEY)
@@ -76,7 +77,6 @@ _BOM = b"\xef\xbb\xbf"
 MAX_INI_BYTES = 1 << 20
 _BLANKS = " \t"
 _INT = re.compile(r"-?[0-9]+")
-_STOI = re.compile(r"[ \t\n\v\f\r]*([+-]?[0-9]+)")
 _HEADER = re.compile(r"\[([^\]]*)\][ \t]*")
 # Linear-time: no two blank runs can trade characters (the lazy form was cubic on a long
 # line of blanks, which a shared, group-writable ini must not be able to do to every command).
@@ -120,61 +120,10 @@ class GeReading:
         return self.values[ADK_KEY], self.values[OPS_KEY]
 
 
-def ge_stoi(text: str) -> int | None:
-    """``std::stoi(text)``: leading whitespace, an optional sign, decimal digits; the rest is
-    ignored (``2000MB`` → 2000). None where ``std::stoi`` throws (no digit, outside ``int``)."""
-    match = _STOI.match(text)
-    if match is None or len(match.group(1)) > 20:
-        return None
-    value = int(match.group(1))
-    return value if -(2**31) <= value <= MAX_MB_LIMIT else None
-
-
-def ge_atoi(text: str) -> int:
-    """``std::atoi(text)`` as glibc computes it (``(int) strtol``): like :func:`ge_stoi`, but
-    no digit gives 0 (never an error), and a value beyond ``long`` is clamped, then cut to
-    32 bits. GE reads ``ASCEND_REMAIN_CACHE_SIZE_RATIO`` with it
-    (``te_cache_space_manager.cc`` ``GetCacheRemainSizeRadio``)."""
-    match = _STOI.match(text)
-    if match is None:
-        return 0
-    digits = match.group(1)
-    value = int(digits) if len(digits) <= 21 else (-(2**63) if digits[0] == "-" else 2**63 - 1)
-    value = max(-(2**63), min(2**63 - 1, value))
-    return ((value + 2**31) % 2**32) - 2**31
-
-
-def _ge_sections(text: str) -> dict[str, list[tuple[str, str]]]:
-    """``TeCacheSpaceManager::LoadIniFile`` (``cache/te_cache_space_manager.cc``): lines from
-    ``std::getline`` (LF only; a CR stays in the line), ``#`` in column 1 is a comment, a
-    ``[`` in column 1 opens a section named up to the *last* ``]`` (no ``]``: the line is
-    skipped and the previous name kept), ``key=value`` split at the first ``=``, both trimmed
-    of spaces and tabs (``Trim``, ``common/common_utils.cc``), kept only when both are
-    non-empty. Keys before any header flow into the first section. A section name seen again
-    keeps its first content (``std::map::emplace``)."""
-    sections: dict[str, list[tuple[str, str]]] = {}
-    content: list[tuple[str, str]] = []
-    name = ""
-    for line in text.split("\n"):
-        if not line or line.startswith("#"):
-            continue
-        if line.startswith("["):
-            if name and content:
-                sections.setdefault(name, content)
-                content = []
-            end = line.rfind("]")
-            if end != -1:
-                name = line[1:end].strip(_BLANKS)
-            continue
-        if "=" not in line:
-            continue
-        key, _, value = line.partition("=")
-        key, value = key.strip(_BLANKS), value.strip(_BLANKS)
-        if key and value:
-            content.append((key, value))
-    if content and name:
-        sections.setdefault(name, content)
-    return sections
+#: GE's ``std::stoi`` / ``std::atoi`` of a limit (:mod:`cachemgr.config.core`, where the
+#: rule lives once).
+ge_stoi = core.ge_stoi
+ge_atoi = core.ge_atoi
 
 
 def ge_reading(data: bytes) -> GeReading:
@@ -188,31 +137,11 @@ def ge_reading(data: bytes) -> GeReading:
     ``max_op_cache_size`` is -1 or ≥ 1 and ``remain_cache_size_ratio`` is 1..100; otherwise
     GE falls back to the env vars and defaults.
     """
-    sections = _ge_sections(data.decode("utf-8", "surrogateescape"))
-    values: dict[str, str] = {}
-    order = sorted(sections, key=lambda n: n.encode("utf-8", "surrogateescape"))
-    if not order or order[0] != SECTION:
+    used, values = core.ge_ini_values(data)
+    if not used:
         return GeReading(False, values, None)
-    for key, value in sorted(
-        sections[SECTION], key=lambda kv: kv[0].encode("utf-8", "surrogateescape")
-    ):
-        if key in _KNOWN_KEYS:
-            values[key] = value
-    if not (values.get(ADK_KEY) and values.get(OPS_KEY)):
-        return GeReading(False, values, None)
-    return GeReading(True, values, _ge_limits(values.get(MAX_KEY, ""), values.get(RATIO_KEY, "")))
-
-
-def _ge_limits(max_raw: str, ratio_raw: str) -> IniLimits | None:
-    """``UpdateOpCacheSizeCfg``'s checks (see :func:`ge_reading`)."""
-    if not max_raw or not ratio_raw:
-        return None
-    max_mb, ratio = ge_stoi(max_raw), ge_stoi(ratio_raw)
-    if max_mb is None or ratio is None or max_mb == 0 or max_mb < NEVER_EVICT:
-        return None
-    if not RATIO_MIN_PCT <= ratio <= RATIO_MAX_PCT:
-        return None
-    return IniLimits(max_mb, ratio)
+    limits = core.ge_limits(values.get(MAX_KEY, ""), values.get(RATIO_KEY, ""))
+    return GeReading(True, values, None if limits is None else IniLimits(*limits))
 
 
 @dataclass

@@ -19,12 +19,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cachemgr.config import configfile, layout, socs
-from cachemgr.config.ini import OpCacheIni, UnreadableIniError, ge_atoi, ge_stoi
+from cachemgr.config import core, layout, socs
+from cachemgr.config.ini import OpCacheIni, UnreadableIniError
 from cachemgr.constants import MIB, NEVER_EVICT, short_host
 from cachemgr.errors import ConfigError
+
+if TYPE_CHECKING:  # the schema's module is imported where a config file is read or asked for
+    from cachemgr.config import configfile
 
 ORIGIN_OPTION = "option"
 ORIGIN_INI = "op_cache.ini"
@@ -33,12 +36,12 @@ ORIGIN_DEFAULT = "default"
 
 #: torch_npu's (and ACL's) names for the two cache settings: CANN's environment-variable
 #: reference and torch_npu's (docs/configuration.md#every-frameworks-name).
-ACL_CACHE_DIR = "ACL_OP_COMPILER_CACHE_DIR"
+ACL_CACHE_DIR = core.ACL_CACHE_DIR
 ACL_CACHE_MODE = "ACL_OP_COMPILER_CACHE_MODE"
 
 #: docs/design.md#size-limits-and-eviction / seed: default limit 500 MB (MiB) and remain ratio 50 %.
-DEFAULT_MAX_MB = 500
-DEFAULT_RATIO = 50
+DEFAULT_MAX_MB = core.DEFAULT_MAX_MB
+DEFAULT_RATIO = core.DEFAULT_RATIO
 #: GE's MIN_CACHE_AGING_TIME: an entry accessed this recently is never evicted (seconds).
 DEFAULT_MIN_AGE_S = 1800
 #: Access times up to this far ahead of our clock are trusted (seconds).
@@ -227,15 +230,37 @@ class Settings:
     values: Mapping[str, Resolved]
     problems: tuple[str, ...] = ()
     sections: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    #: the checked config file: every table typed, with defaults
-    config: configfile.ConfigFile = field(default_factory=configfile.empty)
+    #: the checked config file, None when there is none (:attr:`config` then gives the
+    #: defaults)
+    checked_config: configfile.ConfigFile | None = None
 
     def __getitem__(self, name: str) -> Resolved:
         return self.values[name]
 
+    @cached_property
+    def config(self) -> configfile.ConfigFile:
+        """The checked config file: every table typed, with defaults. Without a config file
+        the defaults are made on first use: a command that never asks (``stats``) does not
+        import the schema's module (start-up, docs/performance.md)."""
+        if self.checked_config is not None:
+            return self.checked_config
+        from cachemgr.config import configfile
+
+        return configfile.empty()
+
     def value(self, name: str) -> Any:
         """The value of ``name`` (raises ``KeyError`` for an unknown name)."""
         return self.values[name].value
+
+    def config_rows(self) -> dict[str, dict[str, Any]]:
+        """Every key of every table of :attr:`config` (``ConfigFile.rows``); without a config
+        file the stored defaults (:mod:`cachemgr.config.defaultrows`, which a test keeps
+        equal to the live rows), so ``config`` does not import the schema's module."""
+        if self.checked_config is None:
+            from cachemgr.config.defaultrows import TABLE_ROWS
+
+            return {name: dict(row) for name, row in TABLE_ROWS.items()}
+        return self.config.rows()
 
     @cached_property
     def limits(self) -> CacheLimits:
@@ -326,6 +351,8 @@ def load_config_file(path: Path) -> configfile.ConfigFile:
     :raises ConfigError: unreadable file, TOML syntax error, unknown table or key, a wrong
         type or range — naming file, line, key, value and what is accepted.
     """
+    from cachemgr.config import configfile
+
     return configfile.load(path, TOP_PARSERS)
 
 
@@ -333,13 +360,16 @@ def load_config_file(path: Path) -> configfile.ConfigFile:
 CLI_FLAGS = {"op_compiler_cache_dir": "--cache-dir", "soc_version": "--soc"}
 
 
-def _from_options(cli: Mapping[str, Any], config: configfile.ConfigFile) -> dict[str, Resolved]:
+def _from_options(
+    cli: Mapping[str, Any], config: configfile.ConfigFile | None
+) -> dict[str, Resolved]:
     found: dict[str, Resolved] = {}
-    for name, raw in config.top.items():
-        alias = config.aliases.get(name)
-        where = config.where(*alias) if alias else config.where("", name)
-        source = f"{where} as {'.'.join(p for p in alias if p)}" if alias else where
-        found[name] = Resolved(raw, ORIGIN_OPTION, source)
+    if config is not None:
+        for name, raw in config.top.items():
+            alias = config.aliases.get(name)
+            where = config.where(*alias) if alias else config.where("", name)
+            source = f"{where} as {'.'.join(p for p in alias if p)}" if alias else where
+            found[name] = Resolved(raw, ORIGIN_OPTION, source)
     for name, raw in cli.items():
         if raw is not None:
             if name not in _SPECS:
@@ -370,48 +400,35 @@ def _parse_all(explicit: Mapping[str, Resolved], env: Mapping[str, str]) -> dict
     return out
 
 
-def _passed_over(env: Mapping[str, str], names: tuple[str, ...], winner: str) -> tuple[str, ...]:
-    """The cache-folder names in ``names`` that ``env`` sets, each as ``NAME=value (…)``:
-    they lost to ``winner`` (docs/configuration.md#every-frameworks-name)."""
-    return tuple(f"{n}={env[n]} ({winner} comes first)" for n in names if env.get(n))
-
-
 def _resolve_kernel_cache(
     vals: dict[str, Resolved], env: Mapping[str, str], writable: bool
 ) -> Resolved:
-    """The kernel cache folder (docs/configuration.md#every-frameworks-name): the
-    ``op_compiler_cache_dir`` option (command line, config file, GE's
-    ``ge.op_compiler_cache_dir``) > torch_npu's ``ACL_OP_COMPILER_CACHE_DIR`` >
-    ``ASCEND_CACHE_PATH`` > ``$HOME/atc_data``. The option and ``ACL_OP_COMPILER_CACHE_DIR``
-    give ``<dir>/kernel_cache`` (ACL hands the variable to GE as its cache dir, GE adds
-    ``kernel_cache``); the names passed over are recorded on the result."""
+    """The kernel cache folder: the name that gives the root is chosen by
+    :func:`cachemgr.config.core.cache_folder_choice` (docs/configuration.md#every-frameworks-name);
+    the option and ``ACL_OP_COMPILER_CACHE_DIR`` give ``<dir>/kernel_cache`` (ACL hands the
+    variable to GE as its cache dir, GE adds ``kernel_cache``); the names passed over are
+    recorded on the result. The value is checked here (characters, a folder, writable)."""
     check = layout.check_root if writable else layout.check_folder
     opt = vals["op_compiler_cache_dir"]
-    later: tuple[str, ...] = (ACL_CACHE_DIR, "ASCEND_CACHE_PATH")
-    if not opt.value and env.get(ACL_CACHE_DIR):
-        opt = Resolved(env[ACL_CACHE_DIR], ORIGIN_ENV, ACL_CACHE_DIR)
-        later = ("ASCEND_CACHE_PATH",)
-    if opt.value:
-        where = f"{opt.origin} {opt.source}"
-        over = _passed_over(env, later, opt.source or opt.origin)
-        name = ACL_CACHE_DIR if opt.source == ACL_CACHE_DIR else "op_compiler_cache_dir"
-        root = layout.validate_path_value(str(opt.value), name, where)
-        vals["op_compiler_cache_dir"] = Resolved(root, opt.origin, opt.source, over)
-        check(root, name, where)
-        return Resolved(layout.kernel_cache_for_option(root), opt.origin, opt.source, over)
-    if env.get("ASCEND_CACHE_PATH"):
-        raw = env["ASCEND_CACHE_PATH"]
-        root = layout.validate_path_value(raw, "ASCEND_CACHE_PATH", "env")
-        check(root, "ASCEND_CACHE_PATH", "env")
+    option = str(opt.value) if opt.value else ""
+    kind, raw, origin, source, over = core.cache_folder_choice(option, opt.origin, opt.source, env)
+    if kind in ("op_compiler_cache_dir", ACL_CACHE_DIR):
+        where = f"{origin} {source}"
+        root = layout.validate_path_value(raw, kind, where)
+        vals["op_compiler_cache_dir"] = Resolved(root, origin, source, over)
+        check(root, kind, where)
+        return Resolved(layout.kernel_cache_for_option(root), origin, source, over)
+    if kind == "ASCEND_CACHE_PATH":
+        root = layout.validate_path_value(raw, kind, "env")
+        check(root, kind, "env")
         host = vals["host_id"]
         host_id = str(host.value)
         if host_id:
             layout.validate_name(host_id, "host_id", f"{host.origin} {host.source}".strip())
-        return Resolved(layout.kernel_cache_for_env(root, host_id), ORIGIN_ENV, "ASCEND_CACHE_PATH")
-    home = env.get("HOME") or os.path.expanduser("~")
-    root = layout.validate_path_value(home, "HOME", "env")
-    check(root / "atc_data", "$HOME/atc_data", "default")
-    return Resolved(layout.kernel_cache_for_home(root), ORIGIN_DEFAULT, "$HOME/atc_data")
+        return Resolved(layout.kernel_cache_for_env(root, host_id), origin, source)
+    root = layout.validate_path_value(raw, "HOME", "env")
+    check(root / "atc_data", source, origin)
+    return Resolved(layout.kernel_cache_for_home(root), origin, source)
 
 
 def kernel_cache_why(settings: Settings) -> str:
@@ -486,43 +503,11 @@ def settings_for(settings: Settings, kernel_cache_dir: Path, env: Mapping[str, s
     vals["max_op_cache_size"] = max_res
     vals["remain_cache_size_ratio"] = ratio_res
     return Settings(
-        values=vals, problems=tuple(problems), sections=settings.sections, config=settings.config
+        values=vals,
+        problems=tuple(problems),
+        sections=settings.sections,
+        checked_config=settings.checked_config,
     )
-
-
-def _env_limit(
-    env: Mapping[str, str], var: str, lo: int, allow_minus_one: bool, default: int
-) -> tuple[Resolved, str | None]:
-    """GE's env parsing, exactly (``te_cache_space_manager.cc``): ``GetCacheSpaceMaxSizeCfg``
-    reads ``ASCEND_MAX_OP_CACHE_SIZE`` with ``std::stoi`` (``300MB`` and ``1.5`` are 300 and
-    1; no digit or beyond ``int``: the default) and accepts -1 or 1..``INT_MAX``-1;
-    ``GetCacheRemainSizeRadio`` reads the ratio with ``std::atoi`` (no digit: 0) and accepts
-    0..100; an empty variable is unset. cachemgr applies the value GE applies — two
-    evictors on one folder must agree — and warns about anything but a plain integer."""
-    raw = env.get(var)
-    if raw is None or raw == "":
-        return Resolved(default, ORIGIN_DEFAULT), None
-    is_ratio = var.endswith("RATIO")
-    value = ge_atoi(raw) if is_ratio else ge_stoi(raw)
-    top = 100 if is_ratio else 2**31 - 2
-    ok = value is not None and (lo <= value <= top or (value == -1 and allow_minus_one))
-    rng = f"{lo}..100" if is_ratio else f"an integer ≥ {lo} or -1"
-    if not ok:
-        warning = (
-            f"{var}={raw!r} (from env) is invalid (accepted: {rng}); using the default "
-            f"{default}, as GE does"
-        )
-        return Resolved(default, ORIGIN_DEFAULT, f"fallback from {var}"), warning
-    if raw.strip() == str(value) or raw.strip() == f"+{value}":
-        return Resolved(value, ORIGIN_ENV, var), None
-    how = "std::atoi" if is_ratio else "std::stoi"
-    meaning = f": an eviction keeps {value} % of the limit" if is_ratio else " MiB"
-    warning = (
-        f"{var}={raw!r} (from env) is not a plain integer (accepted: {rng}); GE reads it as "
-        f"{value}{meaning} ({how}), and cachemgr applies the same so that both evict alike; "
-        f"set {var} to the integer you mean"
-    )
-    return Resolved(value, ORIGIN_ENV, var), warning
 
 
 def _resolve_limits(ini_path: Path, env: Mapping[str, str]) -> tuple[Resolved, Resolved, list[str]]:
@@ -554,10 +539,9 @@ def _resolve_limits(ini_path: Path, env: Mapping[str, str]) -> tuple[Resolved, R
     if ini.exists and ini.problems:
         problems.extend(ini.problems)
         problems.append(f"op_cache.ini {ini_path} is not used; limits come from env or defaults")
-    max_res, warn1 = _env_limit(env, "ASCEND_MAX_OP_CACHE_SIZE", 1, True, DEFAULT_MAX_MB)
-    ratio_res, warn2 = _env_limit(env, "ASCEND_REMAIN_CACHE_SIZE_RATIO", 0, False, DEFAULT_RATIO)
-    problems.extend(w for w in (warn1, warn2) if w)
-    return max_res, ratio_res, problems
+    max_lim, ratio_lim, warnings = core.env_limits(env)
+    problems.extend(warnings)
+    return Resolved(*max_lim), Resolved(*ratio_lim), problems
 
 
 def _resolve_kernel_meta(vals: dict[str, Resolved], env: Mapping[str, str], cwd: Path) -> Resolved:
@@ -595,7 +579,7 @@ def resolve(
     if config_file is None and env.get("CACHEMGR_CONFIG"):
         config_file, origin = Path(env["CACHEMGR_CONFIG"]), "env CACHEMGR_CONFIG"
     try:
-        config = load_config_file(config_file) if config_file else configfile.empty()
+        config = load_config_file(config_file) if config_file else None
     except ConfigError as exc:  # say where the file's name came from, as every option does
         raise ConfigError(f"{exc} (from {origin})") from exc
     vals = _parse_all(_from_options(cli or {}, config), env)
@@ -623,5 +607,8 @@ def resolve(
     vals["remain_cache_size_ratio"] = ratio_res
     vals["kernel_meta_dir"] = _resolve_kernel_meta(vals, env, cwd or Path.cwd())
     return Settings(
-        values=vals, problems=tuple(problems), sections=dict(config.tables), config=config
+        values=vals,
+        problems=tuple(problems),
+        sections=dict(config.tables) if config is not None else {},
+        checked_config=config,
     )

@@ -67,14 +67,14 @@ from typing import Any, NamedTuple
 from cachemgr.config import layout
 from cachemgr.errors import InvalidEntryError
 from cachemgr.memo import Memo
-from cachemgr.storage import fsutil
+from cachemgr.storage import fsutil, kinds
 from cachemgr.storage.safedir import SafeDir
 from cachemgr.words import noun
 
 REQUIRED_FIELDS = ("binFileName", "binFileSuffix", "kernelName", "sha256")
-#: Suffixes (before ``.json``) of files that belong to the kernel named before them. ``_pre``
-#: is not one: a ``<name>_pre.json`` is an entry of its own (rule R7).
-PART_STEM_SUFFIXES = ("_mix_aic", "_mix_aiv", "_loc", "_compute")
+#: Suffixes (before ``.json``) of files that belong to the kernel named before them
+#: (:data:`cachemgr.storage.kinds.PART_STEM_SUFFIXES`, where the rule is stated).
+PART_STEM_SUFFIXES = kinds.PART_STEM_SUFFIXES
 #: Stem suffix of GE's pre-build entries (``te_cache_space_manager.cc`` ``kPreCompileFileSuffix``).
 PRE_SUFFIX = "_pre"
 #: Binary suffixes GE reads into a kernel bin, which then needs ``kernelName`` (rule R4).

@@ -25,6 +25,10 @@ GONE_ERRNOS = frozenset({errno.ENOENT, errno.ESTALE})
 #: descriptor closes.
 NFS_SILLY_PREFIX = ".nfs"
 
+#: Suffixes (before ``.json``) of files that belong to the kernel named before them. ``_pre``
+#: is not one: a ``<name>_pre.json`` is an entry of its own (docs/design.md#files-of-an-entry).
+PART_STEM_SUFFIXES = ("_mix_aic", "_mix_aiv", "_loc", "_compute")
+
 
 def regular_files(folder: Path | int) -> Iterator[tuple[str, os.stat_result]]:
     """Name and ``lstat`` of each regular file directly in ``folder`` (a path, or a folder's

@@ -1,0 +1,83 @@
+"""What ``cachemgr config`` shows when nothing sets the config file's tables or the remote
+tiers, written by ``scripts/defaultrows.py`` from the live code (``configfile.empty().rows()``
+and the remote row of no remotes); ``tests/test_settings_core.py`` fails when they differ.
+A leaf module: plain data, no import at run time."""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+TABLE_ROWS: dict[str, dict[str, Any]] = {
+    "daemon.reconcile_interval_s": {"value": 300.0, "origin": "default", "source": ""},
+    "daemon.reconcile_jitter_s": {"value": 30.0, "origin": "default", "source": ""},
+    "daemon.reap_interval_s": {"value": 600.0, "origin": "default", "source": ""},
+    "daemon.gc_deadline_s": {"value": 600.0, "origin": "default", "source": ""},
+    "daemon.evict_debounce_s": {"value": 2.0, "origin": "default", "source": ""},
+    "daemon.evict_max_delay_s": {"value": 10.0, "origin": "default", "source": ""},
+    "daemon.watch_check_interval_s": {"value": 2.0, "origin": "default", "source": ""},
+    "daemon.poll_interval_s": {"value": 10.0, "origin": "default", "source": ""},
+    "daemon.inotify_watches": {"value": 0, "origin": "default", "source": ""},
+    "daemon.heartbeat_timeout_s": {"value": 60.0, "origin": "default", "source": ""},
+    "daemon.debug_loggers": {"value": "", "origin": "default", "source": ""},
+    "daemon.counters_save_interval_s": {"value": 60.0, "origin": "default", "source": ""},
+    "daemon.workers": {"value": 0, "origin": "default", "source": ""},
+    "daemon.reserve_workers": {"value": 1, "origin": "default", "source": ""},
+    "daemon.tcp_host": {"value": "127.0.0.1", "origin": "default", "source": ""},
+    "daemon.tcp_port": {"value": 0, "origin": "default", "source": ""},
+    "daemon.max_body_bytes": {"value": 1048576, "origin": "default", "source": ""},
+    "daemon.stop_timeout_s": {"value": 600.0, "origin": "default", "source": ""},
+    "daemon.lock_fallback": {"value": "refuse", "origin": "default", "source": ""},
+    "daemon.local_cache_dir": {"value": "", "origin": "default", "source": ""},
+    "daemon.lock_wait_s": {"value": 0.0, "origin": "default", "source": ""},
+    "daemon.kernel_meta_retention_s": {"value": 0.0, "origin": "default", "source": ""},
+    "daemon.user": {"value": "", "origin": "default", "source": ""},
+    "daemon.tcp_token_file": {"value": "", "origin": "default", "source": ""},
+    "daemon.max_connections": {"value": 512, "origin": "default", "source": ""},
+    "daemon.max_connections_per_caller": {"value": 128, "origin": "default", "source": ""},
+    "daemon.idle_timeout_s": {"value": 30.0, "origin": "default", "source": ""},
+    "daemon.request_timeout_s": {"value": 30.0, "origin": "default", "source": ""},
+    "daemon.auth_deadline_s": {"value": 2.0, "origin": "default", "source": ""},
+    "daemon.max_unauth_per_address": {"value": 8, "origin": "default", "source": ""},
+    "daemon.max_unauth_connections": {"value": 32, "origin": "default", "source": ""},
+    "daemon.max_queued_per_caller": {"value": 1000, "origin": "default", "source": ""},
+    "daemon.max_caller_priority": {"value": 0, "origin": "default", "source": ""},
+    "daemon.max_reported_hits_per_s": {"value": 0, "origin": "default", "source": ""},
+    "daemon.govern": {"value": [], "origin": "default", "source": ""},
+    "sandbox.namespaces": {"value": "auto", "origin": "default", "source": ""},
+    "sandbox.bwrap": {"value": "bwrap", "origin": "default", "source": ""},
+    "sandbox.prlimit": {"value": "prlimit", "origin": "default", "source": ""},
+    "sandbox.allow": {"value": [], "origin": "default", "source": ""},
+    "sandbox.hide": {"value": [], "origin": "default", "source": ""},
+    "sandbox.unshare": {"value": None, "origin": "default", "source": ""},
+    "sandbox.address_space_mb": {"value": 16384, "origin": "default", "source": ""},
+    "sandbox.cpu_s": {"value": 1200, "origin": "default", "source": ""},
+    "sandbox.output_mb": {"value": 1024, "origin": "default", "source": ""},
+    "compilers.cc": {"value": None, "origin": "default", "source": ""},
+    "compilers.nvcc": {"value": None, "origin": "default", "source": ""},
+    "compilers.cuda_arch": {"value": None, "origin": "default", "source": ""},
+    "compilers.readelf": {"value": None, "origin": "default", "source": ""},
+    "compilers.cce_command": {"value": None, "origin": "default", "source": ""},
+    "compilers.cce_preprocess_command": {"value": None, "origin": "default", "source": ""},
+    "compilers.cce_flags": {"value": None, "origin": "default", "source": ""},
+    "compilers.cce_suffix": {"value": None, "origin": "default", "source": ""},
+    "compilers.cce_magic": {"value": None, "origin": "default", "source": ""},
+    "compilers.cce_core_type": {"value": None, "origin": "default", "source": ""},
+    "compilers.compiler_check": {"value": "mtime", "origin": "default", "source": ""},
+    "precompiled.paths": {"value": [], "origin": "default", "source": ""},
+    "toolkit.adk_version": {"value": None, "origin": "default", "source": ""},
+    "toolkit.ops_version": {"value": None, "origin": "default", "source": ""},
+    "remote.storage": {"value": [], "origin": "default", "source": ""},
+    "remote.upload_queue": {"value": 256, "origin": "default", "source": ""},
+    "remote.failures_before_open": {"value": 3, "origin": "default", "source": ""},
+    "remote.open_s": {"value": 30.0, "origin": "default", "source": ""},
+    "remote.prefetch": {"value": 0, "origin": "default", "source": ""},
+    "remote.prefetch_socs": {"value": [], "origin": "default", "source": ""},
+    "remote.signing_key": {"value": None, "origin": "default", "source": ""},
+    "remote.trusted_keys": {"value": [], "origin": "default", "source": ""},
+    "remote.trust_unsigned": {"value": False, "origin": "default", "source": ""},
+    "remote.upload_writers": {"value": [], "origin": "default", "source": ""},
+}
+
+NO_REMOTE_ROW: dict[str, Any] = {"value": "", "origin": "default", "source": ""}
