@@ -25,6 +25,10 @@ GOOD = {
 }
 
 
+#: an array nested deeper than Python's json parser goes (its recursion limit, ~1,000)
+_DEEP = b"[" * 1100 + b"]" * 1100
+
+
 def _with(**changes: object) -> bytes:
     return json.dumps({**GOOD, **changes}).encode()
 
@@ -51,6 +55,19 @@ CASES: dict[str, tuple[bytes, bool]] = {
     "te_trailing": (_with() + b' {"sha256": 5}', False),  # only the first value is read
     "te_top_array": (b"[" + _with(sha256=5) + b"]", False),
     "te_bad_utf8": (_with(sha256=5)[:-1] + b', "x": "\xff"}', False),
+    # GE never reads past the first value: bytes after it that are not UTF-8 change nothing
+    "te_then_not_utf8": (_with(sha256=5) + b"\n\xff\xfe", True),
+    "te_then_latin1": (_with(sha256=5) + b"\n# caf\xe9", True),
+    "te_good_then_not_utf8": (_with() + b"\n\xff", False),
+    "te_good_utf8": (_with()[:-1] + ', "note": "caf\u00e9"}'.encode(), False),
+    "te_utf8_fatal": (_with(sha256=5)[:-1] + ', "note": "caf\u00e9"}'.encode(), True),
+    # deeper than Python's parser goes (nlohmann has no limit): never cleared (rule F0)
+    "te_deep": (_with()[:-1] + b', "x": ' + _DEEP + b"}", True),
+    "te_deep_fatal": (
+        _with(binFileName=1)[:-1] + b', "x": ' + _DEEP + b"}",
+        True,
+    ),
+    "te_deep_pre": (b'{"pattern": "p", "x": ' + _DEEP + b"}", True),
     "te_not_json": (b"{not json", False),
     "te_big": (_with(sha256=5)[:-1] + b', "pad": "' + b"x" * (4 << 20) + b'"}', False),
     "te_pre_number_pre": (json.dumps({"pattern": 3}).encode(), True),
@@ -169,3 +186,4 @@ def test_the_plain_read_takes_only_a_plain_file(tmp_path: Path) -> None:
         assert read_plain(fd, "big.json", max_bytes=101) == b" " * 101
     finally:
         os.close(fd)
+

@@ -73,6 +73,8 @@ def plainly_not_fatal(raw: bytes) -> bool:
     from it has no shape of rules F1–F5 and names no sub-json (F6): the first, fast parse
     of ``entry_fatal`` finds nothing, so it never confirms on the exact one."""
     data = gefatal.parse_like_ge(raw, exact=False)
+    if data is gefatal.TOO_DEEP:
+        return False  # rule F0: GE reads what Python cannot; the full check removes it
     if not isinstance(data, dict):
         return True  # contains()/find() are false on a non-object: a clean miss in GE
     get = data.get
