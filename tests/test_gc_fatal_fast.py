@@ -187,3 +187,33 @@ def test_the_plain_read_takes_only_a_plain_file(tmp_path: Path) -> None:
     finally:
         os.close(fd)
 
+
+def test_the_scan_stops_judging_main_jsons_at_the_runs_deadline(tmp_path: Path) -> None:
+    """gc's scan judges each main json as it lists it (``PlainJudge``); past the run's
+    deadline it reads no more: the rest is left to the full check, which stops at the same
+    deadline, so the run ends there (``skipped="deadline"``, nothing evicted, the lock
+    released) as it did when only the full pass read them. A run without a deadline then
+    does the work. Real 4 MiB jsons (each ~0.3 s of parsing); the deadline is 0.3 s away,
+    sixteen of them take seconds."""
+    from cachemgr.eviction.collect import SKIP_DEADLINE, gc_chip
+    from cachemgr.storage import entry
+
+    chip = tmp_path / "kernel_cache" / "Ascend910B1"
+    chip.mkdir(parents=True)
+    pad = b"1," * ((entry.MAX_JSON_BYTES - 400) // 2) + b"1"
+    kernels = [f"te_big_{n}" for n in range(16)]
+    for kernel in kernels:
+        raw = _with(binFileName=kernel)[:-1] + b', "pad": [' + pad + b"]}"
+        assert len(raw) <= entry.MAX_JSON_BYTES  # read plainly and parsed by the scan
+        (chip / f"{kernel}.json").write_bytes(raw)
+        (chip / f"{kernel}.o").write_bytes(b"\x7fELF" + kernel.encode())
+    everything = sorted(p.name for p in chip.iterdir())
+
+    late = gc_chip(chip, 1, 50, 0, deadline=time.monotonic() + 0.3, ge_fatal_since_ns=0)
+    assert late.skipped == SKIP_DEADLINE, late
+    assert late.evicted == [] and late.reclaimed.ge_fatal == 0
+    assert sorted(p.name for p in chip.iterdir() if p.suffix != ".lock") == everything
+
+    done = gc_chip(chip, 1, 50, 0, ge_fatal_since_ns=0)  # no deadline: the work is done
+    assert done.skipped == "" and done.evicted, done
+    assert not (chip / f"{done.evicted[0]}.json").exists()
