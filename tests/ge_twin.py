@@ -310,18 +310,27 @@ def _finite_int(text: str) -> int | float:
 _NLOHMANN = json.JSONDecoder(parse_constant=_refuse, parse_float=_finite, parse_int=_finite_int)
 
 
+#: nlohmann's parser is iterative (no depth limit); the twin reads this deep (Python's C
+#: stack allows it), deeper is its own limit (a miss), not GE's
+_TWIN_DEPTH = 20_000
+
+
 def read_json(path: Path) -> object:
     """``TeFileUtils::GetJsonValueFromJsonFile``: ``ifs >> j`` (BOM skipped, the first value
-    only: ``operator>>`` parses without ``strict``); a parse error is caught → None."""
+    only, the bytes after it never read: ``operator>>`` parses without ``strict``; a string
+    that is not UTF-8 inside it is a ``parse_error``); a parse error is caught → None."""
     try:
-        text = path.read_bytes().decode("utf-8")
-    except (OSError, UnicodeDecodeError):
+        raw = path.read_bytes()
+    except OSError:
         return None
-    text = text.removeprefix("\ufeff").lstrip(" \t\r\n")
+    text = raw.decode("utf-8", "surrogateescape").removeprefix("\ufeff").lstrip(" \t\r\n")
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), _TWIN_DEPTH))
     try:
-        return _NLOHMANN.raw_decode(text)[0]
-    except (ValueError, RecursionError):
+        value, end = _NLOHMANN.raw_decode(text)
+        text[:end].encode("utf-8")  # an escaped byte inside the value: not UTF-8
+    except (ValueError, RecursionError):  # UnicodeEncodeError is a ValueError
         return None
+    return value
 
 
 def hit(chip: Path, kernel: str, touch: bool = True) -> bool:

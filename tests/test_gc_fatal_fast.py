@@ -25,6 +25,10 @@ GOOD = {
 }
 
 
+#: an array nested deeper than Python's json parser goes (its recursion limit, ~1,000)
+_DEEP = b"[" * 1100 + b"]" * 1100
+
+
 def _with(**changes: object) -> bytes:
     return json.dumps({**GOOD, **changes}).encode()
 
@@ -51,6 +55,19 @@ CASES: dict[str, tuple[bytes, bool]] = {
     "te_trailing": (_with() + b' {"sha256": 5}', False),  # only the first value is read
     "te_top_array": (b"[" + _with(sha256=5) + b"]", False),
     "te_bad_utf8": (_with(sha256=5)[:-1] + b', "x": "\xff"}', False),
+    # GE never reads past the first value: bytes after it that are not UTF-8 change nothing
+    "te_then_not_utf8": (_with(sha256=5) + b"\n\xff\xfe", True),
+    "te_then_latin1": (_with(sha256=5) + b"\n# caf\xe9", True),
+    "te_good_then_not_utf8": (_with() + b"\n\xff", False),
+    "te_good_utf8": (_with()[:-1] + ', "note": "caf\u00e9"}'.encode(), False),
+    "te_utf8_fatal": (_with(sha256=5)[:-1] + ', "note": "caf\u00e9"}'.encode(), True),
+    # deeper than Python's parser goes (nlohmann has no limit): never cleared (rule F0)
+    "te_deep": (_with()[:-1] + b', "x": ' + _DEEP + b"}", True),
+    "te_deep_fatal": (
+        _with(binFileName=1)[:-1] + b', "x": ' + _DEEP + b"}",
+        True,
+    ),
+    "te_deep_pre": (b'{"pattern": "p", "x": ' + _DEEP + b"}", True),
     "te_not_json": (b"{not json", False),
     "te_big": (_with(sha256=5)[:-1] + b', "pad": "' + b"x" * (4 << 20) + b'"}', False),
     "te_pre_number_pre": (json.dumps({"pattern": 3}).encode(), True),
@@ -169,3 +186,34 @@ def test_the_plain_read_takes_only_a_plain_file(tmp_path: Path) -> None:
         assert read_plain(fd, "big.json", max_bytes=101) == b" " * 101
     finally:
         os.close(fd)
+
+
+def test_the_scan_stops_judging_main_jsons_at_the_runs_deadline(tmp_path: Path) -> None:
+    """gc's scan judges each main json as it lists it (``PlainJudge``); past the run's
+    deadline it reads no more: the rest is left to the full check, which stops at the same
+    deadline, so the run ends there (``skipped="deadline"``, nothing evicted, the lock
+    released) as it did when only the full pass read them. A run without a deadline then
+    does the work. Real 4 MiB jsons (each ~0.3 s of parsing); the deadline is 0.3 s away,
+    sixteen of them take seconds."""
+    from cachemgr.eviction.collect import SKIP_DEADLINE, gc_chip
+    from cachemgr.storage import entry
+
+    chip = tmp_path / "kernel_cache" / "Ascend910B1"
+    chip.mkdir(parents=True)
+    pad = b"1," * ((entry.MAX_JSON_BYTES - 400) // 2) + b"1"
+    kernels = [f"te_big_{n}" for n in range(16)]
+    for kernel in kernels:
+        raw = _with(binFileName=kernel)[:-1] + b', "pad": [' + pad + b"]}"
+        assert len(raw) <= entry.MAX_JSON_BYTES  # read plainly and parsed by the scan
+        (chip / f"{kernel}.json").write_bytes(raw)
+        (chip / f"{kernel}.o").write_bytes(b"\x7fELF" + kernel.encode())
+    everything = sorted(p.name for p in chip.iterdir())
+
+    late = gc_chip(chip, 1, 50, 0, deadline=time.monotonic() + 0.3, ge_fatal_since_ns=0)
+    assert late.skipped == SKIP_DEADLINE, late
+    assert late.evicted == [] and late.reclaimed.ge_fatal == 0
+    assert sorted(p.name for p in chip.iterdir() if p.suffix != ".lock") == everything
+
+    done = gc_chip(chip, 1, 50, 0, ge_fatal_since_ns=0)  # no deadline: the work is done
+    assert done.skipped == "" and done.evicted, done
+    assert not (chip / f"{done.evicted[0]}.json").exists()

@@ -39,6 +39,12 @@ class Shape:
     change: Callable[[dict], None]
     step: str  # the twin's step that aborts: hit | evict
     field: str  # the offending field, as the log names it
+    #: the written json's bytes → the planted ones (what ``json.dumps`` cannot write)
+    raw: Callable[[bytes], bytes] = lambda raw: raw
+
+
+#: an array nested deeper than Python's json parser goes (its recursion limit, ~1,000)
+_DEEP = b"[" * 1100 + b"]" * 1100
 
 
 def _set(key: str, value: object) -> Callable[[dict], None]:
@@ -60,6 +66,19 @@ SHAPES = {
     "pre-coreType-list": Shape("pre", ".json", _set("coreType", ["AiCore"]), "hit", "coreType"),
     "pre-options-number": Shape(
         "pre", ".json", _set("prebuilt_options", 0), "hit", "prebuilt_options"
+    ),
+    # GE reads the first value only: bytes after it that are not UTF-8 are never read
+    "sha256-number-then-not-utf8": Shape(
+        "plain", ".json", _set("sha256", 12345), "hit", "sha256", lambda b: b + b"\n\xff# caf\xe9"
+    ),
+    # nlohmann has no depth limit; Python's parser stops at ~1,000 levels (rule F0)
+    "sha256-number-nested-1100-deep": Shape(
+        "plain",
+        ".json",
+        _set("sha256", 12345),
+        "hit",
+        "(the whole json)",
+        lambda b: b.rstrip()[:-1] + b', "x": ' + _DEEP + b"}",
     ),
     "mix-jsonList-number": Shape("mix", ".json", _set("jsonList", 5), "evict", "jsonList"),
     "mix-item-without-name": Shape(
@@ -88,7 +107,7 @@ def _plant(chip: Path, shape: Shape, kernel: str) -> Path:
     path = chip / (kernel + shape.file)
     data = json.loads(path.read_bytes())
     shape.change(data)
-    ge_twin.copy_to_cache(json.dumps(data, indent=4).encode(), path)
+    ge_twin.copy_to_cache(shape.raw(json.dumps(data, indent=4).encode()), path)
     return path
 
 

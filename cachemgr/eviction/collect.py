@@ -364,7 +364,7 @@ def _run(
     ge_fatal_since_ns: int | None = 0,
 ) -> None:
     max_mb, ratio_pct, min_age_s, force_ratio, target_bytes = limits
-    scan = _scan(report.chip_dir, chip_fd, ge_fatal_since_ns)
+    scan = _scan(report.chip_dir, chip_fd, ge_fatal_since_ns, deadline)
     report.entries_before = len(scan.entries)
     report.bytes_before = scan.used_bytes
     report.odd = dict(scan.odd)
@@ -424,12 +424,15 @@ def _run(
     )
 
 
-def _scan(chip_dir: Path, chip_fd: int, fatal_since_ns: int | None = None) -> ChipScan:
+def _scan(
+    chip_dir: Path, chip_fd: int, fatal_since_ns: int | None = None, deadline: float | None = None
+) -> ChipScan:
     """The chip folder's snapshot in bounded memory (:mod:`cachemgr.eviction.compact`),
     its main jsons changed since ``fatal_since_ns`` judged for GE-fatal shapes as listed
-    (None: not judged; docs/eviction.md#cost); the full one of ``entry.scan_chip`` when two
-    names met under one hash key."""
-    judge = None if fatal_since_ns is None else PlainJudge(chip_fd, fatal_since_ns)
+    (None: not judged; docs/eviction.md#cost) until ``deadline`` (``time.monotonic()``; the
+    rest is left to the full check, which stops at it); the full one of ``entry.scan_chip``
+    when two names met under one hash key."""
+    judge = None if fatal_since_ns is None else PlainJudge(chip_fd, fatal_since_ns, deadline)
     try:
         return scan_compact(chip_dir, chip_fd, judge)
     except HashCollision as exc:

@@ -35,8 +35,11 @@ _FLAGS = (
     | getattr(os, "O_CLOEXEC", 0)
     | getattr(os, "O_NOATIME", 0)
 )
-#: The deadline is looked at once per this many entries read.
+#: The deadline is looked at once per this many entries read...
 _DEADLINE_EVERY = 256
+#: ...or once this many bytes of json were judged since it was last looked at (a 4 MiB
+#: json takes ~0.3 s to parse: a count alone would let a folder of big jsons overrun it).
+_DEADLINE_BYTES = 1 << 20
 
 
 def read_plain(chip_fd: int, name: str, max_bytes: int = entry.MAX_JSON_BYTES) -> bytes | None:
@@ -73,6 +76,8 @@ def plainly_not_fatal(raw: bytes) -> bool:
     from it has no shape of rules F1–F5 and names no sub-json (F6): the first, fast parse
     of ``entry_fatal`` finds nothing, so it never confirms on the exact one."""
     data = gefatal.parse_like_ge(raw, exact=False)
+    if data is gefatal.TOO_DEEP:
+        return False  # rule F0: GE reads what Python cannot; the full check removes it
     if not isinstance(data, dict):
         return True  # contains()/find() are false on a non-object: a clean miss in GE
     get = data.get
@@ -93,19 +98,55 @@ class PlainJudge:
     after ``since_ns`` (0 = every one) needs the full check unless :func:`read_plain` reads
     it and :func:`plainly_not_fatal` clears it; a pre-build entry's always does (rules
     F7/F8, rare). Judged as listed, under the eviction lock: the full check reads the
-    marked ones again, under their lock before removing anything."""
+    marked ones again, under their lock before removing anything.
 
-    def __init__(self, chip_fd: int, since_ns: int) -> None:
+    :param deadline: ``time.monotonic()`` after which no more json is read (looked at every
+        :data:`_DEADLINE_EVERY` jsons or :data:`_DEADLINE_BYTES` bytes judged): every json
+        listed after it is marked unread for the full check, which stops at the same
+        deadline (``ReclaimResult.stopped``: the run reports ``skipped="deadline"``); None =
+        no deadline. ``late`` says it passed.
+    """
+
+    def __init__(self, chip_fd: int, since_ns: int, deadline: float | None = None) -> None:
         self.chip_fd = chip_fd
         self.since_ns = since_ns
+        self._clock = _Clock(deadline)
+
+    @property
+    def late(self) -> bool:
+        """Did the deadline pass (no json read since)?"""
+        return self._clock.late
 
     def __call__(self, name: str, st: os.stat_result) -> bool:
         if self.since_ns and max(st.st_ctime_ns, st.st_mtime_ns) < self.since_ns:
             return False
-        if entry.is_pre_entry(name[: -len(".json")]):
-            return True
+        if self._clock.late or entry.is_pre_entry(name[: -len(".json")]):
+            return True  # past the deadline: not cleared, left to the full check
         raw = read_plain(self.chip_fd, name)
+        self._clock.tick(st.st_size)
         return raw is None or not plainly_not_fatal(raw)
+
+
+class _Clock:
+    """A deadline looked at every :data:`_DEADLINE_EVERY` jsons or :data:`_DEADLINE_BYTES`
+    bytes judged (``time.monotonic()``; None: never late)."""
+
+    def __init__(self, deadline: float | None) -> None:
+        self.deadline = deadline
+        self.late = False
+        self._count = 0
+        self._bytes = 0
+
+    def tick(self, size: int) -> bool:
+        """Count one json of ``size`` bytes judged; is the deadline past?"""
+        self._count += 1
+        self._bytes += size
+        if self.deadline is not None and (
+            self._count >= _DEADLINE_EVERY or self._bytes >= _DEADLINE_BYTES
+        ):
+            self._count = self._bytes = 0
+            self.late = time.monotonic() >= self.deadline
+        return self.late
 
 
 class FatalCandidates:
@@ -126,6 +167,8 @@ class FatalCandidates:
         self.since_ns = since_ns
         self.deadline = deadline
         self.stopped = False
+        self._clock = _Clock(deadline)
+        self._read = 0  # bytes the last row's plain read took
 
     def __iter__(self) -> Iterator[EntryGroup]:
         yield from list(self.entries.whole().values())  # their own change check: the caller's
@@ -133,9 +176,11 @@ class FatalCandidates:
             for kernel, j in list(self.entries.marked()):
                 yield self.entries.group_at(j, kernel)
             return
-        for n, (kernel, j) in enumerate(self.entries.names(), 1):
-            if n % _DEADLINE_EVERY == 0 and self._late():
+        for kernel, j in self.entries.names():
+            if self._clock.tick(self._read):
+                self.stopped = True
                 return
+            self._read = 0
             if self._needs_check(kernel):
                 yield self.entries.group_at(j, kernel)
 
@@ -145,10 +190,6 @@ class FatalCandidates:
         judged = self.entries.judged_since
         return judged is not None and (judged == 0 or 0 < judged <= self.since_ns)
 
-    def _late(self) -> bool:
-        self.stopped = self.deadline is not None and time.monotonic() >= self.deadline
-        return self.stopped
-
     def _needs_check(self, kernel: str) -> bool:
         name = kernel + ".json"
         if self.since_ns and not self._changed(name):
@@ -156,6 +197,7 @@ class FatalCandidates:
         if entry.is_pre_entry(kernel):
             return True  # rules F7/F8: the full check (rare)
         raw = read_plain(self.chip_fd, name)
+        self._read = 0 if raw is None else len(raw)
         return raw is None or not plainly_not_fatal(raw)
 
     def _changed(self, name: str) -> bool:

@@ -48,10 +48,18 @@ json number: ``blockDim`` and the other numbers are read after a hit by the engi
 json exceptions and fails the op for a ``blockDim`` outside ``[-1, 65535]`` — an error, not
 an abort.
 
+* **F0** a json nested deeper than Python's parser goes (its recursion limit, ~1,000
+  levels): nlohmann's parser is iterative and has no depth limit, so GE reads it and may
+  abort on any of the shapes above, which cachemgr cannot see. cachemgr never writes such a
+  json; it is treated as a shape GE may abort on, never as one GE survives.
+
 An entry with one of these shapes is never served by GE (it aborts, or misses before the
 step), so removing it can never delete what GE considers valid. The reader copies
-nlohmann's: a leading UTF-8 BOM is skipped and only the first json value of the file is read
-(``ifs >> j`` parses without ``strict``: text after it is ignored).
+nlohmann's ``operator>>`` (a parser without ``strict``, exceptions on): a leading UTF-8 BOM is
+skipped, only the first json value of the file is read and the bytes after it are never
+looked at (whatever they are: more json, text, bytes that are not UTF-8); a byte sequence
+that is not UTF-8 inside that value (its strings: nlohmann's lexer checks each one) is a
+``parse_error``, which GE catches: a miss.
 """
 
 from __future__ import annotations
@@ -153,8 +161,26 @@ def _json_list_items(value: Any) -> Iterable[Any]:
     return [value]
 
 
+class _TooDeep:
+    """The value :func:`parse_like_ge` returns for a json nested too deep for Python."""
+
+    def __repr__(self) -> str:
+        return "TOO_DEEP"
+
+
+#: :func:`parse_like_ge`'s answer for a json GE parses and Python cannot (rule F0)
+TOO_DEEP: Any = _TooDeep()
+
+
+def _too_deep(file: str) -> Fatal:
+    why = "nests deeper than Python's json parser goes; nlohmann has no limit and GE reads it"
+    return Fatal("F0", file, "(the whole json)", why, "te_file_utils.cc GetJsonValueFromJsonFile")
+
+
 def main_fatal(data: Any, file: str) -> Fatal | None:
-    """The first shape of rules F1–F5 in a json GE reads as a main json, or None."""
+    """The first shape of rules F0–F5 in a json GE reads as a main json, or None."""
+    if data is TOO_DEEP:
+        return _too_deep(file)
     if not isinstance(data, dict):
         return None  # contains()/find() are false on a non-object: a clean miss
     found = _bin_names_fatal(data, file, "F1", _SET_BIN) or _json_list_fatal(data, file)
@@ -176,14 +202,18 @@ def main_fatal(data: Any, file: str) -> Fatal | None:
 
 
 def sub_fatal(data: Any, file: str) -> Fatal | None:
-    """Rule F6 in a sub-json that a main json's ``jsonList`` names, or None."""
+    """Rules F0/F6 in a sub-json that a main json's ``jsonList`` names, or None."""
+    if data is TOO_DEEP:
+        return _too_deep(file)
     if not isinstance(data, dict):
         return None
     return _bin_names_fatal(data, file, "F6", _ADD_BIN)
 
 
 def pre_fatal(data: Any, file: str) -> Fatal | None:
-    """Rules F7/F8 in a ``<name>_pre.json``, or None."""
+    """Rules F0/F7/F8 in a ``<name>_pre.json``, or None."""
+    if data is TOO_DEEP:
+        return _too_deep(file)
     if not isinstance(data, dict) or "pattern" not in data:
         return None
     for key in ("pattern", "coreType", "prebuilt_options"):
@@ -240,19 +270,36 @@ _FAST = json.JSONDecoder()
 
 def parse_like_ge(raw: bytes, exact: bool = True) -> Any:
     """The json value GE reads from ``raw`` (``ifs >> j``: BOM skipped, the first value
-    only), or None when GE's parser fails (then GE misses, it does not abort). ``exact``
-    also refuses what nlohmann refuses and Python accepts (``NaN``, ``Infinity``, a number
-    overflowing a double) — a hook per number, so a first pass goes without it."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
+    only, the bytes after it never looked at), None when GE's parser fails (then GE
+    misses, it does not abort), or :data:`TOO_DEEP` when the value nests deeper than
+    Python's parser goes (rule F0: GE parses it). ``exact`` also refuses what nlohmann
+    refuses and Python accepts (``NaN``, ``Infinity``, a number overflowing a double) — a
+    hook per number, so a first pass goes without it.
+
+    Bytes that are not UTF-8 are decoded as lone surrogates (``surrogateescape``): after the
+    value they are ignored, as nlohmann never reads them; inside it (nlohmann's lexer
+    checks every string's UTF-8, and any other token is plain ASCII) the parse fails.
+    """
+    text = raw.decode("utf-8", "surrogateescape")
     text = text.removeprefix("\ufeff").lstrip(" \t\r\n")
     try:
-        value, _ = (_DECODER if exact else _FAST).raw_decode(text)
-    except (ValueError, RecursionError):
+        value, end = (_DECODER if exact else _FAST).raw_decode(text)
+    except RecursionError:
+        return TOO_DEEP
+    except ValueError:
         return None
+    if not raw.isascii() and not _utf8(text[:end]):
+        return None  # ill-formed UTF-8 in the value: nlohmann's parse_error 101, a miss
     return value
+
+
+def _utf8(text: str) -> bool:
+    """Was ``text`` decoded from well-formed UTF-8 (no escaped byte in it)?"""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 Reader = Callable[[str], bytes]
