@@ -7,13 +7,17 @@ modules built on it, on this host's real mounts and real folders."""
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
-from cachemgr.storage import atimes, fsprobe, mountrule
+from cachemgr.eviction.usage import chip_stats
+from cachemgr.storage import atimes, chipcount, fsprobe, mountrule
+from cachemgr.storage.entry import scan_chip
 
 #: What an os-only leaf may import besides itself: what ``site`` imports at every start-up
 #: (``os`` and what it needs; run with ``-S`` here, so listed), ``time`` (built in) and
@@ -29,7 +33,7 @@ LEAF_MAY_IMPORT = {
     "cachemgr.storage",
 }
 #: The os-only leaves.
-LEAVES = ["cachemgr.storage.mountrule"]
+LEAVES = ["cachemgr.storage.mountrule", "cachemgr.storage.chipcount"]
 
 
 def newly_imported(module: str) -> set[str]:
@@ -119,3 +123,53 @@ def test_mount_rule_of_escaped_and_stacked_mount_points(tmp_path: Path) -> None:
     )
     assert mountrule.folder_rule(str(inside), "") == ("", "", mountrule.UNKNOWN, False)
     assert os.path.isdir(inside)
+
+
+def test_iso_is_datetimes_to_the_second() -> None:
+    """chipcount.iso words an access time as datetime does (its rounding to microseconds
+    included: ``.9999996`` s is the next second), for real file times and edge values."""
+    rng = random.Random(25)
+    edges = [0, 1, 999_999_499, 999_999_500, 999_999_501, 1_999_999_999, 10**18 + 999_999_600]
+    values = edges + [rng.randrange(0, 4 * 10**18) for _ in range(2000)]
+    values += [os.stat(p).st_atime_ns for p in Path("/usr/bin").iterdir() if p.is_file()][:500]
+    for ns in values:
+        want = datetime.fromtimestamp(ns / 1e9, tz=UTC).isoformat(timespec="seconds")
+        assert chipcount.iso(ns) == want, ns
+    assert chipcount.iso(None) is None
+
+
+def test_chip_count_is_the_scan_and_the_stats_row(tmp_path: Path) -> None:
+    """The os-only count of a real chip folder (entries with parts, a temp, a lock, a file
+    with two links, a link, a sub-folder) gives entry.scan_chip's figures, and stats' row of
+    it (eviction.usage) is built from it."""
+    chip = tmp_path / "kernel_cache" / "Ascend910B"
+    chip.mkdir(parents=True)
+    for i in range(4):
+        (chip / f"te_k{i}.json").write_text("{}")
+        (chip / f"te_k{i}.o").write_bytes(os.urandom(100 + i))
+        os.utime(chip / f"te_k{i}.json", ns=(1_000_000_000_000_000_000 + i, 10**18))
+    (chip / "te_k1_mix_aic.json").write_text("{}")  # a part of te_k1: not an entry
+    (chip / "te_lone_mix_aiv.json").write_text("{}")  # no te_lone.json: an entry
+    (chip / "te_k2.o.host.1.abcd1234.temp").write_bytes(b"half")
+    (chip / "te_k3.lock").write_bytes(b"")
+    os.link(chip / "te_k3.o", tmp_path / "elsewhere")  # two links: counted by neither
+    (chip / "te_link.json").symlink_to(chip / "te_k0.json")
+    (chip / "sub").mkdir()
+    fd = os.open(chip, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        entries, used, oldest, newest = chipcount.usage_stream(fd)
+    finally:
+        os.close(fd)
+    scan = scan_chip(chip)
+    times = [g.atime_ns for g in scan.entries.values()]
+    assert (entries, used) == (len(scan.entries), scan.used_bytes) == (5, used)
+    assert (oldest, newest) == (min(times), max(times))
+    from cachemgr.config import options
+
+    settings = options.resolve(cli={"op_compiler_cache_dir": str(tmp_path)}, writable=False)
+    row = chip_stats(chip, settings)
+    assert (row["entries"], row["bytes"]) == (entries, used)
+    assert (row["oldest_access"], row["newest_access"]) == (
+        chipcount.iso(oldest),
+        chipcount.iso(newest),
+    )
