@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 
-from cachemgr.constants import NEVER_EVICT
+from cachemgr.constants import MIB, NEVER_EVICT
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # not at run time: typing costs start-up
@@ -39,6 +39,10 @@ DEFAULT_RATIO = 50
 MAX_MB_LIMIT = 2**31 - 1
 RATIO_MIN_PCT = 1
 RATIO_MAX_PCT = 100
+#: The kernel cache folder's name under a cache root, and GE's ini file in it
+#: (docs/design.md#where-the-cache-lives).
+KERNEL_CACHE = "kernel_cache"
+INI_NAME = "op_cache.ini"
 #: The section GE reads, and the four keys it knows there.
 SECTION = "op_compiler_cache"
 MAX_KEY = "max_op_cache_size"
@@ -241,3 +245,39 @@ def cache_folder_choice(
         return "ASCEND_CACHE_PATH", env["ASCEND_CACHE_PATH"], "env", "ASCEND_CACHE_PATH", ()
     home = env.get("HOME") or os.path.expanduser("~")
     return "HOME", home, "default", "$HOME/atc_data", ()
+
+
+#: GE's MIN_CACHE_AGING_TIME: an entry accessed this recently is never evicted (seconds).
+DEFAULT_MIN_AGE_S = 1800
+#: docs/design.md#options-and-their-origins: the characters of a path value besides ``/``:
+#: a-z A-Z 0-9 _ - . and Chinese characters (the three CJK blocks below).
+_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-.")
+_CJK = ((0x3400, 0x4DBF), (0x4E00, 0x9FFF), (0xF900, 0xFAFF))
+
+
+def path_char_ok(char: str) -> bool:
+    """True for a character a path value may hold (docs/design.md#options-and-their-origins):
+    a-z A-Z 0-9 ``_ - . /`` and Chinese characters."""
+    if char in _NAME_CHARS or char == "/":
+        return True
+    code = ord(char)
+    return any(lo <= code <= hi for lo, hi in _CJK)
+
+
+def path_value_ok(value: str) -> bool:
+    """True when every character of the non-empty ``value`` is :func:`path_char_ok`."""
+    return bool(value) and all(path_char_ok(c) for c in value)
+
+
+def chip_name_ok(name: str) -> bool:
+    """True for a chip folder's name: a ``soc_version`` as CANN's platform table spells them,
+    letters, digits, ``_`` and ``-``, starting with a letter or digit (never a ``.``:
+    :data:`cachemgr.config.layout.CHIP_NAME_RE` says why)."""
+    if not name or name[0] in "_-.":
+        return False
+    return all(c in _NAME_CHARS and c != "." for c in name)
+
+
+def max_bytes(max_mb: int) -> int | None:
+    """The limit ``max_mb`` (MiB, -1 = never evict) in bytes, None when eviction is off."""
+    return None if max_mb == NEVER_EVICT else max_mb * MIB
