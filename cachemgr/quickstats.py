@@ -10,9 +10,10 @@ folder's count (:mod:`cachemgr.storage.chipcount`), the mount's access-time rule
 It answers only the case it can answer exactly and *declines* (:func:`answer` returns None,
 having written nothing) for everything else, which the full path then answers with its
 words: any option but ``--cache-dir``; a daemon that may serve the cache; a config file;
-``ASCEND_CACHE_PATH`` (host folders, other governed caches); an ``op_cache.ini`` (its
-strict reading, :mod:`cachemgr.config.ini`, is not os-only yet); any warning the settings
-or the figures would print; any file or folder that is not plainly what it should be.
+``ASCEND_CACHE_PATH`` (host folders, other governed caches); an ``op_cache.ini`` not in the
+plain form GE writes (:func:`cachemgr.config.core.plain_ge_ini`; the strict reader,
+:mod:`cachemgr.config.ini`, words the rest); any warning the settings or the figures would
+print; any file or folder that is not plainly what it should be.
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ _DECLINED_ENV = (
     "ASCEND_CACHE_PATH",
 )
 MOUNTINFO = "/proc/self/mountinfo"
+#: The origin of a limit ``op_cache.ini`` gives (``options.ORIGIN_INI``).
+ORIGIN_INI = core.INI_NAME
+#: Largest ``op_cache.ini`` read here (bytes): GE's is a few lines; a larger one is declined.
+MAX_INI_BYTES = 4096
 
 
 class Declined(Exception):
@@ -93,9 +98,9 @@ def _answer(args: list[str], env: Mapping[str, str]) -> list[str]:
     if any(name in env for name in _DECLINED_ENV) or os.path.lexists(sockpath.default_socket(env)):
         raise Declined("settings or a daemon the full path reads")
     kcache = _kernel_cache(option, env)
-    if not os.path.isdir(kcache) or _exists(os.path.join(kcache, core.INI_NAME)):
-        raise Declined("no kernel cache (a warning), or an op_cache.ini")
-    (max_mb, max_origin, max_source), ratio, warnings = core.env_limits(env)
+    if not os.path.isdir(kcache):
+        raise Declined("no kernel cache: a warning")
+    (max_mb, max_origin, max_source), ratio, warnings = _limits(kcache, env)
     if warnings or _kernel_meta_refused(env):
         raise Declined("a warning or a refusal of the settings")
     limits = {
@@ -164,12 +169,31 @@ def _kernel_meta_refused(env: Mapping[str, str]) -> bool:
     return False
 
 
-def _exists(path: str) -> bool:
+def _limits(
+    kcache: str, env: Mapping[str, str]
+) -> tuple[tuple[int, str, str], tuple[int, str, str], list[str]]:
+    """The limits as ``options._resolve_limits`` gives them: ``op_cache.ini``'s when GE uses
+    its two limits, else the environment's and the defaults (:func:`core.env_limits`); an
+    ini not in GE's plain form (:func:`core.plain_ge_ini`) is declined, for its words."""
+    ini = os.path.join(kcache, core.INI_NAME)
     try:
-        os.lstat(path)
+        os.lstat(ini)
     except FileNotFoundError:
-        return False
-    return True
+        return core.env_limits(env)
+    fd = os.open(kcache, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        data = direct._read_at(fd, core.INI_NAME, MAX_INI_BYTES)
+    except direct.Decline as exc:  # a link, a folder, another kind, unreadable: warned about
+        raise Declined(str(exc)) from None
+    finally:
+        os.close(fd)
+    values = core.plain_ge_ini(data)
+    if values is None:
+        raise Declined("an op_cache.ini not in GE's plain form")
+    if core.MAX_KEY not in values:
+        return core.env_limits(env)
+    max_mb, ratio = int(values[core.MAX_KEY]), int(values[core.RATIO_KEY])
+    return (max_mb, ORIGIN_INI, ini), (ratio, ORIGIN_INI, ini), []
 
 
 def _counters(kcache: str) -> dict[str, int]:

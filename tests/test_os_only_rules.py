@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from cachemgr.config import core
+from cachemgr.config.ini import OpCacheIni
 from cachemgr.eviction.usage import chip_stats
 from cachemgr.storage import atimes, chipcount, fsprobe, mountrule
 from cachemgr.storage.entry import scan_chip
@@ -182,3 +184,65 @@ def test_chip_count_is_the_scan_and_the_stats_row(tmp_path: Path) -> None:
         chipcount.iso(oldest),
         chipcount.iso(newest),
     )
+
+
+#: Pieces of op_cache.ini lines, plain and not, to build files of.
+INI_PIECES = [
+    "[op_compiler_cache]",
+    "[other]",
+    "adk_version=7.0.0",
+    "ops_version=8.0.RC1",
+    "adk_version=",
+    "ops_version= 7",
+    "max_op_cache_size=500",
+    "max_op_cache_size=-1",
+    "max_op_cache_size=0",
+    "max_op_cache_size=05",
+    "max_op_cache_size=2147483648",
+    "remain_cache_size_ratio=80",
+    "remain_cache_size_ratio=101",
+    "remain_cache_size_ratio=+8",
+    "Max_op_cache_size=5",
+    "# comment",
+    "",
+    "key=value",
+]
+
+
+def test_plain_ge_ini_is_a_subset_of_what_the_strict_reader_takes(tmp_path: Path) -> None:
+    """Every op_cache.ini the os-only form check takes (config.core.plain_ge_ini) is one the
+    strict reader (config.ini.OpCacheIni) reads without a problem, GE uses, and with the same
+    limits and stamps; GE's own first file (stamps only) and an operator's limits are taken."""
+    rng = random.Random(2025)
+    files = [
+        b"[op_compiler_cache]\nadk_version=8.0.RC1\nops_version=8.0.RC1\n",
+        b"[op_compiler_cache]\nadk_version=7\nops_version=7\nmax_op_cache_size=-1\n"
+        b"remain_cache_size_ratio=100\n",
+    ]
+    for _ in range(3000):
+        stamps = ["adk_version=7.0.0", "ops_version=8.0.RC1"] if rng.random() < 0.7 else []
+        body = stamps + rng.sample(INI_PIECES, rng.randrange(0, 4))
+        rng.shuffle(body)
+        lines = (["[op_compiler_cache]"] if rng.random() < 0.8 else []) + body
+        end = rng.choice(["\n", "\n", "\r\n"])
+        files.append((end.join(lines) + (end if rng.random() < 0.9 else "")).encode())
+    taken = 0
+    for data in files:
+        values = core.plain_ge_ini(data)
+        if values is None:
+            continue
+        taken += 1
+        ini = OpCacheIni(tmp_path / "op_cache.ini", data)
+        assert ini.problems == [] and ini.ge.used, data
+        assert (ini.adk_version, ini.ops_version) == (values["adk_version"], values["ops_version"])
+        limits = ini.limits()
+        if "max_op_cache_size" in values:
+            assert limits is not None
+            assert (limits.max_op_cache_size, limits.remain_cache_size_ratio) == (
+                int(values["max_op_cache_size"]),
+                int(values["remain_cache_size_ratio"]),
+            )
+        else:
+            assert limits is None
+    assert taken >= 50  # the check took files of every kind above, not none
+    assert core.plain_ge_ini(files[0]) is not None and core.plain_ge_ini(files[1]) is not None

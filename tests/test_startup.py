@@ -564,7 +564,18 @@ HEAVY_STDLIB = ("logging", "json", "dataclasses", "datetime", "typing", "inspect
 
 
 @pytest.mark.parametrize(
-    "case", ["plain", "equals", "chips", "home", "acl-env", "never-evict", "empty-kernel-cache"]
+    "case",
+    [
+        "plain",
+        "equals",
+        "chips",
+        "home",
+        "acl-env",
+        "never-evict",
+        "empty-kernel-cache",
+        "ge-ini",
+        "ini-limits",
+    ],
 )
 def test_stats_on_os_alone_matches_click(case: str, stats_cache: Path, tmp_path: Path) -> None:
     """The operator's usual ``cachemgr stats`` (no daemon, a real cache after a real compile
@@ -594,6 +605,16 @@ def test_stats_on_os_alone_matches_click(case: str, stats_cache: Path, tmp_path:
     if case == "empty-kernel-cache":
         argv = ["stats", "--cache-dir", str(tmp_path / "fresh")]
         (tmp_path / "fresh" / "kernel_cache").mkdir(parents=True)
+    if case == "ge-ini":  # as GE writes it at its first compile (CreatOpCacheIniFile)
+        (kcache / "op_cache.ini").write_text(
+            "[op_compiler_cache]\nadk_version=8.0.RC1\nops_version=8.0.RC1\n"
+        )
+    if case == "ini-limits":  # with the limits an operator adds
+        (kcache / "op_cache.ini").write_text(
+            "[op_compiler_cache]\nadk_version=7.0.0\nops_version=7.0.0\n"
+            "max_op_cache_size=1\nremain_cache_size_ratio=80\n"
+        )
+        env["ASCEND_MAX_OP_CACHE_SIZE"] = "900"  # the ini comes first
     fast, slow, names = both_paths(argv, env, tmp_path)
     assert fast.stdout and not fast.stderr
     assert_same(fast, slow)
@@ -605,20 +626,21 @@ def test_stats_on_os_alone_matches_click(case: str, stats_cache: Path, tmp_path:
 
 @pytest.mark.parametrize(
     "case", ["ini", "ascend-cache-path", "host-id-env", "damaged-counters", "linked-chip"]
-)
+)  # an ini: the strict reader's warning
 def test_stats_not_answered_on_os_alone_goes_on_unchanged(
     case: str, stats_cache: Path, tmp_path: Path
 ) -> None:
-    """What the os-only answer does not cover exactly (GE's op_cache.ini, ASCEND_CACHE_PATH,
+    """What the os-only answer does not cover exactly (an op_cache.ini not in GE's plain form,
+    ASCEND_CACHE_PATH,
     a settings variable, a counters file the full reader warns about, a linked chip folder)
     is declined with nothing written: the full path prints exactly what click prints."""
     env = daemon_env(tmp_path)
     kcache = stats_cache / "kernel_cache"
     argv = ["stats", "--cache-dir", str(stats_cache)]
-    if case == "ini":  # as GE writes it after its first compile
-        (kcache / "op_cache.ini").write_text(
-            "[op_compiler_cache]\nmax_op_cache_size=1000\nremain_cache_size_ratio=80\n"
-            "adk_version=7.0.0\nops_version=7.0.0\n"
+    if case == "ini":  # not GE's plain form (CRLF, a comment): the strict reader words it
+        (kcache / "op_cache.ini").write_bytes(
+            b"# limits\r\n[op_compiler_cache]\r\nmax_op_cache_size=1000\r\n"
+            b"remain_cache_size_ratio=80\r\nadk_version=7.0.0\r\nops_version=7.0.0\r\n"
         )
     if case == "ascend-cache-path":
         env.update(_other_kernel_caches(tmp_path / "acp", stats_cache))

@@ -281,3 +281,47 @@ def chip_name_ok(name: str) -> bool:
 def max_bytes(max_mb: int) -> int | None:
     """The limit ``max_mb`` (MiB, -1 = never evict) in bytes, None when eviction is off."""
     return None if max_mb == NEVER_EVICT else max_mb * MIB
+
+
+#: Characters of a version stamp the plain form below takes (CANN writes ``7.0.0``,
+#: ``8.0.RC1``…).
+_STAMP_CHARS = _NAME_CHARS | frozenset("+")
+
+
+def plain_ge_ini(data: bytes) -> dict[str, str] | None:
+    """The values of ``op_cache.ini`` bytes ``data`` when they are in the plain form GE writes
+    (``CreatOpCacheIniFile``: ``[op_compiler_cache]`` and its ``key=value`` lines, LF ends)
+    with, at most, the two limits an operator adds: every line ``key=value`` of a known key
+    once, both version stamps of plain characters, the limits both or neither, each a plain
+    decimal in GE's range (:func:`ge_limits` takes it as written). None for anything else.
+
+    Not a second reading of the file: a subset of what :class:`cachemgr.config.ini.OpCacheIni`
+    reads without a problem and with these values (``tests/test_os_only_rules.py`` checks
+    that on generated files), for a fast path that declines the rest to it.
+    """
+    if not data.endswith(b"\n"):
+        return None
+    try:
+        lines = data.decode("ascii").split("\n")[:-1]
+    except UnicodeDecodeError:
+        return None
+    if not lines or lines[0] != f"[{SECTION}]":
+        return None
+    values: dict[str, str] = {}
+    for text in lines[1:]:
+        key, eq, value = text.partition("=")
+        if not eq or key not in KNOWN_KEYS or key in values or not value:
+            return None
+        values[key] = value
+    for key in (ADK_KEY, OPS_KEY):
+        stamp = values.get(key, "")
+        if not stamp or not all(c in _STAMP_CHARS for c in stamp):
+            return None
+    if (MAX_KEY in values) != (RATIO_KEY in values):
+        return None
+    if MAX_KEY in values:
+        max_mb, ratio = values[MAX_KEY], values[RATIO_KEY]
+        limits = ge_limits(max_mb, ratio)
+        if limits is None or (str(limits[0]), str(limits[1])) != (max_mb, ratio):
+            return None
+    return values

@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # the schema's module is imported where a config file is read
     from cachemgr.config import configfile
 
 ORIGIN_OPTION = "option"
-ORIGIN_INI = "op_cache.ini"
+ORIGIN_INI = core.INI_NAME
 ORIGIN_ENV = "env"
 ORIGIN_DEFAULT = "default"
 
