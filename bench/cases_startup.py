@@ -56,10 +56,10 @@ GAP_CAUSES = {
     "hit-daemon": "gap: beyond the local hit, one round trip (POST /compile/if-config): the "
     "daemon's thread for the connection, its prepare (compiler, key) and verified lookup",
     "hit-m": "gap: `python -m` imports runpy (importlib.util, contextlib, functools) first",
-    "stats": "gap: answered without click, the client or the eviction machinery "
-    "(cachemgr.localstats, eviction.usage), but through the settings' modules: the stdlib "
-    "they import (dataclasses with inspect, logging, pathlib, json, typing, enum) is ~4.3x "
-    "alone and options.resolve ~5.6x; only config.core (the rules on os alone) is lean yet",
+    "stats": "gap: the daemon-less `stats [--cache-dir DIR]` is answered on os alone "
+    "(cachemgr.quickstats); a miss here means it declined (an option, a settings variable, an "
+    "op_cache.ini not in GE's plain form, a warning) and localstats answered through the "
+    "settings' modules (~4.3x of stdlib alone)",
     "config": "gap: answered without click, the schema or the remote tiers (stored default "
     "rows, config/defaultrows.py), but through the settings' modules and logging (the "
     "stdlib they import is ~4.3x alone, options.resolve ~5.6x)",

@@ -135,12 +135,26 @@ def _stats(args: list[str]) -> None:
     """``cachemgr stats`` without click (:func:`cachemgr.localstats.answer`), when ``args``
     are settings options or ``--json`` and no daemon may serve the cache; returns (to hand
     over to click) otherwise or on any error, having written nothing."""
+    _quick_stats(args)
     given = _parse_options(args, _SETTINGS_VALUES)
     if given is None:
         return
     from cachemgr import localstats
 
     _answer(lambda out: _plain_lines(out, localstats.answer(given, out)))
+
+
+def _quick_stats(args: list[str]) -> None:
+    """``cachemgr stats`` on os alone (:mod:`cachemgr.quickstats`) when it answers exactly;
+    returns, having written nothing, when it declines or fails."""
+    try:
+        from cachemgr import quickstats
+
+        lines = quickstats.answer(args, os.environ)
+    except Exception:
+        return
+    if lines is not None and _plain_text(lines):
+        _write([(False, line) for line in lines], 0)
 
 
 def _answer(compute: Callable[[list[tuple[bool, str]]], int | None]) -> None:

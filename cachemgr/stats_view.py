@@ -10,11 +10,12 @@ Click-free (outside :mod:`cachemgr.cli`): the console script's fast path
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 from cachemgr import words
 
-if TYPE_CHECKING:  # types only: the report is made from a StatsResult it is given
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # types only (typing costs start-up): the report is made from what it is given
+    from typing import Any
+
     from cachemgr.compile.results import ChipStats, StatsResult
 
 #: One line of the report: its label and its text.

@@ -528,7 +528,8 @@ def test_stats_fast_path_matches_click(
     fast, slow, names = both_paths(argv, env, tmp_path)
     assert fast.stdout
     assert_same(fast, slow)
-    assert "click" not in names and "cachemgr.localstats" in names, "answered by the fast path"
+    assert "click" not in names, "answered by a fast path"
+    assert {"cachemgr.localstats", "cachemgr.quickstats"} & names
     deny = DENIED_STATS
     if "--config" in args:
         deny = tuple(d for d in DENIED_STATS if d not in FOR_A_CONFIG_FILE)
@@ -537,6 +538,123 @@ def test_stats_fast_path_matches_click(
         assert list(json.loads(fast.stdout)["other_kernel_caches"]) == [
             str(tmp_path / "acp" / "kernel_cache_h2")
         ]
+
+
+#: What ``stats`` answered on os alone (:mod:`cachemgr.quickstats`) may import of cachemgr.
+QUICK_STATS_MODULES = {
+    "cachemgr",
+    "cachemgr.__main__",
+    "cachemgr.main",
+    "cachemgr.constants",
+    "cachemgr.quickstats",
+    "cachemgr.direct",
+    "cachemgr.sockpath",
+    "cachemgr.stats_view",
+    "cachemgr.words",
+    "cachemgr.config",
+    "cachemgr.config.core",
+    "cachemgr.storage",
+    "cachemgr.storage.chipcount",
+    "cachemgr.storage.counterfiles",
+    "cachemgr.storage.mountrule",
+}
+#: The standard library's modules whose import is most of the settings' start-up cost: never
+#: imported by the os-only answer.
+HEAVY_STDLIB = ("logging", "json", "dataclasses", "datetime", "typing", "inspect", "tomllib")
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "plain",
+        "equals",
+        "chips",
+        "home",
+        "acl-env",
+        "never-evict",
+        "empty-kernel-cache",
+        "ge-ini",
+        "ini-limits",
+    ],
+)
+def test_stats_on_os_alone_matches_click(case: str, stats_cache: Path, tmp_path: Path) -> None:
+    """The operator's usual ``cachemgr stats`` (no daemon, a real cache after a real compile
+    and hit; several chip folders; the cache folder from ``$HOME`` or torch_npu's variable; a
+    limit from the environment) is answered on os alone (:mod:`cachemgr.quickstats`) with the
+    bytes and exit code of the click command, importing neither the settings' modules nor
+    logging/json/dataclasses/datetime/typing (the import budget of the os-only answer)."""
+    env = daemon_env(tmp_path)
+    kcache = stats_cache / "kernel_cache"
+    argv = ["stats", "--cache-dir", str(stats_cache)]
+    if case == "equals":
+        argv = ["stats", f"--cache-dir={stats_cache}"]
+    if case == "chips":  # a second chip folder with a copy of the entries, and an empty one
+        chip = next(p for p in kcache.iterdir() if p.is_dir())
+        shutil.copytree(chip, kcache / "Ascend310P3", symlinks=True)
+        (kcache / "Ascend910B4").mkdir()
+        (kcache / "not-a-chip.d").mkdir()
+    if case == "home":
+        home = tmp_path / "home"
+        shutil.copytree(stats_cache, home / "atc_data", symlinks=True)
+        env["HOME"], argv = str(home), ["stats"]
+    if case == "acl-env":
+        env["ACL_OP_COMPILER_CACHE_DIR"], argv = str(stats_cache), ["stats"]
+    if case == "never-evict":
+        env["ASCEND_MAX_OP_CACHE_SIZE"] = "-1"
+        env["ASCEND_REMAIN_CACHE_SIZE_RATIO"] = "70"
+    if case == "empty-kernel-cache":
+        argv = ["stats", "--cache-dir", str(tmp_path / "fresh")]
+        (tmp_path / "fresh" / "kernel_cache").mkdir(parents=True)
+    if case == "ge-ini":  # as GE writes it at its first compile (CreatOpCacheIniFile)
+        (kcache / "op_cache.ini").write_text(
+            "[op_compiler_cache]\nadk_version=8.0.RC1\nops_version=8.0.RC1\n"
+        )
+    if case == "ini-limits":  # with the limits an operator adds
+        (kcache / "op_cache.ini").write_text(
+            "[op_compiler_cache]\nadk_version=7.0.0\nops_version=7.0.0\n"
+            "max_op_cache_size=1\nremain_cache_size_ratio=80\n"
+        )
+        env["ASCEND_MAX_OP_CACHE_SIZE"] = "900"  # the ini comes first
+    fast, slow, names = both_paths(argv, env, tmp_path)
+    assert fast.stdout and not fast.stderr
+    assert_same(fast, slow)
+    assert "cachemgr.quickstats" in names, "answered on os alone"
+    ours = {n for n in names if n == "cachemgr" or n.startswith("cachemgr.")}
+    assert ours <= QUICK_STATS_MODULES, sorted(ours - QUICK_STATS_MODULES)
+    assert [n for n in names if n.split(".")[0] in HEAVY_STDLIB] == []
+
+
+@pytest.mark.parametrize(
+    "case", ["ini", "ascend-cache-path", "host-id-env", "damaged-counters", "linked-chip"]
+)  # an ini: the strict reader's warning
+def test_stats_not_answered_on_os_alone_goes_on_unchanged(
+    case: str, stats_cache: Path, tmp_path: Path
+) -> None:
+    """What the os-only answer does not cover exactly (an op_cache.ini not in GE's plain form,
+    ASCEND_CACHE_PATH,
+    a settings variable, a counters file the full reader warns about, a linked chip folder)
+    is declined with nothing written: the full path prints exactly what click prints."""
+    env = daemon_env(tmp_path)
+    kcache = stats_cache / "kernel_cache"
+    argv = ["stats", "--cache-dir", str(stats_cache)]
+    if case == "ini":  # not GE's plain form (CRLF, a comment): the strict reader words it
+        (kcache / "op_cache.ini").write_bytes(
+            b"# limits\r\n[op_compiler_cache]\r\nmax_op_cache_size=1000\r\n"
+            b"remain_cache_size_ratio=80\r\nadk_version=7.0.0\r\nops_version=7.0.0\r\n"
+        )
+    if case == "ascend-cache-path":
+        env.update(_other_kernel_caches(tmp_path / "acp", stats_cache))
+        argv = ["stats"]
+    if case == "host-id-env":
+        env["CACHEMGR_HOST_ID"] = "../bad"
+    if case == "damaged-counters":
+        (kcache / "cachemgr_stats_Ascend910B1.json").write_text("{not json")
+    if case == "linked-chip":
+        chip = next(p for p in kcache.iterdir() if p.is_dir())
+        (kcache / "Ascend310P3").symlink_to(chip)
+    fast, slow, names = both_paths(argv, env, tmp_path)
+    assert_same(fast, slow)
+    assert "cachemgr.quickstats" in names, "tried, and declined"
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 
-from cachemgr.constants import NEVER_EVICT
+from cachemgr.constants import MIB, NEVER_EVICT
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # not at run time: typing costs start-up
@@ -39,6 +39,10 @@ DEFAULT_RATIO = 50
 MAX_MB_LIMIT = 2**31 - 1
 RATIO_MIN_PCT = 1
 RATIO_MAX_PCT = 100
+#: The kernel cache folder's name under a cache root, and GE's ini file in it
+#: (docs/design.md#where-the-cache-lives).
+KERNEL_CACHE = "kernel_cache"
+INI_NAME = "op_cache.ini"
 #: The section GE reads, and the four keys it knows there.
 SECTION = "op_compiler_cache"
 MAX_KEY = "max_op_cache_size"
@@ -241,3 +245,83 @@ def cache_folder_choice(
         return "ASCEND_CACHE_PATH", env["ASCEND_CACHE_PATH"], "env", "ASCEND_CACHE_PATH", ()
     home = env.get("HOME") or os.path.expanduser("~")
     return "HOME", home, "default", "$HOME/atc_data", ()
+
+
+#: GE's MIN_CACHE_AGING_TIME: an entry accessed this recently is never evicted (seconds).
+DEFAULT_MIN_AGE_S = 1800
+#: docs/design.md#options-and-their-origins: the characters of a path value besides ``/``:
+#: a-z A-Z 0-9 _ - . and Chinese characters (the three CJK blocks below).
+_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-.")
+_CJK = ((0x3400, 0x4DBF), (0x4E00, 0x9FFF), (0xF900, 0xFAFF))
+
+
+def path_char_ok(char: str) -> bool:
+    """True for a character a path value may hold (docs/design.md#options-and-their-origins):
+    a-z A-Z 0-9 ``_ - . /`` and Chinese characters."""
+    if char in _NAME_CHARS or char == "/":
+        return True
+    code = ord(char)
+    return any(lo <= code <= hi for lo, hi in _CJK)
+
+
+def path_value_ok(value: str) -> bool:
+    """True when every character of the non-empty ``value`` is :func:`path_char_ok`."""
+    return bool(value) and all(path_char_ok(c) for c in value)
+
+
+def chip_name_ok(name: str) -> bool:
+    """True for a chip folder's name: a ``soc_version`` as CANN's platform table spells them,
+    letters, digits, ``_`` and ``-``, starting with a letter or digit (never a ``.``:
+    :data:`cachemgr.config.layout.CHIP_NAME_RE` says why)."""
+    if not name or name[0] in "_-.":
+        return False
+    return all(c in _NAME_CHARS and c != "." for c in name)
+
+
+def max_bytes(max_mb: int) -> int | None:
+    """The limit ``max_mb`` (MiB, -1 = never evict) in bytes, None when eviction is off."""
+    return None if max_mb == NEVER_EVICT else max_mb * MIB
+
+
+#: Characters of a version stamp the plain form below takes (CANN writes ``7.0.0``,
+#: ``8.0.RC1``…).
+_STAMP_CHARS = _NAME_CHARS | frozenset("+")
+
+
+def plain_ge_ini(data: bytes) -> dict[str, str] | None:
+    """The values of ``op_cache.ini`` bytes ``data`` when they are in the plain form GE writes
+    (``CreatOpCacheIniFile``: ``[op_compiler_cache]`` and its ``key=value`` lines, LF ends)
+    with, at most, the two limits an operator adds: every line ``key=value`` of a known key
+    once, both version stamps of plain characters, the limits both or neither, each a plain
+    decimal in GE's range (:func:`ge_limits` takes it as written). None for anything else.
+
+    Not a second reading of the file: a subset of what :class:`cachemgr.config.ini.OpCacheIni`
+    reads without a problem and with these values (``tests/test_os_only_rules.py`` checks
+    that on generated files), for a fast path that declines the rest to it.
+    """
+    if not data.endswith(b"\n"):
+        return None
+    try:
+        lines = data.decode("ascii").split("\n")[:-1]
+    except UnicodeDecodeError:
+        return None
+    if not lines or lines[0] != f"[{SECTION}]":
+        return None
+    values: dict[str, str] = {}
+    for text in lines[1:]:
+        key, eq, value = text.partition("=")
+        if not eq or key not in KNOWN_KEYS or key in values or not value:
+            return None
+        values[key] = value
+    for key in (ADK_KEY, OPS_KEY):
+        stamp = values.get(key, "")
+        if not stamp or not all(c in _STAMP_CHARS for c in stamp):
+            return None
+    if (MAX_KEY in values) != (RATIO_KEY in values):
+        return None
+    if MAX_KEY in values:
+        max_mb, ratio = values[MAX_KEY], values[RATIO_KEY]
+        limits = ge_limits(max_mb, ratio)
+        if limits is None or (str(limits[0]), str(limits[1])) != (max_mb, ratio):
+            return None
+    return values

@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 #: The section GE reads [GE].
 SECTION = core.SECTION
 #: File name inside the kernel cache folder [GE].
-INI_NAME = "op_cache.ini"
+INI_NAME = core.INI_NAME
 
 #: Size limit per chip folder, in MB (MiB) [GE].
 MAX_KEY = core.MAX_KEY

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from cachemgr.config import core
 from cachemgr.errors import ConfigError, InvalidEntryError
 from cachemgr.storage import fsutil
 from cachemgr.storage.pseudofs import pseudo_filesystem
@@ -24,13 +25,12 @@ EVICT_LOCK_NAME = "op_cache_file_del.lock"
 #: them): ``<op>_<base key>.manifest`` (see :mod:`cachemgr.storage.manifest`).
 MANIFEST_SUFFIX = ".manifest"
 #: CANN's limits file, in the kernel cache folder (docs/design.md#size-limits-and-eviction).
-INI_NAME = "op_cache.ini"
-KERNEL_CACHE = "kernel_cache"
+INI_NAME = core.INI_NAME
+KERNEL_CACHE = core.KERNEL_CACHE
 KERNEL_META = "kernel_meta"
 
 # docs/design.md#options-and-their-origins: a-z A-Z 0-9 _ - . , Chinese characters, and / as
-# separator.
-_PATH_RE = re.compile(r"^[A-Za-z0-9_\-./\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+\Z")
+# separator (config.core.path_value_ok, the rule on os alone).
 _NAME_RE = re.compile(r"^[A-Za-z0-9_\-.]+\Z")
 #: A chip folder's name is a ``soc_version``. GE makes the chip folder as
 #: ``<cache dir>/kernel_cache/ + soc_version`` (``cache/te_cache_manager.cc``,
@@ -47,7 +47,7 @@ def is_chip_folder(entry: os.DirEntry[str]) -> bool:
     makes them: a real folder (not a link: never followed, docs/security.md item 1) named
     like a ``soc_version`` (:data:`CHIP_NAME_RE`). Files, links, FIFOs, lock files and
     planted folders with other names are left alone by purge, gc, ls, stats and the daemon."""
-    return bool(CHIP_NAME_RE.match(entry.name)) and entry.is_dir(follow_symlinks=False)
+    return core.chip_name_ok(entry.name) and entry.is_dir(follow_symlinks=False)
 
 
 def validate_path_value(value: str, name: str, origin: str) -> Path:
@@ -58,8 +58,8 @@ def validate_path_value(value: str, name: str, origin: str) -> Path:
     :param origin: where the value came from (``option``, ``env ASCEND_CACHE_PATH``, ...).
     :raises ConfigError: naming the value, its origin and the allowed characters.
     """
-    if not value or not _PATH_RE.match(value) or "\x00" in value:
-        bad = sorted({c for c in value if not _PATH_RE.match(c)}) if value else []
+    if not core.path_value_ok(value):
+        bad = sorted({c for c in value if not core.path_char_ok(c)}) if value else []
         shown = "".join(bad) if bad else "(empty)"
         raise ConfigError(
             f"{name}={value!r} (from {origin}) has characters outside "

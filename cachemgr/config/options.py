@@ -23,14 +23,14 @@ from typing import TYPE_CHECKING, Any
 
 from cachemgr.config import core, layout, socs
 from cachemgr.config.ini import OpCacheIni, UnreadableIniError
-from cachemgr.constants import MIB, NEVER_EVICT, short_host
+from cachemgr.constants import NEVER_EVICT, short_host
 from cachemgr.errors import ConfigError
 
 if TYPE_CHECKING:  # the schema's module is imported where a config file is read or asked for
     from cachemgr.config import configfile
 
 ORIGIN_OPTION = "option"
-ORIGIN_INI = "op_cache.ini"
+ORIGIN_INI = core.INI_NAME
 ORIGIN_ENV = "env"
 ORIGIN_DEFAULT = "default"
 
@@ -43,7 +43,7 @@ ACL_CACHE_MODE = "ACL_OP_COMPILER_CACHE_MODE"
 DEFAULT_MAX_MB = core.DEFAULT_MAX_MB
 DEFAULT_RATIO = core.DEFAULT_RATIO
 #: GE's MIN_CACHE_AGING_TIME: an entry accessed this recently is never evicted (seconds).
-DEFAULT_MIN_AGE_S = 1800
+DEFAULT_MIN_AGE_S = core.DEFAULT_MIN_AGE_S
 #: Access times up to this far ahead of our clock are trusted (seconds).
 DEFAULT_CLOCK_SKEW_S = 300
 
@@ -200,7 +200,7 @@ class CacheLimits:
     @property
     def max_bytes(self) -> int | None:
         """The limit in bytes, None when eviction is off."""
-        return None if self.never_evict else self.max_op_cache_size * MIB
+        return core.max_bytes(self.max_op_cache_size)
 
     @property
     def target_bytes(self) -> int | None:

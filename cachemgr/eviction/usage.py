@@ -10,14 +10,11 @@ docs/performance.md).
 
 from __future__ import annotations
 
-import os
-import stat
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cachemgr.storage import fsutil, kinds
+from cachemgr.storage import chipcount, fsutil
 from cachemgr.storage.safedir import SafeDir
 
 if TYPE_CHECKING:
@@ -49,7 +46,7 @@ def chip_usage(chip_dir: Path) -> ChipUsage:
     chip_dir = Path(chip_dir)
     try:
         with SafeDir.open_chip(chip_dir) as folder:
-            entries, used, oldest, newest = _usage_stream(folder.fd)
+            entries, used, oldest, newest = chipcount.usage_stream(folder.fd)
     except (FileNotFoundError, NotADirectoryError):
         return ChipUsage(chip_dir, 0, 0, None, None, exists=False)
     except OSError as exc:
@@ -57,67 +54,6 @@ def chip_usage(chip_dir: Path) -> ChipUsage:
             raise
         return ChipUsage(chip_dir, 0, 0, None, None, exists=chip_dir.is_dir())
     return ChipUsage(chip_dir, entries, used, oldest, newest, exists=True)
-
-
-def _usage_stream(dir_fd: int) -> tuple[int, int, int | None, int | None]:
-    """Entries, apparent bytes and the oldest/newest main-json access time (ns) of the open
-    chip folder, counted as it is listed: nothing per file is kept (the
-    daemon answers ``stats`` for 1,000,000 entries without ~1 GB of scan objects).
-
-    The same rules as ``entry.scan_chip`` (docs/design.md#files-of-an-entry,
-    #size-limits-and-eviction): regular files with one link (or NFS's ``.nfs*`` names) count; a
-    ``<stem>.json`` is an entry unless its stem is a part suffix away from another such json
-    (``<kernel>_mix_aic.json`` beside ``<kernel>.json``), which costs one ``lstat`` per part-like
-    json.
-    """
-    entries = used = 0
-    oldest: int | None = None
-    newest: int | None = None
-    with os.scandir(dir_fd) as it:
-        for de in it:
-            try:
-                if not de.is_file(follow_symlinks=False):
-                    continue
-                st = de.stat(follow_symlinks=False)
-            except OSError:
-                continue  # gone meanwhile, or unreadable: scan_chip counts neither
-            name = de.name
-            if not _counted(name, st):
-                continue
-            used += st.st_size
-            if not name.endswith(".json") or _is_part_json(dir_fd, name[: -len(".json")]):
-                continue
-            entries += 1
-            atime = st.st_atime_ns
-            oldest = atime if oldest is None or atime < oldest else oldest
-            newest = atime if newest is None or atime > newest else newest
-    return entries, used, oldest, newest
-
-
-def _counted(name: str, st: os.stat_result) -> bool:
-    """A file ``scan_chip`` counts: one link, or an NFS ``.nfs*`` name (security.md item 2)."""
-    return st.st_nlink <= 1 or name.startswith(fsutil.NFS_SILLY_PREFIX)
-
-
-def _is_part_json(dir_fd: int, stem: str) -> bool:
-    """True when ``<stem>.json`` is a sub-part of an entry whose main json is present."""
-    for suffix in kinds.PART_STEM_SUFFIXES:
-        if not stem.endswith(suffix):
-            continue
-        main = stem[: -len(suffix)] + ".json"
-        try:
-            st = os.lstat(main, dir_fd=dir_fd)
-        except OSError:
-            continue
-        if stat.S_ISREG(st.st_mode) and _counted(main, st):
-            return True
-    return False
-
-
-def _iso(ns: int | None) -> str | None:
-    if ns is None:
-        return None
-    return datetime.fromtimestamp(ns / 1e9, tz=UTC).isoformat(timespec="seconds")
 
 
 def chip_row(chip_dir: Path, settings: Settings) -> dict[str, Any]:
@@ -153,6 +89,6 @@ def chip_stats(chip_dir: Path, settings: Settings) -> dict[str, Any]:
         "never_evict": limits.never_evict,
         "ratio_pct": limits.remain_cache_size_ratio,
         "fill_pct": None if max_bytes is None else round(100 * usage.bytes / max_bytes, 1),
-        "oldest_access": _iso(usage.oldest_atime_ns),
-        "newest_access": _iso(usage.newest_atime_ns),
+        "oldest_access": chipcount.iso(usage.oldest_atime_ns),
+        "newest_access": chipcount.iso(usage.newest_atime_ns),
     }

@@ -26,43 +26,22 @@ access time where it may), so it keeps the cache within its limit on every one o
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cachemgr.storage import fsprobe
+from cachemgr.storage import fsprobe, mountrule
 
 MOUNTINFO = Path("/proc/self/mountinfo")
 
-NOATIME = "noatime"
-RELATIME = "relatime"
-STRICTATIME = "strictatime"
-NFS = "nfs"
-UNKNOWN = "unknown"
-
+# The rules and their words live in mountrule (os alone), so a start-up fast path shares them.
+NOATIME = mountrule.NOATIME
+RELATIME = mountrule.RELATIME
+STRICTATIME = mountrule.STRICTATIME
+NFS = mountrule.NFS
+UNKNOWN = mountrule.UNKNOWN
 #: What each rule means for GE's own eviction (the words after the filesystem's name).
-GE_EFFECT = {
-    NOATIME: "reads leave access times alone, so GE's own eviction works here too",
-    RELATIME: (
-        "GE's own eviction removes nothing here (its scan reads each json, which moves the "
-        "access time it then finds changed), except entries last read by another program "
-        "30 min to 24 h ago; cachemgr keeps it within its limit"
-    ),
-    STRICTATIME: (
-        "GE's own eviction removes nothing here (its scan reads each json, which moves the "
-        "access time it then finds changed); cachemgr keeps it within its limit"
-    ),
-    NFS: (
-        "access times follow the NFS server's mount options and this host's attribute cache, "
-        "so whether GE's own eviction removes anything cannot be told here; cachemgr keeps "
-        "it within its limit"
-    ),
-    UNKNOWN: (
-        "its mount is not in /proc/self/mountinfo, so what GE's own eviction does here is "
-        "unknown; cachemgr keeps it within its limit"
-    ),
-}
+GE_EFFECT = mountrule.GE_EFFECT
 
 
 @dataclass(frozen=True)
@@ -89,12 +68,9 @@ class CacheAtimes:
         return GE_EFFECT[self.rule]
 
     def line(self) -> str:
-        """One line: ``kernel_cache on ext4 relatime: GE's own eviction removes nothing…``."""
-        if self.rule == UNKNOWN:
-            return f"{self.kernel_cache_dir.name}: {self.ge_effect}"
-        kind = self.fstype if self.rule == NFS else f"{self.fstype} {self.rule}"
-        lazy = ",lazytime" if self.lazytime else ""
-        return f"{self.kernel_cache_dir.name} on {kind}{lazy}: {self.ge_effect}"
+        """One line: ``kernel_cache on ext4 relatime: GE's own eviction removes nothing…``
+        (:func:`cachemgr.storage.mountrule.line`)."""
+        return mountrule.line(self.kernel_cache_dir.name, self.fstype, self.rule, self.lazytime)
 
     def to_json(self) -> dict[str, Any]:
         """``{kernel_cache_dir, mount_point, fstype, atime, lazytime, ge_eviction, line}``."""
@@ -109,26 +85,11 @@ class CacheAtimes:
         }
 
 
-def _existing(path: Path) -> Path:
-    """``path`` or its nearest existing parent (a kernel cache not made yet is on its
-    parent's filesystem)."""
-    path = Path(os.path.abspath(path))
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
-
-
 def rule_of(mount: fsprobe.Mount) -> str:
-    """The access-time rule of one mount from its options (mount and superblock):
-    ``noatime``, ``relatime``, else ``strictatime`` (the kernel shows no option for it);
-    NFS mounts are :data:`NFS` whatever they say (the server decides)."""
-    if mount.fstype.startswith("nfs"):
-        return NFS
-    if NOATIME in mount.options:
-        return NOATIME
-    if RELATIME in mount.options:
-        return RELATIME
-    return STRICTATIME
+    """The access-time rule of one mount from its options
+    (:func:`cachemgr.storage.mountrule.rule_of`: ``noatime``, ``relatime``, else
+    ``strictatime``; NFS mounts are :data:`NFS` whatever they say)."""
+    return mountrule.rule_of(mount.fstype, mount.options)
 
 
 def cache_atimes(kernel_cache_dir: Path, mountinfo: Path = MOUNTINFO) -> CacheAtimes:
@@ -140,16 +101,8 @@ def cache_atimes(kernel_cache_dir: Path, mountinfo: Path = MOUNTINFO) -> CacheAt
         text = mountinfo.read_text(encoding="utf-8", errors="surrogateescape")
     except OSError:
         return CacheAtimes(kernel_cache_dir, "", "", UNKNOWN)
-    mount = fsprobe.mount_of(_existing(kernel_cache_dir), fsprobe.parse_mountinfo(text))
-    if mount is None:
-        return CacheAtimes(kernel_cache_dir, "", "", UNKNOWN)
-    return CacheAtimes(
-        kernel_cache_dir,
-        mount.mount_point,
-        mount.fstype,
-        rule_of(mount),
-        "lazytime" in mount.options,
-    )
+    point, fstype, rule, lazytime = mountrule.folder_rule(str(kernel_cache_dir), text)
+    return CacheAtimes(kernel_cache_dir, point, fstype, rule, lazytime)
 
 
 def governed_atimes(kernel_caches: list[Path], mountinfo: Path = MOUNTINFO) -> list[CacheAtimes]:

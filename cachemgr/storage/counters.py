@@ -20,39 +20,21 @@ import contextlib
 import json
 import logging
 import os
-import re
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from cachemgr.errors import LockBusyError
-from cachemgr.storage import fsutil
+from cachemgr.storage import counterfiles, fsutil
 from cachemgr.storage.safedir import SafeDir, UnsafePathError
 
 log = logging.getLogger(__name__)
 
-#: The counters of docs/design.md#counters, in the order ``stats`` shows them (same names in
-#: ``/metrics``).
-COUNTER_NAMES = (
-    "hits",
-    "hits_from_remote",
-    "misses",
-    "compiles",
-    "coalesced",
-    "binaries",
-    "debug_compiles",
-    "failures",
-    "uncached",
-    "evicted_entries",
-    "evicted_bytes",
-    "no_space",
-    #: entries removed because their json makes GE abort (docs/interop.md#entries-that-abort-ge)
-    "ge_fatal_removed",
-)
+# The names and the file-name rule live in counterfiles (os alone): a fast path shares them.
+COUNTER_NAMES = counterfiles.COUNTER_NAMES
 LOCK_NAME = "cachemgr_stats.lock"
-PREFIX = "cachemgr_stats"
-_FILE_RE = re.compile(r"^cachemgr_stats(?:_([A-Za-z0-9_\-.]+))?\.json\Z")
+PREFIX = counterfiles.PREFIX
 #: Largest stats file read (bytes): a few dozen counters; anything bigger is not ours.
 MAX_FILE_BYTES = 64 * 1024
 
@@ -173,9 +155,9 @@ class CacheCounters:
             raise
         found = []
         for name in names:
-            match = _FILE_RE.match(name)
-            if match:
-                found.append((match.group(1) or "", self.kernel_cache_dir / name))
+            soc = counterfiles.soc_of(name)
+            if soc is not None:
+                found.append((soc, self.kernel_cache_dir / name))
         return sorted(found)
 
     @contextlib.contextmanager
@@ -194,9 +176,7 @@ class CacheCounters:
 
 
 def _full(values: Mapping[str, int]) -> dict[str, int]:
-    out = dict.fromkeys(COUNTER_NAMES, 0)
-    out.update({k: int(v) for k, v in values.items()})
-    return out
+    return counterfiles.full(dict(values))
 
 
 def _read(path: Path) -> dict[str, int]:

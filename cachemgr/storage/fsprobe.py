@@ -28,7 +28,7 @@ from pathlib import Path
 
 from cachemgr.config.layout import is_chip_folder
 from cachemgr.constants import short_host
-from cachemgr.storage import fsutil
+from cachemgr.storage import fsutil, mountrule
 
 log = logging.getLogger(__name__)
 
@@ -84,46 +84,17 @@ class Mount:
 
 
 def parse_mountinfo(text: str) -> list[Mount]:
-    """The mounts of a ``/proc/<pid>/mountinfo`` text (``proc(5)``); malformed lines skipped.
-
-    Options are the mount's and the superblock's together (NFS puts ``local_lock=`` in the
-    latter). Octal escapes in mount points (``\\040`` for a space) are decoded.
-    """
-    mounts = []
-    for line in text.splitlines():
-        left, sep, right = line.partition(" - ")
-        fields, rest = left.split(), right.split()
-        if not sep or len(fields) < 6 or len(rest) < 3:
-            continue
-        point = _unescape(fields[4])
-        opts = tuple(fields[5].split(",") + rest[2].split(","))
-        mounts.append(Mount(point, rest[0], opts))
-    return mounts
-
-
-def _unescape(field: str) -> str:
-    out, i = [], 0
-    while i < len(field):
-        if field[i] == "\\" and field[i + 1 : i + 4].isdigit():
-            out.append(chr(int(field[i + 1 : i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
+    """The mounts of a ``/proc/<pid>/mountinfo`` text (:func:`cachemgr.storage.mountrule.parse`:
+    ``proc(5)``, malformed lines skipped, mount and superblock options together, octal escapes
+    in mount points decoded)."""
+    return [Mount(point, fstype, opts) for point, fstype, opts in mountrule.parse(text)]
 
 
 def mount_of(path: Path, mounts: list[Mount]) -> Mount | None:
     """The mount holding ``path`` (resolved): the longest mount point that contains it (the
-    last one mounted there when several are)."""
-    real = os.path.realpath(path)
-    best: Mount | None = None
-    for mount in mounts:
-        point = mount.mount_point.rstrip("/") or "/"
-        inside = real == point or real.startswith(point + "/") or point == "/"
-        if inside and (best is None or len(point) >= len(best.mount_point.rstrip("/") or "/")):
-            best = mount
-    return best
+    last one mounted there when several are; :func:`cachemgr.storage.mountrule.best_mount`)."""
+    best = mountrule.best_mount(str(path), [m.mount_point for m in mounts])
+    return None if best is None else mounts[best]
 
 
 def local_lock_reason(mount: Mount | None) -> str | None:

@@ -16,18 +16,15 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
+from cachemgr.storage import chipcount
+
 #: Errors that mean "the file is not there any more" — normal in a shared cache.
 GONE_ERRNOS = frozenset({errno.ENOENT, errno.ESTALE})
 
 
-#: Names NFS clients give to removed files still open somewhere
-#: (docs/design.md#sharing-and-locking): never ours to remove or report; they go when the last
-#: descriptor closes.
-NFS_SILLY_PREFIX = ".nfs"
-
-#: Suffixes (before ``.json``) of files that belong to the kernel named before them. ``_pre``
-#: is not one: a ``<name>_pre.json`` is an entry of its own (docs/design.md#files-of-an-entry).
-PART_STEM_SUFFIXES = ("_mix_aic", "_mix_aiv", "_loc", "_compute")
+# The two name rules live in chipcount (os alone), so a start-up fast path shares them.
+NFS_SILLY_PREFIX = chipcount.NFS_SILLY_PREFIX
+PART_STEM_SUFFIXES = chipcount.PART_STEM_SUFFIXES
 
 
 def regular_files(folder: Path | int) -> Iterator[tuple[str, os.stat_result]]:
