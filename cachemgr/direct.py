@@ -233,12 +233,12 @@ def _private_read(folder: str, name: str) -> bytes:
         dst = os.fstat(dfd)
         if dst.st_uid != os.geteuid() or dst.st_mode & 0o022:
             raise Decline("memo folder not private")
-        return _read_at(dfd, name, MAX_MEMO_BYTES, owner=os.geteuid())
+        return read_at(dfd, name, MAX_MEMO_BYTES, owner=os.geteuid())
     finally:
         os.close(dfd)
 
 
-def _read_at(dfd: int, name: str, cap: int, owner: int | None = None) -> bytes:
+def read_at(dfd: int, name: str, cap: int, owner: int | None = None) -> bytes:
     """A regular file of one name (no link, no hard link) in the open folder ``dfd``, read
     without changing its access time where allowed, at most ``cap`` bytes.
 
@@ -301,7 +301,7 @@ def _sha256_at(dfd: int, name: str) -> tuple[str, int]:
         os.close(fd)
 
 
-def _open_chip(chip_dir: str) -> int:
+def open_chip(chip_dir: str) -> int:
     """``<root>/kernel_cache/<soc>`` opened as :meth:`cachemgr.storage.safedir.SafeDir.open_chip`
     does: the root as configured, each part below without following a link.
 
@@ -389,7 +389,7 @@ def check_entry(memo: dict[str, Any], dfd: int) -> list[str]:
             memo["header"],
         )
         for name, digest in jsons:
-            blob = _read_at(dfd, name, MAX_JSON_BYTES)
+            blob = read_at(dfd, name, MAX_JSON_BYTES)
             if sha256_hex(blob) != digest:
                 raise Decline(f"{name} changed")
         for name, digest in binaries:
@@ -399,7 +399,7 @@ def check_entry(memo: dict[str, Any], dfd: int) -> list[str]:
         manifest = memo["manifest"]
         if manifest is not None:
             name, digest = manifest
-            if sha256_hex(_read_at(dfd, name, MAX_JSON_BYTES)) != digest:
+            if sha256_hex(read_at(dfd, name, MAX_JSON_BYTES)) != digest:
                 raise Decline("header manifest changed")
         names = [n for n, _ in jsons] + [n for n, _ in binaries]
         if not names or names[0] != kernel + ".json":
@@ -481,7 +481,7 @@ def file_state_nofollow(path: str) -> list[int] | None:
     return [st.st_dev, st.st_ino]
 
 
-def _read_stats(path: str) -> dict[str, int]:
+def read_stats(path: str) -> dict[str, int]:
     """The counters of one stats file, as :func:`cachemgr.storage.counters._read` takes
     them; a file that reader would warn about is a decline (its warning is the full path's).
 
@@ -657,14 +657,14 @@ def answer(
         chip_dir, kcache = memo["chip_dir"], memo["kernel_cache"]
         if os.path.dirname(chip_dir) != kcache:
             raise Decline("memo malformed")
-        dfd = _open_chip(chip_dir)
+        dfd = open_chip(chip_dir)
         try:
             names = check_entry(memo, dfd)
             lock = _lock_stats(kcache)
             try:
                 soc = os.path.basename(chip_dir)
                 stats_path = os.path.join(kcache, f"cachemgr_stats_{soc}.json")
-                values = _read_stats(stats_path)
+                values = read_stats(stats_path)
                 _touch(dfd, names)
                 values["hits"] = values.get("hits", 0) + 1
                 try:

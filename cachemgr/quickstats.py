@@ -182,7 +182,7 @@ def _limits(
         return core.env_limits(env)
     fd = os.open(kcache, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        data = direct._read_at(fd, core.INI_NAME, MAX_INI_BYTES)
+        data = direct.read_at(fd, core.INI_NAME, MAX_INI_BYTES)
     except direct.Decline as exc:  # a link, a folder, another kind, unreadable: warned about
         raise Declined(str(exc)) from None
     finally:
@@ -203,7 +203,7 @@ def _counters(kcache: str) -> dict[str, int]:
         if counterfiles.soc_of(name) is None:
             continue
         try:
-            counts = direct._read_stats(os.path.join(kcache, name))
+            counts = direct.read_stats(os.path.join(kcache, name))
         except direct.Decline as exc:  # the full path warns about this file
             raise Declined(str(exc)) from None
         for key, value in counterfiles.full(counts).items():
@@ -232,7 +232,7 @@ def _chip_names(kcache: str) -> list[str]:
 def _chip_row(chip: str, max_mb: int) -> _Row:
     """One chip folder's figures, counted as ``eviction.usage.chip_stats`` counts them."""
     try:
-        fd = direct._open_chip(chip)
+        fd = direct.open_chip(chip)
     except direct.Decline as exc:
         raise Declined(str(exc)) from None
     try:
