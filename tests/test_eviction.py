@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -33,6 +34,16 @@ from tests.conftest import ROOT, kernel_json, publish_mix
 NOW_S = 2_000_000_000  # a fixed clock for the pure plans
 DAY = 86400
 HOUR = 3600
+
+
+def ge_users_lock(path: Path) -> None:
+    """Make ``path`` a lock file as GE's ``LockAndOpenCacheFile`` leaves it for the user who
+    owns it (``0640``: its ``chmod`` worked), that user being ``nobody`` — not this process,
+    whose own lock would make it group-writable (``locks.open_lock_file``), and a group-writable
+    lock file is never unlinked (``files.lock_reapable``)."""
+    path.write_bytes(b"")
+    path.chmod(0o640)
+    os.chown(path, pwd.getpwnam("nobody").pw_uid, -1)
 
 
 def make_entry(
@@ -240,8 +251,8 @@ def test_entry_lock_files_outlive_their_entry_until_old(
 ) -> None:
     # GE never re-checks the inode after locking (te_cache_utils.cc LockAndOpenCacheFile):
     # the lock file of an evicted entry stays until its ctime is an hour old
-    (aged / "te_k_00.lock").write_bytes(b"")
-    (aged / "te_k_11.lock").write_bytes(b"")
+    ge_users_lock(aged / "te_k_00.lock")
+    ge_users_lock(aged / "te_k_11.lock")
     report = gc_chip(aged, 10, 50)
     assert "te_k_00" in report.evicted and (aged / "te_k_00.lock").exists()
     gc_chip(aged, 10, 50)
@@ -284,7 +295,10 @@ def test_reclaims_orphans_temps_dead_locks_and_bad_entries(
         ".nfs000000000012345600000001": 2 * HOUR,  # NFS: open on another host: left
     }
     for name, age in loose.items():
-        (chip / name).write_bytes(b"x" * 10 if not name.endswith(".lock") else b"")
+        if name.endswith(".lock"):
+            ge_users_lock(chip / name)
+        else:
+            (chip / name).write_bytes(b"x" * 10)
         set_old(chip / name, age)
     (chip / "te_bad_json.json").write_text("{ not json")  # unparsable, no binary
     (chip / "te_no_bin.json").write_text(json.dumps(kernel_json("te_no_bin", b"x")))
@@ -402,12 +416,17 @@ def test_purge_removes_everything_but_writes_in_progress(
 ) -> None:
     monkeypatch.setattr(files, "LOCK_REAP_AGE_S", 0)  # lock files old enough to go
     publish_mix(aged, "te_mix", b"a" * 10, b"b" * 10)
-    (aged / "te_k_00.lock").write_bytes(b"")
+    ge_users_lock(aged / "te_k_00.lock")
     (aged / "te_orphan.o").write_bytes(b"x")
     (aged / "te_x.o.h.1.a.temp").write_bytes(b"x")  # young: a write in progress
     report = purge_chip(aged)
     assert report.entries == 13 and not report.busy and not report.denied
-    assert names(aged) == {"te_x.o.h.1.a.temp", "op_cache_file_del.lock"}
+    left = names(aged) - {"te_x.o.h.1.a.temp", "op_cache_file_del.lock"}
+    # the lock files cachemgr made taking each entry's lock are group-writable: a member's GE
+    # may have one open and fail to chmod it, so they stay (files.lock_reapable); the GE
+    # user's own old 0640 one goes with its entry
+    assert left == {f"te_k_{i:02d}.lock" for i in range(1, 12)} | {"te_mix.lock"}, left
+    assert all((aged / name).stat().st_mode & 0o020 for name in left)
     assert report.left_temps == ["te_x.o.h.1.a.temp"]
 
 

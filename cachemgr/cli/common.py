@@ -216,8 +216,9 @@ def emit_json(data: Any) -> None:
 
 
 def stdout_is_tty() -> bool:
-    """True when stdout is a terminal (progress bars and prompts only then)."""
-    return sys.stdout.isatty()
+    """True when stdout is a terminal (progress bars and prompts only then). A process started
+    with stdout closed (``sys.stdout`` is None) has none: ``click.echo`` skips its output."""
+    return sys.stdout is not None and sys.stdout.isatty()
 
 
 def daemon_socket_option(func: F) -> F:

@@ -33,8 +33,9 @@ def table(header: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequence[
 
 
 def bars_enabled(as_json: bool = False) -> bool:
-    """Progress bars only for a person: stdout a terminal, no ``--json``, no ``-q``."""
-    return sys.stdout.isatty() and not as_json and VERBOSITY.level >= 0
+    """Progress bars only for a person: stdout a terminal (not closed), no ``--json``, no
+    ``-q``."""
+    return sys.stdout is not None and sys.stdout.isatty() and not as_json and VERBOSITY.level >= 0
 
 
 @contextmanager

@@ -98,7 +98,11 @@ class Pending:
             if p.decision.cache.replace:
                 store.remove(p.kernel, held=self.entry_lock)
             published = store.publish(p.kernel, self.files, self.main_json, held=self.entry_lock)
-            _record_manifest(p, self.entry_lock.dir_fd)
+            held_fd = self.entry_lock.dir_fd
+            if uncached_dir is not None and held_fd is not None and _moved(p.chip_dir, held_fd):
+                names = [f.name for f in published.files]
+                return self._deliver_from(held_fd, names, uncached_dir(), _MOVED_WHY)
+            _record_manifest(p, held_fd)
             _ensure_ini(p.chip_dir.parent, self.config_sections)  # logs its own failure
             if self.remotes is not None:  # after the compile, in the background
                 self.remotes.upload_later(p.chip_dir.parent, p.chip_dir.name, p.kernel)
@@ -139,6 +143,27 @@ class Pending:
             warning=warning,
         )
 
+    def _deliver_from(
+        self, dir_fd: int, names: list[str], out: Path, reason: str
+    ) -> CompileOutcome:
+        """Copy the entry just published into the held chip folder ``dir_fd`` (file names
+        ``names``) to ``out`` — binaries first, json last — as :meth:`_deliver_uncached` does
+        for a publish that failed; one warning line names the reason."""
+        p = self.prepared
+        warning = f"{p.kernel} compiled but not cached: {reason}"
+        main = f"{p.kernel}.json"
+        order = sorted(names, key=lambda name: name == main)
+        with _output_folder(out, warning):
+            fsutil.ensure_dir(out)
+            for name in order:
+                _copy_at(dir_fd, name, out / name)
+        log.info("%s", warning)  # the outcome carries it: the caller prints it once
+        paths = sorted((out / name for name in order), key=lambda f: f.name != main)
+        return CompileOutcome(
+            p.kernel, COMPILED, tuple(paths), request=p.request.origin, cached=False,
+            warning=warning,
+        )  # fmt: skip
+
     def release(self) -> None:
         """Drop the entry lock and the chip hold (without publishing, when not finished);
         the pending binaries are removed."""
@@ -148,6 +173,38 @@ class Pending:
             if isinstance(part, Path):
                 with contextlib.suppress(OSError):
                     fsutil.safe_unlink(part)
+
+
+#: Why a kernel published into a chip folder that was moved away meanwhile is delivered
+#: outside the cache.
+_MOVED_WHY = "its chip folder was moved away while the entry was written"
+
+
+def _moved(chip_dir: Path, dir_fd: int) -> bool:
+    """True when ``chip_dir`` no longer leads to the folder ``dir_fd`` holds (renamed away,
+    another made at its path, or gone): an entry written there is not at the paths a result
+    would name. Compares ``lstat(chip_dir)`` with ``fstat(dir_fd)`` (device and inode)."""
+    held = os.fstat(dir_fd)
+    now = fsutil.lstat_or_none(chip_dir)
+    return now is None or (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino)
+
+
+def _copy_at(dir_fd: int, name: str, dest: Path) -> None:
+    """Copy the file ``name`` of the folder ``dir_fd`` (never followed) to ``dest`` through a
+    temp name beside it (``dest`` is whole or absent).
+
+    :raises OSError: the file cannot be read or ``dest``'s folder written.
+    """
+    src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    tmp = fsutil.temp_path(dest)
+    try:
+        with os.fdopen(src, "rb") as reader, open(tmp, "wb") as writer:
+            shutil.copyfileobj(reader, writer)
+        os.replace(tmp, dest)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def _record_manifest(p: Prepared, dir_fd: int | None = None) -> None:

@@ -377,6 +377,8 @@ def _reclaim_lock(
     st = fsutil.lstat_or_none(path, chip_fd)
     if st is None or (files.LOCK_REAP_AGE_S > 0 and now_s - st.st_ctime < files.LOCK_REAP_AGE_S):
         return  # gone, or touched lately: a GE process may be about to lock it
+    if not files.lock_reapable(st, 0):
+        return  # group/other-writable: a member's GE may be about to lock it (chmod EPERM)
     if not dry_run:
         try:
             if not reap_lock(path, scan.chip_dir / (kernel + ".json"), chip_fd=chip_fd):
