@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,6 +35,7 @@ from cachemgr.storage.entry import scan_chip
 from tests.compile_util import request
 from tests.conftest import SOC, publish
 from tests.daemon_util import AS_ROOT, Daemon, daemon_env, start_daemon, wait_for
+from tests.mount_util import ext4_image
 from tests.shared_util import chip_bytes
 
 MIB = 1 << 20
@@ -421,7 +423,6 @@ def test_watch_rearmed_when_the_folder_comes_back_with_the_same_inode(tmp_path: 
     the old one's inode (ext4 reuses freed inodes): the dead watch must still be re-armed."""
     from watchdog.events import FileSystemEvent, FileSystemEventHandler
 
-    from cachemgr.daemon.governance import WATCHED_EVENTS
     from cachemgr.daemon.watch import Watcher
 
     seen: list[str] = []
@@ -430,10 +431,19 @@ def test_watch_rearmed_when_the_folder_comes_back_with_the_same_inode(tmp_path: 
         def on_any_event(self, event: FileSystemEvent) -> None:
             seen.append(os.fsdecode(event.src_path))
 
-    kc = tmp_path / "kernel_cache"
+    # a filesystem of its own: on a shared, busy one another process may take the freed inode
+    with ext4_image(tmp_path / "fs") as fs:
+        _rearm_after_inode_reuse(fs / "kernel_cache", Watcher, Handler(), seen)
+
+
+def _rearm_after_inode_reuse(kc: Path, watcher_class: Any, handler: Any, seen: list[str]) -> None:
+    """Watch ``kc``, remove and remake its chip folder until the new one has the old inode,
+    then wait until the dead watch is re-armed and sees a new file."""
+    from cachemgr.daemon.governance import WATCHED_EVENTS
+
     (kc / SOC).mkdir(parents=True)
     armed = os.stat(kc / SOC).st_ino
-    watcher = Watcher(kc, Handler(), WATCHED_EVENTS)
+    watcher = watcher_class(kc, handler, WATCHED_EVENTS)
     watcher.start()
     try:
         for _ in range(200):  # until the new folder has the old inode (ext4: within a few)
