@@ -91,9 +91,10 @@ class _Group(click.Group):
         except OSError as exc:
             where = f": {exc.filename}" if exc.filename else ""
             _fail(f"{exc.strerror or exc}{where}", 1)
-        except Exception as exc:  # a bug: still one line, details with -v
+        except Exception as exc:  # a bug: still one line, the traceback with -vv (debug)
             log.debug("internal error", exc_info=True)
-            _fail(f"internal error: {type(exc).__name__}: {exc} (rerun with -v for details)", 70)
+            name = type(exc).__name__
+            _fail(f"internal error: {name}: {exc} (rerun with -vv for the traceback)", 70)
 
 
 def _more_verbose(ctx: click.Context, param: click.Parameter, value: int) -> None:
