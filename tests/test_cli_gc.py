@@ -162,6 +162,8 @@ def test_toolkit_upgrade_purges_every_chip_folder(
     assert proc.returncode == 0, proc.stderr
     assert "toolkit changed" in proc.stdout and "entries in 2 chip folders" in proc.stdout
     assert f"{SOC}: purged 12 entries" in proc.stdout and "reason: upgraded" in proc.stdout
+    # in the same units as the chip folder's own line, never raw bytes
+    assert re.search(rf"{SOC}: purged 12 entries \([\d.]+ (KiB|MiB)\), reason", proc.stdout)
     assert not kernels(other) and not kernels(root / "kernel_cache" / SOC)
     assert "adk_version=8.0.RC1" in (root / "kernel_cache" / "op_cache.ini").read_text()
     version_info(tmp_path / "Ascend" / "latest" / "compiler", "8.0.RC1")  # unchanged

@@ -420,7 +420,7 @@ def purge_cmd(purge_all: bool, yes: bool, as_json: bool, **kw: Any) -> None:
     """Clear chip folders under the eviction lock and each entry's lock (needs --soc or --all)."""
     soc = kw.get("soc_version")
     if bool(soc) == purge_all:
-        raise ConfigError("purge needs exactly one of --soc SOC or --all (from option)")
+        raise ConfigError("purge needs exactly one of --soc SOC or --all")
     settings = _writable(load_settings(**kw), kw)
     problem = fsprobe.root_problem(settings.layout.kernel_cache_dir)
     if problem:  # one line like gc's, not the lock file's EROFS (nothing is removed)

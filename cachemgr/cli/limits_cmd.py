@@ -140,7 +140,7 @@ def set_cmd(
     max_mb = _parse(max_size, "--max-size", NEVER_EVICT, ini.MAX_MB_LIMIT, _MAX_ACCEPTED)
     ratio_pct = _parse(ratio, "--ratio", ini.RATIO_MIN_PCT, ini.RATIO_MAX_PCT, _RATIO_ACCEPTED)
     if max_mb is None and ratio_pct is None:
-        raise ConfigError("limits set needs --max-size MIB, --ratio PCT or both (from option)")
+        raise ConfigError("limits set needs --max-size MIB, --ratio PCT or both")
     settings = load_settings(soc_version=None, **kw)
     installed = versions.installed_versions(os.environ, settings.sections)
     if not installed.complete:

@@ -94,7 +94,7 @@ def toolkit_lines(report: GcResult) -> Iterator[str]:
         else:
             yield (
                 f"{soc}: {verb} {plural(int(purged['entries']), 'entry', 'entries')} "
-                f"({purged['bytes']} bytes), reason: {toolkit['reason']}"
+                f"({size(int(purged['bytes']))}), reason: {toolkit['reason']}"
             )
 
 
