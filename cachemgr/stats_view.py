@@ -175,11 +175,12 @@ def _chip_text(row: ChipStats, verbose: bool) -> str:
 def _limit_text(lim: dict[str, Any]) -> str:
     if lim["never_evict"]:
         return "never evict (max_op_cache_size=-1)"
-    max_mb, ratio = lim["max_op_cache_size"]["value"], lim["remain_cache_size_ratio"]["value"]
-    return (
-        f"{max_mb} MiB per chip folder, {ratio} % kept after an eviction "
-        f"(from {lim['max_op_cache_size']['origin']})"
-    )
+    size, ratio = lim["max_op_cache_size"], lim["remain_cache_size_ratio"]
+    kept = f"{ratio['value']} % kept after an eviction"
+    if size["origin"] == ratio["origin"]:  # one origin for both: said once
+        return f"{size['value']} MiB per chip folder, {kept} (from {size['origin']})"
+    per_chip = f"{size['value']} MiB per chip folder (from {size['origin']})"
+    return f"{per_chip}, {kept} (from {ratio['origin']})"
 
 
 def _queue_text(queue: dict[str, Any]) -> str:

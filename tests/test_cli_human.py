@@ -283,3 +283,21 @@ def test_sizes_in_human_output_say_mib_never_mb(tmp_path: Path, clean_env) -> No
     assert "500 MiB per chip folder" in stats.stdout and "of 500.0 MiB" in stats.stdout
     assert "max_op_cache_size       500 MiB" in limits.stdout, limits.stdout
     assert "max_op_cache_size=8 MiB (env)" in gc.stderr, gc.stderr
+
+
+@pytest.mark.parametrize("route", ["--local", None])
+def test_stats_limit_line_names_each_settings_origin(
+    tmp_path: Path, clean_env: dict[str, str], route: str | None
+) -> None:
+    """A remain ratio from the environment beside the default size: the Limit line says where
+    each came from, on the full path and on the fast one (one origin was given for both)."""
+    root = tmp_path / "cache"
+    publish(root / "kernel_cache" / SOC, "te_one", b"\x7fELF" + bytes(64))
+    env = {**clean_env, "ASCEND_REMAIN_CACHE_SIZE_RATIO": "70"}
+    args = ["stats", "--cache-dir", str(root), *([route] if route else [])]
+    proc = run_cli(*args, env=env)
+    assert proc.returncode == 0, proc.stderr
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("Limit:"))
+    assert re.sub(r": +", ": ", line) == (
+        "Limit: 500 MiB per chip folder (from default), 70 % kept after an eviction (from env)"
+    ), line
