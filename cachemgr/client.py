@@ -622,7 +622,7 @@ class _LocalHits:
         for _ in range(3):
             frozen = pipeline.freeze(prepared)
             if frozen is not None:
-                return inputs.to_wire(frozen.inputs)
+                return inputs.to_wire(frozen.inputs, listed=frozen.scanned)
             settings, compilers = self._state()
             request = self._parsed.get(data, base, origin="compile request")
             prepared = pipeline.prepare(request, settings, compilers, pipeline.JobOptions())

@@ -262,3 +262,34 @@ def test_through_the_daemon_gc_names_the_limits_that_apply(
         assert "limit 2.0 MiB" in local.stdout, local.stdout
     finally:
         daemon.stop()
+
+
+def test_dry_run_predicts_the_manifests_that_go_with_their_last_entry(
+    root: Path, clean_env: dict[str, str]
+) -> None:
+    """``--ratio 0 --min-age 0`` evicts every entry, and with them every header manifest
+    (each goes with the last entry it names: docs/eviction.md): the dry run counts those
+    manifests and their bytes as the run then removes them."""
+    from cachemgr.storage import manifest
+
+    chip = root / "kernel_cache" / SOC
+    for i in range(4):  # the last one names two entries, one evicted only by the run itself
+        kernels_named = [f"te_k_{i:02d}"] + ([f"te_k_{i + 8:02d}"] if i == 3 else [])
+        for kernel in kernels_named:
+            headers = {f"/src/{kernel}/k.h": "0" * 64}
+            manifest.record(chip / f"k{i}_{'a' * 64}.manifest", kernel, headers)
+    sizes = sum(p.stat().st_size for p in chip.glob("*.manifest"))
+    args = ("--json", "--ratio", "0", "--min-age", "0")
+    dry = gc(root, clean_env, *args, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert len(list(chip.glob("*.manifest"))) == 4, "a dry run removes nothing"
+    real = gc(root, clean_env, *args)
+    assert real.returncode == 0, real.stderr
+    assert not list(chip.glob("*.manifest")) and not kernels(chip)
+    dry_doc, real_doc = (json.loads(p.stdout) for p in (dry, real))
+    dry_chip, real_chip = (d["chip_folders"][SOC] for d in (dry_doc, real_doc))
+    assert real_chip["reclaimed"]["manifests"] == 4
+    assert dry_chip["reclaimed"] == real_chip["reclaimed"]
+    assert real_chip["reclaimed"]["bytes"] == sizes
+    assert dry_chip["bytes_after"] == real_chip["bytes_after"] == 0
+    assert dry_doc["totals"] == real_doc["totals"]

@@ -233,3 +233,26 @@ def test_a_member_meets_the_same_checks_on_if_config(users: Users, other_runtime
         assert again["code"] == 200 and json.loads(again["body"])["status"] == "hit", again
     finally:
         daemon.stop()
+
+
+def test_a_second_checkout_of_the_kernels_gets_direct_through_the_daemon(
+    served: DaemonKit,
+) -> None:
+    """An entry compiled from one folder and hit from a copy of it: the copy's headers come
+    from a dependency listing (its manifest is its own), and the daemon's hit records them,
+    as a local hit does — so the copy's next full hit writes the memo, and later hits are
+    direct."""
+    first = served.run()
+    assert first.code == 0 and first.status() == "compiled", first.out + first.err
+    manifests = set(served.chip.glob("*.manifest"))
+    served.project = served.tmp / "checkout2"
+    shutil.copytree(served.tmp / "proj", served.project)
+    full = served.run()
+    assert full.code == 0 and full.status() == "hit" and not full.direct, full.out + full.err
+    assert len(set(served.chip.glob("*.manifest")) - manifests) == 1, "the copy's manifest"
+    hits, misses = served.daemon_counts()
+    for _ in range(2):  # the memo is written by the first full hit that needs no listing
+        last = served.run()
+        assert last.code == 0 and last.status() == "hit", last.out + last.err
+    assert last.direct, "the copy's hits never got direct"
+    assert served.daemon_counts() == (hits + 2, misses)

@@ -77,6 +77,9 @@ class Snapshot:
         :mod:`cachemgr.compile.searched`): a hit needs every one still absent.
     :ivar uncached: why the kernel is compiled but never cached (embedded data cachemgr
         cannot follow: :mod:`cachemgr.compile.embedded`), or None.
+    :ivar listed: a sent snapshot whose caller found its headers by a dependency listing (no
+        variant of the caller's header manifest matched): its hit records them in that
+        manifest, as a local hit does (docs/design.md#keys-and-manifests).
     """
 
     source: Path
@@ -87,6 +90,7 @@ class Snapshot:
     sent: bool = False
     absent: tuple[str, ...] = ()
     uncached: str | None = None
+    listed: bool = False
 
     def key_fields(self) -> dict[str, Any]:
         """What of the snapshot goes into the key (docs/design.md#keys-and-manifests): the source's
@@ -658,10 +662,11 @@ def mirror(root: Path, path: Path) -> Path:
 # --- on the wire (Client → daemon) ---------------------------------------------------------
 
 
-def to_wire(snap: Snapshot) -> dict[str, Any]:
+def to_wire(snap: Snapshot, listed: bool = False) -> dict[str, Any]:
     """The frozen snapshot as JSON: ``{"source": {"path", "data"}, "headers": [{"path",
     "data"}], "op_debug_config": data | null, "absent": [path, ...]}`` with ``data`` in
-    base64 (``absent``: :attr:`Snapshot.absent`).
+    base64 (``absent``: :attr:`Snapshot.absent`), and ``"listed": true`` when ``listed``
+    (the headers came from a dependency listing: :attr:`Snapshot.listed`).
 
     :raises ValueError: when ``snap`` is not frozen.
     """
@@ -672,12 +677,15 @@ def to_wire(snap: Snapshot) -> dict[str, Any]:
         return base64.b64encode(blob).decode("ascii")
 
     src = str(snap.source)
-    return {
+    doc: dict[str, Any] = {
         "source": {"path": src, "data": enc(snap.data[src])},
         "headers": [{"path": p, "data": enc(b)} for p, b in snap.data.items() if p != src],
         "op_debug_config": None if snap.debug_config is None else enc(snap.debug_config),
         "absent": list(snap.absent),
     }
+    if listed:
+        doc["listed"] = True
+    return doc
 
 
 def from_wire(doc: Any, origin: str) -> Snapshot:
@@ -711,6 +719,7 @@ def from_wire(doc: Any, origin: str) -> Snapshot:
         data=data,
         sent=True,
         absent=_wire_absent(doc.get("absent", []), f"{origin}: inputs.absent"),
+        listed=doc.get("listed") is True,
     )
 
 

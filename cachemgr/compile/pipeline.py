@@ -244,7 +244,8 @@ def gather(t: Toolchain) -> Gathered:
     snap = _source(t)
     where = manifest.path_of(t.chip_dir, t.request.op_type, base_key(t, snap))
     if snap.headers is not None:  # a sent snapshot names its headers itself
-        return Gathered(t, snap, False, where)
+        # listed by its caller: a hit records them, as the caller's own hit would
+        return Gathered(t, snap, snap.listed, where)
     snap, scanned = _find_headers(t, snap, where)
     return Gathered(t, snap, scanned, where)
 

@@ -56,7 +56,12 @@ from cachemgr.eviction.files import (
 )
 from cachemgr.eviction.order import CompactPlan, plan_compact
 from cachemgr.eviction.plan import EvictionPlan, check_limits, plan_eviction
-from cachemgr.eviction.reclaim import ReclaimResult, after_eviction, reclaim
+from cachemgr.eviction.reclaim import (
+    ReclaimResult,
+    after_eviction,
+    after_planned_eviction,
+    reclaim,
+)
 from cachemgr.memo import OnceSet
 from cachemgr.storage import entry, fsutil, groupmodes
 from cachemgr.storage.entry import ChipScan, EntryGroup
@@ -405,6 +410,8 @@ def _run(
     if report.dry_run:
         report.evicted = list(plan.kernels)
         report.evicted_bytes = plan.evict_bytes
+        if report.evicted:  # the manifests that would go with them, as the run removes
+            after_planned_eviction(scan, chip_fd, report.evicted, report.reclaimed)
     else:
         _evict(chip_fd, scan, plan, report, progress)
         if plan.kernels:

@@ -161,6 +161,21 @@ def after_eviction(scan: ChipScan, chip_fd: int, out: ReclaimResult) -> None:
         _reclaim_manifest(scan, chip_fd, name, False, out, _json_present)
 
 
+def after_planned_eviction(
+    scan: ChipScan, chip_fd: int, kernels: Iterable[str], out: ReclaimResult
+) -> None:
+    """A dry run's :func:`after_eviction`: count (and take out of ``scan``) the header
+    manifests that would go with their last entry once ``kernels`` are evicted, so that the
+    prediction equals the run (docs/eviction.md). Removes nothing."""
+    gone = set(kernels)
+
+    def present(scan: ChipScan, chip_fd: int, kernel: str) -> bool:
+        return kernel not in gone and kernel in scan.entries
+
+    for name in sorted(scan.manifests):
+        _reclaim_manifest(scan, chip_fd, name, True, out, present)
+
+
 def _json_present(scan: ChipScan, chip_fd: int, kernel: str) -> bool:
     return manifest.entry_present(chip_fd, kernel)
 
