@@ -54,6 +54,31 @@ class Run:
         return self.out.split()[0] if self.out else ""
 
 
+def scale_request(include_dirs: list[str], **over: object) -> dict[str, object]:
+    """The request of :data:`SOURCE` as ``k.c`` (paths relative to the request's folder)."""
+    return {
+        "op_type": "Scale",
+        "soc_version": SOC,
+        "language": "c",
+        "kernel_source": "k.c",
+        "kernel_entry": "scale_kernel",
+        "inputs": [{"shape": [16], "dtype": "float32", "format": "ND"}],
+        "outputs": [{"shape": [16], "dtype": "float32", "format": "ND"}],
+        "include_dirs": include_dirs,
+        **over,
+    }
+
+
+def write_scale_project(project: Path) -> Path:
+    """``project`` with ``k.c`` (:data:`SOURCE`), ``inc/k.h`` and ``req.json`` naming them;
+    returns the request file."""
+    (project / "inc").mkdir(parents=True)
+    (project / "inc" / "k.h").write_text("#define SCALE 2.0f\n")
+    (project / "k.c").write_text(SOURCE)
+    (project / "req.json").write_text(json.dumps(scale_request(["inc"])))
+    return project / "req.json"
+
+
 class Kit:
     """A project (source, header found in the second of two include folders), a request
     file, a cache and an environment of the test's own."""
@@ -79,18 +104,7 @@ class Kit:
 
     def write_request(self, **over: object) -> None:
         """The request file (relative paths: relative to its folder)."""
-        data = {
-            "op_type": "Scale",
-            "soc_version": SOC,
-            "language": "c",
-            "kernel_source": "k.c",
-            "kernel_entry": "scale_kernel",
-            "inputs": [{"shape": [16], "dtype": "float32", "format": "ND"}],
-            "outputs": [{"shape": [16], "dtype": "float32", "format": "ND"}],
-            "include_dirs": ["inc_first", "inc"],
-            **over,
-        }
-        self.request.write_text(json.dumps(data))
+        self.request.write_text(json.dumps(scale_request(["inc_first", "inc"], **over)))
 
     def run(self, *extra: str, argv: list[str] | None = None, **env: str) -> Run:
         """``python -X importtime -m cachemgr ARGV`` in the project folder."""

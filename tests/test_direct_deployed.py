@@ -22,9 +22,8 @@ import stat
 import subprocess
 from pathlib import Path
 
-from tests.compile_util import SOC
 from tests.daemon_util import Daemon, daemon_env, start_daemon, wait_first_scan, wait_for
-from tests.test_direct import DAEMON_MODULES, SOURCE, Run, _no_seconds
+from tests.test_direct import DAEMON_MODULES, Run, _no_seconds, write_scale_project
 from tests.unit_util import (
     cap_bit,
     cap_sets,
@@ -92,20 +91,7 @@ def _deployed(users: Users, rt: Runtime) -> tuple[Daemon, Path, Path]:
 def _project(users: Users) -> Path:
     """bob's project: a kernel, its header in an include folder, a request (relative paths)."""
     project = user_home(users, users.bob) / "proj"
-    (project / "inc").mkdir(parents=True)
-    (project / "inc" / "k.h").write_text("#define SCALE 2.0f\n")
-    (project / "k.c").write_text(SOURCE)
-    request = {
-        "op_type": "Scale",
-        "soc_version": SOC,
-        "language": "c",
-        "kernel_source": "k.c",
-        "kernel_entry": "scale_kernel",
-        "inputs": [{"shape": [16], "dtype": "float32", "format": "ND"}],
-        "outputs": [{"shape": [16], "dtype": "float32", "format": "ND"}],
-        "include_dirs": ["inc"],
-    }
-    (project / "req.json").write_text(json.dumps(request))
+    write_scale_project(project)
     for path in [project.parent, project, *project.rglob("*")]:
         shutil.chown(path, users.bob)
     return project

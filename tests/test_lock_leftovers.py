@@ -29,7 +29,7 @@ from cachemgr.eviction import fatal, files, gc_chip
 from cachemgr.storage.locks import FcntlLock
 from tests import ge_twin
 from tests.conftest import SOC, run_cli
-from tests.test_direct import SOURCE
+from tests.test_direct import write_scale_project
 from tests.test_eviction import HOUR, MIB, ge_users_lock, make_entry
 from tests.users_util import Runtime, Users, run_as, run_python_as
 
@@ -83,20 +83,7 @@ def _compiled_with_header(tmp_path: Path, env: dict[str, str]) -> Path:
     """A kernel with a header compiled into ``<tmp>/cache`` by the CLI: an entry and the
     header manifest beside it. Returns the chip folder."""
     project = tmp_path / "proj"
-    (project / "inc").mkdir(parents=True)
-    (project / "inc" / "k.h").write_text("#define SCALE 2.0f\n")
-    (project / "k.c").write_text(SOURCE)
-    request = {
-        "op_type": "Scale",
-        "soc_version": SOC,
-        "language": "c",
-        "kernel_source": "k.c",
-        "kernel_entry": "scale_kernel",
-        "inputs": [{"shape": [16], "dtype": "float32", "format": "ND"}],
-        "outputs": [{"shape": [16], "dtype": "float32", "format": "ND"}],
-        "include_dirs": ["inc"],
-    }
-    (project / "req.json").write_text(json.dumps(request))
+    write_scale_project(project)
     cache = str(tmp_path / "cache")
     out = run_cli("compile", "--cache-dir", cache, "req.json", env=env, cwd=project)
     assert out.returncode == 0 and out.stdout.startswith("compiled"), out.stderr
