@@ -494,3 +494,19 @@ def test_the_log_says_nothing_of_modes_on_a_new_cache_and_counts_in_words(
     finally:
         again.stop()
     assert f"{chip}: group-sharing modes restored on 2 files" in again.log(), again.log()
+
+
+def test_serve_on_a_socket_path_too_long_for_unix_says_so_in_one_line(tmp_path: Path) -> None:
+    """A socket path past the 107 bytes a Unix socket holds: one line naming the path and the
+    limit, exit 2 (the bind's own refusal was hidden behind an internal error, exit 1)."""
+    deep = tmp_path / ("d" * 100)
+    deep.mkdir()
+    sock = deep / "cachemgr.sock"
+    env = daemon_env(tmp_path)
+    proc = run_cli(
+        "serve", *AS_ROOT, "--cache-dir", str(tmp_path / "cache"), "--socket", str(sock), env=env
+    )
+    assert proc.returncode == 2, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if "error" in line]
+    assert len(errors) == 1 and str(sock) in errors[0] and "at most 107" in errors[0], proc.stderr
+    assert "internal error" not in proc.stderr and not sock.exists()

@@ -31,11 +31,14 @@ def test_scripts_demo_runs_the_main_job(tmp_path: Path, host: str) -> None:
     if host == "cann":  # ASCEND_HOME_PATH / ASCEND_OPP_PATH set, as on every CANN host
         env.update(fake_toolkit(tmp_path / "Ascend"))
     (tmp_path / "run").mkdir(mode=0o700)
+    # a deep TMPDIR, as pytest's own grows: the demo's socket must still fit a Unix socket path
+    long_tmp = tmp_path / ("deep-" + "t" * 60)
+    long_tmp.mkdir()
     env.update(
         HOME=str(tmp_path),
         XDG_RUNTIME_DIR=str(tmp_path / "run"),
         XDG_STATE_HOME=str(tmp_path / "state"),
-        TMPDIR=str(tmp_path),
+        TMPDIR=str(long_tmp),
     )
     for run in (1, 2):  # a second run starts cold too, as its text says
         out = _demo(tmp_path, env)

@@ -361,8 +361,10 @@ class BoundedServerMixin:
 
     def server_close(self) -> None:
         super().server_close()  # type: ignore[misc]
-        if self._reserve is not None:
-            os.close(self._reserve)
+        # socketserver closes a server whose bind failed, before bound() ran: nothing reserved
+        reserve = getattr(self, "_reserve", None)
+        if reserve is not None:
+            os.close(reserve)
             self._reserve = None
 
 

@@ -29,6 +29,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from cachemgr.daemon import peer
 from cachemgr.daemon.connections import BoundedServerMixin, Bounds
+from cachemgr.errors import ConfigError
 from cachemgr.storage import fsutil
 
 log = logging.getLogger(__name__)
@@ -362,6 +363,22 @@ class _TCPServer(BoundedServerMixin, socketserver.TCPServer):
     request_queue_size = 128
 
 
+#: The longest path a Unix socket can be bound at: ``sun_path`` holds 108 bytes with its NUL
+#: (unix(7)).
+MAX_SOCKET_PATH_BYTES = 107
+
+
+def _check_path_length(socket_path: Path) -> None:
+    """:raises ConfigError: ``socket_path`` is longer than a Unix socket can be bound at (the
+    kernel's own refusal, ``AF_UNIX path too long``, names neither the path nor the limit)."""
+    size = len(os.fsencode(socket_path))
+    if size > MAX_SOCKET_PATH_BYTES:
+        raise ConfigError(
+            f"socket path {socket_path} is {size} bytes; a Unix socket path holds at most "
+            f"{MAX_SOCKET_PATH_BYTES} (unix(7)): pick a shorter one (--socket or CACHEMGR_SOCKET)"
+        )
+
+
 class HttpServer:
     """Serves ``app`` on a Unix socket and optionally a loopback TCP port, each in a thread.
 
@@ -391,6 +408,7 @@ class HttpServer:
         self.socket_path = socket_path
         self._app = app
         self._max_body_bytes = max_body_bytes
+        _check_path_length(socket_path)
         fsutil.ensure_dir(socket_path.parent)
         _unlink_stale(socket_path)
         self._bounds = bounds or Bounds()
