@@ -371,9 +371,7 @@ def _uncached(
         f"{p.kernel} compiled but not cached: {stale[0]} changed while it compiled (or was "
         "read without being hashed)"
     )
-    log.info("%s", warning)  # the outcome carries it: the caller prints it once
-    result.write_json()  # it was kept in memory for a publish
-    return _outside_the_cache(p, ctx, result, warning)
+    return _kept_out(p, ctx, result, warning)
 
 
 def _compiler_changed(p: Prepared, ctx: RunContext, result: CompileResult) -> CompileOutcome:
@@ -384,8 +382,15 @@ def _compiler_changed(p: Prepared, ctx: RunContext, result: CompileResult) -> Co
         f"{p.kernel} compiled but not cached: the compiler {p.identity.path} changed while "
         "it compiled"
     )
-    log.info("%s", warning)  # the outcome carries it: the caller prints it once
-    result.write_json()  # it was kept in memory for a publish
+    return _kept_out(p, ctx, result, warning)
+
+
+def _kept_out(p: Prepared, ctx: RunContext, result: CompileResult, warning: str) -> CompileOutcome:
+    """A compiled kernel that must not be cached (``warning`` says why): its json written
+    (it was kept in memory for a publish) and the kernel returned from the private output
+    folder, the warning logged once (the outcome carries it: the caller prints it)."""
+    log.info("%s", warning)
+    result.write_json()
     return _outside_the_cache(p, ctx, result, warning)
 
 
