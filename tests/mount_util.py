@@ -19,16 +19,8 @@ def tmpfs(mnt: Path, options: str) -> Iterator[Path]:
     it cannot mount (not root, or a kernel or container that forbids it)."""
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
-    mnt.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mnt)], capture_output=True, text=True
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs ({options}) here: {done.stderr.strip()}")
-    try:
+    with _mounted(mnt, ["-t", "tmpfs", "-o", options, "tmpfs"], f"a tmpfs ({options})"):
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 @contextlib.contextmanager
@@ -45,14 +37,22 @@ def ext4_image(mnt: Path, size_mib: int = 16) -> Iterator[Path]:
     made = subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], capture_output=True, text=True)
     if made.returncode != 0:
         pytest.skip(f"cannot make an ext4 image here: {made.stderr.strip()}")
-    mnt.mkdir()
-    done = subprocess.run(
-        ["mount", "-o", "loop", str(image), str(mnt)], capture_output=True, text=True
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot loop-mount an ext4 image here: {done.stderr.strip()}")
     try:
-        yield mnt
+        with _mounted(mnt, ["-o", "loop", str(image)], "an ext4 image (loop)"):
+            yield mnt
+    finally:
+        image.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _mounted(mnt: Path, source: list[str], what: str) -> Iterator[None]:
+    """``mount SOURCE… MNT`` on the new folder ``mnt``, lazily unmounted on exit; skips the
+    test naming ``what`` and the mount's own refusal where it cannot."""
+    mnt.mkdir()
+    done = subprocess.run(["mount", *source, str(mnt)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount {what} here: {done.stderr.strip()}")
+    try:
+        yield
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
-        image.unlink(missing_ok=True)
