@@ -17,6 +17,7 @@ import sys
 import unicodedata
 from typing import TYPE_CHECKING, Any
 
+from cachemgr.config import reportorder
 from cachemgr.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -117,25 +118,8 @@ def stdout_to_devnull() -> None:
 
 # --- cachemgr config -----------------------------------------------------------------------
 
-#: The order ``config`` prints in (docs/design.md#options-and-their-origins, #where-the-cache-lives,
-#: #size-limits-and-eviction, #debug-compiles-and-kernel_meta), then anything else.
-SHOWN = (
-    "op_compiler_cache_mode",
-    "op_compiler_cache_dir",
-    "host_id",
-    "kernel_cache_dir",
-    "governed_kernel_caches",
-    "ini_path",
-    "max_op_cache_size",
-    "remain_cache_size_ratio",
-    "min_age_s",
-    "soc_version",
-    "jit_compile",
-    "op_debug_level",
-    "op_debug_config",
-    "debug_dir",
-    "kernel_meta_dir",
-)
+#: The order ``config`` prints in, then anything else (shared with the lean path).
+SHOWN = reportorder.SHOWN
 
 
 def _toolkit_rows(settings: Settings) -> dict[str, dict[str, Any]]:
@@ -145,11 +129,11 @@ def _toolkit_rows(settings: Settings) -> dict[str, dict[str, Any]]:
 
     installed = versions.installed_versions(os.environ, settings.sections)
     rows = {}
-    for name, found in (("adk_version", installed.adk), ("ops_version", installed.ops)):
+    for name, found in zip(reportorder.TOOLKIT_ROWS, (installed.adk, installed.ops), strict=True):
         origin = "toolkit" if found.value else "unknown"
         if found.source.startswith("config "):
             origin = "option"
-        rows[f"installed_{name}"] = {"value": found.value, "origin": origin, "source": found.source}
+        rows[name] = {"value": found.value, "origin": origin, "source": found.source}
     return rows
 
 
@@ -195,7 +179,7 @@ def live_remote_row(
 
 
 #: The row of ``config`` naming each governed kernel cache's mount and its access-time rule.
-FILESYSTEMS = "kernel_cache_filesystems"
+FILESYSTEMS = reportorder.FILESYSTEMS
 
 
 def _filesystems_row(settings: Settings) -> dict[str, Any]:
@@ -221,21 +205,6 @@ def _shown(value: Any) -> str:
     return str(value)
 
 
-def _explain_lock_wait(row: dict[str, Any] | None) -> str:
-    """``daemon.lock_wait_s = 0`` means "automatic" (from the daemon's compile timeout, which
-    no setting changes: :data:`constants.COMPILE_TIMEOUT_S`): add what it is, in seconds, to
-    the row as ``effective`` (JSON) and return the words shown after the value ("" when the
-    value is set)."""
-    if row is None or row["value"]:
-        return ""
-    from cachemgr import constants  # a leaf module of constants
-
-    timeout = constants.COMPILE_TIMEOUT_S
-    seconds = constants.automatic_lock_wait_s(timeout)
-    row["effective"] = seconds
-    return f"automatic: 2 × compile timeout {timeout:g} s + 60 s = {seconds:g} s"
-
-
 def config_report(
     settings: Settings, as_json: bool, remotes: tuple[str, ...]
 ) -> tuple[list[Line], int]:
@@ -247,14 +216,14 @@ def config_report(
     data = settings.to_json()
     names = [n for n in SHOWN if n in data] + sorted(set(data) - set(SHOWN))
     data.update(_toolkit_rows(settings))
-    names += ["installed_adk_version", "installed_ops_version"]
+    names += list(reportorder.TOOLKIT_ROWS)
     try:
-        data["remote_storage"] = _remote_row(settings, remotes)
+        data[reportorder.REMOTE_ROW] = _remote_row(settings, remotes)
     except ConfigError as exc:
         return [(True, f"cachemgr: {exc}")], 2
-    names.append("remote_storage")
+    names.append(reportorder.REMOTE_ROW)
     warnings: list[Line] = [
-        (True, warning_line(w)) for w in data["remote_storage"].get("warnings", [])
+        (True, warning_line(w)) for w in data[reportorder.REMOTE_ROW].get("warnings", [])
     ]
     tables = settings.config_rows()
     data.update(tables)
@@ -265,7 +234,7 @@ def config_report(
     from cachemgr.storage.exposure import outsiders_warning
 
     data["kernel_cache_dir"]["why"] = kernel_cache_reason(settings)
-    notes = {"daemon.lock_wait_s": _explain_lock_wait(data.get("daemon.lock_wait_s"))}
+    notes = {reportorder.LOCK_WAIT: reportorder.explain_lock_wait(data.get(reportorder.LOCK_WAIT))}
     # a cache any local user can read: one line (docs/shared-cache.md#outsiders-read-nothing)
     exposed = outsiders_warning(settings.layout.kernel_cache_dir)
     if as_json:

@@ -188,8 +188,6 @@ def _parse_options(
     with the key each gives and whether it repeats), or None for anything not plainly one
     of its options (``-v``, ``--help``, ``--``, a value that looks like an option, a
     repeated option, an argument…)."""
-    from pathlib import Path
-
     given: dict[str, object] = {"as_json": False, "remotes": ()}
     i = 0
     while i < len(args):
@@ -217,6 +215,8 @@ def _parse_options(
         elif key == "config_file":
             if not _plain_file_option(value):
                 return None
+            from pathlib import Path  # only for a config file: the lean config declines it
+
             given[key] = Path(value)
         else:
             given[key] = value

@@ -5,7 +5,9 @@ each taken from the os-only module that both paths use: the cache folder's order
 limits and the env variables' reading (:mod:`cachemgr.config.core`), the counters' files
 (:mod:`cachemgr.storage.counterfiles`, read as :mod:`cachemgr.direct` reads them), a chip
 folder's count (:mod:`cachemgr.storage.chipcount`), the mount's access-time rule
-(:mod:`cachemgr.storage.mountrule`) and the report's words (:mod:`cachemgr.stats_view`).
+(:mod:`cachemgr.storage.mountrule`), ``op_cache.ini``'s limits in GE's plain form
+(:mod:`cachemgr.quickini`, shared with the lean ``config``) and the report's words
+(:mod:`cachemgr.stats_view`).
 
 It answers only the case it can answer exactly and *declines* (:func:`answer` returns None,
 having written nothing) for everything else, which the full path then answers with its
@@ -20,9 +22,10 @@ from __future__ import annotations
 
 import os
 
-from cachemgr import direct, sockpath, stats_view
+from cachemgr import direct, quickini, sockpath, stats_view
 from cachemgr.config import core
 from cachemgr.constants import NEVER_EVICT
+from cachemgr.quickini import Declined
 from cachemgr.storage import chipcount, counterfiles, mountrule
 
 TYPE_CHECKING = False
@@ -40,15 +43,6 @@ _DECLINED_ENV = (
     "ACL_OP_COMPILER_CACHE_MODE",
     "ASCEND_CACHE_PATH",
 )
-MOUNTINFO = "/proc/self/mountinfo"
-#: The origin of a limit ``op_cache.ini`` gives (``options.ORIGIN_INI``).
-ORIGIN_INI = core.INI_NAME
-#: Largest ``op_cache.ini`` read here (bytes): GE's is a few lines; a larger one is declined.
-MAX_INI_BYTES = 4096
-
-
-class Declined(Exception):
-    """The fast path does not answer exactly: the full path does."""
 
 
 class _Row:
@@ -100,7 +94,7 @@ def _answer(args: list[str], env: Mapping[str, str]) -> list[str]:
     kcache = _kernel_cache(option, env)
     if not os.path.isdir(kcache):
         raise Declined("no kernel cache: a warning")
-    (max_mb, max_origin, max_source), ratio, warnings = _limits(kcache, env)
+    (max_mb, max_origin, max_source), ratio, warnings = quickini.limits(kcache, env)
     if warnings or _kernel_meta_refused(env):
         raise Declined("a warning or a refusal of the settings")
     limits = {
@@ -169,33 +163,6 @@ def _kernel_meta_refused(env: Mapping[str, str]) -> bool:
     return False
 
 
-def _limits(
-    kcache: str, env: Mapping[str, str]
-) -> tuple[tuple[int, str, str], tuple[int, str, str], list[str]]:
-    """The limits as ``options._resolve_limits`` gives them: ``op_cache.ini``'s when GE uses
-    its two limits, else the environment's and the defaults (:func:`core.env_limits`); an
-    ini not in GE's plain form (:func:`core.plain_ge_ini`) is declined, for its words."""
-    ini = os.path.join(kcache, core.INI_NAME)
-    try:
-        os.lstat(ini)
-    except FileNotFoundError:
-        return core.env_limits(env)
-    fd = os.open(kcache, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        data = direct.read_at(fd, core.INI_NAME, MAX_INI_BYTES)
-    except direct.Decline as exc:  # a link, a folder, another kind, unreadable: warned about
-        raise Declined(str(exc)) from None
-    finally:
-        os.close(fd)
-    values = core.plain_ge_ini(data)
-    if values is None:
-        raise Declined("an op_cache.ini not in GE's plain form")
-    if core.MAX_KEY not in values:
-        return core.env_limits(env)
-    max_mb, ratio = int(values[core.MAX_KEY]), int(values[core.RATIO_KEY])
-    return (max_mb, ORIGIN_INI, ini), (ratio, ORIGIN_INI, ini), []
-
-
 def _counters(kcache: str) -> dict[str, int]:
     """Every counter summed over the kernel cache's stats files, in ``stats``' order."""
     total: dict[str, int] = {}
@@ -244,10 +211,6 @@ def _chip_row(chip: str, max_mb: int) -> _Row:
 
 def _filesystem_line(kcache: str) -> str:
     """The ``Filesystem`` line of the kernel cache's mount (``storage.atimes``' words)."""
-    try:
-        with open(MOUNTINFO, encoding="utf-8", errors="surrogateescape") as f:
-            text = f.read()
-    except OSError:
-        text = ""
+    text = mountrule.mountinfo_text()
     _point, fstype, rule, lazytime = mountrule.folder_rule(kcache, text)
     return mountrule.line(os.path.basename(kcache), fstype, rule, lazytime)

@@ -6,6 +6,7 @@ modules built on it, on this host's real mounts and real folders."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import subprocess
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from cachemgr import plainjson
 from cachemgr.config import core
 from cachemgr.config.ini import OpCacheIni
 from cachemgr.eviction.usage import chip_stats
@@ -34,6 +36,7 @@ LEAF_MAY_IMPORT = {
     "cachemgr.constants",
     "cachemgr.storage",
     "cachemgr.config",
+    "_json",  # json's C accelerator (no import of its own): plainjson's strings
 }
 #: The os-only leaves.
 LEAVES = [
@@ -43,6 +46,10 @@ LEAVES = [
     "cachemgr.words",
     "cachemgr.config.core",
     "cachemgr.sockpath",
+    "cachemgr.plainjson",
+    "cachemgr.config.reportorder",
+    "cachemgr.config.defaultrows",
+    "cachemgr.storage.exposure",
 ]
 
 
@@ -246,3 +253,44 @@ def test_plain_ge_ini_is_a_subset_of_what_the_strict_reader_takes(tmp_path: Path
             assert limits is None
     assert taken >= 50  # the check took files of every kind above, not none
     assert core.plain_ge_ini(files[0]) is not None and core.plain_ge_ini(files[1]) is not None
+
+
+def _plain_value(rng: random.Random, depth: int = 0) -> object:
+    """A random value of what ``config --json`` holds: dicts, lists, strings of any
+    characters (controls, quotes, Chinese, surrogates, separators), ints, floats, bools,
+    None."""
+    kind = rng.randrange(8 if depth < 3 else 5)
+    if kind == 0:
+        alphabet = 'ab "\\/\n\t\x00\x1b\x7f\u2028é缓存\udcff\U0001f600'
+        return "".join(rng.choice(alphabet) for _ in range(rng.randrange(6)))
+    if kind == 1:
+        return rng.choice([0, -1, 500, 2**31 - 1, 10**30, True, False])
+    if kind == 2:
+        return rng.choice([0.0, -0.0, 1800.0, 1e-7, 1.5e300, float("inf"), -float("inf")])
+    if kind == 3:
+        return None
+    if kind == 4:
+        return rng.choice(["", "auto", "/tmp/缓存/kernel_cache"])
+    if kind == 5:
+        return [_plain_value(rng, depth + 1) for _ in range(rng.randrange(4))]
+    if kind == 6:
+        return tuple(_plain_value(rng, depth + 1) for _ in range(rng.randrange(3)))
+    return {
+        str(_plain_value(rng, 3)): _plain_value(rng, depth + 1) for _ in range(rng.randrange(4))
+    }
+
+
+def test_plain_json_is_json_dumps() -> None:
+    """``plainjson.dumps`` writes what ``json.dumps`` writes — indented or not, ASCII or
+    not — on generated values of the types ``config --json`` holds (NaN included), and
+    refuses any other type rather than guess."""
+    rng = random.Random(28)
+    values = [_plain_value(rng) for _ in range(3000)] + [float("nan"), {"k": [float("nan")]}]
+    for value in values:
+        for indent in (None, 0, 2):
+            for ascii_only in (True, False):
+                want = json.dumps(value, indent=indent, ensure_ascii=ascii_only)
+                assert plainjson.dumps(value, indent, ascii_only) == want, (value, indent)
+    for other in (Path("/x"), {1: "a"}, {"a": {1.5}}, b"bytes"):
+        with pytest.raises(TypeError):
+            plainjson.dumps(other)

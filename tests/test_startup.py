@@ -547,6 +547,7 @@ QUICK_STATS_MODULES = {
     "cachemgr.main",
     "cachemgr.constants",
     "cachemgr.quickstats",
+    "cachemgr.quickini",
     "cachemgr.direct",
     "cachemgr.sockpath",
     "cachemgr.stats_view",

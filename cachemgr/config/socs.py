@@ -25,9 +25,11 @@ Names are case-sensitive, as the chip folder names are.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from cachemgr.errors import InvalidInputError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # not at run time: collections costs start-up (the lean ``config``)
+    from collections.abc import Iterable
 
 #: Every ``soc_version`` CANN accepts (see the module docstring for the sources).
 KNOWN_SOC_VERSIONS: frozenset[str] = frozenset(

@@ -19,6 +19,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # not at run time: typing costs start-up
     from collections.abc import Sequence
 
+#: The mounts of this process (``proc(5)``).
+MOUNTINFO = "/proc/self/mountinfo"
 #: One mount: where it is mounted, its filesystem type, its options (mount and superblock).
 MountTuple = tuple[str, str, tuple[str, ...]]
 
@@ -138,3 +140,13 @@ def folder_rule(folder: str, text: str) -> tuple[str, str, str, bool]:
         return "", "", UNKNOWN, False
     point, fstype, opts = mounts[best]
     return point, fstype, rule_of(fstype, opts), "lazytime" in opts
+
+
+def mountinfo_text(path: str = MOUNTINFO) -> str:
+    """The text of ``path`` (undecodable bytes kept as surrogates), "" when it cannot be
+    read: :func:`folder_rule` then finds no mount (:data:`UNKNOWN`)."""
+    try:
+        with open(path, encoding="utf-8", errors="surrogateescape") as f:
+            return f.read()
+    except OSError:
+        return ""
