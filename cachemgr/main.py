@@ -14,8 +14,10 @@ written:
   when it differs from click's live output), printed when click would render it at its
   full width of 78 columns (a terminal of 80 columns or more, or not a terminal);
 * ``cachemgr config [--json] [--cache-dir DIR] [--host-id ID] [--soc SOC] [--config FILE]
-  [--remote URL]...``: the same settings resolution (:func:`cachemgr.config.options.resolve`)
-  and the same report (:func:`cachemgr.console.config_report`) as the click command; the
+  [--remote URL]...``: first on os alone (:mod:`cachemgr.quickconfig`, which declines a
+  config file, remote tiers, a toolkit to look for and anything the full resolution would
+  word), else the same settings resolution (:func:`cachemgr.config.options.resolve`) and
+  the same report (:func:`cachemgr.console.config_report`) as the click command; the
   whole output is computed first (log lines included), then written, so a decline leaves
   nothing behind;
 * ``cachemgr stats [--json] [--cache-dir DIR] [--host-id ID] [--soc SOC] [--config FILE]``
@@ -128,7 +130,21 @@ def _config(args: list[str]) -> None:
     hand over to click) otherwise or on any error, having written nothing."""
     given = _parse_options(args, _CONFIG_VALUES)
     if given is not None:
+        _quick_config(given)
         _answer(lambda out: _config_lines(given, out))
+
+
+def _quick_config(given: dict[str, object]) -> None:
+    """``cachemgr config`` on os alone (:mod:`cachemgr.quickconfig`) when it answers exactly;
+    returns, having written nothing, when it declines or fails."""
+    try:
+        from cachemgr import quickconfig
+
+        answered = quickconfig.answer(given, os.environ)
+    except Exception:
+        return
+    if answered is not None and _plain_text([text for _, text in answered[0]]):
+        _write(*answered)
 
 
 def _stats(args: list[str]) -> None:

@@ -11,12 +11,14 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import click
 import pytest
 
+from tests import mount_util
 from tests.compile_util import request_data
 from tests.daemon_util import daemon_env, start_daemon
 
@@ -689,3 +691,275 @@ def test_stats_declined_goes_to_click_unchanged(
     fast, slow, names = both_paths(argv, env, tmp_path)
     assert_same(fast, slow)
     assert "click" in names
+
+
+# --- `config` answered on os alone (cachemgr.quickconfig): the same bytes, and only os ---
+
+#: What ``config`` answered on os alone (:mod:`cachemgr.quickconfig`) may import of cachemgr.
+QUICK_CONFIG_MODULES = {
+    "cachemgr",
+    "cachemgr.__main__",
+    "cachemgr.main",
+    "cachemgr.constants",
+    "cachemgr.errors",
+    "cachemgr.quickconfig",
+    "cachemgr.quickini",
+    "cachemgr.direct",
+    "cachemgr.plainjson",
+    "cachemgr.config",
+    "cachemgr.config.core",
+    "cachemgr.config.defaultrows",
+    "cachemgr.config.reportorder",
+    "cachemgr.config.socs",
+    "cachemgr.storage",
+    "cachemgr.storage.exposure",
+    "cachemgr.storage.mountrule",
+}
+#: The most modules the os-only ``config`` may import beyond what the interpreter imports
+#: to run ``pass`` (``site``, an editable install's finder…): cachemgr's above, ``runpy`` of
+#: ``-m`` and a few of the standard library's cheapest (``_json``, ``pwd``). The full path
+#: imports ~70 more (pathlib, re, logging, json, dataclasses, typing, the settings' modules).
+QUICK_CONFIG_BUDGET = 21
+
+
+def started_with(env: dict[str, str], cwd: Path) -> set[str]:
+    """The modules ``python -X importtime -c pass`` imports with ``env``: the interpreter's
+    own start-up, which no command of ours can avoid."""
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", "pass"],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return {ln.rsplit("|", 1)[1].strip() for ln in proc.stderr.splitlines() if "|" in ln}
+
+
+def _config_case(case: str, tmp_path: Path) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment of one real set-up of ``cachemgr config`` (real folders,
+    files and modes under ``tmp_path``)."""
+    env = daemon_env(tmp_path)
+    root = tmp_path / "cache"
+    kcache = root / "kernel_cache"
+    (kcache / "Ascend910B1").mkdir(parents=True)
+    argv = ["config", "--cache-dir", str(root)]
+    acp = tmp_path / "acp"
+    for name in ("kernel_cache", "kernel_cache_h1", "kernel_cache_h2", "kernel_cache_x y"):
+        (acp / name).mkdir(parents=True)
+    (acp / "kernel_cache_link").symlink_to(acp / "kernel_cache")
+    ge_ini = "[op_compiler_cache]\nadk_version=8.0.RC1\nops_version=8.0.RC1\n"
+    setups: dict[str, Any] = {
+        "plain": {},
+        "json": {"args": ["--json"]},
+        "equals": {"argv": ["config", f"--cache-dir={root}"]},
+        "relative": {"argv": ["config", "--cache-dir", "cache"]},
+        "missing-root": {"argv": ["config", "--cache-dir", str(tmp_path / "new" / "deeper")]},
+        "home": {"argv": ["config"]},
+        "no-home": {"argv": ["config"], "unset": "HOME"},  # the password file's home
+        "home-json": {"argv": ["config", "--json"]},
+        "acl-env": {"argv": ["config"], "env": {"ACL_OP_COMPILER_CACHE_DIR": str(root)}},
+        "acl-over-acp": {"argv": ["config", "--json"],
+                         "env": {"ACL_OP_COMPILER_CACHE_DIR": str(root),
+                                 "ASCEND_CACHE_PATH": str(acp)}},
+        "option-over-both": {"env": {"ACL_OP_COMPILER_CACHE_DIR": str(acp),
+                                     "ASCEND_CACHE_PATH": str(acp)}},
+        "option-over-both-json": {"args": ["--json"],
+                                  "env": {"ACL_OP_COMPILER_CACHE_DIR": str(acp),
+                                          "ASCEND_CACHE_PATH": str(acp)}},
+        "acp-host-option": {"argv": ["config", "--host-id", "h1"],
+                            "env": {"ASCEND_CACHE_PATH": str(acp)}},
+        "acp-host-env": {"argv": ["config", "--json"],
+                         "env": {"ASCEND_CACHE_PATH": str(acp), "CACHEMGR_HOST_ID": "h2"}},
+        "acp-host-empty": {"argv": ["config"],
+                           "env": {"ASCEND_CACHE_PATH": str(acp), "CACHEMGR_HOST_ID": ""}},
+        "acp-default-host": {"argv": ["config", "--json"], "env": {"ASCEND_CACHE_PATH": str(acp)}},
+        "host-over-env": {"args": ["--host-id", "me", "--json"],
+                          "env": {"CACHEMGR_HOST_ID": "env"}},
+        "host-odd-text": {"args": ["--host-id", "a b/c"]},  # only ASCEND_CACHE_PATH checks it
+        "mode-env": {"env": {"ACL_OP_COMPILER_CACHE_MODE": " Force "}},
+        "soc": {"args": ["--soc", "Ascend310P3", "--json"]},
+        "soc-folder-only": {"args": ["--soc", "Ascend999X"], "mkdir": "Ascend999X"},
+        "env-limits": {"env": {"ASCEND_MAX_OP_CACHE_SIZE": "1000",
+                               "ASCEND_REMAIN_CACHE_SIZE_RATIO": "70"}},
+        "never-evict": {"args": ["--json"], "env": {"ASCEND_MAX_OP_CACHE_SIZE": "-1"}},
+        "env-fallback": {"env": {"ASCEND_MAX_OP_CACHE_SIZE": "abc"}},  # a warning, exit 2
+        "env-not-plain": {"args": ["--json"], "env": {"ASCEND_MAX_OP_CACHE_SIZE": "300MB",
+                                                      "ASCEND_REMAIN_CACHE_SIZE_RATIO": "x"}},
+        "ge-ini": {"ini": ge_ini, "env": {"ASCEND_MAX_OP_CACHE_SIZE": "900"}},
+        "ini-limits": {"args": ["--json"], "env": {"ASCEND_MAX_OP_CACHE_SIZE": "900"},
+                       "ini": ge_ini + "max_op_cache_size=2000\nremain_cache_size_ratio=80\n"},
+        "work-path": {"env": {"ASCEND_WORK_PATH": str(tmp_path / "work")}},
+        "chinese-path": {"argv": ["config", "--cache-dir", str(tmp_path / "缓存")]},
+        "chinese-path-json": {"argv": ["config", "--json", "--cache-dir", str(tmp_path / "缓存")]},
+        "open-to-others": {"mode": 0o2775},  # the outsiders' warning line
+    }  # fmt: skip
+    setup = setups[case]
+    argv = [*setup.get("argv", argv), *setup.get("args", [])]
+    env.update(setup.get("env", {}))
+    env.pop(setup.get("unset", ""), None)
+    if case.startswith("home"):
+        shutil.copytree(root, Path(env["HOME"]) / "atc_data", symlinks=True)
+    if "mkdir" in setup:
+        (kcache / setup["mkdir"]).mkdir()
+    if "ini" in setup:
+        (kcache / "op_cache.ini").write_text(setup["ini"])
+    if "mode" in setup:
+        root.chmod(setup["mode"])
+    return argv, env
+
+
+#: Every set-up :func:`test_config_on_os_alone_matches_click` runs.
+CONFIG_CASES = [
+    "plain", "json", "equals", "relative", "missing-root", "home", "home-json", "acl-env",
+    "acl-over-acp", "option-over-both", "option-over-both-json", "acp-host-option",
+    "acp-host-env", "acp-host-empty", "acp-default-host", "host-over-env", "host-odd-text",
+    "mode-env", "soc", "soc-folder-only", "env-limits", "never-evict", "env-fallback",
+    "env-not-plain", "ge-ini", "ini-limits", "work-path", "chinese-path", "chinese-path-json",
+    "open-to-others", "no-home",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", CONFIG_CASES)
+def test_config_on_os_alone_matches_click(case: str, tmp_path: Path) -> None:
+    """``cachemgr config`` (text and ``--json``) on real set-ups — the cache folder from the
+    option, ``$HOME``, torch_npu's variable or ``ASCEND_CACHE_PATH`` (other governed kernel
+    caches, the host id from the option, the env or empty), names passed over, the cache
+    mode, a chip, limits from the env (good, bad, not plain: warnings and exit 2) or GE's
+    ini, ``ASCEND_WORK_PATH``, Chinese characters, a root open to others — is answered on
+    os alone (:mod:`cachemgr.quickconfig`) with the bytes and exit code of the click
+    command, importing no settings module, none of logging/json/dataclasses/typing…, and
+    no more modules than its budget."""
+    base = tmp_path
+    if case == "open-to-others":  # every folder above it open to others too: not pytest's
+        base = Path(tempfile.mkdtemp(prefix="cachemgr-open-"))
+        base.chmod(0o755)
+    try:
+        argv, env = _config_case(case, base)
+        fast, slow, names = both_paths(argv, env, base)
+    finally:
+        if base != tmp_path:
+            shutil.rmtree(base)
+    assert fast.stdout
+    assert_same(fast, slow)
+    assert "cachemgr.quickconfig" in names, "answered on os alone"
+    if case == "open-to-others":
+        assert b"is readable by every local user (mode 2775)" in fast.stderr
+    ours = {n for n in names if n == "cachemgr" or n.startswith("cachemgr.")}
+    assert ours <= QUICK_CONFIG_MODULES, sorted(ours - QUICK_CONFIG_MODULES)
+    more = names - started_with(env, tmp_path)
+    assert [n for n in more if n.split(".")[0] in (*HEAVY_STDLIB, "pathlib", "re")] == []
+    assert len(more) <= QUICK_CONFIG_BUDGET, sorted(more)
+
+
+def _declined_case(case: str, tmp_path: Path) -> tuple[list[str], dict[str, str]]:
+    """A set-up the os-only ``config`` does not answer (the full path words it, or reads what
+    only it reads)."""
+    argv, env = _config_case("plain", tmp_path)
+    kcache = tmp_path / "cache" / "kernel_cache"
+    conf = tmp_path / "cachemgr.toml"
+    conf.write_text("[daemon]\nworkers = 3\n")
+    toolkit = tmp_path / "toolkit"
+    (toolkit / "compiler").mkdir(parents=True)
+    (toolkit / "compiler" / "version.info").write_text("Version=8.0.RC1\n")
+    (tmp_path / "afile").write_text("")
+    setups: dict[str, Any] = {
+        "bad-mode": {"env": {"ACL_OP_COMPILER_CACHE_MODE": "sometimes"}},
+        "bad-host-acp": {"argv": ["config", "--host-id", ".."],
+                         "env": {"ASCEND_CACHE_PATH": str(tmp_path / "acp")}},
+        "unknown-soc": {"args": ["--soc", "Ascend999"]},
+        "lower-case-soc": {"args": ["--soc", "ascend910b1"]},
+        "soc-linked-kernel-cache": {"args": ["--soc", "Ascend910B1"], "link": True},
+        "path-with-space": {"argv": ["config", "--cache-dir", str(tmp_path / "a b")]},
+        "root-is-a-file": {"argv": ["config", "--cache-dir", str(tmp_path / "afile")]},
+        "under-a-file": {"argv": ["config", "--cache-dir", str(tmp_path / "afile" / "x")]},
+        "pseudo-fs": {"argv": ["config", "--cache-dir", "/proc/self"]},
+        "ini-crlf": {"ini": b"[op_compiler_cache]\r\nadk_version=1\r\nops_version=1\r\n"},
+        "ini-comment": {"ini": b"# mine\n[op_compiler_cache]\nmax_op_cache_size=10\n"},
+        "ini-bad-value": {"ini": b"max_op_cache_size=ten\n"},
+        "ini-folder": {"ini": None},
+        "ini-link": {"ini": "link"},
+        "config-option": {"args": ["--config", str(conf)]},
+        "config-env": {"env": {"CACHEMGR_CONFIG": str(conf)}},
+        "remote-option": {"args": ["--remote", "http://127.0.0.1:9/c"]},
+        "remote-env": {"env": {"CACHEMGR_REMOTE_STORAGE": "redis://:s3cret@h:1/0"}},
+        "toolkit": {"env": {"ASCEND_HOME_PATH": str(toolkit)}},
+        "opp": {"env": {"ASCEND_OPP_PATH": str(toolkit)}},
+        "empty-home": {"argv": ["config"], "env": {"HOME": ""}},
+        "bad-work-path": {"env": {"ASCEND_WORK_PATH": str(tmp_path / "w w")}},
+        "latin-1-stdout": {"env": {"PYTHONIOENCODING": "latin-1"}},
+        "control-in-env": {"args": ["--host-id", "h1"], "env": {"CACHEMGR_HOST_ID": "a\x1bb"}},
+    }  # fmt: skip
+    setup = setups[case]
+    argv = [*setup.get("argv", argv), *setup.get("args", [])]
+    env.update(setup.get("env", {}))
+    if setup.get("link"):
+        shutil.move(kcache, tmp_path / "elsewhere")
+        kcache.symlink_to(tmp_path / "elsewhere")
+    if "ini" in setup:
+        ini, data = kcache / "op_cache.ini", setup["ini"]
+        if data is None:
+            ini.mkdir()
+        elif data == "link":
+            (tmp_path / "real.ini").write_text(
+                "[op_compiler_cache]\nadk_version=1\nops_version=1\n"
+            )
+            ini.symlink_to(tmp_path / "real.ini")
+        else:
+            ini.write_bytes(data)
+    return argv, env
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "bad-mode", "bad-host-acp", "unknown-soc", "lower-case-soc", "soc-linked-kernel-cache",
+        "path-with-space", "root-is-a-file", "under-a-file", "pseudo-fs", "ini-crlf",
+        "ini-comment", "ini-bad-value", "ini-folder", "ini-link", "config-option",
+        "config-env", "remote-option", "remote-env", "toolkit", "opp", "empty-home",
+        "bad-work-path", "latin-1-stdout", "control-in-env",
+    ],
+)  # fmt: skip
+def test_config_not_answered_on_os_alone_goes_on_unchanged(case: str, tmp_path: Path) -> None:
+    """What the os-only ``config`` cannot answer exactly — a value the full resolution
+    refuses (a bad cache mode, host id, chip, path or work path), a root that is a file or
+    on a pseudo filesystem, an ``op_cache.ini`` not in GE's plain form (or a folder, or a
+    link), a config file, remote tiers, a toolkit to look for, no ``$HOME``, a stream that
+    is not UTF-8, a control character — is declined with nothing written: what is printed,
+    and the exit code, are exactly the click command's."""
+    argv, env = _declined_case(case, tmp_path)
+    fast, slow, names = both_paths(argv, env, tmp_path)
+    assert_same(fast, slow)
+    assert "cachemgr.quickconfig" in names, "tried"
+    if case == "empty-home" and os.access("/", os.W_OK):  # root's "/" root: answered there
+        return
+    assert {"cachemgr.config.options", "click"} & names, "and declined"
+
+
+def test_config_on_a_read_only_root_goes_on_unchanged(tmp_path: Path) -> None:
+    """A root on a filesystem remounted read-only (a real tmpfs): the full path decides
+    (it serves it, as the read-only root rule says), with the same bytes as click."""
+    with mount_util.tmpfs(tmp_path / "mnt", "size=4m,mode=0755") as mnt:
+        (mnt / "kernel_cache").mkdir()
+        subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
+        argv = ["config", "--cache-dir", str(mnt)]
+        fast, slow, names = both_paths(argv, daemon_env(tmp_path), tmp_path)
+    assert fast.returncode == 0, fast.stderr
+    assert_same(fast, slow)
+    assert "cachemgr.quickconfig" in names, "tried"
+    assert "cachemgr.config.options" in names, "and declined to the full path"
+
+
+def test_quick_config_tables_are_the_full_schemas() -> None:
+    """The os-only ``config``'s tables are the full path's: every top-level option in
+    ``options.OPTIONS``' order with its default and env var, the command line's flags,
+    the cache modes (so neither can change without the other)."""
+    from cachemgr import quickconfig
+    from cachemgr.config import options
+
+    assert list(quickconfig.TOP_OPTIONS) == [(s.name, s.default, s.env) for s in options.OPTIONS]
+    for name, flag in quickconfig.CLI_FLAGS.items():
+        assert options.CLI_FLAGS.get(name, f"--{name.replace('_', '-')}") == flag
+    assert quickconfig.CACHE_MODES == options.CACHE_MODES
+    assert options.ACL_CACHE_MODE in {var for _, _, var in quickconfig.TOP_OPTIONS}
