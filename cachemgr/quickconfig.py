@@ -7,6 +7,7 @@ env variables' reading (:mod:`cachemgr.config.core`), ``op_cache.ini`` in GE's p
 (:func:`cachemgr.quickini.limits`, shared with the lean ``stats``), the report's order and
 the lock wait's words (:mod:`cachemgr.config.reportorder`), the config file's stored default rows
 (:mod:`cachemgr.config.defaultrows`), the chips CANN knows (:mod:`cachemgr.config.socs`),
+the installed toolkit's versions, GE's way (:mod:`cachemgr.config.toolkit`),
 the mount's access-time rule (:mod:`cachemgr.storage.mountrule`), the outsiders' line
 (:mod:`cachemgr.storage.exposure`) — and JSON written as :mod:`json` writes it
 (:mod:`cachemgr.plainjson`).
@@ -14,8 +15,7 @@ the mount's access-time rule (:mod:`cachemgr.storage.mountrule`), the outsiders'
 It answers only what it can answer exactly and *declines* (:func:`answer` returns None,
 having written nothing) for everything else, which the full path then answers with its
 words: a config file (``--config``, ``$CACHEMGR_CONFIG``) or remote tiers (``--remote``,
-``$CACHEMGR_REMOTE_STORAGE``); a toolkit to look for (``$ASCEND_HOME_PATH``,
-``$ASCEND_TOOLKIT_HOME``, ``$ASCEND_OPP_PATH``); any value the full resolution refuses (a
+``$CACHEMGR_REMOTE_STORAGE``); any value the full resolution refuses (a
 path's characters, a bad ``host_id`` or ``soc_version``, a bad
 ``ACL_OP_COMPILER_CACHE_MODE``); a root that is not plainly a writable folder on storage
 (a read-only one included); an ``op_cache.ini`` not in GE's plain form; a kernel cache
@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 
 from cachemgr import plainjson
-from cachemgr.config import core, reportorder, socs
+from cachemgr.config import core, reportorder, socs, toolkit
 from cachemgr.config.defaultrows import NO_REMOTE_ROW, TABLE_ROWS
 from cachemgr.constants import short_host
 from cachemgr.quickini import Declined, limits
@@ -67,20 +67,8 @@ CLI_FLAGS = {
 }
 #: ``options.CACHE_MODES``: ``ACL_OP_COMPILER_CACHE_MODE``'s values (case and blanks aside).
 CACHE_MODES = ("enable", "disable", "force")
-#: Variables that bring what only the full path reads: a config file, remote tiers, a
-#: toolkit to look for (``config.versions``).
-DECLINED_ENV = (
-    "CACHEMGR_CONFIG",
-    "CACHEMGR_REMOTE_STORAGE",
-    "ASCEND_HOME_PATH",
-    "ASCEND_TOOLKIT_HOME",
-    "ASCEND_OPP_PATH",
-)
-#: The toolkit rows without any of those variables (``versions.installed_versions``).
-NO_TOOLKIT_SOURCES = (
-    "not found: $ASCEND_HOME_PATH / $ASCEND_TOOLKIT_HOME unset",
-    "not found: $ASCEND_OPP_PATH unset",
-)
+#: Variables that bring what only the full path reads: a config file, remote tiers.
+DECLINED_ENV = ("CACHEMGR_CONFIG", "CACHEMGR_REMOTE_STORAGE")
 #: A single path component (``layout.validate_name``): letters, digits, ``_ - .``.
 _NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-.")
 
@@ -328,8 +316,9 @@ def _report(rows: dict[str, Row], env: Mapping[str, str], as_json: bool) -> list
     """``console.config_report``'s lines for these rows (no remote tiers, no config file)."""
     shown = reportorder.SHOWN
     names = [n for n in shown if n in rows] + sorted(set(rows) - set(shown))
-    for name, source in zip(reportorder.TOOLKIT_ROWS, NO_TOOLKIT_SOURCES, strict=True):
-        rows[name] = _row(None, "unknown", source)
+    found = (toolkit.adk_version(env), toolkit.ops_version(env))
+    for name, (value, source) in zip(reportorder.TOOLKIT_ROWS, found, strict=True):
+        rows[name] = _row(value, "toolkit" if value else "unknown", source)
     rows[reportorder.REMOTE_ROW] = dict(NO_REMOTE_ROW)
     names += [*reportorder.TOOLKIT_ROWS, reportorder.REMOTE_ROW]
     for name, row in TABLE_ROWS.items():

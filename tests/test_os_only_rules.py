@@ -6,18 +6,19 @@ modules built on it, on this host's real mounts and real folders."""
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import random
 import subprocess
 import sys
 from datetime import UTC, datetime
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
 
 from cachemgr import plainjson
-from cachemgr.config import core
+from cachemgr.config import core, toolkit
 from cachemgr.config.ini import OpCacheIni
 from cachemgr.eviction.usage import chip_stats
 from cachemgr.storage import atimes, chipcount, fsprobe, mountrule
@@ -50,6 +51,7 @@ LEAVES = [
     "cachemgr.config.reportorder",
     "cachemgr.config.defaultrows",
     "cachemgr.storage.exposure",
+    "cachemgr.config.toolkit",
 ]
 
 
@@ -294,3 +296,43 @@ def test_plain_json_is_json_dumps() -> None:
     for other in (Path("/x"), {1: "a"}, {"a": {1.5}}, b"bytes"):
         with pytest.raises(TypeError):
             plainjson.dumps(other)
+
+
+def test_toolkit_paths_are_spelt_as_pathlib_spells_them() -> None:
+    """``toolkit.path_text`` is ``str(PurePosixPath(...))`` (the sources ``config`` shows
+    read as they did on pathlib), on generated paths of slashes, dots and names."""
+    rng = random.Random(2026)
+    for _ in range(20000):
+        text = "".join(
+            rng.choice(["/", ".", "..", "a", "b.c", "//"]) for _ in range(rng.randrange(9))
+        )
+        assert toolkit.path_text(text) == str(PurePosixPath(text)), text
+
+
+@pytest.mark.parametrize("home", ["HOME", "HOME/", "HOME/./", "HOME//x/..", ".", "sub"])
+def test_toolkit_library_folders_are_globs(
+    home: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where GE's library is looked for (``toolkit._library_dirs``) is what ``glob.glob`` of
+    ``Path(home) / pattern`` finds, sorted, on a real tree: folders and links to folders
+    ending ``-linux`` with and without ``lib64`` (a dangling ``lib64`` link counts, as for
+    glob), a hidden one, a file and a dangling link of that ending, plain ``lib64``
+    and ``compiler/lib64``."""
+    base = tmp_path / "tk"
+    for name in ("x86_64-linux", "aarch64-linux", ".hidden-linux", "-linux", "empty-linux"):
+        (base / name).mkdir(parents=True)
+    for name in ("x86_64-linux", "aarch64-linux", ".hidden-linux", "-linux"):
+        (base / name / "lib64").mkdir()
+    (base / "real").mkdir()
+    (base / "real" / "lib64").symlink_to(base / "gone")
+    (base / "linked-linux").symlink_to(base / "real")
+    (base / "file-linux").write_text("")
+    (base / "dangling-linux").symlink_to(base / "nowhere")
+    (base / "lib64").mkdir()
+    (base / "compiler").mkdir()
+    (base / "sub" / "y-linux" / "lib64").mkdir(parents=True)
+    monkeypatch.chdir(base)
+    text = home.replace("HOME", str(base))
+    for pattern in toolkit.GE_LIBRARY_DIRS:
+        want = sorted(glob.glob(str(Path(text) / pattern)))
+        assert toolkit._library_dirs(text, pattern) == want, pattern

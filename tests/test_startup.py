@@ -21,6 +21,7 @@ import pytest
 from tests import mount_util
 from tests.compile_util import request_data
 from tests.daemon_util import daemon_env, start_daemon
+from tests.test_ge_interop import fake_toolkit
 
 #: Modules a hit never needs: the daemon's machinery, schema validation, progress bars,
 #: metrics, the remote tiers' clients, an HTTP server.
@@ -711,6 +712,7 @@ QUICK_CONFIG_MODULES = {
     "cachemgr.config.defaultrows",
     "cachemgr.config.reportorder",
     "cachemgr.config.socs",
+    "cachemgr.config.toolkit",
     "cachemgr.storage",
     "cachemgr.storage.exposure",
     "cachemgr.storage.mountrule",
@@ -794,6 +796,13 @@ def _config_case(case: str, tmp_path: Path) -> tuple[list[str], dict[str, str]]:
         "chinese-path": {"argv": ["config", "--cache-dir", str(tmp_path / "缓存")]},
         "chinese-path-json": {"argv": ["config", "--json", "--cache-dir", str(tmp_path / "缓存")]},
         "open-to-others": {"mode": 0o2775},  # the outsiders' warning line
+        "toolkit-old": {"toolkit": "old"},  # GE's library in compiler/lib64, behind `latest`
+        "toolkit-new-json": {"toolkit": "new", "args": ["--json"]},  # cann/<arch>-linux
+        "toolkit-home-only": {"env": {"ASCEND_HOME_PATH": str(tmp_path / "home"),
+                                      "ASCEND_TOOLKIT_HOME": str(tmp_path / "tk")},
+                              "version": "tk/compiler/version.info"},
+        "toolkit-missing": {"env": {"ASCEND_HOME_PATH": str(tmp_path / "nothing"),
+                                    "ASCEND_OPP_PATH": " \t"}},
     }  # fmt: skip
     setup = setups[case]
     argv = [*setup.get("argv", argv), *setup.get("args", [])]
@@ -807,6 +816,11 @@ def _config_case(case: str, tmp_path: Path) -> tuple[list[str], dict[str, str]]:
         (kcache / "op_cache.ini").write_text(setup["ini"])
     if "mode" in setup:
         root.chmod(setup["mode"])
+    if "toolkit" in setup:
+        env.update(fake_toolkit(tmp_path / "Ascend", "8.5.0", "8.5.1", setup["toolkit"]))
+    if "version" in setup:
+        (tmp_path / setup["version"]).parent.mkdir(parents=True)
+        (tmp_path / setup["version"]).write_text("# CANN\nVersion = 8.0.RC2\n")
     return argv, env
 
 
@@ -817,7 +831,8 @@ CONFIG_CASES = [
     "acp-host-env", "acp-host-empty", "acp-default-host", "host-over-env", "host-odd-text",
     "mode-env", "soc", "soc-folder-only", "env-limits", "never-evict", "env-fallback",
     "env-not-plain", "ge-ini", "ini-limits", "work-path", "chinese-path", "chinese-path-json",
-    "open-to-others", "no-home",
+    "open-to-others", "no-home", "toolkit-old", "toolkit-new-json", "toolkit-home-only",
+    "toolkit-missing",
 ]  # fmt: skip
 
 
@@ -827,7 +842,8 @@ def test_config_on_os_alone_matches_click(case: str, tmp_path: Path) -> None:
     option, ``$HOME``, torch_npu's variable or ``ASCEND_CACHE_PATH`` (other governed kernel
     caches, the host id from the option, the env or empty), names passed over, the cache
     mode, a chip, limits from the env (good, bad, not plain: warnings and exit 2) or GE's
-    ini, ``ASCEND_WORK_PATH``, Chinese characters, a root open to others — is answered on
+    ini, ``ASCEND_WORK_PATH``, Chinese characters, a root open to others, the installed
+    toolkit's versions (GE's library in either layout, the home's files, none) — is answered on
     os alone (:mod:`cachemgr.quickconfig`) with the bytes and exit code of the click
     command, importing no settings module, none of logging/json/dataclasses/typing…, and
     no more modules than its budget."""
@@ -860,9 +876,6 @@ def _declined_case(case: str, tmp_path: Path) -> tuple[list[str], dict[str, str]
     kcache = tmp_path / "cache" / "kernel_cache"
     conf = tmp_path / "cachemgr.toml"
     conf.write_text("[daemon]\nworkers = 3\n")
-    toolkit = tmp_path / "toolkit"
-    (toolkit / "compiler").mkdir(parents=True)
-    (toolkit / "compiler" / "version.info").write_text("Version=8.0.RC1\n")
     (tmp_path / "afile").write_text("")
     setups: dict[str, Any] = {
         "bad-mode": {"env": {"ACL_OP_COMPILER_CACHE_MODE": "sometimes"}},
@@ -884,8 +897,6 @@ def _declined_case(case: str, tmp_path: Path) -> tuple[list[str], dict[str, str]
         "config-env": {"env": {"CACHEMGR_CONFIG": str(conf)}},
         "remote-option": {"args": ["--remote", "http://127.0.0.1:9/c"]},
         "remote-env": {"env": {"CACHEMGR_REMOTE_STORAGE": "redis://:s3cret@h:1/0"}},
-        "toolkit": {"env": {"ASCEND_HOME_PATH": str(toolkit)}},
-        "opp": {"env": {"ASCEND_OPP_PATH": str(toolkit)}},
         "empty-home": {"argv": ["config"], "env": {"HOME": ""}},
         "bad-work-path": {"env": {"ASCEND_WORK_PATH": str(tmp_path / "w w")}},
         "latin-1-stdout": {"env": {"PYTHONIOENCODING": "latin-1"}},
@@ -917,7 +928,7 @@ def _declined_case(case: str, tmp_path: Path) -> tuple[list[str], dict[str, str]
         "bad-mode", "bad-host-acp", "unknown-soc", "lower-case-soc", "soc-linked-kernel-cache",
         "path-with-space", "root-is-a-file", "under-a-file", "pseudo-fs", "ini-crlf",
         "ini-comment", "ini-bad-value", "ini-folder", "ini-link", "config-option",
-        "config-env", "remote-option", "remote-env", "toolkit", "opp", "empty-home",
+        "config-env", "remote-option", "remote-env", "empty-home",
         "bad-work-path", "latin-1-stdout", "control-in-env",
     ],
 )  # fmt: skip
@@ -925,9 +936,9 @@ def test_config_not_answered_on_os_alone_goes_on_unchanged(case: str, tmp_path: 
     """What the os-only ``config`` cannot answer exactly — a value the full resolution
     refuses (a bad cache mode, host id, chip, path or work path), a root that is a file or
     on a pseudo filesystem, an ``op_cache.ini`` not in GE's plain form (or a folder, or a
-    link), a config file, remote tiers, a toolkit to look for, no ``$HOME``, a stream that
-    is not UTF-8, a control character — is declined with nothing written: what is printed,
-    and the exit code, are exactly the click command's."""
+    link), a config file, remote tiers, a stream that is not UTF-8, a control character —
+    is declined with nothing written: what is printed, and the exit code, are exactly the
+    click command's."""
     argv, env = _declined_case(case, tmp_path)
     fast, slow, names = both_paths(argv, env, tmp_path)
     assert_same(fast, slow)

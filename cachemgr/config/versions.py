@@ -11,7 +11,9 @@ Where the installed versions come from — GE's own rule (``common/te_config_inf
   layouts — ``lib64/``, ``compiler/lib64/`` (``ascend-toolkit/latest/...``) and
   ``<arch>-linux/lib64/`` (``cann/<arch>-linux/...``) — following links as ``realpath`` does.
   With no library found it reads ``compiler/version.info`` then ``version.info`` under the
-  home (what GE's rule gives on the older layout) and says so in the source;
+  home (what GE's rule gives on the older layout) and says so in the source. The search
+  is :mod:`cachemgr.config.toolkit`'s, on ``os`` alone, so that the lean ``config`` finds
+  the same files: a home is taken as written (no glob characters of its own);
 * ``ops_version`` — ``$ASCEND_OPP_PATH/version.info``;
 * either can be set in the config file: table ``[toolkit]``, keys ``adk_version`` and
   ``ops_version`` (origin ``option``), which wins over the files.
@@ -39,7 +41,6 @@ the purge function (``cachemgr.eviction.purge_chip``).
 
 from __future__ import annotations
 
-import glob
 import logging
 import os
 from collections.abc import Callable, Mapping
@@ -48,31 +49,22 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Protocol
 
-from cachemgr.config import layout
+from cachemgr.config import layout, toolkit
 from cachemgr.config.ini import ADK_KEY, MAX_INI_BYTES, OPS_KEY, OpCacheIni, UnreadableIniError
 from cachemgr.errors import CacheMgrError, ConfigError
-from cachemgr.storage import fsutil, safeio
+from cachemgr.storage import fsutil
 from cachemgr.storage.safedir import SafeDir
 from cachemgr.words import noun, plural
 
 log = logging.getLogger(__name__)
 
-VERSION_INFO = "version.info"
+VERSION_INFO = toolkit.VERSION_INFO
 #: Largest ``version.info`` read (bytes; CANN's has a few lines).
-MAX_VERSION_INFO_BYTES = 1 << 20
-#: GE's libraries holding ``TeConfigInfo`` (``op_compile_adapter/source/CMakeLists.txt``;
-#: ``libte_fusion.so`` in older CANN) [GE].
-GE_LIBRARIES = ("libop_compile_adapter.so", "libte_fusion.so")
-#: Where a toolkit home keeps them: older ``ascend-toolkit/latest`` and newer
-#: ``cann/<arch>-linux`` layouts.
-GE_LIBRARY_DIRS = ("lib64", "compiler/lib64", "*-linux/lib64")
-#: ``te_config_info.cc``: ``kParentDirRelativePath``, then ``kCompilerPkgRelativePath`` [GE].
-ADK_FROM_LIBRARY = ("..", "../../compiler")
-#: Without GE's library: ``version.info`` under the home, as GE's rule gives on the older
-#: layout.
-ADK_RELATIVE = ("compiler/version.info", "version.info")
-ADK_ENV_VARS = ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME")
-OPS_ENV_VAR = "ASCEND_OPP_PATH"
+MAX_VERSION_INFO_BYTES = toolkit.MAX_VERSION_INFO_BYTES
+GE_LIBRARIES = toolkit.GE_LIBRARIES
+GE_LIBRARY_DIRS = toolkit.GE_LIBRARY_DIRS
+ADK_ENV_VARS = toolkit.ADK_ENV_VARS
+OPS_ENV_VAR = toolkit.OPS_ENV_VAR
 #: The config file's table that overrides the installed versions.
 CONFIG_TABLE = "toolkit"
 
@@ -168,23 +160,9 @@ class VersionCheck:
 
 
 def read_version_info(path: Path) -> str | None:
-    """The ``Version=`` value of a CANN ``version.info``, GE's way; None if absent/unreadable.
-
-    Never follows a symlink to a missing file into an error: any OS error gives None.
-    """
-    try:  # a FIFO or a giant where the toolkit should be: unknown, never a hang
-        text = safeio.read_regular(path, MAX_VERSION_INFO_BYTES, follow=True).decode(
-            "utf-8", errors="replace"
-        )
-    except OSError:
-        return None
-    for line in text.split("\n"):  # std::getline; Trim() strips spaces and tabs only
-        if not line or line.startswith("#") or "=" not in line:
-            continue
-        key, _, value = line.partition("=")
-        if key.strip(" \t") == "Version":
-            return value.strip(" \t") or None
-    return None
+    """The ``Version=`` value of a CANN ``version.info``, GE's way; None if absent/unreadable
+    (:func:`cachemgr.config.toolkit.read_version_info`)."""
+    return toolkit.read_version_info(os.fspath(path))
 
 
 def _override(sections: Mapping[str, Mapping[str, Any]], key: str) -> Found | None:
@@ -211,57 +189,9 @@ def installed_versions(
     :raises ConfigError: a ``[toolkit]`` value that is not a non-empty one-line string.
     """
     sections = sections or {}
-    adk = _override(sections, ADK_KEY)
-    if adk is None:
-        adk = Found(None, "not found: " + " / ".join(f"${v}" for v in ADK_ENV_VARS) + " unset")
-        for var in ADK_ENV_VARS:
-            home = env.get(var, "").strip(" \t")
-            if home:
-                adk = _adk_from_library(Path(home), var) or _first_version(
-                    Path(home), ADK_RELATIVE, var
-                )
-                if adk.value:
-                    break
-    ops = _override(sections, OPS_KEY)
-    if ops is None:
-        ops = Found(None, f"not found: ${OPS_ENV_VAR} unset")
-        opp = env.get(OPS_ENV_VAR, "").strip(" \t")  # TeConfigInfo::InitEnvItem trims it
-        if opp:
-            ops = _first_version(Path(opp), (VERSION_INFO,), OPS_ENV_VAR)
+    adk = _override(sections, ADK_KEY) or Found(*toolkit.adk_version(env))
+    ops = _override(sections, OPS_KEY) or Found(*toolkit.ops_version(env))
     return Installed(adk, ops)
-
-
-def ge_library(home: Path) -> Path | None:
-    """The real path of GE's cache library under a toolkit home, or None (see module doc)."""
-    for pattern in GE_LIBRARY_DIRS:
-        for folder in sorted(glob.glob(str(home / pattern))):
-            for name in GE_LIBRARIES:
-                lib = Path(folder) / name
-                if lib.exists():
-                    return Path(os.path.realpath(lib))
-    return None
-
-
-def _adk_from_library(home: Path, var: str) -> Found | None:
-    """``TeConfigInfo::InitAdkAndOppVersion``: ``version.info`` relative to GE's library."""
-    lib = ge_library(home)
-    if lib is None:
-        return None
-    for rel in ADK_FROM_LIBRARY:
-        path = Path(os.path.normpath(lib.parent / rel / VERSION_INFO))
-        value = read_version_info(path)
-        if value:
-            return Found(value, f"{path} (next to GE's {lib}, from ${var})")
-    return None
-
-
-def _first_version(home: Path, relatives: tuple[str, ...], var: str) -> Found:
-    for rel in relatives:
-        value = read_version_info(home / rel)
-        if value:
-            return Found(value, str(home / rel))
-    tried = ", ".join(str(home / rel) for rel in relatives)
-    return Found(None, f"not found: no Version= in {tried} (from ${var})")
 
 
 def compare(cache: layout.CacheLayout, installed: Installed) -> VersionCheck:
