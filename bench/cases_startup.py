@@ -60,9 +60,10 @@ GAP_CAUSES = {
     "(cachemgr.quickstats); a miss here means it declined (an option, a settings variable, an "
     "op_cache.ini not in GE's plain form, a warning) and localstats answered through the "
     "settings' modules (~4.3x of stdlib alone)",
-    "config": "gap: answered without click, the schema or the remote tiers (stored default "
-    "rows, config/defaultrows.py), but through the settings' modules and logging (the "
-    "stdlib they import is ~4.3x alone, options.resolve ~5.6x)",
+    "config": "gap: the daemon-less `config [--cache-dir DIR]` is answered on os alone "
+    "(cachemgr.quickconfig); a miss here means it declined (a config file, remote tiers, a "
+    "value the full resolution words, an op_cache.ini not in GE's plain form) and "
+    "options.resolve answered (its stdlib alone is ~4.4x)",
     "help": "gap: pip's console script imports re first (the `import re` row), or the stored "
     "help is stale",
 }

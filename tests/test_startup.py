@@ -796,6 +796,8 @@ def _config_case(case: str, tmp_path: Path) -> tuple[list[str], dict[str, str]]:
         "chinese-path": {"argv": ["config", "--cache-dir", str(tmp_path / "缓存")]},
         "chinese-path-json": {"argv": ["config", "--json", "--cache-dir", str(tmp_path / "缓存")]},
         "open-to-others": {"mode": 0o2775},  # the outsiders' warning line
+        "linked-kernel-cache": {"link": True, "ini": ge_ini + "max_op_cache_size=10\n"
+                                "remain_cache_size_ratio=60\n"},  # read through the link
         "toolkit-old": {"toolkit": "old"},  # GE's library in compiler/lib64, behind `latest`
         "toolkit-new-json": {"toolkit": "new", "args": ["--json"]},  # cann/<arch>-linux
         "toolkit-home-only": {"env": {"ASCEND_HOME_PATH": str(tmp_path / "home"),
@@ -812,6 +814,9 @@ def _config_case(case: str, tmp_path: Path) -> tuple[list[str], dict[str, str]]:
         shutil.copytree(root, Path(env["HOME"]) / "atc_data", symlinks=True)
     if "mkdir" in setup:
         (kcache / setup["mkdir"]).mkdir()
+    if setup.get("link"):
+        shutil.move(kcache, tmp_path / "elsewhere")
+        kcache.symlink_to(tmp_path / "elsewhere")
     if "ini" in setup:
         (kcache / "op_cache.ini").write_text(setup["ini"])
     if "mode" in setup:
@@ -831,8 +836,8 @@ CONFIG_CASES = [
     "acp-host-env", "acp-host-empty", "acp-default-host", "host-over-env", "host-odd-text",
     "mode-env", "soc", "soc-folder-only", "env-limits", "never-evict", "env-fallback",
     "env-not-plain", "ge-ini", "ini-limits", "work-path", "chinese-path", "chinese-path-json",
-    "open-to-others", "no-home", "toolkit-old", "toolkit-new-json", "toolkit-home-only",
-    "toolkit-missing",
+    "open-to-others", "no-home", "linked-kernel-cache", "toolkit-old", "toolkit-new-json",
+    "toolkit-home-only", "toolkit-missing",
 ]  # fmt: skip
 
 
