@@ -1,11 +1,13 @@
-"""A miss makes its publish's files while its compiler runs (docs/performance.md, *Miss
-overhead*): unnamed (``O_TMPFILE``) in the chip folder, named only once whole, gone with
-the compile when it fails; the caller's own work runs beside the compiler process, and an
-error in it stops that process; a file that cannot be named is written as a named temp."""
+"""A miss makes its files before a caller waits for them (docs/performance.md, *Miss
+overhead*): the publish's while its compiler runs, unnamed (``O_TMPFILE``) in the chip
+folder, named only once whole, gone with the compile when it fails; the next mirror's once
+a job is answered. The caller's own work runs beside the compiler process, and an error in
+it stops that process; a file that cannot be named is written as a named temp."""
 
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -15,7 +17,7 @@ import pytest
 from cachemgr.compile.queue import CompileQueue
 from cachemgr.compilers import process
 from cachemgr.storage import fsutil, madeahead, partcopy
-from tests.compile_util import SOC, counting_cc, make_settings, request
+from tests.compile_util import SOC, counting_cc, make_settings, request, wait_for
 
 #: How long the wrapper compiler waits for the files made while it runs (seconds).
 _WAIT_S = 10
@@ -133,3 +135,35 @@ def test_a_file_made_where_it_cannot_be_named_is_written_as_a_named_temp(
     for fd in made:  # taken over: closed
         with pytest.raises(OSError):
             os.fstat(fd)  # type: ignore[arg-type]
+
+
+def _spares() -> list[int]:
+    """Inodes of the unnamed files this process holds in a worker's build folder."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        match = re.search(r"/cachemgr-build-[^/]+/#(\d+) \(deleted\)$", target)
+        if match:
+            found.append(int(match.group(1)))
+    return found
+
+
+def test_a_worker_makes_its_next_mirrors_file_once_a_job_is_answered(
+    tmp_path: Path, clean_env: Mapping[str, str]
+) -> None:
+    inodes = tmp_path / "w" / "inodes"
+    body = f'for a in "$@"; do case "$a" in *.c) stat -c %i "$a" >> {inodes};; esac; done'
+    cc = counting_cc(tmp_path / "w", body=body)
+    settings = make_settings(tmp_path, clean_env, compilers={"cc": str(cc)})
+    with CompileQueue(settings, workers=1) as q:
+        assert q.compile(request(tmp_path, "a")).status == "compiled"
+        wait_for(lambda: len(_spares()) == 1, 10, "a file made for the next job's mirror")
+        (spare,) = _spares()
+        assert q.compile(request(tmp_path, "b", defines={"N": 9})).status == "compiled"
+        # the second job's source was written to that file (named in the mirror then)
+        assert int(inodes.read_text().split()[1]) == spare
+        wait_for(lambda: len(_spares()) == 1, 10, "the next one")
+    assert _spares() == []  # closed with the queue

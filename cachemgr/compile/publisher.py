@@ -289,7 +289,7 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
                 hold.release()
                 return remote
         build_dir = ctx.build_dir()
-        job = dataclasses.replace(compile_job(p, build_dir), json_in_memory=True)
+        job = dataclasses.replace(compile_job(p, build_dir, ctx.spares()), json_in_memory=True)
         if inputs.may_read_in_place(p.inputs, p.env):
             job = dataclasses.replace(job, depfile=build_dir / ".deps.d")
         names = _reserved_names(p, job)

@@ -47,7 +47,10 @@ def name_as(fd: int, dir_fd: int | None, name: str | Path) -> None:
     :raises FileExistsError: ``name`` is taken.
     :raises OSError: e.g. ``ENOENT`` where ``/proc`` is not mounted.
     """
-    os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=dir_fd, follow_symlinks=True)
+    # a src_dir_fd (ignored by the kernel: the path is absolute) makes os.link call
+    # linkat(2), which follows /proc/self/fd/<fd> (AT_SYMLINK_FOLLOW); with neither folder
+    # given it calls link(2), which links the /proc link itself and fails (EXDEV)
+    os.link(f"/proc/self/fd/{fd}", name, src_dir_fd=fd, dst_dir_fd=dir_fd, follow_symlinks=True)
 
 
 def fill(
