@@ -167,26 +167,3 @@ def test_a_worker_makes_its_next_mirrors_file_once_a_job_is_answered(
         assert int(inodes.read_text().split()[1]) == spare
         wait_for(lambda: len(_spares()) == 1, 10, "the next one")
     assert _spares() == []  # closed with the queue
-
-
-def _unnamed_in(chip: Path) -> list[int]:
-    """Inodes of the unnamed files this process holds in the chip folder ``chip``."""
-    return [int(t.split("#")[1].split()[0]) for t in _open_in(chip) if t.endswith(" (deleted)")]
-
-
-def test_the_next_jobs_entry_lock_file_is_made_while_the_last_job_compiles(
-    tmp_path: Path, clean_env: Mapping[str, str]
-) -> None:
-    chip = tmp_path / "cache" / "kernel_cache" / SOC
-    settings = make_settings(tmp_path, clean_env)
-    with CompileQueue(settings, workers=1) as q:
-        assert q.compile(request(tmp_path, "a")).status == "compiled"
-        wait_for(lambda: len(_unnamed_in(chip)) == 1, 10, "a file kept for the next lock")
-        (made,) = _unnamed_in(chip)
-        second = q.compile(request(tmp_path, "b", defines={"N": 9}))
-        assert second.status == "compiled"
-        lock = chip / f"{second.kernel_name}.lock"
-        st = lock.lstat()
-        assert st.st_ino == made and st.st_nlink == 1
-        assert oct(st.st_mode & 0o777) == oct(fsutil.file_mode_in(chip.stat().st_mode))
-    assert _open_in(chip) == []

@@ -216,10 +216,6 @@ class Spares:
     fds: list[int] = field(default_factory=list)
     #: files the last job's mirror held
     wanted: int = 1
-    #: a file made in the last job's chip folder while it compiled, for the lock file of
-    #: the next job's entry there (:meth:`name_lock_file`), with that folder's (device,
-    #: inode, group)
-    lock_file: tuple[int, tuple[int, int, int]] | None = None
 
     def refill(self, folder: Path) -> None:
         """Make files in ``folder`` (the emptied build folder) up to :attr:`wanted`.
@@ -237,48 +233,9 @@ class Spares:
         finally:
             os.close(dir_fd)
 
-    def make_lock_file(self, dir_fd: int | None) -> None:
-        """While a job compiles: make a file in its chip folder ``dir_fd`` (the one its entry
-        lock holds open) for the next job's entry lock file there. Never raises."""
-        if dir_fd is None or self.lock_file is not None:
-            return
-        fd = madeahead.make(dir_fd)
-        if fd is None:
-            return
-        try:
-            st = os.fstat(dir_fd)
-        except OSError:
-            madeahead.discard(fd)
-            return
-        self.lock_file = (fd, (st.st_dev, st.st_ino, st.st_gid))
-
-    def name_lock_file(self, dir_fd: int, name: str) -> None:
-        """Before an entry lock is taken in the chip folder ``dir_fd``: give the file made
-        for it the lock file's ``name`` — only in the folder it was made in (same device,
-        inode and group: the group a file made there now would get), only when ``name`` is
-        free, with the mode a lock file gets there
-        (:func:`cachemgr.storage.fsutil.file_mode_in`). The lock then opens it as it opens
-        any lock file (:func:`cachemgr.storage.fsutil.open_lock_file`: every check of a
-        planted name). Used or not, the file is closed. Never raises."""
-        if self.lock_file is None:
-            return
-        (fd, where), self.lock_file = self.lock_file, None
-        try:
-            st = os.fstat(dir_fd)
-            if (st.st_dev, st.st_ino, st.st_gid) == where:
-                os.fchmod(fd, fsutil.file_mode_in(st.st_mode))
-                madeahead.name_as(fd, dir_fd, name)
-        except OSError:
-            pass  # taken (it exists), or not ours to make: the lock opens what is there
-        finally:
-            madeahead.discard(fd)
-
     def close(self) -> None:
         """Close every file not used (idempotent): the kernel frees them."""
         fds, self.fds = self.fds, []
-        if self.lock_file is not None:
-            fds.append(self.lock_file[0])
-            self.lock_file = None
         for fd in fds:
             madeahead.discard(fd)
 

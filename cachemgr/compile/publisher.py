@@ -292,13 +292,8 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
         job = dataclasses.replace(compile_job(p, build_dir, ctx.spares()), json_in_memory=True)
         if inputs.may_read_in_place(p.inputs, p.env):
             job = dataclasses.replace(job, depfile=build_dir / ".deps.d")
-        names, spares = _reserved_names(p, job), ctx.spares()
-
-        def meanwhile() -> None:  # while the compiler runs: files made for the publish
-            reserved.make(names)
-            spares.make_lock_file(lock.dir_fd)  # and for the next job's entry lock
-
-        result = p.backend.compile(dataclasses.replace(job, meanwhile=meanwhile))
+        names = _reserved_names(p, job)
+        result = p.backend.compile(dataclasses.replace(job, meanwhile=lambda: reserved.make(names)))
         if not p.backend.still_runs(p.identity):  # the key names another compiler
             _release(lock, hold, reserved)
             return _compiler_changed(p, ctx, result)
@@ -348,19 +343,15 @@ def _release(lock: EntryHold, hold: Hold, reserved: madeahead.Reserved) -> None:
 
 def _hold_entry(p: Prepared, ctx: RunContext) -> EntryHold:
     """``p``'s entry lock, in its chip folder opened once — made when missing, no link
-    followed (docs/security.md item 1); the lock file is the one the worker made while its
-    last job compiled, when that was in this folder and the name is free
-    (:meth:`cachemgr.compile.build.Spares.name_lock_file`). The lock keeps that descriptor
-    while it is held: the locked lookup, the publish and the header manifest work relative
-    to it (the folder the lock is in), not through another walk from the cache root.
+    followed (docs/security.md item 1). The lock keeps that descriptor while it is held: the
+    locked lookup, the publish and the header manifest work relative to it (the folder the
+    lock is in), not through another walk from the cache root.
 
     :raises LockBusyError, OSError: see :meth:`cachemgr.storage.store.Store.hold`.
     """
     folder = SafeDir.open_chip(p.chip_dir, create=True)
     try:
-        store = chip_store(p.chip_dir, ctx.lock_timeout_s, ctx.events)
-        ctx.spares().name_lock_file(folder.fd, store.lock_path(p.kernel).name)
-        return store.hold(p.kernel, None, folder)
+        return chip_store(p.chip_dir, ctx.lock_timeout_s, ctx.events).hold(p.kernel, None, folder)
     except BaseException:
         folder.close()  # idempotent: the lock closed it already when it could not be taken
         raise
