@@ -4,8 +4,10 @@ Runs ``N`` (default 40) ``softmax_c`` misses through an in-process ``CompileQueu
 worker, as the ``miss (queue)`` rows of ``cases_compile.py``) and prints, per miss, the
 median wall time and thread CPU time of each step of the miss path — the caller's
 ``prepare`` and fast-path lookup, the worker's locks, locked lookup, mirror, compile
-wrapper (``process.run_in_group`` is the compiler process itself, as the rows count it), ELF
-check, publish and header manifest. Not a case module: the harness does
+wrapper (``process.run_in_group`` is the compiler process itself, as the rows count it; the
+files made for the publish while it runs, ``Reserved.make``, are inside it), ELF check,
+publish and header manifest, and after the answer the worker's ``after_job`` (its next
+mirror's file made by ``Spares.refill``). Not a case module: the harness does
 not run it, and nothing is written to ``BENCHMARKS.md``. Measurement only: the steps are
 wrapped for the run and restored afterwards.
 """
@@ -29,7 +31,7 @@ from bench import cases_compile
 from cachemgr.compile import build, inputs, pipeline, publisher
 from cachemgr.compile.queue import CompileQueue
 from cachemgr.compilers import base, process
-from cachemgr.storage import store
+from cachemgr.storage import madeahead, store
 from cachemgr.storage.chiplock import ChipLock
 from cachemgr.storage.safedir import SafeDir
 
@@ -45,12 +47,14 @@ STEPS: tuple[tuple[Any, str], ...] = (
     (inputs, "materialise"),
     (base.CompilerBackend, "compile"),
     (process, "run_in_group"),
+    (madeahead.Reserved, "make"),
     (base.CompilerBackend, "still_runs"),
     (publisher, "_payload"),
     (publisher.Pending, "finish"),
     (store.Store, "publish"),
     (publisher, "_record_manifest"),
     (build.RunContext, "after_job"),
+    (build.Spares, "refill"),
 )
 
 

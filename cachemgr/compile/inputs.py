@@ -27,6 +27,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import errno
+import functools
 import hashlib
 import os
 import re
@@ -43,7 +44,7 @@ from cachemgr.compilers import CompileJob, CompilerBackend, CompilerIdentity, en
 from cachemgr.compilers.base import read_depfile
 from cachemgr.errors import CompileError, InvalidInputError
 from cachemgr.memo import Memo
-from cachemgr.storage import fsutil
+from cachemgr.storage import fsutil, madeahead
 
 #: The largest input file read (bytes): a source or header above it is refused.
 MAX_INPUT_BYTES = 64 << 20
@@ -479,7 +480,9 @@ def freeze(snap: Snapshot) -> Snapshot | None:
     return replace(snap, data=data)
 
 
-def materialise(snap: Snapshot, root: Path, include_dirs: tuple[Path, ...]) -> Path:
+def materialise(
+    snap: Snapshot, root: Path, include_dirs: tuple[Path, ...], spare: list[int] | None = None
+) -> Path:
     """Write the frozen inputs of ``snap`` into the mirror tree ``root`` (``root`` + each
     absolute path) and make each include folder there; return the source's mirror path.
 
@@ -495,6 +498,11 @@ def materialise(snap: Snapshot, root: Path, include_dirs: tuple[Path, ...]) -> P
     (``Path.mkdir(parents=True)`` and ``os.makedirs`` do, and a header 1,900 folders deep
     ended a compile in ``RecursionError``; docs/security.md, section 10).
 
+    ``spare``: unnamed files the worker made in its build folder after its last job
+    (:func:`cachemgr.storage.madeahead.make`; a file create is the dear part of a write on
+    the reference host): each taken is written and then named at its file's mirror path,
+    which must be free, as with ``O_EXCL``; a file without one is created as before.
+
     :raises ValueError: when ``snap`` is not frozen.
     :raises InvalidInputError: a path whose mirror is longer than :data:`MAX_PATH_BYTES`
         (named, with its length).
@@ -509,12 +517,26 @@ def materialise(snap: Snapshot, root: Path, include_dirs: tuple[Path, ...]) -> P
     for folder in sorted(folders):
         make_folders(folder)
     for dest, blob in files.items():
-        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        try:
-            _write_all(fd, blob)
-        finally:
-            os.close(fd)
+        _write_new(dest, blob, spare.pop() if spare else None)
     return mirror(root, snap.source)
+
+
+def _write_new(dest: Path, blob: bytes, made: int | None) -> None:
+    """``blob`` to the new file ``dest`` (mode ``0600``; nothing may be there): through
+    ``made``, a file made ahead (taken over), when it can be named there, else a file
+    created now (``O_EXCL``).
+
+    :raises OSError: e.g. ``FileExistsError``.
+    """
+    if made is not None and madeahead.fill(
+        made, None, dest, functools.partial(_write_all, blob=blob), 0o600, False
+    ):
+        return
+    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        _write_all(fd, blob)
+    finally:
+        os.close(fd)
 
 
 def _with_parents(folders: Iterable[str]) -> frozenset[str]:

@@ -43,7 +43,7 @@ from cachemgr.compile.build import (
     compile_job,
 )
 from cachemgr.compile.results import CompileOutcome
-from cachemgr.compilers import CompileResult
+from cachemgr.compilers import CompileJob, CompileResult
 from cachemgr.config import versions
 from cachemgr.errors import (
     CachePermissionError,
@@ -55,7 +55,7 @@ from cachemgr.errors import (
     OutputFolderError,
 )
 from cachemgr.remote.tierset import RemoteTiers
-from cachemgr.storage import entry, fsutil, manifest
+from cachemgr.storage import entry, fsutil, madeahead, manifest
 from cachemgr.storage.chiplock import Hold
 from cachemgr.storage.events import Events
 from cachemgr.storage.safedir import SafeDir
@@ -82,6 +82,10 @@ class Pending:
     events: Events | None = None
     #: the remote tiers: a published entry is queued for upload (never waited for)
     remotes: RemoteTiers | None = None
+    #: the entry's and its header manifest's files, made while the compiler ran
+    #: (:func:`_reserved_names`); those the publish does not take are closed by
+    #: :meth:`release`
+    reserved: madeahead.Reserved | None = None
 
     def finish(self, uncached_dir: Callable[[], Path] | None = None) -> CompileOutcome:
         """Publish (json last), then release the locks — from any thread.
@@ -97,12 +101,15 @@ class Pending:
             store = chip_store(p.chip_dir, self.lock_timeout_s, self.events)
             if p.decision.cache.replace:
                 store.remove(p.kernel, held=self.entry_lock)
-            published = store.publish(p.kernel, self.files, self.main_json, held=self.entry_lock)
+            published = store.publish(
+                p.kernel, self.files, self.main_json, held=self.entry_lock, reserved=self.reserved
+            )
             held_fd = self.entry_lock.dir_fd
             if uncached_dir is not None and held_fd is not None and _moved(p.chip_dir, held_fd):
                 names = [f.name for f in published.files]
                 return self._deliver_from(held_fd, names, uncached_dir(), _MOVED_WHY)
-            _record_manifest(p, held_fd)
+            made = self.reserved.take(p.manifest_path.name, held_fd) if self.reserved else None
+            _record_manifest(p, held_fd, made)
             _ensure_ini(p.chip_dir.parent, self.config_sections)  # logs its own failure
             if self.remotes is not None:  # after the compile, in the background
                 self.remotes.upload_later(p.chip_dir.parent, p.chip_dir.name, p.kernel)
@@ -166,7 +173,9 @@ class Pending:
 
     def release(self) -> None:
         """Drop the entry lock and the chip hold (without publishing, when not finished);
-        the pending binaries are removed."""
+        the pending binaries are removed, the files made ahead and not used closed."""
+        if self.reserved is not None:
+            self.reserved.close()  # before the lock: they were made in its folder
         self.entry_lock.release()
         self.chip_hold.release()
         for part in self.files.values():
@@ -207,13 +216,14 @@ def _copy_at(dir_fd: int, name: str, dest: Path) -> None:
         raise
 
 
-def _record_manifest(p: Prepared, dir_fd: int | None = None) -> None:
+def _record_manifest(p: Prepared, dir_fd: int | None = None, made: int | None = None) -> None:
     """Remember which headers ``p``'s compile read, under the entry lock (``dir_fd``: the
-    chip folder it is held in); a manifest that cannot be written costs a dependency scan on
-    the next lookup, nothing else."""
+    chip folder it is held in; ``made``: a file made ahead there for it, taken over); a
+    manifest that cannot be written costs a dependency scan on the next lookup, nothing
+    else."""
     headers, absent = p.inputs.headers or {}, p.inputs.absent
     try:
-        manifest.record(p.manifest_path, p.kernel, headers, absent, dir_fd)
+        manifest.record(p.manifest_path, p.kernel, headers, absent, dir_fd, made)
     except OSError as exc:
         log.warning("%s: cannot write its header manifest %s: %s", p.kernel, p.manifest_path, exc)
 
@@ -263,6 +273,7 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
     except BaseException:
         hold.release()
         raise
+    reserved = madeahead.Reserved(lock.dir_fd)  # filled while the compiler runs
     try:
         if p.decision.cache.read:
             found = chip_store(p.chip_dir, ctx.lock_timeout_s).lookup(p.kernel, held=lock)
@@ -278,27 +289,25 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
                 hold.release()
                 return remote
         build_dir = ctx.build_dir()
-        job = dataclasses.replace(compile_job(p, build_dir), json_in_memory=True)
+        job = dataclasses.replace(compile_job(p, build_dir, ctx.spares()), json_in_memory=True)
         if inputs.may_read_in_place(p.inputs, p.env):
             job = dataclasses.replace(job, depfile=build_dir / ".deps.d")
-        result = p.backend.compile(job)
+        names = _reserved_names(p, job)
+        result = p.backend.compile(dataclasses.replace(job, meanwhile=lambda: reserved.make(names)))
         if not p.backend.still_runs(p.identity):  # the key names another compiler
-            lock.release()
-            hold.release()
+            _release(lock, hold, reserved)
             return _compiler_changed(p, ctx, result)
         stale = inputs.reads_not_hashed(
             p.inputs, p.backend, p.identity, job, build_dir / SOURCES_DIR
         )
         if stale:  # the bytes compiled are not all the bytes hashed: never cache them
-            lock.release()
-            hold.release()
+            _release(lock, hold, reserved)
             if p.inputs.sent:
                 raise CompileError(inplace.refusal(p.request.origin, stale[0]))
             return _uncached(p, ctx, result, stale)
         files, main = _payload(p, result, ctx.pending_dir())
     except BaseException:
-        lock.release()
-        hold.release()
+        _release(lock, hold, reserved)
         raise
     return Pending(
         p,
@@ -310,7 +319,26 @@ def compile_through_cache(p: Prepared, ctx: RunContext) -> CompileOutcome | Pend
         ctx.config_sections,
         ctx.events,
         ctx.remotes,
+        reserved,
     )
+
+
+def _reserved_names(p: Prepared, job: CompileJob) -> list[str]:
+    """The files a publish of ``p`` makes in its chip folder, in the order they are made
+    while its compiler runs (:class:`cachemgr.storage.madeahead.Reserved`): the binary, the
+    main json, then the header manifest."""
+    names = [p.backend.binary_path(job).name, f"{p.kernel}.json"]
+    if p.manifest_path.parent == p.chip_dir:
+        names.append(p.manifest_path.name)
+    return names
+
+
+def _release(lock: EntryHold, hold: Hold, reserved: madeahead.Reserved) -> None:
+    """Give up a compile's publish: its files made ahead closed (never named: gone), then
+    its entry lock and chip hold released."""
+    reserved.close()
+    lock.release()
+    hold.release()
 
 
 def _hold_entry(p: Prepared, ctx: RunContext) -> EntryHold:

@@ -22,7 +22,7 @@ import os
 import re
 import shutil
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -95,6 +95,10 @@ class CompileJob:
     #: translated for the build mirror; the compiler sees these and no other value of them
     #: (None: this process's environment, as it is)
     env: Mapping[str, str] | None = None
+    #: the caller's own work while the compiler process runs, needing nothing it makes
+    #: (a publish's files made ahead: :func:`.process.run_in_group`); an exception from it
+    #: stops the compile and is raised. Not for the dependency listing or the ``.cce``.
+    meanwhile: Callable[[], object] | None = None
 
     def user_view(self, text: str) -> str:
         """``text`` (a message, a compiler's stderr) with the private build folder taken out:
@@ -427,15 +431,23 @@ class CompilerBackend(ABC):
             (its process group killed), produced no binary, or the entry symbol is absent.
         """
         self._validate(job)
-        ident = self.identity()
-        skipped = self.unsupported_debug_flags(job)
-        if skipped:
-            log.warning("%s has no equivalent for debug flags %s", ident.name, sorted(skipped))
         argv = self.command(job)
         binary = self.binary_path(job)
         fsutil.safe_unlink(binary)
         log.debug("compiling %s: %s", job.source, " ".join(argv))
-        out = self._run(argv, job.timeout_s, job.out_dir, f"compiling {job.source}", job.env)
+        found: list[CompilerIdentity] = []
+
+        def meanwhile() -> None:  # needs nothing the compiler makes: done while it runs
+            found.append(self.identity())
+            if job.meanwhile is not None:
+                job.meanwhile()
+
+        what = f"compiling {job.source}"
+        out = self._run(argv, job.timeout_s, job.out_dir, what, job.env, meanwhile=meanwhile)
+        ident = found[0]
+        skipped = self.unsupported_debug_flags(job)
+        if skipped:
+            log.warning("%s has no equivalent for debug flags %s", ident.name, sorted(skipped))
         self._check_outcome(out, argv, job)
         if not binary.is_file():
             raise CompileError(
@@ -526,15 +538,19 @@ class CompilerBackend(ABC):
         what: str,
         env: Mapping[str, str] | None = None,
         keep_stderr: process.Keep = process.DIAGNOSTICS,
+        meanwhile: Callable[[], object] | None = None,
     ) -> Outcome:
         """Run ``argv`` in its own process group (see :mod:`.process`), inside the sandbox
         and resource limits of :data:`process.current_limits` when a caller set them, with
         the job's compile environment ``env`` (:func:`.envvars.process_env`), keeping of
         its output what :data:`process.DIAGNOSTICS` keeps (of stderr: ``keep_stderr``).
         Every other caller reads only messages, the first line of ``--version``, or files
-        the compiler wrote (a dependency list, whose reader has its own cap)."""
+        the compiler wrote (a dependency list, whose reader has its own cap). ``meanwhile``:
+        see :func:`process.run_in_group`."""
         env_ = envvars.process_env(env)
-        return process.run_in_group(argv, timeout_s, cwd, what, env_, keep_stderr=keep_stderr)
+        return process.run_in_group(
+            argv, timeout_s, cwd, what, env_, keep_stderr=keep_stderr, meanwhile=meanwhile
+        )
 
     def list_dependencies(self, job: CompileJob, output: Path) -> list[str]:
         """Run :meth:`depend_command` and return the files it names (paths as the compiler

@@ -13,6 +13,12 @@ daemon may (:mod:`.caps`: the unit's ``CAP_FOWNER``).
 On timeout, on any interruption (``KeyboardInterrupt``, a cancelled worker), and after a
 normal exit, the whole group gets ``SIGKILL``.
 
+While it runs, the caller's thread may do work of its own that needs nothing the compiler
+makes (``meanwhile``: a publish's files made ahead, the compiler's identity for the kernel
+json): a miss then waits for the longer of the two instead of their sum
+(docs/performance.md, *Miss overhead*). An exception from that work stops the compile the
+same way (the group killed) and is raised.
+
 What it prints is bounded (docs/security.md#10-streaming-limits-fairness): of each pipe a
 caller keeps what its :class:`Keep` says — by default (:data:`DIAGNOSTICS`) the first and the
 last 64 KiB, the middle read and dropped, marked ``… N bytes of compiler output left out …``.
@@ -30,7 +36,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -158,6 +164,7 @@ def run_in_group(
     env: Mapping[str, str] | None = None,
     keep_stdout: Keep = DIAGNOSTICS,
     keep_stderr: Keep = DIAGNOSTICS,
+    meanwhile: Callable[[], object] | None = None,
 ) -> Outcome:
     """Run ``argv`` in a process group of its own and wait at most ``timeout_s`` seconds.
 
@@ -165,8 +172,11 @@ def run_in_group(
     :param env: the process's environment (None: this process's own).
     :param keep_stdout: how much of its stdout is kept (bytes; module docstring).
     :param keep_stderr: how much of its stderr is kept.
+    :param meanwhile: called once the process has started, before its output is read (the
+        caller's own work while it runs; module docstring). Its time counts in ``timeout_s``.
     :raises CompileError: when ``argv[0]`` cannot be started, or on timeout (after the whole
         process group was killed with SIGKILL and the compiler reaped).
+    :raises BaseException: what ``meanwhile`` raised (after the group was killed).
     """
     start = time.monotonic()
     box = _sandbox
@@ -178,7 +188,10 @@ def run_in_group(
     except OSError as exc:
         raise CompileError(f"cannot run {argv[0]!r} ({what}): {exc}") from exc
     try:
-        out, err = _communicate(proc, timeout_s, _Capture(keep_stdout), _Capture(keep_stderr))
+        if meanwhile is not None:
+            meanwhile()
+        left = max(timeout_s - (time.monotonic() - start), 0.0)
+        out, err = _communicate(proc, left, _Capture(keep_stdout), _Capture(keep_stderr))
     except subprocess.TimeoutExpired:
         kill_group(proc)
         raise CompileError(

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from cachemgr.constants import short_host
+from cachemgr.storage import madeahead
 from cachemgr.storage.kinds import at
 from cachemgr.storage.modes import _folder_mode, file_mode_in
 from cachemgr.storage.remove import safe_unlink
@@ -67,7 +68,12 @@ def pid_alive(pid: int) -> bool:
 
 
 def write_temp(
-    dest: Path, data: bytes, mode: int | None = None, dir_fd: int | None = None, sync: bool = True
+    dest: Path,
+    data: bytes,
+    mode: int | None = None,
+    dir_fd: int | None = None,
+    sync: bool = True,
+    made: int | None = None,
 ) -> Path:
     """Write ``data`` to a fresh temp file beside ``dest``, fsync it (unless ``sync`` is
     False), and return its path.
@@ -82,6 +88,9 @@ def write_temp(
     :param sync: fsync before returning. Cache entries pass False: every hit verifies their
         sha256, so a file a power loss left torn is a miss, never served
         (docs/compiling.md, "Durability").
+    :param made: an unnamed file made ahead in that folder (:func:`.madeahead.make`), taken
+        over (closed here): the bytes go to it and it gets the temp name, instead of a file
+        made now; where it cannot be named, a temp file is made as without it.
     :raises OSError: on write failure (e.g. ``ENOSPC``); nothing is left behind.
     """
     tmp = temp_path(dest)
@@ -89,16 +98,22 @@ def write_temp(
     try:
         if mode is None:
             mode = file_mode_in(_folder_mode(dest, dir_fd))
+    except OSError as exc:
+        madeahead.discard(made)
+        exc.filename = str(tmp)  # the full name for messages
+        raise
+    if made is not None and madeahead.fill(
+        made, dir_fd, at(tmp, dir_fd), lambda fd: write_all(fd, data), mode, sync
+    ):
+        return tmp  # its bytes written to the file made ahead, now named
+    try:
         fd = os.open(at(tmp, dir_fd), flags, mode, dir_fd=dir_fd)
     except OSError as exc:
         exc.filename = str(tmp)  # the full name for messages
         raise
     try:
         try:
-            view = memoryview(data)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
+            write_all(fd, data)
             # umask 002 style whatever the caller's umask (docs/design.md#sharing-and-locking)
             os.fchmod(fd, mode)
             if sync:
@@ -109,6 +124,16 @@ def write_temp(
         safe_unlink(tmp, dir_fd=dir_fd)
         raise
     return tmp
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to ``fd``.
+
+    :raises OSError: the write failed (e.g. ``ENOSPC``).
+    """
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def publish_temp(tmp: Path, dest: Path, dir_fd: int | None = None) -> None:

@@ -34,6 +34,7 @@ from cachemgr.storage.atomic import (
     temp_path,
     temp_writer,
     temp_writer_dead,
+    write_all,
     write_temp,
 )
 from cachemgr.storage.kinds import (
@@ -135,5 +136,6 @@ __all__ = [
     "touch_atime",
     "try_lock",
     "user_name",
+    "write_all",
     "write_temp",
 ]

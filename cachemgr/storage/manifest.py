@@ -43,7 +43,7 @@ from typing import Any
 from cachemgr.config import layout
 from cachemgr.errors import InvalidEntryError
 from cachemgr.memo import Memo
-from cachemgr.storage import fsutil
+from cachemgr.storage import fsutil, madeahead
 from cachemgr.storage.safedir import SafeDir
 
 log = logging.getLogger(__name__)
@@ -209,6 +209,7 @@ def record(
     files: Mapping[str, str],
     absent: Iterable[str] = (),
     dir_fd: int | None = None,
+    made: int | None = None,
 ) -> None:
     """Add (or move to the front) the variant ``kernel`` → ``files`` in the manifest
     ``path``, keeping at most :data:`MAX_VARIANTS`; written atomically (temp + rename).
@@ -217,22 +218,28 @@ def record(
     :param dir_fd: its chip folder, open (a publisher's, held with the entry lock);
         without it the folder is opened (made when missing) for this write, never through
         a link (docs/security.md item 1).
+    :param made: a file made ahead in ``dir_fd`` (:func:`cachemgr.storage.madeahead.make`),
+        taken over: the manifest is written to it instead of a file made now.
     :raises OSError: when it cannot be written (the caller logs it: the entry stays valid).
     :raises UnsafePathError: ``kernel_cache`` or the chip folder is a symbolic link.
     """
     new = Variant(kernel, dict(files), tuple(sorted(set(absent))))
     if dir_fd is not None:
-        _record(Path(path), new, dir_fd)
+        _record(Path(path), new, dir_fd, made)
         return
+    madeahead.discard(made)  # made in a folder not given: not used
     with SafeDir.open_chip(Path(path).parent, create=True) as folder:
         _record(Path(path), new, folder.fd)
 
 
-def _record(path: Path, new: Variant, dir_fd: int) -> None:
+def _record(path: Path, new: Variant, dir_fd: int, made: int | None = None) -> None:
     try:
         old = read(path, dir_fd)
     except InvalidEntryError:
         old = ()
+    except BaseException:
+        madeahead.discard(made)
+        raise
     same = (dict(new.files), new.absent)
     keep = [v for v in old if v.kernel != new.kernel and (dict(v.files), v.absent) != same]
     variants = [new, *keep][:MAX_VARIANTS]
@@ -240,7 +247,7 @@ def _record(path: Path, new: Variant, dir_fd: int) -> None:
     while len(data) > MAX_BYTES and len(variants) > 1:  # the oldest go first
         variants = variants[:-1]
         data = _encode(variants)
-    _write_unsynced(path, data, dir_fd)
+    _write_unsynced(path, data, dir_fd, made)
 
 
 def _encode(variants: list[Variant]) -> bytes:
@@ -259,27 +266,44 @@ def _encode(variants: list[Variant]) -> bytes:
     return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def _write_unsynced(dest: Path, data: bytes, dir_fd: int) -> None:
+def _write_unsynced(dest: Path, data: bytes, dir_fd: int, made: int | None = None) -> None:
     """temp + rename like :func:`fsutil.atomic_write_bytes`, without its fsync: a manifest
     lost in a crash costs one header listing, never a wrong hit (the miss path pays no
     extra disk flush for it). Relative to the chip folder's descriptor ``dir_fd``
-    (docs/security.md item 1).
+    (docs/security.md item 1). The temp is ``made`` (a file made ahead, taken over) when
+    it can be named, else a file made now.
 
     :raises OSError: on failure; nothing is left behind.
     """
     tmp = fsutil.temp_path(dest)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(tmp.name, flags, 0o600, dir_fd=dir_fd)
     try:
-        try:
-            os.write(fd, data)
-            os.fchmod(fd, fsutil.file_mode_in(os.fstat(dir_fd).st_mode))
-        finally:
-            os.close(fd)
+        mode = fsutil.file_mode_in(os.fstat(dir_fd).st_mode)
+    except BaseException:
+        madeahead.discard(made)
+        raise
+    try:
+        if made is None or not madeahead.fill(
+            made, dir_fd, tmp.name, lambda fd: fsutil.write_all(fd, data), mode, False
+        ):
+            _write_new(tmp.name, data, mode, dir_fd)
         os.rename(tmp.name, dest.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
         fsutil.safe_unlink(tmp, dir_fd)
         raise
+
+
+def _write_new(name: str, data: bytes, mode: int, dir_fd: int) -> None:
+    """``data`` to a new file ``name`` of the folder ``dir_fd``, given ``mode``.
+
+    :raises OSError: on failure (a file made is left for the caller to remove).
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(name, flags, 0o600, dir_fd=dir_fd)
+    try:
+        fsutil.write_all(fd, data)
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
 
 
 def kernels(path: Path, dir_fd: int | None = None) -> set[str] | None:

@@ -16,7 +16,7 @@ import stat
 from pathlib import Path
 from typing import NamedTuple
 
-from cachemgr.storage import fsutil
+from cachemgr.storage import fsutil, madeahead
 
 
 class Copied(NamedTuple):
@@ -45,6 +45,7 @@ def copy_temp(
     mode: int | None = None,
     dir_fd: int | None = None,
     sync: bool = False,
+    made: int | None = None,
 ) -> Copied:
     """Copy the regular file ``src`` (never a link: ``O_NOFOLLOW``) to a fresh temp name
     beside ``dest`` in chunks, hashing what is written; the caller renames the temp into
@@ -54,22 +55,52 @@ def copy_temp(
         (:func:`cachemgr.storage.fsutil.file_mode_in`: ``0660`` under a ``2770`` folder).
     :param dir_fd: the open folder of ``dest`` (every call is then relative to it).
     :param sync: fsync the temp before returning (cache entries do not: a hit verifies).
+    :param made: an unnamed file made ahead in that folder (:func:`.madeahead.make`), taken
+        over (closed here): the copy goes to it and it gets the temp name, instead of a file
+        made now; where it cannot be named, a temp file is made as without it.
     :raises OSError: ``src`` cannot be read, or the temp cannot be written (e.g.
         ``ENOSPC``); no temp file is left behind.
     """
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-    try:  # a copy is not a use: the access time stays where the owner may keep it
-        src_fd = os.open(src, flags | getattr(os, "O_NOATIME", 0))
-    except PermissionError:
-        src_fd = os.open(src, flags)
+    try:
+        try:  # a copy is not a use: the access time stays where the owner may keep it
+            src_fd = os.open(src, flags | getattr(os, "O_NOATIME", 0))
+        except PermissionError:
+            src_fd = os.open(src, flags)
+    except BaseException:
+        madeahead.discard(made)
+        raise
     try:
         if not stat.S_ISREG(os.fstat(src_fd).st_mode):
             raise OSError(errno.EINVAL, "not a regular file", str(src))
         if mode is None:
             mode = fsutil.file_mode_for(dest, dir_fd)
+        if made is not None:
+            taken, made = made, None
+            copied = _copy_made(dest, src_fd, mode, dir_fd, sync, taken)
+            if copied is not None:
+                return copied
+            os.lseek(src_fd, 0, os.SEEK_SET)  # not named: copied again to a named temp
         return _copy_fd(dest, src_fd, mode, dir_fd, sync)
     finally:
+        madeahead.discard(made)
         os.close(src_fd)
+
+
+def _copy_made(
+    dest: Path, src_fd: int, mode: int, dir_fd: int | None, sync: bool, made: int
+) -> Copied | None:
+    """The copy into the unnamed file ``made``, named with a temp name beside ``dest``
+    (:func:`cachemgr.storage.madeahead.fill`; ``made`` closed), or None when it could not be
+    named."""
+    tmp = fsutil.temp_path(dest)
+    copied: list[tuple[str, int]] = []
+    if madeahead.fill(
+        made, dir_fd, fsutil.at(tmp, dir_fd), lambda out: copied.append(_copy(src_fd, out)),
+        mode, sync,
+    ):  # fmt: skip
+        return Copied(tmp, *copied[0])
+    return None
 
 
 def _copy_fd(dest: Path, src_fd: int, mode: int, dir_fd: int | None, sync: bool) -> Copied:
@@ -80,15 +111,9 @@ def _copy_fd(dest: Path, src_fd: int, mode: int, dir_fd: int | None, sync: bool)
     except OSError as exc:
         exc.filename = str(tmp)  # the full name for messages
         raise
-    digest, size = hashlib.sha256(), 0
     try:
         try:
-            while chunk := os.read(src_fd, fsutil.READ_CHUNK_BYTES):
-                digest.update(chunk)
-                size += len(chunk)
-                view = memoryview(chunk)
-                while view:
-                    view = view[os.write(out, view) :]
+            sha256, size = _copy(src_fd, out)
             os.fchmod(out, mode)  # the group's modes whatever the caller's umask
             if sync:
                 os.fsync(out)
@@ -97,4 +122,20 @@ def _copy_fd(dest: Path, src_fd: int, mode: int, dir_fd: int | None, sync: bool)
     except BaseException:
         fsutil.safe_unlink(tmp, dir_fd=dir_fd)
         raise
-    return Copied(tmp, digest.hexdigest(), size)
+    return Copied(tmp, sha256, size)
+
+
+def _copy(src_fd: int, out: int) -> tuple[str, int]:
+    """Copy ``src_fd`` to ``out`` in chunks from where each stands: the hex SHA-256 and
+    size (bytes) of what was written.
+
+    :raises OSError: a read or write failed.
+    """
+    digest, size = hashlib.sha256(), 0
+    while chunk := os.read(src_fd, fsutil.READ_CHUNK_BYTES):
+        digest.update(chunk)
+        size += len(chunk)
+        view = memoryview(chunk)
+        while view:
+            view = view[os.write(out, view) :]
+    return digest.hexdigest(), size

@@ -38,7 +38,7 @@ from cachemgr.errors import (
     NoSpaceError,
 )
 from cachemgr.memo import OnceSet
-from cachemgr.storage import entry, fsutil, groupmodes, manifest, optype, partcopy
+from cachemgr.storage import entry, fsutil, groupmodes, madeahead, manifest, optype, partcopy
 from cachemgr.storage.events import Events, NoSpaceEvent
 from cachemgr.storage.safedir import DirLock, SafeDir
 
@@ -664,6 +664,7 @@ class Store:
         files: Mapping[str, Part],
         main_json: Mapping[str, Any],
         held: EntryHold | None = None,
+        reserved: madeahead.Reserved | None = None,
     ) -> PublishResult:
         """Publish an entry atomically (docs/design.md#writing-and-reading-an-entry).
 
@@ -675,6 +676,10 @@ class Store:
             correct ``sha256`` (checked before anything is written).
         :raises InvalidInputError: bad names, a json that does not match the files.
         :param held: the entry lock when the caller holds it (else it is taken here).
+        :param reserved: files made ahead for these parts in the folder ``held`` is held in
+            (:class:`cachemgr.storage.madeahead.Reserved`, made while the compiler ran): a
+            part with one is written to it and named with its temp name, instead of a file
+            made now; the rest as without it.
         :raises NoSpaceError: the filesystem is full (``ENOSPC``/``EDQUOT``): one line naming
             the chip folder and the bytes needed; ``events`` is told; no partial entry is
             left (docs/design.md#writing-and-reading-an-entry).
@@ -696,7 +701,7 @@ class Store:
                 existing = bound._existing_good(kernel)
                 if existing is not None:
                     return existing
-                return bound._write_all(kernel, payload, expected, op_type)
+                return bound._write_all(kernel, payload, expected, op_type, reserved)
 
         try:  # GE's 0750 folder: given back to the group (where we may), then once more
             done = groupmodes.retry_denied(write, self.chip_dir, [self.lock_path(kernel).name])
@@ -771,11 +776,13 @@ class Store:
         payload: Mapping[str, Part],
         expected: Mapping[str, str],
         op_type: str | None = None,
+        reserved: madeahead.Reserved | None = None,
     ) -> int:
         """Write every part to a temp name, then rename them into place, the main json last;
         a part given as a file must hash to ``expected[name]`` (bytes written: returned).
         ``op_type`` (the json's, when the name lower-cases it) is kept on the main json
-        (:mod:`cachemgr.storage.optype`: every user's ``ls`` shows it).
+        (:mod:`cachemgr.storage.optype`: every user's ``ls`` shows it). A part with a file
+        in ``reserved`` is written to that file (see :meth:`publish`).
 
         :raises InvalidInputError: a file part changed since its json was made.
         :raises OSError: a write failed; no temp file is left.
@@ -792,7 +799,8 @@ class Store:
                 # no fsync: a hit verifies every binary's sha256 and parses the json, so what
                 # a power loss tears is a miss, never served (docs/compiling.md
                 # "Durability")
-                tmp, size = self._write_part(kernel, dest, payload[name], expected.get(name))
+                made = reserved.take(name, self.dir_fd) if reserved is not None else None
+                tmp, size = self._write_part(kernel, dest, payload[name], expected.get(name), made)
                 temps.append((tmp, dest))
                 if name == main:
                     optype.attach(self.dir_fd, tmp.name, op_type)
@@ -811,15 +819,17 @@ class Store:
         return written
 
     def _write_part(
-        self, kernel: str, dest: Path, part: Part, sha256: str | None
+        self, kernel: str, dest: Path, part: Part, sha256: str | None, made: int | None = None
     ) -> tuple[Path, int]:
-        """One part to a temp name beside ``dest``: its path and bytes written.
+        """One part to a temp name beside ``dest`` (through ``made``, a file made ahead,
+        when given: taken over): its path and bytes written.
 
         :raises InvalidInputError: a file part that does not hash to ``sha256``.
         """
         if isinstance(part, bytes):
-            return fsutil.write_temp(dest, part, dir_fd=self.dir_fd, sync=False), len(part)
-        copied = partcopy.copy_temp(dest, part, dir_fd=self.dir_fd)
+            tmp = fsutil.write_temp(dest, part, dir_fd=self.dir_fd, sync=False, made=made)
+            return tmp, len(part)
+        copied = partcopy.copy_temp(dest, part, dir_fd=self.dir_fd, made=made)
         if sha256 is not None and copied.sha256 != sha256:
             fsutil.safe_unlink(copied.tmp, self.dir_fd)
             raise InvalidInputError(
