@@ -35,8 +35,9 @@ import os
 import stat
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import Enum
@@ -76,9 +77,11 @@ DEFAULT_CLOCK_SKEW_S = 300.0
 #: (ext4) or the server (NFS), not the CPU: measured on ext4 with 2 cores, 8 threads remove
 #: files ~1.9x faster than one, 2 threads ~1.3x.
 DELETE_WORKERS = 8
-#: Entries removed per batch: a batch's entries are held as groups (~1 KiB each) until its
-#: removals are done, so 200,000 candidates never are at once (docs/eviction.md#memory).
-BATCH = 512 * DELETE_WORKERS
+#: Entries one removal task takes, and tasks handed out at once: only those entries are
+#: held as groups (~1 KiB each) until removed, so 200,000 candidates never are at once
+#: (docs/eviction.md#memory), and the threads never wait for each other.
+TASK = 32
+IN_FLIGHT = 4 * DELETE_WORKERS
 
 SKIP_BUSY = "busy"
 SKIP_MISSING = "missing"
@@ -524,35 +527,49 @@ def _known(tables: tuple[dict[str, entry.FileStat], ...], name: str) -> entry.Fi
     return None
 
 
-def _batches(plan: AnyPlan, freed: Callable[[], int]) -> Iterator[list[EntryGroup]]:
-    """The candidates, then as much of the reserve as the shortfall needs, batch by batch
-    (at most :data:`BATCH` entries each: only a batch's entries are made into groups)."""
-    pending = plan.pending()
-    while freed() < plan.need_bytes:
-        batch: list[EntryGroup] = []
-        planned = 0
-        for group in pending:
-            batch.append(group)
-            planned += group.size
-            if freed() + planned >= plan.need_bytes or len(batch) >= BATCH:
-                break
-        if not batch:
-            return
-        yield batch
-
-
 def _evict(
     chip_fd: int, scan: ChipScan, plan: AnyPlan, report: GcReport, progress: Progress | None
 ) -> None:
+    """Remove the candidates, then as much of the reserve as the shortfall needs, on
+    :data:`DELETE_WORKERS` threads: tasks of :data:`TASK` entries, at most
+    :data:`IN_FLIGHT` of them handed out at once (only their entries are made into groups),
+    each recorded in plan order once done. An entry is handed out only while the bytes
+    freed and those in flight fall short of the plan's need, so a hit that saves a candidate
+    brings in the next entry of the reserve, and the reserve is not walked otherwise.
+
+    Tasks are handed out as threads free up, not in batches that wait for their slowest
+    thread: the ``unlink`` of a file in a large folder sleeps (ext4's journal), and only
+    threads kept busy overlap those sleeps (``scripts/bench --only eviction``: the threaded
+    floor).
+    """
     counter = _Counter(len(plan.kernels), progress)
+    pending = plan.pending()
+    need = plan.need_bytes
+    flying: deque[tuple[Future[list[Outcome]], int]] = deque()
+    planned = 0  # bytes of the entries handed out and not yet recorded
     with ThreadPoolExecutor(DELETE_WORKERS, thread_name_prefix="cachemgr-evict") as pool:
-        for batch in _batches(plan, lambda: report.evicted_bytes):
-            counter.total = max(counter.total, counter.done + len(batch))
-            slices = [batch[i::DELETE_WORKERS] for i in range(DELETE_WORKERS)]
-            jobs = [pool.submit(_evict_slice, chip_fd, scan, part, counter) for part in slices]
-            for job in jobs:
-                for outcome, group, freed, denied in job.result():
-                    _record(report, outcome, group, freed, denied)
+        while True:
+            task: list[EntryGroup] = []
+            size = 0
+            while len(task) < TASK and report.evicted_bytes + planned + size < need:
+                group = next(pending, None)
+                if group is None:
+                    break
+                task.append(group)
+                size += group.size
+            if task:
+                counter.total = max(counter.total, counter.handed + len(task))
+                counter.handed += len(task)
+                flying.append((pool.submit(_evict_slice, chip_fd, scan, task, counter), size))
+                planned += size
+                if len(flying) < IN_FLIGHT:
+                    continue
+            if not flying:
+                return
+            job, size = flying.popleft()
+            planned -= size
+            for outcome, group, freed, denied in job.result():
+                _record(report, outcome, group, freed, denied)
 
 
 class _Counter:
@@ -561,6 +578,7 @@ class _Counter:
     def __init__(self, total: int, progress: Progress | None) -> None:
         self.total = total
         self.done = 0
+        self.handed = 0  # entries handed to the threads (the main thread's count)
         self._progress = progress
         self._lock = threading.Lock()
 

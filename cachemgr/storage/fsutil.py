@@ -80,6 +80,7 @@ from cachemgr.storage.remove import (
     remove_tree,
     remove_tree_at,
     safe_unlink,
+    unlink_in,
 )
 
 # every name fsutil defined, now defined in the module named above; and the three it always
@@ -134,6 +135,7 @@ __all__ = [
     "temp_writer_dead",
     "touch_atime",
     "try_lock",
+    "unlink_in",
     "user_name",
     "write_temp",
 ]
