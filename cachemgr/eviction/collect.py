@@ -55,6 +55,7 @@ from cachemgr.eviction.files import (
     release_removed,
     remove_group,
 )
+from cachemgr.eviction.judged import JudgedRecord
 from cachemgr.eviction.order import CompactPlan, plan_compact
 from cachemgr.eviction.plan import EvictionPlan, check_limits, plan_eviction
 from cachemgr.eviction.reclaim import (
@@ -441,13 +442,21 @@ def _scan(
     its main jsons changed since ``fatal_since_ns`` judged for GE-fatal shapes as listed
     (None: not judged; docs/eviction.md#cost) until ``deadline`` (``time.monotonic()``; the
     rest is left to the full check, which stops at it); the full one of ``entry.scan_chip``
-    when two names met under one hash key."""
-    judge = None if fatal_since_ns is None else PlainJudge(chip_fd, fatal_since_ns, deadline)
+    when two names met under one hash key. When every main json is judged
+    (``fatal_since_ns`` 0), those a previous gc judged and nobody else can have changed are
+    not read again (:mod:`cachemgr.eviction.judged`), and the record is written for the next."""
+    record = JudgedRecord.open(chip_dir, chip_fd) if fatal_since_ns == 0 else None
+    judge = (
+        None if fatal_since_ns is None else PlainJudge(chip_fd, fatal_since_ns, deadline, record)
+    )
     try:
-        return scan_compact(chip_dir, chip_fd, judge)
+        scan = scan_compact(chip_dir, chip_fd, judge)
     except HashCollision as exc:
         log.warning("%s: two names share a hash key (%s); scanned in full", chip_dir, exc)
         return entry.scan_chip(chip_dir, chip_fd)
+    if record is not None:
+        record.save()
+    return scan
 
 
 #: Chip folders already warned about for future access times (once per folder; bounded:
