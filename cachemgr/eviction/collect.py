@@ -503,13 +503,18 @@ def _bytes_after(chip_fd: int, scan: ChipScan) -> int:
     ``lstat``-s everything anyway (docs/design.md#sharing-and-locking).
     """
     entries = scan.entries
+    compact = entries if isinstance(entries, CompactEntries) else None
     tables = (scan.orphans, scan.temps, scan.locks, scan.silly, scan.manifests)
     total = 0
     with os.scandir(chip_fd) as it:
         for de in it:
             name = de.name
-            if isinstance(entries, CompactEntries):
-                fst = entries.file_stat(name)
+            if compact is not None:
+                known = compact.size_of(name)
+                if known >= 0:
+                    total += known
+                    continue
+                fst = None
             else:
                 group = entries.get(name.rpartition(".")[0])
                 fst = None if group is None else group.files.get(name)
