@@ -179,6 +179,19 @@ def test_gc_removes_exactly_the_planned_entries(aged: Path) -> None:
     assert report.to_json()["evicted_entries"] == 7
 
 
+def test_the_report_names_evicted_entries_in_the_plans_order(chip: Path) -> None:
+    """The removal threads take the candidates in order and each is recorded in that order,
+    as the dry run names them: least recently accessed first (a report interleaved by thread
+    said otherwise)."""
+    now = time.time()
+    for i in range(40):
+        make_entry(chip, f"te_o_{i:02d}", 4096, now - DAY + i * 60)
+    planned = gc_chip(chip, 1, 1, 0, force_ratio=True, dry_run=DryRun.YES).evicted
+    report = gc_chip(chip, 1, 1, 0, force_ratio=True)
+    assert len(planned) > 16  # more than one entry per removal thread
+    assert report.evicted == planned == [f"te_o_{i:02d}" for i in range(len(planned))]
+
+
 def test_dry_run_removes_nothing_and_names_the_same_entries(aged: Path) -> None:
     before = names(aged)
     report = gc_chip(aged, 10, 50, dry_run=DryRun.YES)

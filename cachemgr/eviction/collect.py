@@ -35,8 +35,9 @@ import os
 import stat
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import Enum
@@ -54,6 +55,7 @@ from cachemgr.eviction.files import (
     release_removed,
     remove_group,
 )
+from cachemgr.eviction.judged import JudgedRecord
 from cachemgr.eviction.order import CompactPlan, plan_compact
 from cachemgr.eviction.plan import EvictionPlan, check_limits, plan_eviction
 from cachemgr.eviction.reclaim import (
@@ -76,9 +78,11 @@ DEFAULT_CLOCK_SKEW_S = 300.0
 #: (ext4) or the server (NFS), not the CPU: measured on ext4 with 2 cores, 8 threads remove
 #: files ~1.9x faster than one, 2 threads ~1.3x.
 DELETE_WORKERS = 8
-#: Entries removed per batch: a batch's entries are held as groups (~1 KiB each) until its
-#: removals are done, so 200,000 candidates never are at once (docs/eviction.md#memory).
-BATCH = 512 * DELETE_WORKERS
+#: Entries one removal task takes, and tasks handed out at once: only those entries are
+#: held as groups (~1 KiB each) until removed, so 200,000 candidates never are at once
+#: (docs/eviction.md#memory), and the threads never wait for each other.
+TASK = 32
+IN_FLIGHT = 4 * DELETE_WORKERS
 
 SKIP_BUSY = "busy"
 SKIP_MISSING = "missing"
@@ -438,13 +442,21 @@ def _scan(
     its main jsons changed since ``fatal_since_ns`` judged for GE-fatal shapes as listed
     (None: not judged; docs/eviction.md#cost) until ``deadline`` (``time.monotonic()``; the
     rest is left to the full check, which stops at it); the full one of ``entry.scan_chip``
-    when two names met under one hash key."""
-    judge = None if fatal_since_ns is None else PlainJudge(chip_fd, fatal_since_ns, deadline)
+    when two names met under one hash key. When every main json is judged
+    (``fatal_since_ns`` 0), those a previous gc judged and nobody else can have changed are
+    not read again (:mod:`cachemgr.eviction.judged`), and the record is written for the next."""
+    record = JudgedRecord.open(chip_dir, chip_fd) if fatal_since_ns == 0 else None
+    judge = (
+        None if fatal_since_ns is None else PlainJudge(chip_fd, fatal_since_ns, deadline, record)
+    )
     try:
-        return scan_compact(chip_dir, chip_fd, judge)
+        scan = scan_compact(chip_dir, chip_fd, judge)
     except HashCollision as exc:
         log.warning("%s: two names share a hash key (%s); scanned in full", chip_dir, exc)
         return entry.scan_chip(chip_dir, chip_fd)
+    if record is not None:
+        record.save()
+    return scan
 
 
 #: Chip folders already warned about for future access times (once per folder; bounded:
@@ -491,13 +503,18 @@ def _bytes_after(chip_fd: int, scan: ChipScan) -> int:
     ``lstat``-s everything anyway (docs/design.md#sharing-and-locking).
     """
     entries = scan.entries
+    compact = entries if isinstance(entries, CompactEntries) else None
     tables = (scan.orphans, scan.temps, scan.locks, scan.silly, scan.manifests)
     total = 0
     with os.scandir(chip_fd) as it:
         for de in it:
             name = de.name
-            if isinstance(entries, CompactEntries):
-                fst = entries.file_stat(name)
+            if compact is not None:
+                known = compact.size_of(name)
+                if known >= 0:
+                    total += known
+                    continue
+                fst = None
             else:
                 group = entries.get(name.rpartition(".")[0])
                 fst = None if group is None else group.files.get(name)
@@ -524,35 +541,49 @@ def _known(tables: tuple[dict[str, entry.FileStat], ...], name: str) -> entry.Fi
     return None
 
 
-def _batches(plan: AnyPlan, freed: Callable[[], int]) -> Iterator[list[EntryGroup]]:
-    """The candidates, then as much of the reserve as the shortfall needs, batch by batch
-    (at most :data:`BATCH` entries each: only a batch's entries are made into groups)."""
-    pending = plan.pending()
-    while freed() < plan.need_bytes:
-        batch: list[EntryGroup] = []
-        planned = 0
-        for group in pending:
-            batch.append(group)
-            planned += group.size
-            if freed() + planned >= plan.need_bytes or len(batch) >= BATCH:
-                break
-        if not batch:
-            return
-        yield batch
-
-
 def _evict(
     chip_fd: int, scan: ChipScan, plan: AnyPlan, report: GcReport, progress: Progress | None
 ) -> None:
+    """Remove the candidates, then as much of the reserve as the shortfall needs, on
+    :data:`DELETE_WORKERS` threads: tasks of :data:`TASK` entries, at most
+    :data:`IN_FLIGHT` of them handed out at once (only their entries are made into groups),
+    each recorded in plan order once done. An entry is handed out only while the bytes
+    freed and those in flight fall short of the plan's need, so a hit that saves a candidate
+    brings in the next entry of the reserve, and the reserve is not walked otherwise.
+
+    Tasks are handed out as threads free up, not in batches that wait for their slowest
+    thread: the ``unlink`` of a file in a large folder sleeps (ext4's journal), and only
+    threads kept busy overlap those sleeps (``scripts/bench --only eviction``: the threaded
+    floor).
+    """
     counter = _Counter(len(plan.kernels), progress)
+    pending = plan.pending()
+    need = plan.need_bytes
+    flying: deque[tuple[Future[list[Outcome]], int]] = deque()
+    planned = 0  # bytes of the entries handed out and not yet recorded
     with ThreadPoolExecutor(DELETE_WORKERS, thread_name_prefix="cachemgr-evict") as pool:
-        for batch in _batches(plan, lambda: report.evicted_bytes):
-            counter.total = max(counter.total, counter.done + len(batch))
-            slices = [batch[i::DELETE_WORKERS] for i in range(DELETE_WORKERS)]
-            jobs = [pool.submit(_evict_slice, chip_fd, scan, part, counter) for part in slices]
-            for job in jobs:
-                for outcome, group, freed, denied in job.result():
-                    _record(report, outcome, group, freed, denied)
+        while True:
+            task: list[EntryGroup] = []
+            size = 0
+            while len(task) < TASK and report.evicted_bytes + planned + size < need:
+                group = next(pending, None)
+                if group is None:
+                    break
+                task.append(group)
+                size += group.size
+            if task:
+                counter.total = max(counter.total, counter.handed + len(task))
+                counter.handed += len(task)
+                flying.append((pool.submit(_evict_slice, chip_fd, scan, task, counter), size))
+                planned += size
+                if len(flying) < IN_FLIGHT:
+                    continue
+            if not flying:
+                return
+            job, size = flying.popleft()
+            planned -= size
+            for outcome, group, freed, denied in job.result():
+                _record(report, outcome, group, freed, denied)
 
 
 class _Counter:
@@ -561,6 +592,7 @@ class _Counter:
     def __init__(self, total: int, progress: Progress | None) -> None:
         self.total = total
         self.done = 0
+        self.handed = 0  # entries handed to the threads (the main thread's count)
         self._progress = progress
         self._lock = threading.Lock()
 

@@ -289,24 +289,34 @@ class CompactEntries(MutableMapping[str, EntryGroup]):
         j = self.row(kernel)
         return None if j < 0 else self.group_at(j, kernel)
 
-    def file_stat(self, name: str) -> FileStat | None:
-        """What the scan saw of ``name`` when it is a file of an entry by its stem (the
-        entry's own ``<kernel>.<ext>``); None otherwise."""
+    def size_of(self, name: str) -> int:
+        """The size the scan saw of ``name`` (bytes) when it is a file of an entry by its
+        stem (the entry's own ``<kernel>.<ext>``), else -1: asked once per listed file when
+        gc measures what is left, so the row is found inline and no tuple is made."""
         stem, _, ext = name.rpartition(".")
         group = self._dict.get(stem)
         if group is not None:
-            return group.files.get(name)
-        j = self.row(stem)
+            fst = group.files.get(name)
+            return -1 if fst is None else fst.size
+        key = hash(stem)
+        index, keys, mask = self._index, self.keys_, self._mask
+        i = key & mask
+        while (j := index[i]) >= 0 and keys[j] != key:
+            i = (i + 1) & mask
         if j < 0:
-            return None
+            return -1
         flags = self.flags[j]
+        if flags & (_JSON | _DEAD) != _JSON or self._chk[j] != _check(stem):
+            return -1
+        if not simple_stem(stem):
+            return -1
         if ext == _JSON_EXT:
-            return FileStat(self._jsize[j], self.atimes[j], 0)
-        if ext == _HEADER_EXT and flags & _HEADER:
-            return FileStat(self._hsize[j], 0, 0)
+            return self._jsize[j]
+        if ext == _HEADER_EXT:
+            return self._hsize[j] if flags & _HEADER else -1
         if flags & _BIN and self._ext_names[self._ext[j]] == ext:
-            return FileStat(self._bsize[j], 0, 0)
-        return None
+            return self._bsize[j]
+        return -1
 
     def names(
         self, unresolved_only: bool = False, rows: bytes | None = None

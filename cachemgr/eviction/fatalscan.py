@@ -20,6 +20,7 @@ import os
 import stat
 import time
 from collections.abc import Iterator
+from typing import Protocol
 
 from cachemgr.eviction.compact import CompactEntries
 from cachemgr.storage import entry, fsutil, gefatal
@@ -93,6 +94,17 @@ def plainly_not_fatal(raw: bytes) -> bool:
     return gefatal.main_fatal(data, "") is None and not gefatal.sub_json_names(data)
 
 
+class Record(Protocol):
+    """Main jsons judged before (:class:`cachemgr.eviction.judged.JudgedRecord`)."""
+
+    def known(self, st: os.stat_result) -> bool:
+        """Was the json ``st`` describes judged plainly not fatal, unchanged since?"""
+
+    def keep(self, st: os.stat_result, seen_ns: int) -> None:
+        """Record the json ``st`` describes, just judged plainly not fatal; ``seen_ns`` is
+        the latest change stamp the scan saw before reading it."""
+
+
 class PlainJudge:
     """:class:`cachemgr.eviction.compact.Judge` for gc's scan: a main json changed at or
     after ``since_ns`` (0 = every one) needs the full check unless :func:`read_plain` reads
@@ -105,12 +117,24 @@ class PlainJudge:
         listed after it is marked unread for the full check, which stops at the same
         deadline (``ReclaimResult.stopped``: the run reports ``skipped="deadline"``); None =
         no deadline. ``late`` says it passed.
+    :param record: main jsons judged before: one it knows is not read again, one read and
+        cleared is kept in it (:mod:`cachemgr.eviction.judged`, its rules of trust).
     """
 
-    def __init__(self, chip_fd: int, since_ns: int, deadline: float | None = None) -> None:
+    def __init__(
+        self,
+        chip_fd: int,
+        since_ns: int,
+        deadline: float | None = None,
+        record: Record | None = None,
+    ) -> None:
         self.chip_fd = chip_fd
         self.since_ns = since_ns
+        self.record = record
         self._clock = _Clock(deadline)
+        folder = os.fstat(chip_fd)
+        #: the latest change stamp seen in the folder so far (its clock: the file system's)
+        self._seen_ns = max(folder.st_ctime_ns, folder.st_mtime_ns)
 
     @property
     def late(self) -> bool:
@@ -122,9 +146,21 @@ class PlainJudge:
             return False
         if self._clock.late or entry.is_pre_entry(name[: -len(".json")]):
             return True  # past the deadline: not cleared, left to the full check
+        record = self.record
+        if record is None:
+            raw = read_plain(self.chip_fd, name)
+            self._clock.tick(st.st_size)
+            return raw is None or not plainly_not_fatal(raw)
+        if st.st_ctime_ns > self._seen_ns:
+            self._seen_ns = st.st_ctime_ns
+        if record.known(st):
+            return False
         raw = read_plain(self.chip_fd, name)
         self._clock.tick(st.st_size)
-        return raw is None or not plainly_not_fatal(raw)
+        if raw is None or not plainly_not_fatal(raw):
+            return True
+        record.keep(st, self._seen_ns)
+        return False
 
 
 class _Clock:

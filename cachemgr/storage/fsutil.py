@@ -81,6 +81,7 @@ from cachemgr.storage.remove import (
     remove_tree,
     remove_tree_at,
     safe_unlink,
+    unlink_in,
 )
 
 # every name fsutil defined, now defined in the module named above; and the three it always
@@ -135,6 +136,7 @@ __all__ = [
     "temp_writer_dead",
     "touch_atime",
     "try_lock",
+    "unlink_in",
     "user_name",
     "write_all",
     "write_temp",

@@ -214,7 +214,7 @@ def remove_entry_files(
     out = Removal()
     for name in removal_order(names, json_name):
         try:
-            if fsutil.safe_unlink(chip_dir / name, dir_fd):
+            if fsutil.unlink_in(chip_dir, name, dir_fd):
                 out.files += 1
                 out.bytes += (sizes or {}).get(name, 0)
                 out.removed.append(name)
