@@ -1,0 +1,101 @@
+"""Attacks on what a site sends to and takes from its remotes (docs/security.md, "Fast paths
+review"): a group member writing into the daemon's own entries to get its code signed with the
+site's key, and a remote server that answers too slowly to ever finish. Real daemons, a real
+``redis-server``, a real HTTP server on loopback, real users."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from cachemgr.remote import blob
+from cachemgr.remote.redis_tier import RedisTier
+from tests.compile_util import counting_cc, request_data
+from tests.conftest import kernel_json
+from tests.daemon_util import daemon_env, start_daemon, wait_for
+from tests.remote_util import RedisServer, keys_toml, site_keys
+from tests.users_util import Users, run_as
+
+
+def _write_in_place_as(users: Users, name: str, path: Path, data: Path) -> None:
+    """User ``name`` rewrites ``path`` in place (same inode, same owner) with the bytes of
+    ``data``: what any member may do to a group-writable file."""
+    script = (
+        "import os, sys\n"
+        "data = open(sys.argv[2], 'rb').read()\n"
+        "fd = os.open(sys.argv[1], os.O_WRONLY | os.O_TRUNC)\n"
+        "os.write(fd, data)\n"
+        "os.close(fd)\n"
+    )
+    done = subprocess.run(
+        ["/usr/bin/python3", "-c", script, str(path), str(data)],
+        capture_output=True,
+        text=True,
+        check=False,
+        **run_as(name, users),  # type: ignore[arg-type]
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_member_writing_into_the_daemons_own_entry_gets_nothing_signed(
+    redis_server: RedisServer, tmp_path: Path, users: Users
+) -> None:
+    """The daemon's own entries are ``0660`` for the sharing group, so any member may write
+    into them without changing their owner. A member rewrites the binary and the json of an
+    entry the daemon compiled (same inodes, still the daemon user's files) after the remote
+    lost it (its LRU eviction): the daemon must not sign the member's bytes with the site's
+    key and upload them, where every other site would serve them as a verified remote hit."""
+    cc = counting_cc(tmp_path / "cc")
+    remote = redis_server.url + "|name=r"
+    folder = tmp_path / "site"
+    folder.mkdir()
+    cfg = folder / "c.toml"
+    cfg.write_text(f'[compilers]\ncc = "{cc}"\n[remote]\nstorage = ["{remote}"]\n')
+    cfg.write_text(cfg.read_text() + keys_toml(tmp_path))
+    root = users.base / "cache"
+    root.mkdir()
+    shutil.chown(root, group=users.group)
+    root.chmod(0o2770)
+    env = daemon_env(folder)
+    d = start_daemon(folder, "--cache-dir", str(root), "--config", str(cfg), env=env)
+    probe = redis_server.client()
+    try:
+        first = d.client.compile(request_data(defines={"N": 7171, "B_N": 1})).to_json()
+        assert first["status"] == "compiled", first
+        kernel = first["kernel_name"]
+        chip = Path(first["files"][0]).parent
+        key = RedisTier.key(chip.name, kernel)
+        wait_for(lambda: probe.exists(key), 30, "the compile's own upload")
+        probe.delete(key)  # the remote's maxmemory LRU evicted it
+        main, binary = chip / f"{kernel}.json", chip / f"{kernel}.o"
+        assert main.stat().st_uid == os.geteuid() and main.stat().st_mode & 0o020
+
+        evil = b"\x7fELF a member's code " + os.urandom(64)
+        doc = json.loads(main.read_bytes())
+        doc["sha256"] = kernel_json(kernel, evil)["sha256"]
+        staged = users.base / "staged"
+        staged.mkdir()
+        (staged / "o").write_bytes(evil)
+        (staged / "json").write_bytes(json.dumps(doc).encode())
+        staged.chmod(0o755)
+        for part in ("o", "json"):
+            (staged / part).chmod(0o644)
+        _write_in_place_as(users, users.alice, binary, staged / "o")
+        _write_in_place_as(users, users.alice, main, staged / "json")
+        assert main.stat().st_uid == os.geteuid()  # still the daemon user's file
+
+        def settled() -> bool:
+            remotes = d.client.stats().to_json()
+            return bool(probe.exists(key)) or remotes["remote_upload_refused"] >= 1
+
+        wait_for(settled, 30, "the daemon to upload or refuse the rewritten entry")
+        raw = probe.get(key)
+        if raw is not None:
+            got = blob.decode(raw, chip.name, kernel, site_keys(tmp_path))
+            assert evil not in got.files.values(), "the member's binary went out signed"
+        assert raw is None, "a member's bytes were uploaded under the site's key"
+    finally:
+        d.stop()
