@@ -5,18 +5,25 @@ site's key, and a remote server that answers too slowly to ever finish. Real dae
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import shutil
 import subprocess
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from cachemgr.remote import blob
+from cachemgr.remote.config import RemoteConfig, parse_spec
 from cachemgr.remote.redis_tier import RedisTier
+from cachemgr.remote.tierset import RemoteTiers
 from tests.compile_util import counting_cc, request_data
-from tests.conftest import kernel_json
+from tests.conftest import SOC, kernel_json
 from tests.daemon_util import daemon_env, start_daemon, wait_for
-from tests.remote_util import RedisServer, keys_toml, site_keys
+from tests.remote_util import RedisServer, keys_toml, site_keys, trust_fields
 from tests.users_util import Users, run_as
 
 
@@ -99,3 +106,61 @@ def test_a_member_writing_into_the_daemons_own_entry_gets_nothing_signed(
         assert raw is None, "a member's bytes were uploaded under the site's key"
     finally:
         d.stop()
+
+
+class _Trickles(http.server.BaseHTTPRequestHandler):
+    """An HTTP cache server that answers every ``GET`` with a ``Content-Length`` and then one
+    byte every 0.1 s: never silent for the read timeout, never done."""
+
+    stop = threading.Event()
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", "4000")
+        self.end_headers()
+        try:
+            for _ in range(4000):
+                if self.stop.wait(0.1):
+                    return
+                self.wfile.write(b"x")
+                self.wfile.flush()
+        except OSError:  # the client gave up: what it should do
+            return
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def trickling() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Trickles)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/cache"
+    finally:
+        _Trickles.stop.set()
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_server_trickling_its_answer_costs_a_lookup_a_bounded_time(
+    trickling: str, tmp_path: Path
+) -> None:
+    """A remote that sends its answer one byte at a time, each within the read timeout
+    (``operation-timeout``, 500 ms), held a lookup — a compile, under its entry lock — for as
+    long as the answer lasts (4,000 bytes: 400 s; a 64 MiB one: months). The lookup must end
+    as a miss that opens the breaker, long before the answer would."""
+    spec = parse_spec(f"{trickling}|name=slow|operation-timeout=500", "test")
+    config = RemoteConfig((spec,), "test", failures_before_open=3, **trust_fields(tmp_path))
+    tiers = RemoteTiers.from_config(config)
+    assert tiers is not None
+    got: list[object] = []
+    lookup = threading.Thread(target=lambda: got.append(tiers.fetch(SOC, "te_slow")), daemon=True)
+    lookup.start()
+    lookup.join(timeout=60)  # the answer would take 400 s
+    assert not lookup.is_alive(), "the lookup is still reading the trickled answer"
+    assert got == [None]
+    row = tiers.stats()["slow"]
+    assert row["errors"] == 1 and row["state"] == "failing", row

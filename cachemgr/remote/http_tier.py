@@ -69,6 +69,9 @@ from cachemgr.storage.tiers import EntryFiles, TierStat
 #: The errors of an unreachable, slow or failing server (the breaker counts them).
 ERRORS: tuple[type[BaseException], ...] = (requests.RequestException, OSError)
 CHUNK_BYTES = 1 << 20
+#: The slowest pace an answer may come at: this many bytes per ``operation-timeout``
+#: (:func:`answer_deadline_s`).
+MIN_RATE_BYTES = 1 << 20
 #: Answers to a ``PUT`` into a missing folder: RFC 4918's ``409`` (wsgidav, Apache), nginx's
 #: ``500`` (``create_full_put_path off``). Folders are made and the ``PUT`` tried once more.
 NO_FOLDER = (409, 500)
@@ -90,6 +93,13 @@ _REFUSED: Mapping[str, float] = MappingProxyType({})
 REGISTER_ATTEMPTS = 8
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,200}")
 _WRITER = re.compile(r"[0-9a-f]{16}")
+
+
+def answer_deadline_s(operation_timeout_s: float, size: int) -> float:
+    """Seconds the whole body of an answer of ``size`` bytes may take: one
+    ``operation-timeout`` for it to start, one more per :data:`MIN_RATE_BYTES` (a LAN server
+    streams a 64 MiB blob in well under a second; this allows 33 s at the default 500 ms)."""
+    return operation_timeout_s * (1 + -(-max(0, size) // MIN_RATE_BYTES))
 
 
 def default_writer() -> str:
@@ -135,6 +145,9 @@ class HttpTier:
         self._session = requests.Session()
         self._session.verify = _system_cas()
         self._session.trust_env = False  # no proxy from the environment for a cache server
+        # blobs are read as sent: a server's Content-Encoding is never decoded (a blob so
+        # encoded fails its checks), so a read is bounded by the bytes on the wire
+        self._session.headers["Accept-Encoding"] = "identity"
         if spec.bearer_token:
             self._session.headers["Authorization"] = f"Bearer {spec.bearer_token}"
         elif spec.password is not None:
@@ -198,12 +211,36 @@ class HttpTier:
                     f"answer of {length} bytes (Content-Length) is over the "
                     f"{self.max_blob_bytes}-byte cap; not read"
                 )
-            chunks, total = [], 0
-            for chunk in resp.iter_content(CHUNK_BYTES):
-                total += len(chunk)
-                if total > self.max_blob_bytes:
-                    raise blob.BadBlob(f"answer is over the {self.max_blob_bytes}-byte cap")
-                chunks.append(chunk)
+            data = self._read_body(resp, self.max_blob_bytes, url)
+        if data is None:
+            raise blob.BadBlob(f"answer is over the {self.max_blob_bytes}-byte cap")
+        return data
+
+    def _read_body(self, resp: requests.Response, cap: int, url: str) -> bytes | None:
+        """The body of ``resp``, None when it is over ``cap`` bytes (no more than the cap and
+        one read are held). The bytes as sent (no ``Content-Encoding`` is decoded: asked for
+        ``identity``), read as they arrive; the whole body must come within its deadline
+        (:func:`answer_deadline_s`), whatever the pace — a read timeout bounds only each
+        silence, and a server sending one byte per silence never met it.
+
+        :raises requests.Timeout: the deadline passed (a lookup that timed out: the breaker
+            opens at once).
+        """
+        length = resp.headers.get("Content-Length", "")
+        size = int(length) if length.isdigit() else cap
+        deadline = time.monotonic() + answer_deadline_s(self.spec.operation_timeout_s, size)
+        chunks, total = [], 0
+        while chunk := resp.raw.read1(CHUNK_BYTES, decode_content=False):
+            total += len(chunk)
+            if total > cap:
+                return None
+            chunks.append(chunk)
+            if time.monotonic() > deadline:
+                raise requests.Timeout(
+                    f"GET {redact_url(url)}: {total} bytes in "
+                    f"{answer_deadline_s(self.spec.operation_timeout_s, size):g} s, under "
+                    f"{MIN_RATE_BYTES} bytes per operation-timeout; given up"
+                )
         return b"".join(chunks)
 
     def fetch(self, soc_version: str, kernel: str, use: bool = True) -> EntryFiles | None:
@@ -461,19 +498,16 @@ class HttpTier:
             if resp.status_code == 404:
                 return None, None, False
             self._check(resp, "GET")
-            chunks, total = [], 0
-            for chunk in resp.iter_content(CHUNK_BYTES):
-                total += len(chunk)
-                if total > MAX_INDEX_BYTES:
-                    if not quiet:
-                        log.warning(
-                            "remote %s: an index object is over the %d-byte cap; not read",
-                            self.name,
-                            MAX_INDEX_BYTES,
-                        )
-                    return None, None, True
-                chunks.append(chunk)
-            return b"".join(chunks), resp.headers.get("ETag"), False
+            data = self._read_body(resp, MAX_INDEX_BYTES, url)
+            if data is None:
+                if not quiet:
+                    log.warning(
+                        "remote %s: an index object is over the %d-byte cap; not read",
+                        self.name,
+                        MAX_INDEX_BYTES,
+                    )
+                return None, None, True
+            return data, resp.headers.get("ETag"), False
 
     def _put_object(
         self,
