@@ -164,3 +164,61 @@ def test_a_server_trickling_its_answer_costs_a_lookup_a_bounded_time(
     assert got == [None]
     row = tiers.stats()["slow"]
     assert row["errors"] == 1 and row["state"] == "failing", row
+
+
+class _Redirects(http.server.BaseHTTPRequestHandler):
+    """An HTTP cache server that answers every request with a redirect to another path of
+    its own (``Location``), counting what it was asked."""
+
+    asked: list[str] = []  # noqa: RUF012 (the test reads it)
+
+    def _redirect(self) -> None:
+        self.asked.append(f"{self.command} {self.path}")
+        self.send_response(302)
+        self.send_header("Location", f"/hop{len(self.asked)}{self.path}")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_GET = do_HEAD = do_DELETE = _redirect
+
+    def do_PUT(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self._redirect()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def redirecting() -> Iterator[str]:
+    _Redirects.asked.clear()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Redirects)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/cache"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_remote_answering_redirects_is_asked_once_a_lookup(
+    redirecting: str, tmp_path: Path
+) -> None:
+    """A remote that answers every lookup with a redirect to another of its paths: each
+    lookup followed 30 of them (31 requests, each allowed its own ``operation-timeout``: a
+    server answering each near the timeout held a compile for 15 s, times the failures
+    before the breaker opens), wherever they pointed. A cache server's URL names the server:
+    a redirect is not followed, it is one failure naming it."""
+    spec = parse_spec(f"{redirecting}|name=moved", "test")
+    config = RemoteConfig((spec,), "test", failures_before_open=1, **trust_fields(tmp_path))
+    tiers = RemoteTiers.from_config(config)
+    assert tiers is not None
+    assert tiers.fetch(SOC, "te_moved") is None
+    assert len(_Redirects.asked) == 1, _Redirects.asked[:3]
+    row = tiers.stats()["moved"]
+    assert row["errors"] == 1 and row["state"] == "failing", row
+    assert (
+        "HTTP 302" in tiers.breakers["moved"].why and "not followed" in tiers.breakers["moved"].why
+    )

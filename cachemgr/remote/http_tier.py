@@ -17,7 +17,9 @@ path made, from the top (``MKCOL``; ``405``: it exists already — so
 upload waits ``upload-timeout``, every other request ``operation-timeout``. A blob over
 ``max_blob_bytes`` is not sent, and ``413 Payload Too Large`` is that entry's problem
 (:class:`~cachemgr.remote.uploadcap.EntryTooBig`), not an outage of the server. Basic auth
-comes from the URL or a ``password-file``; a bearer token from ``bearer-token-file``.
+comes from the URL or a ``password-file``; a bearer token from ``bearer-token-file``. A
+redirect is never followed (an error naming it), a ``Content-Encoding`` never decoded, and an
+answer must arrive whole within :func:`answer_deadline_s`.
 ``https://`` verifies against the system's CA bundle. The server owns its size (``gc`` never
 touches a remote).
 
@@ -177,8 +179,19 @@ class HttpTier:
         return f"{self.base}/{h[:2]}/{h[2:]}"
 
     def _check(self, resp: requests.Response, method: str) -> None:
+        """Raise for an answer that is no success (a redirect included: never followed — the
+        remote's URL names the cache server, and an answer from wherever a redirect points
+        would cost a request and its own timeout per hop).
+
+        :raises HttpError: one line: method, URL, status.
+        """
+        url = redact_url(resp.url) if resp.url else self.spec.url  # the URL, not the spec
+        if 300 <= resp.status_code < 400:
+            raise HttpError(
+                f"{method} {url}: HTTP {resp.status_code}, a redirect (not followed: give the "
+                "server's own URL)"
+            )
         if resp.status_code >= 400:
-            url = redact_url(resp.url) if resp.url else self.spec.url  # the URL, not the spec
             raise HttpError(f"{method} {url}: HTTP {resp.status_code}")
 
     def lookup(self, soc_version: str, kernel: str) -> bool:
@@ -201,7 +214,9 @@ class HttpTier:
         :raises HttpError, requests.RequestException: the server failed.
         """
         url = self.url(soc_version, kernel)
-        with self._session.get(url, timeout=self._timeout, stream=True) as resp:
+        with self._session.get(
+            url, timeout=self._timeout, stream=True, allow_redirects=False
+        ) as resp:
             if resp.status_code == 404:
                 return None
             self._check(resp, "GET")
@@ -267,10 +282,14 @@ class HttpTier:
         url = self.url(entry_files.soc_version, entry_files.kernel)
         data = blob.encode(entry_files, self.keys)
         check_blob(data, self.max_blob_bytes, self.name)
-        resp = self._session.put(url, data=data, timeout=self._upload_timeout)
+        resp = self._session.put(
+            url, data=data, timeout=self._upload_timeout, allow_redirects=False
+        )
         if resp.status_code in NO_FOLDER:
             refused = self._make_folders(url)
-            resp = self._session.put(url, data=data, timeout=self._upload_timeout)
+            resp = self._session.put(
+                url, data=data, timeout=self._upload_timeout, allow_redirects=False
+            )
             if resp.status_code in NO_FOLDER and refused:
                 raise HttpError(f"PUT {url}: HTTP {resp.status_code} after {refused}")
         if resp.status_code == 413:
@@ -293,7 +312,9 @@ class HttpTier:
         refused = ""
         for i in range(1, len(parts) + 1):
             folder = f"{origin}/{'/'.join(parts[:i])}/"
-            resp = self._session.request("MKCOL", folder, timeout=self._timeout)
+            resp = self._session.request(
+                "MKCOL", folder, timeout=self._timeout, allow_redirects=False
+            )
             if resp.status_code >= 300 and resp.status_code != 405:
                 refused = f"MKCOL {folder}: HTTP {resp.status_code}"
         return refused
@@ -303,7 +324,9 @@ class HttpTier:
 
         :raises HttpError, requests.RequestException: the server failed.
         """
-        resp = self._session.delete(self.url(soc_version, kernel), timeout=self._timeout)
+        resp = self._session.delete(
+            self.url(soc_version, kernel), timeout=self._timeout, allow_redirects=False
+        )
         if resp.status_code == 404:
             return False
         self._check(resp, "DELETE")
@@ -494,7 +517,9 @@ class HttpTier:
         """``GET`` a small object (at most ``MAX_INDEX_BYTES``): its bytes (None when absent
         or over the cap), its ETag, and whether it was over the cap (one warning line unless
         ``quiet``)."""
-        with self._session.get(url, timeout=self._timeout, stream=True) as resp:
+        with self._session.get(
+            url, timeout=self._timeout, stream=True, allow_redirects=False
+        ) as resp:
             if resp.status_code == 404:
                 return None, None, False
             self._check(resp, "GET")
@@ -518,10 +543,14 @@ class HttpTier:
     ) -> bool:
         """``PUT`` a JSON object; False on ``412`` (a condition failed) when ``conflict_ok``."""
         data = json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
-        resp = self._session.put(url, data=data, headers=headers, timeout=self._timeout)
+        resp = self._session.put(
+            url, data=data, headers=headers, timeout=self._timeout, allow_redirects=False
+        )
         if resp.status_code in NO_FOLDER:
             self._make_folders(url)
-            resp = self._session.put(url, data=data, headers=headers, timeout=self._timeout)
+            resp = self._session.put(
+                url, data=data, headers=headers, timeout=self._timeout, allow_redirects=False
+            )
         if resp.status_code == 412 and conflict_ok:
             return False
         self._check(resp, "PUT")
