@@ -76,7 +76,7 @@ MAX_BINARY_BYTES = 1 << 30
 #: The stats files: their lock, their largest size (bytes), and the new files' mode.
 STATS_LOCK = "cachemgr_stats.lock"
 MAX_STATS_BYTES = 64 * 1024
-STATS_LOCK_WAIT_S = 30.0
+STATS_LOCK_WAIT_S = 2.0  # cachemgr.storage.counters.RUN_END_WAIT_S (tests hold them equal)
 _KERNEL_BIN_SUFFIXES = (".o", ".so")
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

@@ -1,8 +1,8 @@
-"""A group member swaps a folder of the shared cache for a link while another user's command
-is between its walk and its last write (docs/security.md, section 1 and "Fast paths
-review"): nothing may be read, created or changed through the link. Real files, real
-processes, a real fcntl lock; the swap is made once the victim's process holds the folder
-it walked (seen in ``/proc/<pid>/fd``)."""
+"""A group member against another user's hit (docs/security.md, "Fast paths review"): a
+folder of the shared cache swapped for a link between the hit's walk and its last write
+(nothing may be read, created or changed through the link), and the shared stats lock held.
+Real files, real processes, real fcntl locks; the swap is made once the victim's process
+holds the folder it walked (seen in ``/proc/<pid>/fd``)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+from cachemgr import direct
+from cachemgr.storage import counters
 from tests.compile_util import SOC
 from tests.test_direct import Kit, Run
 
@@ -73,3 +75,39 @@ def test_kernel_cache_swapped_for_a_link_under_a_direct_hit_gets_no_counts_throu
     assert run.direct, "the direct path answered (it walked before the swap)"
     assert sorted(p.name for p in victim.iterdir()) == before, run.out + run.err
     assert json.loads(theirs.read_text()) == {"hits": 5}, "a hit counted through the link"
+
+
+def test_a_member_holding_the_stats_lock_costs_a_hit_seconds_not_a_minute(
+    tmp_path: Path,
+) -> None:
+    """``cachemgr_stats.lock`` is ``0660``: any member may take it and keep it. Every
+    ``cachemgr compile`` hit of every user then waited 30 s for it in direct mode, handed
+    over, and waited 30 s more in the full path's end-of-run flush (60.5 s per hit, the
+    counts lost anyway). Counters are statistics: a run waits for their lock briefly, then
+    keeps its hit, says the counts were not saved, and ends."""
+    kit = Kit(tmp_path)
+    kit.primed()
+    held = os.open(kit.cache / "kernel_cache" / "cachemgr_stats.lock", os.O_RDWR)
+    fcntl.lockf(held, fcntl.LOCK_EX)
+    argv = [sys.executable, "-X", "importtime", "-m", "cachemgr", *kit.argv]
+    try:
+        proc = subprocess.Popen(
+            argv, env=kit.env, cwd=kit.project, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        try:
+            out, err = proc.communicate(timeout=20)  # it took 60.5 s
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            raise AssertionError("a hit waited more than 20 s for a held stats lock") from None
+    finally:
+        os.close(held)
+    run = Run(subprocess.CompletedProcess(argv, proc.returncode, out, err))
+    assert run.code == 0 and run.status() == "hit", run.out + run.err
+    assert "cannot save the counters" in run.err, run.err
+
+
+def test_direct_mode_waits_for_the_stats_lock_as_a_run_ends() -> None:
+    """Direct mode (standard library only) spells the full path's wait itself."""
+    assert direct.STATS_LOCK_WAIT_S == counters.RUN_END_WAIT_S
