@@ -76,7 +76,7 @@ MAX_BINARY_BYTES = 1 << 30
 #: The stats files: their lock, their largest size (bytes), and the new files' mode.
 STATS_LOCK = "cachemgr_stats.lock"
 MAX_STATS_BYTES = 64 * 1024
-STATS_LOCK_WAIT_S = 30.0
+STATS_LOCK_WAIT_S = 2.0  # cachemgr.storage.counters.RUN_END_WAIT_S (tests hold them equal)
 _KERNEL_BIN_SUFFIXES = (".o", ".so")
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -301,26 +301,46 @@ def _sha256_at(dfd: int, name: str) -> tuple[str, int]:
         os.close(fd)
 
 
+def open_kernel_cache(kcache: str) -> int:
+    """``<root>/kernel_cache`` opened as :meth:`cachemgr.storage.safedir.SafeDir.open_kernel_cache`
+    does: the root as configured, ``kernel_cache`` without following a link.
+
+    :raises Decline: either missing, a link, not a folder.
+    """
+    try:
+        fd = os.open(os.path.dirname(kcache), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        raise Decline("no cache root") from None
+    try:
+        return os.open(os.path.basename(kcache), _DIR, dir_fd=fd)
+    except OSError:
+        raise Decline("no kernel cache folder") from None
+    finally:
+        os.close(fd)
+
+
+def open_below(dfd: int, name: str) -> int:
+    """The folder ``name`` of the open folder ``dfd``, no link followed.
+
+    :raises Decline: missing, a link, not a folder.
+    """
+    try:
+        return os.open(name, _DIR, dir_fd=dfd)
+    except OSError:
+        raise Decline(f"no folder {name}") from None
+
+
 def open_chip(chip_dir: str) -> int:
     """``<root>/kernel_cache/<soc>`` opened as :meth:`cachemgr.storage.safedir.SafeDir.open_chip`
     does: the root as configured, each part below without following a link.
 
     :raises Decline: a part missing, a link, not a folder.
     """
-    kcache = os.path.dirname(chip_dir)
+    kfd = open_kernel_cache(os.path.dirname(chip_dir))
     try:
-        fd = os.open(os.path.dirname(kcache), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        raise Decline("no cache root") from None
-    try:
-        for name in (os.path.basename(kcache), os.path.basename(chip_dir)):
-            child = os.open(name, _DIR, dir_fd=fd)
-            os.close(fd)
-            fd = child
-    except OSError:
-        os.close(fd)
-        raise Decline("no chip folder") from None
-    return fd
+        return open_below(kfd, os.path.basename(chip_dir))
+    finally:
+        os.close(kfd)
 
 
 # --- the checks --------------------------------------------------------------------------
@@ -439,19 +459,19 @@ def check_requests(memo: dict[str, Any]) -> None:
 # --- effects -----------------------------------------------------------------------------
 
 
-def _lock_stats(kcache: str) -> int:
-    """The stats lock of ``kcache``, taken (fcntl record lock, as
+def _lock_stats(kfd: int) -> int:
+    """The stats lock of the open kernel cache folder ``kfd``, taken (fcntl record lock, as
     :class:`cachemgr.storage.locks.FcntlLock`: the file checked to be the one locked).
 
     :raises Decline: the lock file is missing or odd, or stayed busy.
     """
     import fcntl
 
-    path = os.path.join(kcache, STATS_LOCK)
     deadline = time.monotonic() + STATS_LOCK_WAIT_S
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     while True:
         try:
-            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            fd = os.open(STATS_LOCK, flags, dir_fd=kfd)
         except OSError:
             raise Decline("no stats lock file") from None
         st = os.fstat(fd)
@@ -466,29 +486,31 @@ def _lock_stats(kcache: str) -> int:
                 raise Decline("stats lock busy") from None
             time.sleep(0.005)
             continue
-        now = file_state_nofollow(path)
+        now = file_state_nofollow(STATS_LOCK, kfd)
         if now is not None and now[:2] == [st.st_dev, st.st_ino]:
             return fd
         os.close(fd)  # replaced while we waited: lock the new one
 
 
-def file_state_nofollow(path: str) -> list[int] | None:
-    """``[dev, ino]`` of ``path`` itself (no link followed), None when gone."""
+def file_state_nofollow(path: str, dir_fd: int | None = None) -> list[int] | None:
+    """``[dev, ino]`` of ``path`` itself (no link followed; relative to the open folder
+    ``dir_fd`` when given), None when gone."""
     try:
-        st = os.lstat(path)
+        st = os.lstat(path, dir_fd=dir_fd)
     except OSError:
         return None
     return [st.st_dev, st.st_ino]
 
 
-def read_stats(path: str) -> dict[str, int]:
-    """The counters of one stats file, as :func:`cachemgr.storage.counters._read` takes
-    them; a file that reader would warn about is a decline (its warning is the full path's).
+def read_stats(path: str, dir_fd: int | None = None) -> dict[str, int]:
+    """The counters of one stats file (``path`` relative to the open folder ``dir_fd`` when
+    given), as :func:`cachemgr.storage.counters._read` takes them; a file that reader would
+    warn about is a decline (its warning is the full path's).
 
     :raises Decline: too big, unreadable, damaged.
     """
     try:
-        fd = os.open(path, _READ | getattr(os, "O_NOATIME", 0))
+        fd = os.open(path, _READ | getattr(os, "O_NOATIME", 0), dir_fd=dir_fd)
     except FileNotFoundError:
         return {}
     except OSError:
@@ -545,20 +567,21 @@ def dump_counts(counts: dict[str, int]) -> bytes:
     return ("{" + inner + "}").encode("ascii")
 
 
-def _write_stats(kcache: str, path: str, values: dict[str, int]) -> None:
-    """Replace the stats file atomically (a temp beside it, renamed), with the shared mode
-    of the kernel cache folder (:func:`cachemgr.storage.modes.file_mode_in`).
+def _write_stats(kfd: int, name: str, values: dict[str, int]) -> None:
+    """Replace the stats file ``name`` of the open kernel cache folder ``kfd`` atomically (a
+    temp beside it, renamed), with that folder's shared mode
+    (:func:`cachemgr.storage.modes.file_mode_in`).
 
     :raises OSError: the write failed (nothing is left behind).
     """
     from cachemgr.constants import shared_file_mode, short_host
 
     data = dump_counts(values)
-    mode = shared_file_mode(os.stat(kcache).st_mode)
+    mode = shared_file_mode(os.fstat(kfd).st_mode)
     token = os.urandom(4).hex()
-    tmp = f"{path}.{short_host()}.{os.getpid()}.{token}.temp"
+    tmp = f"{name}.{short_host()}.{os.getpid()}.{token}.temp"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(tmp, flags, mode)
+    fd = os.open(tmp, flags, mode, dir_fd=kfd)
     try:
         try:
             view = memoryview(data)
@@ -567,10 +590,10 @@ def _write_stats(kcache: str, path: str, values: dict[str, int]) -> None:
             os.fchmod(fd, mode)
         finally:
             os.close(fd)
-        os.rename(tmp, path)
+        os.rename(tmp, name, src_dir_fd=kfd, dst_dir_fd=kfd)
     except BaseException:
         try:  # noqa: SIM105 (contextlib costs start-up)
-            os.unlink(tmp)
+            os.unlink(tmp, dir_fd=kfd)
         except OSError:
             pass
         raise
@@ -657,27 +680,45 @@ def answer(
         chip_dir, kcache = memo["chip_dir"], memo["kernel_cache"]
         if os.path.dirname(chip_dir) != kcache:
             raise Decline("memo malformed")
-        dfd = open_chip(chip_dir)
+        soc = os.path.basename(chip_dir)
+        # every effect relative to the folders walked: a link swapped in after the walk is
+        # never followed (docs/security.md, item 1)
+        kfd = open_kernel_cache(kcache)
         try:
-            names = check_entry(memo, dfd)
-            lock = _lock_stats(kcache)
+            dfd = open_below(kfd, soc)
             try:
-                soc = os.path.basename(chip_dir)
-                stats_path = os.path.join(kcache, f"cachemgr_stats_{soc}.json")
-                values = read_stats(stats_path)
-                _touch(dfd, names)
-                values["hits"] = values.get("hits", 0) + 1
-                try:
-                    _write_stats(kcache, stats_path, values)
-                except OSError:
+                names = check_entry(memo, dfd)
+                if not _count_hit(kfd, soc, dfd, names):
                     return None  # the full path keeps it pending and warns; it answers
             finally:
-                os.close(lock)
+                os.close(dfd)
         finally:
-            os.close(dfd)
+            os.close(kfd)
         return [(False, _line(memo, names, time.monotonic() - start))], 0
     except (Decline, OSError, KeyError, TypeError, ValueError):
         return None
+
+
+def _count_hit(kfd: int, soc: str, dfd: int, names: list[str]) -> bool:
+    """The hit's effects: the parts' access times (in the chip folder ``dfd``) and one more
+    ``hits`` in ``cachemgr_stats_<soc>.json`` of the kernel cache folder ``kfd``, under its
+    stats lock. False when the stats file could not be written.
+
+    :raises Decline: the stats lock or file is odd, or a part's access time cannot be set.
+    """
+    lock = _lock_stats(kfd)
+    try:
+        name = f"cachemgr_stats_{soc}.json"
+        values = read_stats(name, kfd)
+        _touch(dfd, names)
+        values["hits"] = values.get("hits", 0) + 1
+        try:
+            _write_stats(kfd, name, values)
+        except OSError:
+            return False
+        return True
+    finally:
+        os.close(lock)
 
 
 def _line(memo: dict[str, Any], names: list[str], seconds: float) -> str:

@@ -11,7 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +19,19 @@ import pytest
 import redis
 
 from cachemgr.remote import signing
+from cachemgr.storage.store import Store
 from tests.daemon_util import wait_for
+
+
+def publish_own(chip: Path, kernel: str, binary: bytes) -> Mapping[str, str]:
+    """Publish a good single-binary entry as this process's own compile does: the parts'
+    SHA-256 as written, which an upload of it must still read (``upload_now``'s
+    ``digests``)."""
+    from tests.conftest import kernel_json
+
+    binaries = {kernel + ".o": binary}
+    return Store(chip).publish(kernel, binaries, kernel_json(kernel, binary)).digests
+
 
 #: The key name the tests' sites sign with unless a test names another.
 TEST_KEY = "test-site"

@@ -20,7 +20,7 @@ from cachemgr.storage.tiers import EntryFiles, LocalTier
 from tests.compile_util import calls, counting_cc, request_data
 from tests.conftest import SOC, kernel_json, publish, run_cli
 from tests.daemon_util import Daemon, daemon_env, start_daemon, wait_for
-from tests.remote_util import RedisServer, keys_toml, trust_fields
+from tests.remote_util import RedisServer, keys_toml, publish_own, trust_fields
 
 # --- the blob format ---------------------------------------------------------------------
 
@@ -90,8 +90,8 @@ def test_redis_tier_put_fetch_index_and_tamper(redis_server: RedisServer, tmp_pa
     assert isinstance(tier, RedisTier)
     chip = tmp_path / "kernel_cache" / SOC
     chip.mkdir(parents=True)
-    publish(chip, "te_r1", os.urandom(2048))
-    assert tiers.upload_now(tmp_path / "kernel_cache", SOC, "te_r1") == 1
+    own = publish_own(chip, "te_r1", os.urandom(2048))
+    assert tiers.upload_now(tmp_path / "kernel_cache", SOC, "te_r1", digests=own) == 1
     key = RedisTier.key(SOC, "te_r1")
     assert redis_server.client().exists(key) and tier.recent(SOC, 10) == ["te_r1"]
     got = tiers.fetch(SOC, "te_r1")

@@ -33,6 +33,7 @@ from tests.remote_util import (
     free_port,
     keys_config,
     keys_toml,
+    publish_own,
     site_key,
     site_keys,
     trust_fields,
@@ -477,9 +478,9 @@ def test_error_lines_name_the_url_not_the_spec(
     assert tiers is not None
     chip = tmp_path / "kc" / SOC
     chip.mkdir(parents=True)
-    publish(chip, "te_413", os.urandom(300))
+    own = publish_own(chip, "te_413", os.urandom(300))
     caplog.set_level(logging.WARNING, "cachemgr.remote.tierset")
-    assert tiers.upload_now(chip.parent, SOC, "te_413") == 0
+    assert tiers.upload_now(chip.parent, SOC, "te_413", digests=own) == 0
     line = next(r.getMessage() for r in caplog.records if "HTTP 413" in r.getMessage())
     assert f"PUT {http_413}/" in line and "|" not in line and "name=h413" not in line, line
     assert tiers.stats()["h413"]["url"] == http_413

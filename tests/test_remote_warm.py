@@ -28,6 +28,7 @@ from tests.remote_util import (
     free_port,
     keys_config,
     keys_toml,
+    publish_own,
     site_keys,
     trust_fields,
 )
@@ -46,12 +47,21 @@ def _twin(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _site(tmp: Path, name: str, remote: str, extra: str = "") -> tuple[Daemon, Path, Path]:
+def _site(
+    tmp: Path, name: str, remote: str, extra: str = "", private: bool = False
+) -> tuple[Daemon, Path, Path]:
+    """A site's daemon; ``private``: its root is ``0700``, written by its user only — where
+    the entries CANN writes are uploaded as seen (a group-writable file's bytes may be any
+    member's: docs/remote.md#keys)."""
     folder = tmp / name
     folder.mkdir()
     cfg = folder / "c.toml"
     cfg.write_text(f'[remote]\nstorage = ["{remote}"]\n{extra}' + keys_toml(tmp))
     root = folder / "cache"
+    if private:  # the user's own cache: nobody else may write its files
+        (root / "kernel_cache" / SOC).mkdir(mode=0o700, parents=True)
+        for part in (root, root / "kernel_cache", root / "kernel_cache" / SOC):
+            part.chmod(0o700)
     d = start_daemon(folder, "--cache-dir", str(root), "--config", str(cfg), env=daemon_env(folder))
     return d, root, cfg
 
@@ -63,7 +73,7 @@ def test_ge_entry_written_at_a_is_warmed_at_b_and_hit_there_redis(
     A's daemon uploads the complete, verified ones with GE's names; ``warm`` at site B
     (whose daemon runs and does not send them back) makes the twin at B hit them."""
     remote = redis_server.url + "|name=shared"
-    a, root_a, _ = _site(tmp_path, "a", remote)
+    a, root_a, _ = _site(tmp_path, "a", remote, private=True)
     b, root_b, cfg_b = _site(tmp_path, "b", remote)
     probe = redis_server.client()
     chip_a = root_a / "kernel_cache" / SOC
@@ -113,7 +123,7 @@ def test_ge_entry_travels_over_http_bazel_and_prefetch_fills_site_b(
     and its index shard; B's daemon, started with ``[remote] prefetch``, downloads it at
     start; the twin at B hits it."""
     remote = webdav_server.url + "|layout=bazel|name=bazel"
-    a, root_a, _ = _site(tmp_path, "a", remote)
+    a, root_a, _ = _site(tmp_path, "a", remote, private=True)
     chip_a = root_a / "kernel_cache" / SOC
     try:
         out = _twin("write", str(chip_a), "te_twin_http", "--size", "8192", "--header")
@@ -262,7 +272,6 @@ def test_warm_limit_fills_past_an_evicted_row_and_drops_it(
     ``allkeys-lru`` does: the key goes, its index row stays): ``warm --limit 1`` still
     fetches 1 entry — the next row — and drops the gone row from the index."""
     from cachemgr.remote.tierset import RemoteTiers
-    from tests.conftest import publish
 
     spec = parse_spec(redis_server.url + "|name=r", "test")
     tiers = RemoteTiers.from_config(RemoteConfig((spec,), "test", **trust_fields(tmp_path)))
@@ -271,8 +280,8 @@ def test_warm_limit_fills_past_an_evicted_row_and_drops_it(
     names = [f"te_evict{i}" for i in range(4)]
     try:
         for kernel in names:  # uploaded in order: the last is the newest row
-            publish(site_a / SOC, kernel, os.urandom(1500))
-            assert tiers.upload_now(site_a, SOC, kernel) == 1
+            own = publish_own(site_a / SOC, kernel, os.urandom(1500))
+            assert tiers.upload_now(site_a, SOC, kernel, digests=own) == 1
     finally:
         tiers.close()
     probe = redis_server.client()

@@ -16,9 +16,9 @@ from cachemgr.remote import blob
 from cachemgr.remote.config import RemoteConfig, parse_spec
 from cachemgr.remote.http_tier import HttpTier
 from cachemgr.remote.tierset import OK, RemoteTiers
-from tests.conftest import SOC, publish
+from tests.conftest import SOC
 from tests.daemon_util import wait_for
-from tests.remote_util import NginxServer, RedisServer, WebDavServer, trust_fields
+from tests.remote_util import NginxServer, RedisServer, WebDavServer, publish_own, trust_fields
 
 PREFIX = "/very/long/prefix"
 
@@ -40,8 +40,8 @@ def _tiers(url: str, keys_dir: Path, failures_before_open: int = 1) -> RemoteTie
 
 
 def _upload_and_fetch_back(tiers: RemoteTiers, kcd: Path, kernel: str) -> None:
-    publish(kcd / SOC, kernel, os.urandom(3000))
-    assert tiers.upload_now(kcd, SOC, kernel) == 1, tiers.stats()
+    own = publish_own(kcd / SOC, kernel, os.urandom(3000))
+    assert tiers.upload_now(kcd, SOC, kernel, digests=own) == 1, tiers.stats()
     tiers.flush_indexes()  # the index shard and registry land under the prefix too
     got = tiers.fetch(SOC, kernel)
     assert got is not None and got[1] == "dav", tiers.stats()
@@ -92,8 +92,8 @@ def test_413_and_the_cap_are_the_entrys_problem_not_an_outage(
     kcd = tmp_path / "kernel_cache"
     tiers = _tiers(nginx_server.url + "/cache", tmp_path)
     try:
-        publish(kcd / SOC, "te_big", os.urandom(2 << 20))
-        assert tiers.upload_now(kcd, SOC, "te_big") == 0
+        own = publish_own(kcd / SOC, "te_big", os.urandom(2 << 20))
+        assert tiers.upload_now(kcd, SOC, "te_big", digests=own) == 0
         # nginx logs a refused request once it has read (and dropped) the rest of its body
         wait_for(lambda: any('" 413 ' in ln for ln in nginx_server.requests("PUT")), 30, "413")
         row = tiers.stats()["dav"]
@@ -105,8 +105,8 @@ def test_413_and_the_cap_are_the_entrys_problem_not_an_outage(
         tier.max_blob_bytes = 100_000
         puts = len(nginx_server.requests("PUT"))
         for kernel in ("te_over_cap", "te_over_cap2"):
-            publish(kcd / SOC, kernel, os.urandom(200_000))
-            assert tiers.upload_now(kcd, SOC, kernel) == 0
+            own = publish_own(kcd / SOC, kernel, os.urandom(200_000))
+            assert tiers.upload_now(kcd, SOC, kernel, digests=own) == 0
         assert len(nginx_server.requests("PUT")) == puts, "nothing sent over the cap"
         row = tiers.stats()["dav"]
         assert (row["state"], row["errors"], row.get("oversized")) == (OK, 0, 3), row
@@ -129,12 +129,12 @@ def test_redis_dropping_an_oversized_value_is_not_an_outage(
     assert tiers is not None
     kcd = tmp_path / "kernel_cache"
     try:
-        publish(kcd / SOC, "te_big", os.urandom(2 << 20))
-        assert tiers.upload_now(kcd, SOC, "te_big") == 0
+        own = publish_own(kcd / SOC, "te_big", os.urandom(2 << 20))
+        assert tiers.upload_now(kcd, SOC, "te_big", digests=own) == 0
         row = tiers.stats()["r"]
         assert (row["state"], row.get("oversized")) == (OK, 1), row
-        publish(kcd / SOC, "te_small", os.urandom(3000))
-        assert tiers.upload_now(kcd, SOC, "te_small") == 1
+        own = publish_own(kcd / SOC, "te_small", os.urandom(3000))
+        assert tiers.upload_now(kcd, SOC, "te_small", digests=own) == 1
         assert tiers.fetch(SOC, "te_small") is not None
         assert redis_server.client().exists(f"cachemgr:{blob.FORMAT_VERSION}:{SOC}:te_small")
     except redis.RedisError as exc:  # pragma: no cover - a failure message, not a skip

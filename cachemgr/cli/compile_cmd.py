@@ -35,7 +35,7 @@ from cachemgr.compile.results import Status
 from cachemgr.config.configfile import MAX_WORKERS
 from cachemgr.errors import CacheMgrError, InvalidInputError
 from cachemgr.storage import safeio
-from cachemgr.storage.counters import CounterBook
+from cachemgr.storage.counters import RUN_END_WAIT_S, CounterBook
 
 if TYPE_CHECKING:  # the hit path imports only what a hit needs
     from concurrent.futures import Future
@@ -271,7 +271,7 @@ def compile_cmd(
             from cachemgr.remote.tierset import EXIT_WAIT_S
 
             counters.add("remote_uploads_dropped_at_exit", tiers.close(wait_s=EXIT_WAIT_S))
-        counters.save()
+        counters.save(wait_s=RUN_END_WAIT_S)  # a held stats lock costs a run seconds
 
 
 def _compile_here(

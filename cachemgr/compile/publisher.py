@@ -59,7 +59,7 @@ from cachemgr.storage import entry, fsutil, madeahead, manifest
 from cachemgr.storage.chiplock import Hold
 from cachemgr.storage.events import Events
 from cachemgr.storage.safedir import SafeDir
-from cachemgr.storage.store import EntryHold, Part
+from cachemgr.storage.store import PUBLISHED, EntryHold, Part
 from cachemgr.storage.tiers import LocalTier, chip_store
 
 log = logging.getLogger(__name__)
@@ -112,7 +112,10 @@ class Pending:
             _record_manifest(p, held_fd, made)
             _ensure_ini(p.chip_dir.parent, self.config_sections)  # logs its own failure
             if self.remotes is not None:  # after the compile, in the background
-                self.remotes.upload_later(p.chip_dir.parent, p.chip_dir.name, p.kernel)
+                digests = published.digests if published.status == PUBLISHED else None
+                self.remotes.upload_later(
+                    p.chip_dir.parent, p.chip_dir.name, p.kernel, digests=digests
+                )
         except (NoSpaceError, OSError) as exc:
             if uncached_dir is None or not _cannot_store(exc):
                 raise

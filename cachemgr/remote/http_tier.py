@@ -17,7 +17,9 @@ path made, from the top (``MKCOL``; ``405``: it exists already — so
 upload waits ``upload-timeout``, every other request ``operation-timeout``. A blob over
 ``max_blob_bytes`` is not sent, and ``413 Payload Too Large`` is that entry's problem
 (:class:`~cachemgr.remote.uploadcap.EntryTooBig`), not an outage of the server. Basic auth
-comes from the URL or a ``password-file``; a bearer token from ``bearer-token-file``.
+comes from the URL or a ``password-file``; a bearer token from ``bearer-token-file``. A
+redirect is never followed (an error naming it), a ``Content-Encoding`` never decoded, and an
+answer must arrive whole within :func:`answer_deadline_s`.
 ``https://`` verifies against the system's CA bundle. The server owns its size (``gc`` never
 touches a remote).
 
@@ -69,6 +71,9 @@ from cachemgr.storage.tiers import EntryFiles, TierStat
 #: The errors of an unreachable, slow or failing server (the breaker counts them).
 ERRORS: tuple[type[BaseException], ...] = (requests.RequestException, OSError)
 CHUNK_BYTES = 1 << 20
+#: The slowest pace an answer may come at: this many bytes per ``operation-timeout``
+#: (:func:`answer_deadline_s`).
+MIN_RATE_BYTES = 1 << 20
 #: Answers to a ``PUT`` into a missing folder: RFC 4918's ``409`` (wsgidav, Apache), nginx's
 #: ``500`` (``create_full_put_path off``). Folders are made and the ``PUT`` tried once more.
 NO_FOLDER = (409, 500)
@@ -90,6 +95,13 @@ _REFUSED: Mapping[str, float] = MappingProxyType({})
 REGISTER_ATTEMPTS = 8
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,200}")
 _WRITER = re.compile(r"[0-9a-f]{16}")
+
+
+def answer_deadline_s(operation_timeout_s: float, size: int) -> float:
+    """Seconds the whole body of an answer of ``size`` bytes may take: one
+    ``operation-timeout`` for it to start, one more per :data:`MIN_RATE_BYTES` (a LAN server
+    streams a 64 MiB blob in well under a second; this allows 33 s at the default 500 ms)."""
+    return operation_timeout_s * (1 + -(-max(0, size) // MIN_RATE_BYTES))
 
 
 def default_writer() -> str:
@@ -135,6 +147,9 @@ class HttpTier:
         self._session = requests.Session()
         self._session.verify = _system_cas()
         self._session.trust_env = False  # no proxy from the environment for a cache server
+        # blobs are read as sent: a server's Content-Encoding is never decoded (a blob so
+        # encoded fails its checks), so a read is bounded by the bytes on the wire
+        self._session.headers["Accept-Encoding"] = "identity"
         if spec.bearer_token:
             self._session.headers["Authorization"] = f"Bearer {spec.bearer_token}"
         elif spec.password is not None:
@@ -164,8 +179,19 @@ class HttpTier:
         return f"{self.base}/{h[:2]}/{h[2:]}"
 
     def _check(self, resp: requests.Response, method: str) -> None:
+        """Raise for an answer that is no success (a redirect included: never followed — the
+        remote's URL names the cache server, and an answer from wherever a redirect points
+        would cost a request and its own timeout per hop).
+
+        :raises HttpError: one line: method, URL, status.
+        """
+        url = redact_url(resp.url) if resp.url else self.spec.url  # the URL, not the spec
+        if 300 <= resp.status_code < 400:
+            raise HttpError(
+                f"{method} {url}: HTTP {resp.status_code}, a redirect (not followed: give the "
+                "server's own URL)"
+            )
         if resp.status_code >= 400:
-            url = redact_url(resp.url) if resp.url else self.spec.url  # the URL, not the spec
             raise HttpError(f"{method} {url}: HTTP {resp.status_code}")
 
     def lookup(self, soc_version: str, kernel: str) -> bool:
@@ -188,7 +214,9 @@ class HttpTier:
         :raises HttpError, requests.RequestException: the server failed.
         """
         url = self.url(soc_version, kernel)
-        with self._session.get(url, timeout=self._timeout, stream=True) as resp:
+        with self._session.get(
+            url, timeout=self._timeout, stream=True, allow_redirects=False
+        ) as resp:
             if resp.status_code == 404:
                 return None
             self._check(resp, "GET")
@@ -198,12 +226,36 @@ class HttpTier:
                     f"answer of {length} bytes (Content-Length) is over the "
                     f"{self.max_blob_bytes}-byte cap; not read"
                 )
-            chunks, total = [], 0
-            for chunk in resp.iter_content(CHUNK_BYTES):
-                total += len(chunk)
-                if total > self.max_blob_bytes:
-                    raise blob.BadBlob(f"answer is over the {self.max_blob_bytes}-byte cap")
-                chunks.append(chunk)
+            data = self._read_body(resp, self.max_blob_bytes, url)
+        if data is None:
+            raise blob.BadBlob(f"answer is over the {self.max_blob_bytes}-byte cap")
+        return data
+
+    def _read_body(self, resp: requests.Response, cap: int, url: str) -> bytes | None:
+        """The body of ``resp``, None when it is over ``cap`` bytes (no more than the cap and
+        one read are held). The bytes as sent (no ``Content-Encoding`` is decoded: asked for
+        ``identity``), read as they arrive; the whole body must come within its deadline
+        (:func:`answer_deadline_s`), whatever the pace — a read timeout bounds only each
+        silence, and a server sending one byte per silence never met it.
+
+        :raises requests.Timeout: the deadline passed (a lookup that timed out: the breaker
+            opens at once).
+        """
+        length = resp.headers.get("Content-Length", "")
+        size = int(length) if length.isdigit() else cap
+        deadline = time.monotonic() + answer_deadline_s(self.spec.operation_timeout_s, size)
+        chunks, total = [], 0
+        while chunk := resp.raw.read1(CHUNK_BYTES, decode_content=False):
+            total += len(chunk)
+            if total > cap:
+                return None
+            chunks.append(chunk)
+            if time.monotonic() > deadline:
+                raise requests.Timeout(
+                    f"GET {redact_url(url)}: {total} bytes in "
+                    f"{answer_deadline_s(self.spec.operation_timeout_s, size):g} s, under "
+                    f"{MIN_RATE_BYTES} bytes per operation-timeout; given up"
+                )
         return b"".join(chunks)
 
     def fetch(self, soc_version: str, kernel: str, use: bool = True) -> EntryFiles | None:
@@ -230,10 +282,14 @@ class HttpTier:
         url = self.url(entry_files.soc_version, entry_files.kernel)
         data = blob.encode(entry_files, self.keys)
         check_blob(data, self.max_blob_bytes, self.name)
-        resp = self._session.put(url, data=data, timeout=self._upload_timeout)
+        resp = self._session.put(
+            url, data=data, timeout=self._upload_timeout, allow_redirects=False
+        )
         if resp.status_code in NO_FOLDER:
             refused = self._make_folders(url)
-            resp = self._session.put(url, data=data, timeout=self._upload_timeout)
+            resp = self._session.put(
+                url, data=data, timeout=self._upload_timeout, allow_redirects=False
+            )
             if resp.status_code in NO_FOLDER and refused:
                 raise HttpError(f"PUT {url}: HTTP {resp.status_code} after {refused}")
         if resp.status_code == 413:
@@ -256,7 +312,9 @@ class HttpTier:
         refused = ""
         for i in range(1, len(parts) + 1):
             folder = f"{origin}/{'/'.join(parts[:i])}/"
-            resp = self._session.request("MKCOL", folder, timeout=self._timeout)
+            resp = self._session.request(
+                "MKCOL", folder, timeout=self._timeout, allow_redirects=False
+            )
             if resp.status_code >= 300 and resp.status_code != 405:
                 refused = f"MKCOL {folder}: HTTP {resp.status_code}"
         return refused
@@ -266,7 +324,9 @@ class HttpTier:
 
         :raises HttpError, requests.RequestException: the server failed.
         """
-        resp = self._session.delete(self.url(soc_version, kernel), timeout=self._timeout)
+        resp = self._session.delete(
+            self.url(soc_version, kernel), timeout=self._timeout, allow_redirects=False
+        )
         if resp.status_code == 404:
             return False
         self._check(resp, "DELETE")
@@ -457,23 +517,22 @@ class HttpTier:
         """``GET`` a small object (at most ``MAX_INDEX_BYTES``): its bytes (None when absent
         or over the cap), its ETag, and whether it was over the cap (one warning line unless
         ``quiet``)."""
-        with self._session.get(url, timeout=self._timeout, stream=True) as resp:
+        with self._session.get(
+            url, timeout=self._timeout, stream=True, allow_redirects=False
+        ) as resp:
             if resp.status_code == 404:
                 return None, None, False
             self._check(resp, "GET")
-            chunks, total = [], 0
-            for chunk in resp.iter_content(CHUNK_BYTES):
-                total += len(chunk)
-                if total > MAX_INDEX_BYTES:
-                    if not quiet:
-                        log.warning(
-                            "remote %s: an index object is over the %d-byte cap; not read",
-                            self.name,
-                            MAX_INDEX_BYTES,
-                        )
-                    return None, None, True
-                chunks.append(chunk)
-            return b"".join(chunks), resp.headers.get("ETag"), False
+            data = self._read_body(resp, MAX_INDEX_BYTES, url)
+            if data is None:
+                if not quiet:
+                    log.warning(
+                        "remote %s: an index object is over the %d-byte cap; not read",
+                        self.name,
+                        MAX_INDEX_BYTES,
+                    )
+                return None, None, True
+            return data, resp.headers.get("ETag"), False
 
     def _put_object(
         self,
@@ -484,10 +543,14 @@ class HttpTier:
     ) -> bool:
         """``PUT`` a JSON object; False on ``412`` (a condition failed) when ``conflict_ok``."""
         data = json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
-        resp = self._session.put(url, data=data, headers=headers, timeout=self._timeout)
+        resp = self._session.put(
+            url, data=data, headers=headers, timeout=self._timeout, allow_redirects=False
+        )
         if resp.status_code in NO_FOLDER:
             self._make_folders(url)
-            resp = self._session.put(url, data=data, headers=headers, timeout=self._timeout)
+            resp = self._session.put(
+                url, data=data, headers=headers, timeout=self._timeout, allow_redirects=False
+            )
         if resp.status_code == 412 and conflict_ok:
             return False
         self._check(resp, "PUT")

@@ -42,7 +42,7 @@ import queue
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,6 +52,8 @@ from cachemgr.remote.breakerfile import BreakerFile
 from cachemgr.remote.config import UPLOADS_OFF, RemoteConfig, RemoteSpec, load_keys
 from cachemgr.remote.uploadcap import EntryTooBig, upload_cap
 from cachemgr.storage import fsutil
+from cachemgr.storage.entry import sha256_hex
+from cachemgr.storage.noatime import SHARED_WRITER
 from cachemgr.storage.tiers import EntryFiles, LocalTier, TierStat
 from cachemgr.words import plural
 
@@ -74,8 +76,9 @@ EXIT_WAIT_S = 0.4
 #: Entries remembered as uploaded (by their main json's identity) so that an entry seen twice
 #: (the compile's own upload and the watcher's event, or each reconciliation) goes once.
 UPLOADED_MEMORY = 65_536
-#: A job of the upload queue: (kernel cache, soc_version, kernel, seen) or a flush of indexes.
-Job = tuple[Path, str, str, bool] | str
+#: A job of the upload queue: (kernel cache, soc_version, kernel, seen, the parts' SHA-256 as
+#: this process published them or None) or a flush of indexes.
+Job = tuple[Path, str, str, bool, Mapping[str, str] | None] | str
 FLUSH = "flush"
 
 
@@ -372,17 +375,25 @@ class RemoteTiers:
         return self.keys.signer_name is not None and any(not t.read_only for t in self.tiers)
 
     def upload_later(
-        self, kernel_cache_dir: Path, soc_version: str, kernel: str, seen: bool = False
+        self,
+        kernel_cache_dir: Path,
+        soc_version: str,
+        kernel: str,
+        seen: bool = False,
+        digests: Mapping[str, str] | None = None,
     ) -> bool:
         """Queue the local entry for upload to every writable remote; never blocks.
 
         :param seen: the daemon saw the entry appear (a CANN process wrote it, or another
             host): the remote is asked first and the entry not sent when it has it.
+        :param digests: this process published the entry: the SHA-256 of each part as
+            written (:attr:`~cachemgr.storage.store.PublishResult.digests`); it goes only
+            while the files read hold exactly those bytes (see :meth:`upload_now`).
         :returns: False when the queue was full (the entry is dropped and counted).
         """
         if not self.writable:
             return False
-        return self._enqueue((kernel_cache_dir, soc_version, kernel, seen), count=True)
+        return self._enqueue((kernel_cache_dir, soc_version, kernel, seen, digests), count=True)
 
     def _enqueue(self, job: Job, count: bool = False) -> bool:
         self._start()
@@ -423,8 +434,8 @@ class RemoteTiers:
                 self._current = job
             try:
                 if not isinstance(job, str):  # else FLUSH
-                    kernel_cache_dir, soc_version, kernel, seen = job
-                    self.upload_now(kernel_cache_dir, soc_version, kernel, seen)
+                    kernel_cache_dir, soc_version, kernel, seen, digests = job
+                    self.upload_now(kernel_cache_dir, soc_version, kernel, seen, digests)
                 if self._queue.empty():  # a burst is over: write the remotes' indexes once
                     self.flush_indexes()
             except Exception:  # the uploader must outlive any one entry
@@ -436,10 +447,21 @@ class RemoteTiers:
         self._queue.task_done()
 
     def upload_now(
-        self, kernel_cache_dir: Path, soc_version: str, kernel: str, seen: bool = False
+        self,
+        kernel_cache_dir: Path,
+        soc_version: str,
+        kernel: str,
+        seen: bool = False,
+        digests: Mapping[str, str] | None = None,
     ) -> int:
         """Upload one complete, verified local entry to every writable remote whose breaker
-        allows (see :meth:`upload_later` for ``seen``).
+        allows (see :meth:`upload_later` for ``seen`` and ``digests``).
+
+        Whose bytes are signed (docs/remote.md#keys): an entry this process published goes
+        when every file read holds the bytes it wrote (``digests``); any other only when
+        every file belongs to the daemon's user or an ``upload_writers`` user *and* neither
+        its group nor others may write it — a member rewrites a group-writable file in place
+        without changing its owner.
 
         :returns: how many remotes took it (or had it).
         """
@@ -454,10 +476,10 @@ class RemoteTiers:
         if not writable:
             return 0
         cap = max(upload_cap(t) for t in writable)
-        owners: set[int] = set()
+        writers: set[int] = set()
         try:  # never more than the biggest cap in memory
             item = LocalTier(kernel_cache_dir).read(
-                soc_version, kernel, max_bytes=cap, owners=owners
+                soc_version, kernel, max_bytes=cap, writers=writers
             )
         except fsutil.FileTooLargeError:
             for tier in writable:
@@ -466,8 +488,7 @@ class RemoteTiers:
         if item is None:
             log.debug("not uploading %s/%s: not a complete, verified entry", soc_version, kernel)
             return 0
-        if not self._writers_trusted(soc_version, kernel, owners):
-            return 0
+        signable: bool | None = None  # judged once, for the first remote that lacks it
         done = 0
         for tier in writable:
             breaker = self.breakers[tier.name]
@@ -485,6 +506,11 @@ class RemoteTiers:
                     breaker.success()
                     self._count(tier.name, "present")
                     done += 1
+                    continue
+                if signable is None:
+                    signable = self._signable(item, digests, writers)
+                if not signable:
+                    breaker.success()  # it answered the lookup, if one was asked
                     continue
                 tier.put(item)
             except EntryTooBig as exc:  # the server answered: this entry's problem
@@ -513,26 +539,56 @@ class RemoteTiers:
         with self._lock:
             return (name, soc_version, kernel) in self._bad_there
 
-    def _writers_trusted(self, soc_version: str, kernel: str, owners: set[int]) -> bool:
-        """True when every file of the entry belongs to the daemon's user or an
-        ``upload_writers`` user; else counted (``upload_refused``), one warning line per
-        owner."""
-        strangers = sorted(owners - self.upload_uids)
-        if not strangers:
+    def _signable(
+        self, item: EntryFiles, digests: Mapping[str, str] | None, writers: set[int]
+    ) -> bool:
+        """True when ``item``'s bytes may be signed with the site's key (see
+        :meth:`upload_now`): as this process published them (``digests``), else written
+        only by trusted users (``writers``)."""
+        if digests is not None:
+            return self._as_published(item, digests)
+        return self._writers_trusted(item.soc_version, item.kernel, writers)
+
+    def _as_published(self, item: EntryFiles, digests: Mapping[str, str]) -> bool:
+        """True when ``item`` holds exactly the parts this process published, each with the
+        bytes it wrote; else counted (``upload_refused``), one warning line."""
+        now = {name: sha256_hex(data) for name, data in item.files.items()}
+        if now == dict(digests):
             return True
-        with self._lock:
-            self.upload_refused += 1
-            first = (str(strangers[0]),) not in self._logged
-            self._logged.add((str(strangers[0]),))
-        log.log(
-            logging.WARNING if first else logging.DEBUG,
-            "not uploading %s/%s: a file of it belongs to %s, not a user of [remote] "
-            "upload_writers (it stays on this site)",
-            soc_version,
-            kernel,
-            _user(strangers[0]),
+        changed = sorted(n for n in {*now, *digests} if now.get(n) != digests.get(n))
+        self._refused(
+            ("published",),
+            f"not uploading {item.soc_version}/{item.kernel}: {changed[0]} is not what this "
+            "daemon published (written since, by someone who may write the chip folder's "
+            "files; it stays on this site)",
         )
         return False
+
+    def _writers_trusted(self, soc_version: str, kernel: str, writers: set[int]) -> bool:
+        """True when every file of the entry belongs to the daemon's user or an
+        ``upload_writers`` user and nobody else may write it; else counted
+        (``upload_refused``), one warning line per owner (or for the shared files)."""
+        strangers = sorted(writers - self.upload_uids)
+        if not strangers:
+            return True
+        who = strangers[0]
+        why = (
+            "its group or others may write a file of it, so its bytes may be any member's"
+            if who == SHARED_WRITER
+            else f"a file of it belongs to {_user(who)}, not a user of [remote] upload_writers"
+        )
+        self._refused((str(who),), f"not uploading {soc_version}/{kernel}: {why} "
+                      "(it stays on this site)")  # fmt: skip
+        return False
+
+    def _refused(self, said: tuple[str, ...], line: str) -> None:
+        """Count an upload refused for its writers; ``line`` at warning the first time for
+        ``said``, at debug after."""
+        with self._lock:
+            self.upload_refused += 1
+            first = said not in self._logged
+            self._logged.add(said)
+        log.log(logging.WARNING if first else logging.DEBUG, "%s", line)
 
     def _oversized(self, tier: Any, soc_version: str, kernel: str, why: str) -> None:
         """An entry not uploaded for its size: counted; logged once per remote (then at

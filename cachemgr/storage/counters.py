@@ -37,6 +37,13 @@ LOCK_NAME = "cachemgr_stats.lock"
 PREFIX = counterfiles.PREFIX
 #: Largest stats file read (bytes): a few dozen counters; anything bigger is not ours.
 MAX_FILE_BYTES = 64 * 1024
+#: Seconds a flush waits for the stats lock: a daemon's, and ``stats --zero``.
+LOCK_WAIT_S = 30.0
+#: Seconds a command's end-of-run flush waits for it (``compile``; direct mode's
+#: ``STATS_LOCK_WAIT_S`` is the same): a flush holds it for one read and one write of a small
+#: file, and any member may take and keep the ``0660`` lock — every user's every hit waited
+#: 30 s (60 s with direct mode) behind one who did. Past it the counts are lost, one warning.
+RUN_END_WAIT_S = 2.0
 
 
 def stats_file(kernel_cache_dir: Path, soc: str = "") -> Path:
@@ -76,13 +83,14 @@ class CacheCounters:
         with self._lock:
             return any(self._pending.values())
 
-    def flush(self) -> bool:
-        """Merge the pending increments into the files (under the stats lock); False when the
-        cache cannot be written now (they stay pending, and one warning says why)."""
+    def flush(self, wait_s: float = LOCK_WAIT_S) -> bool:
+        """Merge the pending increments into the files (under the stats lock, waited for at
+        most ``wait_s`` seconds); False when the cache cannot be written now (they stay
+        pending, and one warning says why)."""
         with self._flushing:
-            return self._flush()
+            return self._flush(wait_s)
 
-    def _flush(self) -> bool:
+    def _flush(self, wait_s: float) -> bool:
         with self._lock:
             pending, self._pending = self._pending, {}
         if not any(pending.values()):
@@ -90,7 +98,7 @@ class CacheCounters:
         try:
             if self._create:
                 SafeDir.open_kernel_cache(self.kernel_cache_dir, create=True).close()
-            with self._file_lock():
+            with self._file_lock(wait_s):
                 for soc, deltas in pending.items():
                     if deltas:
                         path = stats_file(self.kernel_cache_dir, soc)
@@ -161,14 +169,14 @@ class CacheCounters:
         return sorted(found)
 
     @contextlib.contextmanager
-    def _file_lock(self) -> Iterator[None]:
+    def _file_lock(self, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
         """Hold ``cachemgr_stats.lock`` (fcntl: other processes and hosts) for a merge.
 
         :raises OSError: the lock file cannot be made (read-only root) or locked.
-        :raises LockBusyError: it stayed held for 30 s.
+        :raises LockBusyError: it stayed held for ``wait_s`` seconds.
         """
         lock = fsutil.FcntlLock(self.kernel_cache_dir / LOCK_NAME)
-        lock.acquire(timeout_s=30)
+        lock.acquire(timeout_s=wait_s)
         try:
             yield
         finally:
@@ -255,8 +263,9 @@ class CounterBook:
         """The current kernel cache's counters."""
         return self.cache().snapshot()
 
-    def save(self) -> bool:
-        """Flush every cache's pending increments; False if one could not be written."""
+    def save(self, wait_s: float = LOCK_WAIT_S) -> bool:
+        """Flush every cache's pending increments (each waiting at most ``wait_s`` seconds
+        for its stats lock); False if one could not be written."""
         with self._lock:
             caches = list(self._caches.values())
-        return all([c.flush() for c in caches])
+        return all([c.flush(wait_s) for c in caches])

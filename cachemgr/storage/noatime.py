@@ -21,6 +21,9 @@ from cachemgr.storage.kinds import GONE_ERRNOS, HardLinkError, NotRegularFileErr
 
 #: Files are read and hashed in chunks of this many bytes.
 READ_CHUNK_BYTES = 1 << 20
+#: Who may have written a file its group or others may write (:func:`read_bytes_noatime`'s
+#: ``writers``): any of them, whoever owns it — no uid is ever -1.
+SHARED_WRITER = -1
 
 
 class FileTooLargeError(OSError):
@@ -194,20 +197,25 @@ def read_bytes_noatime(
     *,
     single_link: bool = False,
     max_bytes: int | None = None,
-    owners: set[int] | None = None,
+    writers: set[int] | None = None,
 ) -> bytes:
     """Read a regular file without changing its access time (atime drives eviction,
     docs/design.md#size-limits-and-eviction); never more than ``max_bytes`` (a file growing
     meanwhile included).
 
-    :param owners: when given, the uid owning the file read is added to it (from the
-        descriptor read: no race with a file swapped under the name).
+    :param writers: when given, who may have written the bytes read is added to it, from the
+        descriptor read (no race with a file swapped under the name): the uid owning the
+        file, and :data:`SHARED_WRITER` when its group or others may write it too (a member
+        rewrites a group-writable file in place without changing its owner).
     :raises OSError: as :func:`_opened_noatime`.
     """
     fd, restore, size = _opened_noatime(path, dir_fd, single_link, max_bytes)
     try:
-        if owners is not None:
-            owners.add(os.fstat(fd).st_uid)
+        if writers is not None:
+            st = os.fstat(fd)
+            writers.add(st.st_uid)
+            if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                writers.add(SHARED_WRITER)
         chunks = list(_chunks(fd, path, size, max_bytes))
         _put_back(fd, restore)
     finally:

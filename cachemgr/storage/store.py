@@ -118,6 +118,9 @@ class PublishResult:
     kernel: str
     files: tuple[Path, ...]
     bytes_written: int = 0
+    #: ``published``: the SHA-256 of each part as written, by name (what an upload of this
+    #: entry must still read: docs/remote.md#keys); empty for ``exists``
+    digests: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -696,7 +699,7 @@ class Store:
         expected = self._check_payload(kernel, payload)
         op_type = optype.in_json(main_json, kernel)
 
-        def write() -> PublishResult | int:
+        def write() -> PublishResult | tuple[int, dict[str, str]]:
             with self._opened(create=True, held=held) as bound, bound._locked(kernel, held):
                 existing = bound._existing_good(kernel)
                 if existing is not None:
@@ -707,7 +710,7 @@ class Store:
             done = groupmodes.retry_denied(write, self.chip_dir, [self.lock_path(kernel).name])
             if isinstance(done, PublishResult):
                 return done
-            written = done
+            written, digests = done
         except PermissionError as exc:
             where = Path(exc.filename) if exc.filename else self.chip_dir
             where = where if os.path.exists(where) else self.chip_dir
@@ -721,7 +724,7 @@ class Store:
             raise _no_space(self.chip_dir, kernel, needed, exc, self.events) from exc
         log.info("published %s/%s (%d bytes)", self.chip_dir.name, kernel, written)
         paths = tuple(self.chip_dir / n for n in payload)
-        return PublishResult(PUBLISHED, kernel, paths, written)
+        return PublishResult(PUBLISHED, kernel, paths, written, digests)
 
     def _check_payload(self, kernel: str, payload: Mapping[str, Part]) -> dict[str, str]:
         """Check names, jsons and the binaries given as bytes; return the ``sha256`` each
@@ -777,9 +780,10 @@ class Store:
         expected: Mapping[str, str],
         op_type: str | None = None,
         reserved: madeahead.Reserved | None = None,
-    ) -> int:
+    ) -> tuple[int, dict[str, str]]:
         """Write every part to a temp name, then rename them into place, the main json last;
-        a part given as a file must hash to ``expected[name]`` (bytes written: returned).
+        a part given as a file must hash to ``expected[name]``. Returns the bytes written and
+        each part's SHA-256 as written, by name.
         ``op_type`` (the json's, when the name lower-cases it) is kept on the main json
         (:mod:`cachemgr.storage.optype`: every user's ``ls`` shows it). A part with a file
         in ``reserved`` is written to that file (see :meth:`publish`).
@@ -793,6 +797,7 @@ class Store:
         order = sorted(payload, key=lambda n: (n == main, n.endswith(".json")))
         temps: list[tuple[Path, Path]] = []
         written = 0
+        digests: dict[str, str] = {}
         try:
             for name in order:
                 dest = self.chip_dir / name
@@ -800,7 +805,9 @@ class Store:
                 # a power loss tears is a miss, never served (docs/compiling.md
                 # "Durability")
                 made = reserved.take(name, self.dir_fd) if reserved is not None else None
-                tmp, size = self._write_part(kernel, dest, payload[name], expected.get(name), made)
+                tmp, size, digests[name] = self._write_part(
+                    kernel, dest, payload[name], expected.get(name), made
+                )
                 temps.append((tmp, dest))
                 if name == main:
                     optype.attach(self.dir_fd, tmp.name, op_type)
@@ -816,19 +823,19 @@ class Store:
                 for rest, _ in temps[i:]:
                     fsutil.safe_unlink(rest, self.dir_fd)
                 raise
-        return written
+        return written, digests
 
     def _write_part(
         self, kernel: str, dest: Path, part: Part, sha256: str | None, made: int | None = None
-    ) -> tuple[Path, int]:
+    ) -> tuple[Path, int, str]:
         """One part to a temp name beside ``dest`` (through ``made``, a file made ahead,
-        when given: taken over): its path and bytes written.
+        when given: taken over): its path, bytes written and SHA-256.
 
         :raises InvalidInputError: a file part that does not hash to ``sha256``.
         """
         if isinstance(part, bytes):
             tmp = fsutil.write_temp(dest, part, dir_fd=self.dir_fd, sync=False, made=made)
-            return tmp, len(part)
+            return tmp, len(part), entry.sha256_hex(part)
         copied = partcopy.copy_temp(dest, part, dir_fd=self.dir_fd, made=made)
         if sha256 is not None and copied.sha256 != sha256:
             fsutil.safe_unlink(copied.tmp, self.dir_fd)
@@ -836,7 +843,7 @@ class Store:
                 f"entry {kernel}: {dest.name} does not match sha256 (it changed after it "
                 "was compiled); nothing was published"
             )
-        return copied.tmp, copied.size
+        return copied.tmp, copied.size, copied.sha256
 
     # --- verify -------------------------------------------------------------------------
 

@@ -199,7 +199,7 @@ class LocalTier:
         soc_version: str,
         kernel: str,
         max_bytes: int = MAX_IN_MEMORY_BYTES,
-        owners: set[int] | None = None,
+        writers: set[int] | None = None,
     ) -> EntryFiles | None:
         """The entry's files if it is complete, verifies (entry.py's rules: the json
         parses, every binary and sub-part named is there and matches its ``sha256``) and
@@ -210,8 +210,10 @@ class LocalTier:
         docs/design.md#size-limits-and-eviction). The bytes read are checked once more against the
         json (a file replaced meanwhile is not uploaded).
 
-        :param owners: when given, the uid of every file read is added to it (from the
-            descriptor read), for the upload's writer check (docs/remote.md#keys).
+        :param writers: when given, who may have written each file read is added to it (its
+            owner's uid, :data:`~cachemgr.storage.noatime.SHARED_WRITER` for a file its group
+            or others may write; from the descriptor read), for the upload's writer check
+            (docs/remote.md#keys).
         :raises fsutil.FileTooLargeError: the entry's files are over ``max_bytes`` together
             (sizes checked first: nothing is read).
         """
@@ -236,7 +238,7 @@ class LocalTier:
                 left = max_bytes
                 for n in names:
                     data = fsutil.read_bytes_noatime(
-                        chip / n, folder.fd, single_link=True, max_bytes=left, owners=owners
+                        chip / n, folder.fd, single_link=True, max_bytes=left, writers=writers
                     )
                     files[n] = data
                     left -= len(data)

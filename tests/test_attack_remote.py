@@ -1,0 +1,224 @@
+"""Attacks on what a site sends to and takes from its remotes (docs/security.md, "Fast paths
+review"): a group member writing into the daemon's own entries to get its code signed with the
+site's key, and a remote server that answers too slowly to ever finish. Real daemons, a real
+``redis-server``, a real HTTP server on loopback, real users."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import shutil
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cachemgr.remote import blob
+from cachemgr.remote.config import RemoteConfig, parse_spec
+from cachemgr.remote.redis_tier import RedisTier
+from cachemgr.remote.tierset import RemoteTiers
+from tests.compile_util import counting_cc, request_data
+from tests.conftest import SOC, kernel_json
+from tests.daemon_util import daemon_env, start_daemon, wait_for
+from tests.remote_util import RedisServer, keys_toml, site_keys, trust_fields
+from tests.users_util import Users, run_as
+
+
+def _write_in_place_as(users: Users, name: str, path: Path, data: Path) -> None:
+    """User ``name`` rewrites ``path`` in place (same inode, same owner) with the bytes of
+    ``data``: what any member may do to a group-writable file."""
+    script = (
+        "import os, sys\n"
+        "data = open(sys.argv[2], 'rb').read()\n"
+        "fd = os.open(sys.argv[1], os.O_WRONLY | os.O_TRUNC)\n"
+        "os.write(fd, data)\n"
+        "os.close(fd)\n"
+    )
+    done = subprocess.run(
+        ["/usr/bin/python3", "-c", script, str(path), str(data)],
+        capture_output=True,
+        text=True,
+        check=False,
+        **run_as(name, users),  # type: ignore[arg-type]
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_member_writing_into_the_daemons_own_entry_gets_nothing_signed(
+    redis_server: RedisServer, tmp_path: Path, users: Users
+) -> None:
+    """The daemon's own entries are ``0660`` for the sharing group, so any member may write
+    into them without changing their owner. A member rewrites the binary and the json of an
+    entry the daemon compiled (same inodes, still the daemon user's files) after the remote
+    lost it (its LRU eviction): the daemon must not sign the member's bytes with the site's
+    key and upload them, where every other site would serve them as a verified remote hit."""
+    cc = counting_cc(tmp_path / "cc")
+    remote = redis_server.url + "|name=r"
+    folder = tmp_path / "site"
+    folder.mkdir()
+    cfg = folder / "c.toml"
+    cfg.write_text(f'[compilers]\ncc = "{cc}"\n[remote]\nstorage = ["{remote}"]\n')
+    cfg.write_text(cfg.read_text() + keys_toml(tmp_path))
+    root = users.base / "cache"
+    root.mkdir()
+    shutil.chown(root, group=users.group)
+    root.chmod(0o2770)
+    env = daemon_env(folder)
+    d = start_daemon(folder, "--cache-dir", str(root), "--config", str(cfg), env=env)
+    probe = redis_server.client()
+    try:
+        first = d.client.compile(request_data(defines={"N": 7171, "B_N": 1})).to_json()
+        assert first["status"] == "compiled", first
+        kernel = first["kernel_name"]
+        chip = Path(first["files"][0]).parent
+        key = RedisTier.key(chip.name, kernel)
+        wait_for(lambda: probe.exists(key), 30, "the compile's own upload")
+        probe.delete(key)  # the remote's maxmemory LRU evicted it
+        main, binary = chip / f"{kernel}.json", chip / f"{kernel}.o"
+        assert main.stat().st_uid == os.geteuid() and main.stat().st_mode & 0o020
+
+        evil = b"\x7fELF a member's code " + os.urandom(64)
+        doc = json.loads(main.read_bytes())
+        doc["sha256"] = kernel_json(kernel, evil)["sha256"]
+        staged = users.base / "staged"
+        staged.mkdir()
+        (staged / "o").write_bytes(evil)
+        (staged / "json").write_bytes(json.dumps(doc).encode())
+        staged.chmod(0o755)
+        for part in ("o", "json"):
+            (staged / part).chmod(0o644)
+        _write_in_place_as(users, users.alice, binary, staged / "o")
+        _write_in_place_as(users, users.alice, main, staged / "json")
+        assert main.stat().st_uid == os.geteuid()  # still the daemon user's file
+
+        def settled() -> bool:
+            remotes = d.client.stats().to_json()
+            return bool(probe.exists(key)) or remotes["remote_upload_refused"] >= 1
+
+        wait_for(settled, 30, "the daemon to upload or refuse the rewritten entry")
+        raw = probe.get(key)
+        if raw is not None:
+            got = blob.decode(raw, chip.name, kernel, site_keys(tmp_path))
+            assert evil not in got.files.values(), "the member's binary went out signed"
+        assert raw is None, "a member's bytes were uploaded under the site's key"
+    finally:
+        d.stop()
+
+
+class _Trickles(http.server.BaseHTTPRequestHandler):
+    """An HTTP cache server that answers every ``GET`` with a ``Content-Length`` and then one
+    byte every 0.1 s: never silent for the read timeout, never done."""
+
+    stop = threading.Event()
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", "4000")
+        self.end_headers()
+        try:
+            for _ in range(4000):
+                if self.stop.wait(0.1):
+                    return
+                self.wfile.write(b"x")
+                self.wfile.flush()
+        except OSError:  # the client gave up: what it should do
+            return
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def trickling() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Trickles)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/cache"
+    finally:
+        _Trickles.stop.set()
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_server_trickling_its_answer_costs_a_lookup_a_bounded_time(
+    trickling: str, tmp_path: Path
+) -> None:
+    """A remote that sends its answer one byte at a time, each within the read timeout
+    (``operation-timeout``, 500 ms), held a lookup — a compile, under its entry lock — for as
+    long as the answer lasts (4,000 bytes: 400 s; a 64 MiB one: months). The lookup must end
+    as a miss that opens the breaker, long before the answer would."""
+    spec = parse_spec(f"{trickling}|name=slow|operation-timeout=500", "test")
+    config = RemoteConfig((spec,), "test", failures_before_open=3, **trust_fields(tmp_path))
+    tiers = RemoteTiers.from_config(config)
+    assert tiers is not None
+    got: list[object] = []
+    lookup = threading.Thread(target=lambda: got.append(tiers.fetch(SOC, "te_slow")), daemon=True)
+    lookup.start()
+    lookup.join(timeout=60)  # the answer would take 400 s
+    assert not lookup.is_alive(), "the lookup is still reading the trickled answer"
+    assert got == [None]
+    row = tiers.stats()["slow"]
+    assert row["errors"] == 1 and row["state"] == "failing", row
+
+
+class _Redirects(http.server.BaseHTTPRequestHandler):
+    """An HTTP cache server that answers every request with a redirect to another path of
+    its own (``Location``), counting what it was asked."""
+
+    asked: list[str] = []  # noqa: RUF012 (the test reads it)
+
+    def _redirect(self) -> None:
+        self.asked.append(f"{self.command} {self.path}")
+        self.send_response(302)
+        self.send_header("Location", f"/hop{len(self.asked)}{self.path}")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_GET = do_HEAD = do_DELETE = _redirect
+
+    def do_PUT(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self._redirect()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def redirecting() -> Iterator[str]:
+    _Redirects.asked.clear()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Redirects)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/cache"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_remote_answering_redirects_is_asked_once_a_lookup(
+    redirecting: str, tmp_path: Path
+) -> None:
+    """A remote that answers every lookup with a redirect to another of its paths: each
+    lookup followed 30 of them (31 requests, each allowed its own ``operation-timeout``: a
+    server answering each near the timeout held a compile for 15 s, times the failures
+    before the breaker opens), wherever they pointed. A cache server's URL names the server:
+    a redirect is not followed, it is one failure naming it."""
+    spec = parse_spec(f"{redirecting}|name=moved", "test")
+    config = RemoteConfig((spec,), "test", failures_before_open=1, **trust_fields(tmp_path))
+    tiers = RemoteTiers.from_config(config)
+    assert tiers is not None
+    assert tiers.fetch(SOC, "te_moved") is None
+    assert len(_Redirects.asked) == 1, _Redirects.asked[:3]
+    row = tiers.stats()["moved"]
+    assert row["errors"] == 1 and row["state"] == "failing", row
+    assert (
+        "HTTP 302" in tiers.breakers["moved"].why and "not followed" in tiers.breakers["moved"].why
+    )
