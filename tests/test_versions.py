@@ -9,12 +9,12 @@ import pytest
 
 from cachemgr.config import layout
 from cachemgr.config.ini import OpCacheIni
+from cachemgr.config.toolkit import read_version_info
 from cachemgr.config.versions import (
     Found,
     Installed,
     VersionStatus,
     installed_versions,
-    read_version_info,
     sync_toolkit,
 )
 from cachemgr.errors import ConfigError
@@ -63,11 +63,11 @@ def cache(tmp_path: Path) -> layout.CacheLayout:
 def test_read_version_info_the_way_ge_does(tmp_path: Path) -> None:
     path = tmp_path / "version.info"
     path.write_text("#Version=0.0\n\nversion_dir=8.0.0\n  Version =  7.6.0.1.220  \nVersion=9\n")
-    assert read_version_info(path) == "7.6.0.1.220"  # first exact key, blanks trimmed
+    assert read_version_info(str(path)) == "7.6.0.1.220"  # first exact key, blanks trimmed
     path.write_text("version=8.0.RC1\nversion_dir=8.0.0\n")
-    assert read_version_info(path) is None  # keys are case-sensitive, as in GE
-    assert read_version_info(tmp_path / "missing") is None
-    assert read_version_info(tmp_path) is None  # a folder is not a version file
+    assert read_version_info(str(path)) is None  # keys are case-sensitive, as in GE
+    assert read_version_info(str(tmp_path / "missing")) is None
+    assert read_version_info(str(tmp_path)) is None  # a folder is not a version file
 
 
 def test_installed_versions_from_env_and_config(tmp_path: Path) -> None:

@@ -42,7 +42,6 @@ the purge function (``cachemgr.eviction.purge_chip``).
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -58,13 +57,6 @@ from cachemgr.words import noun, plural
 
 log = logging.getLogger(__name__)
 
-VERSION_INFO = toolkit.VERSION_INFO
-#: Largest ``version.info`` read (bytes; CANN's has a few lines).
-MAX_VERSION_INFO_BYTES = toolkit.MAX_VERSION_INFO_BYTES
-GE_LIBRARIES = toolkit.GE_LIBRARIES
-GE_LIBRARY_DIRS = toolkit.GE_LIBRARY_DIRS
-ADK_ENV_VARS = toolkit.ADK_ENV_VARS
-OPS_ENV_VAR = toolkit.OPS_ENV_VAR
 #: The config file's table that overrides the installed versions.
 CONFIG_TABLE = "toolkit"
 
@@ -157,12 +149,6 @@ class VersionCheck:
             "purged": [p.to_json() for p in self.purged],
             "stamp_lines_rewritten": self.stamp_lines,
         }
-
-
-def read_version_info(path: Path) -> str | None:
-    """The ``Version=`` value of a CANN ``version.info``, GE's way; None if absent/unreadable
-    (:func:`cachemgr.config.toolkit.read_version_info`)."""
-    return toolkit.read_version_info(os.fspath(path))
 
 
 def _override(sections: Mapping[str, Mapping[str, Any]], key: str) -> Found | None:
