@@ -5,13 +5,16 @@ site keys every remote needs (docs/remote.md#keys): :func:`keys_toml`, :func:`ke
 
 from __future__ import annotations
 
+import http.server
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,6 +81,20 @@ def trust_fields(folder: Path, name: str = TEST_KEY) -> dict[str, object]:
         "signing_key": path,
         "trusted_keys": (signing.parse_public_key(line, "test"),),
     }
+
+
+@contextmanager
+def http_server(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
+    """A threaded stdlib HTTP server of ``handler`` on a loopback port, serving until the
+    block ends: yields its remote URL (``http://127.0.0.1:<port>/cache``)."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/cache"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def free_port() -> int:

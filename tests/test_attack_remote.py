@@ -23,7 +23,7 @@ from cachemgr.remote.tierset import RemoteTiers
 from tests.compile_util import counting_cc, request_data
 from tests.conftest import SOC, kernel_json
 from tests.daemon_util import daemon_env, start_daemon, wait_for
-from tests.remote_util import RedisServer, keys_toml, site_keys, trust_fields
+from tests.remote_util import RedisServer, http_server, keys_toml, site_keys, trust_fields
 from tests.users_util import Users, run_as
 
 
@@ -133,16 +133,11 @@ class _Trickles(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def trickling() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Trickles)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/cache"
-    finally:
-        _Trickles.stop.set()
-        server.shutdown()
-        server.server_close()
+    with http_server(_Trickles) as url:
+        try:
+            yield url
+        finally:
+            _Trickles.stop.set()  # before the server shuts down: its handler stops writing
 
 
 def test_a_server_trickling_its_answer_costs_a_lookup_a_bounded_time(
@@ -192,15 +187,8 @@ class _Redirects(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def redirecting() -> Iterator[str]:
     _Redirects.asked.clear()
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Redirects)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/cache"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with http_server(_Redirects) as url:
+        yield url
 
 
 def test_a_remote_answering_redirects_is_asked_once_a_lookup(

@@ -12,7 +12,6 @@ import logging
 import os
 import shutil
 import stat
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,6 +30,7 @@ from tests.remote_util import (
     TEST_KEY,
     RedisServer,
     free_port,
+    http_server,
     keys_config,
     keys_toml,
     publish_own,
@@ -457,14 +457,8 @@ class _Refuses413(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def http_413() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Refuses413)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/cache"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with http_server(_Refuses413) as url:
+        yield url
 
 
 def test_error_lines_name_the_url_not_the_spec(
