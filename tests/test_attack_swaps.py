@@ -17,22 +17,13 @@ from pathlib import Path
 from cachemgr import direct
 from cachemgr.storage import counters
 from tests.compile_util import SOC
+from tests.proc_util import fd_targets
 from tests.test_direct import Kit, Run
 
 
 def _holds(pid: int, folder: Path) -> bool:
     """True when process ``pid`` has ``folder`` open."""
-    try:
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return False
-    for fd in fds:
-        try:
-            if os.readlink(f"/proc/{pid}/fd/{fd}") == str(folder):
-                return True
-        except OSError:
-            continue
-    return False
+    return str(folder) in fd_targets(pid)
 
 
 def test_kernel_cache_swapped_for_a_link_under_a_direct_hit_gets_no_counts_through_it(

@@ -28,6 +28,7 @@ from cachemgr.storage import entry
 from cachemgr.storage.store import Store
 from tests.conftest import publish
 from tests.daemon_util import Daemon, start_daemon, wait_for
+from tests.proc_util import fd_targets
 
 TENSOR = {"shape": [16], "dtype": "float32", "format": "ND"}
 SOURCE = '#include "k.h"\nvoid k_kernel(float *x) { x[0] = V; }\n'
@@ -365,15 +366,8 @@ def test_inputs_remembered_by_their_status_still_give_their_own_kernel(
 
 
 def _open_on(folder: Path) -> list[str]:
-    """This process's descriptors open on ``folder``."""
-    out = []
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            if os.readlink(f"/proc/self/fd/{fd}") == str(folder):
-                out.append(fd)
-        except OSError:
-            continue  # closed meanwhile (the listing's own)
-    return out
+    """This process's descriptors open on ``folder`` (their targets)."""
+    return [target for target in fd_targets() if target == str(folder)]
 
 
 def test_threads_share_one_kept_chip_folder_and_close_gives_it_back(

@@ -18,6 +18,7 @@ from cachemgr.compile.queue import CompileQueue
 from cachemgr.compilers import process
 from cachemgr.storage import fsutil, madeahead, partcopy
 from tests.compile_util import SOC, counting_cc, make_settings, request, wait_for
+from tests.proc_util import fd_targets
 
 #: How long the wrapper compiler waits for the files made while it runs (seconds).
 _WAIT_S = 10
@@ -42,15 +43,7 @@ def _watching_cc(folder: Path, chip: Path, then: str = "") -> Path:
 
 def _open_in(chip: Path) -> list[str]:
     """What this process holds open in ``chip`` (its fd links)."""
-    found = []
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith(f"{chip}/"):
-            found.append(target)
-    return found
+    return [target for target in fd_targets() if target.startswith(f"{chip}/")]
 
 
 def test_a_miss_makes_its_three_files_while_the_compiler_runs(
@@ -140,11 +133,7 @@ def test_a_file_made_where_it_cannot_be_named_is_written_as_a_named_temp(
 def _spares() -> list[int]:
     """Inodes of the unnamed files this process holds in a worker's build folder."""
     found = []
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
+    for target in fd_targets():
         match = re.search(r"/cachemgr-build-[^/]+/#(\d+) \(deleted\)$", target)
         if match:
             found.append(int(match.group(1)))

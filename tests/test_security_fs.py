@@ -23,6 +23,7 @@ from cachemgr.compile import kernel_meta
 from cachemgr.constants import short_host
 from tests.conftest import ROOT, SOC, publish, run_cli
 from tests.daemon_util import Daemon, daemon_env, start_daemon, wait_first_scan, wait_for
+from tests.proc_util import fd_targets
 from tests.shared_util import kernel_request
 from tests.users_util import Runtime, Users, run_as, user_home
 
@@ -226,11 +227,7 @@ def _hold_lock(path: Path) -> subprocess.Popen[str]:
 
 
 def _has_open(pid: int, folder: Path) -> bool:
-    fds = Path(f"/proc/{pid}/fd")
-    try:
-        return any(os.readlink(fd) == str(folder) for fd in fds.iterdir())
-    except OSError:
-        return False
+    return str(folder) in fd_targets(pid)
 
 
 def test_a_kernel_cache_swapped_for_a_link_during_a_purge_cannot_redirect_it(
