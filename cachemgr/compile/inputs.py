@@ -529,12 +529,12 @@ def _write_new(dest: Path, blob: bytes, made: int | None) -> None:
     :raises OSError: e.g. ``FileExistsError``.
     """
     if made is not None and madeahead.fill(
-        made, None, dest, functools.partial(_write_all, blob=blob), 0o600, False
+        made, None, dest, functools.partial(fsutil.write_all, data=blob), 0o600, False
     ):
         return
     fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
-        _write_all(fd, blob)
+        fsutil.write_all(fd, blob)
     finally:
         os.close(fd)
 
@@ -551,16 +551,6 @@ def _with_parents(folders: Iterable[str]) -> frozenset[str]:
                 break
             folder = up
     return frozenset(found)
-
-
-def _write_all(fd: int, blob: bytes) -> None:
-    """Write all of ``blob`` to ``fd`` (no file object: one ``write`` for a source).
-
-    :raises OSError: the write failed.
-    """
-    view = memoryview(blob)
-    while view:
-        view = view[os.write(fd, view) :]
 
 
 #: The longest path one system call takes on Linux, in bytes (``PATH_MAX`` less its NUL).

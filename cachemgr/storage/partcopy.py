@@ -135,7 +135,5 @@ def _copy(src_fd: int, out: int) -> tuple[str, int]:
     while chunk := os.read(src_fd, fsutil.READ_CHUNK_BYTES):
         digest.update(chunk)
         size += len(chunk)
-        view = memoryview(chunk)
-        while view:
-            view = view[os.write(out, view) :]
+        fsutil.write_all(out, chunk)
     return digest.hexdigest(), size
