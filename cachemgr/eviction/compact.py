@@ -292,24 +292,19 @@ class CompactEntries(MutableMapping[str, EntryGroup]):
     def size_of(self, name: str) -> int:
         """The size the scan saw of ``name`` (bytes) when it is a file of an entry by its
         stem (the entry's own ``<kernel>.<ext>``), else -1: asked once per listed file when
-        gc measures what is left, so the row is found inline and no tuple is made."""
+        gc measures what is left, so no FileStat is made per file."""
         stem, _, ext = name.rpartition(".")
         group = self._dict.get(stem)
         if group is not None:
             fst = group.files.get(name)
             return -1 if fst is None else fst.size
-        key = hash(stem)
-        index, keys, mask = self._index, self.keys_, self._mask
-        i = key & mask
-        while (j := index[i]) >= 0 and keys[j] != key:
-            i = (i + 1) & mask
+        try:
+            j = self.row(stem)
+        except HashCollision:  # a file listed after the scan, under another's key
+            return -1
         if j < 0:
             return -1
         flags = self.flags[j]
-        if flags & (_JSON | _DEAD) != _JSON or self._chk[j] != _check(stem):
-            return -1
-        if not simple_stem(stem):
-            return -1
         if ext == _JSON_EXT:
             return self._jsize[j]
         if ext == _HEADER_EXT:
