@@ -312,7 +312,11 @@ def test_redis_killed_mid_run_compiles_go_on_and_the_tier_resumes(
 
         wait_for(resumed, 60, "the tier to resume")
         assert d.log().count("remote r is back") == 1
-        wait_for(lambda: redis_server.client().dbsize() >= 2, 30, "an upload after the restart")
+        try:
+            wait_for(lambda: redis_server.client().dbsize() >= 2, 30, "an upload after the restart")
+        except AssertionError as exc:  # seen once under heavy load: say what the daemon saw
+            row = d.client.stats().to_json()["remotes"]["r"]
+            raise AssertionError(f"{exc}; remote r: {row}; daemon log: {d.log()[-4000:]}") from None
     finally:
         d.stop()
 
