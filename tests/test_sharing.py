@@ -8,6 +8,7 @@ import json
 import os
 import stat
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -105,6 +106,25 @@ def test_lock_probe_works_here_and_cleans_dead_probes(tmp_path: Path) -> None:
     stale.write_bytes(b"")
     probe = fsprobe.probe_locks(folder)
     assert probe.ok, probe.detail
+    assert os.listdir(folder) == []
+
+
+def test_a_python_this_user_cannot_run_stops_the_probe_with_one_line_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The probe's second process runs this interpreter: where the user may not run it (a
+    venv made from a Python under /root, for the unit's user), the probe says so — not a
+    bare "Permission denied" that reads as the cache's — and leaves no probe file."""
+    folder = tmp_path / "kc"
+    python = tmp_path / "python3"
+    python.write_bytes(b"#!/bin/sh\n")
+    python.chmod(0o644)  # no execute bit: execve refuses it, root included
+    monkeypatch.setattr(sys, "executable", str(python))
+    with pytest.raises(ConfigError) as info:
+        fsprobe.probe_locks(folder)
+    message = str(info.value)
+    assert "\n" not in message and str(python) in message and "Permission denied" in message
+    assert "venv" in message and str(folder) in message
     assert os.listdir(folder) == []
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from cachemgr.config.layout import is_chip_folder
 from cachemgr.constants import short_host
+from cachemgr.errors import ConfigError
 from cachemgr.storage import fsutil, mountrule
 
 log = logging.getLogger(__name__)
@@ -125,6 +126,8 @@ def probe_locks(
     :param timeout_s: how long the child may take (a hung lock manager fails the probe).
     :returns: ``ok`` False with a one-line ``detail`` when locks do not work.
     :raises OSError: the folder or the probe file cannot be created (e.g. ``EACCES``).
+    :raises ConfigError: this interpreter (``sys.executable``) cannot be started as the
+        second process (e.g. a venv whose Python lies under a home this user cannot enter).
     """
     folder = Path(folder)
     fsutil.ensure_dir(folder)
@@ -166,6 +169,13 @@ def _probe_fd(folder: Path, path: Path, fd: int, timeout_s: float) -> LockProbe:
         return LockProbe(
             folder, False, f"testing the lock on {path} hung for {timeout_s:g} s (lock manager?)"
         )
+    except OSError as exc:  # not the folder's fault: the second process cannot start
+        raise ConfigError(
+            f"cannot run {sys.executable} (the Python cachemgr runs on) as uid {os.geteuid()} "
+            f"to test the locks in {folder} from a second process: {exc.strerror}; make "
+            "cachemgr's venv from a Python this user may run (not one under a private home "
+            "such as /root)"
+        ) from None
     finally:
         fcntl.lockf(fd, fcntl.LOCK_UN, 1, 0)
     if child.returncode == 0:
