@@ -221,6 +221,9 @@ class Client:
             except (ConnectionRefusedError, FileNotFoundError) as exc:
                 self._drop_connection()
                 raise DaemonUnavailable(f"no daemon at {self._where()}: {exc.strerror}") from exc
+            except PermissionError as exc:  # a daemon may be there: this user may not reach it
+                self._drop_connection()
+                raise DaemonUnavailable(self._refused_line(exc)) from exc
             except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
                 self._drop_connection()
                 if attempt == 2:
@@ -244,6 +247,23 @@ class Client:
 
     def _where(self) -> str:
         return f"{self.tcp[0]}:{self.tcp[1]}" if self.tcp else str(self.socket_path)
+
+    def _refused_line(self, exc: PermissionError) -> str:
+        """One line for a socket this user may not connect to (``EACCES``): it names the
+        socket's group where the socket can be seen (docs/daemon.md: the unit serves the
+        members of one group)."""
+        line = f"cannot reach the daemon at {self._where()}: {exc.strerror}"
+        try:
+            gid = os.stat(self.socket_path).st_gid
+        except (OSError, TypeError):
+            return line + " (this user may not enter a folder on the way)"
+        import grp  # here: only this message names a group
+
+        try:
+            group = grp.getgrgid(gid).gr_name
+        except KeyError:
+            group = str(gid)
+        return line + f" (its socket is for the members of group {group}: `id` shows yours)"
 
     # --- endpoints ------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from tests.conftest import SOC, run_cli
 from tests.daemon_util import start_daemon
 from tests.test_ge_interop import REQUESTS, fake_toolkit
 from tests.test_two_users import _request
-from tests.users_util import Runtime, Users, run_as, user_home
+from tests.users_util import Runtime, Users, run_as, run_python_as, user_home
 
 
 @pytest.fixture
@@ -208,3 +208,35 @@ def test_an_outsider_cannot_read_an_entry_a_member_compiled(
     assert outsider.returncode != 0 and "Permission denied" in outsider.stderr
     listing = run(users.carol, *cachemgr, "ls", "--cache-dir", str(root))
     assert kernel not in listing.stdout, listing.stdout
+
+
+def test_an_outsider_is_told_the_daemon_is_out_of_reach_not_missing(
+    users: Users, other_runtime: Runtime, tmp_path: Path
+) -> None:
+    """A user outside the group asks a running daemon: its socket (``0660``, the group's)
+    refuses the connect — the line says the daemon is out of this user's reach and names
+    the socket's group, not "no daemon"; where a folder on the way is closed to the user,
+    it says that."""
+    run = users.base / "run"
+    run.mkdir()
+    run.chmod(0o755)
+    sock = run / "cachemgr.sock"
+    daemon = start_daemon(tmp_path, "--socket", str(sock), "--cache-dir", str(tmp_path / "c"))
+    try:
+        shutil.chown(sock, "root", users.group)
+        sock.chmod(0o660)
+        status = ("-m", "cachemgr", "status")  # the socket as the README sets it, by env
+        env = {"CACHEMGR_SOCKET": str(sock)}
+        proc = run_python_as(users, other_runtime, users.carol, *status, env=env)
+        assert proc.returncode != 0, proc.stdout
+        (line,) = proc.stderr.splitlines()
+        assert f"cannot reach the daemon at {sock}: Permission denied" in line, line
+        assert f"group {users.group}" in line and "no daemon" not in line, line
+        member = run_python_as(users, other_runtime, users.bob, *status, env=env)
+        assert member.returncode == 0, member.stderr  # the group's members reach it
+        run.chmod(0o700)  # a folder on the way closed to others
+        proc = run_python_as(users, other_runtime, users.carol, *status, env=env)
+        (line,) = proc.stderr.splitlines()
+        assert "cannot reach the daemon" in line and "may not enter a folder" in line, line
+    finally:
+        daemon.stop()
