@@ -18,6 +18,7 @@ from cachemgr.client import Client, DaemonError, DaemonUnavailable
 from tests.conftest import ROOT, SOC, publish, run_cli
 from tests.daemon_util import AS_ROOT, daemon_env, start_daemon, wait_for
 from tests.shared_util import chip_bytes
+from tests.unit_util import unit_umask
 
 REQUESTS = ROOT / "examples" / "requests"
 
@@ -63,6 +64,31 @@ def test_health_via_client_and_curl(daemon) -> None:
             timeout=30,
         )
         assert json.loads(out.stdout)["pid"] == daemon.proc.pid
+
+
+@pytest.mark.parametrize("umask", [0o022, unit_umask()], ids=["umask-022", "unit-umask"])
+def test_the_sockets_lock_and_pid_files_give_others_nothing(
+    tmp_path: Path, cache_root: Path, umask: int
+) -> None:
+    """``<socket>.pid`` and ``<socket>.lock`` get the folder's file mode whatever the umask
+    (``0660``; the unit's folder is ``0750``), as the socket itself: the pid file was ``0644``
+    where the unit's ``UMask=0007`` gives every other file of the daemon no bit for others."""
+    run = tmp_path / "run"
+    run.mkdir(mode=0o750)
+    run.chmod(0o750)
+    sock = run / "cachemgr.sock"
+    d = start_daemon(
+        tmp_path, "--socket", str(sock), "--cache-dir", str(cache_root), popen_kw={"umask": umask}
+    )
+    try:
+        modes = {
+            p.name: oct(p.stat().st_mode & 0o777)
+            for p in (sock, run / "cachemgr.sock.lock", run / "cachemgr.sock.pid")
+        }
+        assert set(modes.values()) == {"0o660"}, modes
+        assert (run / "cachemgr.sock.pid").read_text() == f"{d.proc.pid}\n"
+    finally:
+        d.stop()
 
 
 def test_compile_cold_then_warm_and_stats(daemon, cache_root: Path) -> None:

@@ -74,7 +74,9 @@ def _claim_socket(socket_path: Path) -> fsutil.FcntlLock:
         pid = client.health().get("pid")
         lock.release()
         raise AlreadyRunning(f"already running, pid {pid} ({socket_path})")
-    fsutil.atomic_write_bytes(lock.path.with_suffix(".pid"), f"{os.getpid()}\n".encode(), 0o644)
+    # the folder's file mode, as the lock beside it (0660 in the unit's 0750 runtime folder):
+    # no bit for others, whatever the umask (docs/shared-cache.md#outsiders-read-nothing)
+    fsutil.atomic_write_bytes(lock.path.with_suffix(".pid"), f"{os.getpid()}\n".encode())
     return lock
 
 
