@@ -17,6 +17,7 @@ import sys
 import unicodedata
 from typing import TYPE_CHECKING, Any
 
+from cachemgr import sockpath
 from cachemgr.config import reportorder
 from cachemgr.errors import ConfigError
 
@@ -226,6 +227,9 @@ def config_report(
         (True, warning_line(w)) for w in data[reportorder.REMOTE_ROW].get("warnings", [])
     ]
     tables = settings.config_rows()
+    sockpath.client_rows(tables, os.environ)  # the socket first, then the tables
+    data[sockpath.SOCKET_ROW] = tables.pop(sockpath.SOCKET_ROW)
+    names.append(sockpath.SOCKET_ROW)
     data.update(tables)
     names += list(tables)
     data[FILESYSTEMS] = _filesystems_row(settings)

@@ -9,7 +9,8 @@ the lock wait's words (:mod:`cachemgr.config.reportorder`), the config file's st
 (:mod:`cachemgr.config.defaultrows`), the chips CANN knows (:mod:`cachemgr.config.socs`),
 the installed toolkit's versions, GE's way (:mod:`cachemgr.config.toolkit`),
 the mount's access-time rule (:mod:`cachemgr.storage.mountrule`), the outsiders' line
-(:mod:`cachemgr.storage.exposure`) — and JSON written as :mod:`json` writes it
+(:mod:`cachemgr.storage.exposure`), the socket and the daemon's user
+(:func:`cachemgr.sockpath.client_rows`) — and JSON written as :mod:`json` writes it
 (:mod:`cachemgr.plainjson`).
 
 It answers only what it can answer exactly and *declines* (:func:`answer` returns None,
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import os
 
-from cachemgr import plainjson
+from cachemgr import plainjson, sockpath
 from cachemgr.config import core, reportorder, socs, toolkit
 from cachemgr.config.defaultrows import NO_REMOTE_ROW, TABLE_ROWS
 from cachemgr.constants import short_host
@@ -320,10 +321,11 @@ def _report(rows: dict[str, Row], env: Mapping[str, str], as_json: bool) -> list
     for name, (value, source) in zip(reportorder.TOOLKIT_ROWS, found, strict=True):
         rows[name] = _row(value, "toolkit" if value else "unknown", source)
     rows[reportorder.REMOTE_ROW] = dict(NO_REMOTE_ROW)
-    names += [*reportorder.TOOLKIT_ROWS, reportorder.REMOTE_ROW]
+    names += [*reportorder.TOOLKIT_ROWS, reportorder.REMOTE_ROW, sockpath.SOCKET_ROW]
     for name, row in TABLE_ROWS.items():
         rows[name] = dict(row)
         names.append(name)
+    sockpath.client_rows(rows, env)
     rows[reportorder.FILESYSTEMS] = _filesystems(rows["governed_kernel_caches"]["value"])
     names.append(reportorder.FILESYSTEMS)
     rows["kernel_cache_dir"]["why"] = _reason(rows)

@@ -27,9 +27,7 @@ from pathlib import Path
 
 from cachemgr import peer
 from cachemgr.errors import CacheMgrError
-
-#: Environment variable naming the daemon's user for clients.
-DAEMON_USER_ENV = "CACHEMGR_DAEMON_USER"
+from cachemgr.sockpath import DAEMON_USER_ENV  # the variable naming the daemon's user
 
 
 class UntrustedDaemon(CacheMgrError):

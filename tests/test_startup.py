@@ -707,6 +707,7 @@ QUICK_CONFIG_MODULES = {
     "cachemgr.quickini",
     "cachemgr.direct",
     "cachemgr.plainjson",
+    "cachemgr.sockpath",
     "cachemgr.config",
     "cachemgr.config.core",
     "cachemgr.config.defaultrows",
@@ -737,6 +738,10 @@ def started_with(env: dict[str, str], cwd: Path) -> set[str]:
         check=True,
     )
     return {ln.rsplit("|", 1)[1].strip() for ln in proc.stderr.splitlines() if "|" in ln}
+
+
+#: What the README's ``/etc/profile.d/cachemgr.sh`` sets for a member, but the config file.
+MEMBER_ENV = {"CACHEMGR_SOCKET": "/run/cachemgr/cachemgr.sock", "CACHEMGR_DAEMON_USER": "cachemgr"}
 
 
 def _config_case(case: str, tmp_path: Path) -> tuple[list[str], dict[str, str]]:
@@ -805,6 +810,9 @@ def _config_case(case: str, tmp_path: Path) -> tuple[list[str], dict[str, str]]:
                               "version": "tk/compiler/version.info"},
         "toolkit-missing": {"env": {"ASCEND_HOME_PATH": str(tmp_path / "nothing"),
                                     "ASCEND_OPP_PATH": " \t"}},
+        "member-env": {"env": MEMBER_ENV},  # /etc/profile.d/cachemgr.sh but the config file
+        "member-env-json": {"args": ["--json"], "env": MEMBER_ENV},
+        "systemd-runtime": {"env": {"RUNTIME_DIRECTORY": "/run/cachemgr:/run/other"}},
     }  # fmt: skip
     setup = setups[case]
     argv = [*setup.get("argv", argv), *setup.get("args", [])]
@@ -837,7 +845,7 @@ CONFIG_CASES = [
     "mode-env", "soc", "soc-folder-only", "env-limits", "never-evict", "env-fallback",
     "env-not-plain", "ge-ini", "ini-limits", "work-path", "chinese-path", "chinese-path-json",
     "open-to-others", "no-home", "linked-kernel-cache", "toolkit-old", "toolkit-new-json",
-    "toolkit-home-only", "toolkit-missing",
+    "toolkit-home-only", "toolkit-missing", "member-env", "member-env-json", "systemd-runtime",
 ]  # fmt: skip
 
 
@@ -872,6 +880,40 @@ def test_config_on_os_alone_matches_click(case: str, tmp_path: Path) -> None:
     more = names - started_with(env, tmp_path)
     assert [n for n in more if n.split(".")[0] in (*HEAVY_STDLIB, "pathlib", "re")] == []
     assert len(more) <= QUICK_CONFIG_BUDGET, sorted(more)
+
+
+def test_config_shows_the_socket_and_the_daemon_user_a_member_set(tmp_path: Path) -> None:
+    """The README's member sets ``CACHEMGR_SOCKET`` and ``CACHEMGR_DAEMON_USER``: ``config``
+    shows both with origin ``env`` (it showed neither, and ``daemon.user`` as an empty
+    default), on os alone and through the config file (the full path) alike; the config
+    file's ``[daemon] user`` wins over the variable, which is shown passed over — as the
+    client trusts them (``sockcheck.trusted_uids``)."""
+    argv, env = _config_case("member-env", tmp_path)
+    fast, slow, names = both_paths(argv, env, tmp_path)
+    assert_same(fast, slow)
+    assert "cachemgr.quickconfig" in names and "cachemgr.config.options" not in names
+    lines = fast.stdout.decode().splitlines()
+    assert "(env: CACHEMGR_SOCKET) socket = /run/cachemgr/cachemgr.sock" in lines, lines
+    assert "(env: CACHEMGR_DAEMON_USER) daemon.user = cachemgr" in lines, lines
+    as_json, _, _ = both_paths([*argv, "--json"], env, tmp_path)
+    row = {"value": "cachemgr", "origin": "env", "source": "CACHEMGR_DAEMON_USER"}
+    assert json.loads(as_json.stdout)["daemon.user"] == row
+    conf = tmp_path / "cachemgr.toml"
+    conf.write_text('[daemon]\nuser = "svc"\n')
+    env["CACHEMGR_CONFIG"] = str(conf)  # the full path's turn
+    fast, slow, names = both_paths(argv, env, tmp_path)
+    assert_same(fast, slow)
+    assert "cachemgr.config.options" in names
+    lines = fast.stdout.decode().splitlines()
+    at = lines.index(f"(option: config {conf}:2) daemon.user = svc")
+    passed = "CACHEMGR_DAEMON_USER=cachemgr (the config file's [daemon] user comes first)"
+    assert lines[at + 1] == f"    passed over: {passed}", lines[at : at + 2]
+    assert "(env: CACHEMGR_SOCKET) socket = /run/cachemgr/cachemgr.sock" in lines, lines
+    del env["CACHEMGR_SOCKET"]
+    fast, slow, _ = both_paths(argv, env, tmp_path)  # the default socket, named where from
+    assert_same(fast, slow)
+    shown = f"(env: XDG_RUNTIME_DIR) socket = {env['XDG_RUNTIME_DIR']}/cachemgr/cachemgr.sock"
+    assert shown in fast.stdout.decode().splitlines()
 
 
 def _declined_case(case: str, tmp_path: Path) -> tuple[list[str], dict[str, str]]:

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from cachemgr import sockpath
 from cachemgr.client import Client, default_socket_path
 from cachemgr.compilers import process, sandbox
 from cachemgr.config import options
@@ -107,10 +108,8 @@ def check_socket_dir(folder: Path) -> None:
 
 
 def _socket_origin() -> str:
-    for var in ("CACHEMGR_SOCKET", "RUNTIME_DIRECTORY", "XDG_RUNTIME_DIR"):
-        if os.environ.get(var):
-            return f"${var}"
-    return "the default /tmp/cachemgr-<uid>"
+    origin, source = sockpath.socket_origin(os.environ)
+    return f"${source}" if origin == "env" else f"the default {source}"
 
 
 def _holder(socket_path: Path) -> str:
