@@ -40,6 +40,7 @@ import json
 import logging
 import os
 import socket
+import stat
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -78,6 +79,11 @@ class DaemonUnavailable(CacheMgrError):
     """No daemon answers on the socket (missing, refused, or not a cachemgr daemon)."""
 
     exit_code = 1
+
+
+class DaemonOutOfReach(DaemonUnavailable):
+    """A daemon may be there, but this user may not connect (``EACCES`` on the socket or a
+    folder on the way): one line naming the group that may (docs/daemon.md)."""
 
 
 class DaemonError(CacheMgrError):
@@ -126,6 +132,18 @@ def _unix_connection_class() -> Callable[[str, float, set[int]], http.client.HTT
             self.sock = sock
 
     return _UnixConnection
+
+
+def _closed_folder(path: Path) -> tuple[Path, os.stat_result] | None:
+    """The first folder above ``path``, from the top, this user may not enter, with its
+    status; None when every one may be entered (or the closed one cannot be seen)."""
+    for folder in reversed(path.parents):
+        if not os.access(folder, os.X_OK):
+            try:
+                return folder, os.stat(folder)
+            except OSError:
+                return None
+    return None
 
 
 class Client:
@@ -223,7 +241,7 @@ class Client:
                 raise DaemonUnavailable(f"no daemon at {self._where()}: {exc.strerror}") from exc
             except PermissionError as exc:  # a daemon may be there: this user may not reach it
                 self._drop_connection()
-                raise DaemonUnavailable(self._refused_line(exc)) from exc
+                raise DaemonOutOfReach(self._refused_line(exc)) from exc
             except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
                 self._drop_connection()
                 if attempt == 2:
@@ -250,20 +268,32 @@ class Client:
 
     def _refused_line(self, exc: PermissionError) -> str:
         """One line for a socket this user may not connect to (``EACCES``): it names the
-        socket's group where the socket can be seen (docs/daemon.md: the unit serves the
-        members of one group)."""
+        group of the socket, or of the folder on the way this user may not enter — the
+        unit's ``RuntimeDirectory=`` is ``0750``, of its user and the group (docs/daemon.md:
+        the unit serves the members of one group)."""
         line = f"cannot reach the daemon at {self._where()}: {exc.strerror}"
+        if self.socket_path is None:
+            return line
         try:
-            gid = os.stat(self.socket_path).st_gid
-        except (OSError, TypeError):
-            return line + " (this user may not enter a folder on the way)"
+            st, what = os.stat(self.socket_path), "its socket"
+        except OSError:
+            closed = _closed_folder(self.socket_path)
+            if closed is None:
+                return line + " (this user may not enter a folder on the way)"
+            folder, st = closed
+            if not st.st_mode & stat.S_IXGRP:  # no group may enter it either
+                mode = stat.S_IMODE(st.st_mode)
+                return (
+                    line + f" (this user may not enter a folder on the way, {folder}: {mode:04o})"
+                )
+            what = f"the folder {folder} on the way"
         import grp  # here: only this message names a group
 
         try:
-            group = grp.getgrgid(gid).gr_name
+            group = grp.getgrgid(st.st_gid).gr_name
         except KeyError:
-            group = str(gid)
-        return line + f" (its socket is for the members of group {group}: `id` shows yours)"
+            group = str(st.st_gid)
+        return line + f" ({what} is for the members of group {group}: `id` shows yours)"
 
     # --- endpoints ------------------------------------------------------------------------
 

@@ -240,3 +240,36 @@ def test_an_outsider_is_told_the_daemon_is_out_of_reach_not_missing(
         assert "cannot reach the daemon" in line and "may not enter a folder" in line, line
     finally:
         daemon.stop()
+
+
+def test_an_outsider_of_the_units_runtime_folder_is_told_its_group(
+    users: Users, other_runtime: Runtime, tmp_path: Path
+) -> None:
+    """The unit's socket sits in its ``RuntimeDirectory=`` (``0750``, of its user and the
+    group): an outsider cannot see the socket, so the line names that folder and its group
+    (it only said "a folder on the way"), for ``status`` and for ``stats`` routed by
+    ``CACHEMGR_SOCKET``, which no longer says no daemon answers there nor to start one."""
+    run = users.base / "run-cachemgr"
+    run.mkdir()
+    shutil.chown(run, "root", users.group)
+    run.chmod(0o750)
+    sock = run / "cachemgr.sock"
+    cache = users.base / "shared"
+    cache.mkdir()
+    cache.chmod(0o755)  # the outsider's stats resolve it and go on to the daemon
+    daemon = start_daemon(tmp_path, "--socket", str(sock), "--cache-dir", str(cache))
+    try:
+        shutil.chown(sock, "root", users.group)
+        env = {"CACHEMGR_SOCKET": str(sock)}  # the README's /etc/profile.d/cachemgr.sh
+        for args in (("status",), ("stats", "--cache-dir", str(cache))):
+            proc = run_python_as(
+                users, other_runtime, users.carol, "-m", "cachemgr", *args, env=env
+            )
+            assert proc.returncode != 0, proc.stdout
+            (line,) = [ln for ln in proc.stderr.splitlines() if "cannot reach" in ln]
+            assert f"the folder {run} on the way is for the members of group {users.group}" in line
+            assert "no cachemgr daemon" not in line and "start one" not in line, line
+        member = run_python_as(users, other_runtime, users.bob, "-m", "cachemgr", "status", env=env)
+        assert member.returncode == 0, member.stderr  # the group's members reach it
+    finally:
+        daemon.stop()

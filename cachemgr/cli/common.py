@@ -321,7 +321,7 @@ def route(
         )
     if local_only:
         return Route("local", None, None, f"{local_only} runs the command in this process")
-    from cachemgr.client import Client, default_socket_path
+    from cachemgr.client import Client, DaemonOutOfReach, default_socket_path
     from cachemgr.sockcheck import UntrustedDaemon
 
     path = named[1] if named else default_socket_path()
@@ -343,6 +343,8 @@ def route(
     except UntrustedDaemon:  # a socket of a stranger: refused, never silently local (exit 2)
         raise
     except (CacheMgrError, KeyError, TypeError) as exc:
+        if named is not None and isinstance(exc, DaemonOutOfReach):  # not for this user
+            raise ConfigError(f"{named[0]}: {exc}") from exc
         if named is not None:
             raise ConfigError(
                 f"{named[0]}: no cachemgr daemon answers there ({exc}); "
