@@ -16,7 +16,7 @@ import pytest
 
 from cachemgr.client import Client, DaemonError, DaemonUnavailable
 from tests.conftest import ROOT, SOC, publish, run_cli
-from tests.daemon_util import AS_ROOT, daemon_env, start_daemon, wait_for
+from tests.daemon_util import AS_ROOT, daemon_env, start_daemon, wait_first_scan, wait_for
 from tests.shared_util import chip_bytes
 from tests.unit_util import unit_umask
 
@@ -527,6 +527,29 @@ def test_the_log_says_nothing_of_modes_on_a_new_cache_and_counts_in_words(
     finally:
         again.stop()
     assert f"{chip}: group-sharing modes restored on 2 files" in again.log(), again.log()
+
+
+def test_the_toolkit_check_is_logged_once_not_at_every_reconciliation(tmp_path: Path) -> None:
+    """Without a toolkit the daemon logged "toolkit version unknown … no toolkit-upgrade
+    purge" at start and again at every reconciliation (every 5 min under the unit: a line in
+    the journal each time, nothing changed). Now once; two reconciliations are seen to pass
+    by the ini edits each one notices."""
+    root = tmp_path / "root"
+    (root / "kernel_cache" / SOC).mkdir(parents=True)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[daemon]\nreconcile_interval_s = 1\nreconcile_jitter_s = 0\n")
+    ini = root / "kernel_cache" / "op_cache.ini"
+    d = start_daemon(tmp_path, "--config", str(cfg), "--cache-dir", str(root))
+    try:
+        wait_first_scan(d)
+        for n, size in enumerate((100, 200), 1):  # a reconciliation re-reads a changed ini
+            ini.write_text(f"[op_compiler_cache]\nmax_op_cache_size={size}\n")
+            wait_for(lambda n=n: d.log().count("changed; re-reading the limits") >= n, 60,
+                     f"reconciliation {n}")  # fmt: skip
+    finally:
+        d.stop()
+    said = [ln for ln in d.log().splitlines() if "toolkit version unknown" in ln]
+    assert len(said) == 1, said
 
 
 def test_serve_on_a_socket_path_too_long_for_unix_says_so_in_one_line(tmp_path: Path) -> None:

@@ -265,7 +265,7 @@ def sync_toolkit(
     if not check.needs_purge:
         if check.stamp_lines and not dry_run:
             _rewrite_stamp_lines(cache, installed, check)
-        log.info("%s", check.detail)
+        log.debug("%s", check.detail)  # said by the caller: gc's report, the daemon's log once
         return check
     chips = cache.chip_dirs()
     folders = plural(len(chips), "chip folder")

@@ -238,6 +238,8 @@ class Governance:
         #: the sink the compile path tells of a full filesystem
         self.events = events if events is not None else Events()
         self._follow_ini = follow_ini
+        #: per kernel cache folder: the toolkit check last logged (logged again on a change)
+        self._toolkit_said: dict[str, str] = {}
         self.config = config
         self.counters = counters
         self._beat = beat
@@ -842,7 +844,9 @@ class Governance:
         ``0640``/``0750`` modes are given back to the group where this daemon may
         (``fsutil.share_modes``: its own files, or all with ``CAP_FOWNER``); the other
         kernel cache folders under ``${ASCEND_CACHE_PATH}`` get their reclaim and eviction.
-        Failures are logged; the next reconciliation tries again."""
+        The toolkit check is logged at start and then only when it changes (every 5 min the
+        same "toolkit version unknown" line filled a host's journal). Failures are logged;
+        the next reconciliation tries again."""
         if self._follow_ini is not None:
             self._follow_ini()
         if self.root_problem:  # nothing can be changed there now
@@ -857,8 +861,12 @@ class Governance:
         for i, one in enumerate(caches):
             try:
                 check = cache_gc.sync_toolkit(one, dry_run=False)
+                said = str(one.layout.kernel_cache_dir)
                 if check.purged:
                     log.warning("%s", check.detail)
+                elif self._toolkit_said.get(said) != check.detail:  # not every reconciliation
+                    log.info("%s", check.detail)
+                self._toolkit_said[said] = check.detail
                 for folder in [one.layout.kernel_cache_dir, *one.layout.chip_dirs()]:
                     try:
                         top = folder == one.layout.kernel_cache_dir
