@@ -160,6 +160,13 @@ def test_a_members_direct_hit_through_the_units_daemon_says_and_counts_what_the_
             assert _no_seconds(lean.out) == _no_seconds(full.out)
             if extra:
                 assert json.loads(lean.out)["route"]["via"] == "daemon"
+            else:
+                said = lean.out
+        hits, misses = _counts(daemon)
+        loud = run("-v")  # says its route: the full path (no memo is kept for -v), same hit
+        assert loud.code == 0 and not loud.direct and "route: daemon at" in loud.err, loud.err
+        assert _no_seconds(loud.out) == _no_seconds(said)
+        assert _counts(daemon) == (hits + 1, misses), "-v counts its hit as the direct path"
         memos = project.parent / ".cache" / "cachemgr" / "direct"
         st = memos.stat()
         assert (st.st_uid, stat.S_IMODE(st.st_mode) & 0o077) == (_uid(users.bob), 0), oct(
