@@ -208,6 +208,14 @@ def test_an_outsider_cannot_read_an_entry_a_member_compiled(
     assert outsider.returncode != 0 and "Permission denied" in outsider.stderr
     listing = run(users.carol, *cachemgr, "ls", "--cache-dir", str(root))
     assert kernel not in listing.stdout, listing.stdout
+    for command in ("ls", "stats", "verify"):  # the read-only commands: one line, as gc's
+        proc = run(users.carol, *cachemgr, command, "--cache-dir", str(root))
+        assert proc.returncode == 2, (command, proc.stderr)
+        (line,) = proc.stderr.splitlines()  # was a warning about op_cache.ini's unknown
+        # owner, then a bare "error: Permission denied: <root>/kernel_cache"
+        for needle in (f"{root} is not readable by user {users.carol}", "mode drwxrws---",
+                       f"{users.carol} is not in group {users.group}"):  # fmt: skip
+            assert needle in line, (command, line)
 
 
 def test_an_outsider_is_told_the_daemon_is_out_of_reach_not_missing(
