@@ -249,21 +249,36 @@ class Client:
         return f"{self.tcp[0]}:{self.tcp[1]}" if self.tcp else str(self.socket_path)
 
     def _refused_line(self, exc: PermissionError) -> str:
-        """One line for a socket this user may not connect to (``EACCES``): it names the
-        socket's group where the socket can be seen (docs/daemon.md: the unit serves the
-        members of one group)."""
+        """One line for a socket this user may not connect to (``EACCES``): what its modes
+        say, where the socket can be seen (docs/daemon.md: the unit serves the members of one
+        group) — its group's members, and this process is not one of them; its owner alone
+        (the group is then not named: joining it would not help); or its ACL."""
         line = f"cannot reach the daemon at {self._where()}: {exc.strerror}"
+        if self.tcp or self.socket_path is None:
+            return line  # a rule of this host (a firewall, a security module): no modes
         try:
-            gid = os.stat(self.socket_path).st_gid
-        except (OSError, TypeError):
+            st = os.stat(self.socket_path)
+        except OSError:
             return line + " (this user may not enter a folder on the way)"
-        import grp  # here: only this message names a group
+        import grp  # here: only this message names a group and an owner
+        import pwd
+        import stat
 
         try:
-            group = grp.getgrgid(gid).gr_name
+            group = grp.getgrgid(st.st_gid).gr_name
         except KeyError:
-            group = str(gid)
-        return line + f" (its socket is for the members of group {group}: `id` shows yours)"
+            group = str(st.st_gid)
+        if not st.st_mode & stat.S_IWGRP:
+            try:
+                owner = pwd.getpwuid(st.st_uid).pw_name
+            except KeyError:
+                owner = str(st.st_uid)
+            mode = stat.filemode(st.st_mode)
+            return line + f" (its socket, mode {mode}, lets in only its owner {owner})"
+        if st.st_gid not in {os.getegid(), *os.getgroups()}:
+            return line + f" (its socket is for the members of group {group}: `id` shows yours)"
+        acl = f"getfacl {self.socket_path}"
+        return line + f" (its modes let group {group} in, and this process is in it: {acl})"
 
     # --- endpoints ------------------------------------------------------------------------
 
