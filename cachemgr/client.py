@@ -146,6 +146,21 @@ def _closed_folder(path: Path) -> tuple[Path, os.stat_result] | None:
     return None
 
 
+def _name_of(ident: int, db: Literal["pwd", "grp"]) -> str:
+    """The name of user (``pwd``) or group (``grp``) ``ident``, else the number; the modules
+    are imported here: only the line for a refused socket names an owner or a group."""
+    try:
+        if db == "pwd":
+            import pwd
+
+            return pwd.getpwuid(ident).pw_name
+        import grp
+
+        return grp.getgrgid(ident).gr_name
+    except KeyError:
+        return str(ident)
+
+
 class Client:
     """A client of one daemon.
 
@@ -267,33 +282,39 @@ class Client:
         return f"{self.tcp[0]}:{self.tcp[1]}" if self.tcp else str(self.socket_path)
 
     def _refused_line(self, exc: PermissionError) -> str:
-        """One line for a socket this user may not connect to (``EACCES``): it names the
-        group of the socket, or of the folder on the way this user may not enter — the
-        unit's ``RuntimeDirectory=`` is ``0750``, of its user and the group (docs/daemon.md:
-        the unit serves the members of one group)."""
+        """One line for a socket this user may not connect to (``EACCES``): what the modes
+        on the way say (docs/daemon.md: the unit serves the members of one group) — the group
+        of the socket, or of the folder on the way this user may not enter (the unit's
+        ``RuntimeDirectory=`` is ``0750``, of its user and the group), when this process is
+        not in it; the socket's owner alone (the group is then not named: joining it would
+        not help); or, when the modes let this process in, its ACL."""
         line = f"cannot reach the daemon at {self._where()}: {exc.strerror}"
-        if self.socket_path is None:
-            return line
+        if self.tcp or self.socket_path is None:
+            return line  # a rule of this host (a firewall, a security module): no modes
+        target, what = self.socket_path, "its socket"
         try:
-            st, what = os.stat(self.socket_path), "its socket"
+            st = os.stat(target)
         except OSError:
-            closed = _closed_folder(self.socket_path)
+            closed = _closed_folder(target)
             if closed is None:
                 return line + " (this user may not enter a folder on the way)"
-            folder, st = closed
+            target, st = closed
+            what = f"the folder {target} on the way"
             if not st.st_mode & stat.S_IXGRP:  # no group may enter it either
                 mode = stat.S_IMODE(st.st_mode)
                 return (
-                    line + f" (this user may not enter a folder on the way, {folder}: {mode:04o})"
+                    line + f" (this user may not enter a folder on the way, {target}: {mode:04o})"
                 )
-            what = f"the folder {folder} on the way"
-        import grp  # here: only this message names a group
-
-        try:
-            group = grp.getgrgid(st.st_gid).gr_name
-        except KeyError:
-            group = str(st.st_gid)
-        return line + f" ({what} is for the members of group {group}: `id` shows yours)"
+        else:
+            if not st.st_mode & stat.S_IWGRP:  # joining its group would not help
+                mode = stat.filemode(st.st_mode)
+                owner = _name_of(st.st_uid, "pwd")
+                return line + f" (its socket, mode {mode}, lets in only its owner {owner})"
+        group = _name_of(st.st_gid, "grp")
+        if st.st_gid not in {os.getegid(), *os.getgroups()}:
+            return line + f" ({what} is for the members of group {group}: `id` shows yours)"
+        acl = f"getfacl {target}"
+        return line + f" (its modes let group {group} in, and this process is in it: {acl})"
 
     # --- endpoints ------------------------------------------------------------------------
 

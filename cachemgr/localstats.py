@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from cachemgr.compile.results import ChipStats, StatsResult
 from cachemgr.config import options
 from cachemgr.storage import atimes
-from cachemgr.storage.counters import COUNTER_NAMES, CacheCounters
+from cachemgr.storage.counters import COUNTER_NAMES, CacheCounters, summed
 
 if TYPE_CHECKING:
     from cachemgr.config.options import Settings
@@ -66,7 +66,7 @@ def measure(settings: Settings, warn: Warn) -> StatsResult:
         name: dataclasses.replace(row, counters=per_chip.get(name, dict.fromkeys(COUNTER_NAMES, 0)))
         for name, row in _chip_rows(settings, warn).items()
     }
-    return StatsResult(dict(counters.snapshot()), rows)
+    return StatsResult(summed(per_chip), rows)
 
 
 def complete(

@@ -389,6 +389,26 @@ def test_a_fake_daemon_of_an_outsider_in_the_tmp_fallback_is_refused(
         assert f"refusing daemon socket {folder}/cachemgr.sock" in out.stderr
         assert users.carol in out.stderr, out.stderr
         assert not loot.exists()  # the fake daemon received nothing
+        # the line's way out is one alice can take: she may not remove carol's folder of
+        # the sticky /tmp (it said "remove it"); --local, or a runtime folder of her own
+        for needle in (f"ask {users.carol} or root to remove it", "--local", "XDG_RUNTIME_DIR"):
+            assert needle in out.stderr, out.stderr
+        own = alice_home / "run"
+        own.mkdir(mode=0o700)
+        shutil.chown(own, users.alice)
+        for way in ({"XDG_RUNTIME_DIR": str(own)}, {}):
+            argv = [other_runtime.python, "-m", "cachemgr", "compile", str(req), "--json"]
+            done = subprocess.run(
+                argv + ([] if way else ["--local"]),
+                env={**env, **way},
+                capture_output=True,
+                text=True,
+                timeout=120,
+                cwd=alice_home,
+                **run_as(users.alice, users),  # type: ignore[arg-type]
+            )
+            assert done.returncode == 0, (way, done.stderr)
+        assert not loot.exists()
     finally:
         fake.kill()
         fake.wait(10)

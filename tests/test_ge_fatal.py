@@ -9,6 +9,7 @@ twin (``tests/ge_twin.py``) wrote. The twin, run as its own process, aborts on i
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import signal
 import subprocess
@@ -23,7 +24,7 @@ import pytest
 from cachemgr.storage import fsutil
 from tests import ge_twin
 from tests.conftest import ROOT, SOC, run_cli
-from tests.daemon_util import start_daemon, wait_first_scan, wait_for
+from tests.daemon_util import Daemon, start_daemon, wait_first_scan, wait_for
 from tests.mount_util import tmpfs
 
 HOUR = 3600
@@ -305,3 +306,55 @@ def test_header_of_a_json_being_written_stays(clean_env: dict[str, str], tmp_pat
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (chip / "te_writing.h").exists()
     assert not (chip / "te_dead_writer.h").exists()
+
+
+def _passes_over(daemon: Daemon) -> int:
+    """Reclaim passes the daemon finished that read only the jsons changed since the last."""
+    return daemon.log().count("reclaim pass over: GE-fatal shapes looked for in the jsons")
+
+
+def test_a_json_changed_through_a_shared_mapping_is_found_by_a_later_full_pass(
+    tmp_path: Path,
+) -> None:
+    """A member maps a json of the shared cache writable and shared (``mmap``) and stores into
+    a page it dirtied before a reclaim pass: the bytes become a shape GE aborts on while the
+    json's times stay those that pass already passed, and no inotify event goes. The passes
+    that read only the jsons changed since the one before never read it again (it stayed
+    until a ``gc`` run by hand); one pass of every ``FULL_FATAL_EVERY`` reads every json."""
+    with tmpfs(tmp_path / "mnt", "size=16m") as root:  # no writeback: the page stays dirty
+        chip = root / "kernel_cache" / SOC
+        chip.mkdir(parents=True)
+        (root / "kernel_cache" / "op_cache.ini").write_text(INI)
+        kernel = "te_mapped_0"
+        assert ge_twin.write_entry(chip, kernel).files
+        cfg = tmp_path / "c.toml"
+        cfg.write_text(
+            "clock_skew_s = 0\n[daemon]\nreap_interval_s = 0.5\n"
+            'debug_loggers = "cachemgr.daemon.governance"\n'
+        )
+        daemon = start_daemon(tmp_path, "--cache-dir", str(root), "--config", str(cfg))
+        path = chip / f"{kernel}.json"
+        fd = os.open(path, os.O_RDWR)
+        try:
+            wait_first_scan(daemon)
+            mapped = mmap.mmap(fd, os.fstat(fd).st_size)
+            mapped[0:1] = mapped[0:1]  # the page's first store stamps the times, now
+            before = os.stat(path)
+            passes = _passes_over(daemon)  # two more: one began after that stamp
+            wait_for(lambda: _passes_over(daemon) >= passes + 2, 30, "two reclaim passes")
+            start = mapped[:].index(b'"kernelName"') + len(b'"kernelName"')
+            start = mapped[:].index(b'"', start + 1)  # the value's opening quote
+            end = mapped[:].index(b'"', start + 1) + 1
+            mapped[start:end] = b"42".ljust(end - start)  # a number: F2, same size
+            after = os.stat(path)
+            assert (after.st_mtime_ns, after.st_ctime_ns) == (
+                before.st_mtime_ns,
+                before.st_ctime_ns,
+            ), "the store stamped a time: this kernel would not show the attack"
+            assert _twin(chip, SHAPES["kernelName-number"], kernel).returncode == -signal.SIGABRT
+            wait_for(lambda: _gone(chip, kernel), 30, "the mapped json to be removed")
+            mapped.close()
+        finally:
+            os.close(fd)
+            daemon.stop()
+        assert "GE aborts" in daemon.log() and kernel in daemon.log()

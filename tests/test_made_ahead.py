@@ -8,16 +8,21 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
+from cachemgr.client import Client
+from cachemgr.compile import build
 from cachemgr.compile.queue import CompileQueue
 from cachemgr.compilers import process
 from cachemgr.storage import fsutil, madeahead, partcopy
-from tests.compile_util import SOC, counting_cc, make_settings, request, wait_for
+from tests.compile_util import SOC, counting_cc, make_settings, request, scale_request, wait_for
+from tests.daemon_util import daemon_env, own_tmp, start_daemon
 from tests.proc_util import fd_targets
 
 #: How long the wrapper compiler waits for the files made while it runs (seconds).
@@ -130,10 +135,10 @@ def test_a_file_made_where_it_cannot_be_named_is_written_as_a_named_temp(
             os.fstat(fd)  # type: ignore[arg-type]
 
 
-def _spares() -> list[int]:
-    """Inodes of the unnamed files this process holds in a worker's build folder."""
+def _spares(pid: int | str = "self") -> list[int]:
+    """Inodes of the unnamed files process ``pid`` holds in a worker's build folder."""
     found = []
-    for target in fd_targets():
+    for target in fd_targets(pid):
         match = re.search(r"/cachemgr-build-[^/]+/#(\d+) \(deleted\)$", target)
         if match:
             found.append(int(match.group(1)))
@@ -156,3 +161,62 @@ def test_a_worker_makes_its_next_mirrors_file_once_a_job_is_answered(
         assert int(inodes.read_text().split()[1]) == spare
         wait_for(lambda: len(_spares()) == 1, 10, "the next one")
     assert _spares() == []  # closed with the queue
+
+
+def _project(folder: Path, n: int, headers: int) -> Path:
+    """A ``scale_kernel`` source including ``headers`` headers of its folder."""
+    folder.mkdir(parents=True)
+    for h in range(headers):
+        (folder / f"h{h}.h").write_text(f"#define H{h} {h}\n")
+    includes = "".join(f'#include "h{h}.h"\n' for h in range(headers))
+    source = folder / "k.c"
+    source.write_text(includes + f"void scale_kernel(float *x) {{ x[0] *= {n}.0f + H0; }}\n")
+    return source
+
+
+def test_the_files_made_ahead_stay_within_a_share_of_the_descriptor_limit(
+    tmp_path: Path,
+) -> None:
+    """Each worker keeps up to 16 files made for its next job's mirror, between jobs: 24
+    workers after jobs of 20 headers held 247 descriptors of a daemon limited to 256, for
+    good — every compile after that failed with ``EMFILE`` ("Too many open files"). All
+    workers together now keep at most one eighth of the soft limit."""
+    if shutil.which("prlimit") is None:
+        pytest.skip("prlimit (util-linux) is not installed")
+    limit = 256
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[daemon]\nworkers = 24\n")
+    d = start_daemon(
+        tmp_path,
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--config",
+        str(cfg),
+        env=own_tmp(daemon_env(tmp_path), tmp_path),
+        prefix=("prlimit", f"--nofile={limit}:{limit}", "--"),
+    )
+    client = Client(d.socket_path, timeout_s=120, local_hits=False)
+    answers: list[object] = []
+
+    def compile_one(n: int) -> None:
+        source = _project(tmp_path / f"p{n}", n, 20)
+        try:
+            answers.append(client.compile(scale_request(str(source))).to_json()["status"])
+        except Exception as exc:  # the failure is the finding: kept for the assertion
+            answers.append(str(exc))
+
+    try:
+        for batch in range(2):  # every worker ends a job of 21 inputs (and makes spares)
+            threads = [
+                threading.Thread(target=compile_one, args=(batch * 100 + i,)) for i in range(24)
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(120)
+        compile_one(999)  # the daemon idle: a compile as any other
+        assert answers[-1] == "compiled", answers[-1]
+        assert set(answers) == {"compiled"}, sorted(set(map(str, answers)))
+        assert len(_spares(d.proc.pid)) <= limit // build.SPARES_SHARE
+    finally:
+        d.stop()

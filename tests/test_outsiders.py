@@ -208,6 +208,14 @@ def test_an_outsider_cannot_read_an_entry_a_member_compiled(
     assert outsider.returncode != 0 and "Permission denied" in outsider.stderr
     listing = run(users.carol, *cachemgr, "ls", "--cache-dir", str(root))
     assert kernel not in listing.stdout, listing.stdout
+    for command in ("ls", "stats", "verify"):  # the read-only commands: one line, as gc's
+        proc = run(users.carol, *cachemgr, command, "--cache-dir", str(root))
+        assert proc.returncode == 2, (command, proc.stderr)
+        (line,) = proc.stderr.splitlines()  # was a warning about op_cache.ini's unknown
+        # owner, then a bare "error: Permission denied: <root>/kernel_cache"
+        for needle in (f"{root} is not readable by user {users.carol}", "mode drwxrws---",
+                       f"{users.carol} is not in group {users.group}"):  # fmt: skip
+            assert needle in line, (command, line)
 
 
 def test_an_outsider_is_told_the_daemon_is_out_of_reach_not_missing(
@@ -234,6 +242,12 @@ def test_an_outsider_is_told_the_daemon_is_out_of_reach_not_missing(
         assert f"group {users.group}" in line and "no daemon" not in line, line
         member = run_python_as(users, other_runtime, users.bob, *status, env=env)
         assert member.returncode == 0, member.stderr  # the group's members reach it
+        sock.chmod(0o600)  # the owner's alone: a member is not told to join the group it is in
+        member = run_python_as(users, other_runtime, users.bob, *status, env=env)
+        (line,) = member.stderr.splitlines()
+        assert "cannot reach the daemon" in line and "for the members of group" not in line, line
+        assert "mode srw-------" in line and "only its owner root" in line, line
+        sock.chmod(0o660)
         run.chmod(0o700)  # a folder on the way closed to others
         proc = run_python_as(users, other_runtime, users.carol, *status, env=env)
         (line,) = proc.stderr.splitlines()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +18,7 @@ import pytest
 from cachemgr.client import Client, DaemonError
 from tests import mount_util
 from tests.compile_util import request_data, write_request
-from tests.conftest import run_cli
+from tests.conftest import SOC, run_cli
 from tests.daemon_util import daemon_env, own_tmp, start_daemon, wait_for
 
 
@@ -116,3 +117,34 @@ def test_cli_compile_on_a_read_only_or_full_root_returns_the_kernel(
     doc = json.loads(out.stdout)
     assert doc["status"] == "compiled" and doc["cached"] is False and _good(doc["files"])
     assert "not cached" in out.stderr
+
+
+@pytest.mark.parametrize("left", [1, 3])  # the entry's lock file fails, or its parts do
+def test_a_root_out_of_inodes_says_so_not_only_its_free_bytes(
+    left: int, tmp_path: Path, clean_env: dict[str, str]
+) -> None:
+    """A filesystem can run out of files (inodes) with bytes to spare: the publish's
+    ``ENOSPC`` said ``no space left in … (16748544 bytes free): entry … needs 4918 bytes``,
+    or only ``No space left on device``; both name the inodes left too."""
+    with mount_util.tmpfs(tmp_path / "mnt", "size=16m,nr_inodes=64,mode=0755") as mnt:
+        chip = mnt / "kernel_cache" / SOC
+        chip.mkdir(parents=True)
+        out = tmp_path / "out"
+        out.mkdir()
+        req = write_request(tmp_path, defines={"N": 7301, "B_N": 1})
+        fillers = []
+        for n in range(64):
+            try:
+                (mnt / f"f{n}").touch()
+            except OSError:
+                break
+            fillers.append(mnt / f"f{n}")
+        for filler in fillers[-left:]:
+            filler.unlink()
+        proc = run_cli(
+            "compile", "--local", "--cache-dir", str(mnt), "--out-dir", str(out), str(req),
+            env=clean_env,
+        )  # fmt: skip
+        assert os.statvfs(mnt).f_bavail * os.statvfs(mnt).f_frsize > 1 << 20  # bytes to spare
+        (line,) = [ln for ln in proc.stderr.splitlines() if "not cached" in ln]
+        assert "no space left" in line.lower() and " of its 64 inodes" in line, line

@@ -124,3 +124,19 @@ def test_a_precompiled_answer_on_a_fresh_cache_is_counted(
     assert (data["binaries"], data["misses"], data["hits"]) == (1, 1, 0), data
     glance = _ok("stats", "--cache-dir", str(root), env=clean_env)
     assert "1 answered by a precompiled binary" in glance, glance
+
+
+def test_a_damaged_counters_file_is_one_warning(tmp_path: Path, clean_env: dict[str, str]) -> None:
+    """A member may leave anything under a counters file's name (here: not json); ``stats``
+    ignores it with one warning line (it read every file twice, so said it twice), and
+    counts the other chip folder's file."""
+    kcache = tmp_path / "root" / "kernel_cache"
+    (kcache / SOC).mkdir(parents=True)
+    (kcache / "Ascend310P3").mkdir()
+    (kcache / f"cachemgr_stats_{SOC}.json").write_text("not json")
+    (kcache / "cachemgr_stats_Ascend310P3.json").write_text('{"hits": 3, "misses": 1}')
+    for args in ((), ("--json",)):
+        proc = run_cli("stats", "--cache-dir", str(kcache.parent), *args, env=clean_env)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stderr.count("counters file") == 1, proc.stderr
+        assert "3" in proc.stdout, proc.stdout

@@ -174,7 +174,10 @@ class RunContext:
             self.local.build = None
             self._give_up(path)
             return
-        self.spares().refill(path)  # made now, while no caller waits
+        spares = self.spares()
+        with self._pending_lock:  # one worker at a time: the budget is the process's
+            held = sum(len(s.fds) for s in self._spares)
+            spares.refill(path, spare_budget() - held)  # made now, while no caller waits
 
     def _give_up(self, path: Path) -> None:
         """Remove the build folder ``path`` (any depth, never following a link) and drop its
@@ -201,6 +204,23 @@ class RunContext:
 
 #: The most files a worker makes ahead for the mirror of its next job (:class:`Spares`).
 MAX_SPARES = 16
+#: The share of the process's descriptor limit that all workers' :class:`Spares` may hold
+#: together between jobs (one in this many): 24 workers of 16 each held 247 of a limit of
+#: 256 for good, and every compile after failed with ``EMFILE`` (a daemon of 64 workers
+#: under systemd's default soft limit of 1,024 alike).
+SPARES_SHARE = 8
+
+
+def spare_budget() -> int:
+    """How many files all workers may hold made ahead between jobs: the soft
+    ``RLIMIT_NOFILE`` divided by :data:`SPARES_SHARE` (an unlimited one counts as Linux's
+    default ``fs.nr_open``, 1,048,576)."""
+    import resource  # here: only the workers' refill asks
+
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        soft = 1 << 20
+    return soft // SPARES_SHARE
 
 
 @dataclass
@@ -217,19 +237,23 @@ class Spares:
     #: files the last job's mirror held
     wanted: int = 1
 
-    def refill(self, folder: Path) -> None:
-        """Make files in ``folder`` (the emptied build folder) up to :attr:`wanted`.
-        Never raises."""
+    def refill(self, folder: Path, room: int) -> None:
+        """Make files in ``folder`` (the emptied build folder) up to :attr:`wanted`, at most
+        ``room`` more (what the process's budget leaves: :func:`spare_budget`). Never
+        raises."""
+        if room <= 0 or len(self.fds) >= min(self.wanted, MAX_SPARES):
+            return
         try:
             dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError:
             return
         try:
-            while len(self.fds) < min(self.wanted, MAX_SPARES):
+            while len(self.fds) < min(self.wanted, MAX_SPARES) and room > 0:
                 fd = madeahead.make(dir_fd)
                 if fd is None:
                     return
                 self.fds.append(fd)
+                room -= 1
         finally:
             os.close(dir_fd)
 

@@ -59,7 +59,7 @@ from cachemgr.storage import entry, fsutil, madeahead, manifest
 from cachemgr.storage.chiplock import Hold
 from cachemgr.storage.events import Events
 from cachemgr.storage.safedir import SafeDir
-from cachemgr.storage.store import PUBLISHED, EntryHold, Part
+from cachemgr.storage.store import PUBLISHED, EntryHold, Part, free_words
 from cachemgr.storage.tiers import LocalTier, chip_store
 
 log = logging.getLogger(__name__)
@@ -568,6 +568,8 @@ def _cannot_store(exc: BaseException) -> bool:
 def _why(chip_dir: Path, exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.errno == errno.EROFS:
         return f"the cache folder {chip_dir} is on a read-only filesystem"
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return f"the cache folder {chip_dir}: {exc.strerror} ({free_words(chip_dir)})"
     if isinstance(exc, OSError):
         return f"the cache folder {chip_dir}: {exc.strerror or exc}"
     return str(exc)

@@ -127,6 +127,22 @@ def check_folder(path: Path, name: str, origin: str) -> Path:
     return cur
 
 
+def check_reachable(path: Path, name: str, origin: str) -> None:
+    """The read-only commands' check of a cache root (``ls``, ``stats``, ``verify``):
+    :func:`check_folder`, and this user may pass through its first existing ancestor —
+    else nothing below it can be read, and an outsider of a shared root
+    (docs/shared-cache.md, ``2770``) is told so in one line, as ``gc`` tells it, instead of
+    a warning about ``op_cache.ini`` and a bare ``Permission denied``. Creates nothing.
+
+    :raises ConfigError: as :func:`check_folder`; or naming the value, its origin, the
+        folder's owner, group and mode and how to get access (``fsutil.access_hint``).
+    """
+    cur = check_folder(path, name, origin)
+    if not os.access(cur, os.X_OK):
+        hint = fsutil.access_hint(cur, "readable")
+        raise ConfigError(f"{name}={path} (from {origin}): {hint}")
+
+
 def _read_only_fs(path: Path) -> bool:
     try:
         return bool(os.statvfs(path).f_flag & os.ST_RDONLY)

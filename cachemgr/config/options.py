@@ -408,7 +408,7 @@ def _resolve_kernel_cache(
     the option and ``ACL_OP_COMPILER_CACHE_DIR`` give ``<dir>/kernel_cache`` (ACL hands the
     variable to GE as its cache dir, GE adds ``kernel_cache``); the names passed over are
     recorded on the result. The value is checked here (characters, a folder, writable)."""
-    check = layout.check_root if writable else layout.check_folder
+    check = layout.check_root if writable else layout.check_reachable
     opt = vals["op_compiler_cache_dir"]
     option = str(opt.value) if opt.value else ""
     kind, raw, origin, source, over = core.cache_folder_choice(option, opt.origin, opt.source, env)

@@ -82,6 +82,14 @@ from cachemgr.storage.events import Events, NoSpaceEvent
 from cachemgr.storage.safedir import SafeDir
 
 log = logging.getLogger(__name__)
+
+#: Every this many reclaim passes (hourly at the default ``reap_interval_s``), one reads every
+#: json again for the shapes that make GE abort, whatever its times: the others read only the
+#: jsons changed since the pass before, and a writer may change a json's bytes under times
+#: already passed — through a shared mapping (``mmap``: a store to a page already dirty
+#: stamps no time and sends no inotify event) or a ``write`` it stalls after its stamp
+#: (docs/eviction.md#jsons-judged-before).
+FULL_FATAL_EVERY = 6
 #: Seconds before a json that aborts GE is tried again when its entry's lock was held.
 FATAL_RETRY_S = 0.5
 #: The inotify events that change usage. Opens, reads and atime updates (every hit makes
@@ -278,6 +286,8 @@ class Governance:
         #: shapes that make GE abort: 0 (all) for the first, then the previous pass's start
         #: less the allowed clock skew (the watcher sees this host's new jsons at once)
         self._fatal_since_ns = 0
+        #: reclaim passes since one read every json (:data:`FULL_FATAL_EVERY`)
+        self._passes_since_full = 0
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -900,7 +910,7 @@ class Governance:
             chips = []
         # max -1: no size eviction, only the reclaim pass; every chip folder in one child
         age = float(settings.value("min_age_s"))
-        since = self._fatal_since_ns
+        since = self._fatal_since_ns if self._passes_since_full < FULL_FATAL_EVERY - 1 else 0
         started_ns = time.time_ns() - int(float(settings.value("clock_skew_s")) * 1e9)
         if self.run_as is not None:  # only what its owner may change (reported once)
             chips = [c for c in chips if self._owner_may_change(c.name)]
@@ -923,6 +933,11 @@ class Governance:
                 self.count_eviction(outcome.report)
         if not failed:  # a folder not reclaimed (busy, deadline) is read whole again
             self._fatal_since_ns = max(0, started_ns)
+            self._passes_since_full = 0 if since == 0 else self._passes_since_full + 1
+        log.debug(
+            "reclaim pass over: GE-fatal shapes looked for in %s",
+            "every json" if since == 0 else f"the jsons changed since {since} ns",
+        )
         if self.run_as is not None:  # kernel_meta is the daemon's own folder, not theirs
             return
         try:

@@ -49,7 +49,7 @@ from cachemgr.remote import config as remote_config
 from cachemgr.remote import warm
 from cachemgr.remote.tierset import RemoteTiers
 from cachemgr.storage import exposure, fsutil
-from cachemgr.storage.counters import COUNTER_NAMES, CounterBook
+from cachemgr.storage.counters import COUNTER_NAMES, CounterBook, summed
 from cachemgr.storage.events import Events
 from cachemgr.storage.tiers import chip_store
 
@@ -512,7 +512,7 @@ class Service:
             **({"governed": self.governor.to_json()} if self.governor is not None else {}),
         }
         release_memory()  # the folder scans above held a per-file object each
-        return StatsResult(dict(self.counters.snapshot()), rows, figures)
+        return StatsResult(summed(per_chip), rows, figures)  # each file read once
 
     def lookup(self, soc_version: str, kernel_name: str) -> dict[str, Any]:
         """A verified lookup (docs/design.md#writing-and-reading-an-entry) counted as a hit or a

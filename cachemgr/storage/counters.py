@@ -135,10 +135,7 @@ class CacheCounters:
     def snapshot(self) -> dict[str, int]:
         """Every counter summed over the chip folders (the names of docs/design.md#counters
         first)."""
-        total: Counter[str] = Counter()
-        for values in self.per_chip().values():
-            total.update(values)
-        return _full(total)
+        return summed(self.per_chip())
 
     def zero(self) -> None:
         """Reset every counter of this cache (``stats --zero``): pending increments are
@@ -181,6 +178,16 @@ class CacheCounters:
             yield
         finally:
             lock.release()
+
+
+def summed(per_chip: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
+    """Every counter of ``per_chip`` (:meth:`CacheCounters.per_chip`) summed, the names of
+    docs/design.md#counters first: a caller that has the rows sums them without reading
+    the files again (each unreadable one would be warned of twice)."""
+    total: Counter[str] = Counter()
+    for values in per_chip.values():
+        total.update(values)
+    return _full(total)
 
 
 def _full(values: Mapping[str, int]) -> dict[str, int]:

@@ -70,16 +70,32 @@ def part_size(part: Part) -> int:
         return 0
 
 
+#: Fewer free inodes than this are named with the free bytes: an entry's files and their
+#: temp names (the most a publish makes at once) may not fit.
+FEW_INODES = 16
+
+
+def free_words(folder: Path) -> str:
+    """What is free on the filesystem of ``folder``, for an ``ENOSPC`` message: its bytes,
+    and its inodes when fewer than :data:`FEW_INODES` are left — a filesystem out of files
+    (tmpfs ``nr_inodes``, ext4's inode table) has bytes to spare, and ``16748544 bytes free``
+    beside "entry needs 4918 bytes" read as a contradiction."""
+    try:
+        vfs = os.statvfs(folder)
+    except OSError:
+        return "free space unknown"
+    free = f"{vfs.f_bavail * vfs.f_frsize} bytes free"
+    if vfs.f_files and vfs.f_favail < FEW_INODES:  # 0 files in all: a filesystem without a count
+        free += f", but {vfs.f_favail} of its {vfs.f_files} inodes: no room for more files"
+    return free
+
+
 def _no_space(
     chip_dir: Path, kernel: str, needed: int, exc: OSError, sink: Events | None
 ) -> NoSpaceError:
     """The one-line error for a publish that hit a full filesystem; a :class:`NoSpaceEvent`
     goes to ``sink`` (events are objects, not module-level listeners)."""
-    try:
-        vfs = os.statvfs(chip_dir)
-        free = f"{vfs.f_bavail * vfs.f_frsize} bytes free"
-    except OSError:
-        free = "free space unknown"
+    free = free_words(chip_dir)
     what = "no space left" if exc.errno == errno.ENOSPC else "disk quota exceeded"
     err = NoSpaceError(
         f"{what} in {chip_dir} ({free}): entry {kernel} needs {needed} bytes; "
