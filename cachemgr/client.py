@@ -301,10 +301,8 @@ class Client:
             target, st = closed
             what = f"the folder {target} on the way"
             if not st.st_mode & stat.S_IXGRP:  # no group may enter it either
-                mode = stat.S_IMODE(st.st_mode)
-                return (
-                    line + f" (this user may not enter a folder on the way, {target}: {mode:04o})"
-                )
+                octal = f"{stat.S_IMODE(st.st_mode):04o}"
+                return line + f" (this user may not enter a folder on the way, {target}: {octal})"
         else:
             if not st.st_mode & stat.S_IWGRP:  # joining its group would not help
                 mode = stat.filemode(st.st_mode)
