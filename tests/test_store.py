@@ -96,6 +96,17 @@ def test_unknown_fields_survive_publish(chip: Path) -> None:
     assert stored["compileInfo"] == {"vars": {"_ub_size": 11}} and stored["KBHit"] is False
 
 
+def test_a_kernel_json_is_written_as_ge_writes_it(chip: Path) -> None:
+    """The entry's json is ``json.dumps(indent=4)`` (GE's format), UTF-8, one newline after:
+    nested fields, non-ASCII text, floats and a value that is not plain JSON data alike."""
+    extra = {"vars": {"缓存": [1.5, -0.0, True, None, "é\n"]}, "ids": (1, 2), "t": {}}
+    for kernel, more in (("te_fmt_1", extra), ("te_fmt_2", {"byId": {7: "seven"}})):
+        doc = kernel_json(kernel, b"x", compileInfo=more)
+        Store(chip).publish(kernel, {f"{kernel}.o": b"x"}, doc)
+        want = json.dumps(doc, indent=4, ensure_ascii=False) + "\n"
+        assert (chip / f"{kernel}.json").read_bytes() == want.encode("utf-8")
+
+
 @pytest.mark.parametrize(
     ("kernel", "files", "doc"),
     [
