@@ -114,9 +114,9 @@ def measure(
     ``record`` (its ``XDG_CACHE_HOME``); None = a new, empty folder: a first-ever gc of the
     chip folder, which reads every main json (the bench's own never uses the user's)."""
     cmd = [sys.executable, "-m", "bench._eviction_child", mode, str(chip), *extra]
-    if record is None:
+    if record is None and mode.startswith("gc"):
         record = Path(tempfile.mkdtemp(prefix="bench-judged-", dir=chip.parent.parent))
-    env = dict(os.environ, XDG_CACHE_HOME=str(record))
+    env = dict(os.environ, XDG_CACHE_HOME=str(record or chip.parent.parent))
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True, env=env)
     assert proc.stdout is not None
     out = proc.stdout.read()
