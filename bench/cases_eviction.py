@@ -26,6 +26,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -104,10 +105,19 @@ def settle(chip: Path, entries: int) -> None:
     os.sync()
 
 
-def measure(mode: str, chip: Path, *extra: str) -> tuple[dict[str, float], float]:
-    """Run one pass in a child; return (its JSON output, its peak RSS in MiB)."""
+def measure(
+    mode: str, chip: Path, *extra: str, record: Path | None = None
+) -> tuple[dict[str, float], float]:
+    """Run one pass in a child; return (its JSON output, its peak RSS in MiB).
+
+    A gc child keeps its record of judged jsons (docs/eviction.md#jsons-judged-before) under
+    ``record`` (its ``XDG_CACHE_HOME``); None = a new, empty folder: a first-ever gc of the
+    chip folder, which reads every main json (the bench's own never uses the user's)."""
     cmd = [sys.executable, "-m", "bench._eviction_child", mode, str(chip), *extra]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    if record is None and mode.startswith("gc"):
+        record = Path(tempfile.mkdtemp(prefix="bench-judged-", dir=chip.parent.parent))
+    env = dict(os.environ, XDG_CACHE_HOME=str(record or chip.parent.parent))
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True, env=env)
     assert proc.stdout is not None
     out = proc.stdout.read()
     _, status, usage = os.wait4(proc.pid, 0)
@@ -146,7 +156,9 @@ def gc_rounds(
     """Per round (index ``i`` of every list is round ``i``): both folders (``chip`` and its
     identical ``twin``, each built by :func:`build`) settled; on ``chip`` the stat pass
     (``floor``), the same over a descriptor (``floorfd``), the CANN pass and the dry run
-    (``dry``, which names the files the floor unlinks); then gc and its floor back to back,
+    (``dry``, a first-ever gc of the folder, which names the files the floor unlinks; then
+    ``dry_warm``, the same with the record of judged jsons that one left); then gc (a
+    first-ever one, no record) and its floor back to back,
     one on each folder (:func:`_pair`); then the floor's unlinks on gc's threads
     (``floor_threads``) on a folder settled again. ``rss`` is gc's peak (MiB); ``evicted``,
     ``evicted_bytes``, ``bytes_before``, ``bytes_after`` its report's."""
@@ -161,7 +173,9 @@ def gc_rounds(
         if cann:
             got["cann"] = measure("cann", chip)[0]["seconds"]
             settle(chip, entries)  # reading the jsons may have moved their atimes (relatime)
-        got["dry"] = measure("gcdry", chip, str(max_mb), str(names))[0]["seconds"]
+        record = Path(tempfile.mkdtemp(prefix="bench-judged-", dir=chip.parent.parent))
+        got["dry"] = measure("gcdry", chip, str(max_mb), str(names), record=record)[0]["seconds"]
+        got["dry_warm"] = measure("gcdry", chip, str(max_mb), record=record)[0]["seconds"]
         files = [k + ext for k in names.read_text().split() for ext in (".json", ".o")]
         names.write_text("\n".join(files))
         got.update(_pair((chip, twin), r, max_mb, names))
@@ -246,7 +260,11 @@ def run(workdir: Path, quick: bool) -> list[Row]:
         *([paired("gc wall time vs CANN-style pass", "gc", "CANN pass: open+parse every json",
                   "cann", row_note="the CANN pass deletes nothing")] if "cann" in runs else []),
         paired("gc without removals (dry run)", "dry", "scandir+stat pass", "floor",
-               row_note="scan + reclaim check (every main json read) + plan"),
+               row_note="a first gc of the folder: scan + reclaim check (every main json "
+               "read) + plan"),
+        paired("dry run, jsons judged before", "dry_warm", "scandir+stat pass", "floor",
+               row_note="the record the first dry run left: no main json read again "
+               "(docs/eviction.md#jsons-judged-before)"),
         paired("floor: scandir+stat + unlinks", "floor_unlink", "scandir+stat pass", "floor",
                row_note=f"{2 * evicted:,} unlinks, one thread, in eviction order"),
         paired("gc wall time vs a threaded floor", "gc",
