@@ -15,9 +15,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import requests
 
 from cachemgr.remote import blob
 from cachemgr.remote.config import RemoteConfig, parse_spec
+from cachemgr.remote.http_tier import HttpTier
 from cachemgr.remote.redis_tier import RedisTier
 from cachemgr.remote.tierset import RemoteTiers
 from tests.compile_util import counting_cc, request_data
@@ -159,6 +161,50 @@ def test_a_server_trickling_its_answer_costs_a_lookup_a_bounded_time(
     assert got == [None]
     row = tiers.stats()["slow"]
     assert row["errors"] == 1 and row["state"] == "failing", row
+
+
+class _GoesSilent(http.server.BaseHTTPRequestHandler):
+    """An HTTP cache server that answers every ``GET`` with a ``Content-Length`` of 4,000,
+    sends ten bytes and then nothing, the connection left open."""
+
+    stop = threading.Event()
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", "4000")
+        self.end_headers()
+        try:
+            self.wfile.write(b"x" * 10)
+            self.wfile.flush()
+        except OSError:
+            return
+        self.stop.wait(60)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_a_server_silent_in_the_middle_of_its_answer_is_a_failed_lookup(
+    tmp_path: Path,
+) -> None:
+    """A remote that stops sending halfway through an answer trips the read timeout inside
+    the body's read. That is the tier's failure (``requests.RequestException``), which the
+    tier set turns into a miss that counts an error, not urllib3's own exception escaping
+    to the compile (a CI run saw it escape a writer's index flush under load)."""
+    _GoesSilent.stop.clear()
+    with http_server(_GoesSilent) as url:
+        try:
+            spec = parse_spec(f"{url}|name=silent|operation-timeout=300", "test")
+            config = RemoteConfig((spec,), "test", **trust_fields(tmp_path))
+            tier = HttpTier(spec, writer="a" * 16, keys=site_keys(tmp_path))
+            with pytest.raises(requests.RequestException, match="timed out"):
+                tier.fetch_blob(SOC, "te_silent")
+            tiers = RemoteTiers.from_config(config)
+            assert tiers is not None
+            assert tiers.fetch(SOC, "te_silent") is None
+            assert tiers.stats()["silent"]["errors"] == 1
+        finally:
+            _GoesSilent.stop.set()
 
 
 class _Redirects(http.server.BaseHTTPRequestHandler):

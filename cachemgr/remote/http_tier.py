@@ -60,6 +60,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 import requests
+import urllib3.exceptions
 
 from cachemgr.config.configfile import redact_url
 from cachemgr.constants import short_host
@@ -119,6 +120,22 @@ def _system_cas() -> str | bool:
     """The system's CA bundle (``ssl``'s default), else requests' own."""
     cafile = ssl.get_default_verify_paths().cafile
     return cafile if cafile and Path(cafile).is_file() else True
+
+
+def _read1(resp: requests.Response, url: str) -> bytes:
+    """The next bytes of ``resp``'s body as they arrive (b"" at its end), urllib3's read
+    errors raised as the ``requests`` ones every caller of a tier handles — as
+    ``Response.iter_content`` maps them, which this raw read (no decoding) does not use.
+
+    :raises requests.ReadTimeout: silent for the read timeout (``operation-timeout``).
+    :raises requests.ConnectionError: the connection broke or the body was cut short.
+    """
+    try:
+        return resp.raw.read1(CHUNK_BYTES, decode_content=False)
+    except urllib3.exceptions.ReadTimeoutError as exc:
+        raise requests.ReadTimeout(f"GET {redact_url(url)}: read timed out mid-answer") from exc
+    except (urllib3.exceptions.ProtocolError, urllib3.exceptions.HTTPError, OSError) as exc:
+        raise requests.ConnectionError(f"GET {redact_url(url)}: {exc}") from exc
 
 
 class HttpTier:
@@ -239,13 +256,14 @@ class HttpTier:
         silence, and a server sending one byte per silence never met it.
 
         :raises requests.Timeout: the deadline passed (a lookup that timed out: the breaker
-            opens at once).
+            opens at once), or the server fell silent for the read timeout mid-body.
+        :raises requests.ConnectionError: the connection broke mid-body.
         """
         length = resp.headers.get("Content-Length", "")
         size = int(length) if length.isdigit() else cap
         deadline = time.monotonic() + answer_deadline_s(self.spec.operation_timeout_s, size)
         chunks, total = [], 0
-        while chunk := resp.raw.read1(CHUNK_BYTES, decode_content=False):
+        while chunk := _read1(resp, url):
             total += len(chunk)
             if total > cap:
                 return None
