@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 from cachemgr.client import Client
-from tests.daemon_util import Daemon, daemon_env, start_daemon
+from tests.daemon_util import Daemon, daemon_env, start_daemon, wait_for
 from tests.shared_util import SOC, kernel_request
 from tests.users_util import Runtime, Users, run_as, user_home
 
@@ -34,6 +34,20 @@ def _daemon(users: Users, rt: Runtime, name: str, root: Path) -> Daemon:
         python=rt.python,
         popen_kw=run_as(name, users),
     )
+
+
+def _off_mode(folder: Path, mode: int, gid: int) -> list[tuple[str, str, int]]:
+    """The files of ``folder`` (name, mode, group) whose mode is not ``mode`` or whose group
+    is not ``gid``."""
+    off = []
+    for path in folder.iterdir():
+        try:
+            st = path.stat()
+        except FileNotFoundError:  # a temp file renamed into place meanwhile
+            continue
+        if stat.S_IMODE(st.st_mode) != mode or st.st_gid != gid:
+            off.append((path.name, oct(stat.S_IMODE(st.st_mode)), st.st_gid))
+    return off
 
 
 def _request(rt: Runtime, n: int) -> dict[str, object]:
@@ -72,10 +86,12 @@ def test_two_users_share_one_root_and_a_third_is_told_why_not(
             a.compile(_request(other_runtime, 2)).to_json()["status"] == "hit"
         )  # alice reads bob's
 
-        for path in chip.iterdir():
-            mode = stat.S_IMODE(path.stat().st_mode)
-            assert mode == 0o664, (path, oct(mode))
-            assert path.stat().st_gid == root.stat().st_gid, path
+        # every file the group's: a lock file is created under the daemons' umask (022 here,
+        # the unit's is 0007) and given its mode at once — a daemon's reclaim pass may be
+        # between the two as the folder is listed, so the modes are waited on, not sampled
+        gid = root.stat().st_gid
+        wait_for(lambda: not _off_mode(chip, 0o664, gid), 10, f"the files of {chip} at 0664")
+        assert _off_mode(chip, 0o664, gid) == []
         assert stat.S_IMODE(chip.stat().st_mode) == 0o2775
 
         report = b.gc(ratio=0, min_age_s=0, soc=SOC).to_json()["chip_folders"][SOC]
