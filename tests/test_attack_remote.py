@@ -121,13 +121,16 @@ class _Trickles(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Length", "4000")
         self.end_headers()
         try:
-            for _ in range(4000):
-                if self.stop.wait(0.1):
-                    return
-                self.wfile.write(b"x")
-                self.wfile.flush()
+            self.body()
         except OSError:  # the client gave up: what it should do
             return
+
+    def body(self) -> None:
+        for _ in range(4000):
+            if self.stop.wait(0.1):
+                return
+            self.wfile.write(b"x")
+            self.wfile.flush()
 
     def log_message(self, format: str, *args: object) -> None:
         pass
@@ -163,25 +166,16 @@ def test_a_server_trickling_its_answer_costs_a_lookup_a_bounded_time(
     assert row["errors"] == 1 and row["state"] == "failing", row
 
 
-class _GoesSilent(http.server.BaseHTTPRequestHandler):
+class _GoesSilent(_Trickles):
     """An HTTP cache server that answers every ``GET`` with a ``Content-Length`` of 4,000,
     sends ten bytes and then nothing, the connection left open."""
 
     stop = threading.Event()
 
-    def do_GET(self) -> None:
-        self.send_response(200)
-        self.send_header("Content-Length", "4000")
-        self.end_headers()
-        try:
-            self.wfile.write(b"x" * 10)
-            self.wfile.flush()
-        except OSError:
-            return
+    def body(self) -> None:
+        self.wfile.write(b"x" * 10)
+        self.wfile.flush()
         self.stop.wait(60)
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
 
 
 def test_a_server_silent_in_the_middle_of_its_answer_is_a_failed_lookup(
