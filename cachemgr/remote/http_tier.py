@@ -134,7 +134,7 @@ def _read1(resp: requests.Response, url: str) -> bytes:
         return resp.raw.read1(CHUNK_BYTES, decode_content=False)
     except urllib3.exceptions.ReadTimeoutError as exc:
         raise requests.ReadTimeout(f"GET {redact_url(url)}: read timed out mid-answer") from exc
-    except (urllib3.exceptions.ProtocolError, urllib3.exceptions.HTTPError, OSError) as exc:
+    except (urllib3.exceptions.HTTPError, OSError) as exc:  # ProtocolError among them
         raise requests.ConnectionError(f"GET {redact_url(url)}: {exc}") from exc
 
 
