@@ -256,9 +256,10 @@ def config_report(
             shown = _shown(item["value"])
             if notes.get(name):
                 shown += f" ({notes[name]})"
-            lines.append((False, f"({origin}) {name} = {shown}"))
+            # a value from the environment may hold a newline: one row, one line
+            lines.append((False, printable(f"({origin}) {name} = {shown}")))
             for lost in item.get("passed_over", ()):  # the framework's priority decided
-                lines.append((False, f"    passed over: {lost}"))
+                lines.append((False, printable(f"    passed over: {lost}")))
     if exposed:
         lines.append((True, exposed))
     return lines, 2 if settings.problems else 0

@@ -314,7 +314,9 @@ def _filesystems(caches: list[str]) -> Row:
 
 
 def _report(rows: dict[str, Row], env: Mapping[str, str], as_json: bool) -> list[tuple[bool, str]]:
-    """``console.config_report``'s lines for these rows (no remote tiers, no config file)."""
+    """``console.config_report``'s lines for these rows (no remote tiers, no config file).
+
+    :raises Declined: a row's text would need escaping (``console.printable``)."""
     shown = reportorder.SHOWN
     names = [n for n in shown if n in rows] + sorted(set(rows) - set(shown))
     found = (toolkit.adk_version(env), toolkit.ops_version(env))
@@ -338,6 +340,8 @@ def _report(rows: dict[str, Row], env: Mapping[str, str], as_json: bool) -> list
         lines = [(False, why)]
         for name in names:
             lines += _text_lines(name, rows[name], notes.get(name, ""))
+        if not all(text.isprintable() for _, text in lines[1:]):
+            raise Declined("a value to escape (a newline in $CACHEMGR_SOCKET): the full path")
     if exposed:
         lines.append((True, exposed))
     return lines

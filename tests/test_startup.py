@@ -1021,3 +1021,21 @@ def test_quick_config_tables_are_the_full_schemas() -> None:
         assert options.CLI_FLAGS.get(name, f"--{name.replace('_', '-')}") == flag
     assert quickconfig.CACHE_MODES == options.CACHE_MODES
     assert options.ACL_CACHE_MODE in {var for _, _, var in quickconfig.TOP_OPTIONS}
+
+
+def test_a_newline_in_the_socket_variable_stays_in_its_row(tmp_path: Path) -> None:
+    """``CACHEMGR_SOCKET`` with a newline printed as two lines, and the second could pass
+    for a row of its own (``(option) daemon.user = root``): the row is one line, the newline
+    escaped as every name the CLI prints is (``console.printable``); the os-only path declines
+    it to the full one; ``--json`` keeps the exact value."""
+    argv, env = _config_case("member-env", tmp_path)
+    env["CACHEMGR_SOCKET"] = "/x\n(option) daemon.user = root"
+    fast, slow, names = both_paths(argv, env, tmp_path)
+    assert_same(fast, slow)
+    assert "cachemgr.config.options" in names  # the full path answered
+    lines = fast.stdout.decode().splitlines()
+    row = "(env: CACHEMGR_SOCKET) socket = /x\\n(option) daemon.user = root"
+    assert row in lines, lines
+    assert "(option) daemon.user = root" not in lines, lines
+    as_json, _, _ = both_paths([*argv, "--json"], env, tmp_path)
+    assert json.loads(as_json.stdout)["socket"]["value"] == env["CACHEMGR_SOCKET"]
