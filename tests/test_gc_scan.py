@@ -53,9 +53,10 @@ def _fill(chip: Path) -> None:
 
 
 def test_gc_stats_every_file_once(chip: Path) -> None:
-    """One ``lstat`` per file for the scan; bytes after are measured by a name listing,
-    not by a second ``lstat`` of every file (which cost as much as the scan's; the removal
-    threads' re-check of each candidate is not counted here: it runs on their threads)."""
+    """One ``lstat`` per file for the scan, and none after the removal: ``bytes_after`` is
+    counted (docs/eviction.md#what-a-gc-leaves), not a second ``lstat`` of every file (which
+    cost as much as the scan's; the removal threads' re-check of each candidate is not
+    counted here: it runs on their threads)."""
     _fill(chip)
     files = sum(1 for _ in chip.iterdir())
     before = chip_bytes(chip)
@@ -69,22 +70,49 @@ def test_gc_stats_every_file_once(chip: Path) -> None:
     assert (chip / "te_scan_orphan.o").exists()
 
 
-def test_bytes_after_counts_what_others_wrote_and_removed_meanwhile(chip: Path) -> None:
-    """Measured, not computed, with the listing: a file another writer
-    published during the gc is counted, files another host removed are not, a file of an
-    unknown kind is lstat-ed, and a symbolic link is never counted."""
+def _others_write(chip: Path) -> None:
+    """Another writer meanwhile: an entry published, an entry removed, a file of no kind,
+    and a symbolic link planted as a json (never counted: not a regular file)."""
+    publish(chip, "te_scan_new", os.urandom(30_000))
+    for ext in (".json", ".o"):
+        (chip / f"te_scan_119{ext}").unlink()
+    (chip / "stray.bin").write_bytes(b"s" * 777)
+    os.symlink("/etc/passwd", chip / "te_scan_link.json")
+
+
+def test_bytes_after_is_the_scan_less_what_went(chip: Path) -> None:
+    """docs/eviction.md#what-a-gc-leaves: under the limit after the run, ``bytes_after`` is
+    counted (the scan's bytes less those evicted and those found gone), not listed again:
+    what another writer did meanwhile is left to the next count."""
     _fill(chip)
+    seen: dict[str, int] = {}
 
     def others(plan: object) -> None:
-        publish(chip, "te_scan_new", os.urandom(30_000))
-        for ext in (".json", ".o"):
-            (chip / f"te_scan_119{ext}").unlink()
-        (chip / "stray.bin").write_bytes(b"s" * 777)
-        os.symlink("/etc/passwd", chip / "te_scan_link.json")
+        seen["before"] = chip_bytes(chip)
+        _others_write(chip)
+        seen["delta"] = chip_bytes(chip) - seen["before"]
 
     report = gc_chip(chip, 1, 20, 0, force_ratio=True, on_planned=others)
-    assert report.bytes_after == chip_bytes(chip)
-    assert (chip / "te_scan_new.o").exists()
+    assert report.evicted and "te_scan_119" not in report.evicted  # the newest: kept
+    assert report.bytes_after == report.bytes_before - report.evicted_bytes - report.gone_bytes
+    assert report.bytes_after == chip_bytes(chip) - seen["delta"] < MIB
+    assert report.bytes_after < report.max_bytes and not report.stuck_over_limit
+
+
+def test_bytes_after_of_a_folder_still_over_its_limit_is_measured(chip: Path) -> None:
+    """Still at or over the limit after the run (the aging guard kept the rest), the
+    folder is listed again: what others wrote and removed meanwhile is counted, a file of
+    an unknown kind is ``lstat``-ed, a symbolic link is never counted — so "still over its
+    limit" is said of what is there."""
+    for i in range(40):
+        publish(chip, f"te_scan_{i:03d}", os.urandom(30_000 + i), atime_s=OLD + i)
+    for i in range(40, 120):  # young: kept by the aging guard
+        publish(chip, f"te_scan_{i:03d}", os.urandom(30_000 + i))
+    report = gc_chip(chip, 1, 20, 1800, force_ratio=True, on_planned=lambda p: _others_write(chip))
+    assert len(report.evicted) == 40 and report.kept_by_age
+    assert report.bytes_after == chip_bytes(chip) > MIB
+    assert report.stuck_over_limit
+    assert report.bytes_after != report.bytes_before - report.evicted_bytes  # others counted
 
 
 def test_grouping_is_by_name_with_parts_and_leftovers(chip: Path) -> None:

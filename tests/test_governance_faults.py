@@ -163,20 +163,25 @@ def test_a_target_in_bytes_is_never_rounded_to_zero(chip: Path) -> None:
     assert 0 < report.bytes_after <= target and len(report.evicted) < 30
 
 
-def test_gc_bytes_after_is_measured(chip: Path) -> None:
-    """Files removed meanwhile by someone else (another host's purge) are gone too:
-    ``bytes_after`` is what is left on disk, not ``before - evicted``."""
+def test_gc_bytes_after_leaves_out_entries_found_gone(chip: Path) -> None:
+    """Entries removed meanwhile by someone else (another host's purge) are gone too:
+    ``bytes_after`` subtracts those the run found gone, not only ``before - evicted``
+    (docs/eviction.md#what-a-gc-leaves)."""
     for i in range(12):
         publish(chip, f"te_gone_{i:02d}", os.urandom(100 * 1024), atime_s=OLD + i)
+
+    sizes: dict[str, int] = {}
 
     def purge_meanwhile(plan: object) -> None:
         for path in chip.iterdir():
             if path.suffix in (".json", ".o"):
+                sizes[path.stem] = sizes.get(path.stem, 0) + path.stat().st_size
                 path.unlink()
 
     report = gc_chip(chip, 1, 50, 0, on_planned=purge_meanwhile)
-    assert report.bytes_before > MIB
-    assert report.bytes_after == chip_bytes(chip) < 1024
+    assert report.bytes_before > MIB and not report.evicted and report.gone
+    assert report.gone_bytes == sum(sizes[kernel] for kernel in report.gone)
+    assert report.bytes_after == report.bytes_before - report.gone_bytes < MIB
 
 
 # --- a removed socket is re-created -----------------------------------------------------

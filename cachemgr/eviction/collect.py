@@ -140,6 +140,8 @@ class GcReport:
     kept_by_age: list[str] = field(default_factory=list)
     saved_by_hit: list[str] = field(default_factory=list)
     gone: list[str] = field(default_factory=list)
+    #: bytes of the ``gone`` entries as the scan saw them (removed by someone else meanwhile)
+    gone_bytes: int = 0
     busy: list[str] = field(default_factory=list)
     denied: list[str] = field(default_factory=list)
     reclaimed: ReclaimResult = field(default_factory=ReclaimResult)
@@ -420,10 +422,7 @@ def _run(
         _evict(chip_fd, scan, plan, report, progress)
         if plan.kernels:
             after_eviction(scan, chip_fd, report.reclaimed)
-    # measured, not computed: reclaim, other writers and files gone meanwhile
-    report.bytes_after = (
-        scan.used_bytes - report.evicted_bytes if report.dry_run else _bytes_after(chip_fd, scan)
-    )
+    report.bytes_after = _left(chip_fd, scan, report)
     log.debug(
         "%s: %d -> %d bytes; evicted %d entries (%d bytes); reclaimed %d bytes",
         report.chip_dir,
@@ -490,9 +489,20 @@ def _note_skew(
     )
 
 
+def _left(chip_fd: int, scan: ChipScan, report: GcReport) -> int:
+    """``bytes_after`` (docs/eviction.md#what-a-gc-leaves): the scan's bytes after reclaim,
+    less what the run removed and the entries it found gone, as ccache's cleanup counts
+    what it leaves; measured by a listing (:func:`_bytes_after`) only when that figure is
+    still at or over the limit, so "still over its limit" is said of what is there now."""
+    left = scan.used_bytes - report.evicted_bytes - report.gone_bytes
+    if report.dry_run or report.max_bytes is None or left < report.max_bytes:
+        return left
+    return _bytes_after(chip_fd, scan)
+
+
 def _bytes_after(chip_fd: int, scan: ChipScan) -> int:
     """Apparent bytes of the regular files in the folder open as ``chip_fd`` now
-    (docs/design.md#size-limits-and-eviction), measured by listing it again: a name the scan knew is
+    (docs/eviction.md#what-a-gc-leaves), measured by listing it again: a name the scan knew is
     counted with the size the scan saw, a name it did not know is ``lstat``-ed (regular files only),
     a name no longer listed is not counted.
 
@@ -503,32 +513,28 @@ def _bytes_after(chip_fd: int, scan: ChipScan) -> int:
     ``lstat``-s everything anyway (docs/design.md#sharing-and-locking).
     """
     entries = scan.entries
-    compact = entries if isinstance(entries, CompactEntries) else None
     tables = (scan.orphans, scan.temps, scan.locks, scan.silly, scan.manifests)
+
+    def other(de: os.DirEntry[str]) -> int:
+        """A name that is no entry's file in the scan: its size there, else an ``lstat``."""
+        name = de.name
+        fst = _known(tables, name)
+        if fst is not None:
+            return fst[0]
+        try:
+            st = de.stat(follow_symlinks=False)
+        except OSError:
+            return 0  # gone meanwhile
+        return st.st_size if stat.S_ISREG(st.st_mode) else 0
+
+    if isinstance(entries, CompactEntries):
+        return entries.listed_bytes(other)
     total = 0
     with os.scandir(chip_fd) as it:
         for de in it:
-            name = de.name
-            if compact is not None:
-                known = compact.size_of(name)
-                if known >= 0:
-                    total += known
-                    continue
-                fst = None
-            else:
-                group = entries.get(name.rpartition(".")[0])
-                fst = None if group is None else group.files.get(name)
-            if fst is None:
-                fst = _known(tables, name)
-            if fst is not None:
-                total += fst[0]
-                continue
-            try:
-                st = de.stat(follow_symlinks=False)
-            except OSError:
-                continue  # gone meanwhile
-            if stat.S_ISREG(st.st_mode):
-                total += st.st_size
+            group = entries.get(de.name.rpartition(".")[0])
+            fst = None if group is None else group.files.get(de.name)
+            total += other(de) if fst is None else fst[0]
     return total
 
 
@@ -666,5 +672,6 @@ def _record(
         report.saved_by_hit.append(group.kernel)
     elif outcome == GONE:
         report.gone.append(group.kernel)
+        report.gone_bytes += group.size
     elif outcome == BUSY:
         report.busy.append(group.kernel)
