@@ -118,7 +118,14 @@ def test_a_member_writing_into_the_daemons_own_entry_gets_nothing_signed(
         d.stop()
 
 
-class _Trickles(http.server.BaseHTTPRequestHandler):
+class _Quiet(http.server.BaseHTTPRequestHandler):
+    """A test server's handler that writes no access log line."""
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+class _Trickles(_Quiet):
     """An HTTP cache server that answers every ``GET`` with a ``Content-Length`` and then one
     byte every 0.1 s: never silent for the read timeout, never done."""
 
@@ -139,9 +146,6 @@ class _Trickles(http.server.BaseHTTPRequestHandler):
                 return
             self.wfile.write(b"x")
             self.wfile.flush()
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
 
 
 @pytest.fixture
@@ -209,7 +213,7 @@ def test_a_server_silent_in_the_middle_of_its_answer_is_a_failed_lookup(
             _GoesSilent.stop.set()
 
 
-class _Redirects(http.server.BaseHTTPRequestHandler):
+class _Redirects(_Quiet):
     """An HTTP cache server that answers every request with a redirect to another path of
     its own (``Location``), counting what it was asked."""
 
@@ -227,9 +231,6 @@ class _Redirects(http.server.BaseHTTPRequestHandler):
     def do_PUT(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
         self._redirect()
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
 
 
 @pytest.fixture
@@ -260,7 +261,7 @@ def test_a_remote_answering_redirects_is_asked_once_a_lookup(
     )
 
 
-class _BadHeader(http.server.BaseHTTPRequestHandler):
+class _BadHeader(_Quiet):
     """An HTTP cache server whose every answer carries a line that is no header (no colon)
     among its headers: urllib3 logs it as a WARNING with its own traceback."""
 
@@ -273,9 +274,6 @@ class _BadHeader(http.server.BaseHTTPRequestHandler):
         self.wfile.flush()
 
     do_GET = do_HEAD = do_PUT = _answer
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
 
 
 @pytest.fixture
