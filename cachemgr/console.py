@@ -82,11 +82,28 @@ def printable(text: str) -> str:
 
 class SafeFormatter(logging.Formatter):
     """A log formatter that escapes the message (:func:`printable`): one event, one line,
-    whatever names it carries. Tracebacks (``-v``) are added after, as they are."""
+    whatever names it carries. cachemgr's own tracebacks are added after, as they are.
+
+    Another library's record (any logger outside ``cachemgr``) is its line alone unless the
+    root logger is at DEBUG (``-vv``, as the CLI's own "rerun with -vv for the traceback"):
+    urllib3 logs a WARNING *with its traceback* for an HTTP remote's malformed header line,
+    an answer cachemgr itself reports in one line (docs/remote.md#failure-isolation)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        extra = record.exc_info or record.exc_text or record.stack_info
+        if extra and not _own(record) and not logging.getLogger().isEnabledFor(logging.DEBUG):
+            record = logging.makeLogRecord(record.__dict__)  # other handlers keep theirs
+            record.exc_info, record.exc_text, record.stack_info = None, None, None
+        return super().format(record)
 
     def formatMessage(self, record: logging.LogRecord) -> str:
         record.message = printable(record.message)
         return super().formatMessage(record)
+
+
+def _own(record: logging.LogRecord) -> bool:
+    """True for a record of cachemgr's own loggers (``cachemgr``, ``cachemgr.…``)."""
+    return record.name == "cachemgr" or record.name.startswith("cachemgr.")
 
 
 def warning_line(message: str) -> str:

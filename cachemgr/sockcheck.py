@@ -8,7 +8,8 @@ can create first. So a client connects only when:
 * the socket's folder belongs to a trusted user and others cannot replace names in it: not
   writable by group or others, unless it is sticky (``/tmp``-like: a name is replaced only by
   its owner);
-* the socket file is a socket and belongs to a trusted user;
+* the socket file is a socket, not a symbolic link to one (its target's folder would go
+  unchecked), and belongs to a trusted user;
 * after connecting, the process that serves it is a trusted user (``SO_PEERCRED``), which
   closes the race between the checks and ``connect``.
 
@@ -62,7 +63,8 @@ def check_path(path: Path, uids: set[int]) -> None:
     A missing socket is not checked here (``connect`` then says so).
 
     :raises UntrustedDaemon: the folder or the file belongs to another user, or the folder
-        is writable by others and not sticky, or the file is not a socket.
+        is writable by others and not sticky, or the file is a symbolic link (not followed:
+        its target's folder is not the one checked) or not a socket.
     """
     folder = path.parent
     try:
@@ -87,6 +89,11 @@ def check_path(path: Path, uids: set[int]) -> None:
         st = os.lstat(path)
     except FileNotFoundError:
         return
+    if stat.S_ISLNK(st.st_mode):  # the checks above are of the link's folder, not its target's
+        raise UntrustedDaemon(
+            f"refusing daemon socket {path}: it is a symbolic link (to {_target(path)}), "
+            "which is not followed; name the socket itself"
+        )
     if not stat.S_ISSOCK(st.st_mode):
         raise UntrustedDaemon(f"refusing daemon socket {path}: it is not a socket")
     if st.st_uid not in uids:
@@ -94,6 +101,14 @@ def check_path(path: Path, uids: set[int]) -> None:
             f"refusing daemon socket {path}: it belongs to {peer.user_name(st.st_uid)}, not "
             f"to you or the daemon's user; set {DAEMON_USER_ENV} if that user runs your daemon"
         )
+
+
+def _target(link: Path) -> str:
+    """Where the symbolic link ``link`` points, as it says (``?`` when it cannot be read)."""
+    try:
+        return os.readlink(link)
+    except OSError:
+        return "?"
 
 
 def check_peer(sock: socket.socket, path: Path, uids: set[int]) -> None:

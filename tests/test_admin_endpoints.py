@@ -75,6 +75,9 @@ def test_a_group_member_may_not_reload_zero_or_stop_the_daemon(
         )  # fmt: skip
         assert cli.returncode == 2, cli.stdout + cli.stderr
         assert cli.stderr.count("\n") == 1 and "only the daemon's user" in cli.stderr
+        line = cli.stderr.strip()  # as the CLI's other refusals, not the raw "/stats/zero: …"
+        assert line.startswith(f"cachemgr: error: stats --zero: refused by the daemon at {sock}")
+        assert line.endswith("; counters unchanged"), line
         assert client.stats().counters["hits"] == 5
         # root may (the test runs as root; the daemon as alice)
         assert client.reload().get("reloaded", True)

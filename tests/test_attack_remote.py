@@ -8,6 +8,7 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -23,9 +24,16 @@ from cachemgr.remote.http_tier import HttpTier
 from cachemgr.remote.redis_tier import RedisTier
 from cachemgr.remote.tierset import RemoteTiers
 from tests.compile_util import counting_cc, request_data
-from tests.conftest import SOC, kernel_json
+from tests.conftest import SOC, kernel_json, run_cli
 from tests.daemon_util import daemon_env, start_daemon, wait_for
-from tests.remote_util import RedisServer, http_server, keys_toml, site_keys, trust_fields
+from tests.remote_util import (
+    RedisServer,
+    http_server,
+    keys_config,
+    keys_toml,
+    site_keys,
+    trust_fields,
+)
 from tests.users_util import Users, run_as
 
 
@@ -110,7 +118,14 @@ def test_a_member_writing_into_the_daemons_own_entry_gets_nothing_signed(
         d.stop()
 
 
-class _Trickles(http.server.BaseHTTPRequestHandler):
+class _Quiet(http.server.BaseHTTPRequestHandler):
+    """A test server's handler that writes no access log line."""
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+class _Trickles(_Quiet):
     """An HTTP cache server that answers every ``GET`` with a ``Content-Length`` and then one
     byte every 0.1 s: never silent for the read timeout, never done."""
 
@@ -131,9 +146,6 @@ class _Trickles(http.server.BaseHTTPRequestHandler):
                 return
             self.wfile.write(b"x")
             self.wfile.flush()
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
 
 
 @pytest.fixture
@@ -201,7 +213,7 @@ def test_a_server_silent_in_the_middle_of_its_answer_is_a_failed_lookup(
             _GoesSilent.stop.set()
 
 
-class _Redirects(http.server.BaseHTTPRequestHandler):
+class _Redirects(_Quiet):
     """An HTTP cache server that answers every request with a redirect to another path of
     its own (``Location``), counting what it was asked."""
 
@@ -219,9 +231,6 @@ class _Redirects(http.server.BaseHTTPRequestHandler):
     def do_PUT(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
         self._redirect()
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
 
 
 @pytest.fixture
@@ -250,3 +259,75 @@ def test_a_remote_answering_redirects_is_asked_once_a_lookup(
     assert (
         "HTTP 302" in tiers.breakers["moved"].why and "not followed" in tiers.breakers["moved"].why
     )
+
+
+class _BadHeader(_Quiet):
+    """An HTTP cache server whose every answer carries a line that is no header (no colon)
+    among its headers: urllib3 logs it as a WARNING with its own traceback."""
+
+    asked: list[str] = []  # noqa: RUF012 (the test reads it)
+
+    def _answer(self) -> None:
+        self.asked.append(f"{self.command} {self.path}")
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nno header here\r\n\r\nhello")
+        self.wfile.flush()
+
+    do_GET = do_HEAD = do_PUT = _answer
+
+
+@pytest.fixture
+def bad_header() -> Iterator[str]:
+    _BadHeader.asked.clear()
+    with http_server(_BadHeader) as url:
+        yield url
+
+
+def test_a_malformed_header_line_is_one_log_line_without_a_traceback(
+    bad_header: str, tmp_path: Path
+) -> None:
+    """A remote answering with a line that is no header among its headers: cachemgr says the
+    answer is garbage (one line), but urllib3's own logger wrote a WARNING *and its
+    multi-line traceback* to the CLI's stderr. Another library's record is one line without
+    ``-vv``; with ``-vv`` its traceback is kept, for a developer."""
+    home = tmp_path / "home"
+    home.mkdir()
+    base = ("--soc", SOC, "--cache-dir", str(tmp_path / "cache"))
+    base += ("--config", str(keys_config(tmp_path)), "--remote", bad_header)
+    env = {**os.environ, "HOME": str(home)}
+    out = run_cli("warm", *base, env=env)
+    assert _BadHeader.asked, "the remote was not asked"
+    assert "index registry is not JSON" in out.stderr, out.stderr  # cachemgr's own line
+    assert "Traceback" not in out.stderr, out.stderr
+    for line in out.stderr.splitlines():  # each line an event: a level or cachemgr's prefix
+        assert line.startswith(("WARNING ", "ERROR ", "cachemgr: ")), out.stderr
+    assert out.stderr.count("Failed to parse headers") == 1, out.stderr
+    debug = run_cli("-vv", "warm", *base, env=env)
+    assert "Traceback" in debug.stderr and "HeaderParsingError" in debug.stderr, debug.stderr
+
+
+def test_a_malformed_header_line_is_one_line_of_the_daemons_log(
+    bad_header: str, tmp_path: Path
+) -> None:
+    """The daemon's log (``-v``, as the unit runs it): a compile's lookup and upload to a
+    remote whose answers carry a malformed header line leave one log line per event —
+    every line starts with its time stamp, none is a traceback's."""
+    cc = counting_cc(tmp_path / "cc")
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        f'[compilers]\ncc = "{cc}"\n[remote]\nstorage = ["{bad_header}|name=bad"]\n'
+        + keys_toml(tmp_path)
+    )
+    d = start_daemon(tmp_path, "--cache-dir", str(tmp_path / "cache"), "--config", str(cfg))
+    try:
+        done = d.client.compile(request_data(defines={"N": 7272, "B_N": 1})).to_json()
+        assert done["status"] == "compiled", done
+        wait_for(lambda: "Failed to parse headers" in d.log(), 30, "urllib3's warning")
+        wait_for(lambda: "rejected" in d.log(), 30, "cachemgr's own line for the answer")
+    finally:
+        d.stop()
+    log = d.log()
+    assert "Traceback" not in log, log
+    stamped = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ ")
+    for line in log.splitlines():
+        assert stamped.match(line), (line, log)

@@ -23,7 +23,7 @@ from cachemgr.client import Client, DaemonError
 from cachemgr.errors import CacheMgrError
 from cachemgr.sockcheck import UntrustedDaemon, check_peer
 from tests.compile_util import request_data
-from tests.conftest import ROOT
+from tests.conftest import ROOT, run_cli
 from tests.daemon_util import AS_ROOT, Daemon, daemon_env, start_daemon, wait_for
 from tests.users_util import Runtime, Users, run_as, user_home
 
@@ -437,6 +437,28 @@ def test_a_socket_in_a_folder_others_may_write_is_refused(tmp_path: Path) -> Non
         assert Client(d.socket_path, local_hits=False).health()["status"] == "ok"
     finally:
         d.socket_path.parent.chmod(0o700)
+        d.stop()
+
+
+def test_a_symbolic_link_to_the_daemons_socket_is_refused_as_a_link(tmp_path: Path) -> None:
+    """``--socket`` naming a symbolic link to a real daemon's socket is refused (its
+    target's folder is not the one checked), but the line said "it is not a socket" of a
+    link that points at one. It says what the name is — a symbolic link, to where, not
+    followed — in one line, for ``status`` as for a command routed to the daemon."""
+    d = start_daemon(tmp_path, "--cache-dir", str(tmp_path / "c"))
+    links = tmp_path / "links"
+    links.mkdir(mode=0o700)
+    link = links / "cachemgr.sock"
+    link.symlink_to(d.socket_path)
+    try:
+        for args in (("status",), ("stats", "--cache-dir", str(tmp_path / "c"))):
+            out = run_cli(*args, "--socket", str(link), env=d.env)
+            assert out.returncode == 2, (args, out.stdout)  # a socket not trusted: as stop
+            (line,) = out.stderr.splitlines()
+            assert f"refusing daemon socket {link}: it is a symbolic link " in line, line
+            assert f"(to {d.socket_path})" in line and "not followed" in line, line
+            assert "not a socket" not in line, line
+    finally:
         d.stop()
 
 

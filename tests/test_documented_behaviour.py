@@ -133,6 +133,14 @@ def _daemon_case(site: Site, *args: str) -> Proc:
 
 NOBODY = ("--socket", "/nonexistent/cachemgr.sock")
 
+
+def _linked_socket(site: Site) -> Proc:
+    """``status`` at a socket name it does not trust (a symbolic link: not followed)."""
+    link = site.tmp / "linked.sock"
+    link.symlink_to("/nonexistent/cachemgr.sock")
+    return site.run("status", "--socket", str(link))
+
+
 #: Per command, per documented exit code: a real run that must end with it.
 CASES: dict[tuple[str, ...], dict[int, Callable[[Site], Proc]]] = {
     ("compile",): {
@@ -145,7 +153,11 @@ CASES: dict[tuple[str, ...], dict[int, Callable[[Site], Proc]]] = {
         1: _stuck_over_limit,
         2: lambda s: s.run("gc", "--local", "--cache-dir", str(s.root), "--ratio", "101"),
     },
-    ("status",): {0: lambda s: _daemon_case(s, "status"), 1: lambda s: s.run("status", *NOBODY)},
+    ("status",): {
+        0: lambda s: _daemon_case(s, "status"),
+        1: lambda s: s.run("status", *NOBODY),
+        2: _linked_socket,
+    },
     ("verify",): {
         0: lambda s: s.run("verify", "--cache-dir", str(s.root)),
         1: _corrupt_entry,
@@ -258,6 +270,10 @@ def test_stop_is_for_the_daemons_user_and_root(users: Users, other_runtime: Runt
         )
         assert member.returncode == 2, member.stdout + member.stderr
         assert member.stderr.count("\n") == 1 and "only the daemon's user" in member.stderr
+        # worded as the CLI's other refusals, not as the endpoint's raw "/stop: only …"
+        line = member.stderr.strip()
+        assert line.startswith(f"cachemgr: error: stop: refused by the daemon at {sock}: "), line
+        assert line.endswith("; nothing stopped") and "/stop" not in line, line
         assert d.proc.poll() is None
         root = run_cli("stop", "--socket", sock, env={**os.environ, **trust})
         assert root.returncode == 0, root.stdout + root.stderr

@@ -236,10 +236,16 @@ def test_an_outsider_is_told_the_daemon_is_out_of_reach_not_missing(
         status = ("-m", "cachemgr", "status")  # the socket as the README sets it, by env
         env = {"CACHEMGR_SOCKET": str(sock)}
         proc = run_python_as(users, other_runtime, users.carol, *status, env=env)
-        assert proc.returncode != 0, proc.stdout
+        assert proc.returncode == 2, proc.stdout  # as stats and stop: not "none answers" (1)
         (line,) = proc.stderr.splitlines()
         assert f"cannot reach the daemon at {sock}: Permission denied" in line, line
         assert f"group {users.group}" in line and "no daemon" not in line, line
+        stop = ("-m", "cachemgr", "stop", "--wait", "0")
+        proc = run_python_as(users, other_runtime, users.carol, *stop, env=env)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        (line,) = proc.stderr.splitlines()
+        assert f"cannot reach the daemon at {sock}: Permission denied" in line, line
+        assert daemon.proc.poll() is None
         member = run_python_as(users, other_runtime, users.bob, *status, env=env)
         assert member.returncode == 0, member.stderr  # the group's members reach it
         sock.chmod(0o600)  # the owner's alone: a member is not told to join the group it is in
@@ -279,7 +285,7 @@ def test_an_outsider_of_the_units_runtime_folder_is_told_its_group(
             proc = run_python_as(
                 users, other_runtime, users.carol, "-m", "cachemgr", *args, env=env
             )
-            assert proc.returncode != 0, proc.stdout
+            assert proc.returncode == 2, (args, proc.stdout)  # the same code for both
             (line,) = [ln for ln in proc.stderr.splitlines() if "cannot reach" in ln]
             assert f"the folder {run} on the way is for the members of group {users.group}" in line
             assert "no cachemgr daemon" not in line and "start one" not in line, line

@@ -17,7 +17,7 @@ from cachemgr.storage.tiers import EntryFiles
 from tests.compile_util import calls, counting_cc, request_data
 from tests.conftest import SOC, kernel_json
 from tests.daemon_util import daemon_env, start_daemon, wait_for
-from tests.remote_util import WebDavServer, keys_toml, trust_fields
+from tests.remote_util import WebDavServer, free_port, keys_toml, trust_fields
 
 
 def _entry(kernel: str) -> EntryFiles:
@@ -89,3 +89,34 @@ def test_two_sites_share_a_kernel_over_http_bazel_layout(
     finally:
         a.stop()
         b.stop()
+
+
+def test_the_first_failure_of_a_run_is_one_line_naming_the_server(tmp_path: Path) -> None:
+    """A daemon whose HTTP remote refuses connections: only the breaker's opening was
+    logged, so the failures before it (``failures_before_open``, here 50) left no trace of
+    an outage under way. The first failure of the run is one warning line naming the
+    remote, its URL and the error; the ones after it are not said again."""
+    url = f"http://127.0.0.1:{free_port()}/cache"
+    cc = counting_cc(tmp_path / "cc")
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        f'[compilers]\ncc = "{cc}"\n[remote]\nstorage = ["{url}|name=down"]\n'
+        "failures_before_open = 50\n" + keys_toml(tmp_path)
+    )
+    d = start_daemon(tmp_path, "--cache-dir", str(tmp_path / "cache"), "--config", str(cfg))
+    try:
+        for n in (7301, 7302):
+            done = d.client.compile(request_data(defines={"N": n, "B_N": 1})).to_json()
+            assert done["status"] == "compiled", done
+
+        def errors() -> int:
+            return int(d.client.stats().to_json()["remotes"]["down"]["errors"])
+
+        wait_for(lambda: errors() >= 4, 30, "the lookups' and uploads' failures")
+        assert d.client.stats().to_json()["remotes"]["down"]["state"] == "ok"  # not open yet
+    finally:
+        d.stop()
+    said = [line for line in d.log().splitlines() if "remote down" in line]
+    assert len(said) == 1, said
+    assert f"WARNING cachemgr.remote.tierset: remote down ({url}): ConnectionError" in said[0]
+    assert "Connection refused" in said[0], said

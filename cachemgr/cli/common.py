@@ -178,6 +178,28 @@ def failure(message: str) -> None:
     click.echo(error_line(message), err=True)
 
 
+def refused_by_daemon(exc: CacheMgrError, command: str, socket: object, outcome: str) -> str:
+    """The line for an admin request the daemon refused (``403``: only its user and root may,
+    docs/security.md#5a-admin-endpoints-the-daemons-user-and-root-only), worded as the CLI's
+    other refusals — ``<command>: <why>; <what did not happen>`` — not the endpoint's raw
+    ``/stop: only …``: ``stop: refused by the daemon at SOCK: only the daemon's user (…) or
+    root may, …; nothing stopped``."""
+    why = str(exc)
+    if why.startswith("/"):  # the daemon names its endpoint first
+        why = why.partition(": ")[2] or why
+    return f"{command}: refused by the daemon at {socket}: {why}; {outcome}"
+
+
+def unreached_exit_code(exc: CacheMgrError) -> int:
+    """``status``'s and ``stop``'s exit code when the daemon was not reached: 2 when this
+    user may not reach it (``EACCES`` on its socket or a folder on the way) or does not trust
+    its socket — as ``stats``, routed there, exits — else 1: none answers (docs/commands.md)."""
+    from cachemgr.client import DaemonOutOfReach
+    from cachemgr.sockcheck import UntrustedDaemon
+
+    return 2 if isinstance(exc, (DaemonOutOfReach, UntrustedDaemon)) else 1
+
+
 def report_line(line: str, failed: bool = False, err: bool = False) -> None:
     """A line of what a command did (``compiled …``, gc's and purge's reports, ``verify``'s
     count): on stdout (``err``: stderr) at default verbosity, not with ``-q`` (errors only) —

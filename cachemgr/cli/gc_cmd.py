@@ -30,6 +30,7 @@ from cachemgr.cli.common import (
     int_option,
     load_settings,
     printable,
+    refused_by_daemon,
     report_line,
     route,
     settings_options,
@@ -349,7 +350,7 @@ def stats_cmd(
     kcache = settings.layout.kernel_cache_dir
     if zero:
         if client is not None:
-            client.request("POST", "/stats/zero", {})
+            _zero(client)
         else:
             problem = fsprobe.root_problem(kcache)
             if problem:
@@ -371,6 +372,23 @@ def stats_cmd(
         click.echo(line)
     if run_local:
         _note_daemon_counters(settings)
+
+
+def _zero(client: Any) -> None:
+    """``POST /stats/zero`` to the daemon serving the cache (a :class:`~cachemgr.client.Client`).
+
+    :raises DaemonError: it refused (``403``: only its user and root may; the line says so
+        as the CLI's other refusals) or failed.
+    """
+    from cachemgr.client import DaemonError
+
+    try:
+        client.request("POST", "/stats/zero", {})
+    except DaemonError as exc:
+        if exc.status != 403:
+            raise
+        line = refused_by_daemon(exc, "stats --zero", client.socket_path, "counters unchanged")
+        raise DaemonError(line, exc.status) from exc
 
 
 def _stats_all(socket_path: Path | None, run_local: bool, as_json: bool) -> None:

@@ -18,15 +18,18 @@ from cachemgr.cli.common import (
     cache_options,
     daemon_socket_option,
     emit_json,
+    failure,
     load_settings,
     printable,
+    refused_by_daemon,
     remote_option,
     report_line,
     same_cache_hint,
     same_folder,
+    unreached_exit_code,
     warning,
 )
-from cachemgr.client import Client, DaemonUnavailable, default_socket_path
+from cachemgr.client import Client, DaemonError, DaemonUnavailable, default_socket_path
 from cachemgr.daemon import main as daemon_main
 from cachemgr.errors import CacheMgrError, ConfigError
 from cachemgr.storage import fsutil
@@ -136,7 +139,8 @@ def status_cmd(socket_path: Path | None, wait_s: float, as_json: bool, **kw: Any
     --host-id or --config: whether it serves that cache.
 
     Exit codes: 0 a daemon answers (and serves that cache); 1 none answers (within --wait
-    seconds), or the one that answers serves another cache.
+    seconds), or the one that answers serves another cache; 2 this user may not reach it
+    (its socket or a folder on the way is closed to it) or does not trust its socket.
     """
     settings = _named_cache(kw)
     client = _client(socket_path, settings, timeout_s=5)
@@ -148,8 +152,8 @@ def status_cmd(socket_path: Path | None, wait_s: float, as_json: bool, **kw: Any
             break
         except CacheMgrError as exc:
             if time.monotonic() >= deadline:
-                click.echo(f"cachemgr: {exc}", err=True)
-                sys.exit(1)
+                failure(str(exc))
+                sys.exit(unreached_exit_code(exc))
         time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
         delay = min(delay * 2, 0.5)
     other = _serves_other(client, settings, "status")
@@ -295,8 +299,9 @@ def stop_cmd(socket_path: Path | None, wait_s: float, **kw: Any) -> None:
     --host-id or --config it stops the daemon only when it serves that cache.
 
     Exit codes: 0 it stopped; 1 no daemon answers, or it is still running after --wait
-    seconds; 2 the caller may not stop it, the socket belongs to a user not trusted, or
-    the daemon serves another cache than the one named (it keeps running).
+    seconds; 2 the caller may not stop it or may not reach it (its socket or a folder on
+    the way is closed to it), the socket belongs to a user not trusted, or the daemon
+    serves another cache than the one named (it keeps running).
     """
     settings = _named_cache(kw)
     client = _client(socket_path, settings, timeout_s=30)
@@ -306,8 +311,13 @@ def stop_cmd(socket_path: Path | None, wait_s: float, **kw: Any) -> None:
             raise ConfigError(f"{other}; nothing stopped")
         answer = client.request("POST", "/stop")
     except DaemonUnavailable as exc:
-        click.echo(f"cachemgr: {exc}", err=True)
-        sys.exit(1)
+        failure(str(exc))
+        sys.exit(unreached_exit_code(exc))
+    except DaemonError as exc:
+        if exc.status != 403:
+            raise
+        line = refused_by_daemon(exc, "stop", client.socket_path, "nothing stopped")
+        raise DaemonError(line, exc.status) from exc
     pid = answer.get("pid")
     deadline = time.monotonic() + wait_s
     delay = 0.02

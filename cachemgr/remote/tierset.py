@@ -6,8 +6,8 @@
   ``open_s`` seconds, then one request probes it (half-open); a success closes it. A lookup
   that times out opens it at once (a hung remote costs a process one timeout), and with a
   state folder the open window is shared by the user's runs on the host
-  (:mod:`cachemgr.remote.breakerfile`). One warning line per state change, never one per
-  request.
+  (:mod:`cachemgr.remote.breakerfile`). One warning line per state change — and for the
+  first failure of a run, naming the remote's URL and the error — never one per request.
 * A blob that fails verification is ``rejected`` — not signed by a key of ``[remote]
   trusted_keys``, signed by a retired key, tampered with, or carrying a file that is not one
   of the entry's parts (:mod:`cachemgr.remote.blob`) — counted by reason
@@ -88,8 +88,10 @@ class Breaker:
 
     ``ok`` → (``failures_before_open`` failures in a row, or one lookup that timed out) →
     ``failing`` for ``open_s`` seconds, then one probe at a time; a success → ``ok``.
-    With a ``store``, opening is written to the shared state file and a new breaker starts
-    open while another run's window lasts (:mod:`cachemgr.remote.breakerfile`).
+    One warning line for the first failure of a run (naming ``url`` too), one when it opens
+    and one when it is back; the failures between are debug lines. With a ``store``, opening
+    is written to the shared state file and a new breaker starts open while another run's
+    window lasts (:mod:`cachemgr.remote.breakerfile`).
     """
 
     name: str
@@ -102,6 +104,8 @@ class Breaker:
     #: the last failure's (or the disabling) reason, one line; "" while ok
     why: str = ""
     store: BreakerFile | None = None
+    #: the remote's URL (:attr:`RemoteSpec.url`), named beside ``name`` when it differs
+    url: str = ""
     _probing: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -160,17 +164,31 @@ class Breaker:
             self.why = why
             self._probing = False
             opening = self.state == OK and (trip or self.failures >= self.failures_before_open)
+            counting = self.state == OK and not opening  # a run that has not opened it yet
             if self.state == FAILING or opening:
                 self.open_until = self.clock() + self.open_s
             if opening:
                 self.state = FAILING
             reopened = self.state == FAILING
+            failures, left = self.failures, self.failures_before_open - self.failures
         if opening:
             log.warning(
                 "remote %s failing (%s): skipped for %g s, then probed", self.name, why, self.open_s
             )
+        elif counting:  # the first of a run is said (an outage starts), the others debug
+            log.log(
+                logging.WARNING if failures == 1 else logging.DEBUG,
+                "remote %s: %s (%d more in a row and it is skipped)",
+                self._named(),
+                why,
+                left,
+            )
         if reopened and self.store is not None:
             self.store.save(self.open_s, why)
+
+    def _named(self) -> str:
+        """``name (url)``, or the name alone when it is the URL (no ``name=``)."""
+        return self.name if self.url in ("", self.name) else f"{self.name} ({self.url})"
 
 
 class RemoteTiers:
@@ -200,7 +218,11 @@ class RemoteTiers:
         self._logged: set[tuple[str, ...]] = set()  # (remote, reason, key) / (uid,) said once
         self.breakers = {
             t.name: Breaker(
-                t.name, config.failures_before_open, config.open_s, store=_store(t, state_dir)
+                t.name,
+                config.failures_before_open,
+                config.open_s,
+                store=_store(t, state_dir),
+                url=_shown(t),
             )
             for t in tiers
         }
