@@ -89,6 +89,12 @@ def test_ge_entry_written_at_a_is_warmed_at_b_and_hit_there_redis(
         assert (chip_a / "te_twin_bad.json").is_file(), "and the upload left it alone"
         index = {n.decode() for n in probe.zrange(RedisTier.index_key(SOC), 0, -1)}
         assert index == {"te_twin_hdr", "te_twin_plain"}
+        # the count follows the upload's return, after its keys are written: waited for too
+        wait_for(
+            lambda: a.client.stats().to_json()["remotes"]["shared"]["uploads"] >= 2,
+            60,
+            "A's upload count",
+        )
         row = a.client.stats().to_json()["remotes"]["shared"]
         assert row["uploads"] == 2 and row["errors"] == 0, row
 
