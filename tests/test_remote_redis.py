@@ -216,7 +216,9 @@ def test_a_tampered_blob_is_rejected_and_the_kernel_compiles(
 def test_debug_and_disable_never_touch_the_remote(
     redis_server: RedisServer, tmp_path: Path
 ) -> None:
-    """Item 5: ``disable`` and debug compiles neither ask nor fill the remote."""
+    """Item 5: ``disable`` and debug compiles neither ask nor fill the remote. The debug
+    outputs go to the request's ``debug_dir`` under ``tmp_path``: without one they went to
+    this process's current folder, the checkout (``kernel_meta/`` left in the project)."""
     cc = counting_cc(tmp_path / "cc")
     d, _ = _site(tmp_path, "a", cc, redis_server.url + "|name=r")
     try:
@@ -224,9 +226,12 @@ def test_debug_and_disable_never_touch_the_remote(
         data = request_data(defines={"N": 1717, "B_N": 1}, options=off)
         out = d.client.compile(data, base_dir=str(tmp_path), out_dir=tmp_path / "out").to_json()
         assert out["status"] == "compiled", out
-        debug = request_data(defines={"N": 1717, "B_N": 1}, options={"op_debug_level": 1})
+        debug_dir = tmp_path / "debug"
+        options = {"op_debug_level": 1, "debug_dir": str(debug_dir)}
+        debug = request_data(defines={"N": 1717, "B_N": 1}, options=options)
         out = d.client.compile(debug, base_dir=str(tmp_path)).to_json()
         assert out["status"] == "debug", out
+        assert all(Path(f).is_relative_to(debug_dir / "kernel_meta") for f in out["files"]), out
         assert len(calls(tmp_path / "cc")) == 2
         row = d.client.stats().to_json()["remotes"]["r"]
         assert row["hits"] + row["misses"] + row["uploads"] + row["errors"] == 0, row

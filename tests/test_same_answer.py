@@ -1,7 +1,8 @@
 """The same answer for every user of a shared cache: ``ls`` shows a member the op type root
 sees (``Add``, as the entry's json records it — not the lower-cased name's ``add``), and
 ``verify`` counts entries as entries (a header manifest it could not read is not one more
-"entry of other users"). Real users (tests/users_util.py), a real compile, real files."""
+"entry of other users") and names whose they are. Real users (tests/users_util.py), a real
+compile, real files."""
 
 from __future__ import annotations
 
@@ -63,6 +64,9 @@ def test_verify_counts_other_users_entries_not_their_manifests(
     (line,) = [ln for ln in alice.stderr.splitlines() if ln.startswith("not checked:")]
     want = f"not checked: 2 entries and {len(manifests)} header manifest"
     assert line.startswith(want), line
+    # whose they are, and who may check them: under the system service every entry is the
+    # daemon user's and a member's verify checks none (it said "of other users" only)
+    assert f" of user {users.bob} — " in line and line.endswith(f"as {users.bob} or root"), line
     report = json.loads(
         _as(
             users, users.alice, other_runtime, "verify", "--json", "--cache-dir", root, env=env

@@ -253,17 +253,32 @@ def verify_cmd(as_json: bool, repair: bool, remotes: tuple[str, ...], **kw: Any)
         sys.exit(1)
 
 
+#: Owners named in the ``not checked`` line; more are counted.
+NOT_CHECKED_OWNERS_SHOWN = 3
+
+
 def _not_checked_line(reports: list[VerifyReport]) -> str:
-    """``not checked: 2 entries and 1 header manifest of other users — …``: what was not
-    read because a read would change its access time, entries and loose files counted
-    apart (a manifest is not an entry); ``""`` when everything was read."""
+    """``not checked: 2 entries and 1 header manifest of user bob — …; run verify as bob
+    or root``: what was not read because a read would change its access time, entries and
+    loose files counted apart (a manifest is not an entry), and whose they are — under the
+    system service every entry is the daemon's user's, a member's verify checks none and
+    must say who can; ``""`` when everything was read."""
     entries = sum(len(r.not_checked) for r in reports)
     files = sum(len(r.not_checked_files) for r in reports)
     if not entries and not files:
         return ""
     parts = [human.plural(entries, "entry", "entries")] if entries else []
     parts += [human.plural(files, "header manifest")] if files else []
+    owners = sorted({fsutil.user_name(uid) for r in reports for uid in r.not_checked_owners})
+    if not owners:  # every one gone before its owner was read
+        whose, who = "other users", "their owner"
+    else:
+        shown = ", ".join(owners[:NOT_CHECKED_OWNERS_SHOWN])
+        more = len(owners) - NOT_CHECKED_OWNERS_SHOWN
+        shown += f" and {human.plural(more, 'other')}" if more > 0 else ""
+        whose = f"{'user' if len(owners) == 1 else 'users'} {shown}"
+        who = owners[0] if len(owners) == 1 else "their owner"
     return (
-        f"not checked: {' and '.join(parts)} of other users — reading them would change "
-        "their access times (the eviction order); run verify as their owner or root"
+        f"not checked: {' and '.join(parts)} of {whose} — reading them would change "
+        f"their access times (the eviction order); run verify as {who} or root"
     )

@@ -161,6 +161,8 @@ class VerifyReport:
     not_checked: list[str] = field(default_factory=list)
     #: loose files (header manifests) not read, for the same reason; not entries
     not_checked_files: list[str] = field(default_factory=list)
+    #: the uids owning what was not checked (the users who, with root, may check it)
+    not_checked_owners: set[int] = field(default_factory=set)
     #: entries ``--repair`` removed
     removed: set[str] = field(default_factory=set)
 
@@ -931,6 +933,7 @@ class Store:
             kernels = manifest.kernels(self.chip_dir / name, self.dir_fd)
         except fsutil.AtimeWouldChange:
             report.not_checked_files.append(name)
+            self._note_owner(name, report)
             return
         if kernels is None:
             problem = entry.Problem("bad_manifest", f"{name} is not a valid header manifest")
@@ -942,6 +945,13 @@ class Store:
         if repair:
             finding.repaired = self._repair(finding, self._remove_manifest, name)
         report.findings.append(finding)
+
+    def _note_owner(self, name: str, report: VerifyReport) -> None:
+        """Add the owner of ``name`` (a file not checked) to ``report.not_checked_owners``:
+        the line that counts them says whom to ask (one ``lstat``; gone meanwhile: none)."""
+        st = fsutil.lstat_or_none(self.chip_dir / name, self.dir_fd)
+        if st is not None:
+            report.not_checked_owners.add(st.st_uid)
 
     def _remove_manifest(self, name: str) -> bool:
         return fsutil.safe_unlink(self.chip_dir / name, self.dir_fd)
@@ -968,6 +978,7 @@ class Store:
             return  # removed by someone else meanwhile: normal
         if problems and all(p.kind == entry.NOT_CHECKED for p in problems):
             report.not_checked.append(kernel)
+            self._note_owner(f"{kernel}.json", report)
             return
         report.checked += 1
         if problems:
