@@ -73,11 +73,13 @@ def check_path(path: Path, uids: set[int]) -> None:
         return
     if dst.st_uid not in uids:  # its owner or root may remove it, not the caller (sticky /tmp)
         owner = peer.user_name(dst.st_uid)
+        # root may remove it itself; anyone else asks its owner or root (sticky /tmp)
+        remove = "remove it" if os.geteuid() == 0 else f"ask {owner} or root to remove it"
         raise UntrustedDaemon(
             f"refusing daemon socket {path}: its folder {folder} belongs to {owner}, not to "
             f"you or the daemon's user; someone else may run a fake daemon there: set "
-            f"{DAEMON_USER_ENV} if that user runs your daemon, else ask {owner} or root to "
-            "remove it (meanwhile: --local, or XDG_RUNTIME_DIR set to a folder of your own)"
+            f"{DAEMON_USER_ENV}={owner} if that user runs your daemon, else "
+            f"{remove} (meanwhile: --local, or XDG_RUNTIME_DIR set to a folder of your own)"
         )
     if dst.st_mode & 0o022 and not dst.st_mode & stat.S_ISVTX:
         raise UntrustedDaemon(

@@ -547,3 +547,22 @@ def test_the_governor_unit_scores_ok_with_only_the_rights_it_needs(tmp_path: Pat
         "CAP_FOWNER",
     ):
         assert cap in docs, f"docs/daemon.md does not say why {cap} is (not) given"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the line concerns root, who may remove it")
+def test_root_is_told_to_name_the_daemons_user_not_to_ask_root(
+    users: Users, tmp_path: Path
+) -> None:
+    """Root reaching the service's socket without the members' environment is refused (its
+    folder belongs to the daemon's user, not trusted without ``CACHEMGR_DAEMON_USER``); the
+    line told root to "ask <owner> or root to remove it". It names the setting with the
+    owner's name, and root may remove the folder itself."""
+    folder = tmp_path / "run"
+    folder.mkdir(mode=0o750)
+    shutil.chown(folder, users.carol)
+    env = {k: v for k, v in os.environ.items() if k != "CACHEMGR_DAEMON_USER"}
+    out = run_cli("status", "--socket", str(folder / "cachemgr.sock"), env=env)
+    assert out.returncode == 2, out
+    assert out.stderr.count("\n") == 1, out.stderr
+    assert f"set CACHEMGR_DAEMON_USER={users.carol} if that user runs your daemon" in out.stderr
+    assert "or root to remove it" not in out.stderr and "else remove it" in out.stderr
