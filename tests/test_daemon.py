@@ -281,9 +281,12 @@ def test_sighup_reload_good_and_bad(tmp_path: Path, cache_root: Path) -> None:
         wait_for(lambda: d.client.config()["jit_compile"]["value"] == "false", 30, "reload")
         assert d.client.config()["max_op_cache_size"]["value"] == 77
         d.wait_notify("RELOADING=1")
+        # systemctl status keeps the last STATUS=: what the daemon does, not "reloaded"
+        d.wait_notify(f"STATUS=serving {kc} (reloaded at ")
         cfg.write_text("jit_compile = [oops\n")
         d.signal(signal.SIGHUP)
         wait_for(lambda: "reload refused" in d.log(), 30, "the refused reload in the log")
+        d.wait_notify(f"STATUS=serving {kc} (reload failed: ")
         assert d.client.config()["jit_compile"]["value"] == "false"  # old config kept
         assert d.client.health()["status"] == "ok"
     finally:

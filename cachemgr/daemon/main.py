@@ -310,8 +310,7 @@ def _loop(
         degraded = service.degraded()
         if degraded != shown:  # STATUS= follows the degraded states
             shown = degraded
-            serving = f"serving {service.settings.value('kernel_cache_dir')}"
-            notifier.status("degraded: " + "; ".join(degraded) if degraded else serving)
+            notifier.status(_state(service, degraded))
         if interval and not service.heartbeats.stale():
             notifier.watchdog()
         select.select([wake], [], [], tick)  # blocks: one wake-up per tick when idle
@@ -320,8 +319,17 @@ def _loop(
             flags.reload = False
             notifier.reloading()
             result = service.reload()
-            state = "reloaded" if result["reloaded"] else f"reload failed: {result['error']}"
-            notifier.send(READY=1, STATUS=state)
+            shown = service.degraded()
+            state = _state(service, shown)  # what it does now, not "reloaded" for good
+            done = "reloaded" if result["reloaded"] else f"reload failed: {result['error']}"
+            notifier.send(READY=1, STATUS=f"{state} ({done} at {time.strftime('%H:%M:%S')})")
+
+
+def _state(service: Service, degraded: list[str]) -> str:
+    """systemd's ``STATUS=`` line: ``serving <kernel cache>``, or the degraded states."""
+    if degraded:
+        return "degraded: " + "; ".join(degraded)
+    return f"serving {service.settings.value('kernel_cache_dir')}"
 
 
 def refuse_root(allow_root: bool) -> None:
