@@ -182,3 +182,20 @@ def test_files_of_an_evicted_entry_someone_else_removed_are_not_counted_as_left(
     report = gc_chip(chip, 1, 50, 0, on_planned=binaries)
     assert report.evicted
     assert report.bytes_after == chip_bytes(chip)
+
+
+def test_a_hard_link_counts_for_nothing_in_bytes_after_as_in_the_scan(
+    chip: Path, tmp_path: Path
+) -> None:
+    """docs/security.md item 2: a hard link planted in a chip folder counts for nothing —
+    the scan leaves it out of ``bytes_before``; the listing that measures a folder still
+    over its limit counted it, so a gc reported more left than it found ('1.2 -> 9.2 MiB')."""
+    for i in range(40):  # young: kept by the aging guard, over the 1 MiB limit
+        publish(chip, f"te_scan_{i:03d}", os.urandom(30_000 + i))
+    big = tmp_path / "members_own.bin"
+    big.write_bytes(b"b" * (8 * MIB))
+    os.link(big, chip / "te_scan_hl.o")
+    os.link(big, chip / "stray_hl.bin")
+    report = gc_chip(chip, 1, 50, 1800)
+    assert report.kept_by_age and report.stuck_over_limit
+    assert report.bytes_after == report.bytes_before == chip_bytes(chip) - 16 * MIB

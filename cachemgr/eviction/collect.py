@@ -66,6 +66,7 @@ from cachemgr.eviction.reclaim import (
 )
 from cachemgr.memo import OnceSet
 from cachemgr.storage import entry, fsutil, groupmodes
+from cachemgr.storage.chipcount import counted
 from cachemgr.storage.entry import ChipScan, EntryGroup
 
 log = logging.getLogger(__name__)
@@ -518,7 +519,8 @@ def _bytes_after(chip_fd: int, scan: ChipScan) -> int:
     tables = (scan.orphans, scan.temps, scan.locks, scan.silly, scan.manifests)
 
     def other(de: os.DirEntry[str]) -> int:
-        """A name that is no entry's file in the scan: its size there, else an ``lstat``."""
+        """A name that is no entry's file in the scan: its size there, else an ``lstat``
+        (a file the scan would count: regular, one name or an NFS ``.nfs*`` one)."""
         name = de.name
         fst = _known(tables, name)
         if fst is not None:
@@ -527,7 +529,8 @@ def _bytes_after(chip_fd: int, scan: ChipScan) -> int:
             st = de.stat(follow_symlinks=False)
         except OSError:
             return 0  # gone meanwhile
-        return st.st_size if stat.S_ISREG(st.st_mode) else 0
+        # a hard link counts for nothing, as in the scan (docs/security.md item 2)
+        return st.st_size if stat.S_ISREG(st.st_mode) and counted(name, st) else 0
 
     if isinstance(entries, CompactEntries):
         return entries.listed_bytes(other)
