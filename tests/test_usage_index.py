@@ -94,17 +94,24 @@ def _metric(d: Daemon, name: str) -> int:
     return int(float(match.group(1))) if match else -1
 
 
-def test_daemon_index_follows_events_and_rescans(tmp_path: Path) -> None:
-    """A real daemon on real files: the first scan, inotify events (publish, remove) and the
-    periodic rescan (a size change no event reports) all keep /metrics equal to the disk."""
+def _root_with_limit(tmp_path: Path, max_mb: int) -> tuple[Path, Path]:
+    """A cache root whose ``op_cache.ini`` sets ``max_op_cache_size`` (MiB), and its chip
+    folder."""
     root = tmp_path / "cache"
     kc = root / "kernel_cache"
     chip = kc / SOC
     chip.mkdir(parents=True)
     (kc / "op_cache.ini").write_text(
-        "[op_compiler_cache]\nmax_op_cache_size=-1\nremain_cache_size_ratio=50\n"
+        f"[op_compiler_cache]\nmax_op_cache_size={max_mb}\nremain_cache_size_ratio=50\n"
         "adk_version=1\nops_version=1\n"
     )
+    return root, chip
+
+
+def test_daemon_index_follows_events_and_rescans(tmp_path: Path) -> None:
+    """A real daemon on real files: the first scan, inotify events (publish, remove) and the
+    periodic rescan (a size change no event reports) all keep /metrics equal to the disk."""
+    root, chip = _root_with_limit(tmp_path, -1)
     for i in range(200):
         publish(chip, f"te_d_{i:03d}", os.urandom(2000 + i))
     cfg = tmp_path / "c.toml"
@@ -165,14 +172,7 @@ def test_a_hard_link_planted_in_a_daemons_chip_folder_schedules_no_eviction(
     """A real daemon: a member's hard link to 8 MiB of their own in a chip folder of 1 MiB
     limit, under it by gc's count. Before, the index counted the link, said the folder was
     over its limit and scheduled a gc child on every event, each finding nothing to do."""
-    root = tmp_path / "cache"
-    kc = root / "kernel_cache"
-    chip = kc / SOC
-    chip.mkdir(parents=True)
-    (kc / "op_cache.ini").write_text(
-        "[op_compiler_cache]\nmax_op_cache_size=1\nremain_cache_size_ratio=50\n"
-        "adk_version=1\nops_version=1\n"
-    )
+    root, chip = _root_with_limit(tmp_path, 1)
     publish(chip, "te_d_one", os.urandom(2000))
     big = tmp_path / "members_own.bin"
     big.write_bytes(b"b" * (8 << 20))
