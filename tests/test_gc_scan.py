@@ -144,3 +144,58 @@ def test_grouping_is_by_name_with_parts_and_leftovers(chip: Path) -> None:
     assert set(scan.orphans) == {"lost.o", "noext"}
     assert set(scan.odd) == {"te_l.json"}
     assert scan.used_bytes == chip_bytes(chip)
+
+
+def test_an_entry_whose_json_alone_went_meanwhile_still_counts_its_other_files(
+    chip: Path,
+) -> None:
+    """A member (or a remover between its json and its binary) takes only the json of a
+    candidate after the plan: its binary, which holds the bytes, is still there. Counting
+    the whole entry as gone said 'under the limit' (exit 0, not stuck) of a folder still
+    over it; only the files found absent are gone (docs/eviction.md#what-a-gc-leaves)."""
+    publish(chip, "te_scan_big", os.urandom(700_000), atime_s=OLD)  # the candidate
+    for i in range(14):  # young: kept by the aging guard, 14 × 40 KB
+        publish(chip, f"te_scan_{i:03d}", os.urandom(40_000 + i))
+
+    def json_only(plan: object) -> None:
+        (chip / "te_scan_big.json").unlink()
+
+    report = gc_chip(chip, 1, 50, 1800, on_planned=json_only)
+    assert report.gone == ["te_scan_big"] and report.kept_by_age
+    assert (chip / "te_scan_big.o").exists()
+    assert report.bytes_after == chip_bytes(chip) > MIB
+    assert report.stuck_over_limit
+
+
+def test_files_of_an_evicted_entry_someone_else_removed_are_not_counted_as_left(
+    chip: Path,
+) -> None:
+    """The other way: a binary removed by someone else after the plan, its json by the
+    run, is neither evicted by it nor left; ``bytes_after`` is what is there."""
+    for i in range(20):
+        publish(chip, f"te_scan_{i:03d}", os.urandom(60_000 + i), atime_s=OLD + i)
+
+    def binaries(plan: object) -> None:
+        for i in range(10):
+            (chip / f"te_scan_{i:03d}.o").unlink()
+
+    report = gc_chip(chip, 1, 50, 0, on_planned=binaries)
+    assert report.evicted
+    assert report.bytes_after == chip_bytes(chip)
+
+
+def test_a_hard_link_counts_for_nothing_in_bytes_after_as_in_the_scan(
+    chip: Path, tmp_path: Path
+) -> None:
+    """docs/security.md item 2: a hard link planted in a chip folder counts for nothing —
+    the scan leaves it out of ``bytes_before``; the listing that measures a folder still
+    over its limit counted it, so a gc reported more left than it found ('1.2 -> 9.2 MiB')."""
+    for i in range(40):  # young: kept by the aging guard, over the 1 MiB limit
+        publish(chip, f"te_scan_{i:03d}", os.urandom(30_000 + i))
+    big = tmp_path / "members_own.bin"
+    big.write_bytes(b"b" * (8 * MIB))
+    os.link(big, chip / "te_scan_hl.o")
+    os.link(big, chip / "stray_hl.bin")
+    report = gc_chip(chip, 1, 50, 1800)
+    assert report.kept_by_age and report.stuck_over_limit
+    assert report.bytes_after == report.bytes_before == chip_bytes(chip) - 16 * MIB

@@ -254,3 +254,52 @@ def test_a_lock_and_an_eviction_refused_by_ges_modes_are_retried_after_giving_th
     assert gc.returncode == 0, gc.stdout + gc.stderr
     lock = chip / "op_cache_file_del.lock"
     assert stat.S_IMODE(lock.stat().st_mode) & 0o060 == 0o060
+
+
+_MAKE_FATAL = """
+import json, os, sys
+chip, kernel = sys.argv[1], sys.argv[2]
+path = os.path.join(chip, kernel + ".json")
+data = json.load(open(path))
+data["binFileName"] = 7  # docs/interop.md#entries-that-abort-ge: GE aborts on it
+tmp = path + ".member.tmp"
+with open(tmp, "w") as f:
+    json.dump(data, f, indent=4)
+os.chmod(tmp, 0o640)  # GE's mode: the daemon user may read it only through its group
+os.rename(tmp, path)
+"""
+
+
+def test_a_members_json_that_aborts_ge_is_removed_by_the_unit_daemon(
+    users: Users, other_runtime: Runtime
+) -> None:
+    """A hostile member (alice) writes an entry GE's way (her 0640 files), then makes its
+    json one CANN GE's lookup aborts on. The daemon as the unit runs it (bob, CAP_FOWNER,
+    umask 0007, no-new-privs) reads her json with O_NOATIME (allowed by CAP_FOWNER: no
+    access time moved) and removes the entry on sight; GE's lookup is then a miss, no
+    abort (docs/interop.md#entries-that-abort-ge)."""
+    rt = other_runtime
+    root = _root_2770(users)
+    chip = root / "kernel_cache" / SOC
+    daemon = _unit_daemon(users, rt, root, users.bob)
+    try:
+        kernel = "te_member_abort"
+        assert twin_as(users, rt, users.alice, "write", str(chip), kernel).returncode == 0
+        json_path = chip / f"{kernel}.json"
+        wait_for(json_path.exists, 10, "alice's entry")
+        done = subprocess.run(
+            [rt.python, "-c", _MAKE_FATAL, str(chip), kernel],
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            **run_as(users.alice, users),  # type: ignore[arg-type]
+        )
+        assert done.returncode == 0, done.stderr
+        wait_for(lambda: not json_path.exists(), 10, "the daemon to remove the GE-fatal entry")
+        wait_for(lambda: "binFileName" in daemon.log(), 10, "the removal's log line")
+        hit = twin_as(users, rt, users.alice, "hit", str(chip), kernel)
+        assert hit.returncode in (0, 1), hit.stdout + hit.stderr  # a miss, no abort
+    finally:
+        daemon.stop()

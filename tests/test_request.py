@@ -280,3 +280,25 @@ def test_fast_check_refuses_a_schema_it_cannot_implement() -> None:
         request_mod._compile_check({"type": "object", "oneOf": []}, {})
     with pytest.raises(ValueError, match=r"\$ref"):
         request_mod._compile_check({"$ref": "https://elsewhere/x.json"}, {})
+
+
+@pytest.mark.parametrize(
+    ("over", "field"),
+    [
+        ({"attrs": {"alpha": "x\udc80"}}, "attrs.alpha"),
+        ({"attrs": {"a\ud800": 1}}, "attrs"),
+        ({"attrs": {"t": [{"k": ["\udfff"]}]}}, "attrs.t[0].k[0]"),
+        ({"defines": {"N": "\udc80"}}, "defines.N"),
+        ({"op_name": "n\udc80"}, "op_name"),
+        ({"extra_flags": ["-DX=\udc80"]}, "extra_flags[0]"),
+    ],
+    ids=["attr-value", "attr-key", "nested", "define", "op_name", "flag"],
+)
+def test_a_lone_surrogate_is_bad_input_naming_its_field(
+    tmp_path: Path, over: dict[str, Any], field: str
+) -> None:
+    """JSON's ``\\udc80`` escape decodes to a lone surrogate, which no UTF-8 text holds:
+    the key's canonical form failed to encode it, an internal error (exit 70) instead of
+    the bad request's one line naming the file, the field and the value."""
+    message = _error(tmp_path, json.dumps(request_data(**over)))
+    assert f" {field}" in message and "not UTF-8 text" in message, message

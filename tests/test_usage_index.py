@@ -10,6 +10,7 @@ import tracemalloc
 from pathlib import Path
 
 from cachemgr.daemon.usage import UsageIndex
+from cachemgr.storage.chipcount import usage_stream
 from tests.conftest import SOC, publish, publish_mix
 from tests.daemon_util import Daemon, start_daemon, wait_first_scan, wait_for
 from tests.shared_util import chip_bytes
@@ -93,17 +94,24 @@ def _metric(d: Daemon, name: str) -> int:
     return int(float(match.group(1))) if match else -1
 
 
-def test_daemon_index_follows_events_and_rescans(tmp_path: Path) -> None:
-    """A real daemon on real files: the first scan, inotify events (publish, remove) and the
-    periodic rescan (a size change no event reports) all keep /metrics equal to the disk."""
+def _root_with_limit(tmp_path: Path, max_mb: int) -> tuple[Path, Path]:
+    """A cache root whose ``op_cache.ini`` sets ``max_op_cache_size`` (MiB), and its chip
+    folder."""
     root = tmp_path / "cache"
     kc = root / "kernel_cache"
     chip = kc / SOC
     chip.mkdir(parents=True)
     (kc / "op_cache.ini").write_text(
-        "[op_compiler_cache]\nmax_op_cache_size=-1\nremain_cache_size_ratio=50\n"
+        f"[op_compiler_cache]\nmax_op_cache_size={max_mb}\nremain_cache_size_ratio=50\n"
         "adk_version=1\nops_version=1\n"
     )
+    return root, chip
+
+
+def test_daemon_index_follows_events_and_rescans(tmp_path: Path) -> None:
+    """A real daemon on real files: the first scan, inotify events (publish, remove) and the
+    periodic rescan (a size change no event reports) all keep /metrics equal to the disk."""
+    root, chip = _root_with_limit(tmp_path, -1)
     for i in range(200):
         publish(chip, f"te_d_{i:03d}", os.urandom(2000 + i))
     cfg = tmp_path / "c.toml"
@@ -128,5 +136,57 @@ def test_daemon_index_follows_events_and_rescans(tmp_path: Path) -> None:
         wait_for(agrees, 30, "the events' figures")
         os.truncate(chip / "te_d_199.o", 10)  # IN_MODIFY: not subscribed, only a rescan sees it
         wait_for(agrees, 30, "the rescan's figures")
+    finally:
+        d.stop()
+
+
+def test_a_hard_link_counts_for_nothing_in_the_index_as_in_gc(tmp_path: Path) -> None:
+    """docs/security.md item 2: a hard link in a chip folder counts for nothing in gc's
+    scan and in ``stats``; the index counted it, so a member's link to a large file of
+    theirs (no disk used) put the folder over its limit for the daemon alone: an eviction
+    scheduled on every event, each gc child finding nothing to do. Rescans and events
+    count as gc does; an NFS ``.nfs*`` name with more links still counts, as there."""
+    kc = tmp_path / "kernel_cache"
+    chip = kc / SOC
+    chip.mkdir(parents=True)
+    publish(chip, "te_idx_one", os.urandom(1000))
+    big = tmp_path / "members_own.bin"
+    big.write_bytes(b"b" * 100_000)
+    os.link(big, chip / "te_idx_hl.o")
+    os.link(big, chip / ".nfs0000000000001")
+    index = UsageIndex(kc)
+    fd = os.open(chip, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        _, used, _, _ = usage_stream(fd)
+    finally:
+        os.close(fd)
+    assert index.reconcile() == {SOC: used} and used == chip_bytes(chip) - 100_000
+    os.link(big, chip / "te_idx_hl2.o")
+    index.file_changed(chip / "te_idx_hl2.o")
+    assert index.used_bytes(SOC) == used and index.size_of(chip / "te_idx_hl2.o") is None
+
+
+def test_a_hard_link_planted_in_a_daemons_chip_folder_schedules_no_eviction(
+    tmp_path: Path,
+) -> None:
+    """A real daemon: a member's hard link to 8 MiB of their own in a chip folder of 1 MiB
+    limit, under it by gc's count. Before, the index counted the link, said the folder was
+    over its limit and scheduled a gc child on every event, each finding nothing to do."""
+    root, chip = _root_with_limit(tmp_path, 1)
+    publish(chip, "te_d_one", os.urandom(2000))
+    big = tmp_path / "members_own.bin"
+    big.write_bytes(b"b" * (8 << 20))
+    d = start_daemon(tmp_path, "--cache-dir", str(root))
+    try:
+        wait_first_scan(d)
+        os.link(big, chip / "te_d_hl.o")
+        publish(chip, "te_d_two", os.urandom(3000))  # events after the link's
+        wait_for(
+            lambda: _metric(d, "cachemgr_chip_entries") == 2,
+            30,
+            "the second entry's events",
+        )
+        assert _metric(d, "cachemgr_chip_used_bytes") == chip_bytes(chip) - (8 << 20)
+        assert "over its limit" not in d.log()
     finally:
         d.stop()

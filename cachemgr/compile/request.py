@@ -353,6 +353,7 @@ def parse_request(
         other than -1 or the shape [-2], more than 2^31 elements, a missing source file, a bad
         option value.
     """
+    _check_text(data, origin)
     if not _schema_valid(data):
         errors = sorted(_validator().iter_errors(data), key=_error_rank)
         if errors:
@@ -478,6 +479,43 @@ def _tensor(raw: Mapping[str, Any], where: str, origin: str) -> TensorDesc:
 #: nested deeper than ``entry.MAX_JSON_DEPTH`` (64) is a bad entry — such a request was
 #: compiled, then failed to publish (a compile for nothing, exit 1, not 2).
 MAX_ATTRS_DEPTH = 32
+
+
+def _check_text(data: Any, origin: str) -> None:
+    """Every string of the request (keys too) UTF-8 text: JSON's ``\\udc80`` escape decodes
+    to a lone surrogate, which no UTF-8 file or argument holds (the key's canonical form
+    failed to encode one: an internal error, exit 70, naming nothing). The whole
+    request is looked at by ``json``'s C encoder once (a few µs); only one that fails it is
+    walked, to name the field.
+
+    :raises InvalidInputError: naming the field's path and the value.
+    """
+    try:
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+        return
+    except UnicodeEncodeError:
+        pass
+    except (TypeError, ValueError, RecursionError):
+        return  # not JSON data, circular or too deep: the checks after this one name it
+    todo: list[tuple[str, Any]] = [("", data)]
+    while todo:
+        where, value = todo.pop()
+        if isinstance(value, str):
+            if value.isascii():
+                continue
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise InvalidInputError(
+                    f"{origin}: {where or 'the request'}={value!r} is not UTF-8 text (a lone "
+                    "surrogate: a \\u escape of half a pair)"
+                ) from None
+        elif isinstance(value, Mapping):
+            for k, v in value.items():
+                inner = f"{where}.{k}" if where else str(k)
+                todo += [(f"{where or 'the request'} key", k), (inner, v)]
+        elif isinstance(value, list):
+            todo += [(f"{where}[{i}]", v) for i, v in enumerate(value)]
 
 
 def _check_attrs(attrs: Mapping[str, Any], origin: str) -> None:

@@ -1,7 +1,8 @@
 """Usage of each chip folder, kept current from file events and periodic scans
 (docs/design.md#size-limits-and-eviction, #sharing-and-locking).
 
-Used bytes of a chip folder = sum of the apparent sizes of its regular files [GE]. The index
+Used bytes of a chip folder = sum of the apparent sizes of its regular files [GE], each with
+one name as gc's scan counts them (docs/security.md item 2). The index
 keeps one size per file name so that a delete event (which carries no size) can be
 subtracted; names are kept as 64-bit xxhash digests, not strings. inotify sees only this
 host's writes: the periodic :meth:`UsageIndex.reconcile` rescans each chip folder, which is
@@ -39,6 +40,7 @@ import xxhash
 
 from cachemgr.config.layout import is_chip_folder
 from cachemgr.storage import fsutil
+from cachemgr.storage.chipcount import counted
 
 log = logging.getLogger(__name__)
 
@@ -208,7 +210,7 @@ class UsageIndex:
         if soc is None:
             return None
         st = fsutil.lstat_or_none(path)
-        size = st.st_size if st is not None and stat.S_ISREG(st.st_mode) else None
+        size = st.st_size if st is not None and _counted(path.name, st) else None
         key = _key(path.name)
         with self._lock:
             table = self._table(soc)
@@ -280,6 +282,14 @@ def _key(name: str) -> int:
     return digest - (1 << 64) if digest >= _SIGN else digest
 
 
+def _counted(name: str, st: os.stat_result) -> bool:
+    """A file gc's scan and ``stats`` count (``chipcount.counted``): a regular file with one
+    name, or an NFS ``.nfs*`` one; a hard link counts for nothing (docs/security.md item 2),
+    so a member's link to a large file of theirs cannot put a folder over its limit for the
+    daemon alone (an eviction scheduled on every event, each finding nothing to do)."""
+    return stat.S_ISREG(st.st_mode) and counted(name, st)
+
+
 def _is_main_json(name: str) -> bool:
     """Cheap by-name test used for the entry count (sub-jsons excluded; GE's ``_pre.json``
     pre-build entries count: they are entries, ``cachemgr.storage.entry`` rule R7)."""
@@ -293,6 +303,8 @@ def _scan_batches(chip_dir: Path) -> Iterator[tuple[list[tuple[int, int]], int]]
     mains = 0
     try:
         for name, st in fsutil.regular_files(chip_dir):
+            if not counted(name, st):
+                continue
             batch.append((_key(name), st.st_size))
             mains += _is_main_json(name)
             if len(batch) >= BATCH_ROWS:

@@ -36,7 +36,7 @@ import stat
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -66,6 +66,7 @@ from cachemgr.eviction.reclaim import (
 )
 from cachemgr.memo import OnceSet
 from cachemgr.storage import entry, fsutil, groupmodes
+from cachemgr.storage.chipcount import counted
 from cachemgr.storage.entry import ChipScan, EntryGroup
 
 log = logging.getLogger(__name__)
@@ -140,7 +141,9 @@ class GcReport:
     kept_by_age: list[str] = field(default_factory=list)
     saved_by_hit: list[str] = field(default_factory=list)
     gone: list[str] = field(default_factory=list)
-    #: bytes of the ``gone`` entries as the scan saw them (removed by someone else meanwhile)
+    #: bytes, as the scan saw them, of the candidates' files someone else removed meanwhile
+    #: (those of the ``gone`` entries, and of evicted ones whose part went before the run's
+    #: unlink); a file left behind is not in it
     gone_bytes: int = 0
     busy: list[str] = field(default_factory=list)
     denied: list[str] = field(default_factory=list)
@@ -516,7 +519,8 @@ def _bytes_after(chip_fd: int, scan: ChipScan) -> int:
     tables = (scan.orphans, scan.temps, scan.locks, scan.silly, scan.manifests)
 
     def other(de: os.DirEntry[str]) -> int:
-        """A name that is no entry's file in the scan: its size there, else an ``lstat``."""
+        """A name that is no entry's file in the scan: its size there, else an ``lstat``
+        (a file the scan would count: regular, one name or an NFS ``.nfs*`` one)."""
         name = de.name
         fst = _known(tables, name)
         if fst is not None:
@@ -525,7 +529,8 @@ def _bytes_after(chip_fd: int, scan: ChipScan) -> int:
             st = de.stat(follow_symlinks=False)
         except OSError:
             return 0  # gone meanwhile
-        return st.st_size if stat.S_ISREG(st.st_mode) else 0
+        # a hard link counts for nothing, as in the scan (docs/security.md item 2)
+        return st.st_size if stat.S_ISREG(st.st_mode) and counted(name, st) else 0
 
     if isinstance(entries, CompactEntries):
         return entries.listed_bytes(other)
@@ -588,8 +593,8 @@ def _evict(
                 return
             job, size = flying.popleft()
             planned -= size
-            for outcome, group, freed, denied in job.result():
-                _record(report, outcome, group, freed, denied)
+            for outcome, group, freed, gone, denied in job.result():
+                _record(report, outcome, group, freed, gone, denied)
 
 
 class _Counter:
@@ -609,7 +614,9 @@ class _Counter:
                 self._progress(self.done, self.total)
 
 
-Outcome = tuple[str, EntryGroup, int, list[str]]
+#: (outcome, the entry, bytes this run removed, bytes of its files found already gone,
+#: denied lines)
+Outcome = tuple[str, EntryGroup, int, int, list[str]]
 
 
 def _evict_slice(
@@ -625,31 +632,51 @@ def _evict_slice(
 
 
 def _evict_one(chip_fd: int, scan: ChipScan, group: EntryGroup) -> Outcome:
-    """Re-check and remove one entry; returns (outcome, group, bytes freed, denied lines)."""
+    """Re-check and remove one entry; returns an :data:`Outcome`."""
     lock = None
     lock_name = group.kernel + ".lock"
     try:
         if lock_name in scan.locks:
             lock = fsutil.FcntlLock(scan.chip_dir / lock_name, chip_fd)
             if not lock.acquire(blocking=False):
-                return BUSY, group, 0, []
+                return BUSY, group, 0, 0, []
         st = _lstat_at(chip_fd, group.json_name)
         if st is None:
-            return GONE, group, 0, []
+            return GONE, group, 0, _absent_bytes(chip_fd, group, ()), []
         if st.st_atime_ns != group.atime_ns:
-            return SAVED, group, 0, []  # a hit touched it after the scan: the hit wins
+            return SAVED, group, 0, 0, []  # a hit touched it after the scan: the hit wins
         removal = remove_group(chip_fd, group)
         if lock is not None and removal.json_gone:  # its lock file too, once old enough
             release_removed(lock, group.json_name, chip_fd)
     except OSError as exc:
         if exc.errno not in DENIED_ERRNOS:
             raise
-        return DENIED, group, 0, [denied_line(lock_name, exc)]
+        return DENIED, group, 0, 0, [denied_line(lock_name, exc)]
     finally:
         if lock is not None and lock.held:
             lock.release()  # the lock file stays: a GE process may hold it (files.reap_lock)
     outcome = EVICTED if removal.json_gone else DENIED
-    return outcome, group, removal.bytes, removal.denied
+    gone = _absent_bytes(chip_fd, group, removal.removed) if removal.json_gone else 0
+    return outcome, group, removal.bytes, gone, removal.denied
+
+
+def _absent_bytes(chip_fd: int, group: EntryGroup, removed: Sequence[str]) -> int:
+    """Bytes (as the scan saw them) of the files of ``group`` that are not there now and
+    that this run did not remove: another remover's (docs/eviction.md#what-a-gc-leaves).
+    Only the json's absence says an entry is gone; its other files are each looked at (an
+    ``lstat`` for each file the run did not remove: none after a whole removal), so a
+    binary left behind still counts as left."""
+    total = 0
+    for name, fst in group.files.items():
+        if name in removed:
+            continue
+        try:
+            absent = _lstat_at(chip_fd, name) is None
+        except OSError:  # cannot tell (an NFS hiccup): counted as left, which is measured
+            absent = False
+        if absent:
+            total += fst[0]
+    return total
 
 
 def _lstat_at(chip_fd: int, name: str) -> os.stat_result | None:
@@ -662,9 +689,10 @@ def _lstat_at(chip_fd: int, name: str) -> os.stat_result | None:
 
 
 def _record(
-    report: GcReport, outcome: str, group: EntryGroup, freed: int, denied: list[str]
+    report: GcReport, outcome: str, group: EntryGroup, freed: int, gone: int, denied: list[str]
 ) -> None:
     report.denied += denied
+    report.gone_bytes += gone
     if outcome == EVICTED:
         report.evicted.append(group.kernel)
         report.evicted_bytes += freed
@@ -672,6 +700,5 @@ def _record(
         report.saved_by_hit.append(group.kernel)
     elif outcome == GONE:
         report.gone.append(group.kernel)
-        report.gone_bytes += group.size
     elif outcome == BUSY:
         report.busy.append(group.kernel)
