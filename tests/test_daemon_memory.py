@@ -139,7 +139,7 @@ def _parent(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSEGV])
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSEGV, signal.SIGTERM])
 def test_a_gc_child_that_dies_is_one_line_and_the_daemon_keeps_serving(
     tmp_path: Path, sig: signal.Signals
 ) -> None:
@@ -167,6 +167,10 @@ def test_a_gc_child_that_dies_is_one_line_and_the_daemon_keeps_serving(
             lines = [ln for ln in d.log().splitlines() if "the gc child" in ln]
             assert len(lines) == 1, lines
             assert f"killed by signal {int(sig)} ({sig.name})" in lines[0]
+            # a death is a warning; SIGTERM (systemctl stop reaches every process of the
+            # unit) is a stop, said at info level
+            level = "INFO" if sig == signal.SIGTERM else "WARNING"
+            assert f" {level} cachemgr.daemon.gcchild: the gc child" in lines[0], lines[0]
             assert str(chip) in lines[0] and "the next run tries again" in lines[0]
             assert "Traceback" not in d.log()
             assert d.client.health()["status"] == "ok"

@@ -181,7 +181,8 @@ def run_jobs(
         errors.seek(0)
         tail = _last_line(errors)
     if code != 0 or any(o.report is None and not o.error for o in outcomes):
-        return _died(jobs, outcomes, _status(code) + (f": {tail}" if tail else ""))
+        stopped = -code in _STOPS  # asked to stop (systemd stops the unit's every process)
+        return _died(jobs, outcomes, _status(code) + (f": {tail}" if tail else ""), stopped)
     return outcomes
 
 
@@ -250,9 +251,19 @@ def _take(line: bytes, jobs: Sequence[GcJob], outcomes: list[Outcome]) -> None:
         log.warning("the gc child wrote a line not understood (%s): %.200r", exc, line)
 
 
-def _died(jobs: Sequence[GcJob], outcomes: list[Outcome], why: str) -> list[Outcome]:
+#: Signals that ask a process to stop: ``systemctl stop`` sends SIGTERM to every process of
+#: the unit, the gc child too, before the daemon has ended it — a stop, not a death.
+_STOPS = (signal.SIGTERM, signal.SIGINT)
+
+
+def _died(
+    jobs: Sequence[GcJob], outcomes: list[Outcome], why: str, stopped: bool = False
+) -> list[Outcome]:
+    """One line for a child that ended without every result: a warning when it died, an
+    info line when it was asked to stop (:data:`_STOPS`)."""
     left = [j for j, o in zip(jobs, outcomes, strict=True) if o.report is None and not o.error]
-    log.warning(
+    log.log(
+        logging.INFO if stopped else logging.WARNING,
         "the gc child of %s %s; %d of %s not done, the next run tries again",
         ", ".join(str(j.chip_dir) for j in jobs[:3]) + (" ..." if len(jobs) > 3 else ""),
         why,
