@@ -233,11 +233,16 @@ class _Redirects(_Quiet):
         self._redirect()
 
 
+def _serving(handler: type[_Redirects] | type[_BadHeader]) -> Iterator[str]:
+    """A loopback server of ``handler`` (its ``asked`` list emptied first): its URL."""
+    handler.asked.clear()
+    with http_server(handler) as url:
+        yield url
+
+
 @pytest.fixture
 def redirecting() -> Iterator[str]:
-    _Redirects.asked.clear()
-    with http_server(_Redirects) as url:
-        yield url
+    yield from _serving(_Redirects)
 
 
 def test_a_remote_answering_redirects_is_asked_once_a_lookup(
@@ -278,9 +283,7 @@ class _BadHeader(_Quiet):
 
 @pytest.fixture
 def bad_header() -> Iterator[str]:
-    _BadHeader.asked.clear()
-    with http_server(_BadHeader) as url:
-        yield url
+    yield from _serving(_BadHeader)
 
 
 def test_a_malformed_header_line_is_one_log_line_without_a_traceback(
