@@ -31,7 +31,6 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
-import stat
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -40,7 +39,7 @@ import xxhash
 
 from cachemgr.config.layout import is_chip_folder
 from cachemgr.storage import fsutil
-from cachemgr.storage.chipcount import counted
+from cachemgr.storage.chipcount import counted, counted_file
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +209,9 @@ class UsageIndex:
         if soc is None:
             return None
         st = fsutil.lstat_or_none(path)
-        size = st.st_size if st is not None and _counted(path.name, st) else None
+        # a hard link counts for nothing, as in gc's scan and stats (docs/security.md item 2):
+        # a member's link to a large file of theirs cannot put a folder over its limit
+        size = st.st_size if st is not None and counted_file(path.name, st) else None
         key = _key(path.name)
         with self._lock:
             table = self._table(soc)
@@ -280,14 +281,6 @@ def _key(name: str) -> int:
     """The file name's 64-bit xxh3 digest as SQLite's signed 64-bit integer."""
     digest = xxhash.xxh3_64_intdigest(name.encode("utf-8", "surrogateescape"))
     return digest - (1 << 64) if digest >= _SIGN else digest
-
-
-def _counted(name: str, st: os.stat_result) -> bool:
-    """A file gc's scan and ``stats`` count (``chipcount.counted``): a regular file with one
-    name, or an NFS ``.nfs*`` one; a hard link counts for nothing (docs/security.md item 2),
-    so a member's link to a large file of theirs cannot put a folder over its limit for the
-    daemon alone (an eviction scheduled on every event, each finding nothing to do)."""
-    return stat.S_ISREG(st.st_mode) and counted(name, st)
 
 
 def _is_main_json(name: str) -> bool:

@@ -32,7 +32,6 @@ import errno
 import gc
 import logging
 import os
-import stat
 import threading
 import time
 from collections import deque
@@ -66,7 +65,7 @@ from cachemgr.eviction.reclaim import (
 )
 from cachemgr.memo import OnceSet
 from cachemgr.storage import entry, fsutil, groupmodes
-from cachemgr.storage.chipcount import counted
+from cachemgr.storage.chipcount import counted_file
 from cachemgr.storage.entry import ChipScan, EntryGroup
 
 log = logging.getLogger(__name__)
@@ -530,7 +529,7 @@ def _bytes_after(chip_fd: int, scan: ChipScan) -> int:
         except OSError:
             return 0  # gone meanwhile
         # a hard link counts for nothing, as in the scan (docs/security.md item 2)
-        return st.st_size if stat.S_ISREG(st.st_mode) and counted(name, st) else 0
+        return st.st_size if counted_file(name, st) else 0
 
     if isinstance(entries, CompactEntries):
         return entries.listed_bytes(other)

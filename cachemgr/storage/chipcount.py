@@ -68,6 +68,12 @@ def counted(name: str, st: os.stat_result) -> bool:
     return st.st_nlink <= 1 or name.startswith(NFS_SILLY_PREFIX)
 
 
+def counted_file(name: str, st: os.stat_result) -> bool:
+    """``st`` (an ``lstat``) is a regular file ``scan_chip`` counts (:func:`counted`): what
+    a caller that has not yet checked the type asks."""
+    return stat.S_ISREG(st.st_mode) and counted(name, st)
+
+
 def is_part_json(dir_fd: int, stem: str) -> bool:
     """True when ``<stem>.json`` is a sub-part of an entry whose main json is present."""
     for suffix in PART_STEM_SUFFIXES:
@@ -78,7 +84,7 @@ def is_part_json(dir_fd: int, stem: str) -> bool:
             st = os.lstat(main, dir_fd=dir_fd)
         except OSError:
             continue
-        if stat.S_ISREG(st.st_mode) and counted(main, st):
+        if counted_file(main, st):
             return True
     return False
 
