@@ -493,8 +493,8 @@ def _note_skew(
 
 def _left(chip_fd: int, scan: ChipScan, report: GcReport) -> int:
     """``bytes_after`` (docs/eviction.md#what-a-gc-leaves): the scan's bytes after reclaim,
-    less what the run removed and the entries it found gone, as ccache's cleanup counts
-    what it leaves; measured by a listing (:func:`_bytes_after`) only when that figure is
+    less what the run removed and the candidates' files it found gone, as ccache's cleanup
+    counts what it leaves; measured by a listing (:func:`_bytes_after`) only when that figure is
     still at or over the limit, so "still over its limit" is said of what is there now."""
     left = scan.used_bytes - report.evicted_bytes - report.gone_bytes
     if report.dry_run or report.max_bytes is None or left < report.max_bytes:
@@ -515,30 +515,32 @@ def _bytes_after(chip_fd: int, scan: ChipScan) -> int:
     ``lstat``-s everything anyway (docs/design.md#sharing-and-locking).
     """
     entries = scan.entries
+    compact = entries if isinstance(entries, CompactEntries) else None
     tables = (scan.orphans, scan.temps, scan.locks, scan.silly, scan.manifests)
-
-    def other(de: os.DirEntry[str]) -> int:
-        """A name that is no entry's file in the scan: its size there, else an ``lstat``
-        (a file the scan would count: regular, one name or an NFS ``.nfs*`` one)."""
-        name = de.name
-        fst = _known(tables, name)
-        if fst is not None:
-            return fst[0]
-        try:
-            st = de.stat(follow_symlinks=False)
-        except OSError:
-            return 0  # gone meanwhile
-        # a hard link counts for nothing, as in the scan (docs/security.md item 2)
-        return st.st_size if counted_file(name, st) else 0
-
-    if isinstance(entries, CompactEntries):
-        return entries.listed_bytes(other)
     total = 0
     with os.scandir(chip_fd) as it:
         for de in it:
-            group = entries.get(de.name.rpartition(".")[0])
-            fst = None if group is None else group.files.get(de.name)
-            total += other(de) if fst is None else fst[0]
+            name = de.name
+            if compact is not None:
+                known = compact.size_of(name)
+                if known >= 0:
+                    total += known
+                    continue
+                fst = None
+            else:
+                group = entries.get(name.rpartition(".")[0])
+                fst = None if group is None else group.files.get(name)
+            if fst is None:
+                fst = _known(tables, name)
+            if fst is not None:
+                total += fst[0]
+                continue
+            try:
+                st = de.stat(follow_symlinks=False)
+            except OSError:
+                continue  # gone meanwhile
+            if counted_file(name, st):  # a hard link counts for nothing, as in the scan
+                total += st.st_size
     return total
 
 

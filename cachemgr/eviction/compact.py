@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 from array import array
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import Protocol
 
@@ -289,41 +289,21 @@ class CompactEntries(MutableMapping[str, EntryGroup]):
         j = self.row(kernel)
         return None if j < 0 else self.group_at(j, kernel)
 
-    def listed_bytes(self, other: Callable[[os.DirEntry[str]], int]) -> int:
-        """The bytes of the files the folder lists now (one listing, no ``stat``): a file
-        of an entry counts the size the scan saw (its row found as :meth:`row` finds it,
-        inlined: this runs once per listed file after a gc's removal, and makes no object
-        per file); every other name counts what ``other`` gives for its directory entry
-        (bytes; 0 for a file that does not count)."""
-        index, keys, checks, flags = self._index, self.keys_, self._chk, self.flags
-        mask, whole = self._mask, self._dict
-        total = 0
-        with os.scandir(self._fd) as it:
-            for de in it:
-                name = de.name
-                stem, _, ext = name.rpartition(".")
-                group = whole.get(stem)
-                if group is not None or not stem:
-                    fst = None if group is None else group.files.get(name)
-                    total += other(de) if fst is None else fst.size
-                    continue
-                key = hash(stem)
-                i = key & mask
-                while (j := index[i]) >= 0 and keys[j] != key:
-                    i = (i + 1) & mask
-                size = -1
-                if (
-                    j >= 0
-                    and flags[j] & (_JSON | _DEAD) == _JSON
-                    and checks[j] == _check(stem)
-                    and simple_stem(stem)
-                ):
-                    size = self._file_size(j, ext)
-                total += size if size >= 0 else other(de)
-        return total
-
-    def _file_size(self, j: int, ext: str) -> int:
-        """The size the scan saw of row ``j``'s file with extension ``ext``; -1: no such file."""
+    def size_of(self, name: str) -> int:
+        """The size the scan saw of ``name`` (bytes) when it is a file of an entry by its
+        stem (the entry's own ``<kernel>.<ext>``), else -1: asked once per listed file when
+        gc measures what is left, so no FileStat is made per file."""
+        stem, _, ext = name.rpartition(".")
+        group = self._dict.get(stem)
+        if group is not None:
+            fst = group.files.get(name)
+            return -1 if fst is None else fst.size
+        try:
+            j = self.row(stem)
+        except HashCollision:  # a file listed after the scan, under another's key
+            return -1
+        if j < 0:
+            return -1
         flags = self.flags[j]
         if ext == _JSON_EXT:
             return self._jsize[j]
