@@ -506,8 +506,9 @@ def _left(chip_fd: int, scan: ChipScan, report: GcReport) -> int:
 def _bytes_after(chip_fd: int, scan: ChipScan) -> int:
     """Apparent bytes of the regular files in the folder open as ``chip_fd`` now
     (docs/eviction.md#what-a-gc-leaves), measured by listing it again: a name the scan knew is
-    counted with the size the scan saw, a name it did not know is ``lstat``-ed (regular files only),
-    a name no longer listed is not counted.
+    counted with the size the scan saw while the listing still shows a regular file there (a
+    FIFO, link or folder renamed over it counts nothing), a name it did not know is
+    ``lstat``-ed (regular files only), a name no longer listed is not counted.
 
     One listing instead of a second ``lstat`` of every file (that pass cost
     as much as the scan's own ``stat`` calls), streamed (no list of every name: gc's peak
@@ -539,7 +540,10 @@ def _bytes_after(chip_fd: int, scan: ChipScan) -> int:
         for de in it:
             group = entries.get(de.name.rpartition(".")[0])
             fst = None if group is None else group.files.get(de.name)
-            total += other(de) if fst is None else fst[0]
+            if fst is None:
+                total += other(de)
+            elif de.is_file(follow_symlinks=False):  # not a FIFO/link/folder put there since
+                total += fst[0]
     return total
 
 

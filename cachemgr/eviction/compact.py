@@ -293,8 +293,10 @@ class CompactEntries(MutableMapping[str, EntryGroup]):
         """The bytes of the files the folder lists now (one listing, no ``stat``): a file
         of an entry counts the size the scan saw (its row found as :meth:`row` finds it,
         inlined: this runs once per listed file after a gc's removal, and makes no object
-        per file); every other name counts what ``other`` gives for its directory entry
-        (bytes; 0 for a file that does not count)."""
+        per file) while it is still a regular file — a FIFO, link or folder renamed over it
+        since counts nothing, as the scan counts it (the listing's file type, no ``stat``:
+        docs/eviction.md#what-a-gc-leaves); every other name counts what ``other`` gives for
+        its directory entry (bytes; 0 for a file that does not count)."""
         index, keys, checks, flags = self._index, self.keys_, self._chk, self.flags
         mask, whole = self._mask, self._dict
         total = 0
@@ -305,7 +307,10 @@ class CompactEntries(MutableMapping[str, EntryGroup]):
                 group = whole.get(stem)
                 if group is not None or not stem:
                     fst = None if group is None else group.files.get(name)
-                    total += other(de) if fst is None else fst.size
+                    if fst is None:
+                        total += other(de)
+                    elif de.is_file(follow_symlinks=False):
+                        total += fst.size
                     continue
                 key = hash(stem)
                 i = key & mask
@@ -319,7 +324,10 @@ class CompactEntries(MutableMapping[str, EntryGroup]):
                     and simple_stem(stem)
                 ):
                     size = self._file_size(j, ext)
-                total += size if size >= 0 else other(de)
+                if size < 0:
+                    total += other(de)
+                elif de.is_file(follow_symlinks=False):  # d_type: no stat
+                    total += size
         return total
 
     def _file_size(self, j: int, ext: str) -> int:
