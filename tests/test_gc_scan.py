@@ -228,3 +228,23 @@ def test_a_kept_file_replaced_by_a_fifo_link_or_folder_counts_for_nothing(chip: 
     assert report.kept_by_age and report.bytes_before > MIB
     assert report.bytes_after == chip_bytes(chip) < MIB
     assert not report.stuck_over_limit
+
+
+def test_a_candidate_whose_json_became_a_fifo_is_gone_not_saved_by_a_hit(chip: Path) -> None:
+    """docs/eviction.md#what-a-gc-leaves: a FIFO a member renames over a candidate's json
+    after the plan has another access time, so gc called the entry 'saved by a hit' and
+    counted its freed json as left; it is no entry any more: gone, its json's bytes not left,
+    its binary (still there) left."""
+    for i in range(40):
+        publish(chip, f"te_scan_{i:03d}", os.urandom(60_000 + i), atime_s=OLD + i)
+    hit: list[str] = []
+
+    def plant(plan: object) -> None:
+        hit.extend(list(plan.kernels)[:3])  # type: ignore[attr-defined]
+        for kernel in hit:
+            os.mkfifo(chip / "planted")
+            os.rename(chip / "planted", chip / (kernel + ".json"))
+
+    report = gc_chip(chip, 1, 50, 1800, on_planned=plant)
+    assert sorted(report.gone) == sorted(hit) and not report.saved_by_hit
+    assert report.bytes_after == chip_bytes(chip)

@@ -645,7 +645,7 @@ def _evict_one(chip_fd: int, scan: ChipScan, group: EntryGroup) -> Outcome:
             if not lock.acquire(blocking=False):
                 return BUSY, group, 0, 0, []
         st = _lstat_at(chip_fd, group.json_name)
-        if st is None:
+        if st is None or not stat.S_ISREG(st.st_mode):  # a FIFO/link renamed over it: no entry
             return GONE, group, 0, _absent_bytes(chip_fd, group, ()), []
         if st.st_atime_ns != group.atime_ns:
             return SAVED, group, 0, 0, []  # a hit touched it after the scan: the hit wins
@@ -667,7 +667,8 @@ def _evict_one(chip_fd: int, scan: ChipScan, group: EntryGroup) -> Outcome:
 def _absent_bytes(chip_fd: int, group: EntryGroup, removed: Sequence[str]) -> int:
     """Bytes (as the scan saw them) of the files of ``group`` that are not there now and
     that this run did not remove: another remover's (docs/eviction.md#what-a-gc-leaves).
-    Only the json's absence says an entry is gone; its other files are each looked at (an
+    Only the json's absence (or a FIFO, link or folder under its name) says an entry is gone;
+    its other files are each looked at (an
     ``lstat`` for each file the run did not remove: none after a whole removal), so a
     binary left behind still counts as left."""
     total = 0
@@ -675,7 +676,8 @@ def _absent_bytes(chip_fd: int, group: EntryGroup, removed: Sequence[str]) -> in
         if name in removed:
             continue
         try:
-            absent = _lstat_at(chip_fd, name) is None
+            st = _lstat_at(chip_fd, name)
+            absent = st is None or not stat.S_ISREG(st.st_mode)  # a FIFO/link put there counts 0
         except OSError:  # cannot tell (an NFS hiccup): counted as left, which is measured
             absent = False
         if absent:
