@@ -32,6 +32,7 @@ import errno
 import gc
 import logging
 import os
+import stat
 import threading
 import time
 from collections import deque
@@ -505,8 +506,9 @@ def _left(chip_fd: int, scan: ChipScan, report: GcReport) -> int:
 def _bytes_after(chip_fd: int, scan: ChipScan) -> int:
     """Apparent bytes of the regular files in the folder open as ``chip_fd`` now
     (docs/eviction.md#what-a-gc-leaves), measured by listing it again: a name the scan knew is
-    counted with the size the scan saw, a name it did not know is ``lstat``-ed (regular files only),
-    a name no longer listed is not counted.
+    counted with the size the scan saw while the listing still shows a regular file there (a
+    FIFO, link or folder renamed over it counts nothing), a name it did not know is
+    ``lstat``-ed (regular files only), a name no longer listed is not counted.
 
     One listing instead of a second ``lstat`` of every file (that pass cost
     as much as the scan's own ``stat`` calls), streamed (no list of every name: gc's peak
@@ -523,8 +525,8 @@ def _bytes_after(chip_fd: int, scan: ChipScan) -> int:
             name = de.name
             if compact is not None:
                 known = compact.size_of(name)
-                if known >= 0:
-                    total += known
+                if known >= 0:  # while still a regular file: a FIFO, link or folder renamed
+                    total += known if de.is_file(follow_symlinks=False) else 0  # over it: 0
                     continue
                 fst = None
             else:
@@ -532,8 +534,8 @@ def _bytes_after(chip_fd: int, scan: ChipScan) -> int:
                 fst = None if group is None else group.files.get(name)
             if fst is None:
                 fst = _known(tables, name)
-            if fst is not None:
-                total += fst[0]
+            if fst is not None:  # while still a regular file (d_type: no stat)
+                total += fst[0] if de.is_file(follow_symlinks=False) else 0
                 continue
             try:
                 st = de.stat(follow_symlinks=False)
@@ -642,7 +644,7 @@ def _evict_one(chip_fd: int, scan: ChipScan, group: EntryGroup) -> Outcome:
             if not lock.acquire(blocking=False):
                 return BUSY, group, 0, 0, []
         st = _lstat_at(chip_fd, group.json_name)
-        if st is None:
+        if st is None or not stat.S_ISREG(st.st_mode):  # a FIFO/link renamed over it: no entry
             return GONE, group, 0, _absent_bytes(chip_fd, group, ()), []
         if st.st_atime_ns != group.atime_ns:
             return SAVED, group, 0, 0, []  # a hit touched it after the scan: the hit wins
@@ -664,15 +666,16 @@ def _evict_one(chip_fd: int, scan: ChipScan, group: EntryGroup) -> Outcome:
 def _absent_bytes(chip_fd: int, group: EntryGroup, removed: Sequence[str]) -> int:
     """Bytes (as the scan saw them) of the files of ``group`` that are not there now and
     that this run did not remove: another remover's (docs/eviction.md#what-a-gc-leaves).
-    Only the json's absence says an entry is gone; its other files are each looked at (an
-    ``lstat`` for each file the run did not remove: none after a whole removal), so a
-    binary left behind still counts as left."""
+    Only the json's absence (or a FIFO, link or folder under its name) says an entry is
+    gone; its other files are each looked at (an ``lstat`` for each file the run did not
+    remove: none after a whole removal), so a binary left behind still counts as left."""
     total = 0
     for name, fst in group.files.items():
         if name in removed:
             continue
         try:
-            absent = _lstat_at(chip_fd, name) is None
+            st = _lstat_at(chip_fd, name)
+            absent = st is None or not stat.S_ISREG(st.st_mode)  # a FIFO/link put there counts 0
         except OSError:  # cannot tell (an NFS hiccup): counted as left, which is measured
             absent = False
         if absent:
