@@ -16,6 +16,7 @@ import os
 import pwd
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -89,11 +90,50 @@ def test_a_build_folder_the_daemon_cannot_empty_never_kills_its_worker(
     assert not _left(uid, ""), "a build folder of the daemon stayed after it stopped"
 
 
+def build_folders(uid: int, tmp: Path | None = None) -> list[Path]:
+    """The build folders (``cachemgr-build-*``) of ``uid`` in ``tmp`` (the temp folder).
+    Other tests' daemons and CLIs make and remove theirs there all the while: one gone between
+    the listing and its ``lstat`` is not there, so not ``uid``'s (it failed a full run with
+    ``FileNotFoundError`` on someone else's folder)."""
+    found = []
+    for path in (tmp or Path(tempfile.gettempdir())).glob("cachemgr-build-*"):
+        try:
+            if path.lstat().st_uid == uid:
+                found.append(path)
+        except FileNotFoundError:
+            continue
+    return found
+
+
+def test_build_folders_skips_one_removed_while_it_lists(tmp_path: Path) -> None:
+    """Folders made and removed beside the listing (as other tests' runs do in the shared temp
+    folder) are skipped, never a ``FileNotFoundError``: 2,000 listings while another thread
+    churns 20 folders."""
+    stop = threading.Event()
+
+    def churn() -> None:
+        while not stop.is_set():
+            for n in range(20):
+                (tmp_path / f"cachemgr-build-{n}").mkdir()
+            for n in range(20):
+                (tmp_path / f"cachemgr-build-{n}").rmdir()
+
+    mine = tmp_path / "cachemgr-build-mine"
+    mine.mkdir()
+    churner = threading.Thread(target=churn)
+    churner.start()
+    try:
+        for _ in range(2000):
+            assert mine in build_folders(os.getuid(), tmp_path)
+    finally:
+        stop.set()
+        churner.join()
+
+
 def _left(uid: int, name: str) -> list[Path]:
     """The daemon user's build folders in the temp folder, or (``name``) what is so named
     directly in them or in their sources' mirror."""
-    tmp = Path(tempfile.gettempdir())
-    found = [p for p in tmp.glob("cachemgr-build-*") if p.lstat().st_uid == uid]
+    found = build_folders(uid)
     if not name:
         return found
     return [q for p in found for q in (p / name, p / ".src" / name) if os.path.lexists(q)]

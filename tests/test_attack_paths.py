@@ -14,7 +14,6 @@ import os
 import pwd
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -22,18 +21,12 @@ import pytest
 from cachemgr.compile import inputs
 from tests.compile_util import request_data
 from tests.daemon_util import wait_for
-from tests.test_attack_buildfolder import _post
+from tests.test_attack_buildfolder import _post, build_folders
 from tests.test_deputy import _crafted, _setup
 from tests.users_util import Runtime, Users
 
 #: Folders between the source and the header: deeper than Python's recursion limit (1,000).
 DEPTH = 1900
-
-
-def _build_folders(uid: int) -> list[Path]:
-    """The daemon user's build folders in the temp folder."""
-    tmp = Path(tempfile.gettempdir())
-    return [p for p in tmp.glob("cachemgr-build-*") if p.lstat().st_uid == uid]
 
 
 def _deepest(folder: Path) -> int:
@@ -82,16 +75,16 @@ def test_a_header_1900_folders_deep_is_one_line_and_leaves_no_build_folder(
             assert data["status"] == "failed" and "\n" not in message, answer
             assert "deep.h" in message and "PATH_MAX" in message, message
         assert "RecursionError" not in daemon.log() and "Traceback" not in daemon.log()
-        wait_for(lambda: len(_build_folders(uid)) <= 1, 10, "at most the worker's build folder")
+        wait_for(lambda: len(build_folders(uid)) <= 1, 10, "at most the worker's build folder")
         # the worker serves the next job, and the deep tree goes with the folders it needs not
         honest = _crafted(str(bob / "h.c"), "void scale_kernel(float *x) { x[0] *= 3; }\n")
         again = _post(users, rt, str(bob), sock, honest)
         assert json.loads(again["body"])["status"] == "compiled", again
-        (folder,) = _build_folders(uid)  # the worker's one build folder, and no other
+        (folder,) = build_folders(uid)  # the worker's one build folder, and no other
         assert _deepest(folder) < 50, f"{folder} keeps the deep tree"
     finally:
         daemon.stop()
-    assert not _build_folders(uid), "a build folder of the daemon stayed after it stopped"
+    assert not build_folders(uid), "a build folder of the daemon stayed after it stopped"
 
 
 def _chain(folder: Path, links: int) -> Path:
